@@ -1,0 +1,75 @@
+"""The :class:`Problem`: what a call asks for, as far as choosing a backend is concerned.
+
+It holds shapes, dtypes, layout and flags, never tensors, so it can be built from a model preset
+(``linattn explain``) as well as from a real call, hashed, cached and printed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Op = Literal["gdn_gating", "kda_gating", "gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"]
+OPS: tuple[str, ...] = Op.__args__  # type: ignore[attr-defined]
+Phase = Literal["gating", "decode", "prefill", "mlp"]
+DTypeName = Literal["float32", "bfloat16", "float16", "float64"]
+
+
+def phase_of(op: str) -> str:
+    """The policy phase an op belongs to (``decode``, ``prefill``, ``gating`` or ``mlp``)."""
+    if op.endswith("_decode"):
+        return "decode"
+    if op.endswith("_prefill"):
+        return "prefill"
+    if op.endswith("_gating"):
+        return "gating"
+    return "mlp"
+
+
+class Problem(BaseModel):
+    """Shapes and flags of one op call.
+
+    Symbols as in ops.md: ``n`` sequences (decode batch rows, or prefill sequences; rows ``M`` for
+    ``silu_and_mul_clamp``), ``t`` tokens per sequence (decode) or total tokens (prefill), ``h``
+    q/k heads, ``hv`` value heads, ``k``/``v`` head dims, ``d`` the clamp's output width.
+
+    Example:
+        >>> Problem(op="gdn_decode", n=4096, t=1, h=16, hv=32, k=128, v=128).phase
+        'decode'
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: Op
+    n: int = Field(1, ge=0)
+    t: int = Field(1, ge=0)
+    h: int = Field(1, ge=0)
+    hv: int = Field(1, ge=0)
+    k: int = Field(0, ge=0)
+    v: int = Field(0, ge=0)
+    d: int = Field(0, ge=0)
+    dtype: DTypeName = "bfloat16"
+    state_dtype: DTypeName = "float32"
+    state_layout: Literal["vk", "kv"] = "vk"
+    mode: Literal["pool", "dense", "none"] = "pool"
+    max_seqlen: int = Field(0, ge=0, description="longest sequence (prefill); 0 = unknown")
+    intermediate_states: bool = False
+    num_accepted_tokens: bool = False
+    disable_state_update: bool = False
+    lower_bound: bool = False
+    clamp_limit: bool = False
+
+    @property
+    def phase(self) -> str:
+        return phase_of(self.op)
+
+    @property
+    def family(self) -> str:
+        return self.op.split("_")[0]
+
+    def brief(self) -> str:
+        if self.op == "silu_and_mul_clamp":
+            return f"M={self.n} D={self.d} {self.dtype}"
+        return (f"N={self.n} T={self.t} H={self.h} HV={self.hv} K={self.k} V={self.v} {self.dtype} "
+                f"state={self.state_dtype}/{self.state_layout} mode={self.mode}")

@@ -1,0 +1,138 @@
+"""Verdicts and decisions: what the dispatcher says about each backend, as data.
+
+A verdict is a tagged union: :class:`Accepted` or :class:`Rejected` with a stable
+:class:`Reason` code, a message that names the field, the value and the supported set, and a
+hint saying what to do. A :class:`Decision` holds one verdict per registered backend and the
+chosen one, so every choice can be explained (``linattn explain``) and asked after
+(``linattn.last_decision()``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Reason(str, enum.Enum):
+    """Stable reason codes for a rejection (never renamed; new ones may be added)."""
+
+    OP = "op"  # the backend does not implement this op
+    DEVICE = "device"  # wrong device type or vendor
+    ARCH = "arch"  # the device's architecture is not supported
+    TOOLCHAIN = "toolchain"  # a compiler/runtime the backend needs is missing or too old
+    INTERPRETER = "interpreter"  # the Triton interpreter cannot run this kernel
+    DTYPE = "dtype"
+    SHAPE = "shape"
+    LAYOUT = "layout"
+    FEATURE = "feature"  # an argument the backend cannot honour (it must never ignore one)
+    GRID_LIMIT = "grid_limit"
+    NOT_FORCED = "not_forced"  # eligible only when forced (e.g. triton-folded on CUDA)
+    DISABLED = "disabled"  # LINATTN_DISABLE or policy(disable=...)
+    PLUGIN_LOAD_FAILED = "plugin_load_failed"
+    API_VERSION = "api_version"
+    BACKEND_ERROR = "backend_error"  # a predicate raised
+
+
+class Accepted(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: Literal["accepted"] = "accepted"
+    backend: str
+    rank: int = Field(description="lower runs first")
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+
+class Rejected(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: Literal["rejected"] = "rejected"
+    backend: str
+    reason: Reason
+    message: str
+    hint: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return False
+
+
+Verdict = Annotated[Union[Accepted, Rejected], Field(discriminator="status")]
+
+
+class Check(BaseModel):
+    """The answer of one predicate: passed, or failed with a reason (verdict and reason together)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ok: bool
+    reason: Optional[Reason] = None
+    message: str = ""
+    hint: str = ""
+
+    @classmethod
+    def passed(cls, message: str = "") -> "Check":
+        return cls(ok=True, message=message)
+
+    @classmethod
+    def failed(cls, reason: Reason, message: str, hint: str = "") -> "Check":
+        return cls(ok=False, reason=reason, message=message, hint=hint)
+
+
+class Decision(BaseModel):
+    """One verdict per registered backend and the backend chosen (None when nothing fits)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: str
+    problem: dict
+    device: str
+    profile: Optional[str] = None
+    verdicts: list[Verdict]
+    chosen: Optional[str]
+    forced: Optional[str] = Field(None, description="the backend forced by a call, policy or env, if any")
+    forced_by: Optional[str] = None
+    policy: dict = Field(default_factory=dict)
+
+    def verdict(self, backend: str):
+        for v in self.verdicts:
+            if v.backend == backend:
+                return v
+        raise KeyError(f"no backend named {backend!r} in this decision; backends: {[v.backend for v in self.verdicts]}")
+
+    @property
+    def runners_up(self) -> list[str]:
+        acc = sorted((v for v in self.verdicts if v.ok and v.backend != self.chosen), key=lambda v: v.rank)
+        return [v.backend for v in acc]
+
+    def summary(self) -> str:
+        """One line: chosen backend and why the others were not."""
+        parts = [f"{self.op}: {self.chosen or 'NO BACKEND'}"]
+        if self.forced:
+            parts.append(f"(forced by {self.forced_by})")
+        for v in self.verdicts:
+            if v.backend == self.chosen:
+                continue
+            parts.append(f"{v.backend}={'rank ' + str(v.rank) if v.ok else v.reason.value}")
+        return " ".join(parts)
+
+
+class NoBackendError(RuntimeError):
+    """No registered backend accepts the problem (or a forced one does not). Carries the trace."""
+
+    def __init__(self, decision: Decision, headline: str):
+        self.decision = decision
+        lines = [headline]
+        rejected = [v for v in decision.verdicts if not v.ok]
+        # actionable reasons first: the forced backend's, then shape/dtype/layout, then the rest
+        order = {Reason.SHAPE: 0, Reason.DTYPE: 0, Reason.LAYOUT: 0, Reason.FEATURE: 0, Reason.GRID_LIMIT: 1}
+        rejected.sort(key=lambda v: (v.backend != decision.forced, order.get(v.reason, 2)))
+        for v in rejected:
+            lines.append(f"  - {v.backend}: [{v.reason.value}] {v.message}" + (f" (hint: {v.hint})" if v.hint else ""))
+        lines.append(f"  problem: {decision.problem}")
+        super().__init__("\n".join(lines))
