@@ -1,0 +1,63 @@
+"""linattn: the fastest correct linear-attention kernel on whatever hardware you run, and why.
+
+Public API (shapes in each docstring; the contract is ops.md):
+    ops:        gdn_gating, kda_gating, gdn_decode, kda_decode, gdn_prefill, kda_prefill,
+                silu_and_mul_clamp
+    decisions:  explain(Problem | op, device=..., **shape), last_decision(), policy(...)
+    inventory:  backends(), plugins(), capabilities(device), presets()
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from linattn.capabilities import DeviceCapabilities, probe
+from linattn.dispatch import Decision, NoBackendError, Problem, Reason, get_registry, last_decision, policy
+from linattn.dispatch import explain as _explain
+from linattn.ops import (BackendRunError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
+                         kda_prefill, silu_and_mul_clamp)
+from linattn.presets import ModelPreset, preset, presets
+
+__version__ = "0.1.0"
+
+
+def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = None, **shape) -> Decision:
+    """The decision trace for a problem: a verdict for every backend, and the one chosen.
+
+    Args:
+        problem: a :class:`Problem`, or an op name with the shape as keywords (``n=4096, h=16, ...``).
+        device: a profile name (``"sm90"``, ``"sm100"``, ``"mi300x"``, ``"xpu-pvc"``, ``"cpu"``), a
+            torch device, or None for the CPU.
+        backend: force a backend by name.
+    Example:
+        >>> import linattn
+        >>> linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128).chosen
+        'torch-ref'
+    """
+    if isinstance(problem, str):
+        problem = Problem(op=problem, **shape)
+    return _explain(problem, device, backend=backend)
+
+
+def backends() -> dict:
+    """Registered backends by name (instances of ``linattn.backends.base.Backend``)."""
+    return dict(get_registry().backends)
+
+
+def plugins() -> list:
+    """Every plugin seen (built-in and external) with its status."""
+    return list(get_registry().plugins)
+
+
+def capabilities(device=None) -> DeviceCapabilities:
+    """Probed capabilities of ``device`` (default the CPU), or of a named profile."""
+    from linattn.dispatch import resolve_device
+
+    return resolve_device(device)
+
+
+__all__ = [
+    "BackendRunError", "Decision", "DeviceCapabilities", "ModelPreset", "NoBackendError", "Problem", "Reason",
+    "backends", "capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
+    "kda_prefill", "last_decision", "plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
+]
