@@ -4,7 +4,10 @@ Public API (shapes in each docstring; the contract is ops.md):
     ops:        gdn_gating, kda_gating, gdn_decode, kda_decode, gdn_prefill, kda_prefill,
                 silu_and_mul_clamp
     decisions:  explain(Problem | op, device=..., **shape), last_decision(), policy(...)
-    inventory:  backends(), plugins(), capabilities(device), presets()
+    inventory:  list_backends(), list_plugins(), device_capabilities(device), presets()
+
+(``linattn.backends``, ``linattn.capabilities``, ``linattn.dispatch`` and ``linattn.kernels`` are
+subpackages, so the inventory functions carry other names.)
 """
 
 from __future__ import annotations
@@ -39,17 +42,17 @@ def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = N
     return _explain(problem, device, backend=backend)
 
 
-def backends() -> dict:
+def list_backends() -> dict:
     """Registered backends by name (instances of ``linattn.backends.base.Backend``)."""
     return dict(get_registry().backends)
 
 
-def plugins() -> list:
+def list_plugins() -> list:
     """Every plugin seen (built-in and external) with its status."""
     return list(get_registry().plugins)
 
 
-def capabilities(device=None) -> DeviceCapabilities:
+def device_capabilities(device=None) -> DeviceCapabilities:
     """Probed capabilities of ``device`` (default the CPU), or of a named profile."""
     from linattn.dispatch import resolve_device
 
@@ -58,6 +61,6 @@ def capabilities(device=None) -> DeviceCapabilities:
 
 __all__ = [
     "BackendRunError", "Decision", "DeviceCapabilities", "ModelPreset", "NoBackendError", "Problem", "Reason",
-    "backends", "capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
-    "kda_prefill", "last_decision", "plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
+    "device_capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
+    "kda_prefill", "last_decision", "list_backends", "list_plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
 ]
