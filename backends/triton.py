@@ -1,0 +1,174 @@
+"""The Triton backends' shared body: one class, two launch-grid layouts.
+
+``triton-split`` (:mod:`linattn.backends.triton_split`) and ``triton-folded``
+(:mod:`linattn.backends.triton_folded`) run the same kernels (``kernels/triton/``); they differ
+only in the launch-grid layout the planner builds (``split``: sequence, head and value block on
+separate axes, for CUDA; ``folded``: the legacy ``(NK, NV, N*HV)`` grid, for ROCm and XPU) and in
+where they may run without being forced. The contract test proves both layouts give bitwise
+equal results.
+
+Triton is imported lazily (inside the op methods), so ``import linattn`` works without it; a
+missing Triton is a ``toolchain`` rejection.
+
+Running in the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors) is possible for tests:
+both backends are then eligible only when forced (``needs_forcing``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.problem import Problem
+from linattn.dispatch.verdict import Check, Reason
+
+from .base import Backend
+
+#: Ops these backends implement. The chunked prefill ops (``gdn_prefill``, ``kda_prefill``, from
+#: ``kernels/triton/prefill.py``) are added here by the lead, with their methods below.
+TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "silu_and_mul_clamp"})
+MAX_HEAD_DIM = 256  # mirrors linattn.kernels.triton.decode.MAX_HEAD_DIM (no triton import here)
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+class TritonBackend(Backend):
+    """Base of the Triton backends; subclasses set ``name``, ``layout``, ``vendors``, ``native``.
+
+    Class fields (besides :class:`Backend`'s):
+        layout: the launch-grid layout (``"split"`` or ``"folded"``).
+        native: vendors where the backend runs without being forced.
+    """
+
+    layout: ClassVar[str] = "split"
+    native: ClassVar[frozenset[str]] = frozenset()
+    ops = TRITON_OPS
+    dtypes = frozenset({"float32", "bfloat16", "float16"})
+    state_dtypes = frozenset({"float32", "bfloat16"})
+    state_layouts = frozenset({"vk", "kv"})
+    requires = ("triton",)
+
+    # -- predicates -------------------------------------------------------------------------------
+
+    def predicates(self):
+        return super().predicates() + [self.supports_mode, self.supports_grid]
+
+    def supports_device(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        base = super().supports_device(p, caps)
+        if not base.ok:
+            return base
+        if caps.vendor == "cpu" and not caps.toolchain.triton_interpreter:
+            return Check.failed(Reason.DEVICE, "vendor='cpu' without the Triton interpreter: Triton kernels "
+                                "need a GPU, or TRITON_INTERPRET=1 (tests only)",
+                                "run on a GPU, or set TRITON_INTERPRET=1 before importing triton")
+        return Check.passed()
+
+    def supports_shape(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        base = super().supports_shape(p, caps)
+        if not base.ok or p.op == "silu_and_mul_clamp":
+            return base
+        for dim, val in (("K", p.k), ("V", p.v)):
+            if not 1 <= val <= MAX_HEAD_DIM:
+                return Check.failed(Reason.SHAPE, f"unsupported head_dim {dim}={val}: {self.name} keeps "
+                                    f"the whole key dim of the state tile in registers, 1 <= K, V <= {MAX_HEAD_DIM}",
+                                    "use torch-ref (or another backend) for larger heads")
+        tile_bytes = 4 * _pow2(p.k) * min(_pow2(p.v), max(1, 4096 // _pow2(p.k)))
+        if caps.vendor != "cpu" and tile_bytes > caps.shared_memory_per_block:
+            return Check.failed(Reason.SHAPE, f"unsupported head_dim K={p.k}: the fp32 state tile "
+                                f"({tile_bytes} bytes) exceeds {caps.shared_memory_per_block} bytes of "
+                                f"shared memory per block on {caps.name}")
+        return Check.passed()
+
+    def supports_mode(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        if p.phase == "decode" and p.mode != "pool":
+            return Check.failed(Reason.FEATURE, f"mode={p.mode!r}: {self.name} decodes over a state pool "
+                                "only (mode='pool')", "pass state_pool and state_indices")
+        return Check.passed()
+
+    def supports_grid(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        from linattn.kernels.grid import GridLimitError, plan_grid
+
+        try:
+            plan_grid(*self._work(p), caps, self.layout)
+        except GridLimitError as e:
+            return Check.failed(Reason.GRID_LIMIT, str(e),
+                                "use triton-split on CUDA" if self.layout == "folded" else "split the batch")
+        return Check.passed()
+
+    def needs_forcing(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
+        """A message when this backend may run only when forced (None: it may be chosen)."""
+        if caps.vendor in self.native:
+            return None
+        if caps.vendor == "cpu":
+            return (f"{self.name} on the CPU runs in the Triton interpreter (slow; for tests): "
+                    "eligible only when forced")
+        return f"{self.name} ({self.layout} grid) on {caps.vendor} is for the contract tests: eligible only when forced"
+
+    def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
+        return 20 if caps.vendor in self.native else 2000
+
+    # -- work items (shared by the grid predicate and the launchers' plans) ----------------------
+
+    @staticmethod
+    def _work(p: Problem) -> tuple[int, int, int]:
+        """(n_seq, n_heads, n_blocks) of the launch the kernels would make for ``p``."""
+        if p.op == "silu_and_mul_clamp":
+            bd = min(_pow2(max(p.d, 1)), 2048)  # mirrors kernels/triton/silu_clamp.silu_config
+            return p.n, 1, -(-p.d // bd)
+        if p.phase == "decode" and 1 <= p.k <= MAX_HEAD_DIM and 1 <= p.v <= MAX_HEAD_DIM:
+            from linattn.kernels.triton.decode import decode_config  # needs triton (checked before)
+
+            _, bv, _ = decode_config(p.k, p.v, p.n, caps=None, gate=p.family)
+            return p.n, p.hv, -(-p.v // bv)
+        return p.n, p.hv, 1
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _caps(t):
+        from linattn.capabilities import probe
+
+        return probe(t.device)
+
+    def gdn_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
+                   use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
+                   intermediate_state_indices=None, disable_state_update=False,
+                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0):
+        """GDN decode over a state pool (ops.md); see ``kernels/triton/decode.py``."""
+        from linattn.kernels.triton.decode import recurrent_decode
+
+        return recurrent_decode(
+            gate="gdn", q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+            state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
+            state_layout=state_layout, intermediate_states=intermediate_states,
+            intermediate_state_indices=intermediate_state_indices,
+            disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
+            softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
+            caps=self._caps(q), layout=self.layout)
+
+    def kda_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
+                   use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
+                   intermediate_state_indices=None, disable_state_update=False,
+                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
+                   lower_bound=None):
+        """KDA decode over a state pool (ops.md); see ``kernels/triton/decode.py``."""
+        from linattn.kernels.triton.decode import recurrent_decode
+
+        return recurrent_decode(
+            gate="kda", q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+            state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
+            state_layout=state_layout, intermediate_states=intermediate_states,
+            intermediate_state_indices=intermediate_state_indices,
+            disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
+            softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
+            lower_bound=lower_bound, caps=self._caps(q), layout=self.layout)
+
+    def silu_and_mul_clamp(self, *, x, limit=None):
+        """SwiGLU with clamp (ops.md); see ``kernels/triton/silu_clamp.py``."""
+        from linattn.kernels.triton.silu_clamp import silu_and_mul_clamp
+
+        return silu_and_mul_clamp(x, limit, caps=self._caps(x), layout=self.layout)
+
+    # -- prefill: the lead adds gdn_prefill / kda_prefill here (kernels/triton/prefill.py) -------

@@ -1,0 +1,349 @@
+"""Triton recurrent decode for GDN and KDA over a state pool: one kernel source for both.
+
+Maths (ops.md, "Gating" and "Recurrence"; Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
+ICLR 2025; the Kimi Linear report for KDA's per-channel gates), per token, per value head, with
+the state held as a ``[BV, K]`` tile of ``S^T`` in fp32 registers:
+
+    x    = a + dt_bias                                  (GDN: scalar; KDA: one per key channel)
+    g    = -exp(A_log) * softplus(x)                    (or KDA bounded: lower_bound * sigmoid(exp(A_log) x))
+    beta = sigmoid(b)                                   (g and beta in fp32)
+    q, k = l2norm(q), l2norm(k);  q = q * scale
+    S    = exp(g) * S;   u = beta * (v - S^T k);   S = S + k u^T;   o = S^T q
+
+Work items are (value block, sequence, value head); program ids are decoded by the shared
+:func:`decode_pid` helper for the ``split`` and ``folded`` layouts, so both layouts run the same
+instructions on the same data and agree bitwise.
+
+Pool rules (ops.md): ``state_indices [N]`` or a per-token slot table ``[N, T]`` (int32/int64),
+offsets in int64, a negative slot is padding (zero output, the pool neither read nor written),
+layouts ``"vk"`` (``[P, HV, V, K]``) and ``"kv"`` (``[P, HV, K, V]``), pool dtype preserved,
+slot pitch ``stride(0)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.kernels.grid import plan_grid
+from linattn.kernels.triton._pid import decode_pid
+
+#: Floor of the log decay g, as backends/torch_ref.G_MIN: exp(G_MIN) is 0 in fp32.
+G_MIN = tl.constexpr(-1000.0)
+#: Largest head dims the kernel takes: the whole key dim is one block of the state tile.
+MAX_HEAD_DIM = 256
+#: State tile budget in fp32 elements per program (BV * BK), keeps the tile in registers.
+TILE_ELEMENTS = 4096
+
+
+@triton.jit
+def _log1p_exp_neg(y):
+    """log(1 + exp(-y)) for y >= 0, accurate for large y (log1p written without libdevice)."""
+    z = tl.exp(-y)
+    w = 1.0 + z
+    return tl.where(w == 1.0, z, tl.log(w) * (z / tl.where(w == 1.0, 1.0, w - 1.0)))
+
+
+@triton.jit
+def _softplus(x, beta, threshold):
+    """softplus with PyTorch's beta/threshold convention; never overflows."""
+    bx = beta * x
+    sp = (tl.maximum(bx, 0.0) + _log1p_exp_neg(tl.abs(bx))) / beta
+    return tl.where(bx > threshold, x, sp)
+
+
+@triton.jit
+def _recurrent_decode_kernel(
+    q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices,
+    scale, softplus_beta, softplus_threshold, lower_bound,
+    T,
+    s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
+    s_an, s_at, s_ah, s_bn, s_bt, s_bh,
+    s_pool_slot, s_pool_h, s_idx_n, s_idx_t,
+    s_inter_slot, s_inter_t, s_inter_h,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    STATE_LAYOUT: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_NUM_ACCEPTED: tl.constexpr,
+    HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
+    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+):
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    i_h = i_hv // (HV // H)
+
+    offs_v = i_v * BV + tl.arange(0, BV)
+    offs_k = tl.arange(0, BK)
+    mask_v = offs_v < V
+    mask_k = offs_k < K
+    mask_s = mask_v[:, None] & mask_k[None, :]
+    if STATE_LAYOUT == "vk":
+        offs_s = offs_v[:, None] * K + offs_k[None, :]
+    else:
+        offs_s = offs_k[None, :] * V + offs_v[:, None]
+
+    # The load slot, and padding: a row whose load slot is negative is padding (zero output,
+    # nothing read or written). With num_accepted_tokens, the load slot is the table entry of
+    # token num_accepted - 1; 0 accepted starts from a zero state, and then the row's first
+    # entry decides padding (as backends/torch_ref.py).
+    idx_row = state_indices + i_n * s_idx_n
+    load_slot = tl.load(idx_row).to(tl.int64)
+    do_load = load_slot >= 0
+    if PER_TOKEN_SLOTS:
+        if HAS_NUM_ACCEPTED:
+            na = tl.load(num_accepted + i_n).to(tl.int64)
+            na = tl.minimum(tl.maximum(na, 0), T)  # never reads outside the row
+            acc_slot = tl.load(idx_row + tl.maximum(na - 1, 0) * s_idx_t).to(tl.int64)
+            load_slot = tl.where(na > 0, acc_slot, load_slot)
+            do_load = (load_slot >= 0) & (na > 0)
+    valid = load_slot >= 0
+    p_state = pool + i_hv * s_pool_h + offs_s
+    h = tl.load(p_state + load_slot * s_pool_slot, mask=mask_s & do_load, other=0.0).to(tl.float32)
+
+    exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    if GATE == "gdn":
+        dt = tl.load(dt_bias + i_hv).to(tl.float32)
+    else:
+        dt = tl.load(dt_bias + i_hv * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    if HAS_INTER:
+        if HAS_INTER_IDX:
+            i_slot = tl.load(inter_indices + i_n).to(tl.int64)
+        else:
+            i_slot = i_n
+        p_inter = inter + i_slot * s_inter_slot + i_hv * s_inter_h + offs_s
+        inter_mask = mask_s & valid & (i_slot >= 0)
+
+    p_q = q + i_n * s_qn + i_h * s_qh + offs_k
+    p_k = k + i_n * s_kn + i_h * s_kh + offs_k
+    p_v = v + i_n * s_vn + i_hv * s_vh + offs_v
+    p_a = a + i_n * s_an + i_hv * s_ah
+    p_b = b + i_n * s_bn + i_hv * s_bh
+    p_o = o + (i_n * T * HV + i_hv) * V + offs_v
+    for t in range(T):
+        t64 = tl.cast(t, tl.int64)
+        b_q = tl.load(p_q + t64 * s_qt, mask=mask_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k + t64 * s_kt, mask=mask_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v + t64 * s_vt, mask=mask_v, other=0.0).to(tl.float32)
+        b_b = tl.load(p_b + t64 * s_bt).to(tl.float32)
+        if GATE == "gdn":
+            x = tl.load(p_a + t64 * s_at).to(tl.float32) + dt
+        else:
+            x = tl.load(p_a + t64 * s_at + offs_k, mask=mask_k, other=0.0).to(tl.float32) + dt
+        if HAS_LOWER_BOUND:
+            z = tl.where(x == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, exp_a * x))  # inf * 0 reads as 0
+            g = lower_bound / (1.0 + tl.exp(-z))
+        else:
+            sp = _softplus(x, softplus_beta, softplus_threshold)
+            g = tl.where(sp == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, -exp_a * sp))  # inf * 0 reads as 0
+        g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
+        beta = 1.0 / (1.0 + tl.exp(-b_b))
+        if USE_QK_L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        if GATE == "gdn":
+            h = h * tl.exp(g)
+        else:
+            h = h * tl.exp(g)[None, :]
+        u = beta * (b_v - tl.sum(h * b_k[None, :], axis=1))
+        h = h + u[:, None] * b_k[None, :]
+        b_o = tl.sum(h * b_q[None, :], axis=1)
+        b_o = tl.where(valid, b_o, 0.0)
+        tl.store(p_o + t64 * (HV * V), b_o.to(o.dtype.element_ty), mask=mask_v)
+        if HAS_INTER:
+            tl.store(p_inter + t64 * s_inter_t, h.to(inter.dtype.element_ty), mask=inter_mask)
+        if PER_TOKEN_SLOTS and UPDATE_STATE:
+            st = tl.load(idx_row + t64 * s_idx_t).to(tl.int64)
+            tl.store(p_state + st * s_pool_slot, h.to(pool.dtype.element_ty), mask=mask_s & valid & (st >= 0))
+    if UPDATE_STATE and not PER_TOKEN_SLOTS:
+        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=mask_s & valid)
+
+
+# --- host side -------------------------------------------------------------------------------
+
+#: Pinned tile configs ``(block_v, num_warps)`` per ``(gate, K, V, batch class)``, measured on the
+#: H200 (benchmarks/results/decode_h200.json, section ``explore`` and ``tune_partial``). No
+#: autotuning: the kernel writes the pool in place, so it must run exactly once per call.
+#: - GDN: BV=8 / 1 warp everywhere: 2.83 us at N=1 (graph replay), 4.06 TB/s at N=1024 with value
+#:   blocks on x (95% of the 4.28 TB/s copy; BV=64 / 8 warps: 3.96 TB/s, measured at every N).
+#: - KDA: BV=8 / 1 warp at N < 16 (2.73 us at N=1); BV=64 / 4 warps above (3.65-3.75 TB/s).
+PINNED: dict[tuple[str, int, int, str], tuple[int, int]] = {
+    ("gdn", 128, 128, "small"): (8, 1),
+    ("gdn", 128, 128, "large"): (8, 1),
+    ("kda", 128, 128, "small"): (8, 1),
+    ("kda", 128, 128, "large"): (64, 4),
+}
+
+
+def _batch_class(n_seq: int) -> str:
+    return "small" if n_seq < 16 else "large"
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(K: int, V: int, cls: str, gate: str) -> tuple[int, int, int]:
+    if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
+        raise ValueError(f"unsupported head_dim K={K}, V={V}: the Triton decode kernels take "
+                         f"1 <= K, V <= {MAX_HEAD_DIM}")
+    BK = _pow2(K)
+    pinned = PINNED.get((gate, K, V, cls))
+    if pinned is not None:
+        return BK, pinned[0], pinned[1]
+    BV = min(_pow2(V), max(1, TILE_ELEMENTS // BK), 32)
+    num_warps = 4 if BV * BK >= 2048 else (2 if BV * BK >= 512 else 1)
+    return BK, BV, num_warps
+
+
+def decode_config(K: int, V: int, n_seq: int, caps=None, gate: str = "gdn") -> tuple[int, int, int]:
+    """Tile config ``(BK, BV, num_warps)`` for head dims ``K x V`` and ``n_seq`` sequences.
+
+    The whole key dim is one block (``BK = next_pow2(K)``); ``BV`` keeps the fp32 state tile
+    ``BV x BK`` within :data:`TILE_ELEMENTS` so it stays in registers. Pinned configs
+    (:data:`PINNED`) win where measured.
+
+    Raises:
+        ValueError: K or V above :data:`MAX_HEAD_DIM` or below 1 ("unsupported head_dim").
+    """
+    return _config(int(K), int(V), _batch_class(n_seq), gate)
+
+
+def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices,
+                     scale: Optional[float], use_qk_l2norm: bool = True, state_layout: str = "vk",
+                     intermediate_states=None, intermediate_state_indices=None,
+                     disable_state_update: bool = False, num_accepted_tokens=None,
+                     softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
+                     lower_bound: Optional[float] = None, caps, layout: str,
+                     block_v: Optional[int] = None, num_warps: Optional[int] = None) -> torch.Tensor:
+    """Launch the GDN/KDA recurrent decode kernel on a state pool (in place).
+
+    Args:
+        gate: ``"gdn"`` (scalar gate per head) or ``"kda"`` (one gate per key channel).
+        q, k: ``[N, T, H, K]`` bf16/fp16/fp32 (last dim contiguous, else copied).
+        v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
+        A_log: ``[HV]``. dt_bias: GDN ``[HV]``, KDA ``[HV, K]`` (contiguous).
+        state_pool: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or bf16,
+            each slot contiguous; slot pitch ``stride(0)``. Updated in place.
+        state_indices: ``[N]`` or ``[N, T]`` (per-token slot table), int32/int64. A row whose
+            load slot is negative is padding (backends/torch_ref.py states the rule).
+        scale: > 0 (None = ``K ** -0.5``). use_qk_l2norm: normalise q and k in the kernel.
+        state_layout: ``"vk"`` or ``"kv"``.
+        intermediate_states: ``[S, steps >= T, HV, <slot layout>]`` or None; receives the state
+            after every token at row ``intermediate_state_indices[n]`` (``[N]``, negative = skip;
+            None = row ``n``), row pitch ``stride(0)``.
+        disable_state_update: leave the pool untouched.
+        num_accepted_tokens: ``[N]`` (with a ``[N, T]`` table): load from the slot of token
+            ``num_accepted - 1``; 0 = start from a zero state.
+        softplus_beta, softplus_threshold, lower_bound: gate parameters (ops.md).
+        caps: DeviceCapabilities of the tensors' device (grid limits). layout: ``split``/``folded``.
+        block_v, num_warps: override the pinned tile config (tests, tuning).
+    Returns:
+        o: ``[N, T, HV, V]`` in q's dtype.
+    Raises:
+        GridLimitError: the grid does not fit the device (before launch).
+        ValueError: a head dim above 256, or a pool slot that is not contiguous.
+    """
+    N, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if scale is None:
+        scale = K ** -0.5
+    o = torch.empty((N, T, HV, V), dtype=q.dtype, device=q.device)
+    BK, BV, warps = decode_config(K, V, N, caps, gate)
+    if block_v is not None:
+        BV = block_v
+    if num_warps is not None:
+        warps = num_warps
+    plan = plan_grid(N, HV, -(-V // BV), caps, layout)
+    if plan.empty or T == 0:
+        return o
+    ps = state_pool.stride()
+    inner = (V, K) if state_layout == "vk" else (K, V)
+    if ps[3] != 1 or ps[2] != inner[1]:
+        raise ValueError(f"state_pool slots must be contiguous in layout {state_layout!r} "
+                         f"(shape {tuple(state_pool.shape)}, strides {tuple(ps)}); "
+                         "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    if gate == "kda" and a.stride(-1) != 1:
+        a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
+    if not dt_bias.is_contiguous():
+        dt_bias = dt_bias.contiguous()
+    per_token = state_indices.dim() == 2
+    if intermediate_states is not None:
+        s_inter = intermediate_states.stride()
+        if s_inter[3:] != (inner[1], 1):
+            raise ValueError("intermediate_states must be contiguous in its last two dims "
+                             f"(strides {tuple(s_inter)})")
+        inter, inter_idx, s_inter = intermediate_states, intermediate_state_indices, s_inter[:3]
+    else:
+        inter, inter_idx, s_inter = state_pool, None, (0, 0, 0)
+    has_na = num_accepted_tokens is not None and per_token
+    qs, ks, vs, as_, bs, ss = q.stride(), k.stride(), v.stride(), a.stride(), b.stride(), state_indices.stride()
+    _recurrent_decode_kernel[plan.grid](
+        q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices,
+        num_accepted_tokens if has_na else state_indices, inter,
+        inter_idx if inter_idx is not None else state_indices,
+        float(scale), float(softplus_beta), float(softplus_threshold),
+        float(lower_bound) if lower_bound is not None else 0.0,
+        T,
+        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+        as_[0], as_[1], as_[2], bs[0], bs[1], bs[2],
+        ps[0], ps[1], ss[0], ss[1] if per_token else 0,
+        *s_inter,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        GATE=gate, HAS_LOWER_BOUND=lower_bound is not None, USE_QK_L2NORM=bool(use_qk_l2norm),
+        STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
+        HAS_INTER=intermediate_states is not None, HAS_INTER_IDX=inter_idx is not None,
+        UPDATE_STATE=not disable_state_update,
+        **plan.constexprs, num_warps=warps,
+    )
+    return o
+    inner = (V, K) if state_layout == "vk" else (K, V)
+    if state_pool.stride(3) != 1 or state_pool.stride(2) != inner[1]:
+        raise ValueError(f"state_pool slots must be contiguous in layout {state_layout!r} "
+                         f"(shape {tuple(state_pool.shape)}, strides {tuple(state_pool.stride())}); "
+                         "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
+    q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    if gate == "kda":
+        a = _inner_contiguous(a)  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
+    dt_bias = dt_bias.contiguous()
+    per_token = state_indices.dim() == 2
+    has_inter = intermediate_states is not None
+    if has_inter:
+        if intermediate_states.stride()[3:] != (inner[1], 1):
+            raise ValueError("intermediate_states must be contiguous in its last two dims "
+                             f"(strides {tuple(intermediate_states.stride())})")
+        inter, inter_idx = intermediate_states, intermediate_state_indices
+        s_inter = (inter.stride(0), inter.stride(1), inter.stride(2))
+    else:
+        inter, inter_idx, s_inter = state_pool, None, (0, 0, 0)
+    has_na = num_accepted_tokens is not None and per_token
+    na = num_accepted_tokens if has_na else state_indices
+    _recurrent_decode_kernel[plan.grid](
+        q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, na, inter,
+        inter_idx if inter_idx is not None else state_indices,
+        float(scale), float(softplus_beta), float(softplus_threshold),
+        float(lower_bound) if lower_bound is not None else 0.0,
+        T,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+        state_pool.stride(0), state_pool.stride(1),
+        state_indices.stride(0), state_indices.stride(1) if per_token else 0,
+        *s_inter,
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        GATE=gate, HAS_LOWER_BOUND=lower_bound is not None, USE_QK_L2NORM=bool(use_qk_l2norm),
+        STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
+        HAS_INTER=has_inter, HAS_INTER_IDX=inter_idx is not None, UPDATE_STATE=not disable_state_update,
+        **plan.constexprs, num_warps=warps,
+    )
+    return o

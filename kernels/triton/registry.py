@@ -1,0 +1,211 @@
+"""Every Triton kernel of linattn, its launch layouts and its launcher: the contract test's list.
+
+``tests/contract`` parametrises over :data:`KERNELS` (each kernel, each layout, the same inputs:
+exactly-once visits, bitwise agreement across layouts, the float64 reference) and checks that
+every ``@triton.jit`` function defined in ``kernels/triton/`` is either a kernel listed here or
+a device helper listed in :data:`HELPERS`. So a new kernel cannot be added without entering the
+contract test.
+
+To add a kernel: write it on :func:`~linattn.kernels.triton._pid.decode_pid` with a grid from
+:func:`~linattn.kernels.grid.plan_grid`, add a :class:`KernelEntry` here and contract cases for
+its op in ``tests/contract/contract_cases.py``. Kernels whose grid is not planned (e.g. the chunked
+prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=()`` and a
+``why_unplanned`` text; the test then checks only that they are registered and explained.
+
+Prefill kernels (``kernels/triton/prefill.py`` and its stages) are entered by the lead: see the
+placeholder at the end of :data:`KERNELS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+KERNEL_PACKAGE = "linattn.kernels.triton"
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One launchable Triton kernel.
+
+    Fields:
+        name: the registry name (usually the op it implements).
+        kernel: ``"module:attribute"`` of the ``@triton.jit`` function.
+        op: the op whose contract cases exercise it (``tests/contract/contract_cases.py``).
+        layouts: the layouts its launcher takes (``split``, ``folded``); ``()`` = grid not planned.
+        launcher: ``"module:function"`` of the host function that plans the grid and launches.
+        why_unplanned: for ``layouts=()``, why the grid does not go through the planner.
+    """
+
+    name: str
+    kernel: str
+    op: str
+    layouts: tuple[str, ...]
+    launcher: str
+    why_unplanned: str = ""
+    notes: str = field(default="", compare=False)
+
+    def load_kernel(self):
+        mod, _, attr = self.kernel.partition(":")
+        return getattr(importlib.import_module(mod), attr)
+
+    def load_launcher(self):
+        mod, _, attr = self.launcher.partition(":")
+        return getattr(importlib.import_module(mod), attr)
+
+
+KERNELS: tuple[KernelEntry, ...] = (
+    KernelEntry(
+        name="gdn_decode", op="gdn_decode", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.decode:_recurrent_decode_kernel",
+        launcher=f"{KERNEL_PACKAGE}.decode:recurrent_decode",
+        notes="GATE='gdn'",
+    ),
+    KernelEntry(
+        name="kda_decode", op="kda_decode", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.decode:_recurrent_decode_kernel",
+        launcher=f"{KERNEL_PACKAGE}.decode:recurrent_decode",
+        notes="GATE='kda' (same source as gdn_decode)",
+    ),
+    KernelEntry(
+        name="silu_and_mul_clamp", op="silu_and_mul_clamp", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.silu_clamp:_silu_and_mul_clamp_kernel",
+        launcher=f"{KERNEL_PACKAGE}.silu_clamp:silu_and_mul_clamp",
+    ),
+    KernelEntry(
+        name="probe", op="probe", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.probe:_probe_kernel",
+        launcher=f"{KERNEL_PACKAGE}.probe:probe_visits",
+        notes="records the work item each program decodes; the contract's own instrument",
+    ),
+    # -- prefill (entered by the lead from kernels/triton/prefill.py and its stages) -----------
+)
+
+#: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
+HELPERS: frozenset[str] = frozenset({
+    f"{KERNEL_PACKAGE}._pid:decode_pid",
+    f"{KERNEL_PACKAGE}.decode:_log1p_exp_neg",
+    f"{KERNEL_PACKAGE}.decode:_softplus",
+})
+
+
+def kernel_modules() -> list[str]:
+    """Every module in ``kernels/triton/`` (by file, so a new file is found without an import)."""
+    import pkgutil
+
+    pkg = importlib.import_module(KERNEL_PACKAGE)
+    return sorted(f"{KERNEL_PACKAGE}.{m.name}" for m in pkgutil.iter_modules(pkg.__path__))
+
+
+def jit_functions(module: str) -> list[str]:
+    """``"module:attribute"`` of every ``@triton.jit`` function defined in ``module``.
+
+    Works compiled and under ``TRITON_INTERPRET=1`` (where ``triton.jit`` builds interpreted
+    functions). Functions imported from another module are attributed to their own module.
+    """
+    from triton.runtime.jit import JITFunction
+
+    kinds: tuple[type, ...] = (JITFunction,)
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        kinds = kinds + (InterpretedFunction,)
+    except ImportError:  # pragma: no cover - older triton
+        pass
+    mod = importlib.import_module(module)
+    out = []
+    for attr, obj in vars(mod).items():
+        if isinstance(obj, kinds):
+            fn = getattr(obj, "fn", None)
+            if getattr(fn, "__module__", module) == module:
+                out.append(f"{module}:{attr}")
+    return out
+
+
+def jit_decorated_names(module: str) -> list[str]:
+    """Names of functions decorated ``@triton.jit`` in ``module``'s source (a cross-check that
+    also sees kernels hidden from module attributes, e.g. defined inside a function)."""
+    import ast
+    import inspect
+
+    src = inspect.getsource(importlib.import_module(module))
+    names = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for d in node.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                if ast.unparse(target) in ("triton.jit", "jit", "tl.jit"):
+                    names.append(f"{module}:{node.name}")
+    return names
+
+
+# -- compile checks without a GPU ------------------------------------------------------------
+
+_OPTION_KEYS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "debug")
+
+
+class Launch:
+    """One captured launch: the jit function, its grid, bound arguments and compile options."""
+
+    def __init__(self, fn, grid, arguments: dict, options: dict):
+        self.fn, self.grid, self.arguments, self.options = fn, grid, arguments, options
+
+    @property
+    def name(self) -> str:
+        return self.fn.fn.__name__
+
+
+class capture_launches:
+    """Context manager: launches of compiled (non-interpreted) jit functions are recorded, not run.
+
+    Lets CI build every kernel variant for a GPU target on a machine without one (the launchers
+    run on CPU tensors up to the launch, which is captured).
+    """
+
+    def __enter__(self) -> list[Launch]:
+        from triton.runtime.jit import JITFunction
+
+        self._orig = JITFunction.run
+        self.launches: list[Launch] = []
+        launches = self.launches
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            options = {k: kwargs.pop(k) for k in list(kwargs) if k in _OPTION_KEYS}
+            bound = fn.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            launches.append(Launch(fn, grid, dict(bound.arguments), options))
+            return None
+
+        JITFunction.run = run
+        return launches
+
+    def __exit__(self, *exc):
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.run = self._orig
+        return False
+
+
+def compile_launch(launch: Launch, arch: int = 90, warp_size: int = 32):
+    """Compile a captured launch for ``cuda:<arch>`` (no GPU needed); returns the CompiledKernel."""
+    import triton
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = launch.fn
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        val = launch.arguments[p.name]
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[(i,)] = val
+            continue
+        ty, spec = native_specialize_impl(BaseBackend, val, False, True, True)
+        signature[p.name] = ty
+        if ty == "constexpr":
+            constexprs[(i,)] = spec
+        elif isinstance(spec, str) and "D" in spec:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn, signature, constexprs, attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, warp_size), options=dict(launch.options))

@@ -1,0 +1,153 @@
+"""The program-id contract of every Triton kernel, for every launch layout.
+
+For each kernel in ``kernels/triton/registry.py`` and each of its layouts, on the same inputs:
+
+1. the launch the launcher makes is recorded, and the probe kernel (same ``decode_pid`` helper,
+   same grid, same constexprs) proves that every work item is visited exactly once;
+2. outputs and written states are bitwise equal across layouts;
+3. both are within ops.md's tolerance of the float64 reference (``backends/torch_ref.py``);
+4. pool rows and intermediate entries the call does not own are bitwise unchanged.
+
+CPU: the Triton interpreter at small shapes. GPU: the same cases compiled (``pytest tests/contract``
+on the H200); real shapes are in ``tests/gpu/test_decode_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linattn.capabilities import GridLimits, profile
+from linattn.kernels.grid import GridPlan
+
+from contract_cases import CASES, Case, owned_rows, run_launcher, run_reference
+
+registry = pytest.importorskip("linattn.kernels.triton.registry")
+
+#: The device limits each layout is planned with (the interpreter runs any grid; on the GPU these
+#: small grids fit the H200 too): split with CUDA's, folded with the MI300X's.
+LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
+
+PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
+PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
+          if c.op == e.op]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+class Recorder:
+    """Records each launch of a jit kernel (grid and constexprs) and runs it."""
+
+    def __init__(self, kernel, monkeypatch):
+        self.launches = []
+        orig = kernel.run
+
+        def run(*args, grid, warmup, **kwargs):
+            self.launches.append((tuple(grid), {k: kwargs[k] for k in ("LAYOUT", "AX_SEQ", "AX_HEAD", "AX_BLK")},
+                                  kwargs))
+            return orig(*args, grid=grid, warmup=warmup, **kwargs)
+
+        monkeypatch.setattr(kernel, "run", run)
+
+
+def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
+    if case.op == "silu_and_mul_clamp":
+        M, D2 = case.args["x"].shape
+        return M, 1, -(-(D2 // 2) // launch_kwargs["BD"])
+    N, HV, V = case.args["q"].shape[0], case.args["v"].shape[2], case.args["v"].shape[3]
+    return N, HV, -(-V // launch_kwargs["BV"])
+
+
+def _run_all_layouts(entry, case, device, monkeypatch):
+    from linattn.kernels.triton.probe import probe_visits
+
+    rec = Recorder(entry.load_kernel(), monkeypatch)
+    results = {}
+    for layout in entry.layouts:
+        before = len(rec.launches)
+        results[layout] = run_launcher(case, layout, profile(LAYOUT_CAPS[layout]), device)
+        launches = rec.launches[before:]
+        if case.op == "silu_and_mul_clamp" and case.args["x"].shape[0] == 0:
+            assert launches == [], "M = 0 must launch nothing"
+            continue
+        assert len(launches) == 1, f"{layout}: expected one launch, got {len(launches)}"
+        grid, cx, kw = launches[0]
+        assert cx["LAYOUT"] == layout
+        n_seq, n_heads, n_blocks = _work_counts(case, kw)
+        plan = GridPlan(grid=grid, layout=layout, axes=("?", "?", "?"), n_seq=n_seq, n_heads=n_heads,
+                        n_blocks=n_blocks, constexprs=cx)
+        counts, overflow = probe_visits(plan, device)
+        assert overflow == 0, f"{layout}: {overflow} programs decoded a work item outside the work"
+        assert bool((counts == 1).all()), f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
+    return results
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("entry,case", PARAMS)
+def test_layouts_visit_once_agree_bitwise_and_match_the_float64_reference(entry, case, device, monkeypatch):
+    results = _run_all_layouts(entry, case, device, monkeypatch)
+    first, *others = entry.layouts
+    for layout in others:
+        for name, val in results[first].items():
+            assert torch.equal(val, results[layout][name]), f"{name}: {first} and {layout} differ"
+
+    ref = run_reference(case)
+    owned = owned_rows(case)
+    for layout in entry.layouts:
+        res = results[layout]
+        out_name = "out" if case.op == "silu_and_mul_clamp" else "o"
+        out = res[out_name]
+        assert out.dtype == case.args["x" if case.op == "silu_and_mul_clamp" else "q"].dtype
+        assert torch.isfinite(out).all()
+        if out.numel():
+            assert _rel(out, ref[out_name]) <= case.tol_out, f"{layout}: output error {_rel(out, ref[out_name]):.2e}"
+        for name, mask in owned.items():
+            orig = case.args[name]._base if case.args[name]._base is not None else case.args[name]
+            got, want = res[name], ref[name]
+            assert got.dtype == orig.dtype, f"{name} dtype changed"
+            assert torch.equal(got[~mask], orig[~mask]), f"{layout}: {name} rows not owned by the call changed"
+            if mask.any():
+                assert torch.isfinite(got[mask]).all()
+                err = _rel(got[mask], want[mask])
+                assert err <= case.tol_state, f"{layout}: {name} error {err:.2e}"
+        if case.op != "silu_and_mul_clamp":
+            pad = _padding_rows(case)
+            assert bool((out[pad] == 0).all()), "padding rows must give zero output"
+
+
+def _padding_rows(case: Case) -> torch.Tensor:
+    idx = case.args["state_indices"].long()
+    if idx.dim() == 1:
+        return idx < 0
+    na = case.args["num_accepted_tokens"]
+    col = (na.long() - 1).clamp(min=0) if na is not None else torch.zeros(idx.shape[0], dtype=torch.long)
+    return idx.gather(1, col[:, None]).squeeze(1) < 0
+
+
+def test_every_registry_kernel_has_contract_cases():
+    missing = [e.name for e in registry.KERNELS if e.layouts and e.op != "probe" and not CASES.get(e.op)]
+    assert not missing, f"kernels without contract cases in tests/contract/contract_cases.py: {missing}"
+    for e in registry.KERNELS:
+        assert set(e.layouts) <= {"split", "folded"}, f"{e.name}: unknown layout in {e.layouts}"
+        if not e.layouts:
+            assert e.why_unplanned, f"{e.name}: a kernel outside the planner must say why"
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("op", ["gdn_decode", "silu_and_mul_clamp"])
+def test_split_decodes_every_axis_order_the_planner_may_choose(op, device, monkeypatch):
+    """Tight per-axis limits force the planner off its preferred placement (value blocks on x,
+    sequences on z): the kernel must decode the other axes to the same work items (bitwise)."""
+    case = CASES[op][0]
+    entry = next(e for e in registry.KERNELS if e.op == op)
+    rec = Recorder(entry.load_kernel(), monkeypatch)
+    canonical = run_launcher(case, "split", profile("sm90"), device)
+    tight = profile("sm90").model_copy(update={"grid": GridLimits(x=8, y=8, z=2, source="test: tiny limits")})
+    permuted = run_launcher(case, "split", tight, device)
+    (g0, c0, _), (g1, c1, _) = rec.launches
+    assert c0["AX_SEQ"] == 2 and c1["AX_SEQ"] == 0 and g1[2] <= 2, "the limits must move sequences to x"
+    for name in canonical:
+        assert torch.equal(canonical[name], permuted[name]), name
