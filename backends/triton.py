@@ -24,9 +24,9 @@ from linattn.dispatch.verdict import Check, Reason
 
 from .base import Backend
 
-#: Ops these backends implement. The chunked prefill ops (``gdn_prefill``, ``kda_prefill``, from
-#: ``kernels/triton/prefill.py``) are added here by the lead, with their methods below.
-TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "silu_and_mul_clamp"})
+#: Ops these backends implement (decode: ``kernels/triton/decode.py``; chunked prefill:
+#: ``kernels/triton/prefill.py``; SwiGLU clamp: ``kernels/triton/silu_clamp.py``).
+TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"})
 MAX_HEAD_DIM = 256  # mirrors linattn.kernels.triton.decode.MAX_HEAD_DIM (no triton import here)
 
 
@@ -69,6 +69,16 @@ class TritonBackend(Backend):
         base = super().supports_shape(p, caps)
         if not base.ok or p.op == "silu_and_mul_clamp":
             return base
+        if p.phase == "prefill":
+            import torch
+
+            from linattn.kernels.triton.prefill import prefill_supported
+
+            why = prefill_supported(p.family, p.k, p.v, getattr(torch, p.dtype), caps)
+            if why is not None:
+                return Check.failed(Reason.SHAPE, f"{self.name} chunked prefill: {why}",
+                                    "use torch-ref (or another backend) for this shape")
+            return Check.passed()
         for dim, val in (("K", p.k), ("V", p.v)):
             if not 1 <= val <= MAX_HEAD_DIM:
                 return Check.failed(Reason.SHAPE, f"unsupported head_dim {dim}={val}: {self.name} keeps "
@@ -122,6 +132,13 @@ class TritonBackend(Backend):
 
             _, bv, _ = decode_config(p.k, p.v, p.n, caps=None, gate=p.family)
             return p.n, p.hv, -(-p.v // bv)
+        if p.phase == "prefill" and p.k in (64, 128, 256) and p.v in (64, 128, 256):
+            import torch
+
+            from linattn.kernels.triton.prefill import pinned_config
+
+            bv = pinned_config(p.family, p.k, p.v, getattr(torch, p.dtype))["state_bv"]
+            return p.n, p.hv, p.v // bv
         return p.n, p.hv, 1
 
     # -- ops --------------------------------------------------------------------------------------
@@ -171,4 +188,19 @@ class TritonBackend(Backend):
 
         return silu_and_mul_clamp(x, limit, caps=self._caps(x), layout=self.layout)
 
-    # -- prefill: the lead adds gdn_prefill / kda_prefill here (kernels/triton/prefill.py) -------
+    def _prefill(self, family, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
+                 initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+        from linattn.kernels.triton.prefill import chunk_prefill
+
+        return chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
+                             state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
+                             scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                             layout=self.layout, caps=self._caps(q))
+
+    def gdn_prefill(self, **kw):
+        """GDN chunked prefill, pool or dense mode (ops.md); see ``kernels/triton/prefill.py``."""
+        return self._prefill("gdn", **kw)
+
+    def kda_prefill(self, **kw):
+        """KDA chunked prefill, pool or dense mode (ops.md); see ``kernels/triton/prefill.py``."""
+        return self._prefill("kda", **kw)

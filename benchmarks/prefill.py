@@ -1,0 +1,224 @@
+"""Chunked prefill benchmark (GPU): linattn's Triton pool mode against flash-linear-attention.
+
+For each family (GDN, KDA) and shape (sequences x tokens, Qwen3-Next heads: H = 16, HV = 32,
+K = V = 128, bf16 inputs, fp32 state pool) it times, with CUDA events (``triton.testing.do_bench``,
+median):
+
+- ``linattn_pool``: :func:`linattn.kernels.triton.prefill.chunk_prefill` in pool mode (h0 read
+  from ``state_pool[state_indices]``, final state written back in place by the state kernel);
+- ``fla``: flash-linear-attention 0.6 ``chunk_gated_delta_rule`` / ``chunk_kda`` with dense
+  states (``initial_state [N, HV, K, V]`` fp32, ``output_final_state=True``), l2norm in kernel;
+- ``fla_gather_scatter``: the same with the gather (``pool[idx]``) and scatter
+  (``pool[idx] = ht``) an engine needs around it.
+
+Throughput is tokens / median time (Mtok/s). Also recorded: the relative difference between
+linattn's and FLA's outputs and final states on the same data (a cross-check, not a test), the
+time of each linattn stage (torch profiler), and with ``--sweep`` the pipeline time for other
+launch configurations of the state kernel (timing only; the shipped config is pinned).
+
+Usage:  python benchmarks/prefill.py --out results.json [--families gdn,kda] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import torch
+
+SHAPES = [(16, 4096), (64, 1024), (256, 256)]
+H, HV, K, V = 16, 32, 128, 128
+
+
+def make(family, N, L, seed=0):
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    T = N * L
+    bf = torch.bfloat16
+    gshape = (T, HV, K) if family == "kda" else (T, HV)
+    d = dict(
+        q=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+        k=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+        v=torch.randn(T, HV, V, device=dev, generator=gen).to(bf),
+        g=torch.nn.functional.logsigmoid(torch.randn(*gshape, device=dev, generator=gen) + 3.0),
+        beta=torch.sigmoid(torch.randn(T, HV, device=dev, generator=gen)),
+        cu_seqlens=torch.arange(0, T + 1, L, device=dev, dtype=torch.int32),
+    )
+    P = 2 * N
+    idx = torch.randperm(P, device=dev, generator=gen)[:N].to(torch.int32)
+    pool = torch.randn(P, HV, V, K, device=dev, generator=gen) * 0.1  # "vk", fp32
+    return d, pool, idx
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def linattn_fn(family, d, pool, idx):
+    from linattn.kernels.triton.prefill import chunk_prefill
+
+    def fn():
+        return chunk_prefill(family, **d, state_pool=pool, state_indices=idx, initial_state=None,
+                             scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk")
+    return fn
+
+
+def fla_fns(family, d, pool_kv, idx):
+    if family == "gdn":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as op
+    else:
+        from fla.ops.kda import chunk_kda as op
+    cu64 = d["cu_seqlens"].long()
+    cu_cpu = cu64.cpu()
+    q, k, v, g, beta = (d[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta"))
+    idx64 = idx.long()
+    h0 = pool_kv.index_select(0, idx64)
+
+    def alone():
+        return op(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
+                  use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, cu_seqlens_cpu=cu_cpu)
+
+    def gather_scatter():
+        h = pool_kv.index_select(0, idx64)
+        o, ht = op(q, k, v, g, beta, scale=K ** -0.5, initial_state=h, output_final_state=True,
+                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, cu_seqlens_cpu=cu_cpu)
+        pool_kv.index_copy_(0, idx64, ht)
+        return o, ht
+    return alone, gather_scatter
+
+
+def bench_ms(fn, warmup=25, rep=150):
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def stage_times(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            out[e.key[:60]] = round(t / 5 / 1e3, 4)  # ms per call
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
+
+
+SWEEP = [
+    {"state_bv": 32, "state": dict(num_warps=4, num_stages=2)},
+    {"state_bv": 32, "state": dict(num_warps=4, num_stages=3)},
+    {"state_bv": 32, "state": dict(num_warps=8, num_stages=2)},
+    {"state_bv": 64, "state": dict(num_warps=4, num_stages=2)},
+    {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
+    {"inv_x4": False},
+    {"intra": dict(num_warps=8, num_stages=2)},
+    {"output": dict(num_warps=8, num_stages=2)},
+]
+
+
+def run_sweep(family, d, pool, idx):
+    from linattn.kernels.triton import prefill as pm
+
+    pinned = pm.pinned_config
+    res = []
+    try:
+        for alt in SWEEP:
+            def forced(*a, **k):
+                c = pinned(*a, **k)
+                c.update(alt)
+                return c
+            pm.pinned_config = forced
+            fn = linattn_fn(family, d, pool.clone(), idx)
+            try:
+                ms = bench_ms(fn, warmup=10, rep=60)
+                res.append(dict(config=repr(alt), ms=round(ms, 4)))
+            except Exception as e:  # a config that does not build is reported, not fatal
+                res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:200]}"))
+    finally:
+        pm.pinned_config = pinned
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="prefill_bench.json")
+    ap.add_argument("--families", default="gdn,kda")
+    ap.add_argument("--shapes", default=",".join(f"{n}x{l}" for n, l in SHAPES))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--no-fla", action="store_true")
+    args = ap.parse_args()
+    import triton
+
+    info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), heads=dict(H=H, HV=HV, K=K, V=V), dtype="bfloat16",
+                pool="float32 [P, HV, V, K] (vk), P = 2N, random slots", timing="triton do_bench median")
+    try:
+        import fla
+        info["fla"] = fla.__version__
+    except ImportError:
+        info["fla"] = None
+    results = []
+    for family in args.families.split(","):
+        for shp in args.shapes.split(","):
+            N, L = map(int, shp.split("x"))
+            T = N * L
+            d, pool, idx = make(family, N, L)
+            row = dict(family=family, shape=f"{N}x{L}", tokens=T)
+            t0 = time.time()
+            lin = linattn_fn(family, d, pool, idx)
+            row["linattn_pool_ms"] = bench_ms(lin)
+            row["linattn_pool_mtok_s"] = T / row["linattn_pool_ms"] / 1e3
+            row["linattn_stages_ms"] = stage_times(lin)
+            if info["fla"] and not args.no_fla:
+                pool_kv = pool.transpose(-1, -2).contiguous()
+                alone, gs = fla_fns(family, d, pool_kv, idx)
+                row["fla_ms"] = bench_ms(alone)
+                row["fla_mtok_s"] = T / row["fla_ms"] / 1e3
+                row["fla_gather_scatter_ms"] = bench_ms(gs)
+                row["fla_gather_scatter_mtok_s"] = T / row["fla_gather_scatter_ms"] / 1e3
+                row["speedup_vs_fla"] = row["fla_ms"] / row["linattn_pool_ms"]
+                row["speedup_vs_fla_gather_scatter"] = row["fla_gather_scatter_ms"] / row["linattn_pool_ms"]
+                # cross-check on identical data: the same initial rows through both
+                p1 = pool.clone()
+                h0_kv = p1[idx.long()].transpose(-1, -2).contiguous()
+                o1, _ = linattn_fn(family, d, p1, idx)()
+                from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+                from fla.ops.kda import chunk_kda
+                op = chunk_gated_delta_rule if family == "gdn" else chunk_kda
+                o2, ht2 = op(*(d[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")), scale=K ** -0.5,
+                             initial_state=h0_kv, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                             cu_seqlens=d["cu_seqlens"].long())
+                row["rel_diff_o_vs_fla"] = rel(o1, o2[0])
+                row["rel_diff_state_vs_fla"] = rel(p1[idx.long()], ht2.transpose(-1, -2))
+            if args.sweep:
+                row["sweep"] = run_sweep(family, d, pool, idx)
+            row["wall_s"] = round(time.time() - t0, 1)
+            results.append(row)
+            print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+            with open(args.out, "w") as f:  # after every row: a timeout keeps what was measured
+                json.dump(dict(info=info, results=results), f, indent=1)
+            del d, pool
+            torch.cuda.empty_cache()
+    out = dict(info=info, results=results)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"\n{'family':6} {'shape':9} {'linattn':>9} {'fla':>9} {'fla+g/s':>9} {'x fla':>6} {'x fla+g/s':>9}  (Mtok/s)")
+    for r in results:
+        print(f"{r['family']:6} {r['shape']:9} {r['linattn_pool_mtok_s']:9.2f} {r.get('fla_mtok_s', float('nan')):9.2f} "
+              f"{r.get('fla_gather_scatter_mtok_s', float('nan')):9.2f} {r.get('speedup_vs_fla', float('nan')):6.2f} "
+              f"{r.get('speedup_vs_fla_gather_scatter', float('nan')):9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Chunked prefill, stage 3: the output of one (chunk, value head, value block).
+
+Maths (ops.md, "Chunked form"; q l2-normalised and scaled, ``S0 = h[c]`` the state entering the
+chunk, ``Vn`` the corrected values from the state stage)::
+
+    O = (Q * exp(G)) S0 + lower_incl_diag( (q_r . k_s) exp(G_r - G_s) ) Vn
+                             KDA: sum_d q_rd k_sd exp(G_rd - G_sd)   (from the intra stage)
+
+The query norm and the scale are row factors, applied once at the end; the key norms ``rk`` come
+from the intra stage. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
+so no axis carries ``N * HV``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_output_kernel(
+    q, k, g, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, state_indices,
+    sqt, sqh, skt, skh, sgt, sgh,
+    N, GROUP, HV, scale,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    KDA: tl.constexpr, L2NORM: tl.constexpr, POOL: tl.constexpr, DT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """Writes ``o [T, HV, V]`` rows of one chunk. Buffers as in the state stage. In pool mode a
+    sequence with a negative slot is padding: its output rows are zeros."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1).to(tl.int64)
+    i_v = tl.program_id(2)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    i_h = i_hv // GROUP
+    t0 = tl.load(chunk_start + i_c).to(tl.int64)
+    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+    r = tl.arange(0, 64)  # in-chunk rows: int32 offsets from 64-bit scalar bases
+    m = r < L
+    cv = i_v * BV + tl.arange(0, BV)
+    q_ptr = q + t0 * sqt + i_h * sqh
+    k_ptr = k + t0 * skt + i_h * skh
+    g_ptr = g + t0 * sgt + i_hv * sgh
+    hb = hbuf + (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+
+    acc = tl.zeros([64, BV], dtype=tl.float32)
+    A = tl.zeros([64, 64], dtype=tl.float32)
+    ss = tl.zeros([64], dtype=tl.float32)
+    for ik in range(K // BK):
+        cols = ik * BK + tl.arange(0, BK)
+        qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+        fq = qt.to(tl.float32)
+        ss += tl.sum(fq * fq, axis=1)
+        hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+        if KDA:
+            gk = tl.load(g_ptr + r[:, None] * sgt + cols[None, :], mask=m[:, None], other=0.0)
+            G = tl.cumsum(gk.to(tl.float32), axis=0)
+            acc += tl.dot((fq * tl.exp(G)).to(DT), hk.to(DT), input_precision=PREC)
+        else:
+            kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
+            acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
+            A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
+
+    incl = r[:, None] >= r[None, :]
+    if KDA:
+        A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
+                    mask=m[:, None] & incl, other=0.0).to(tl.float32)
+    else:
+        gt = tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32)
+        G = tl.cumsum(gt, axis=0)
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        acc = acc * tl.exp(G)[:, None]
+        A = A * tl.exp(tl.where(incl, G[:, None] - G[None, :], float("-inf"))) * rkv[None, :]
+    vo = (t0 * HV + i_hv) * V
+    vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
+    acc += tl.dot(A.to(DT), vt.to(DT), input_precision=PREC)
+    if L2NORM:
+        f = scale / tl.sqrt(ss + 1e-6)
+    else:
+        f = tl.full([64], scale, tl.float32)
+    acc = acc * f[:, None]
+    if POOL:
+        acc = tl.where(tl.load(state_indices + n) >= 0, acc, 0.0)
+    tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]), acc.to(o.dtype.element_ty), mask=m[:, None])

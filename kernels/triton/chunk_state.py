@@ -1,0 +1,96 @@
+"""Chunked prefill, stage 2: the sequential state kernel, reading and writing the pool in place.
+
+One program per (value block, sequence, value head), its grid planned by
+:func:`linattn.kernels.grid.plan_grid` and its program ids decoded by
+:func:`linattn.kernels.triton._pid.decode_pid` (layouts ``split`` and ``folded``). The program walks
+its sequence's chunks in order (maths in ops.md, "Chunked form"; maths layout ``S [K, V]``)::
+
+    h[c]  = S                                   (state entering chunk c, for the output stage)
+    Vn    = U - W S
+    S     = exp(G_C) S + (K * exp(G_C - G))^T Vn      KDA: diag(exp(G_C)) S + ...
+
+Initial state: **pool mode** loads ``state_pool[state_indices[n]]`` and stores the final state to
+the same row, in place, inside this kernel (no gather, no scatter, no ``[N, HV, V, K]``
+temporary); a negative index means a zero initial state and no store. **Dense mode** loads
+``initial_state[n]`` (or zeros) and writes ``final_state[n]``. Both modes run the same
+instructions on the same data, so they agree bitwise. Element offsets are 64-bit throughout.
+"""
+
+import triton
+import triton.language as tl
+
+from linattn.kernels.triton._pid import decode_pid
+
+
+@triton.jit
+def chunk_state_kernel(
+    k, g, w, u, rk, cu_seqlens, chunk_off, state_indices,
+    h0, ht, hbuf, vn,
+    skt, skh, sgt, sgh,
+    s0_p, s0_h, s0_k, s0_v,
+    st_p, st_h, st_k, st_v,
+    GROUP, HV,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+    KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """See the module docstring. Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT),
+    ``rk [T, HV]`` fp32, ``hbuf [NT, HV, K, V]`` (dtype DT). ``h0``/``ht``: the pool (both) in pool
+    mode, else the initial and final state; strides ``(slot, head, k, v)`` in elements."""
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    i_h = i_hv // GROUP
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c0 = tl.load(chunk_off + i_n).to(tl.int64)
+    nc = (eos - bos + 63) // 64
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)  # value columns of this block, relative to v0 (int32 tile offsets)
+    v0 = i_v * BV
+    r = tl.arange(0, 64)
+    all_k = kk[:, None] >= 0
+
+    if POOL:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        live = slot >= 0
+        row0 = slot * s0_p + i_hv * s0_h + v0 * s0_v
+        S = tl.load(h0 + row0 + (kk[:, None] * s0_k + cv[None, :] * s0_v), mask=all_k & live,
+                    other=0.0).to(tl.float32)
+    elif HAS_H0:
+        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+
+    for t in range(nc):
+        c = c0 + t
+        t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
+        m = r < eos - t0
+        tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S.to(DT))
+        wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
+        vo = (t0 * HV + i_hv) * V + v0
+        ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
+        vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), S.to(DT), input_precision=PREC)
+        tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vnew.to(DT), mask=m[:, None])
+        kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        g_ptr = g + t0 * sgt + i_hv * sgh
+        if KDA:
+            gt = tl.load(g_ptr + (r[:, None] * sgt + kk[None, :]), mask=m[:, None], other=0.0).to(tl.float32)
+            G = tl.cumsum(gt, axis=0)
+            gl = tl.sum(gt, axis=0)
+            kd = kt.to(tl.float32) * tl.exp(gl[None, :] - G) * rkv[:, None]
+            S = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
+        else:
+            gt = tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32)
+            G = tl.cumsum(gt, axis=0)
+            gl = tl.sum(gt, axis=0)
+            vs = vnew * (tl.exp(gl - G) * rkv)[:, None]
+            S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * tl.exp(gl), input_precision=PREC)
+
+    if POOL:  # same row as the load; the store strides come in separately so that the compiler
+        # does not keep the load's address tensor alive across the loop
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty), mask=all_k & live)
+    else:
+        tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty))

@@ -1,0 +1,296 @@
+"""Chunked prefill for GDN and KDA in Triton, with the state pool read and written in place.
+
+Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
+
+1. :mod:`.chunk_intra` — per (chunk, value head): chunk-local cumulative gates, ``A`` (K K^T with
+   decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk query-key matrix).
+2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
+   planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
+   ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
+3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows.
+
+The chunk index table (sequence and first token of every chunk) is built on the device from
+``cu_seqlens`` with no host sync: the intra and output grids are sized for the upper bound
+``T // 64 + N`` chunks, and programs past the real count return at once. So a prefill call can be
+captured in a CUDA graph (the validation layer's own checks aside).
+
+Configurations are pinned per shape class (K, V, dtype): nothing is autotuned, so the kernel that
+writes the pool runs exactly once per call (ops.md: the pool is advanced exactly once).
+
+Precision: fp32 inputs use ``input_precision="ieee"`` dots everywhere (tf32 would miss ops.md's
+1e-5 against float64); bf16 inputs run the dots that touch W, U, the states and the outputs on
+bf16 operands with fp32 accumulation (state kept in fp32, stored per chunk in bf16, as the
+reference implementations do); fp16 inputs run those dots in fp32 (tf32), since an fp16 copy of a
+state holding values past 65,504 would overflow (field case F17). The triangular solve is fp32
+(ieee) for every dtype. Under ``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the
+interpreter's bf16 dot is wrong).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
+from linattn.kernels.grid import plan_grid
+
+from .chunk_intra import chunk_intra_kernel
+from .chunk_output import chunk_output_kernel
+from .chunk_state import chunk_state_kernel
+
+CHUNK = 64
+HEAD_DIMS = (64, 128, 256)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Shared memory per block (measured on sm_90 builds, tests/prefill/test_prefill_compile.py pins
+# them): the state kernel is the largest. Software-pipelined (2 stages, K <= 128) it needs up to
+# 104 KiB (KDA, bf16) or 145 KiB (KDA, fp32); unpipelined (K = 256, or a device with less shared
+# memory) at most 68 KiB. Devices below _MIN_SMEM are rejected up front.
+_PIPELINED_SMEM = {torch.bfloat16: 108 * 1024}
+_PIPELINED_SMEM_OTHER = 148 * 1024
+_MIN_SMEM = 96 * 1024
+
+
+def prefill_supported(family: str, K: int, V: int, dtype: torch.dtype,
+                      caps: Optional[DeviceCapabilities] = None) -> Optional[str]:
+    """Can the Triton chunked prefill run this problem? ``None`` if yes, else the reason.
+
+    Args:
+        family: ``"gdn"`` or ``"kda"``.
+        K, V: key and value head dims.
+        dtype: dtype of q, k, v.
+        caps: the device (None: not checked against a device).
+    Returns:
+        None, or a message naming the field, the value and the supported set, e.g.
+        ``"unsupported head_dim K=96; supported: 64, 128, 256"``.
+    Example:
+        >>> prefill_supported("gdn", 96, 128, torch.bfloat16)
+        'unsupported head_dim K=96; supported: 64, 128, 256'
+    """
+    if family not in ("gdn", "kda"):
+        return f"unsupported family {family!r}; supported: gdn, kda"
+    sup = ", ".join(str(d) for d in HEAD_DIMS)
+    if K not in HEAD_DIMS:
+        return f"unsupported head_dim K={K}; supported: {sup}"
+    if V not in HEAD_DIMS:
+        return f"unsupported head_dim V={V}; supported: {sup}"
+    if dtype not in DTYPES:
+        return f"unsupported dtype {dtype}; supported: float32, bfloat16, float16"
+    if caps is not None and caps.device_type != "cpu" and not caps.toolchain.triton_interpreter:
+        if caps.shared_memory_per_block < _MIN_SMEM:
+            return (f"the chunked prefill kernels need {_MIN_SMEM // 1024} KiB of shared memory per "
+                    f"block; {caps.name} has {caps.shared_memory_per_block // 1024} KiB")
+    return None
+
+
+def _tl_dtype(dt: torch.dtype):
+    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
+
+
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def chunk_tables(cu_seqlens: torch.Tensor, T: int):
+    """Chunk index tables, built on the device with no host sync.
+
+    Args:
+        cu_seqlens: ``[N+1]`` int32/int64 prefix sums of the sequence lengths.
+        T: total tokens (``cu_seqlens[-1]``, known from the shapes).
+    Returns:
+        ``(chunk_off [N+1] int64, chunk_seq [NT_max] int32, chunk_start [NT_max] int64, NT_max)``:
+        sequence ``n`` owns chunks ``chunk_off[n] .. chunk_off[n+1]-1``; chunk ``c`` starts at token
+        ``chunk_start[c]`` of sequence ``chunk_seq[c]``; entries past the real count hold
+        ``chunk_seq = N`` (the kernels skip them). ``NT_max = T // 64 + N`` bounds the count.
+    """
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    nck = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    chunk_off = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(nck, 0, out=chunk_off[1:])
+    nt_max = T // CHUNK + N
+    c = torch.arange(nt_max, dtype=torch.int64, device=cu.device)
+    seq = torch.searchsorted(chunk_off[1:], c, right=True)  # N for c >= real count
+    seq_c = seq.clamp(max=max(N - 1, 0))
+    start = cu[seq_c] + CHUNK * (c - chunk_off[seq_c])
+    return chunk_off, seq.to(torch.int32), start, nt_max
+
+
+def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
+                  state_pool: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
+                  initial_state: Optional[torch.Tensor], scale: float, use_qk_l2norm: bool,
+                  state_layout: str, layout: str = "split",
+                  caps: Optional[DeviceCapabilities] = None,
+                  state_kernel=None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode.
+
+    Args:
+        family: ``"gdn"`` (scalar gate per value head) or ``"kda"`` (one gate per key channel).
+        q, k: ``[T, H, K]`` fp32/bf16/fp16 (last dim contiguous; token and head strides honoured).
+        v: ``[T, HV, V]``, same dtype; value head ``hv`` reads q/k head ``hv // (HV // H)``.
+        g: log-space decay, fp32, ``[T, HV]`` (GDN) or ``[T, HV, K]`` (KDA), from the gating op.
+        beta: ``[T, HV]`` fp32.
+        cu_seqlens: ``[N+1]`` int32/int64; zero-length sequences allowed anywhere.
+        state_pool: pool mode: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or
+            bf16, any slot pitch; row ``state_indices[n]`` is read as h0 and overwritten in place
+            with the final state. A negative index is padding: zero output rows, the pool is
+            neither read nor written for that sequence (ops.md; torch_ref agrees).
+        state_indices: ``[N]`` int32/int64 (pool mode), valid and distinct (checked upstream).
+        initial_state: dense mode: ``[N, HV, V, K]`` (or ``[N, HV, K, V]`` for ``"kv"``) or None.
+        scale: query scale (> 0). use_qk_l2norm: l2-normalise q and k in the kernels.
+        state_layout: ``"vk"`` or ``"kv"``.
+        layout: launch-grid layout of the state kernel (``"split"`` or ``"folded"``).
+        caps: device capabilities (default: probed from q's device).
+        state_kernel: an alternative implementation of stage 2 (the sequential state kernel), e.g.
+            :func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`; called with the
+            keywords ``kda, k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, h0, ht, hbuf, vn,
+            state_layout`` on the same buffers (bf16 path only). None: the Triton state kernel.
+    Returns:
+        ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
+        ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
+        an initial state) in dense mode, None in pool mode. Dense and pool mode run the same
+        instructions, so a dense final state equals the pool row of the same dtype bitwise.
+    Raises:
+        ValueError: an unsupported head dim or dtype (:func:`prefill_supported`); a pool without
+            ``state_indices`` (field case F23).
+        linattn.kernels.grid.GridLimitError: the state kernel's grid does not fit the device.
+    Source: ops.md "Chunked form" (Yang et al. 2024, WY representation; Yang, Kautz, Hatamizadeh
+    2025; Kimi Linear 2025).
+    Example:
+        >>> T, H, HV, K, V = 100, 1, 2, 64, 64
+        >>> q, k = torch.randn(T, H, K), torch.randn(T, H, K); v = torch.randn(T, HV, V)
+        >>> g, beta = -torch.rand(T, HV), torch.rand(T, HV)
+        >>> o, ht = chunk_prefill("gdn", q=q, k=k, v=v, g=g, beta=beta,
+        ...     cu_seqlens=torch.tensor([0, 30, 100]), state_pool=None, state_indices=None,
+        ...     initial_state=None, scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk")
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    kda = family == "kda"
+    why = prefill_supported(family, K, V, q.dtype)
+    if why is not None:
+        raise ValueError(f"Triton chunked prefill: {why}")
+    dev = q.device
+    N = cu_seqlens.numel() - 1
+    pool_mode = state_pool is not None
+    if pool_mode and state_indices is None:
+        raise ValueError("pool mode (state_pool given) needs state_indices [N]: the slot of each "
+                         "sequence, read as h0 and overwritten with the final state")
+    o = torch.empty(T, HV, V, dtype=q.dtype, device=dev)
+    final = None
+    if not pool_mode:  # a new tensor in initial_state's dtype (fp32 without one), as torch_ref
+        shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
+        fdt = initial_state.dtype if initial_state is not None else torch.float32
+        final = torch.empty(shape, dtype=fdt, device=dev)
+    if T == 0 or N == 0:  # nothing to compute: the final state is the initial state
+        if final is not None:
+            if initial_state is not None:
+                final.copy_(initial_state)
+            else:
+                final.zero_()
+        return o, final
+    if caps is None:
+        caps = probe(dev)
+
+    q, k, v = _row_major(q), _row_major(k), _row_major(v)
+    g = _row_major(g) if kda else g
+    # In-chunk offsets are int32 (row * token stride for 64 rows); a view whose token stride is so
+    # large that this would overflow (field case F10) is copied first.
+    q, k, v, g, beta = (x if x.stride(0) * CHUNK < 2**31 else x.contiguous() for x in (q, k, v, g, beta))
+    interp = interpreter_enabled()
+    if interp or q.dtype != torch.bfloat16:
+        buf_dt, DT = torch.float32, tl.float32
+    else:
+        buf_dt, DT = torch.bfloat16, tl.bfloat16
+    PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    GROUP = HV // H
+
+    chunk_off, chunk_seq, chunk_start, nt_max = chunk_tables(cu_seqlens, T)
+    w = torch.empty(T, HV, K, dtype=buf_dt, device=dev)
+    u = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+    vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+    rk = torch.empty(T, HV, dtype=torch.float32, device=dev)
+    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=dev) if kda else rk
+    hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
+
+    cfg = pinned_config(family, K, V, q.dtype,
+                        None if caps.device_type == "cpu" else caps.shared_memory_per_block)
+    chunk_intra_kernel[(nt_max, HV)](
+        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        N, GROUP, HV, K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
+        IPREC="ieee", INV_X4=cfg["inv_x4"], **cfg["intra"],
+    )
+
+    BV = cfg["state_bv"]
+    plan = plan_grid(N, HV, V // BV, caps, layout)
+    if pool_mode:
+        h0 = ht = state_pool
+        s0 = st = _state_strides(state_pool, state_layout)
+        sidx = state_indices
+    else:
+        h0 = initial_state if initial_state is not None else final
+        s0 = _state_strides(h0, state_layout)
+        ht = final
+        st = _state_strides(final, state_layout)
+        sidx = chunk_off  # unused in dense mode
+    if state_kernel is not None:
+        if buf_dt != torch.bfloat16:
+            raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
+        state_kernel(kda=kda, k=k, g=g, w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
+                     state_indices=state_indices if pool_mode else None,
+                     h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
+                     state_layout=state_layout)
+    elif not plan.empty:
+        chunk_state_kernel[plan.grid](
+            k, g, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
+            k.stride(0), k.stride(1), g.stride(0), g.stride(1), *s0, *st,
+            GROUP, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, **cfg["state"],
+        )
+
+    chunk_output_kernel[(nt_max, HV, V // 64)](
+        q, k, g, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+        N, GROUP, HV, float(scale),
+        K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
+        **cfg["output"],
+    )
+    return o, final
+
+
+def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
+                  smem_per_block: Optional[int] = None) -> dict:
+    """Launch configuration per shape class (no autotuning: the state kernel writes the pool).
+
+    Chosen from sm_90 builds (registers, spills and shared memory per CTA, pinned by
+    tests/prefill/test_prefill_compile.py): value blocks of 32 for the state kernel keep its fp32
+    state and both dots in registers at 4 warps (2 CTAs per SM); KDA and K = 256 take 8 warps.
+    The state kernel's loads are software-pipelined (2 stages) where the device's shared memory
+    per block holds it (``smem_per_block``; None = assume it does), else it runs unpipelined
+    (K = 256 always: 227 KiB would not hold it).
+    """
+    kda = family == "kda"
+    full = _PIPELINED_SMEM.get(dtype, _PIPELINED_SMEM_OTHER)
+    pipelined = K != 256 and (smem_per_block is None or smem_per_block >= full)
+    return {
+        "intra": dict(num_warps=4, num_stages=2),
+        "inv_x4": True,
+        "state_bv": 32,
+        "state": dict(num_warps=8 if (kda or K == 256) else 4, num_stages=2 if pipelined else 1),
+        # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
+        # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
+        # runs unpipelined at 8 warps, the configuration that measured correct and deterministic
+        "output": dict(num_warps=4, num_stages=2) if kda else dict(num_warps=8, num_stages=1),
+    }
+
+
+def _state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, int]:
+    """(slot, head, k, v) element strides of a state tensor in layout ``vk`` or ``kv``."""
+    if state_layout == "vk":
+        return x.stride(0), x.stride(1), x.stride(3), x.stride(2)
+    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)

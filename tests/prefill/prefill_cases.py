@@ -1,0 +1,73 @@
+"""Input builders shared by the CPU (interpreter) and GPU prefill tests."""
+
+from __future__ import annotations
+
+import torch
+
+from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
+
+
+def cu_of(lens, device="cpu", dtype=torch.int32) -> torch.Tensor:
+    c = [0]
+    for n in lens:
+        c.append(c[-1] + int(n))
+    return torch.tensor(c, dtype=dtype, device=device)
+
+
+def make_inputs(family: str, lens, *, H=1, HV=2, K=64, V=64, dtype=torch.float32, seed=0,
+                device="cpu", gate: float | None = None) -> dict:
+    """Random prefill inputs (no zeros): q, k, v in ``dtype``, fp32 gates in the range a gating op
+    produces (or the constant log decay ``gate`` per token and channel)."""
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn where they are used
+    cu = cu_of(lens, device=device)
+    T = sum(int(n) for n in lens)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    gshape = (T, HV, K) if family == "kda" else (T, HV)
+    if gate is None:
+        g = -torch.nn.functional.softplus(r(*gshape) - 1.0)  # in (-inf, 0), mostly -0.3
+    else:
+        g = torch.full(gshape, float(gate), device=device)
+    return dict(q=r(T, H, K).to(dtype), k=r(T, H, K).to(dtype), v=r(T, HV, V).to(dtype), g=g,
+                beta=torch.rand(T, HV, generator=gen, device=device), cu_seqlens=cu)
+
+
+def random_states(n, HV, K, V, layout="vk", dtype=torch.float32, seed=1, device="cpu") -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shape = (n, HV, V, K) if layout == "vk" else (n, HV, K, V)
+    return torch.randn(*shape, generator=gen, device=device).to(dtype)
+
+
+def reference(family: str, inp: dict, *, state_pool=None, state_indices=None, initial_state=None,
+              scale=None, use_qk_l2norm=True, state_layout="vk"):
+    """The float64 token-serial oracle (backends/torch_ref.py), on the inputs' device."""
+    fn = kda_prefill_ref if family == "kda" else gdn_prefill_ref
+    return fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["cu_seqlens"],
+              state_pool, state_indices, initial_state, scale, use_qk_l2norm, state_layout,
+              compute_dtype=torch.float64)
+
+
+def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def warm_one(cfg: tuple) -> str:
+    """Compile one kernel variant by running a tiny call on the GPU (a process-pool worker: the
+    GPU tests build their variants in parallel, then hit Triton's on-disk cache)."""
+    from linattn.kernels.triton.prefill import chunk_prefill
+
+    family, dtype_name, H, HV, K, V, mode, pool_dtype_name, layout = cfg
+    dtype = getattr(torch, dtype_name)
+    inp = make_inputs(family, [70, 5, 3], H=H, HV=HV, K=K, V=V, dtype=dtype, device="cuda")
+    kw = dict(state_pool=None, state_indices=None, initial_state=None)
+    if mode == "pool":
+        kw["state_pool"] = random_states(4, HV, K, V, dtype=getattr(torch, pool_dtype_name), device="cuda")
+        kw["state_indices"] = torch.tensor([3, 0, 1], dtype=torch.int32, device="cuda")
+    elif mode == "h0":
+        kw["initial_state"] = random_states(3, HV, K, V, dtype=getattr(torch, pool_dtype_name), device="cuda")
+    chunk_prefill(family, **inp, **kw, scale=K ** -0.5, use_qk_l2norm=True, state_layout=layout)
+    torch.cuda.synchronize()
+    return str(cfg)

@@ -1,0 +1,62 @@
+"""The chunked-prefill kernels build for the H200 (sm_90) without a GPU, and their shared memory
+fits what :func:`prefill_supported` and :func:`pinned_config` promise.
+
+The interpreter compiles nothing, so a subprocess without ``TRITON_INTERPRET`` runs the launcher
+on CPU tensors up to each launch (captured by ``registry.capture_launches``) and builds it with
+``triton.compile`` for ``cuda:90``. Checked: bf16 at K = V = 128 (the production shapes, state
+kernel software-pipelined: at most 108 KiB), the same on a 99 KiB device (sm_120 profile: the
+unpipelined config, at most 96 KiB) and K = V = 256 (at most 96 KiB). fp32 builds (ieee dots, for
+the 1e-5 tests) are exercised compiled by tests/gpu/test_prefill_gpu.py only.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+
+SCRIPT = textwrap.dedent(r'''
+    import json, sys, torch
+    sys.path.insert(0, {here!r})
+    from prefill_cases import make_inputs, random_states
+    from linattn.capabilities import profile
+    from linattn.kernels.triton import registry
+    from linattn.kernels.triton.prefill import chunk_prefill
+    out, seen = [], {{}}
+    for family in ("gdn", "kda"):
+        for K, caps in ((128, "sm90"), (128, "sm120"), (256, "sm90")):
+            inp = make_inputs(family, [70, 5], H=2, HV=4, K=K, V=K, dtype=torch.bfloat16)
+            pool = random_states(3, 4, K, K)
+            with registry.capture_launches() as launches:
+                chunk_prefill(family, **inp, state_pool=pool, state_indices=torch.tensor([2, 0]),
+                              initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
+                              caps=profile(caps))
+            for l in launches:
+                key = (l.name, repr(sorted((k, str(v)) for k, v in l.arguments.items()
+                                           if not hasattr(v, "data_ptr"))), repr(l.options))
+                if key not in seen:
+                    seen[key] = registry.compile_launch(l, arch=90).metadata.shared
+                out.append(dict(family=family, K=K, caps=caps, kernel=l.name, smem=seen[key],
+                                stages=l.options.get("num_stages")))
+    print(json.dumps(out))
+''')
+
+
+def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here)], capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {b["kernel"] for b in built} == {"chunk_intra_kernel", "chunk_state_kernel", "chunk_output_kernel"}
+    for b in built:
+        limit = 108 if (b["K"] == 128 and b["caps"] == "sm90") else 96
+        assert b["smem"] <= limit * 1024, b
+    state = {(b["family"], b["K"], b["caps"]): b["stages"] for b in built if b["kernel"] == "chunk_state_kernel"}
+    assert state[("gdn", 128, "sm90")] == 2 and state[("gdn", 128, "sm120")] == 1
+    assert state[("kda", 256, "sm90")] == 1

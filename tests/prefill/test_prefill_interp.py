@@ -1,0 +1,298 @@
+"""Triton chunked prefill (GDN and KDA) against the float64 token-serial reference, pool mode
+against dense mode, on the CPU through the Triton interpreter at small shapes (K = V = 64, the
+smallest supported head dim). The same tests at real shapes, compiled, are in
+``tests/gpu/test_prefill_gpu.py``.
+
+Tolerances (ops.md): fp32 inputs 1e-5 on outputs and states; bf16/fp16 inputs 2e-2 on outputs,
+1e-2 on states.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from linattn.kernels.triton.prefill import chunk_prefill, chunk_tables, prefill_supported  # noqa: E402
+
+from prefill_cases import cu_of, make_inputs, random_states, reference, rel  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+FAMILIES = ("gdn", "kda")
+
+
+def run(family, inp, **kw):
+    kw.setdefault("state_pool", None)
+    kw.setdefault("state_indices", None)
+    kw.setdefault("initial_state", None)
+    kw.setdefault("use_qk_l2norm", True)
+    kw.setdefault("state_layout", "vk")
+    K = inp["q"].shape[-1]
+    kw.setdefault("scale", K ** -0.5)
+    return chunk_prefill(family, **inp, **kw)
+
+
+# -- pool mode == dense mode, bitwise -----------------------------------------------------------
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32pool", "bf16pool"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pool_mode_equals_dense_mode_bitwise_and_leaves_other_rows_untouched(family, pool_dtype):
+    gen = torch.Generator().manual_seed(7)
+    lens = torch.randint(1, 131, (5,), generator=gen).tolist()
+    P, HV, K, V = 64, 2, 64, 64
+    inp = make_inputs(family, lens, HV=HV, K=K, V=V, seed=3, device=DEV)
+    slots = torch.randperm(P, generator=gen)[:5].to(torch.int32).to(DEV)
+    pool = random_states(P, HV, K, V, dtype=pool_dtype, seed=4, device=DEV)
+    before = pool.clone()
+
+    o_pool, none = run(family, inp, state_pool=pool, state_indices=slots)
+    o_dense, ht = run(family, inp, initial_state=before[slots.long()].clone())
+
+    assert none is None
+    assert ht.dtype == pool_dtype
+    assert torch.equal(o_pool, o_dense)
+    assert torch.equal(pool[slots.long()], ht)
+    others = torch.ones(P, dtype=torch.bool, device=DEV)
+    others[slots.long()] = False
+    assert torch.equal(pool[others], before[others])
+    assert not torch.equal(pool[slots.long()], before[slots.long()])  # the call did advance them
+
+
+# -- against the token-serial reference ---------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_varlen_with_tail_chunks_zero_lengths_and_length_one_matches_reference(family):
+    lens = [1, 0, 70, 130, 0]  # T = 201: not a multiple of 64; empty sequences inside and last
+    inp = make_inputs(family, lens, H=1, HV=2, seed=11, device=DEV)
+    h0 = random_states(len(lens), 2, 64, 64, seed=12, device=DEV)
+    o, ht = run(family, inp, initial_state=h0)
+    ro, rht = reference(family, inp, initial_state=h0)
+    assert rel(o, ro) < 1e-5
+    assert rel(ht, rht) < 1e-5
+    assert torch.equal(ht[1], h0[1]) and torch.equal(ht[4], h0[4])  # empty: final == initial
+
+
+@pytest.mark.parametrize("with_h0", [False, True], ids=["no_h0", "h0"])
+@pytest.mark.parametrize("lens", [[128, 0, 128], [0, 5], [5, 0, 0], [0], [0, 0]],
+                         ids=["0-128-128-256", "0-0-5", "0-5-5-5", "0-0", "0-0-0"])
+def test_F19_empty_sequences_and_T0(lens, with_h0):
+    family = "gdn"
+    inp = make_inputs(family, lens, HV=2, seed=13, device=DEV)
+    h0 = random_states(len(lens), 2, 64, 64, seed=14, device=DEV) if with_h0 else None
+    o, ht = run(family, inp, initial_state=h0)
+    ro, rht = reference(family, inp, initial_state=h0)
+    assert o.shape == ro.shape and ht.shape == rht.shape
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    for n, L in enumerate(lens):
+        if L == 0:
+            assert torch.equal(ht[n], h0[n] if with_h0 else torch.zeros_like(ht[n]))
+    if sum(lens):
+        assert rel(o, ro) < 1e-5
+    if with_h0 or sum(lens):
+        assert rel(ht, rht) < 1e-5
+
+
+def test_T0_in_pool_mode_launches_nothing_and_leaves_the_pool_alone():
+    inp = make_inputs("gdn", [0, 0], HV=2, device=DEV)
+    pool = random_states(4, 2, 64, 64, device=DEV)
+    before = pool.clone()
+    o, ht = run("gdn", inp, state_pool=pool, state_indices=torch.tensor([2, 0], dtype=torch.int32, device=DEV))
+    assert o.shape == (0, 2, 64) and ht is None
+    assert torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_strongly_negative_gates_stay_finite_and_match_reference(family):
+    inp = make_inputs(family, [70, 33], HV=2, seed=15, device=DEV, gate=-20.0)
+    h0 = random_states(2, 2, 64, 64, seed=16, device=DEV)
+    o, ht = run(family, inp, initial_state=h0)
+    ro, rht = reference(family, inp, initial_state=h0)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+def test_kda_mixed_gates_per_channel_near_zero_and_very_negative():
+    """Per-channel decays spanning exp(0) .. exp(-50) in one chunk: no overflow anywhere."""
+    inp = make_inputs("kda", [100], HV=1, seed=17, device=DEV)
+    inp["g"][:, :, ::2] = -50.0
+    inp["g"][:, :, 1::4] = -1e-4
+    o, ht = run("kda", inp)
+    ro, rht = reference("kda", inp)
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_F12_decodes_pushed_through_the_chunked_path(family):
+    inp = make_inputs(family, [1, 1, 1, 517], H=1, HV=1, seed=18, device=DEV)
+    h0 = random_states(4, 1, 64, 64, seed=19, device=DEV)
+    o, ht = run(family, inp, initial_state=h0)
+    ro, rht = reference(family, inp, initial_state=h0)
+    assert torch.isfinite(o).all()
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+@pytest.mark.parametrize("T", [63, 500, 1000, 1500])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_F20_single_sequence_tail_chunk_masked(family, T):
+    inp = make_inputs(family, [T], H=1, HV=1, seed=20 + T, device=DEV)
+    o, ht = run(family, inp)
+    ro, rht = reference(family, inp)
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kv_layout_pool_with_K_ne_V_is_not_misread(family):
+    """K = 128, V = 64, random initial states: a transposed read would be caught."""
+    P, HV, K, V = 6, 2, 128, 64
+    inp = make_inputs(family, [40, 90], HV=HV, K=K, V=V, seed=21, device=DEV)
+    idx = torch.tensor([4, 1], dtype=torch.int64, device=DEV)
+    for layout in ("kv", "vk"):
+        pool = random_states(P, HV, K, V, layout=layout, seed=22, device=DEV)
+        before = pool.clone()
+        o, _ = run(family, inp, state_pool=pool, state_indices=idx, state_layout=layout)
+        ro, _ = reference(family, inp, state_pool=before.clone(), state_indices=idx, state_layout=layout)
+        ref_pool = before.clone().double()
+        ref_pool[idx] = reference(family, inp, initial_state=before[idx].double(), state_layout=layout)[1]
+        assert rel(o, ro) < 1e-5, layout
+        assert rel(pool, ref_pool) < 1e-5, layout
+        keep = torch.tensor([0, 2, 3, 5], device=DEV)
+        assert torch.equal(pool[keep], before[keep])
+
+
+def test_strided_pool_view_honours_slot_pitch():
+    """A pool that is every other slot of a larger buffer (stride(0) = 2 slots)."""
+    HV, K, V = 2, 64, 64
+    inp = make_inputs("gdn", [50, 20], HV=HV, seed=23, device=DEV)
+    big = random_states(8, HV, K, V, seed=24, device=DEV)
+    before = big.clone()
+    pool = big[::2]
+    idx = torch.tensor([3, 0], dtype=torch.int32, device=DEV)
+    o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
+    o2, ht = run("gdn", inp, initial_state=before[::2][idx.long()].clone())
+    assert torch.equal(o, o2) and torch.equal(pool[idx.long()], ht)
+    assert torch.equal(big[1::2], before[1::2])
+
+
+def test_negative_index_is_padding_zero_output_and_pool_untouched():
+    HV = 2
+    inp = make_inputs("gdn", [30, 45], HV=HV, seed=25, device=DEV)
+    pool = random_states(3, HV, 64, 64, seed=26, device=DEV)
+    before = pool.clone()
+    idx = torch.tensor([-1, 2], dtype=torch.int32, device=DEV)
+    o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
+    ro, _ = reference("gdn", inp, state_pool=before.clone(), state_indices=idx)
+    assert torch.equal(o[:30], torch.zeros_like(o[:30]))
+    assert rel(o, ro) < 1e-5
+    assert torch.equal(pool[:2], before[:2])
+    assert not torch.equal(pool[2], before[2])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_inputs_with_fp32_pool_match_reference(family):
+    inp = make_inputs(family, [100, 29], HV=2, dtype=torch.bfloat16, seed=27, device=DEV)
+    pool = random_states(3, 2, 64, 64, seed=28, device=DEV)
+    before = pool.clone()
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=DEV)
+    o, _ = run(family, inp, state_pool=pool, state_indices=idx)
+    ro, rht = reference(family, inp, initial_state=before[idx.long()])
+    assert o.dtype == torch.bfloat16 and pool.dtype == torch.float32
+    assert rel(o, ro) < 2e-2
+    assert rel(pool[idx.long()], rht) < 1e-2
+
+
+def test_F17_fp16_inputs_with_state_past_fp16_range_stay_finite():
+    inp = make_inputs("gdn", [130], HV=1, dtype=torch.float16, seed=29, device=DEV)
+    h0 = torch.full((1, 1, 64, 64), 65536.0, device=DEV)
+    o, ht = run("gdn", inp, initial_state=h0)
+    ro, rht = reference("gdn", inp, initial_state=h0)
+    assert torch.isfinite(ht).all()
+    assert rel(ht, rht) < 1e-2
+    # o may overflow fp16 where the reference output itself is past 65,504; compare where it is not
+    fin = ro.abs() < 60000
+    assert torch.isfinite(o[fin]).all()
+    assert rel(o.double()[fin], ro[fin]) < 2e-2
+
+
+def test_without_l2norm_and_custom_scale_matches_reference():
+    inp = make_inputs("gdn", [77], HV=2, seed=30, device=DEV)
+    inp["q"] = inp["q"] * 0.1
+    inp["k"] = inp["k"] * 0.1
+    o, ht = run("gdn", inp, use_qk_l2norm=False, scale=0.3)
+    ro, rht = reference("gdn", inp, use_qk_l2norm=False, scale=0.3)
+    assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
+
+
+def test_strided_qkv_views_give_the_same_bits_as_contiguous():
+    """q, k, v sliced out of one fused projection (F11's kind): same output, bit for bit."""
+    lens, H, HV, K, V = [50, 30], 1, 2, 64, 64
+    inp = make_inputs("gdn", lens, H=H, HV=HV, seed=31, device=DEV)
+    T = inp["q"].shape[0]
+    fused = torch.cat([inp["q"].reshape(T, -1), inp["k"].reshape(T, -1), inp["v"].reshape(T, -1)], 1)
+    views = dict(inp, q=fused[:, :H * K].view(T, H, K), k=fused[:, H * K:2 * H * K].view(T, H, K),
+                 v=fused[:, 2 * H * K:].view(T, HV, V))
+    assert views["q"].stride(0) == fused.stride(0)
+    o1, h1 = run("gdn", inp)
+    o2, h2 = run("gdn", views)
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
+# -- host-side pieces ---------------------------------------------------------------------------
+
+def test_chunk_tables_never_cross_sequences_and_bound_the_chunk_count():
+    lens = [0, 1, 64, 65, 0, 130]
+    cu = cu_of(lens)
+    T = int(cu[-1])
+    off, seq, start, nt_max = chunk_tables(cu, T)
+    assert off.tolist() == [0, 0, 1, 2, 4, 4, 7]
+    real = int(off[-1])
+    assert nt_max >= real and nt_max == T // 64 + len(lens)
+    assert seq[:real].tolist() == [1, 2, 3, 3, 5, 5, 5]
+    assert start[:real].tolist() == [0, 1, 65, 129, 130, 194, 258]
+    assert (seq[real:] == len(lens)).all()
+
+
+def test_prefill_supported_names_the_limit():
+    assert prefill_supported("gdn", 96, 128, torch.bfloat16) == "unsupported head_dim K=96; supported: 64, 128, 256"
+    assert prefill_supported("kda", 128, 512, torch.bfloat16) == "unsupported head_dim V=512; supported: 64, 128, 256"
+    assert "dtype" in prefill_supported("gdn", 128, 128, torch.float64)
+    for K in (64, 128, 256):
+        assert prefill_supported("gdn", K, 256 if K == 64 else 64, torch.bfloat16) is None
+    with pytest.raises(ValueError, match="unsupported head_dim K=96"):
+        run("gdn", dict(make_inputs("gdn", [3], device=DEV),
+                        q=torch.zeros(3, 1, 96, device=DEV), k=torch.zeros(3, 1, 96, device=DEV)))
+
+
+def test_prefill_supported_rejects_a_device_with_too_little_shared_memory():
+    from linattn.capabilities import profile
+
+    small = profile("sm120").model_copy(update={"shared_memory_per_block": 64 * 1024})
+    why = prefill_supported("kda", 256, 256, torch.bfloat16, small)
+    assert why is not None and "shared memory" in why and "64 KiB" in why
+    assert prefill_supported("gdn", 128, 128, torch.bfloat16, profile("sm90")) is None
+    # a 99 KiB device (sm_120) is accepted and gets the unpipelined state kernel
+    assert prefill_supported("kda", 128, 128, torch.bfloat16, profile("sm120")) is None
+    from linattn.kernels.triton.prefill import pinned_config
+
+    assert pinned_config("kda", 128, 128, torch.bfloat16, profile("sm120").shared_memory_per_block)["state"]["num_stages"] == 1
+    assert pinned_config("kda", 128, 128, torch.bfloat16, profile("sm90").shared_memory_per_block)["state"]["num_stages"] == 2
+
+
+def test_pool_mode_without_state_indices_is_a_clear_error():
+    inp = make_inputs("gdn", [3], device=DEV)
+    with pytest.raises(ValueError, match="state_indices"):
+        run("gdn", inp, state_pool=random_states(2, 2, 64, 64, device=DEV))
+
+
+def test_split_and_folded_state_grids_agree_bitwise():
+    """The state kernel's two launch layouts (planner + decode_pid) give the same bits."""
+    from linattn.capabilities import profile
+
+    inp = make_inputs("kda", [40, 0, 70], HV=2, seed=32, device=DEV)
+    res = {}
+    for layout, caps in (("split", "sm90"), ("folded", "mi300x")):
+        pool = random_states(5, 2, 64, 64, seed=33, device=DEV)
+        o, _ = run("kda", inp, state_pool=pool, state_indices=torch.tensor([4, 0, 2], device=DEV),
+                   layout=layout, caps=profile(caps))
+        res[layout] = (o, pool)
+    assert torch.equal(res["split"][0], res["folded"][0]) and torch.equal(res["split"][1], res["folded"][1])
