@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	# The CPU build of torch (a plain `torch` would pull a multi-GB CUDA build); triton 3.6 is the
 	# GPU machine's version and its interpreter needs numpy < 2.4.
 	$(PY) -m pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4"
-	$(PY) -m pip install -q -e ".[dev]" -e examples/linattn-cpu-chunked
+	# CuTe DSL compiles its kernels for sm_90a / sm_100a on the CPU (the tests check that).
+	$(PY) -m pip install -q -e ".[dev,cutedsl]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
 	touch $(STAMP)
 
 setup: $(STAMP)

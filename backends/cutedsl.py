@@ -1,0 +1,132 @@
+"""``cutedsl``: chunked prefill (GDN, KDA) whose state kernel is written in CuTe DSL.
+
+The state stage (the sequential pass over chunks, the one that reads and writes the state pool)
+is :mod:`linattn.kernels.cutedsl` (warp-level ``mma.sync``, ``ldmatrix`` and ``cp.async``: the
+same instructions on SM90 and SM100); the intra-chunk and output stages are the Triton prefill's.
+Pool mode reads ``h0`` from ``state_pool[state_indices[n]]`` and writes the final state to the same
+row inside the kernel; a negative index reads and writes nothing (zero output for that sequence).
+
+Eligibility: an NVIDIA GPU of arch sm_90, sm_100 or sm_103 (other GPUs, AMD included: reason
+``arch``); nvidia-cutlass-dsl >= 4.8 (and new enough for the arch: a rejection names both) and
+Triton installed; bf16 q/k/v; fp32 or bf16 state; K, V in {64, 128};
+state layouts ``vk`` and ``kv``. Rank: first for prefill on SM100/SM103 (the design card); on SM90
+only for the shape classes where the committed H200 benchmark
+(``benchmarks/results/prefill_cutedsl_h200.json``) measured it faster than ``triton-split``,
+otherwise behind it.
+
+``nvidia-cutlass-dsl`` is imported only when a kernel is compiled, so this module imports
+without it (reason ``toolchain`` then).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.problem import Problem
+from linattn.dispatch.verdict import Check, Reason
+from linattn.kernels.cutedsl import (MIN_DSL_FOR_ARCH, MIN_DSL_VERSION, SUPPORTED_ARCHS, SUPPORTED_K,
+                                     SUPPORTED_V, importable, parse_version)
+
+from .base import Backend
+
+RANK_FIRST = 5  # ahead of triton-split (20) and torch-ref (1000)
+RANK_BEHIND = 60  # behind triton-split, ahead of the reference
+
+#: Shape classes (see :func:`shape_class`) where the committed H200 benchmark
+#: (benchmarks/results/prefill_cutedsl_h200.json, whole prefill in pool mode, 16x4096 / 64x1024 /
+#: 256x256 tokens) measured the cutedsl prefill faster than triton-split, per family:
+#: KDA 1.11x / 1.11x / 1.13x (its state stage is about 3x faster); GDN 0.97x / 1.00x / 0.97x (not
+#: faster: the Triton intra and output stages dominate, and the state stage's gain did not show in
+#: the total), so GDN stays behind triton-split on SM90.
+SM90_FASTER: dict[str, frozenset[str]] = {"gdn": frozenset(), "kda": frozenset({"long", "medium", "short"})}
+
+
+def shape_class(p: Problem) -> str:
+    """``long`` (>= 2,048 tokens per sequence on average), ``medium`` (>= 512) or ``short``."""
+    avg = p.t / max(p.n, 1)
+    return "long" if avg >= 2048 else "medium" if avg >= 512 else "short"
+
+
+def _ver(t: tuple[int, ...]) -> str:
+    return ".".join(str(x) for x in t)
+
+
+class CuteDSLBackend(Backend):
+    """Chunked prefill with the CuTe DSL state kernel (SM90 / SM100 / SM103; bf16)."""
+
+    name: ClassVar[str] = "cutedsl"
+    summary: ClassVar[str] = "CuTe DSL state kernel (mma.sync, pool read/written in place) + Triton stages; prefill"
+    ops: ClassVar[frozenset[str]] = frozenset({"gdn_prefill", "kda_prefill"})
+    vendors: ClassVar[frozenset[str]] = frozenset({"nvidia"})
+    dtypes: ClassVar[frozenset[str]] = frozenset({"bfloat16"})
+    state_dtypes: ClassVar[frozenset[str]] = frozenset({"float32", "bfloat16"})
+    head_dims_k: ClassVar[frozenset[int]] = frozenset(SUPPORTED_K)
+    head_dims_v: ClassVar[frozenset[int]] = frozenset(SUPPORTED_V)
+    state_layouts: ClassVar[frozenset[str]] = frozenset({"vk", "kv"})
+    requires: ClassVar[tuple[str, ...]] = ("cutlass_dsl", "triton")
+    archs: ClassVar[tuple[str, ...]] = SUPPORTED_ARCHS
+
+    def predicates(self):
+        ps = super().predicates()
+        i = ps.index(self.supports_device) + 1
+        return ps[:i] + [self.supports_arch] + ps[i:]
+
+    def supports_device(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        # GPUs of any vendor reach the arch predicate (an AMD part is rejected there, by arch)
+        if caps.device_type == "cuda":
+            return Check.passed()
+        return Check.failed(Reason.DEVICE, f"device_type={caps.device_type!r} ({caps.name}); supported: "
+                            f"CUDA GPUs of arch {{{', '.join(self.archs)}}}", "run on an SM90 or SM100 GPU")
+
+    def supports_arch(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        if caps.vendor == "nvidia" and caps.arch in self.archs:
+            return Check.passed()
+        return Check.failed(Reason.ARCH, f"arch={caps.arch!r} ({caps.vendor}, {caps.name}); supported: "
+                            f"NVIDIA {{{', '.join(self.archs)}}}", "use triton-split (NVIDIA) or triton-folded (AMD)")
+
+    def supports_toolchain(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        base = super().supports_toolchain(p, caps)
+        if not base.ok:
+            return base
+        ver = caps.toolchain.cutlass_dsl
+        need = max(MIN_DSL_VERSION, MIN_DSL_FOR_ARCH.get(caps.arch, MIN_DSL_VERSION))
+        if parse_version(ver) < need:
+            return Check.failed(Reason.TOOLCHAIN, f"nvidia-cutlass-dsl {ver} is too old for {caps.arch}: the cutedsl "
+                                f"kernels need >= {_ver(need)} there", "pip install -U 'linattn[cutedsl]'")
+        if caps.profile is None and caps.device_type == "cuda":  # a real device: the DSL must import
+            err = importable()
+            if err is not None:
+                return Check.failed(Reason.TOOLCHAIN, f"nvidia-cutlass-dsl {ver} is installed but does not import: "
+                                    f"{err}", "reinstall it: pip install -U 'linattn[cutedsl]'")
+        return Check.passed()
+
+    def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
+        if caps.arch in ("sm_100", "sm_103"):
+            return RANK_FIRST
+        if caps.arch == "sm_90" and shape_class(p) in SM90_FASTER.get(p.family, frozenset()):
+            return RANK_FIRST
+        return RANK_BEHIND
+
+    # -- ops --------------------------------------------------------------------------------------
+
+    def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+        """GDN chunked prefill (ops.md ``gdn_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
+        return self._prefill("gdn", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+                             state_indices=state_indices, initial_state=initial_state, scale=scale,
+                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+
+    def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+        """KDA chunked prefill (ops.md ``kda_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
+        return self._prefill("kda", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+                             state_indices=state_indices, initial_state=initial_state, scale=scale,
+                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+
+    @staticmethod
+    def _prefill(family, *, scale, **kw):
+        from linattn.kernels.cutedsl.prefill import cutedsl_prefill
+
+        K = kw["q"].shape[-1]
+        return cutedsl_prefill(family, scale=K ** -0.5 if scale is None else float(scale), **kw)

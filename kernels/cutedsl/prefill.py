@@ -1,0 +1,51 @@
+"""Chunked prefill (GDN, KDA) with the CuTe DSL state stage and the Triton intra/output stages.
+
+Stages (C = 64; see :mod:`linattn.kernels.triton.prefill`): 1. Triton ``chunk_intra_kernel``
+(W, U, key norms, KDA's Aqk); 2. **the CuTe DSL state kernel**
+(:func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`: the pool row is read and written
+in place inside the kernel); 3. Triton ``chunk_output_kernel``.
+
+The CuTe DSL kernel goes in through ``chunk_prefill``'s ``state_kernel=`` hook, so stages 1 and 3
+are exactly the Triton prefill's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+
+from .chunk_state import cutedsl_chunk_state
+
+
+def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
+                    state_pool: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
+                    initial_state: Optional[torch.Tensor], scale: float, use_qk_l2norm: bool,
+                    state_layout: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``) on SM90 / SM100.
+
+    Args:
+        family: ``"gdn"`` or ``"kda"``.
+        q, k: ``[T, H, K]`` bf16; v: ``[T, HV, V]`` bf16 (K, V in {64, 128}).
+        g: fp32 ``[T, HV]`` (GDN) or ``[T, HV, K]`` (KDA); beta: fp32 ``[T, HV]``.
+        cu_seqlens: ``[N+1]`` int32/int64.
+        state_pool / state_indices: pool mode (``[P, HV, V, K]`` "vk" or ``[P, HV, K, V]`` "kv", fp32
+            or bf16; ``[N]`` slots, negative = padding: zero h0, no store).
+        initial_state: dense mode initial state or None.
+        scale, use_qk_l2norm, state_layout: as in ops.md.
+    Returns:
+        ``(o [T, HV, V] bf16, final_state)``: final_state is a new fp32 ``[N, HV, V, K]`` (or
+        ``[N, HV, K, V]``) tensor in dense mode, None in pool mode (the pool was updated in place).
+    Raises:
+        ValueError: unsupported dtype or head dims.
+    Source: ops.md "Chunked form".
+    """
+    from linattn.kernels.triton import prefill as tp
+
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"cutedsl prefill: dtype {q.dtype}; supported: bfloat16")
+    kw = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+              state_indices=state_indices, initial_state=initial_state, scale=scale,
+              use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+    return tp.chunk_prefill(family, state_kernel=cutedsl_chunk_state, **kw)

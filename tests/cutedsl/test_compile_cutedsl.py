@@ -1,0 +1,52 @@
+"""CPU compile checks of the CuTe DSL state kernel for sm_90a (H200) and sm_100a (B200).
+
+Nothing here runs a kernel (CI has no GPU): the kernels are compiled for both targets and the PTX
+is checked to use only warp-level instructions that exist on both (mma.sync, ldmatrix, cp.async)
+and none of the arch-specific ones (wgmma, tcgen05, TMA bulk copies). What runs on the H200 is
+verified by tests/gpu/test_cutedsl_gpu.py; the sm_100a build is compile-checked only (not
+verified on hardware).
+"""
+
+import re
+
+import pytest
+
+pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
+
+from linattn.kernels.cutedsl.chunk_state import KernelKey, cache_info, compile_state_kernel  # noqa: E402
+
+FORBIDDEN = ("wgmma", "tcgen05", "cp.async.bulk", "setmaxnreg")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_state_kernel_compiles_with_warp_mma_only(tmp_path, arch, kda):
+    key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", arch)
+    fn = compile_state_kernel(key, dump_dir=str(tmp_path))
+    ptx = fn.artifacts.PTX
+    assert f".target {arch}" in ptx
+    mma = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)
+    # per chunk and warp: Vn = U - S^T W^T (16 x 64 x 128) and S^T += Vn^T K (16 x 128 x 64): 64 + 64
+    assert len(mma) == 128
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx  # K as the B operand of GEMM 2
+    assert "cp.async.cg.shared.global" in ptx
+    for bad in FORBIDDEN:
+        assert bad not in ptx, bad
+
+
+@pytest.mark.parametrize("K,V,kda,pool,has_h0,sdt,h0dt,idx", [
+    (64, 64, False, True, True, "bfloat16", "bfloat16", "int64"),
+    (128, 64, True, False, True, "float32", "bfloat16", "int64"),
+    (64, 128, False, False, False, "bfloat16", "float32", "int64"),
+])
+def test_other_declared_configurations_compile_for_sm90a(K, V, kda, pool, has_h0, sdt, h0dt, idx):
+    compile_state_kernel(KernelKey(K, V, 64, kda, pool, has_h0, sdt, h0dt, idx, "int64", "sm_90a"))
+
+
+def test_compiled_kernels_are_cached_by_their_key():
+    key = KernelKey(64, 64, 64, False, True, True, "float32", "float32", "int32", "int32", "sm_90a")
+    a = compile_state_kernel(key)
+    assert compile_state_kernel(key) is a
+    assert key in cache_info()
+    other = key._replace(arch="sm_100a")
+    assert compile_state_kernel(other) is not a
