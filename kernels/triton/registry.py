@@ -10,10 +10,13 @@ To add a kernel: write it on :func:`~linattn.kernels.triton._pid.decode_pid` wit
 :func:`~linattn.kernels.grid.plan_grid`, add a :class:`KernelEntry` here and contract cases for
 its op in ``tests/contract/contract_cases.py``. Kernels whose grid is not planned (e.g. the chunked
 prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=()`` and a
-``why_unplanned`` text; the test then checks only that they are registered and explained.
+``why_unplanned`` text; the contract test checks that they are explained, that their op has cases
+(they run inside the launcher of a planned kernel of the same op) and that every layout of that
+launcher gives them the same grid.
 
-Prefill kernels (``kernels/triton/prefill.py`` and its stages) are entered by the lead: see the
-placeholder at the end of :data:`KERNELS`.
+The chunked prefill (``kernels/triton/prefill.py``) is three launches: only its state stage
+(:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
+entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
 
 from __future__ import annotations
@@ -78,7 +81,37 @@ KERNELS: tuple[KernelEntry, ...] = (
         launcher=f"{KERNEL_PACKAGE}.probe:probe_visits",
         notes="records the work item each program decodes; the contract's own instrument",
     ),
-    # -- prefill (entered by the lead from kernels/triton/prefill.py and its stages) -----------
+    KernelEntry(
+        name="gdn_prefill_state", op="gdn_prefill", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_state_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        notes="KDA=False; stage 2 of the chunked prefill, reads and writes the pool in place",
+    ),
+    KernelEntry(
+        name="kda_prefill_state", op="kda_prefill", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_state_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        notes="KDA=True (same source as gdn_prefill_state)",
+    ),
+    KernelEntry(
+        name="chunk_intra", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (T // 64 + N, HV): one program per (chunk, value head), chunks on axis x "
+                       "(up to 2**31 - 1) and no N * HV axis, so no device limit is at stake and "
+                       "there is nothing to plan; programs past the real chunk count return at once"),
+        notes="stage 1 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
+    ),
+    KernelEntry(
+        name="chunk_output", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_output:chunk_output_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (T // 64 + N, HV, V // 64): one program per (chunk, value head, value "
+                       "block), chunks on axis x (up to 2**31 - 1) and no N * HV axis, so no device "
+                       "limit is at stake and there is nothing to plan; programs past the real "
+                       "chunk count return at once"),
+        notes="stage 3 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
+    ),
 )
 
 #: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
@@ -86,6 +119,14 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}._pid:decode_pid",
     f"{KERNEL_PACKAGE}.decode:_log1p_exp_neg",
     f"{KERNEL_PACKAGE}.decode:_softplus",
+    f"{KERNEL_PACKAGE}.chunk_intra:_rows",
+    f"{KERNEL_PACKAGE}.chunk_intra:_ld",
+    f"{KERNEL_PACKAGE}.chunk_intra:_st",
+    f"{KERNEL_PACKAGE}.chunk_intra:_inv_unit_lower16",
+    f"{KERNEL_PACKAGE}.chunk_intra:_inv_unit_lower16_x4",
+    f"{KERNEL_PACKAGE}.chunk_intra:_mm",
+    f"{KERNEL_PACKAGE}.chunk_intra:_kda_diag",
+    f"{KERNEL_PACKAGE}.chunk_intra:_kda_gates",
 })
 
 

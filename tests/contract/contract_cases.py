@@ -6,6 +6,9 @@ overrides (block sizes, to get several blocks at small shapes), and which pool /
 rows the call owns (all others must be bitwise unchanged).
 
 Small shapes for the interpreter: N=3, HV=4 (GVA over H=2), K=V=16 (and K != V), T in {1, 3}.
+Prefill (the chunked kernels need K, V >= 64): N=4 sequences with T=74 tokens in all (a zero-length
+sequence, one of length 1, one past a chunk boundary), HV=2 over H=1, K=V=64, pool mode with one
+negative index.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from typing import Optional
 
 import torch
 
-from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref, silu_and_mul_clamp_ref
+from linattn.backends.torch_ref import (gdn_decode_ref, gdn_prefill_ref, kda_decode_ref, kda_prefill_ref,
+                                       silu_and_mul_clamp_ref)
+
+PREFILL_OPS = ("gdn_prefill", "kda_prefill")
 
 
 @dataclass
@@ -87,6 +93,42 @@ def silu_case(cid: str, *, seed: int, M: int, D: int, dtype=torch.float32, limit
                 tol_out=tol, tol_state=tol)
 
 
+def prefill_case(cid: str, op: str, *, seed: int, lens: list, pad: int, H: int = 1, HV: int = 2,
+                 K: int = 64, V: int = 64, P: int = 7, dtype=torch.float32, pool_dtype=torch.float32,
+                 idx_dtype=torch.int32, layout: str = "vk", l2norm: bool = True,
+                 scale: Optional[float] = None) -> Case:
+    """Pool-mode prefill: ``len(lens)`` sequences on distinct random slots of a ``P``-slot pool,
+    sequence ``pad`` on the padding index -1. Gates in the range a gating op produces."""
+    g = _gen(seed)
+    kda = op == "kda_prefill"
+    N, T = len(lens), sum(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+    q = torch.randn(T, H, K, generator=g).to(dtype)
+    k = torch.randn(T, H, K, generator=g).to(dtype)
+    v = torch.randn(T, HV, V, generator=g).to(dtype)
+    gate = -torch.nn.functional.softplus(torch.randn(T, HV, *((K,) if kda else ()), generator=g) - 1.0)
+    beta = torch.rand(T, HV, generator=g)
+    shape = (P, HV, V, K) if layout == "vk" else (P, HV, K, V)
+    pool = torch.randn(shape, generator=g).to(pool_dtype)
+    idx = torch.randperm(P, generator=g)[:N]
+    idx[pad] = -1
+    args = dict(q=q, k=k, v=v, g=gate, beta=beta, cu_seqlens=cu, state_pool=pool,
+                state_indices=idx.to(idx_dtype), initial_state=None,
+                scale=scale if scale is not None else K ** -0.5, use_qk_l2norm=l2norm, state_layout=layout)
+    bf16 = dtype != torch.float32 or pool_dtype != torch.float32
+    return Case(cid, op, args, tol_out=2e-2 if bf16 else 1e-5, tol_state=1e-2 if bf16 else 1e-5)
+
+
+def _prefill_cases(op: str, s: int) -> list[Case]:
+    kd = op.split("_")[0]
+    return [
+        prefill_case(f"{kd}-prefill-fp32-vk-len1-0-70-3", op, seed=s + 1, lens=[1, 0, 70, 3], pad=3),
+        prefill_case(f"{kd}-prefill-bf16-kv-bf16pool-int64-nol2norm", op, seed=s + 2, lens=[0, 65, 2], pad=0,
+                     dtype=torch.bfloat16, pool_dtype=torch.bfloat16, idx_dtype=torch.int64, layout="kv",
+                     l2norm=False, scale=0.05),
+    ]
+
+
 def _decode_cases(op: str, s: int) -> list[Case]:
     kd = op.split("_")[0]
     cases = [
@@ -114,6 +156,8 @@ def _decode_cases(op: str, s: int) -> list[Case]:
 CASES: dict[str, list[Case]] = {
     "gdn_decode": _decode_cases("gdn_decode", 100),
     "kda_decode": _decode_cases("kda_decode", 200),
+    "gdn_prefill": _prefill_cases("gdn_prefill", 300),
+    "kda_prefill": _prefill_cases("kda_prefill", 400),
     "silu_and_mul_clamp": [
         silu_case("silu-D1-fp32", seed=1, M=3, D=1),
         silu_case("silu-D7-bf16-limit", seed=2, M=3, D=7, dtype=torch.bfloat16, limit=10.0, scale=20.0),
@@ -154,6 +198,12 @@ def run_launcher(case: Case, layout: str, caps, device) -> dict:
 
         out = silu_and_mul_clamp(args["x"], args["limit"], caps=caps, layout=layout, **case.launch)
         return {"out": out.cpu()}
+    if case.op in PREFILL_OPS:
+        from linattn.kernels.triton.prefill import chunk_prefill
+
+        o, final = chunk_prefill(case.op.split("_")[0], **args, caps=caps, layout=layout, **case.launch)
+        assert final is None, "pool mode returns no final state"
+        return {"o": o.cpu(), "state_pool": bases["state_pool"].cpu()}
     from linattn.kernels.triton.decode import recurrent_decode
 
     o = recurrent_decode(gate=case.op.split("_")[0], **args, caps=caps, layout=layout, **case.launch)
@@ -168,6 +218,10 @@ def run_reference(case: Case) -> dict:
     args, bases = to_device(case.args, "cpu", lambda t: torch.float64 if t.is_floating_point() else t.dtype)
     if case.op == "silu_and_mul_clamp":
         return {"out": silu_and_mul_clamp_ref(args["x"], args["limit"], compute_dtype=torch.float64)}
+    if case.op in PREFILL_OPS:
+        fn = gdn_prefill_ref if case.op == "gdn_prefill" else kda_prefill_ref
+        o, _ = fn(**args, compute_dtype=torch.float64)
+        return {"o": o, "state_pool": bases["state_pool"]}
     fn = gdn_decode_ref if case.op == "gdn_decode" else kda_decode_ref
     o = fn(**args, compute_dtype=torch.float64)
     res = {"o": o, "state_pool": bases["state_pool"]}
@@ -182,6 +236,12 @@ def owned_rows(case: Case) -> dict[str, torch.Tensor]:
     a = case.args
     if case.op == "silu_and_mul_clamp":
         return {}
+    if case.op in PREFILL_OPS:  # a zero-length sequence's slot keeps its bits (final = initial state)
+        idx, cu = a["state_indices"].long(), a["cu_seqlens"].long()
+        run = (idx >= 0) & (cu[1:] > cu[:-1])
+        pool = torch.zeros(a["state_pool"].shape[0], dtype=torch.bool)
+        pool[idx[run]] = True
+        return {"state_pool": pool}
     idx = a["state_indices"].long()
     N = idx.shape[0]
     T = a["q"].shape[1]

@@ -8,6 +8,10 @@ For each kernel in ``kernels/triton/registry.py`` and each of its layouts, on th
 3. both are within ops.md's tolerance of the float64 reference (``backends/torch_ref.py``);
 4. pool rows and intermediate entries the call does not own are bitwise unchanged.
 
+Kernels outside the planner (``layouts=()``, the chunked prefill's intra and output stages) run
+inside the launcher of their op's planned kernel: they are checked to launch once per call with
+the same grid in every layout, and their results are covered by points 2-4.
+
 CPU: the Triton interpreter at small shapes. GPU: the same cases compiled (``pytest tests/contract``
 on the H200); real shapes are in ``tests/gpu/test_decode_gpu.py``.
 """
@@ -20,7 +24,7 @@ import torch
 from linattn.capabilities import GridLimits, profile
 from linattn.kernels.grid import GridPlan
 
-from contract_cases import CASES, Case, owned_rows, run_launcher, run_reference
+from contract_cases import CASES, PREFILL_OPS, Case, owned_rows, run_launcher, run_reference
 
 registry = pytest.importorskip("linattn.kernels.triton.registry")
 
@@ -29,6 +33,9 @@ registry = pytest.importorskip("linattn.kernels.triton.registry")
 LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
+#: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's stages 1 and 3).
+UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts}
+UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS}
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
           if c.op == e.op]
 
@@ -41,13 +48,13 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 class Recorder:
     """Records each launch of a jit kernel (grid and constexprs) and runs it."""
 
-    def __init__(self, kernel, monkeypatch):
+    def __init__(self, kernel, monkeypatch, planned: bool = True):
         self.launches = []
         orig = kernel.run
+        keys = ("LAYOUT", "AX_SEQ", "AX_HEAD", "AX_BLK") if planned else ()
 
         def run(*args, grid, warmup, **kwargs):
-            self.launches.append((tuple(grid), {k: kwargs[k] for k in ("LAYOUT", "AX_SEQ", "AX_HEAD", "AX_BLK")},
-                                  kwargs))
+            self.launches.append((tuple(grid), {k: kwargs[k] for k in keys}, kwargs))
             return orig(*args, grid=grid, warmup=warmup, **kwargs)
 
         monkeypatch.setattr(kernel, "run", run)
@@ -57,6 +64,9 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
     if case.op == "silu_and_mul_clamp":
         M, D2 = case.args["x"].shape
         return M, 1, -(-(D2 // 2) // launch_kwargs["BD"])
+    if case.op in PREFILL_OPS:  # q is [T, H, K]: the sequences are cu_seqlens' intervals
+        N, HV, V = case.args["cu_seqlens"].numel() - 1, case.args["v"].shape[1], case.args["v"].shape[2]
+        return N, HV, -(-V // launch_kwargs["BV"])
     N, HV, V = case.args["q"].shape[0], case.args["v"].shape[2], case.args["v"].shape[3]
     return N, HV, -(-V // launch_kwargs["BV"])
 
@@ -65,6 +75,8 @@ def _run_all_layouts(entry, case, device, monkeypatch):
     from linattn.kernels.triton.probe import probe_visits
 
     rec = Recorder(entry.load_kernel(), monkeypatch)
+    others = {e.name: Recorder(k, monkeypatch, planned=False) for k, e in UNPLANNED.items()
+              if case.op in UNPLANNED_OPS.get(e.name, ())}
     results = {}
     for layout in entry.layouts:
         before = len(rec.launches)
@@ -82,6 +94,9 @@ def _run_all_layouts(entry, case, device, monkeypatch):
         counts, overflow = probe_visits(plan, device)
         assert overflow == 0, f"{layout}: {overflow} programs decoded a work item outside the work"
         assert bool((counts == 1).all()), f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
+    for name, r in others.items():  # outside the planner: once per call, the same grid in every layout
+        grids = [g for g, _, _ in r.launches]
+        assert len(grids) == len(entry.layouts) and len(set(grids)) == 1, f"{name}: launches {grids}"
     return results
 
 
@@ -120,6 +135,9 @@ def test_layouts_visit_once_agree_bitwise_and_match_the_float64_reference(entry,
 
 def _padding_rows(case: Case) -> torch.Tensor:
     idx = case.args["state_indices"].long()
+    if case.op in PREFILL_OPS:  # output rows are tokens: those of sequences on a negative index
+        cu = case.args["cu_seqlens"].long()
+        return torch.repeat_interleave(idx < 0, cu[1:] - cu[:-1])
     if idx.dim() == 1:
         return idx < 0
     na = case.args["num_accepted_tokens"]
@@ -134,15 +152,18 @@ def test_every_registry_kernel_has_contract_cases():
         assert set(e.layouts) <= {"split", "folded"}, f"{e.name}: unknown layout in {e.layouts}"
         if not e.layouts:
             assert e.why_unplanned, f"{e.name}: a kernel outside the planner must say why"
+            ops = UNPLANNED_OPS.get(e.name, ())
+            assert e.op in ops and all(CASES.get(op) for op in ops), \
+                f"{e.name}: name the ops whose contract cases run it in UNPLANNED_OPS"
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("op", ["gdn_decode", "silu_and_mul_clamp"])
+@pytest.mark.parametrize("op", ["gdn_decode", "silu_and_mul_clamp", "gdn_prefill"])
 def test_split_decodes_every_axis_order_the_planner_may_choose(op, device, monkeypatch):
     """Tight per-axis limits force the planner off its preferred placement (value blocks on x,
     sequences on z): the kernel must decode the other axes to the same work items (bitwise)."""
     case = CASES[op][0]
-    entry = next(e for e in registry.KERNELS if e.op == op)
+    entry = next(e for e in registry.KERNELS if e.op == op and e.layouts)
     rec = Recorder(entry.load_kernel(), monkeypatch)
     canonical = run_launcher(case, "split", profile("sm90"), device)
     tight = profile("sm90").model_copy(update={"grid": GridLimits(x=8, y=8, z=2, source="test: tiny limits")})
