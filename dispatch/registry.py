@@ -112,18 +112,26 @@ class Registry:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
             return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
+        from linattn.backends.base import Backend
+
         names = []
-        for cls in classes:
-            cls.plugin, cls.distribution, cls.version = name, distribution, version
-            if cls.name in self.backends:
-                self.pm.unregister(plugin)
-                for n in names:
-                    del self.backends[n]
-                return self._record(name, distribution, version, api, "plugin_load_failed",
-                                    f"backend name {cls.name!r} is already registered by "
-                                    f"{type(self.backends[cls.name]).plugin!r}")
-            self.backends[cls.name] = cls()
-            names.append(cls.name)
+        try:  # a wrong return value or a raising constructor is the plugin's failure, never ours
+            for cls in classes:
+                if not (isinstance(cls, type) and issubclass(cls, Backend)):
+                    raise TypeError(f"linattn_register_backends returned {cls!r}, not a subclass of "
+                                    f"linattn.backends.base.Backend")
+                if cls.name in self.backends:
+                    raise ValueError(f"backend name {cls.name!r} is already registered by "
+                                     f"{type(self.backends[cls.name]).plugin!r}")
+                instance = cls()
+                cls.plugin, cls.distribution, cls.version = name, distribution, version
+                self.backends[cls.name] = instance
+                names.append(cls.name)
+        except Exception as e:  # noqa: BLE001
+            self.pm.unregister(plugin)
+            for n in names:
+                del self.backends[n]
+            return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
         self.generation += 1
         return self._record(name, distribution, version, api, "loaded", "", tuple(names))
 

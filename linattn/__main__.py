@@ -1,0 +1,5 @@
+"""``python -m linattn`` is the ``linattn`` command."""
+
+from linattn.cli import app
+
+app()

@@ -1,0 +1,144 @@
+"""``linattn check``: the conformance suite on this device, with progress and a summary table.
+
+    linattn check --backend cpu-chunked                 # one backend, every op it declares
+    linattn check --backend torch-ref --op gdn_decode   # one op
+    linattn check --xfail linattn-xfail.toml --json     # every backend available here, as JSON
+
+Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument (an
+unknown backend or op, an unreadable xfail file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from linattn.dispatch import OPS, get_registry
+
+from .runner import SuiteReport, availability, plan, run_suite
+from .xfail import load_xfail
+
+_STATUS_STYLE = {"passed": "green", "failed": "bold red", "xfail": "yellow", "xpass": "magenta", "skipped": "dim"}
+
+
+def _summary_table(rep: SuiteReport) -> Table:
+    t = Table(title=escape(f"linattn check: {rep.backend} ({rep.distribution} {rep.version}, plugin {rep.plugin}) "
+                           f"on {rep.device}"), title_justify="left")
+    t.add_column("op")
+    t.add_column("kind")
+    for status in ("passed", "failed", "xfail", "xpass", "skipped"):
+        t.add_column(status, justify="right", style=_STATUS_STYLE[status])
+    rows: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rep.results:
+        rows[(r.op, r.kind)][r.status] += 1
+    for (op, kind), counts in sorted(rows.items()):
+        t.add_row(op, kind, *(str(counts.get(s, 0) or "") for s in ("passed", "failed", "xfail", "xpass", "skipped")))
+    return t
+
+
+def _render(rep: SuiteReport, console: Console) -> None:
+    console.print(_summary_table(rep))
+    for r in rep.results:
+        if r.status == "failed":
+            console.print(f"[bold red]FAILED[/] {escape(r.id)}\n    {escape(r.what)}\n    {escape(r.message)}",
+                          highlight=False)
+    for r in rep.results:
+        if r.status in ("xfail", "xpass"):
+            console.print(f"[yellow]{r.status.upper()}[/] {escape(r.id)}: {escape(r.xfail_reason)}"
+                          + (f"\n    {escape(r.message)}" if r.message else ""), highlight=False)
+    skipped = [r for r in rep.results if r.status == "skipped"]
+    if skipped:
+        reasons = defaultdict(int)
+        for r in skipped:
+            reasons[r.message] += 1
+        for msg, n in reasons.items():
+            console.print(f"[dim]skipped {n}: {escape(msg)}[/]", highlight=False)
+    for note in rep.notes:
+        console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
+    c = rep.counts
+    verdict = "[bold green]PASSED[/]" if rep.ok else "[bold red]FAILED[/]"
+    console.print(f"{verdict} {rep.backend}: {c['passed']} passed, {c['failed']} failed, {c['xfail']} xfail, "
+                  f"{c['xpass']} xpass, {c['skipped']} skipped")
+
+
+def _targets(backend: Optional[str], op: Optional[str], device: str) -> tuple[list[str], list[str]]:
+    """The backends to check and notes on those skipped (not available on this device)."""
+    reg = get_registry()
+    if backend is not None:
+        return [backend], []
+    names, notes = [], []
+    for name, b in sorted(reg.backends.items()):
+        ops = [op] if op else list(OPS)
+        avail = availability(b, ops, device)
+        if avail and any(why is None for why in avail.values()):
+            names.append(name)
+        else:
+            why = next(iter(avail.values()), None) if avail else f"does not declare {op}"
+            notes.append(f"{name}: not checked, not available on {device}: {why}")
+    return names, notes
+
+
+def check(
+    backend: Optional[str] = typer.Option(None, "--backend", help="The backend to check (default: every "
+                                                                 "registered backend available on the device)."),
+    op: Optional[str] = typer.Option(None, "--op", help=f"Only this op: {', '.join(OPS)}."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    xfail: Optional[Path] = typer.Option(None, "--xfail", help="A TOML file of known gaps ([[xfail]] case = "
+                                                              "'<id pattern>', reason = '...')."),
+    device: Optional[str] = typer.Option(None, "--device", help="A torch device: cpu (default), cuda, cuda:1, ..."),
+) -> None:
+    """Run the conformance suite: cases from each backend's declared capabilities, compared with the
+    float64 reference at the ops.md tolerances, negative cases, the pool rules."""
+    err = Console(stderr=True)
+    dev = device or "cpu"
+    try:
+        if op is not None and op not in OPS:
+            raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+        rules = load_xfail(xfail)
+        plan(backend or "torch-ref", device=dev, kinds=())  # unknown backend or unusable device: ValueError
+        names, notes = _targets(backend, op, dev)
+    except (ValueError, FileNotFoundError) as e:
+        if json_:
+            typer.echo(json.dumps({"error": str(e), "type": type(e).__name__}))
+        else:
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        raise typer.Exit(code=2)
+
+    reports: list[SuiteReport] = []
+    ops = [op] if op else None
+    if json_:
+        for name in names:
+            reports.append(run_suite(name, ops=ops, device=dev, xfail=rules))
+        doc = {"device": dev, "ok": all(r.ok for r in reports), "notes": notes,
+               "backends": [r.to_dict() for r in reports]}
+        typer.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        console = Console(soft_wrap=False)
+        columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[backend]}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.description}"))
+        with Progress(*columns, console=console, transient=False) as progress:
+            for name in names:
+                task = progress.add_task("", backend=name, total=None)
+
+                def on_result(res, i, total, task=task):
+                    mark = "" if res.status == "passed" else f" [{_STATUS_STYLE[res.status]}]{res.status}[/]"
+                    progress.update(task, completed=i + 1, total=total, description=f"{escape(res.id)}{mark}")
+
+                reports.append(run_suite(name, ops=ops, device=dev, xfail=rules, on_result=on_result))
+                progress.update(task, description="done")
+        for rep in reports:
+            _render(rep, console)
+        for note in notes:
+            console.print(f"[dim]{escape(note)}[/]", highlight=False)
+        if not reports:
+            console.print("[yellow]no backend to check on this device[/]")
+    if not all(r.ok for r in reports):
+        raise typer.Exit(code=1)

@@ -1,0 +1,133 @@
+"""Backends, plugins and distributions the plugin tests register, each odd in one known way.
+
+``make_distribution`` writes a tiny installed distribution (``<name>-<ver>.dist-info`` with
+``METADATA`` and ``entry_points.txt``, plus the plugin modules) into a folder on ``sys.path``:
+``importlib.metadata`` discovers it exactly as it discovers a pip-installed one, and no pip runs.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import torch
+
+from linattn.backends.torch_ref import TorchRefBackend
+from linattn.dispatch.hookspecs import hookimpl
+
+
+class Plugin:
+    """A plugin object for ``Registry.add_plugin``: registers the given backend classes."""
+
+    LINATTN_API_VERSION = "1"
+
+    def __init__(self, *classes, probe=None):
+        self.classes, self.probe = list(classes), probe
+
+    @hookimpl
+    def linattn_register_backends(self):
+        return self.classes
+
+    @hookimpl
+    def linattn_probe_device(self, device):
+        return self.probe(device) if self.probe is not None else None
+
+
+class IgnoresPadding(TorchRefBackend):
+    """Correct maths, but reads a padding index -1 the way Python indexing does: the last slot."""
+
+    name = "ignores-padding"
+    ops = frozenset({"gdn_decode", "gdn_prefill"})
+    vendors = frozenset({"cpu"})
+    dtypes = frozenset({"float32"})
+    state_dtypes = frozenset({"float32"})
+
+    def rank(self, p, caps) -> int:
+        return 900
+
+    @staticmethod
+    def _wrap(state_pool, state_indices):
+        return torch.where(state_indices < 0, state_indices + state_pool.shape[0], state_indices)
+
+    def gdn_decode(self, *, state_pool, state_indices, **kw):
+        return super().gdn_decode(state_pool=state_pool, state_indices=self._wrap(state_pool, state_indices), **kw)
+
+    def gdn_prefill(self, *, state_pool=None, state_indices=None, **kw):
+        if state_pool is not None:
+            state_indices = self._wrap(state_pool, state_indices)
+        return super().gdn_prefill(state_pool=state_pool, state_indices=state_indices, **kw)
+
+
+class AcceptsEverything(TorchRefBackend):
+    """Declares fp32 only, but its dtype predicate accepts any dtype (and computes bf16 as fp32)."""
+
+    name = "accepts-everything"
+    ops = frozenset({"silu_and_mul_clamp"})
+    vendors = frozenset({"cpu"})
+    dtypes = frozenset({"float32"})
+
+    def supports_dtype(self, p, caps):
+        from linattn.dispatch.verdict import Check
+
+        return Check.passed()
+
+
+class RaisesInRun(TorchRefBackend):
+    """Eligible for ``silu_and_mul_clamp`` on CPUs and ranked first, but every run raises."""
+
+    name = "raises-in-run"
+    ops = frozenset({"silu_and_mul_clamp"})
+    vendors = frozenset({"cpu"})
+
+    def rank(self, p, caps) -> int:
+        return 1
+
+    def silu_and_mul_clamp(self, *, x, limit=None):
+        raise RuntimeError("vendor kernel crashed")
+
+
+def make_distribution(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str],
+                      version: str = "0.1") -> Path:
+    """Write an installed-looking distribution into ``root`` (which the caller puts on sys.path).
+
+    Args:
+        root: a folder on ``sys.path``.
+        dist: the distribution name (``METADATA`` ``Name``).
+        entry_points: ``linattn.backends`` entry points, name -> ``module`` or ``module:attr``.
+        modules: module name -> source text (dedented), written as ``root/<module>.py``.
+    Returns:
+        The ``.dist-info`` folder.
+    """
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[linattn.backends]\n{lines}")
+    for mod, src in modules.items():
+        (root / f"{mod}.py").write_text(textwrap.dedent(src))
+    return info
+
+
+def backend_module(backend_name: str, api: str = "1", op: str = "silu_and_mul_clamp", body: str = "",
+                   returns: str = "") -> str:
+    """Source of a plugin module registering one small CPU backend named ``backend_name``.
+
+    ``body`` adds lines to the backend class; ``returns`` replaces the hook's body (default: return
+    the class).
+    """
+    cls = "B_" + backend_name.replace("-", "_")
+    extra = textwrap.indent(textwrap.dedent(body), " " * 4)
+    hook = textwrap.indent(textwrap.dedent(returns or f"return [{cls}]"), " " * 4)
+    return (f"from linattn.backends.torch_ref import TorchRefBackend\n"
+            f"from linattn.dispatch.hookspecs import hookimpl\n\n"
+            f"LINATTN_API_VERSION = {api!r}\n\n\n"
+            f"class {cls}(TorchRefBackend):\n"
+            f"    name = {backend_name!r}\n"
+            f"    ops = frozenset({{{op!r}}})\n"
+            f"    vendors = frozenset({{'cpu'}})\n\n"
+            f"    def rank(self, p, caps):\n"
+            f"        return 3\n"
+            f"{extra}\n\n"
+            f"@hookimpl\n"
+            f"def linattn_register_backends():\n"
+            f"{hook}\n")

@@ -1,0 +1,169 @@
+"""The conformance suite (``linattn.testing``): it passes on every backend available on the CPU
+and fails, with a report that says what and where, on backends that are wrong in known ways."""
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+import linattn
+from linattn.testing import generate_cases, load_xfail, run_suite
+from linattn.testing.runner import availability
+
+from plugin_fakes import AcceptsEverything, IgnoresPadding, Plugin
+
+BUILTIN = ("torch-ref", "triton-split", "triton-folded", "cutedsl")
+
+
+def _installed(entry_point: str) -> bool:
+    return any(ep.name == entry_point for ep in metadata.entry_points(group="linattn.backends"))
+
+
+@pytest.mark.parametrize("name", BUILTIN + ("cpu-chunked",))
+def test_suite_passes_on_every_backend_available_on_the_cpu(registry, name):
+    if name == "cpu-chunked" and not _installed(name):
+        pytest.skip("the example plugin is not installed: pip install -e examples/linattn-cpu-chunked (CI does)")
+    if name not in registry.backends:
+        pytest.skip(f"{name} is not registered in this build")
+    b = registry.backends[name]
+    avail = availability(b, list(b.ops), "cpu")
+    if all(why is not None for why in avail.values()):
+        pytest.skip(f"{name} does not run on this CPU: {next(iter(avail.values()))}")
+    ops = list(b.ops)
+    if name.startswith("triton"):
+        # In the Triton interpreter a chunked-prefill case at the head dims these kernels accept
+        # (K, V in {64, 128, 256}) takes seconds: ~200 s per backend. Their prefill is covered by
+        # tests/prefill and tests/contract here, and `linattn check --device cuda` on a GPU runs all.
+        ops = [op for op in ops if not op.endswith("_prefill")]
+    rep = run_suite(name, ops=ops, device="cpu")
+    assert rep.ok, "\n".join(f"{r.id}: {r.message}" for r in rep.failures())
+    ran = [r for r in rep.results if r.kind in ("accuracy", "pool") and r.status == "passed"]
+    assert ran, "no accuracy case ran"
+    assert any(r.kind == "negative" for r in rep.results) or set(b.ops) == set(linattn.dispatch.OPS)
+
+
+def test_cases_follow_the_declared_capabilities():
+    ids = [c.id for c in generate_cases(IgnoresPadding())]
+    # declared: fp32 only, fp32 state, both layouts, gdn_decode + gdn_prefill, any head dims
+    assert "gdn_decode/accuracy/dtype[float32,state=float32,vk,pool,N5T1,K32V16,H2HV4]" in ids
+    assert "gdn_prefill/accuracy/layout[float32,state=float32,kv,pool,K32V16,H2HV4]" in ids
+    assert not any("bfloat16,state" in i for i in ids if "/accuracy/" in i)
+    assert {"gdn_decode/negative/dtype[bfloat16]", "gdn_decode/negative/state-dtype[bfloat16]",
+            "kda_decode/negative/op[undeclared]", "gdn_decode/negative/vendor[sm90]"} <= set(ids)
+
+
+class DeclaresHeadDims(IgnoresPadding):
+    name = "declares-head-dims"
+    head_dims_k = frozenset({64, 128})
+    head_dims_v = frozenset({128})
+
+
+def test_declared_head_dims_give_cases_at_their_ends_and_negatives_outside(registry):
+    ids = {c.id for c in generate_cases(DeclaresHeadDims(), ops=["gdn_decode"])}
+    assert "gdn_decode/accuracy/dtype[float32,state=float32,vk,pool,N5T1,K64V128,H2HV4]" in ids
+    assert "gdn_decode/accuracy/head-dims[float32,state=float32,vk,pool,N5T1,K128V128,H2HV4]" in ids
+    negatives = {i for i in ids if "/negative/head-dim" in i}
+    assert negatives == {f"gdn_decode/negative/head-dim[{d}]" for d in ("K48", "K192", "V96", "V192")}
+    registry.add_plugin(Plugin(DeclaresHeadDims), name="dims", distribution="tests")
+    rep = run_suite("declares-head-dims", ops=["gdn_decode"], kinds=["negative"])
+    assert rep.ok and all("[shape]" in r.message for r in rep.results if "/head-dim" in r.id)
+
+
+def test_suite_fails_with_a_clear_report_on_a_backend_that_ignores_padding(registry):
+    registry.add_plugin(Plugin(IgnoresPadding), name="wrong", distribution="tests")
+    rep = run_suite("ignores-padding", ops=["gdn_decode"])
+    assert not rep.ok
+    failed = {r.id: r.message for r in rep.failures()}
+    slot0 = failed["gdn_decode/pool/slot0-padding[float32,state=float32,vk,pool,N4T1,K32V16,H2HV4]"]
+    assert "padding rows (slot -1) [1, 3] must be exactly zero" in slot0
+    assert "pool rows [5] changed but are not owned by the call" in slot0
+    # every accuracy case has padding rows, so each failure names the rule it breaks
+    assert all("padding rows (slot -1)" in m for m in failed.values())
+    assert all(r.status == "passed" for r in rep.results if r.kind == "negative")
+
+
+def test_suite_catches_a_backend_that_accepts_what_it_does_not_declare(registry):
+    registry.add_plugin(Plugin(AcceptsEverything), name="lax", distribution="tests")
+    rep = run_suite("accepts-everything", ops=["silu_and_mul_clamp"])
+    failed = {r.id: r.message for r in rep.failures()}
+    assert set(failed) == {f"silu_and_mul_clamp/negative/dtype[{dt}]" for dt in ("bfloat16", "float16", "float64")}
+    assert all("accepted it" in m and "predicates must reject" in m for m in failed.values())
+
+
+def test_xfail_file_records_known_gaps(registry, tmp_path):
+    registry.add_plugin(Plugin(IgnoresPadding), name="wrong", distribution="tests")
+    path = tmp_path / "xfail.toml"
+    path.write_text('[[xfail]]\ncase = "gdn_decode/pool/*"\nreason = "padding not implemented yet (issue 7)"\n'
+                    '[[xfail]]\ncase = "gdn_decode/negative/vendor*"\nreason = "thought we ran there"\n'
+                    '[[xfail]]\ncase = "gdn_decode/negative/dtype*"\nreason = "stale entry"\nstrict = true\n')
+    rep = run_suite("ignores-padding", ops=["gdn_decode"], xfail=load_xfail(path))
+    status = {r.id: r for r in rep.results}
+    pool = [r for r in rep.results if r.kind == "pool"]
+    assert pool and all(r.status == "xfail" and r.xfail_reason == "padding not implemented yet (issue 7)"
+                        for r in pool)
+    assert all(r.status == "xpass" for i, r in status.items() if "/negative/vendor" in i)
+    stale = [r for i, r in status.items() if "/negative/dtype" in i]
+    assert stale and all(r.status == "failed" and "xfail file (strict)" in r.message for r in stale)
+    assert all(r.status == "failed" for r in rep.results if r.kind == "accuracy")  # not covered by the file
+
+
+def test_bad_xfail_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "xfail.toml"
+    path.write_text('[[xfail]]\ncase = "x/*"\n')
+    with pytest.raises(ValueError, match="entry 1.*needs.*reason"):
+        load_xfail(path)
+    path.write_text("not toml [")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_xfail(path)
+
+
+def test_contract_cases_run_for_a_backend_that_declares_triton_kernels(registry):
+    pytest.importorskip("triton")
+    if not linattn.capabilities.interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 on a CPU (tests/conftest.py sets it)")
+
+    class DeclaresKernels(AcceptsEverything):
+        name = "declares-kernels"
+        triton_kernels = ("gdn_decode", "not-registered-kernel")
+
+        supports_dtype = linattn.backends.base.Backend.supports_dtype
+
+    registry.add_plugin(Plugin(DeclaresKernels), name="kernels", distribution="tests")
+    rep = run_suite("declares-kernels", kinds=["contract"])
+    status = {r.id: (r.status, r.message) for r in rep.results}
+    assert status["contract/contract/program-id[gdn_decode]"][0] == "passed"
+    st, msg = status["contract/contract/program-id[not-registered-kernel]"]
+    assert st == "failed" and "not in linattn.kernels.triton.registry.KERNELS" in msg
+
+
+def test_linattn_check_command_json_and_exit_codes(registry):
+    from typer.testing import CliRunner
+
+    from linattn.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["check", "--backend", "torch-ref", "--op", "silu_and_mul_clamp", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["ok"] and doc["backends"][0]["backend"] == "torch-ref"
+    assert doc["backends"][0]["counts"]["passed"] >= 4
+    res = runner.invoke(app, ["check", "--backend", "no-such-backend"])
+    assert res.exit_code == 2 and "no backend named 'no-such-backend'" in res.output
+    registry.add_plugin(Plugin(IgnoresPadding), name="wrong", distribution="tests")
+    res = runner.invoke(app, ["check", "--backend", "ignores-padding", "--op", "gdn_decode"], env={"COLUMNS": "250"})
+    assert res.exit_code == 1
+    assert "FAILED" in res.output
+    assert "gdn_decode/pool/slot0-padding[float32,state=float32,vk,pool,N4T1,K32V16,H2HV4]" in res.output
+
+
+def test_pytest_plugin_turns_cases_into_items(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "pytest", "-p", "linattn.testing.pytest_plugin", "--linattn-backend", "torch-ref",
+           "--linattn-op", "silu_and_mul_clamp", "-q", "-p", "no:cacheprovider", "-rA"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASSED linattn-conformance[torch-ref]::check[silu_and_mul_clamp/accuracy/dtype[float32" in res.stdout
+    assert " passed" in res.stdout.splitlines()[-1]

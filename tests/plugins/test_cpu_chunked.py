@@ -1,0 +1,108 @@
+"""The example out-of-tree backend's maths (``examples/linattn-cpu-chunked``): the chunked form
+against the float64 token-serial reference, in every regime its code distinguishes."""
+
+import itertools
+
+import pytest
+import torch
+
+from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
+
+chunked = pytest.importorskip(
+    "linattn_cpu_chunked.chunked",
+    reason="the example plugin is not installed: pip install -e examples/linattn-cpu-chunked (CI does)")
+
+
+def _rel(x, ref):
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _inputs(kda, lens, gates, H=2, HV=4, K=32, V=16, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q, k = (torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=gen).to(dtype)
+    shape = (T, HV, K) if kda else (T, HV)
+    g = {"moderate": -torch.rand(shape, generator=gen) * 0.5,
+         "strong": torch.full(shape, -20.0),
+         "floor": torch.full(shape, -1000.0),
+         # per token: fast decay in the first 100 tokens, slow after: some KDA sub-blocks span
+         # more than SAFE_RANGE nats, others less, within the same chunk batch
+         "mixed": -torch.rand(shape, generator=gen) * torch.where(torch.arange(T) < 100, 8.0, 0.05).view(
+             T, *([1] * (len(shape) - 1)))}[gates]
+    beta = torch.rand(T, HV, generator=gen)
+    cu = torch.tensor([0, *itertools.accumulate(lens)])
+    return q, k, v, g, beta, cu
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("gates", ["moderate", "strong", "floor", "mixed"])
+def test_chunked_form_matches_the_float64_recurrence(kda, gates):
+    lens = (0, 1, 63, 64, 0, 65, 200)  # empty, one token, a chunk minus/plus one, several chunks
+    q, k, v, g, beta, cu = _inputs(kda, lens, gates)
+    h0 = torch.randn(len(lens), 4, 16, 32) * 3
+    o, ht = chunked.chunked_prefill(q, k, v, g, beta, cu, initial_state=h0)
+    ref = kda_prefill_ref if kda else gdn_prefill_ref
+    ro, rht = ref(q, k, v, g, beta, cu, initial_state=h0.double(), compute_dtype=torch.float64)
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert _rel(o, ro) < 1e-5 and _rel(ht, rht) < 1e-5
+    assert torch.equal(ht[0], h0[0]) and torch.equal(ht[4], h0[4])  # empty sequences keep their state
+
+
+@pytest.mark.parametrize("gates", ["moderate", "mixed", "strong"])
+def test_kda_gram_paths_agree(monkeypatch, gates):
+    """Factorised chunks, split blocks and pairwise sums give the same result."""
+    q, k, v, g, beta, cu = _inputs(True, (150,), gates)
+    o1, h1 = chunked.chunked_prefill(q, k, v, g, beta, cu)
+    monkeypatch.setattr(chunked, "SAFE_HALF", -1.0)  # every block is "steep": split down to pairwise 4 x 4
+    o2, h2 = chunked.chunked_prefill(q, k, v, g, beta, cu)
+    monkeypatch.setattr(chunked, "GRAM_BLOCKS", ())  # ... or one 64 x 64 block summed pairwise
+    o3, h3 = chunked.chunked_prefill(q, k, v, g, beta, cu)
+    for o, h in ((o2, h2), (o3, h3)):
+        assert _rel(o1, o) < 1e-6 and _rel(h1, h) < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_pool_and_dense_mode_are_bitwise_identical(layout):
+    lens = (70, 0, 5, 129)
+    q, k, v, g, beta, cu = _inputs(True, lens, "moderate", K=32, V=16)
+    shape = (4, 16, 32) if layout == "vk" else (4, 32, 16)
+    h0 = torch.randn(len(lens), *shape)
+    pool = torch.randn(7, *shape)
+    slots = torch.tensor([5, 0, 3, 1])
+    pool[slots] = h0
+    before = pool.clone()
+    o_pool, none = chunked.chunked_prefill(q, k, v, g, beta, cu, state_pool=pool, state_indices=slots,
+                                           state_layout=layout)
+    o_dense, ht = chunked.chunked_prefill(q, k, v, g, beta, cu, initial_state=h0, state_layout=layout)
+    assert none is None and torch.equal(o_pool, o_dense)
+    assert torch.equal(pool[slots], ht)
+    untouched = [i for i in range(7) if i not in slots.tolist()]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_padding_sequence_gives_zero_output_and_touches_no_slot():
+    q, k, v, g, beta, cu = _inputs(False, (10, 80, 3), "moderate")
+    pool = torch.randn(4, 4, 16, 32)
+    before = pool.clone()
+    o, _ = chunked.chunked_prefill(q, k, v, g, beta, cu, state_pool=pool, state_indices=torch.tensor([2, -1, 0]))
+    assert torch.equal(o[10:90], torch.zeros_like(o[10:90]))
+    assert torch.equal(pool[[1, 3]], before[[1, 3]])
+    assert not torch.equal(pool[[0, 2]], before[[0, 2]])
+
+
+def test_bf16_inputs_and_bf16_pool_stay_within_tolerance():
+    q, k, v, g, beta, cu = _inputs(False, (130, 7), "moderate", dtype=torch.bfloat16)
+    pool = (torch.randn(3, 4, 16, 32)).to(torch.bfloat16)
+    ref_pool = pool.double()
+    o, _ = chunked.chunked_prefill(q, k, v, g, beta, cu, state_pool=pool, state_indices=torch.tensor([1, 2]))
+    ro, _ = gdn_prefill_ref(q.double(), k.double(), v.double(), g, beta, cu, state_pool=ref_pool,
+                            state_indices=torch.tensor([1, 2]), compute_dtype=torch.float64)
+    assert o.dtype == torch.bfloat16 and pool.dtype == torch.bfloat16
+    assert _rel(o, ro) < 2e-2 and _rel(pool[1:], ref_pool[1:]) < 1e-2
+
+
+def test_unit_lower_inverse_inverts_i_plus_a():
+    A = (torch.randn(3, 64, 64, dtype=torch.float64) * 0.2).tril(-1)
+    X = chunked._unit_lower_inverse(A)
+    assert torch.allclose(X @ (torch.eye(64, dtype=torch.float64) + A), torch.eye(64, dtype=torch.float64), atol=1e-10)
