@@ -1,0 +1,706 @@
+"""``linattn bench OP``: every eligible backend side by side at a model preset's shapes.
+
+For one op it builds inputs at the preset's shapes (``qwen3-next`` for GDN, ``kimi-linear`` for
+KDA, ``deepseek-v4`` for the SwiGLU clamp), runs each backend **forced through the public op**
+(``backend=NAME, validate=False``, exactly what an engine's call does, dispatch included) and
+reports, per backend and shape:
+
+- the median time of ``repeats`` calls after a warm-up. On CUDA each call is timed with CUDA
+  events between two ``torch.cuda.synchronize()`` calls, after the L2 cache is flushed (a 256 MiB
+  write), so small shapes show the eager call latency (Python dispatch included) and large ones
+  the kernel time; ``benchmarks/decode.py`` times CUDA-graph replays instead. On the CPU each
+  call is timed with ``time.perf_counter``;
+- decode and clamp: the effective bandwidth, bytes the op must move over time, against the
+  device's copy bandwidth measured in the same run (a large ``copy_``, read + write bytes over
+  time). Decode bytes: state rows read and written (``2 N HV K V`` x state itemsize), q, k, v,
+  o, the raw gates a, b and the slot indices, each once (issue 3, item 7). Clamp bytes: ``x``
+  read and ``out`` written (``3 M D`` x itemsize);
+- prefill: tokens per second (``N x L`` packed tokens over time).
+
+Inputs (ops.md): bf16 q/k/v (and raw gates a/b for decode), fp32 ``A_log``/``dt_bias``; decode
+uses an fp32 pool ``[2N, HV, V, K]`` and ``N`` distinct random slots; prefill is varlen pool mode
+(``N`` sequences of ``L`` tokens, ``cu_seqlens`` int32, fp32 ``g``/``beta`` as the gating op
+returns them, the same kind of pool); the clamp uses the preset's ``D`` and ``limit``. Every call
+advances the pool it is given; that is fine for timing (the delta rule keeps the state bounded)
+and no measured call runs a pool-writing kernel twice (ops.md forbids re-runs inside one call).
+
+flash-linear-attention 0.6 (``fla``) runs on the same data with dense states when it imports and
+the device is CUDA: ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` for decode
+(gates fused in its kernel, ``state_v_first=True`` so the state is the pool's ``[V, K]`` rows
+gathered once outside the timing), ``chunk_gated_delta_rule`` / ``chunk_kda`` for prefill (states
+``[N, HV, K, V]``), and for prefill also with the gather / scatter around it that an engine with
+a pool needs (``flash-linear-attention+gather-scatter``). Its bytes exclude the slot indices.
+
+Exit codes: 0 done (rejected or failed backends are rows, not errors); 2 a bad argument (unknown
+op, model, backend or device, or ``--plot`` without matplotlib).
+
+Example:
+    $ linattn bench gdn_decode --batch 1 --batch 8 --json
+    $ linattn bench gdn_prefill --batch 16 --tokens 4096 --plot prefill.png   # on a GPU
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import typer
+
+import linattn
+from linattn.dispatch import NoBackendError, Problem
+from linattn.dispatch import explain as _explain
+from linattn.dispatch.validate import validate as _validate
+
+BENCH_OPS = ("gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp")
+FLA = "flash-linear-attention"
+FLA_GS = "flash-linear-attention+gather-scatter"
+FLA_NAMES = (FLA, FLA_GS)
+ALIASES = {"fla": FLA, "fla+gather-scatter": FLA_GS}
+
+#: Default shapes: decode rows N, prefill (sequences N, tokens per sequence L), clamp rows M.
+CUDA_DEFAULTS = {"decode": (1, 32, 256, 1024, 4096, 8192), "prefill": ((16, 4096), (64, 1024), (256, 256)),
+                 "mlp": (8192,)}
+CPU_DEFAULTS = {"decode": (1, 8), "prefill": ((2, 64),), "mlp": (16, 256)}
+#: Prefill tokens per shape when only one of ``--batch`` / ``--tokens`` is given (N x L = budget).
+PREFILL_TOKEN_BUDGET = {"cuda": 65536, "cpu": 128}
+#: Bytes of the copy-bandwidth measurement (each of source and destination).
+COPY_BYTES = {"cuda": 2 << 30, "cpu": 64 << 20}
+FLUSH_BYTES = 256 << 20
+#: Default repeats and warm-up calls per device type.
+REPEATS = {"cuda": 25, "cpu": 5}
+WARMUP = {"cuda": 3, "cpu": 1}
+#: A backend whose warm-up call takes long gets fewer repeats: about this many seconds per row.
+ROW_BUDGET_S = {"cuda": 10.0, "cpu": 5.0}
+FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}
+
+
+class BenchUsageError(Exception):
+    """A bad argument (exit code 2)."""
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One shape of one op: the public op's keyword arguments and what the op moves.
+
+    Attributes:
+        op: the op name. label: ``N=8``, ``16x4096`` or ``M=64``. sizes: the shape symbols.
+        args: keyword arguments of ``linattn.<op>`` (tensors on the bench device).
+        nbytes: bytes the op must read and write (decode, clamp), else None.
+        index_bytes: bytes of ``state_indices`` inside ``nbytes`` (dense-state baselines skip them).
+        tokens: packed tokens (prefill), else None.
+    """
+
+    op: str
+    label: str
+    sizes: dict
+    args: dict
+    nbytes: Optional[int] = None
+    index_bytes: int = 0
+    tokens: Optional[int] = None
+    extra: dict = field(default_factory=dict)
+
+
+def _gen(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def decode_case(op: str, n: int, shape: tuple[int, int, int, int], device: torch.device, seed: int = 0) -> Case:
+    """GDN/KDA decode inputs: ``N`` rows of one token, an fp32 pool ``[2N, HV, V, K]``, distinct random slots.
+
+    Args:
+        op: ``gdn_decode`` or ``kda_decode``. n: rows N. shape: ``(H, HV, K, V)``.
+        device: where the tensors live. seed: the generator seed.
+    Returns:
+        Case: args ``q, k [N, 1, H, K]``, ``v [N, 1, HV, V]`` bf16, ``a [N, 1, HV]`` (KDA
+        ``[N, 1, HV, K]``) and ``b [N, 1, HV]`` bf16, ``A_log [HV]``, ``dt_bias [HV]`` (KDA
+        ``[HV, K]``) fp32, ``state_pool [2N, HV, V, K]`` fp32, ``state_indices [N]`` int32.
+    """
+    H, HV, K, V = shape
+    kda = op.startswith("kda")
+    g = _gen(device, seed)
+    bf = torch.bfloat16
+    P = 2 * n
+
+    def rnd(*s, scale=1.0):
+        return torch.randn(*s, device=device, generator=g) * scale
+
+    args = dict(
+        q=rnd(n, 1, H, K).to(bf), k=rnd(n, 1, H, K).to(bf), v=rnd(n, 1, HV, V).to(bf),
+        a=rnd(n, 1, HV, *((K,) if kda else ())).to(bf), b=rnd(n, 1, HV).to(bf),
+        A_log=rnd(HV, scale=0.5), dt_bias=rnd(HV, *((K,) if kda else ()), scale=0.5),
+        state_pool=rnd(P, HV, V, K, scale=0.1),
+        state_indices=torch.randperm(P, device=device, generator=g)[:n].to(torch.int32),
+    )
+    state = 2 * n * HV * V * K * 4
+    qkvo = n * (2 * H * K + 2 * HV * V) * 2
+    gates = n * HV * ((K if kda else 1) + 1) * 2
+    return Case(op=op, label=f"N={n}", sizes=dict(N=n, T=1, H=H, HV=HV, K=K, V=V, P=P), args=args,
+                nbytes=state + qkvo + gates + 4 * n, index_bytes=4 * n)
+
+
+def prefill_case(op: str, n: int, L: int, shape: tuple[int, int, int, int], device: torch.device,
+                 seed: int = 0) -> Case:
+    """Varlen pool-mode prefill inputs: ``N`` sequences of ``L`` tokens, fp32 pool ``[2N, HV, V, K]``.
+
+    Args:
+        op: ``gdn_prefill`` or ``kda_prefill``. n: sequences N. L: tokens per sequence.
+        shape: ``(H, HV, K, V)``. device, seed: as :func:`decode_case`.
+    Returns:
+        Case: args ``q, k [T, H, K]``, ``v [T, HV, V]`` bf16 (``T = N L``), ``g [T, HV]`` (KDA
+        ``[T, HV, K]``) fp32 log-decays (``logsigmoid(x + 3)``), ``beta [T, HV]`` fp32,
+        ``cu_seqlens [N + 1]`` int32, ``state_pool``, ``state_indices [N]`` int32.
+    """
+    H, HV, K, V = shape
+    kda = op.startswith("kda")
+    g = _gen(device, seed)
+    T = n * L
+    bf = torch.bfloat16
+
+    def rnd(*s):
+        return torch.randn(*s, device=device, generator=g)
+
+    P = 2 * n
+    args = dict(
+        q=rnd(T, H, K).to(bf), k=rnd(T, H, K).to(bf), v=rnd(T, HV, V).to(bf),
+        g=torch.nn.functional.logsigmoid(rnd(T, HV, *((K,) if kda else ())) + 3.0),
+        beta=torch.sigmoid(rnd(T, HV)),
+        cu_seqlens=torch.arange(0, T + 1, L, device=device, dtype=torch.int32),
+        state_pool=rnd(P, HV, V, K) * 0.1,
+        state_indices=torch.randperm(P, device=device, generator=g)[:n].to(torch.int32),
+    )
+    return Case(op=op, label=f"{n}x{L}", sizes=dict(N=n, L=L, T=T, H=H, HV=HV, K=K, V=V, P=P), args=args,
+                tokens=T)
+
+
+def clamp_case(m: int, d: int, limit: Optional[float], device: torch.device, seed: int = 0) -> Case:
+    """SwiGLU-clamp inputs: ``x [M, 2D]`` bf16 (gate ‖ up, scaled by 8 so the clamp bites).
+
+    Returns:
+        Case: args ``x``, ``limit``; ``nbytes = 3 M D x 2`` (x read, out written).
+    """
+    g = _gen(device, seed)
+    x = (torch.randn(m, 2 * d, device=device, generator=g) * 8).to(torch.bfloat16)
+    return Case(op="silu_and_mul_clamp", label=f"M={m}", sizes=dict(M=m, D=d), args=dict(x=x, limit=limit),
+                nbytes=3 * m * d * 2)
+
+
+def problem_of(case: Case) -> Problem:
+    """The :class:`Problem` a call with ``case.args`` produces (the validation layer's signature)."""
+    _, sig = _validate(case.op, case.args, check_values=False)
+    return Problem(**dict(sig))
+
+
+# -- timing ----------------------------------------------------------------------------------------
+
+class Timer:
+    """Times single calls on one device: CUDA events around a synchronised call, or perf_counter.
+
+    Args:
+        device: the bench device. flush: on CUDA, write a 256 MiB buffer before each call so no
+            input is served from L2.
+    """
+
+    def __init__(self, device: torch.device, flush: bool = True):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._flush = (torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device)
+                       if self.cuda and flush else None)
+
+    @property
+    def method(self) -> str:
+        return "cuda-events" if self.cuda else "perf_counter"
+
+    def once(self, fn: Callable[[], object]) -> float:
+        """Seconds of one call of ``fn``."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+        if self._flush is not None:
+            self._flush.zero_()
+        torch.cuda.synchronize(self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    def measure(self, fn: Callable[[], object], repeats: int, warmup: int, budget_s: float) -> list[float]:
+        """Warm up (at least one call, which also compiles; further ones while they took under a
+        quarter of ``budget_s``), then time up to ``repeats`` calls.
+
+        Fewer calls (at least 3) are timed when the warm-up shows that ``repeats`` would exceed
+        ``budget_s`` seconds. Every call is a separate op call: nothing is re-run inside one.
+        """
+        first = spent = self.once(fn)
+        for _ in range(max(0, warmup - 1)):
+            if spent > budget_s / 4:  # slow calls: one warm-up (it compiled) is enough
+                break
+            first = self.once(fn)
+            spent += first
+        n = repeats if first * repeats <= budget_s else max(3, min(repeats, int(budget_s / max(first, 1e-9))))
+        return [self.once(fn) for _ in range(n)]
+
+
+def copy_bandwidth(device: torch.device, nbytes: int, timer: Timer, repeats: int, warmup: int) -> dict:
+    """The device's copy bandwidth: ``dst.copy_(src)`` of ``nbytes``, (read + write) bytes over the median time.
+
+    Returns:
+        ``{"bytes": nbytes, "median_us": ..., "GBps": ...}`` (GB = 1e9 bytes, read + write counted).
+    """
+    src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    times = timer.measure(lambda: dst.copy_(src), max(repeats, 5), warmup, budget_s=30.0)
+    med = statistics.median(times)
+    nb = src.numel() * 4
+    del src, dst
+    return {"bytes": nb, "median_us": med * 1e6, "GBps": 2 * nb / med / 1e9}
+
+
+# -- runners ---------------------------------------------------------------------------------------
+
+class Unavailable(Exception):
+    """A baseline that cannot run here: ``reason`` (a verdict reason code) and a message."""
+
+    def __init__(self, reason: str, message: str, hint: str = ""):
+        super().__init__(message)
+        self.reason, self.message, self.hint = reason, message, hint
+
+
+def linattn_runner(case: Case, backend: str) -> Callable[[], object]:
+    """``linattn.<op>(**args, backend=backend, validate=False)`` as a zero-argument callable."""
+    fn = getattr(linattn, case.op)
+    args = case.args
+    return lambda: fn(**args, backend=backend, validate=False)
+
+
+def fla_version() -> Optional[str]:
+    """flash-linear-attention's version when ``fla`` imports, else None."""
+    try:
+        mod = importlib.import_module("fla")
+    except Exception:  # noqa: BLE001 - any import failure means "not usable here"
+        return None
+    return getattr(mod, "__version__", "unknown")
+
+
+def fla_runner(case: Case, name: str, device: torch.device) -> Callable[[], object]:
+    """flash-linear-attention 0.6 on ``case``'s data with dense states (see the module docstring).
+
+    Raises:
+        Unavailable: not a CUDA device, ``fla`` does not import, or no FLA counterpart of the op.
+    """
+    if case.op == "silu_and_mul_clamp" or (name == FLA_GS and not case.op.endswith("_prefill")):
+        raise Unavailable("op", f"{name} has no counterpart of {case.op} in this bench",
+                          "drop it from --backend")
+    if device.type != "cuda":
+        raise Unavailable("device", f"{name} needs a CUDA GPU; the bench device is {device}",
+                          "run on a GPU (--device cuda)")
+    if fla_version() is None:
+        raise Unavailable("toolchain", "flash-linear-attention does not import (package fla-core)",
+                          "pip install fla-core==0.6.0")
+    a = case.args
+    kda = case.op.startswith("kda")
+    scale = a["q"].shape[-1] ** -0.5
+    idx = a["state_indices"].long()
+    if case.op.endswith("_decode"):
+        if kda:
+            from fla.ops.kda import fused_recurrent_kda as f
+        else:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as f
+        h0 = a["state_pool"].index_select(0, idx)  # dense [N, HV, V, K]: no indexing in the timed call
+        kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                  A_log=a["A_log"], dt_bias=a["dt_bias"], use_beta_sigmoid_in_kernel=True, state_v_first=True,
+                  scale=scale)
+        q, k, v, g, beta = a["q"], a["k"], a["v"], a["a"], a["b"]
+        return lambda: f(q, k, v, g=g, beta=beta, **kw)
+    if kda:
+        from fla.ops.kda import chunk_kda as f
+    else:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as f
+    q, k, v, g, beta = (a[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta"))
+    cu = a["cu_seqlens"].long()
+    kw = dict(scale=scale, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+              cu_seqlens_cpu=cu.cpu())
+    pool_kv = a["state_pool"].transpose(-1, -2).contiguous()  # FLA's [K, V] state rows
+    if name == FLA:
+        h0 = pool_kv.index_select(0, idx)
+        return lambda: f(q, k, v, g, beta, initial_state=h0, **kw)
+
+    def gather_scatter():
+        o, ht = f(q, k, v, g, beta, initial_state=pool_kv.index_select(0, idx), **kw)
+        pool_kv.index_copy_(0, idx, ht)
+        return o
+    return gather_scatter
+
+
+# -- one row ---------------------------------------------------------------------------------------
+
+def _row(case: Case, name: str, **kw) -> dict:
+    row = {"op": case.op, "backend": name, "label": case.label, "shape": dict(case.sizes), "status": "ok",
+           "reason": None, "message": "", "hint": "", "default": False, "median_us": None, "min_us": None,
+           "repeats": 0, "timing": None, "bytes": None, "GBps": None, "frac_of_copy": None, "tokens": case.tokens,
+           "tokens_per_s": None}
+    row.update(kw)
+    return row
+
+
+def bench_row(case: Case, name: str, device: torch.device, timer: Timer, repeats: int, warmup: int,
+              copy_gbps: float) -> dict:
+    """Time ``name`` on ``case``: a row with the median, bandwidth or tokens/s, or why it did not run.
+
+    A forced backend the dispatcher rejects gives ``status="rejected"`` with the verdict's reason
+    code, message and hint; one that raises gives ``status="error"`` with the exception.
+    """
+    try:
+        fn = fla_runner(case, name, device) if name in FLA_NAMES else linattn_runner(case, name)
+        times = timer.measure(fn, repeats, warmup, ROW_BUDGET_S[device.type])
+    except Unavailable as e:
+        return _row(case, name, status="rejected", reason=e.reason, message=e.message, hint=e.hint)
+    except NoBackendError as e:
+        try:
+            v = e.decision.verdict(name)
+            return _row(case, name, status="rejected", reason=getattr(v.reason, "value", None),
+                        message=getattr(v, "message", str(e)), hint=getattr(v, "hint", ""))
+        except KeyError:
+            return _row(case, name, status="rejected", reason=None, message=str(e))
+    except Exception as e:  # noqa: BLE001 - a failing backend is a row, the others still run
+        return _row(case, name, status="error", reason="error", message=f"{type(e).__name__}: {e}")
+    med = statistics.median(times)
+    row = _row(case, name, median_us=med * 1e6, min_us=min(times) * 1e6, repeats=len(times), timing=timer.method)
+    if case.nbytes is not None:
+        nb = case.nbytes - (case.index_bytes if name in FLA_NAMES else 0)
+        gbps = nb / med / 1e9
+        row.update(bytes=nb, GBps=gbps, frac_of_copy=gbps / copy_gbps if copy_gbps else None)
+    if case.tokens is not None:
+        row["tokens_per_s"] = case.tokens / med
+    return row
+
+
+# -- the whole run ---------------------------------------------------------------------------------
+
+def _family(op: str) -> str:
+    return "swiglu" if op == "silu_and_mul_clamp" else op.split("_")[0]
+
+
+def _phase(op: str) -> str:
+    return "mlp" if op == "silu_and_mul_clamp" else op.split("_")[1]
+
+
+def _resolve_bench_device(device: Optional[str]) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise BenchUsageError(f"unknown --device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BenchUsageError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise BenchUsageError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type != "cpu":
+        raise BenchUsageError(f"--device {device}: the bench runs on cpu or cuda")
+    return dev
+
+
+def _parse_shape(text: Optional[str], op: str) -> Optional[tuple]:
+    if not text:
+        return None
+    want = 1 if op == "silu_and_mul_clamp" else 4
+    try:
+        parts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) != want or min(parts) < 1:
+        form = "D" if want == 1 else "H,HV,K,V"
+        raise BenchUsageError(f"--shape for {op} must be {want} positive integer(s) {form}, got {text!r}")
+    return parts
+
+
+def _shapes(op: str, dev: torch.device, batch: Optional[list[int]], tokens: Optional[list[int]]) -> list:
+    phase = _phase(op)
+    defaults = CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS
+    for name, vals in (("batch", batch), ("tokens", tokens)):
+        if vals and min(vals) < 1:
+            raise BenchUsageError(f"--{name} values must be >= 1, got {vals}")
+    if phase != "prefill":
+        if tokens:
+            raise BenchUsageError(f"--tokens is for prefill ops (tokens per sequence); {op} takes --batch only")
+        return list(batch) if batch else list(defaults[phase])
+    if not batch and not tokens:
+        return list(defaults["prefill"])
+    budget = PREFILL_TOKEN_BUDGET[dev.type]
+    if batch and not tokens:
+        return [(n, max(1, budget // n)) for n in batch]
+    if tokens and not batch:
+        return [(max(1, budget // L), L) for L in tokens]
+    if len(batch) == len(tokens):
+        return list(zip(batch, tokens))
+    if len(tokens) == 1:
+        return [(n, tokens[0]) for n in batch]
+    if len(batch) == 1:
+        return [(batch[0], L) for L in tokens]
+    raise BenchUsageError(f"--batch ({len(batch)} values) and --tokens ({len(tokens)} values) pair up one to one; "
+                          f"give as many of each, or one of either")
+
+
+def _backend_names(names: Optional[list[str]]) -> Optional[list[str]]:
+    if not names:
+        return None
+    known = set(linattn.list_backends()) | set(FLA_NAMES)
+    out = []
+    for n in names:
+        n = ALIASES.get(n, n)
+        if n not in known:
+            raise BenchUsageError(f"unknown backend {n!r}; registered: {', '.join(sorted(linattn.list_backends()))}; "
+                                  f"baselines: {', '.join(FLA_NAMES)} (alias fla)")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def run_bench(op: str, *, model: Optional[str] = None, batch: Optional[list[int]] = None,
+              tokens: Optional[list[int]] = None, backends: Optional[list[str]] = None, device: Optional[str] = None,
+              repeats: Optional[int] = None, warmup: Optional[int] = None, shape: Optional[str] = None,
+              copy_bytes: Optional[int] = None, seed: int = 0) -> dict:
+    """Run the benchmark and return the JSON document (see :func:`bench`).
+
+    Args:
+        op: one of :data:`BENCH_OPS`.
+        model: a preset of the op's family (default: qwen3-next, kimi-linear, deepseek-v4).
+        batch: decode rows N, prefill sequences N, or clamp rows M (several = several shapes).
+        tokens: prefill tokens per sequence L (paired with ``batch``; see :func:`_shapes`).
+        backends: backend names (registered ones, ``flash-linear-attention``,
+            ``flash-linear-attention+gather-scatter``); default every backend the dispatcher
+            accepts for each shape on this device, plus FLA on CUDA when it imports.
+        device: ``cpu``, ``cuda`` or ``cuda:N`` (default: cuda when available).
+        repeats, warmup: timed calls per row (median reported) and warm-up calls.
+        shape: override ``H,HV,K,V`` (or ``D`` for the clamp), for tests.
+        copy_bytes: size of the copy-bandwidth measurement.
+        seed: input generator seed.
+    Returns:
+        dict: ``op, model, preset, device, capabilities, copy_bandwidth, fla, repeats, warmup,
+        timing, defaults, rows`` (one row per shape x backend).
+    Raises:
+        BenchUsageError: unknown op, model, backend or device, or bad sizes.
+    """
+    if op not in BENCH_OPS:
+        raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
+    fam = _family(op)
+    model = model or FAMILY_PRESET[fam]
+    try:
+        p = linattn.preset(model)
+    except KeyError as e:
+        raise BenchUsageError(e.args[0]) from None
+    if p.family != fam:
+        raise BenchUsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
+                              f"such as {FAMILY_PRESET[fam]!r}")
+    dev = _resolve_bench_device(device)
+    sizes = _parse_shape(shape, op)
+    shapes = _shapes(op, dev, batch, tokens)
+    forced = _backend_names(backends)
+    repeats = repeats if repeats is not None else REPEATS[dev.type]
+    warmup = warmup if warmup is not None else WARMUP[dev.type]
+    if repeats < 1 or warmup < 0:
+        raise BenchUsageError(f"--repeats must be >= 1 (got {repeats}) and warm-up >= 0 (got {warmup})")
+    caps = linattn.device_capabilities(dev)
+    on_device = torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+    with on_device, torch.no_grad():  # CUDA events record on dev's current stream
+        timer = Timer(dev)
+        copy = copy_bandwidth(dev, copy_bytes or COPY_BYTES[dev.type], timer, repeats, warmup)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # give the copy buffers back before the largest shapes
+        fla_ver = fla_version() if dev.type == "cuda" or (forced and set(forced) & set(FLA_NAMES)) else None
+
+        def make(s):
+            if fam == "swiglu":
+                return clamp_case(s, sizes[0] if sizes else p.D, p.limit, dev, seed)
+            hs = sizes or (p.H, p.HV, p.K, p.V)
+            if op.endswith("_decode"):
+                return decode_case(op, s, hs, dev, seed)
+            return prefill_case(op, s[0], s[1], hs, dev, seed)
+
+        rows, defaults = [], {}
+        for s in shapes:
+            case = make(s)
+            d = _explain(problem_of(case), caps)
+            defaults[case.label] = d.chosen
+            names = forced
+            if names is None:
+                names = sorted((v for v in d.verdicts if v.ok), key=lambda v: (v.rank, v.backend))
+                names = [v.backend for v in names]
+                if dev.type == "cuda" and fla_ver is not None and fam != "swiglu":
+                    names += [FLA] + ([FLA_GS] if op.endswith("_prefill") else [])
+            for name in names:
+                row = bench_row(case, name, dev, timer, repeats, warmup, copy["GBps"])
+                row["default"] = name == d.chosen
+                rows.append(row)
+            del case
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    return {
+        "command": "linattn bench", "op": op, "model": model,
+        "preset": p.model_dump(mode="json"),
+        "device": {"type": dev.type, "index": dev.index, "name": caps.name},
+        "capabilities": caps.model_dump(mode="json"),
+        "copy_bandwidth": copy, "fla": fla_ver, "repeats": repeats, "warmup": warmup, "timing": timer.method,
+        "defaults": defaults, "rows": rows,
+    }
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+def _num(x: float) -> str:
+    """Three significant digits without exponents: 4,123 / 41.2 / 0.0412."""
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 1:
+        return f"{x:.3g}" if x < 10 else f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def render(doc: dict, console=None) -> None:
+    """The rich table of a bench document."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    con = console or Console(soft_wrap=False)
+    cb = doc["copy_bandwidth"]
+    con.print(Text.assemble(("bench ", "bold"), doc["op"], ("   model ", "bold"), doc["model"], ("   device ", "bold"),
+                            f"{doc['device']['name']} ({doc['device']['type']})", ("   copy ", "bold"),
+                            f"{_num(cb['GBps'])} GB/s", ("   timing ", "bold"),
+                            f"{doc['timing']}, median of <= {doc['repeats']}",
+                            ("   fla ", "bold"), str(doc["fla"] or "-")))
+    prefill = doc["op"].endswith("_prefill")
+    t = Table(title=f"{doc['op']}: backends side by side (* = the dispatcher's default)", title_justify="left")
+    for c in ("shape", "backend", "median", "tokens/s" if prefill else "GB/s", "" if prefill else "% copy", "status"):
+        if c:
+            t.add_column(c, overflow="fold", justify="right" if c in ("median", "GB/s", "% copy", "tokens/s") else "left")
+    for r in doc["rows"]:
+        name = ("* " if r["default"] else "") + r["backend"]
+        if r["status"] != "ok":
+            status = Text(f"{r['status']}: [{r['reason']}] {r['message']}", style="red")
+            cells = ["-", "-"] + ([] if prefill else ["-"])
+        else:
+            us = r["median_us"]
+            med = f"{us:,.1f} us" if us < 10_000 else f"{us / 1e3:,.2f} ms"
+            if prefill:
+                tps = r["tokens_per_s"]
+                cells = [med, f"{_num(tps / 1e6)} M" if tps >= 1e6 else f"{_num(tps / 1e3)} k" if tps >= 1e3
+                         else _num(tps)]
+            else:
+                frac = r["frac_of_copy"]
+                cells = [med, _num(r["GBps"]), f"{frac:.1%}" if frac is not None else "-"]
+            status = Text(f"ok ({r['repeats']} calls)", style="green")
+        t.add_row(r["label"], Text(name, style="bold" if r["default"] else ""), *cells, status)
+    con.print(t)
+
+
+def require_matplotlib():
+    """``matplotlib.pyplot`` with the Agg backend.
+
+    Raises:
+        BenchUsageError: matplotlib is not installed (the message says how to get it).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise BenchUsageError("--plot needs matplotlib, which is not installed: pip install matplotlib "
+                              "(or drop --plot; --json / --out keep the numbers)") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_doc(doc: dict, path: Path) -> None:
+    """A PNG: GB/s (decode, clamp; dashed line at the copy bandwidth) or Mtok/s (prefill) per shape and backend."""
+    plt = require_matplotlib()
+    prefill = doc["op"].endswith("_prefill")
+    labels = list(dict.fromkeys(r["label"] for r in doc["rows"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name in dict.fromkeys(r["backend"] for r in doc["rows"]):
+        pts = [(labels.index(r["label"]), r["tokens_per_s"] / 1e6 if prefill else r["GBps"])
+               for r in doc["rows"] if r["backend"] == name and r["status"] == "ok"]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=name)
+    if not prefill:
+        ax.axhline(doc["copy_bandwidth"]["GBps"], linestyle="--", color="grey", label="copy bandwidth")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlabel("shape")
+    ax.set_ylabel("Mtok/s" if prefill else "effective GB/s")
+    ax.set_title(f"linattn bench {doc['op']} ({doc['model']}) on {doc['device']['name']}")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+def bench(
+    op: str = typer.Argument(..., help=f"The op: {', '.join(BENCH_OPS)}."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next "
+                                                              "for GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Decode rows N, prefill sequences N or clamp rows "
+                                                                    "M; repeat for several shapes."),
+    tokens: Optional[list[int]] = typer.Option(None, "--tokens", help="Prefill: tokens per sequence L, paired with "
+                                                                      "--batch (alone: N = 65,536 / L on CUDA)."),
+    backend: Optional[list[str]] = typer.Option(None, "--backend", help="Backends to time (repeat); default: every "
+                                                                        "backend the dispatcher accepts here, plus "
+                                                                        "flash-linear-attention on CUDA."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or cuda:N (default: cuda if available)."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed calls per row, median reported "
+                                                                  "(default 25 on CUDA, 5 on the CPU)."),
+    json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here (needs matplotlib)."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", hidden=True, help="Warm-up calls per row."),
+    shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (or D for the clamp)."),
+    copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, help="MiB of the copy measurement."),
+    seed: int = typer.Option(0, "--seed", hidden=True, help="Input seed."),
+) -> None:
+    """Time every eligible backend of OP at a model preset's shapes, against the copy bandwidth (and FLA on CUDA).
+
+    Decode and clamp report effective GB/s (bytes the op must move / median time) and the fraction
+    of the device's copy bandwidth measured in the same run; prefill reports tokens/s. A forced
+    backend that is not eligible is a row with its rejection reason. Exit 2 on a bad argument.
+    """
+    from rich.console import Console
+
+    try:
+        if plot is not None:
+            require_matplotlib()  # before minutes of measuring, not after
+        doc = run_bench(op, model=model, batch=batch, tokens=tokens, backends=backend, device=device,
+                        repeats=repeats, warmup=warmup, shape=shape,
+                        copy_bytes=copy_mib << 20 if copy_mib else None, seed=seed)
+    except BenchUsageError as e:
+        if json_:
+            typer.echo(json.dumps({"error": str(e), "type": "UsageError"}, indent=2))
+        else:
+            Console(stderr=True).print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        raise typer.Exit(code=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2, default=str))
+    if plot is not None:
+        plot_doc(doc, plot)
+    if json_:
+        typer.echo(json.dumps(doc, indent=2, default=str))
+    else:
+        render(doc)
+        if out is not None or plot is not None:
+            Console().print("wrote " + ", ".join(str(x) for x in (out, plot) if x is not None))
