@@ -12,7 +12,9 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch (a plain `torch` would pull a multi-GB CUDA build); triton 3.6 is the
 	# GPU machine's version and its interpreter needs numpy < 2.4.
-	$(PY) -m pip install -q torch==2.13.0 triton==3.6.0 "numpy<2.4"
+	# A torch already in the venv (a build of your choice) is kept.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q triton==3.6.0 "numpy<2.4"
 	# CuTe DSL compiles its kernels for sm_90a / sm_100a on the CPU (the tests check that).
 	$(PY) -m pip install -q -e ".[dev,cutedsl]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
 	touch $(STAMP)

@@ -5,8 +5,8 @@ Keys are phases (``decode``, ``prefill``, ``gating``, ``mlp``), op names (``gdn_
 ``all``; an op key beats its phase key, which beats ``all``.
 
 Environment, read here and nowhere else:
-    LINATTN_BACKEND="decode=triton-folded,prefill=cutedsl"   (a bare name means all phases)
-    LINATTN_DISABLE="cutedsl,triton-split"
+    LINATTN_BACKEND="decode=triton-folded,prefill=torch-ref"   (a bare name means all phases)
+    LINATTN_DISABLE="triton-folded,triton-split"
 
 Example:
     >>> import linattn
@@ -50,7 +50,7 @@ class Policy(BaseModel):
 
 
 def parse_force(spec: str, source: str) -> tuple[tuple[str, str], ...]:
-    """Parse ``"decode=triton-folded,prefill=cutedsl"`` or a bare ``"torch-ref"``.
+    """Parse ``"decode=triton-folded,prefill=torch-ref"`` or a bare ``"torch-ref"``.
 
     Raises:
         ValueError: an unknown key, naming the allowed keys.
@@ -78,7 +78,7 @@ def env_policy() -> Policy:
     if pol is None:
         pol = Policy(force=parse_force(raw[0], "LINATTN_BACKEND"),
                      disable=frozenset(x.strip() for x in raw[1].split(",") if x.strip()),
-                     source="env")
+                     source="env" if any(raw) else "default")
         _env_cache[raw] = pol
     return pol
 
@@ -99,7 +99,7 @@ def policy(*, disable: tuple[str, ...] | list[str] = (), **force: str) -> Iterat
 
     Args:
         disable: backend names never to pick inside the block.
-        **force: ``decode="triton-folded"``, ``prefill="cutedsl"``, ``gdn_decode="torch-ref"``,
+        **force: ``decode="triton-folded"``, ``prefill="triton-split"``, ``gdn_decode="torch-ref"``,
             ``all="torch-ref"``.
     Raises:
         ValueError: an unknown phase/op key.

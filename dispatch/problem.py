@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Op = Literal["gdn_gating", "kda_gating", "gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"]
 OPS: tuple[str, ...] = Op.__args__  # type: ignore[attr-defined]
@@ -59,6 +59,22 @@ class Problem(BaseModel):
     disable_state_update: bool = False
     lower_bound: bool = False
     clamp_limit: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Problem":
+        if self.op == "silu_and_mul_clamp":
+            if self.d < 1:
+                raise ValueError(f"silu_and_mul_clamp needs d >= 1 (the output width D), got d={self.d}")
+        elif not self.op.endswith("_gating"):
+            for name in ("h", "hv", "k", "v"):
+                if getattr(self, name) < 1:
+                    raise ValueError(f"{self.op} needs {name} >= 1, got {name}={getattr(self, name)}: give the "
+                                     f"model's shape (h, hv, k, v) or use a preset (linattn.presets())")
+            if self.hv % self.h:
+                raise ValueError(f"hv={self.hv} must be a multiple of h={self.h} (GVA)")
+            if self.phase == "prefill" and self.n == 0 and self.t > 0:
+                raise ValueError(f"{self.t} tokens in n=0 sequences: give n >= 1")
+        return self
 
     @property
     def phase(self) -> str:

@@ -27,15 +27,31 @@ DeviceLike = Union[DeviceCapabilities, torch.device, str, None]
 
 
 def resolve_device(device: DeviceLike) -> DeviceCapabilities:
-    """A profile name (``"sm90"``), a torch device / string, capabilities, or None (the CPU)."""
+    """Capabilities for a profile name, a torch device (or its string), or None (the CPU).
+
+    Device strings (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"xpu"``) are probed; other strings are
+    profile names (``"sm90"``, ``"sm100"``, ``"mi300x"``, ``"xpu-pvc"``; the CPU's profile is
+    ``linattn.capabilities.profile("cpu")``).
+
+    Raises:
+        ValueError: neither a known profile nor a device string, or a device that is not present.
+    """
     if isinstance(device, DeviceCapabilities):
         return device
     if isinstance(device, str):
         from linattn.capabilities import PROFILES
 
-        if device in PROFILES:
+        if device in PROFILES and device != "cpu":
             return profile(device)
-    dev = torch.device(device) if device is not None else torch.device("cpu")
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{device!r} is neither a device profile ({', '.join(sorted(PROFILES))}) nor a "
+                             f"torch device string ('cpu', 'cuda', 'cuda:1', 'xpu')") from None
+    dev = device if device is not None else torch.device("cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(dev)!r} was asked for but no CUDA/ROCm device is visible to torch "
+                         f"{torch.__version__}; use a profile (e.g. 'sm90') to ask what would be chosen there")
     custom = get_registry().probe_device(dev) if dev.type not in ("cpu", "cuda") else None
     return custom if custom is not None else probe(dev)
 
@@ -92,6 +108,7 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
         known = ", ".join(sorted(reg.backends))
         raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
                          f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
+    _warn_unknown_disabled(pol, reg)
     verdicts = [_verdict(b, problem, caps, pol, forced) for b in reg.backends.values()]
     for rec in reg.failed_plugins():
         reason = Reason.API_VERSION if rec.status == "api_version" else Reason.PLUGIN_LOAD_FAILED
@@ -108,6 +125,16 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
         verdicts=verdicts, chosen=chosen, forced=forced, forced_by=forced_by if forced else None,
         policy={"force": dict(pol.force), "disable": sorted(pol.disable), "source": pol.source},
     )
+
+
+_warned_disabled: set[str] = set()
+
+
+def _warn_unknown_disabled(pol: Policy, reg) -> None:
+    for name in sorted(pol.disable - set(reg.backends) - _warned_disabled):
+        _warned_disabled.add(name)
+        log.warning("linattn: %s disables %r, which is not a registered backend (registered: %s); "
+                    "a typo disables nothing", pol.source, name, ", ".join(sorted(reg.backends)))
 
 
 # -- the cached path every op call takes ---------------------------------------------------------
@@ -161,6 +188,9 @@ def select(op: str, signature: tuple, device: torch.device, backend: Optional[st
             _logged.add(logkey)
             log.info("linattn: %s on %s -> %s (runners-up: %s)", op, decision.device, decision.chosen,
                      ", ".join(decision.runners_up) or "none")
+            if device.type != "cpu" and decision.chosen == "torch-ref" and not decision.forced:
+                log.warning("linattn: %s on %s falls back to the token-serial reference (slow): %s",
+                            op, decision.device, decision.summary())
     _local.last = hit[1]
     _last_by_op[op] = hit[1]
     return hit

@@ -570,7 +570,21 @@ _DECODE_RULES = (_decode_flags, _state_layout, _pool, _decode_indices, _intermed
                  _softplus)
 _DECODE_VALUES = (_v_state_indices, _v_intermediate, _v_num_accepted)
 _PREFILL_RULES = (_cu_seqlens, _state_layout, _pool, _prefill_state, _scale_and_norm, _same_device)
-_PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices)
+def _v_log_decay(args: dict, dims: Dims) -> list:
+    """Prefill gates are log decays (ops.md): ``g <= 0`` and not NaN (a positive g grows the state)."""
+    g = args["g"]
+    if g.numel() == 0:
+        return []
+    bad = ~(g <= 0)  # also true for NaN
+
+    def explain():
+        pos = _position(bad)
+        raise ValueError(f"{_pos_str('g', pos)} = {float(g[pos])}: g is a log-space decay and must be <= 0 "
+                         f"(and not NaN); compute it with gdn_gating / kda_gating (g = -exp(A_log) * softplus)")
+    return [(bad.any(), explain)]
+
+
+_PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices, _v_log_decay)
 
 _SPECS: dict[str, _OpSpec] = {
     "gdn_gating": _OpSpec(("A_log", "a", "b", "dt_bias"), dict(_SOFTPLUS),

@@ -109,7 +109,9 @@ def resolve_target(profile: Optional[str]):
     if profile is not None:
         if profile not in PROFILES:
             raise UsageError(f"unknown device profile {profile!r}; known profiles: {', '.join(sorted(PROFILES))}")
-        return resolve_device(profile)
+        from linattn.capabilities import profile as named_profile
+
+        return named_profile(profile)
     return resolve_device(default_device())
 
 
@@ -166,7 +168,15 @@ def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = 
         t = tokens if tokens is not None else 4096
         n = seqs if seqs is not None else 1
         return Problem(**common, **shape, n=n, t=t, mode=mode, max_seqlen=t if n == 1 else 0)
-    except ValueError as e:  # pydantic: a bad dtype / layout / mode name
+    except ValueError as e:  # pydantic: a bad dtype / layout / mode name, or an impossible shape
+        errors = getattr(e, "errors", None)
+        if callable(errors):  # a pydantic ValidationError: say which option, what was given, what is allowed
+            parts = []
+            for err in e.errors():
+                msg = err.get("msg", "").removeprefix("Value error, ")
+                loc = ".".join(str(x) for x in err.get("loc", ()))
+                parts.append(f"{loc}={err.get('input')!r}: {msg}" if loc else msg)
+            raise UsageError(f"bad problem for {op}: " + "; ".join(parts)) from None
         raise UsageError(f"bad problem for {op}: {e}") from None
 
 

@@ -323,7 +323,8 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         q, k: ``[T, H, K]``. v: ``[T, HV, V]``. g, beta: ``[T, HV]`` fp32 from :func:`gdn_gating`.
         cu_seqlens: ``[N+1]`` int32/int64 prefix sums of sequence lengths (zero lengths legal).
         state_pool, state_indices: **pool mode**: h0 read from ``state_pool[state_indices[n]]`` and the
-            final state written back to that row in place (negative index: zero h0, no store).
+            final state written back to that row in place. A negative index makes that sequence
+            padding: zero output for its tokens, the pool neither read nor written.
         initial_state: **dense mode** (no pool): ``[N, HV, V, K]`` (``"vk"``) or None for zeros.
         scale, use_qk_l2norm, state_layout, backend, validate: as in :func:`gdn_decode`.
     Returns:
