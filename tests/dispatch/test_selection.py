@@ -229,3 +229,45 @@ def test_toolchain_missing_is_a_toolchain_rejection(fresh_registry):
 def test_public_explain_accepts_an_op_name_and_shape():
     d = linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128)
     assert d.chosen is not None and d.problem["n"] == 8
+
+
+def test_problem_rejects_missing_or_impossible_shapes():
+    import pydantic
+
+    with pytest.raises(pydantic.ValidationError, match="needs k >= 1"):
+        Problem(op="gdn_decode", n=4096, h=16, hv=32, v=128)
+    with pytest.raises(pydantic.ValidationError, match="multiple of h"):
+        Problem(op="gdn_decode", n=1, h=3, hv=32, k=128, v=128)
+    with pytest.raises(pydantic.ValidationError, match="n=0 sequences"):
+        Problem(op="gdn_prefill", n=0, t=100, h=16, hv=32, k=128, v=128)
+    with pytest.raises(pydantic.ValidationError, match="d >= 1"):
+        Problem(op="silu_and_mul_clamp", n=4)
+
+
+def test_device_strings_are_probed_and_unknown_names_list_the_profiles():
+    from linattn.dispatch import resolve_device
+
+    assert resolve_device("cpu").profile is None  # the real CPU, probed
+    assert resolve_device("sm90").profile == "sm90"
+    with pytest.raises(ValueError, match="sm90"):
+        resolve_device("sm999")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            resolve_device("cuda")
+
+
+def test_disabling_an_unknown_backend_is_logged(fresh_registry, caplog):
+    with caplog.at_level(logging.WARNING, logger="linattn"):
+        with policy(disable=["torch_ref_typo"]):
+            d = explain(DECODE, "cpu")
+    assert d.chosen == "torch-ref"
+    assert any("torch_ref_typo" in r.getMessage() and "not a registered backend" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_policy_source_is_default_without_env(monkeypatch):
+    from linattn.dispatch.policy import env_policy
+
+    monkeypatch.delenv("LINATTN_BACKEND", raising=False)
+    monkeypatch.delenv("LINATTN_DISABLE", raising=False)
+    assert env_policy().source == "default"

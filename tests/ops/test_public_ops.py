@@ -107,3 +107,17 @@ def test_silu_and_mul_clamp_limit_none_is_plain_swiglu_bitwise():
     out = linattn.silu_and_mul_clamp(x, 10.0)
     assert out.shape == (5, 7) and out.abs().max() <= 10.0 * torch.nn.functional.silu(torch.tensor(10.0)) + 1e-4
     assert linattn.silu_and_mul_clamp(torch.empty(0, 14), 10.0).shape == (0, 7)
+
+
+@pytest.mark.parametrize("bad", [50.0, float("nan")])
+def test_prefill_rejects_a_positive_or_nan_log_decay_before_touching_the_pool(bad):
+    Tt = 4
+    q, k, v = torch.randn(Tt, H, K), torch.randn(Tt, H, K), torch.randn(Tt, HV, V)
+    g = -torch.rand(Tt, HV)
+    g[2, 1] = bad
+    pool = torch.randn(P, HV, V, K)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"g\[2, 1\].*<= 0"):
+        linattn.gdn_prefill(q, k, v, g, torch.rand(Tt, HV), torch.tensor([0, 4]), state_pool=pool,
+                            state_indices=torch.tensor([1]))
+    assert torch.equal(pool, before)
