@@ -254,3 +254,34 @@ def test_silu_limit_none_is_bitwise_the_unclamped_kernel():
     x = torch.randn(64, 2 * 4096, device=DEV).to(torch.bfloat16)  # |x| < 10: a clamp at 1e30 changes nothing
     assert torch.equal(silu_and_mul_clamp(x, None, caps=CAPS, layout="split"),
                        silu_and_mul_clamp(x, 1e30, caps=CAPS, layout="split"))
+
+
+def test_F08_public_api_with_default_validation_captures_and_replays():
+    """The engine's path: ``linattn.gdn_decode`` (validation on by default, dispatcher, cache) inside
+    ``torch.cuda.graph``. Value checks must skip themselves during capture (no sync), selection
+    must not sync, and replays must equal eager calls bitwise."""
+    import linattn
+
+    N = 64
+    d = make_decode(N, pad_every=4)
+    static, eager = clone(d), clone(d)
+    linattn.gdn_decode(**clone(d))  # compile and cache the decision outside the capture
+    torch.cuda.synchronize()
+    graph, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(graph):
+            o_static = linattn.gdn_decode(**static)
+    torch.cuda.current_stream().wait_stream(s)
+    static["state_pool"].copy_(d["state_pool"])
+    assert linattn.last_decision("gdn_decode").chosen == "triton-split"
+    for step in range(2):
+        fresh = make_decode(N, pad_every=4, seed=20 + step)
+        for name in ("q", "k", "v", "a", "b"):
+            static[name].copy_(fresh[name])
+            eager[name].copy_(fresh[name])
+        graph.replay()
+        o_eager = linattn.gdn_decode(**eager)
+        torch.cuda.synchronize()
+        assert torch.equal(o_static, o_eager)
+        assert torch.equal(static["state_pool"], eager["state_pool"])
