@@ -149,38 +149,18 @@ class TritonBackend(Backend):
 
         return probe(t.device)
 
-    def gdn_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
-                   use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
-                   intermediate_state_indices=None, disable_state_update=False,
-                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0):
-        """GDN decode over a state pool (ops.md); see ``kernels/triton/decode.py``."""
+    def _decode(self, gate, **kw):
         from linattn.kernels.triton.decode import recurrent_decode
 
-        return recurrent_decode(
-            gate="gdn", q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-            state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
-            state_layout=state_layout, intermediate_states=intermediate_states,
-            intermediate_state_indices=intermediate_state_indices,
-            disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-            softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
-            caps=self._caps(q), layout=self.layout)
+        return recurrent_decode(gate=gate, **kw, caps=self._caps(kw["q"]), layout=self.layout)
 
-    def kda_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
-                   use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
-                   intermediate_state_indices=None, disable_state_update=False,
-                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
-                   lower_bound=None):
-        """KDA decode over a state pool (ops.md); see ``kernels/triton/decode.py``."""
-        from linattn.kernels.triton.decode import recurrent_decode
+    def gdn_decode(self, **kw):
+        """GDN decode over a state pool (ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
+        return self._decode("gdn", **kw)
 
-        return recurrent_decode(
-            gate="kda", q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-            state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm,
-            state_layout=state_layout, intermediate_states=intermediate_states,
-            intermediate_state_indices=intermediate_state_indices,
-            disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-            softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
-            lower_bound=lower_bound, caps=self._caps(q), layout=self.layout)
+    def kda_decode(self, **kw):
+        """KDA decode over a state pool (ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
+        return self._decode("kda", **kw)
 
     def silu_and_mul_clamp(self, *, x, limit=None):
         """SwiGLU with clamp (ops.md); see ``kernels/triton/silu_clamp.py``."""

@@ -51,11 +51,13 @@ _compiling = torch.compiler.is_compiling
 # -- gating ------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("linattn::gdn_gating", mutates_args=())
-def _gdn_gating_op(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softplus_beta: float,
-                   softplus_threshold: float, backend: str, validate: bool) -> tuple[Tensor, Tensor]:
+def _gdn_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softplus_beta: float,
+                     softplus_threshold: float, backend: str, validate: bool) -> tuple[Tensor, Tensor]:
     return _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
                                     softplus_threshold=softplus_threshold), backend, validate)
+
+
+_gdn_gating_op = torch.library.custom_op("linattn::gdn_gating", mutates_args=())(_gdn_gating_impl)
 
 
 @_gdn_gating_op.register_fake
@@ -81,19 +83,19 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         >>> round(float(beta[0, 0]), 2)
         0.5
     """
-    if _compiling():
-        return _gdn_gating_op(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate)
-    return _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
-                                    softplus_threshold=softplus_threshold), backend, validate)
+    fn = _gdn_gating_op if _compiling() else _gdn_gating_impl
+    return fn(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate)
 
 
-@torch.library.custom_op("linattn::kda_gating", mutates_args=())
-def _kda_gating_op(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower_bound: Optional[float],
-                   softplus_beta: float, softplus_threshold: float, backend: str,
-                   validate: bool) -> tuple[Tensor, Tensor]:
+def _kda_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower_bound: Optional[float],
+                     softplus_beta: float, softplus_threshold: float, backend: str,
+                     validate: bool) -> tuple[Tensor, Tensor]:
     return _call("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound,
                                     softplus_beta=softplus_beta, softplus_threshold=softplus_threshold),
                  backend, validate)
+
+
+_kda_gating_op = torch.library.custom_op("linattn::kda_gating", mutates_args=())(_kda_gating_impl)
 
 
 @_kda_gating_op.register_fake
@@ -120,12 +122,8 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
         >>> tuple(g.shape)
         (3, 2, 8)
     """
-    args = dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound, softplus_beta=softplus_beta,
-                softplus_threshold=softplus_threshold)
-    if _compiling():
-        return _kda_gating_op(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold,
-                              backend or "", validate)
-    return _call("kda_gating", args, backend, validate)
+    fn = _kda_gating_op if _compiling() else _kda_gating_impl
+    return fn(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend or "", validate)
 
 
 # -- decode ------------------------------------------------------------------------------------------
@@ -136,8 +134,7 @@ def _decode_fake(q, v):
     return q.new_empty((N, T, v.shape[2], v.shape[3]))
 
 
-@torch.library.custom_op("linattn::gdn_decode", mutates_args=("state_pool", "intermediate_states"))
-def _gdn_decode_op(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                    state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
@@ -149,6 +146,10 @@ def _gdn_decode_op(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log:
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     return _call("gdn_decode", args, backend, validate)
+
+
+_gdn_decode_op = torch.library.custom_op("linattn::gdn_decode",
+                                         mutates_args=("state_pool", "intermediate_states"))(_gdn_decode_impl)
 
 
 @_gdn_decode_op.register_fake
@@ -193,20 +194,13 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         >>> tuple(o.shape), bool(o[1].abs().sum() == 0)
         ((2, 1, 2, 8), True)
     """
-    if _compiling():
-        return _gdn_decode_op(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
-                              state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-                              num_accepted_tokens, softplus_beta, softplus_threshold, backend or "", validate)
-    args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
-                disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
-    return _call("gdn_decode", args, backend, validate)
+    fn = _gdn_decode_op if _compiling() else _gdn_decode_impl
+    return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
+              intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
+              softplus_beta, softplus_threshold, backend or "", validate)
 
 
-@torch.library.custom_op("linattn::kda_decode", mutates_args=("state_pool", "intermediate_states"))
-def _kda_decode_op(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
                    state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
@@ -218,6 +212,10 @@ def _kda_decode_op(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log:
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     return _call("kda_decode", args, backend, validate)
+
+
+_kda_decode_op = torch.library.custom_op("linattn::kda_decode",
+                                         mutates_args=("state_pool", "intermediate_states"))(_kda_decode_impl)
 
 
 @_kda_decode_op.register_fake
@@ -250,17 +248,10 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         >>> bool(pool[1].abs().sum() == 0)
         True
     """
-    if _compiling():
-        return _kda_decode_op(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
-                              state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-                              num_accepted_tokens, lower_bound, softplus_beta, softplus_threshold, backend or "",
-                              validate)
-    args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
-                disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
-    return _call("kda_decode", args, backend, validate)
+    fn = _kda_decode_op if _compiling() else _kda_decode_impl
+    return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
+              intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
+              lower_bound, softplus_beta, softplus_threshold, backend or "", validate)
 
 
 # -- prefill -----------------------------------------------------------------------------------------
@@ -277,39 +268,38 @@ def _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout):
 
 
 def _make_prefill(op: str):
-    @torch.library.custom_op(f"linattn::{op}", mutates_args=("state_pool",))
-    def _op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-            state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
-            scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
-            validate: bool) -> tuple[Tensor, Tensor]:
+    """(plain implementation, custom op) for ``gdn_prefill`` / ``kda_prefill``. The custom op always
+    returns a second tensor (empty in pool mode): custom-op outputs cannot be None."""
+
+    def impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
+             state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
+             scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
+             validate: bool) -> tuple[Tensor, Tensor]:
         args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                     state_indices=state_indices, initial_state=initial_state, scale=scale,
                     use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
         o, final = _call(op, args, backend, validate)
         return o, (final if final is not None else q.new_empty((0,), dtype=torch.float32))
 
-    @_op.register_fake
+    custom = torch.library.custom_op(f"linattn::{op}", mutates_args=("state_pool",))(impl)
+
+    @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
           state_layout, backend, validate):
         return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
 
-    return _op
+    return impl, custom
 
 
-_gdn_prefill_op = _make_prefill("gdn_prefill")
-_kda_prefill_op = _make_prefill("kda_prefill")
+_gdn_prefill_impl, _gdn_prefill_op = _make_prefill("gdn_prefill")
+_kda_prefill_impl, _kda_prefill_op = _make_prefill("kda_prefill")
 
 
-def _prefill(op, custom, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
+def _prefill(impl, custom, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, backend, validate):
-    if _compiling():
-        o, final = custom(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                          use_qk_l2norm, state_layout, backend or "", validate)
-        return o if state_pool is not None else (o, final)
-    args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
-                state_indices=state_indices, initial_state=initial_state, scale=scale,
-                use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
-    o, final = _call(op, args, backend, validate)
+    fn = custom if _compiling() else impl
+    o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
+                  use_qk_l2norm, state_layout, backend or "", validate)
     return o if state_pool is not None else (o, final)
 
 
@@ -340,7 +330,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(ht.shape)
         (2, 1, 8, 8)
     """
-    return _prefill("gdn_prefill", _gdn_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+    return _prefill(_gdn_prefill_impl, _gdn_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate)
 
 
@@ -362,16 +352,19 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(o.shape)
         (3, 1, 4)
     """
-    return _prefill("kda_prefill", _kda_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+    return _prefill(_kda_prefill_impl, _kda_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("linattn::silu_and_mul_clamp", mutates_args=())
-def _silu_and_mul_clamp_op(x: Tensor, limit: Optional[float], backend: str, validate: bool) -> Tensor:
+def _silu_and_mul_clamp_impl(x: Tensor, limit: Optional[float], backend: str, validate: bool) -> Tensor:
     return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate)
+
+
+_silu_and_mul_clamp_op = torch.library.custom_op("linattn::silu_and_mul_clamp",
+                                                 mutates_args=())(_silu_and_mul_clamp_impl)
 
 
 @_silu_and_mul_clamp_op.register_fake
@@ -395,6 +388,5 @@ def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Opt
         >>> linattn.silu_and_mul_clamp(torch.tensor([[100.0, -100.0]]), 10.0)
         tensor([[-99.9955]])
     """
-    if _compiling():
-        return _silu_and_mul_clamp_op(x, limit, backend or "", validate)
-    return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate)
+    fn = _silu_and_mul_clamp_op if _compiling() else _silu_and_mul_clamp_impl
+    return fn(x, limit, backend or "", validate)
