@@ -1,0 +1,416 @@
+"""Host rules of the validation layer: ranks, shapes, dtypes, devices, strides and Python scalars.
+
+Each rule is ``rule(args, dims) -> None``: it reads the normalised keyword arguments, records what
+it learns in ``dims`` (sizes, dtype names, mode, ...) and raises on the first broken rule. Host rules
+never read tensor values, so they cost no host-device sync and are safe inside CUDA graph capture.
+:mod:`linattn.dispatch.validate` lists, per op, which of them run and in which order.
+
+``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype. Source of the rules:
+/work/shared/spec/ops.md and the field reports F05 (clamp limit), F11 (strided gate views),
+F23 (in-place without indices).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Callable
+
+import torch
+
+FLOAT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                torch.float64: "float64"}
+STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
+GATE_DTYPES = {torch.float32: "float32", torch.float64: "float64"}  # prefill g / beta stay fp32
+INDEX_DTYPES = {torch.int32: "int32", torch.int64: "int64"}
+STATE_LAYOUTS = ("vk", "kv")
+
+Dims = dict  # n, t, h, hv, k, v, d, p, dtype, state_dtype, mode, max_seqlen, writes_pool, ...
+HostRule = Callable[[dict, Dims], None]
+
+
+# -- message helpers ---------------------------------------------------------------------------
+
+def _shape(t) -> str:
+    return "[" + ", ".join(str(s) for s in t) + "]"
+
+
+def _names(d: dict) -> str:
+    return "{" + ", ".join(d.values()) + "}"
+
+
+def _tensor(args: dict, name: str) -> torch.Tensor:
+    x = args[name]
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}; pass a tensor.")
+    return x
+
+
+def _expect_rank(x, name: str, rank: int, layout: str) -> None:
+    if x.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D {layout}, got shape {_shape(x.shape)}; "
+                         f"reshape it to {layout}.")
+
+
+def _expect_shape(x, name: str, want: tuple, layout: str) -> None:
+    if tuple(x.shape) != want:
+        raise ValueError(f"{name} must have shape {layout} = {_shape(want)}, got {_shape(x.shape)}; "
+                         f"check that it matches the other inputs.")
+
+
+def _expect_dtype(x, name: str, allowed: dict, why: str = "") -> str:
+    dt = allowed.get(x.dtype)
+    if dt is None:
+        raise TypeError(f"{name} has dtype {x.dtype}; allowed: {_names(allowed)}{why}. "
+                        f"Convert it with .to(...).")
+    return dt
+
+
+def _no_broadcast_writes(x, name: str) -> None:
+    """A written tensor must not alias itself: no zero stride on a dimension of size > 1."""
+    for size, stride in zip(x.shape, x.stride()):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{name} is written in place but has stride 0 on a dimension of size "
+                             f"{size} (shape {_shape(x.shape)}, strides {_shape(x.stride())}), so "
+                             f"writes would alias; pass a materialised tensor (.contiguous()).")
+
+
+def _real(value, name: str) -> float:
+    tp = type(value)
+    if tp is float or tp is int:
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a Python float, got {type(value).__name__} ({value!r}); "
+                        f"pass a float (a tensor would need a device sync).")
+    return float(value)
+
+
+def _positive_finite(value, name: str) -> float:
+    x = _real(value, name)
+    if not (0.0 < x < math.inf):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}; pass a positive float.")
+    return x
+
+
+def _flag(args: dict, name: str) -> None:
+    if type(args[name]) is not bool:
+        raise TypeError(f"{name} must be a bool, got {type(args[name]).__name__} ({args[name]!r}).")
+
+
+def _ratio(h: int, hv: int) -> None:
+    if h < 1 or hv % h:
+        raise ValueError(f"HV % H must be 0 (GVA: value head hv reads q/k head hv // (HV // H)), got "
+                         f"H={h} (q/k heads) and HV={hv} (value heads); pass HV a multiple of H.")
+
+
+def _head_dims(dims: Dims) -> None:
+    for sym, what in (("k", "K (q/k head dim)"), ("v", "V (v head dim)"), ("hv", "HV (value heads)")):
+        if dims[sym] < 1:
+            raise ValueError(f"{what} must be >= 1, got {dims[sym]}; check the shapes of q, k and v.")
+
+
+# -- host rules: q, k, v -------------------------------------------------------------------------
+
+def _qkv(args: dict, dims: Dims, lead: int) -> None:
+    """q, k [*L, H, K], v [*L, HV, V] with L = (N, T) for decode, (T,) for prefill; same dtype."""
+    layout_qk, layout_v = ("[N, T, H, K]", "[N, T, HV, V]") if lead == 2 else ("[T, H, K]", "[T, HV, V]")
+    q, k, v = _tensor(args, "q"), _tensor(args, "k"), _tensor(args, "v")
+    _expect_rank(q, "q", lead + 2, layout_qk)
+    qs = q.shape
+    if k.shape != qs:
+        raise ValueError(f"k must have the shape of q {layout_qk} = {_shape(qs)}, got {_shape(k.shape)}.")
+    _expect_rank(v, "v", lead + 2, layout_v)
+    vs = v.shape
+    if vs[:lead] != qs[:lead]:
+        raise ValueError(f"v {layout_v} must share the leading dims of q {layout_qk}: got v "
+                         f"{_shape(vs)} and q {_shape(qs)}.")
+    dtype = _expect_dtype(q, "q", FLOAT_DTYPES)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}; "
+                        f"allowed: {_names(FLOAT_DTYPES)}. Cast them to one dtype.")
+    if lead == 2:
+        dims["n"], dims["t"] = qs[0], qs[1]
+    else:
+        dims["t"] = qs[0]
+    dims["h"], dims["k"], dims["hv"], dims["v"], dims["dtype"] = qs[-2], qs[-1], vs[-2], vs[-1], dtype
+    _head_dims(dims)
+    _ratio(dims["h"], dims["hv"])
+
+
+def _decode_qkv(args: dict, dims: Dims) -> None:
+    _qkv(args, dims, 2)
+
+
+def _prefill_qkv(args: dict, dims: Dims) -> None:
+    _qkv(args, dims, 1)
+
+
+# -- host rules: gates ---------------------------------------------------------------------------
+
+def _gate_params(args: dict, dims: Dims, kda: bool) -> None:
+    """A_log [HV] and dt_bias [HV] (KDA [HV, K]), any float dtype (computed in fp32)."""
+    hv = dims["hv"]
+    a_log, dt_bias = _tensor(args, "A_log"), _tensor(args, "dt_bias")
+    _expect_shape(a_log, "A_log", (hv,), "[HV]")
+    _expect_shape(dt_bias, "dt_bias", (hv, dims["k"]) if kda else (hv,), "[HV, K]" if kda else "[HV]")
+    _expect_dtype(a_log, "A_log", FLOAT_DTYPES)
+    _expect_dtype(dt_bias, "dt_bias", FLOAT_DTYPES)
+
+
+def _decode_gates(args: dict, dims: Dims, kda: bool) -> None:
+    """a [N, T, HV] (KDA [N, T, HV, K]) and b [N, T, HV]; any strides (F11)."""
+    n, t, hv = dims["n"], dims["t"], dims["hv"]
+    a, b = _tensor(args, "a"), _tensor(args, "b")
+    if kda:
+        _expect_shape(a, "a", (n, t, hv, dims["k"]), "[N, T, HV, K]")
+    else:
+        _expect_shape(a, "a", (n, t, hv), "[N, T, HV]")
+    _expect_shape(b, "b", (n, t, hv), "[N, T, HV]")
+    _expect_dtype(a, "a", FLOAT_DTYPES)
+    _expect_dtype(b, "b", FLOAT_DTYPES)
+    _gate_params(args, dims, kda)
+
+
+def _gdn_decode_gates(args: dict, dims: Dims) -> None:
+    _decode_gates(args, dims, kda=False)
+
+
+def _kda_decode_gates(args: dict, dims: Dims) -> None:
+    _decode_gates(args, dims, kda=True)
+
+
+def _prefill_gates(args: dict, dims: Dims, kda: bool) -> None:
+    """g [T, HV] (KDA [T, HV, K]) and beta [T, HV], fp32 (the output of the gating op)."""
+    t, hv = dims["t"], dims["hv"]
+    g, beta = _tensor(args, "g"), _tensor(args, "beta")
+    if kda:
+        _expect_shape(g, "g", (t, hv, dims["k"]), "[T, HV, K]")
+    else:
+        _expect_shape(g, "g", (t, hv), "[T, HV]")
+    _expect_shape(beta, "beta", (t, hv), "[T, HV]")
+    why = " (gates stay fp32; compute them with gdn_gating / kda_gating)"
+    _expect_dtype(g, "g", GATE_DTYPES, why)
+    _expect_dtype(beta, "beta", GATE_DTYPES, why)
+
+
+def _gdn_prefill_gates(args: dict, dims: Dims) -> None:
+    _prefill_gates(args, dims, kda=False)
+
+
+def _kda_prefill_gates(args: dict, dims: Dims) -> None:
+    _prefill_gates(args, dims, kda=True)
+
+
+def _gating_inputs(args: dict, dims: Dims, kda: bool) -> None:
+    """Gating op: a [..., HV] (KDA [..., HV, K]), b [..., HV], A_log [HV], dt_bias [HV] / [HV, K]."""
+    a, b = _tensor(args, "a"), _tensor(args, "b")
+    rank = 2 if kda else 1
+    if a.dim() < rank:
+        raise ValueError(f"a must be [..., HV{', K' if kda else ''}] (at least {rank}-D), got shape "
+                         f"{_shape(a.shape)}.")
+    lead = a.shape[:-1] if kda else a.shape
+    if b.shape != lead:
+        raise ValueError(f"b must have shape [..., HV] = {_shape(lead)} to match a {_shape(a.shape)}, "
+                         f"got {_shape(b.shape)}.")
+    dims["dtype"] = _expect_dtype(a, "a", FLOAT_DTYPES)
+    _expect_dtype(b, "b", FLOAT_DTYPES)
+    dims["hv"] = lead[-1]
+    dims["k"] = a.shape[-1] if kda else 0
+    dims["n"] = math.prod(lead[:-1])
+    _gate_params(args, dims, kda)
+
+
+def _gdn_gating_inputs(args: dict, dims: Dims) -> None:
+    _gating_inputs(args, dims, kda=False)
+
+
+def _kda_gating_inputs(args: dict, dims: Dims) -> None:
+    _gating_inputs(args, dims, kda=True)
+
+
+# -- host rules: state pool, indices, dense state --------------------------------------------------
+
+def _state_layout(args: dict, dims: Dims) -> None:
+    layout = args["state_layout"]
+    if layout not in STATE_LAYOUTS:
+        raise ValueError(f"state_layout must be 'vk' ([.., HV, V, K], K contiguous) or 'kv' "
+                         f"([.., HV, K, V]), got {layout!r}.")
+
+
+def _state_tensor(args: dict, dims: Dims, name: str, lead: tuple, sym: str) -> str:
+    """A state tensor [*lead, HV, V, K] ('vk') or [*lead, HV, K, V] ('kv'); returns its dtype name.
+
+    ``lead`` holds the expected leading sizes (None = any); the K != V check makes a pool in the
+    other layout an error that names ``state_layout`` instead of a silent misread.
+    """
+    x = _tensor(args, name)
+    layout = args["state_layout"]
+    hv, k, v = dims["hv"], dims["k"], dims["v"]
+    tail = (hv, v, k) if layout == "vk" else (hv, k, v)
+    pretty = f"[{sym}, HV, V, K]" if layout == "vk" else f"[{sym}, HV, K, V]"
+    if x.dim() != len(lead) + 3:
+        raise ValueError(f"{name} must be {len(lead) + 3}-D {pretty} (state_layout={layout!r}), got "
+                         f"shape {_shape(x.shape)}.")
+    shape = tuple(x.shape)
+    if shape[len(lead):] != tail:
+        other = (hv, k, v) if layout == "vk" else (hv, v, k)
+        if k != v and shape[len(lead):] == other:
+            flip = "kv" if layout == "vk" else "vk"
+            raise ValueError(f"{name} has shape {_shape(shape)}, which is the {flip!r} layout, but "
+                             f"state_layout={layout!r} expects {pretty} with K={k}, V={v}; pass "
+                             f"state_layout={flip!r} (the pool is never transposed silently).")
+        raise ValueError(f"{name} must be {pretty} with HV={hv}, K={k}, V={v} (state_layout="
+                         f"{layout!r}), got shape {_shape(shape)}.")
+    for want, got in zip(lead, shape):
+        if want is not None and want != got:
+            raise ValueError(f"{name} must be {pretty} with {sym}={want}, got shape {_shape(shape)}.")
+    return _expect_dtype(x, name, STATE_DTYPES)
+
+
+def _pool(args: dict, dims: Dims) -> None:
+    """state_pool [P, HV, V, K] / [P, HV, K, V] and the 'in-place needs indices' rule (F23)."""
+    pool = args["state_pool"]
+    if pool is None:
+        if args["state_indices"] is not None:
+            raise ValueError("state_indices was given without state_pool; pass the state_pool the "
+                             "indices refer to, or drop state_indices for dense mode.")
+        return
+    x = _tensor(args, "state_pool")
+    if x.dim() != 4:
+        raise ValueError(f"state_pool must be 4-D [P, HV, V, K] (state_layout='vk') or [P, HV, K, V] "
+                         f"('kv'), got shape {_shape(x.shape)}.")
+    dims["p"] = x.shape[0]
+    dims["state_dtype"] = _state_tensor(args, dims, "state_pool", (None,), "P")
+    if args["state_indices"] is None:
+        raise ValueError("in-place mode without indices: state_pool was given but state_indices is "
+                         "None; pass state_indices [N] (int32/int64, -1 = padding) naming each "
+                         "sequence's slot.")
+    if dims["writes_pool"]:
+        _no_broadcast_writes(x, "state_pool")
+
+
+def _indices(x, name: str, want: tuple, layout: str) -> None:
+    _expect_dtype(x, name, INDEX_DTYPES)
+    if tuple(x.shape) != want:
+        raise ValueError(f"{name} must have shape {layout} = {_shape(want)}, got {_shape(x.shape)}.")
+
+
+def _decode_indices(args: dict, dims: Dims) -> None:
+    """state_indices [N] or a per-token slot table [N, T]; num_accepted_tokens [N] needs the table."""
+    idx = _tensor(args, "state_indices")
+    n, t = dims["n"], dims["t"]
+    nat = args["num_accepted_tokens"]
+    if nat is not None:
+        if idx.dim() != 2:
+            raise ValueError(f"num_accepted_tokens needs a per-token slot table state_indices [N, T] = "
+                             f"[{n}, {t}], got state_indices of shape {_shape(idx.shape)}; pass the "
+                             f"table or drop num_accepted_tokens.")
+        _indices(_tensor(args, "num_accepted_tokens"), "num_accepted_tokens", (n,), "[N]")
+    if idx.dim() == 2:
+        _indices(idx, "state_indices", (n, t), "[N, T]")
+        dims["table"] = True
+    else:
+        _indices(idx, "state_indices", (n,), "[N] (or a per-token table [N, T])")
+
+
+def _prefill_state(args: dict, dims: Dims) -> None:
+    """Pool mode (state_pool + state_indices [N]) XOR dense mode (initial_state [N, HV, V, K] / None)."""
+    init = args["initial_state"]
+    if init is not None and args["state_pool"] is not None:
+        raise ValueError("state_pool and initial_state were both given; pass either state_pool + "
+                         "state_indices (pool mode, updated in place) or initial_state (dense mode, "
+                         "returns a new final state), not both.")
+    if args["state_pool"] is not None:
+        dims["mode"] = "pool"
+        _indices(_tensor(args, "state_indices"), "state_indices", (dims["n"],), "[N]")
+    elif init is not None:
+        dims["state_dtype"] = _state_tensor(args, dims, "initial_state", (dims["n"],), "N")
+
+
+def _intermediate(args: dict, dims: Dims) -> None:
+    """intermediate_states [S, steps >= T, HV, V, K] (pool layout) with intermediate_state_indices [N]."""
+    buf, idx = args["intermediate_states"], args["intermediate_state_indices"]
+    if buf is None and idx is None:
+        return
+    if buf is None or idx is None:
+        given, missing = (("intermediate_states", "intermediate_state_indices") if idx is None
+                          else ("intermediate_state_indices", "intermediate_states"))
+        raise ValueError(f"{given} was given without {missing}; pass both (buffer [S, steps, HV, V, K] "
+                         f"and row indices [N], -1 = skip) or neither.")
+    x = _tensor(args, "intermediate_states")
+    if x.dim() != 5:
+        raise ValueError(f"intermediate_states must be 5-D [S, steps, HV, V, K] (state_layout 'vk'; "
+                         f"[S, steps, HV, K, V] for 'kv'), got shape {_shape(x.shape)}.")
+    if x.shape[1] < dims["t"]:
+        raise ValueError(f"intermediate_states has {x.shape[1]} steps (shape {_shape(x.shape)}) but the "
+                         f"call runs T={dims['t']} tokens; pass a buffer with steps >= T.")
+    _state_tensor(args, dims, "intermediate_states", (None, None), "S, steps")
+    _no_broadcast_writes(x, "intermediate_states")
+    dims["s"] = x.shape[0]
+    _indices(_tensor(args, "intermediate_state_indices"), "intermediate_state_indices", (dims["n"],), "[N]")
+
+
+def _cu_seqlens(args: dict, dims: Dims) -> None:
+    """cu_seqlens [N + 1], int32/int64, 1-D; N = numel - 1 (max_seqlen known only when N <= 1)."""
+    cu = _tensor(args, "cu_seqlens")
+    _expect_dtype(cu, "cu_seqlens", INDEX_DTYPES)
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(f"cu_seqlens must be 1-D [N + 1] with at least one entry (prefix sums starting "
+                         f"at 0), got shape {_shape(cu.shape)}.")
+    dims["n"] = n = cu.shape[0] - 1
+    dims["max_seqlen"] = dims["t"] if n == 1 else 0
+
+
+# -- host rules: scalars and flags -----------------------------------------------------------------
+
+def _scale_and_norm(args: dict, dims: Dims) -> None:
+    scale = args["scale"]
+    args["scale"] = dims["k"] ** -0.5 if scale is None else _positive_finite(scale, "scale")
+    _flag(args, "use_qk_l2norm")
+
+
+def _decode_flags(args: dict, dims: Dims) -> None:
+    _flag(args, "disable_state_update")
+    dims["writes_pool"] = not args["disable_state_update"]
+
+
+def _softplus(args: dict, dims: Dims) -> None:
+    args["softplus_beta"] = _positive_finite(args["softplus_beta"], "softplus_beta")
+    args["softplus_threshold"] = _positive_finite(args["softplus_threshold"], "softplus_threshold")
+
+
+def _lower_bound(args: dict, dims: Dims) -> None:
+    lb = args["lower_bound"]
+    if lb is None:
+        return
+    x = _real(lb, "lower_bound")
+    if not (-math.inf < x < 0.0):
+        raise ValueError(f"lower_bound must be None or finite and < 0 (g = lower_bound * sigmoid(...) "
+                         f"is a log decay <= 0), got {lb!r}; e.g. pass -5.0.")
+    args["lower_bound"] = x
+
+
+def _clamp_input(args: dict, dims: Dims) -> None:
+    """silu_and_mul_clamp: x [M, 2D] = gate || up with D >= 1; limit None or finite > 0 (F05)."""
+    x = _tensor(args, "x")
+    if x.dim() != 2 or x.shape[1] < 2 or x.shape[1] % 2:
+        raise ValueError(f"x must be 2-D [M, 2D] (gate || up, D >= 1), got shape {_shape(x.shape)}; "
+                         f"the last dim must be even and >= 2.")
+    dims["n"], dims["d"] = x.shape[0], x.shape[1] // 2
+    dims["dtype"] = _expect_dtype(x, "x", FLOAT_DTYPES)
+    limit = args["limit"]
+    if limit is not None:
+        args["limit"] = _positive_finite(limit, "limit")
+
+
+def _same_device(args: dict, dims: Dims) -> None:
+    first = None
+    for name, x in args.items():
+        if isinstance(x, torch.Tensor):
+            if first is None:
+                first, dev = name, x.device
+            elif x.device != dev:
+                raise ValueError(f"all tensors must be on one device: {first} is on {dev} but {name} is "
+                                 f"on {x.device}; move them with .to({str(dev)!r}).")
+    dims["device"] = None if first is None else dev
+

@@ -1,0 +1,159 @@
+"""Value rules of the validation layer: checks that read index and gate values on the device.
+
+Each rule is ``rule(args, dims) -> list of probes``; a probe is a 0-d "bad" flag computed on the
+device plus a zero-argument function that explains the failure by raising ``ValueError``.
+:func:`_run_value_rules` brings every flag to the host in a single sync, and only a failing rule pays
+for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
+``cu_seqlens`` contents and the sign of prefill log decays (/work/shared/spec/ops.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .host_rules import Dims
+
+Probe = tuple  # (0-d bool tensor: "this rule is violated", zero-arg function that raises)
+ValueRule = Callable[[dict, Dims], list]
+
+
+# -- message helpers -----------------------------------------------------------------------------
+
+def _position(mask: torch.Tensor) -> tuple:
+    return tuple(int(i) for i in mask.nonzero()[0].tolist())
+
+
+def _pos_str(name: str, pos: tuple) -> str:
+    return f"{name}[{', '.join(str(i) for i in pos)}]"
+
+
+# -- probes shared by the rules ------------------------------------------------------------------
+
+def _range_probe(idx: torch.Tensor, name: str, bound: int, what: str, source: str) -> list:
+    """Entries must be < bound (negative entries mean padding / skip and are always legal)."""
+    if idx.numel() == 0:
+        return []
+    bad = idx >= bound
+
+    def explain():
+        pos = _position(bad)
+        raise ValueError(f"{_pos_str(name, pos)} = {int(idx[pos])} is out of range: valid {what} are "
+                         f"0..{bound - 1} ({source} = {bound}); negative values mean padding (row "
+                         f"skipped). Fix the index or allocate a larger buffer.")
+    return [(bad.any(), explain)]
+
+
+def _duplicate_probe(idx: torch.Tensor, name: str) -> list:
+    """No valid slot may be named by two sequences (rows); a row may repeat its own slot."""
+    table = idx if idx.dim() == 2 else idx.unsqueeze(1)
+    if table.shape[0] < 2 or table.shape[1] == 0:
+        return []
+    if table.shape[1] == 1:
+        keyed = idx.flatten().sort().values
+    else:  # drop a row's repeats of its own slots, then look for a slot shared by two rows
+        rows = table.sort(dim=1).values
+        fresh = torch.ones_like(rows, dtype=torch.bool)
+        fresh[:, 1:] = rows[:, 1:] != rows[:, :-1]
+        keyed = torch.where(fresh & (rows >= 0), rows, -1).flatten().sort().values
+    flag = ((keyed[1:] == keyed[:-1]) & (keyed[1:] >= 0)).any()
+
+    def explain():
+        owner: dict[int, int] = {}
+        for n, row in enumerate(table.cpu().tolist()):
+            for slot in sorted({s for s in row if s >= 0}):
+                if slot in owner:
+                    raise ValueError(f"{name}: slot {slot} is named by sequence {owner[slot]} and "
+                                     f"sequence {n}, and this call writes it (a write race); give each "
+                                     f"sequence its own slot (or -1 for padding).")
+                owner[slot] = n
+        raise ValueError(f"{name}: a slot is named by two sequences (write race).")  # pragma: no cover
+    return [(flag, explain)]
+
+
+# -- the rules, one per argument group -----------------------------------------------------------
+
+def _v_state_indices(args: dict, dims: Dims) -> list:
+    idx = args["state_indices"]
+    if idx is None:
+        return []
+    probes = _range_probe(idx, "state_indices", dims["p"], "slots", "state_pool.shape[0]")
+    if dims["writes_pool"]:
+        probes += _duplicate_probe(idx, "state_indices")
+    return probes
+
+
+def _v_intermediate(args: dict, dims: Dims) -> list:
+    idx = args["intermediate_state_indices"]
+    if idx is None:
+        return []
+    return (_range_probe(idx, "intermediate_state_indices", dims["s"], "rows",
+                          "intermediate_states.shape[0]")
+            + _duplicate_probe(idx, "intermediate_state_indices"))
+
+
+def _v_num_accepted(args: dict, dims: Dims) -> list:
+    nat = args["num_accepted_tokens"]
+    if nat is None or nat.numel() == 0:
+        return []
+    t = dims["t"]
+    bad = (nat < 0) | (nat > t)
+
+    def explain():
+        pos = _position(bad)
+        raise ValueError(f"{_pos_str('num_accepted_tokens', pos)} = {int(nat[pos])} is outside 0..{t} "
+                         f"(T={t} tokens per sequence); pass a count of accepted tokens in 0..T.")
+    return [(bad.any(), explain)]
+
+
+def _v_cu_seqlens(args: dict, dims: Dims) -> list:
+    cu, t = args["cu_seqlens"], dims["t"]
+    drop = cu[1:] < cu[:-1]
+
+    def start():
+        raise ValueError(f"cu_seqlens[0] = {int(cu[0])}; it must be 0 (prefix sums of the sequence "
+                         f"lengths). Prepend a 0.")
+
+    def order():
+        i = _position(drop)[0]
+        raise ValueError(f"cu_seqlens must be non-decreasing, but cu_seqlens[{i + 1}] = {int(cu[i + 1])} "
+                         f"< cu_seqlens[{i}] = {int(cu[i])}; pass prefix sums of non-negative lengths.")
+
+    def end():
+        raise ValueError(f"cu_seqlens[-1] = {int(cu[-1])} must equal the total token count T = {t} "
+                         f"(q.shape[0]); check that cu_seqlens matches q, k and v.")
+    return [(cu[0] != 0, start), (drop.any(), order), (cu[-1] != t, end)]
+
+
+def _v_log_decay(args: dict, dims: Dims) -> list:
+    """Prefill gates are log decays (ops.md): ``g <= 0`` and not NaN (a positive g grows the state)."""
+    g = args["g"]
+    if g.numel() == 0:
+        return []
+    bad = ~(g <= 0)  # also true for NaN
+
+    def explain():
+        pos = _position(bad)
+        raise ValueError(f"{_pos_str('g', pos)} = {float(g[pos])}: g is a log-space decay and must be <= 0 "
+                         f"(and not NaN); compute it with gdn_gating / kda_gating (g = -exp(A_log) * softplus)")
+    return [(bad.any(), explain)]
+
+
+# -- the single sync -----------------------------------------------------------------------------
+
+def _run_value_rules(rules: tuple, args: dict, dims: Dims) -> None:
+    """Run ``rules`` and raise the first failure in rule order; no-op inside CUDA graph capture."""
+    dev = dims.get("device")
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return  # no sync inside CUDA graph capture
+    probes = []
+    for rule in rules:
+        probes += rule(args, dims)
+    if not probes:
+        return
+    flags = torch.stack([f.reshape(()) for f, _ in probes]).tolist()  # the single device->host sync
+    for bad, (_, explain) in zip(flags, probes):
+        if bad:
+            explain()
+
