@@ -12,9 +12,9 @@ Exit codes: 0 success; 1 ``explain`` found no backend (or the forced one is not 
 demo's errors exceed the ops.md tolerances, or a demo call found no backend; 2 a bad argument (unknown op, model, profile or
 backend).
 
-Problems are built from the model presets (``linattn/presets.toml``) with the same fields the
-validation layer derives from a real call (``dispatch/validate.py``), so ``explain`` answers
-exactly what a call of that shape would get.
+This module holds the typer commands and their rich rendering only; the documents they print
+(report, decision, backend and plugin rows, and the problems built from the model presets) are
+built by ``linattn/report.py``, so text and ``--json`` always show the same data.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 import linattn
-from linattn.dispatch import get_registry, resolve_device
 from linattn.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.problem import OPS, Problem
+# The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
+from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
+                            SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
+                            decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
+                            representative_problem, resolve_target, sweep_problems)
 
 app = typer.Typer(
     name="linattn",
@@ -41,25 +45,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-#: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
-FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}
-#: Decode batch sizes and prefill token counts of the ``report`` sweep.
-SWEEP_BATCHES = (1, 16, 256, 4096, 65536)
-SWEEP_TOKENS = (256, 1024, 4096, 16384, 65536)
-#: Sweep prefill rows pack their tokens into sequences of at most this many tokens.
-SWEEP_SEQ_TOKENS = 4096
-#: The representative problem of each op in ``report``.
-REPORT_DECODE_BATCH = 64
-REPORT_PREFILL_TOKENS = 8192
-REPORT_PREFILL_SEQS = 4
-
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document instead of tables.")
 PROFILE_OPT = typer.Option(None, "--profile", help="A device profile: sm100, sm90, sm103, sm120, mi300x, "
                                                    "xpu-pvc, cpu (default: the probed device).")
-
-
-class UsageError(Exception):
-    """A bad argument: printed (as JSON with --json) and exit code 2."""
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -79,105 +67,6 @@ def _fail_usage(err: Exception, as_json: bool) -> None:
     else:
         Console(stderr=True).print(f"[bold red]error:[/] {msg}", markup=True, highlight=False)
     raise typer.Exit(code=2)
-
-
-def op_family(op: str) -> str:
-    """``gdn``, ``kda`` or ``swiglu`` (the preset family an op belongs to)."""
-    return "swiglu" if op == "silu_and_mul_clamp" else op.split("_")[0]
-
-
-def registered_backends() -> dict:
-    """Backends by name, from the registry (as ``linattn.list_backends()``)."""
-    return linattn.list_backends()
-
-
-def default_device() -> str:
-    """``"cuda"`` when a GPU is visible, else ``"cpu"``: what ``report``, ``explain`` and ``demo`` probe."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def resolve_target(profile: Optional[str]):
-    """Capabilities of the named profile, or of the probed default device.
-
-    Raises:
-        UsageError: an unknown profile name (the message lists the known ones).
-    """
-    from linattn.capabilities import PROFILES
-
-    if profile is not None:
-        if profile not in PROFILES:
-            raise UsageError(f"unknown device profile {profile!r}; known profiles: {', '.join(sorted(PROFILES))}")
-        from linattn.capabilities import profile as named_profile
-
-        return named_profile(profile)
-    return resolve_device(default_device())
-
-
-def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = None, seqs: Optional[int] = None,
-                dtype: str = "bfloat16", state_dtype: str = "float32", layout: str = "vk",
-                mode: str = "pool") -> Problem:
-    """The :class:`Problem` a call of ``op`` at a model preset's shapes would produce.
-
-    Fields follow the validation layer (``dispatch/validate.py``):
-
-    - decode: ``n = batch`` rows, ``t = tokens`` per row (1 = plain decode, > 1 = speculative verify);
-    - prefill: ``t = tokens`` packed tokens in ``n = seqs`` sequences (``max_seqlen = t`` when one);
-    - gating: ``n = tokens`` (or ``batch``) rows of gates;
-    - ``silu_and_mul_clamp``: ``M = tokens`` (or ``batch``) rows of width ``D`` from the preset.
-
-    Args:
-        op: an op name (see ``linattn.dispatch.OPS``).
-        model: a preset name whose family matches the op (``qwen3-next`` for GDN ops, ...).
-        batch, tokens, seqs: sizes as above (``seqs`` defaults to 1).
-        dtype, state_dtype, layout, mode: q/k/v dtype, pool dtype, pool layout, prefill mode.
-    Returns:
-        Problem.
-    Raises:
-        UsageError: an unknown op or model, a model of another family, or a bad size.
-    Example:
-        >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
-        'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
-    """
-    if op not in OPS:
-        raise UsageError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    try:
-        p = linattn.preset(model)
-    except KeyError as e:
-        raise UsageError(e.args[0]) from None
-    fam = op_family(op)
-    if p.family != fam:
-        ops = [o for o in OPS if op_family(o) == p.family]
-        raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
-                         f"such as {FAMILY_PRESET[fam]!r}. Ops for {model!r}: {', '.join(ops)}")
-    for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
-        if val is not None and val < 0:
-            raise UsageError(f"--{name} must be >= 0, got {val}")
-    common = dict(op=op, dtype=dtype)
-    try:
-        if fam == "swiglu":
-            m = tokens if tokens is not None else batch
-            return Problem(**common, n=m, d=p.D, mode="none", clamp_limit=p.limit is not None)
-        if op.endswith("_gating"):
-            rows = tokens if tokens is not None else batch
-            return Problem(**common, n=rows, hv=p.HV, k=p.K if fam == "kda" else 0, mode="none")
-        shape = dict(h=p.H, hv=p.HV, k=p.K, v=p.V, state_dtype=state_dtype, state_layout=layout)
-        if op.endswith("_decode"):
-            return Problem(**common, **shape, n=batch, t=tokens if tokens is not None else 1, mode="pool")
-        t = tokens if tokens is not None else 4096
-        n = seqs if seqs is not None else 1
-        return Problem(**common, **shape, n=n, t=t, mode=mode, max_seqlen=t if n == 1 else 0)
-    except ValueError as e:  # pydantic: a bad dtype / layout / mode name, or an impossible shape
-        errors = getattr(e, "errors", None)
-        if callable(errors):  # a pydantic ValidationError: say which option, what was given, what is allowed
-            parts = []
-            for err in e.errors():
-                msg = err.get("msg", "").removeprefix("Value error, ")
-                loc = ".".join(str(x) for x in err.get("loc", ()))
-                parts.append(f"{loc}={err.get('input')!r}: {msg}" if loc else msg)
-            raise UsageError(f"bad problem for {op}: " + "; ".join(parts)) from None
-        raise UsageError(f"bad problem for {op}: {e}") from None
 
 
 def _verdict_cells(v) -> tuple[str, str, str, str, str]:
@@ -214,75 +103,7 @@ def _caps_table(caps) -> Table:
     return t
 
 
-def _plugin_rows():
-    return [p.model_dump(mode="json") for p in linattn.list_plugins()]
-
-
 # -- report --------------------------------------------------------------------------------------
-
-def representative_problem(op: str) -> Problem:
-    """The problem ``report`` asks every backend about for ``op`` (model by op family)."""
-    model = FAMILY_PRESET[op_family(op)]
-    if op.endswith("_decode"):
-        return problem_for(op, model, batch=REPORT_DECODE_BATCH)
-    if op.endswith("_prefill"):
-        return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS, seqs=REPORT_PREFILL_SEQS)
-    return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS)
-
-
-def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
-    """``(model, op, phase, size, problem)`` for every preset and sweep size.
-
-    Decode rows: the preset's decode op at ``SWEEP_BATCHES`` (and ``silu_and_mul_clamp`` with
-    ``M = batch``). Prefill rows: gating and prefill at ``SWEEP_TOKENS`` packed tokens, in
-    sequences of at most ``SWEEP_SEQ_TOKENS`` (and ``silu_and_mul_clamp`` with ``M = tokens``).
-    """
-    out = []
-    for name, p in linattn.presets().items():
-        if p.family == "swiglu":
-            for b in SWEEP_BATCHES:
-                out.append((name, "silu_and_mul_clamp", "decode", b, problem_for("silu_and_mul_clamp", name, batch=b)))
-            for t in SWEEP_TOKENS:
-                out.append((name, "silu_and_mul_clamp", "prefill", t, problem_for("silu_and_mul_clamp", name, tokens=t)))
-            continue
-        for b in SWEEP_BATCHES:
-            out.append((name, p.decode_op, "decode", b, problem_for(p.decode_op, name, batch=b)))
-        for t in SWEEP_TOKENS:
-            seqs = max(1, -(-t // SWEEP_SEQ_TOKENS))
-            out.append((name, f"{p.family}_gating", "prefill", t, problem_for(f"{p.family}_gating", name, tokens=t)))
-            out.append((name, p.prefill_op, "prefill", t, problem_for(p.prefill_op, name, tokens=t, seqs=seqs)))
-    return out
-
-
-def build_report(profile: Optional[str] = None) -> dict:
-    """The ``linattn report`` document (see :func:`report`)."""
-    caps = resolve_target(profile)
-    names = sorted(registered_backends())
-    ops = {}
-    for op in OPS:
-        prob = representative_problem(op)
-        d = linattn.explain(prob, caps)
-        ops[op] = {"problem": prob.model_dump(mode="json"), "brief": prob.brief(), "chosen": d.chosen,
-                   "verdicts": {v.backend: v.model_dump(mode="json") for v in d.verdicts}}
-    sweep = []
-    for model, op, phase, size, prob in sweep_problems():
-        d = linattn.explain(prob, caps)
-        sweep.append({"model": model, "op": op, "phase": phase,
-                      ("batch" if phase == "decode" else "tokens"): size, "n": prob.n, "t": prob.t,
-                      "chosen": d.chosen,
-                      "rejected": {v.backend: v.reason.value for v in d.verdicts if not v.ok}})
-    plugins = _plugin_rows()
-    return {
-        "device": caps.model_dump(mode="json"),
-        "probed": profile is None,
-        "profile": profile,
-        "backends": names,
-        "ops": ops,
-        "sweep": sweep,
-        "plugins": plugins,
-        "plugin_failures": [p for p in plugins if p["status"] not in ("loaded",)],
-    }
-
 
 def _render_report(doc: dict, caps) -> None:
     con = _console()
@@ -417,27 +238,13 @@ def explain(
     except UsageError as e:
         _fail_usage(e, as_json)
     if as_json:
-        doc = d.model_dump(mode="json")
-        doc["model"] = model
-        doc["brief"] = prob.brief()
-        _emit_json(doc)
+        _emit_json(decision_doc(d, prob, model))
     else:
         _render_decision(d, prob, model)
     raise typer.Exit(code=0 if d.chosen else 1)
 
 
 # -- inventory -------------------------------------------------------------------------------------
-
-def backend_rows() -> list[dict]:
-    """One dict per registered backend: name, plugin, distribution, version, ops, vendors, dtypes, summary."""
-    rows = []
-    for name, b in sorted(registered_backends().items()):
-        rows.append({"name": name, "plugin": b.plugin, "distribution": b.distribution, "version": b.version,
-                     "ops": sorted(b.ops), "vendors": sorted(b.vendors), "dtypes": sorted(b.dtypes),
-                     "state_dtypes": sorted(b.state_dtypes), "state_layouts": sorted(b.state_layouts),
-                     "requires": list(b.requires), "summary": b.summary})
-    return rows
-
 
 @app.command()
 def backends(as_json: bool = JSON_OPT) -> None:
@@ -461,7 +268,7 @@ def backends(as_json: bool = JSON_OPT) -> None:
 @app.command()
 def plugins(as_json: bool = JSON_OPT) -> None:
     """Plugins seen (built-in, and external from the entry-point group linattn.backends) and their status."""
-    rows = _plugin_rows()
+    rows = plugin_rows()
     if as_json:
         _emit_json(rows)
         return
