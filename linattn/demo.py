@@ -82,6 +82,7 @@ class OpDecisionSummary(BaseModel):
     op: str
     calls: int
     chosen: list[str]
+    chosen_calls: dict[str, int] = Field(default_factory=dict, description="calls per chosen backend")
     forced: Optional[str] = None
     others: dict[str, str] = Field(description="backend -> reason code (or 'rank N' if accepted but outranked)")
     summaries: list[str]
@@ -206,6 +207,7 @@ class _Tracker:
     def __init__(self):
         self.decisions: dict[str, dict[str, object]] = {}
         self.calls: collections.Counter = collections.Counter()
+        self.ran: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         self.err: dict[str, dict] = {}
 
     def record(self, op: str) -> None:
@@ -213,6 +215,7 @@ class _Tracker:
         if d is None or d.op != op:
             raise RuntimeError(f"linattn.last_decision() does not describe the {op} call just made: {d}")
         self.calls[op] += 1
+        self.ran[op][d.chosen] += 1
         self.decisions.setdefault(op, {})[d.summary()] = d
 
     def error(self, op: str, out_err: float, out_tol: float, state_err: Optional[float] = None,
@@ -227,13 +230,15 @@ class _Tracker:
         out = []
         for op, by in self.decisions.items():
             ds = list(by.values())
+            chosen = sorted({d.chosen for d in ds})
             others: dict[str, str] = {}
             for d in ds:
                 for v in d.verdicts:
-                    if v.backend != d.chosen:
+                    if v.backend not in chosen:
                         others.setdefault(v.backend, f"rank {v.rank}" if v.ok else v.reason.value)
-            out.append(OpDecisionSummary(op=op, calls=self.calls[op], chosen=sorted({d.chosen for d in ds}),
-                                         forced=ds[0].forced, others=others, summaries=list(by)))
+            out.append(OpDecisionSummary(op=op, calls=self.calls[op], chosen=chosen,
+                                         chosen_calls=dict(self.ran[op]), forced=ds[0].forced, others=others,
+                                         summaries=list(by)))
         return out
 
     def error_stats(self) -> list[ErrorStat]:
@@ -523,7 +528,8 @@ def render_demo(rep: DemoReport, console=None) -> None:
         d.add_column(c, overflow="fold")
     for x in rep.decisions:
         why = ", ".join(f"{b}: {code}" for b, code in x.others.items()) or "-"
-        chosen = ", ".join(x.chosen) + (f" (forced: {x.forced})" if x.forced else "")
+        chosen = ", ".join(f"{b} x{x.chosen_calls[b]}" if len(x.chosen) > 1 else b for b in x.chosen)
+        chosen += f" (forced: {x.forced})" if x.forced else ""
         d.add_row(x.op, str(x.calls), Text(chosen, style="bold green"), why)
     con.print(d)
 

@@ -222,3 +222,11 @@ def test_demo_with_decode_forced_to_triton_split_in_the_interpreter_passes(built
     rep = run_demo(**TINY)
     assert next(d for d in rep.decisions if d.op == "gdn_decode").chosen == ["triton-split"]
     assert rep.passed
+
+
+def test_demo_counts_calls_per_chosen_backend_and_never_lists_a_chosen_one_as_rejected():
+    rep = run_demo(**TINY, seed=3)
+    for d in rep.decisions:
+        assert sum(d.chosen_calls.values()) == d.calls
+        assert set(d.chosen_calls) == set(d.chosen)
+        assert not set(d.chosen) & set(d.others)
