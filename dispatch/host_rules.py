@@ -210,8 +210,10 @@ def _gating_inputs(args: dict, dims: Dims, kda: bool) -> None:
                          f"{_shape(a.shape)}.")
     lead = a.shape[:-1] if kda else a.shape
     if b.shape != lead:
-        raise ValueError(f"b must have shape [..., HV] = {_shape(lead)} to match a {_shape(a.shape)}, "
-                         f"got {_shape(b.shape)}.")
+        A_log = args.get("A_log")
+        hv = f" (A_log says HV={A_log.shape[0]})" if isinstance(A_log, torch.Tensor) and A_log.dim() == 1 else ""
+        raise ValueError(f"a {_shape(a.shape)} and b {_shape(b.shape)} disagree: b must be [..., HV] with "
+                         f"a's leading dims and HV{hv}; fix whichever of a, b does not match the model's HV.")
     dims["dtype"] = _expect_dtype(a, "a", FLOAT_DTYPES)
     _expect_dtype(b, "b", FLOAT_DTYPES)
     dims["hv"] = lead[-1]
@@ -279,6 +281,9 @@ def _pool(args: dict, dims: Dims) -> None:
     if x.dim() != 4:
         raise ValueError(f"state_pool must be 4-D [P, HV, V, K] (state_layout='vk') or [P, HV, K, V] "
                          f"('kv'), got shape {_shape(x.shape)}.")
+    if x.requires_grad:
+        raise ValueError("state_pool requires grad: the pool is updated in place and is no autograd leaf; "
+                         "pass state_pool.detach() (or allocate it under torch.no_grad()).")
     dims["p"] = x.shape[0]
     dims["state_dtype"] = _state_tensor(args, dims, "state_pool", (None,), "P")
     if args["state_indices"] is None:

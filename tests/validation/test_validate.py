@@ -329,7 +329,7 @@ BAD = [
     ("kda_decode", _set(lower_bound=5.0), ValueError, "lower_bound must be None or finite and < 0"),
     ("kda_gating", _set(lower_bound=-math.inf), ValueError, "lower_bound must be None or finite and < 0"),
     # gating op shapes
-    ("gdn_gating", _set(b=_r(7, HV + 1)), ValueError, r"b must have shape \[..., HV\]"),
+    ("gdn_gating", _set(b=_r(7, HV + 1)), ValueError, r"b must be \[..., HV\] with a.s leading dims"),
     ("gdn_gating", _set(a=torch.tensor(1.0)), ValueError, "a must be"),
     ("kda_gating", _set(a=_r(HV)), ValueError, r"a must be \[..., HV, K\]"),
     ("kda_gating", _set(dt_bias=_r(HV)), ValueError, r"dt_bias must have shape \[HV, K\]"),
@@ -571,3 +571,27 @@ def test_value_checks_are_skipped_during_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert kwargs["state_indices"] is args["state_indices"] and out.shape == args["q"].shape
+
+
+def test_a_pool_that_requires_grad_is_rejected_before_anything_runs():
+    import torch
+
+    from linattn.dispatch.validate import validate
+
+    N, T, H, HV, K, V, P = 2, 1, 1, 2, 4, 4, 3
+    pool = torch.zeros(P, HV, V, K, requires_grad=True)
+    args = dict(q=torch.randn(N, T, H, K), k=torch.randn(N, T, H, K), v=torch.randn(N, T, HV, V),
+                a=torch.randn(N, T, HV), b=torch.randn(N, T, HV), A_log=torch.zeros(HV), dt_bias=torch.zeros(HV),
+                state_pool=pool, state_indices=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="requires grad"):
+        validate("gdn_decode", args, check_values=False)
+
+
+def test_gating_shape_mismatch_names_both_tensors_and_the_model_hv():
+    import torch
+
+    from linattn.dispatch.validate import validate
+
+    args = dict(A_log=torch.zeros(4), a=torch.zeros(10, 5), b=torch.zeros(10, 4), dt_bias=torch.zeros(4))
+    with pytest.raises(ValueError, match=r"a \[10, 5\] and b \[10, 4\].*HV=4"):
+        validate("gdn_gating", args, check_values=False)
