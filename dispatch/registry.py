@@ -151,7 +151,16 @@ class Registry:
         return [p for p in self.plugins if p.status in ("plugin_load_failed", "api_version")]
 
     def probe_device(self, device):
-        return self.pm.hook.linattn_probe_device(device=device)
+        """A plugin's capabilities for ``device`` (first answer wins), or None. A raising probe is
+        logged and skipped: it must not break dispatch for that device."""
+        try:
+            return self.pm.hook.linattn_probe_device(device=device)
+        except Exception as e:  # noqa: BLE001
+            import logging
+
+            logging.getLogger("linattn").warning("linattn: a plugin's linattn_probe_device raised for %s: %s; "
+                                                 "using linattn's own probe", device, _short(e))
+            return None
 
 
 def _short(e: BaseException) -> str:

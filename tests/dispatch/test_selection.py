@@ -271,3 +271,21 @@ def test_policy_source_is_default_without_env(monkeypatch):
     monkeypatch.delenv("LINATTN_BACKEND", raising=False)
     monkeypatch.delenv("LINATTN_DISABLE", raising=False)
     assert env_policy().source == "default"
+
+
+def test_a_raising_device_probe_is_logged_and_skipped(fresh_registry, caplog):
+    class BadProbe:
+        LINATTN_API_VERSION = "1"
+
+        @hookimpl
+        def linattn_register_backends(self):
+            return []
+
+        @hookimpl
+        def linattn_probe_device(self, device):
+            raise RuntimeError("probe exploded")
+
+    fresh_registry.add_plugin(BadProbe(), name="bad-probe")
+    with caplog.at_level(logging.WARNING, logger="linattn"):
+        assert fresh_registry.probe_device(torch.device("meta")) is None
+    assert any("probe exploded" in r.getMessage() for r in caplog.records)
