@@ -1,5 +1,6 @@
 """Dispatch: the registry, problems, verdicts, selection, policies and validation."""
 
+from .hookspecs import BackendPlugin
 from .policy import Policy, current_policy, policy
 from .problem import OPS, Problem, phase_of
 from .registry import PluginRecord, Registry, get_registry, reset_registry
@@ -7,7 +8,7 @@ from .selection import clear_cache, explain, last_decision, resolve_device, sele
 from .verdict import Accepted, Check, Decision, NoBackendError, Reason, Rejected
 
 __all__ = [
-    "Accepted", "Check", "Decision", "NoBackendError", "OPS", "PluginRecord", "Policy", "Problem",
+    "Accepted", "BackendPlugin", "Check", "Decision", "NoBackendError", "OPS", "PluginRecord", "Policy", "Problem",
     "Reason", "Registry", "Rejected", "clear_cache", "current_policy", "explain", "get_registry",
     "last_decision", "phase_of", "policy", "reset_registry", "resolve_device", "select",
 ]

@@ -44,3 +44,22 @@ class LinattnSpec:
 
         Lets a vendor describe hardware linattn has no probe for; the first answer wins.
         """
+
+
+class BackendPlugin:
+    """A plugin object that registers the given backend classes through the hook.
+
+    For embedders and tests that add backends in-process rather than through an entry point::
+
+        from linattn.dispatch import get_registry
+        get_registry().add_plugin(BackendPlugin(MyBackend), name="my-plugin")
+    """
+
+    LINATTN_API_VERSION = PLUGIN_API_VERSION
+
+    def __init__(self, *classes):
+        self.classes = list(classes)
+
+    @hookimpl
+    def linattn_register_backends(self):
+        return self.classes

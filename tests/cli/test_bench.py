@@ -14,41 +14,16 @@ from typer.testing import CliRunner
 
 import linattn.cli as cli
 from linattn import bench as B
-from linattn.backends.base import Backend
-from linattn.dispatch import explain, reset_registry
-from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.registry import Registry
+from linattn.dispatch import explain
 
 runner = CliRunner()
 FAST = ("--repeats", "2", "--warmup", "1", "--copy-mib", "4")
 TINY = ("--shape", "2,4,16,16")
 
 
-class NvidiaOnlyDecode(Backend):
-    """A test backend that only runs on NVIDIA GPUs: not eligible on the CPU."""
-
-    name = "test-nvidia-only"
-    summary = "test backend (NVIDIA only)"
-    ops = frozenset({"gdn_decode"})
-    vendors = frozenset({"nvidia"})
-
-
-class _Plugin:
-    LINATTN_API_VERSION = "1"
-
-    @hookimpl
-    def linattn_register_backends(self):
-        return [NvidiaOnlyDecode]
-
-
 @pytest.fixture
-def registry():
-    """The built-in backends plus the NVIDIA-only test backend (no entry-point plugins); restored afterwards."""
-    reg = Registry().load(entry_points=False)
-    reg.add_plugin(_Plugin(), name="test-plugin", distribution="linattn-tests", version="9.9")
-    reset_registry(reg)
-    yield reg
-    reset_registry()
+def registry(nvidia_only_registry):
+    return nvidia_only_registry
 
 
 def bench_json(*args):

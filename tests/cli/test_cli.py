@@ -8,33 +8,11 @@ import typer
 from typer.testing import CliRunner
 
 import linattn.cli as cli
-from linattn.backends.base import Backend
-from linattn.dispatch import OPS, Problem, Reason, reset_registry
+from linattn.dispatch import OPS, Problem, Reason
 from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.registry import Registry
 
 runner = CliRunner()
 REASONS = {r.value for r in Reason}
-
-
-class NvidiaOnlyDecode(Backend):
-    """A test backend that only runs on NVIDIA GPUs: ineligible under the cpu profile."""
-
-    name = "test-nvidia-only"
-    summary = "test backend (NVIDIA only)"
-    ops = frozenset({"gdn_decode"})
-    vendors = frozenset({"nvidia"})
-
-
-class _Plugin:
-    LINATTN_API_VERSION = "1"
-
-    def __init__(self, *classes):
-        self.classes = list(classes)
-
-    @hookimpl
-    def linattn_register_backends(self):
-        return self.classes
 
 
 class _BrokenPlugin:
@@ -46,14 +24,11 @@ class _BrokenPlugin:
 
 
 @pytest.fixture
-def registry():
-    """The built-ins plus a test backend and a plugin that fails to load; restored afterwards."""
-    reg = Registry().load(entry_points=False)
-    reg.add_plugin(_Plugin(NvidiaOnlyDecode), name="test-plugin", distribution="linattn-tests", version="9.9")
-    reg.add_plugin(_BrokenPlugin(), name="test-broken", distribution="linattn-broken", version="0.0")
-    reset_registry(reg)
-    yield reg
-    reset_registry()
+def registry(nvidia_only_registry):
+    """The built-ins, the NVIDIA-only test backend and a plugin that fails to load; restored afterwards."""
+    nvidia_only_registry.add_plugin(_BrokenPlugin(), name="test-broken", distribution="linattn-broken",
+                                    version="0.0")
+    return nvidia_only_registry
 
 
 def invoke_json(*args):

@@ -9,7 +9,7 @@ import linattn
 from linattn.backends.base import Backend
 from linattn.capabilities import profile
 from linattn.dispatch import NoBackendError, Problem, Reason, explain, last_decision, policy, select
-from linattn.dispatch.hookspecs import hookimpl
+from linattn.dispatch.hookspecs import BackendPlugin, hookimpl
 from linattn.dispatch.policy import parse_force
 from linattn.dispatch.verdict import Check
 
@@ -46,17 +46,6 @@ class RaisingPredicate(Backend):
         raise RuntimeError("predicate exploded")
 
 
-class _Plugin:
-    LINATTN_API_VERSION = "1"
-
-    def __init__(self, *classes):
-        self.classes = list(classes)
-
-    @hookimpl
-    def linattn_register_backends(self):
-        return self.classes
-
-
 def test_cpu_default_is_the_reference(fresh_registry):
     d = explain(DECODE, "cpu")
     assert d.chosen == "torch-ref"
@@ -72,7 +61,7 @@ def test_every_backend_gets_a_verdict_with_a_reason_code(fresh_registry):
 
 
 def test_plugin_registered_through_the_hook_is_discovered_ranked_and_explained(fresh_registry):
-    rec = fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin", distribution="tests")
+    rec = fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin", distribution="tests")
     assert rec.status == "loaded" and rec.backends == ("test-fast",)
     d = explain(DECODE, "cpu")
     assert d.chosen == "test-fast"
@@ -88,7 +77,7 @@ def test_plugin_registered_through_the_hook_is_discovered_ranked_and_explained(f
 
 
 def test_plugin_with_wrong_api_version_is_rejected_not_loaded(fresh_registry):
-    p = _Plugin(FastCpuDecode)
+    p = BackendPlugin(FastCpuDecode)
     p.LINATTN_API_VERSION = "99"
     rec = fresh_registry.add_plugin(p, name="future-plugin")
     assert rec.status == "api_version" and "test-fast" not in fresh_registry.backends
@@ -98,7 +87,7 @@ def test_plugin_with_wrong_api_version_is_rejected_not_loaded(fresh_registry):
 
 
 def test_predicate_that_raises_is_reported_and_skipped(fresh_registry):
-    fresh_registry.add_plugin(_Plugin(RaisingPredicate), name="raising")
+    fresh_registry.add_plugin(BackendPlugin(RaisingPredicate), name="raising")
     d = explain(DECODE, "cpu")
     v = d.verdict("test-raises")
     assert v.reason == Reason.BACKEND_ERROR and "predicate exploded" in v.message
@@ -109,13 +98,13 @@ def test_duplicate_backend_name_is_a_load_failure(fresh_registry):
     class Dup(FastCpuDecode):
         name = "torch-ref"
 
-    rec = fresh_registry.add_plugin(_Plugin(Dup), name="dup")
+    rec = fresh_registry.add_plugin(BackendPlugin(Dup), name="dup")
     assert rec.status == "plugin_load_failed" and "already registered" in rec.error
     assert type(fresh_registry.backends["torch-ref"]).__name__ == "TorchRefBackend"
 
 
 def test_forced_ineligible_backend_raises_with_its_reasons(fresh_registry):
-    fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin")
+    fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin")
     sig = tuple(DECODE.model_copy(update={"k": 32}).model_dump().items())
     with pytest.raises(NoBackendError) as ei:
         select("gdn_decode", sig, torch.device("cpu"), backend="test-fast")
@@ -130,7 +119,7 @@ def test_forcing_an_unknown_backend_names_the_registered_ones(fresh_registry):
 
 
 def test_policy_forces_and_disables_scoped_and_nested(fresh_registry):
-    fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin")
+    fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin")
     assert explain(DECODE, "cpu").chosen == "test-fast"
     with policy(decode="torch-ref"):
         d = explain(DECODE, "cpu")
@@ -163,7 +152,7 @@ def test_op_key_beats_phase_key_beats_all():
 
 
 def test_env_vars_force_and_disable(fresh_registry, monkeypatch):
-    fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin")
+    fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin")
     monkeypatch.setenv("LINATTN_BACKEND", "decode=torch-ref")
     d = explain(DECODE, "cpu")
     assert d.chosen == "torch-ref" and d.forced_by == "env"
@@ -178,7 +167,7 @@ def test_env_vars_force_and_disable(fresh_registry, monkeypatch):
 
 
 def test_cache_is_keyed_by_policy_and_hits_return_the_same_decision(fresh_registry):
-    fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin")
+    fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin")
     sig = tuple(DECODE.model_dump().items())
     cpu = torch.device("cpu")
     b1, d1 = select("gdn_decode", sig, cpu)
@@ -192,7 +181,7 @@ def test_cache_is_keyed_by_policy_and_hits_return_the_same_decision(fresh_regist
 
 
 def test_first_choice_is_logged_once_with_runners_up(fresh_registry, caplog):
-    fresh_registry.add_plugin(_Plugin(FastCpuDecode), name="test-plugin")
+    fresh_registry.add_plugin(BackendPlugin(FastCpuDecode), name="test-plugin")
     sig = tuple(DECODE.model_dump().items())
     with caplog.at_level(logging.INFO, logger="linattn"):
         select("gdn_decode", sig, torch.device("cpu"))

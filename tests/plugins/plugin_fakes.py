@@ -13,20 +13,15 @@ from pathlib import Path
 import torch
 
 from linattn.backends.torch_ref import TorchRefBackend
-from linattn.dispatch.hookspecs import hookimpl
+from linattn.dispatch.hookspecs import BackendPlugin, hookimpl
 
 
-class Plugin:
-    """A plugin object for ``Registry.add_plugin``: registers the given backend classes."""
-
-    LINATTN_API_VERSION = "1"
+class Plugin(BackendPlugin):
+    """:class:`BackendPlugin` that may also answer the device-probe hook."""
 
     def __init__(self, *classes, probe=None):
-        self.classes, self.probe = list(classes), probe
-
-    @hookimpl
-    def linattn_register_backends(self):
-        return self.classes
+        super().__init__(*classes)
+        self.probe = probe
 
     @hookimpl
     def linattn_probe_device(self, device):
@@ -119,7 +114,7 @@ def backend_module(backend_name: str, api: str = "1", op: str = "silu_and_mul_cl
     extra = textwrap.indent(textwrap.dedent(body), " " * 4)
     hook = textwrap.indent(textwrap.dedent(returns or f"return [{cls}]"), " " * 4)
     return (f"from linattn.backends.torch_ref import TorchRefBackend\n"
-            f"from linattn.dispatch.hookspecs import hookimpl\n\n"
+            f"from linattn.dispatch.hookspecs import BackendPlugin, hookimpl\n\n"
             f"LINATTN_API_VERSION = {api!r}\n\n\n"
             f"class {cls}(TorchRefBackend):\n"
             f"    name = {backend_name!r}\n"
