@@ -26,9 +26,8 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "prefill"))
 
 from linattn.kernels.triton import prefill as prefill_mod  # noqa: E402
-from linattn.kernels.triton.prefill import chunk_prefill  # noqa: E402
 
-from prefill_cases import make_inputs, random_states, reference, rel, warm_one  # noqa: E402
+from prefill_cases import make_inputs, random_states, reference, rel, run, warm_one  # noqa: E402
 
 DEV = "cuda"
 BF, F32 = torch.bfloat16, torch.float32
@@ -52,16 +51,6 @@ def _compile_in_parallel():
     with cf.ProcessPoolExecutor(max_workers=min(12, os.cpu_count() or 4), mp_context=mp.get_context("spawn")) as ex:
         list(ex.map(warm_one, WARM))
     yield
-
-
-def run(family, inp, **kw):
-    kw.setdefault("state_pool", None)
-    kw.setdefault("state_indices", None)
-    kw.setdefault("initial_state", None)
-    kw.setdefault("use_qk_l2norm", True)
-    kw.setdefault("state_layout", "vk")
-    kw.setdefault("scale", inp["q"].shape[-1] ** -0.5)
-    return chunk_prefill(family, **inp, **kw)
 
 
 @pytest.mark.parametrize("pool_dtype", [F32, BF], ids=["fp32pool", "bf16pool"])

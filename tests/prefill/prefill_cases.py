@@ -34,6 +34,19 @@ def make_inputs(family: str, lens, *, H=1, HV=2, K=64, V=64, dtype=torch.float32
                 beta=torch.rand(T, HV, generator=gen, device=device), cu_seqlens=cu)
 
 
+def run(family: str, inp: dict, **kw):
+    """``chunk_prefill`` on ``make_inputs``' dict, with the op's defaults (dense mode, l2norm, "vk")."""
+    from linattn.kernels.triton.prefill import chunk_prefill
+
+    kw.setdefault("state_pool", None)
+    kw.setdefault("state_indices", None)
+    kw.setdefault("initial_state", None)
+    kw.setdefault("use_qk_l2norm", True)
+    kw.setdefault("state_layout", "vk")
+    kw.setdefault("scale", inp["q"].shape[-1] ** -0.5)
+    return chunk_prefill(family, **inp, **kw)
+
+
 def random_states(n, HV, K, V, layout="vk", dtype=torch.float32, seed=1, device="cpu") -> torch.Tensor:
     gen = torch.Generator(device=device).manual_seed(seed)
     shape = (n, HV, V, K) if layout == "vk" else (n, HV, K, V)

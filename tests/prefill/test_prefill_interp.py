@@ -14,23 +14,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from linattn.kernels.triton.prefill import chunk_prefill, chunk_tables, prefill_supported  # noqa: E402
+from linattn.kernels.triton.prefill import chunk_tables, prefill_supported  # noqa: E402
 
-from prefill_cases import cu_of, make_inputs, random_states, reference, rel  # noqa: E402
+from prefill_cases import cu_of, make_inputs, random_states, reference, rel, run  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FAMILIES = ("gdn", "kda")
-
-
-def run(family, inp, **kw):
-    kw.setdefault("state_pool", None)
-    kw.setdefault("state_indices", None)
-    kw.setdefault("initial_state", None)
-    kw.setdefault("use_qk_l2norm", True)
-    kw.setdefault("state_layout", "vk")
-    K = inp["q"].shape[-1]
-    kw.setdefault("scale", K ** -0.5)
-    return chunk_prefill(family, **inp, **kw)
 
 
 # -- pool mode == dense mode, bitwise -----------------------------------------------------------
