@@ -21,13 +21,13 @@ from typing import ClassVar, Optional
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Reason
+from linattn.kernels.triton.limits import MAX_HEAD_DIM
 
 from .base import Backend
 
 #: Ops these backends implement (decode: ``kernels/triton/decode.py``; chunked prefill:
 #: ``kernels/triton/prefill.py``; SwiGLU clamp: ``kernels/triton/silu_clamp.py``).
 TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"})
-MAX_HEAD_DIM = 256  # mirrors linattn.kernels.triton.decode.MAX_HEAD_DIM (no triton import here)
 
 
 def _pow2(x: int) -> int:
@@ -72,7 +72,7 @@ class TritonBackend(Backend):
         if p.phase == "prefill":
             import torch
 
-            from linattn.kernels.triton.prefill import prefill_supported
+            from linattn.kernels.triton.limits import prefill_supported
 
             why = prefill_supported(p.family, p.k, p.v, getattr(torch, p.dtype), caps)
             if why is not None:
@@ -123,12 +123,26 @@ class TritonBackend(Backend):
 
     @staticmethod
     def _work(p: Problem) -> tuple[int, int, int]:
-        """(n_seq, n_heads, n_blocks) of the launch the kernels would make for ``p``."""
+        """(n_seq, n_heads, n_blocks) of the launch the kernels would make for ``p``.
+
+        The block count comes from the kernels' pinned configurations, which need Triton. When a
+        profile is asked about on a machine without Triton, one block per (sequence, head) is
+        assumed: the axes that carry N and HV, the ones that can exceed a limit, are the same.
+        """
+        try:
+            return TritonBackend._planned_work(p)
+        except ImportError:
+            return p.n, max(p.hv, 1) if p.op != "silu_and_mul_clamp" else 1, 1
+
+    @staticmethod
+    def _planned_work(p: Problem) -> tuple[int, int, int]:
         if p.op == "silu_and_mul_clamp":
-            bd = min(_pow2(max(p.d, 1)), 2048)  # mirrors kernels/triton/silu_clamp.silu_config
+            from linattn.kernels.triton.silu_clamp import silu_config
+
+            bd, _ = silu_config(p.d)
             return p.n, 1, -(-p.d // bd)
         if p.phase == "decode" and 1 <= p.k <= MAX_HEAD_DIM and 1 <= p.v <= MAX_HEAD_DIM:
-            from linattn.kernels.triton.decode import decode_config  # needs triton (checked before)
+            from linattn.kernels.triton.decode import decode_config
 
             _, bv, _ = decode_config(p.k, p.v, p.n, caps=None, gate=p.family)
             return p.n, p.hv, -(-p.v // bv)

@@ -31,11 +31,10 @@ import triton.language as tl
 
 from linattn.kernels.grid import plan_grid
 from linattn.kernels.triton._pid import decode_pid
+from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy, Triton-free)
 
 #: Floor of the log decay g, as backends/torch_ref.G_MIN: exp(G_MIN) is 0 in fp32.
 G_MIN = tl.constexpr(-1000.0)
-#: Largest head dims the kernel takes: the whole key dim is one block of the state tile.
-MAX_HEAD_DIM = 256
 #: State tile budget in fp32 elements per program (BV * BK), keeps the tile in registers.
 TILE_ELEMENTS = 4096
 

@@ -42,47 +42,7 @@ from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
 
 CHUNK = 64
-HEAD_DIMS = (64, 128, 256)
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Shared memory per block (measured on sm_90 builds, tests/prefill/test_prefill_compile.py pins
-# them): the state kernel is the largest. Software-pipelined (2 stages, K <= 128) it needs up to
-# 104 KiB (KDA, bf16) or 145 KiB (KDA, fp32); unpipelined (K = 256, or a device with less shared
-# memory) at most 68 KiB. Devices below _MIN_SMEM are rejected up front.
-_PIPELINED_SMEM = {torch.bfloat16: 108 * 1024}
-_PIPELINED_SMEM_OTHER = 148 * 1024
-_MIN_SMEM = 96 * 1024
-
-
-def prefill_supported(family: str, K: int, V: int, dtype: torch.dtype,
-                      caps: Optional[DeviceCapabilities] = None) -> Optional[str]:
-    """Can the Triton chunked prefill run this problem? ``None`` if yes, else the reason.
-
-    Args:
-        family: ``"gdn"`` or ``"kda"``.
-        K, V: key and value head dims.
-        dtype: dtype of q, k, v.
-        caps: the device (None: not checked against a device).
-    Returns:
-        None, or a message naming the field, the value and the supported set, e.g.
-        ``"unsupported head_dim K=96; supported: 64, 128, 256"``.
-    Example:
-        >>> prefill_supported("gdn", 96, 128, torch.bfloat16)
-        'unsupported head_dim K=96; supported: 64, 128, 256'
-    """
-    if family not in ("gdn", "kda"):
-        return f"unsupported family {family!r}; supported: gdn, kda"
-    sup = ", ".join(str(d) for d in HEAD_DIMS)
-    if K not in HEAD_DIMS:
-        return f"unsupported head_dim K={K}; supported: {sup}"
-    if V not in HEAD_DIMS:
-        return f"unsupported head_dim V={V}; supported: {sup}"
-    if dtype not in DTYPES:
-        return f"unsupported dtype {dtype}; supported: float32, bfloat16, float16"
-    if caps is not None and caps.device_type != "cpu" and not caps.toolchain.triton_interpreter:
-        if caps.shared_memory_per_block < _MIN_SMEM:
-            return (f"the chunked prefill kernels need {_MIN_SMEM // 1024} KiB of shared memory per "
-                    f"block; {caps.name} has {caps.shared_memory_per_block // 1024} KiB")
-    return None
+from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 
 def _tl_dtype(dt: torch.dtype):

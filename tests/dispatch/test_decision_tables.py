@@ -74,3 +74,19 @@ def test_unsupported_head_dim_is_a_shape_rejection_naming_the_limit(fresh_regist
     v = d.verdict("triton-split")
     assert v.reason == Reason.SHAPE and "512" in v.message
     assert d.chosen == "torch-ref"
+
+
+def test_profiles_are_explained_without_triton_importable(fresh_registry, monkeypatch):
+    """`linattn explain --profile sm90` on a machine without Triton: the profile's toolchain decides,
+    and no predicate needs to import a kernel module."""
+    import sys
+
+    for mod in [m for m in sys.modules if m.startswith("triton") or m in (
+            "linattn.kernels.triton.decode", "linattn.kernels.triton.prefill", "linattn.kernels.triton.silu_clamp")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "triton", None)  # any `import triton` now raises ImportError
+    for op, extra in (("gdn_decode", {}), ("gdn_prefill", {"t": 8192}), ("silu_and_mul_clamp", {})):
+        shape = dict(n=8192, d=18432) if op == "silu_and_mul_clamp" else dict(n=4096, **QWEN, **extra)
+        p = Problem(op=op, **shape)
+        assert explain(p, "sm90").chosen == "triton-split", explain(p, "sm90").summary()
+        assert explain(p, "mi300x").verdict("triton-split").reason == Reason.DEVICE
