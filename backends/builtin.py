@@ -16,6 +16,7 @@ BUILTIN = (
     "linattn.backends.torch_ref:TorchRefBackend",
     "linattn.backends.triton_split:TritonSplitBackend",
     "linattn.backends.triton_folded:TritonFoldedBackend",
+    "linattn.backends.cutedsl:CuteDSLBackend",
 )
 
 

@@ -115,14 +115,9 @@ def stage_times(fn):
 
 
 SWEEP = [
-    {"state_bv": 32, "state": dict(num_warps=4, num_stages=2)},
-    {"state_bv": 32, "state": dict(num_warps=4, num_stages=3)},
-    {"state_bv": 32, "state": dict(num_warps=8, num_stages=2)},
-    {"state_bv": 64, "state": dict(num_warps=4, num_stages=2)},
-    {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
-    {"inv_x4": False},
-    {"intra": dict(num_warps=8, num_stages=2)},
-    {"output": dict(num_warps=8, num_stages=2)},
+    {"fuse_output": True, "state_fused": dict(num_warps=8, num_stages=2)},
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128)},
+    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
 ]
 
 
@@ -140,12 +135,78 @@ def run_sweep(family, d, pool, idx):
             pm.pinned_config = forced
             fn = linattn_fn(family, d, pool.clone(), idx)
             try:
-                ms = bench_ms(fn, warmup=10, rep=60)
-                res.append(dict(config=repr(alt), ms=round(ms, 4)))
+                ms = bench_ms(fn, warmup=5, rep=40)
+                res.append(dict(config=repr(alt), ms=round(ms, 4), mtok_s=round(d["v"].shape[0] / ms / 1e3, 2)))
             except Exception as e:  # a config that does not build is reported, not fatal
                 res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:200]}"))
     finally:
         pm.pinned_config = pinned
+    return res
+
+
+#: Stage 1 alone (it touches no state, so it may be timed repeatedly): launch configurations.
+INTRA_SWEEP = [
+    {},
+    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=168), "intra_ctas_per_sm": 3},
+    {"intra_bk": 64},
+]
+
+
+def run_intra_sweep(family, d, old_intra=None):
+    """Median time of stage 1 alone per configuration of :data:`INTRA_SWEEP`; with ``old_intra``
+    (a module holding the previous, non-persistent ``chunk_intra_kernel``) that kernel too."""
+    import triton.language as tl
+
+    from linattn.capabilities import probe
+    from linattn.kernels.triton import prefill as pm
+
+    q, k, v, g, beta, cu = (d[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
+    T, HV = v.shape[0], v.shape[1]
+    kda = family == "kda"
+    _, seq, start, nt = pm.chunk_tables(cu, T)
+    w = torch.empty(T, HV, K, dtype=torch.bfloat16, device="cuda")
+    u = torch.empty(T, HV, V, dtype=torch.bfloat16, device="cuda")
+    rk = torch.empty(T, HV, dtype=torch.float32, device="cuda")
+    aqk = torch.empty(T, HV, 64, dtype=torch.float32, device="cuda") if kda else rk
+    rq = torch.empty(T, HV, dtype=torch.float32, device="cuda")
+    gc = torch.empty(T, HV, K, dtype=torch.float32, device="cuda") if kda else None
+    caps = probe(q.device)
+    res, ref = [], None
+    for alt in INTRA_SWEEP:
+        cfg = pm.pinned_config(family, K, V, torch.bfloat16)
+        cfg.update(alt)
+
+        def fn():
+            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, w, u, rk, aqk, kda=kda, use_qk_l2norm=True,
+                            DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps, fused=cfg["fuse_output"], rq=rq,
+                            scale=K ** -0.5, gc=gc)
+        try:
+            ms = bench_ms(fn, warmup=10, rep=60)
+            fn()
+            out = torch.cat([w.float().flatten(), u.float().flatten()])
+            if ref is None:
+                ref = out.clone()
+            res.append(dict(config=repr(alt), ms=round(ms, 4), rel_diff_vs_first=rel(out, ref)))
+        except Exception as e:  # a config that does not build is reported, not fatal
+            res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:300]}"))
+    if old_intra is not None:
+        def old():
+            old_intra.chunk_intra_kernel[(nt, HV)](
+                q, k, v, g, beta, cu, seq, start, w, u, rk, aqk,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+                cu.numel() - 1, HV // q.shape[1], HV, K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=True,
+                DT=tl.bfloat16, PREC="tf32", IPREC="ieee", INV_X4=True, num_warps=4, num_stages=2)
+        try:
+            ms = bench_ms(old, warmup=10, rep=60)
+            old()
+            out = torch.cat([w.float().flatten(), u.float().flatten()])
+            res.append(dict(config="previous kernel (one program per chunk x head)", ms=round(ms, 4),
+                            rel_diff_vs_first=rel(out, ref) if ref is not None else None))
+        except Exception as e:
+            res.append(dict(config="previous kernel", error=f"{type(e).__name__}: {str(e)[:300]}"))
     return res
 
 
@@ -156,6 +217,9 @@ def main():
     ap.add_argument("--shapes", default=",".join(f"{n}x{l}" for n, l in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--intra-sweep", action="store_true", help="time stage 1 alone under other configs")
+    ap.add_argument("--sweep-shapes", default=None, help="shapes (e.g. 16x4096) to sweep; default: all")
+    ap.add_argument("--old-intra", default=None, help="path of the previous chunk_intra.py, timed alongside")
     args = ap.parse_args()
     import triton
 
@@ -186,6 +250,7 @@ def main():
                 row["fla_mtok_s"] = T / row["fla_ms"] / 1e3
                 row["fla_gather_scatter_ms"] = bench_ms(gs)
                 row["fla_gather_scatter_mtok_s"] = T / row["fla_gather_scatter_ms"] / 1e3
+                row["fla_stages_ms"] = stage_times(alone)
                 row["speedup_vs_fla"] = row["fla_ms"] / row["linattn_pool_ms"]
                 row["speedup_vs_fla_gather_scatter"] = row["fla_gather_scatter_ms"] / row["linattn_pool_ms"]
                 # cross-check on identical data: the same initial rows through both
@@ -200,8 +265,17 @@ def main():
                              cu_seqlens=d["cu_seqlens"].long())
                 row["rel_diff_o_vs_fla"] = rel(o1, o2[0])
                 row["rel_diff_state_vs_fla"] = rel(p1[idx.long()], ht2.transpose(-1, -2))
-            if args.sweep:
+            swept = args.sweep_shapes is None or shp in args.sweep_shapes.split(",")
+            if args.sweep and swept:
                 row["sweep"] = run_sweep(family, d, pool, idx)
+            if args.intra_sweep and swept:
+                old = None
+                if args.old_intra:
+                    import importlib.util
+                    spec = importlib.util.spec_from_file_location("old_chunk_intra", args.old_intra)
+                    old = importlib.util.module_from_spec(spec)
+                    spec.loader.exec_module(old)
+                row["intra_sweep"] = run_intra_sweep(family, d, old)
             row["wall_s"] = round(time.time() - t0, 1)
             results.append(row)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

@@ -70,6 +70,18 @@ def state_inputs(kda, lens, H, HV, K, V, seed=0, dev="cuda"):
     return dict(k=k, g=g.contiguous(), w=w, u=u, rk=rk)
 
 
+def _chunk_cumsum(g: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """Chunk-local cumulative sums of ``g [T, ...]`` over 64-token chunks of each sequence (what
+    the Triton intra stage hands KDA's state stage), fp32."""
+    t = torch.arange(g.shape[0], device=g.device)
+    cu = cu.long()
+    bos = cu[torch.searchsorted(cu[1:], t, right=True)]
+    start = bos + (t - bos) // 64 * 64
+    G = torch.cumsum(g.double(), 0)
+    prev = torch.where((start > 0).view(-1, *([1] * (g.dim() - 1))), G[(start - 1).clamp(min=0)], 0.0)
+    return (G - prev).float().contiguous()
+
+
 def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk", impl="cutedsl", bufs=None):
     """Run one state kernel; returns (hbuf, vn, final_or_None).
 
@@ -111,12 +123,14 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
         hh0 = pool if pool is not None else (h0 if h0 is not None else final)
         ht = pool if pool is not None else final
         k, g = inp["k"], inp["g"]
+        if kda:  # the Triton state kernel reads KDA's chunk-local cumulative gates (intra stage)
+            g = _chunk_cumsum(g, cu)
         chunk_state_kernel[plan.grid](
             k, g, inp["w"], inp["u"], inp["rk"], cu, chunk_off, slots if slots is not None else chunk_off,
-            hh0, ht, hbuf, vn, k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+            hh0, ht, hbuf, vn, k, k, k, vn, k.stride(0), k.stride(1), g.stride(0), g.stride(1), k.stride(0), k.stride(1),
             *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
-            HV // H, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
-            HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", **cfg["state"])
+            HV // H, HV, 1.0, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
+            HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_OUT=False, L2NORM=False, **cfg["state"])
     return hbuf, vn, final
 
 

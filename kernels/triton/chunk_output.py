@@ -53,8 +53,8 @@ def chunk_output_kernel(
         ss += tl.sum(fq * fq, axis=1)
         hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
         if KDA:
-            gk = tl.load(g_ptr + r[:, None] * sgt + cols[None, :], mask=m[:, None], other=0.0)
-            G = tl.cumsum(gk.to(tl.float32), axis=0)
+            # g: the intra stage's chunk-local cumulative gates (KDA)
+            G = tl.load(g_ptr + r[:, None] * sgt + cols[None, :], mask=m[:, None], other=0.0)
             acc += tl.dot((fq * tl.exp(G)).to(DT), hk.to(DT), input_precision=PREC)
         else:
             kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)

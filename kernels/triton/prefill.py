@@ -169,22 +169,28 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     GROUP = HV // H
 
     chunk_off, chunk_seq, chunk_start, nt_max = chunk_tables(cu_seqlens, T)
-    w = torch.empty(T, HV, K, dtype=buf_dt, device=dev)
-    u = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-    vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-    rk = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=dev) if kda else rk
-    hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
-
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
-    chunk_intra_kernel[(nt_max, HV)](
-        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        N, GROUP, HV, K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        IPREC="ieee", INV_X4=cfg["inv_x4"], **cfg["intra"],
-    )
+    # the output stage runs inside the state kernel (no hbuf / vn round trip through memory),
+    # except with a replacement state kernel, which feeds the separate output kernel
+    fused = cfg["fuse_output"] and state_kernel is None
+    w = torch.empty(T, HV, K, dtype=buf_dt, device=dev)
+    u = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+    rk = torch.empty(T, HV, dtype=torch.float32, device=dev)
+    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=dev) if (kda or fused) else rk
+    rq = torch.empty(T, HV, dtype=torch.float32, device=dev) if fused else rk
+    # KDA: the chunk-local cumulative gates, written by the intra stage and read by the Triton
+    # state and output stages (a replacement state kernel gets the raw g)
+    gc = torch.empty(T, HV, K, dtype=torch.float32, device=dev) if kda else g
+    if fused:
+        vn = hbuf = w  # not touched by the fused state kernel
+    else:
+        vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+        hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
+
+    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk,
+                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps,
+                 fused=fused, rq=rq, scale=scale, gc=gc)
 
     BV = cfg["state_bv"]
     plan = plan_grid(N, HV, V // BV, caps, layout)
@@ -207,20 +213,48 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                      state_layout=state_layout)
     elif not plan.empty:
         chunk_state_kernel[plan.grid](
-            k, g, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
-            k.stride(0), k.stride(1), g.stride(0), g.stride(1), *s0, *st,
-            GROUP, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, **cfg["state"],
+            k, gc, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, q, aqk, rq, o,
+            k.stride(0), k.stride(1), gc.stride(0), gc.stride(1), q.stride(0), q.stride(1), *s0, *st,
+            GROUP, HV, float(scale), K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_OUT=fused, L2NORM=use_qk_l2norm,
+            **cfg["state_fused" if fused else "state"],
         )
+    if fused:
+        return o, final
 
     chunk_output_kernel[(nt_max, HV, V // 64)](
-        q, k, g, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+        q, k, gc, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), gc.stride(0), gc.stride(1),
         N, GROUP, HV, float(scale),
         K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
         **cfg["output"],
     )
     return o, final
+
+
+def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, *,
+                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities,
+                 fused: bool = False, rq=None, scale: float = 1.0, gc=None) -> None:
+    """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`chunk_prefill`:
+    a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
+    with its own 32 KiB fp32 scratch. Writes w, u, rk (and aqk for KDA); with ``fused`` (the
+    output stage inside the state kernel) also aqk for GDN and ``rq [T, HV]``; for KDA the
+    chunk-local cumulative gates ``gc [T, HV, K]`` fp32. Touches no state."""
+    HV = v.shape[1]
+    if kda and gc is None:
+        raise ValueError("KDA's intra stage writes the cumulative gates: pass gc [T, HV, K] fp32")
+    items = nt_max * HV
+    progs = max(1, min(items, caps.sm_count * cfg["intra_ctas_per_sm"]))
+    scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
+    chunk_intra_kernel[(progs,)](
+        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, rq if fused else rk,
+        gc if gc is not None else rk, scratch,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+        cu_seqlens.numel() - 1, HV // q.shape[1], HV, items, float(scale), K=q.shape[2], V=v.shape[2],
+        BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
+        IPREC="ieee", AQK=fused, **cfg["intra"],
+    )
 
 
 def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
@@ -238,10 +272,19 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
     full = _PIPELINED_SMEM.get(dtype, _PIPELINED_SMEM_OTHER)
     pipelined = K != 256 and (smem_per_block is None or smem_per_block >= full)
     return {
-        "intra": dict(num_warps=4, num_stages=2),
-        "inv_x4": True,
+        "intra": dict(num_warps=4, num_stages=1, maxnreg=128),
+        # the intra stage is persistent: this many programs per SM (each with a 32 KiB fp32
+        # scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096: KDA
+        # 16.1 ms at 8 per SM against 22.1 ms at 4 without the register cap; GDN 3.25 ms either way
+        "intra_ctas_per_sm": 8,
+        "intra_bk": 32,
         "state_bv": 32,
         "state": dict(num_warps=8 if (kda or K == 256) else 4, num_stages=2 if pipelined else 1),
+        # the output stage inside the state kernel (see chunk_state_kernel's FUSE_OUT)
+        # measured slower on the H200 (GDN 16x4096: 7.26 ms fused against 5.13 ms separate; KDA
+        # 33.0 against 30.8), so off; kept as a tested option (tests/gpu F13 runs it)
+        "fuse_output": False,
+        "state_fused": dict(num_warps=8, num_stages=2),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic

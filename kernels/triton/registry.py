@@ -119,14 +119,18 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}._pid:decode_pid",
     f"{KERNEL_PACKAGE}.decode:_log1p_exp_neg",
     f"{KERNEL_PACKAGE}.decode:_softplus",
-    f"{KERNEL_PACKAGE}.chunk_intra:_rows",
     f"{KERNEL_PACKAGE}.chunk_intra:_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_st",
-    f"{KERNEL_PACKAGE}.chunk_intra:_inv_unit_lower16",
-    f"{KERNEL_PACKAGE}.chunk_intra:_inv_unit_lower16_x4",
-    f"{KERNEL_PACKAGE}.chunk_intra:_mm",
+    f"{KERNEL_PACKAGE}.chunk_intra:_rows",
     f"{KERNEL_PACKAGE}.chunk_intra:_kda_diag",
     f"{KERNEL_PACKAGE}.chunk_intra:_kda_gates",
+    f"{KERNEL_PACKAGE}.chunk_intra:_blk_ld",
+    f"{KERNEL_PACKAGE}.chunk_intra:_blk_st",
+    f"{KERNEL_PACKAGE}.chunk_intra:_gdn_system",
+    f"{KERNEL_PACKAGE}.chunk_intra:_kda_system",
+    f"{KERNEL_PACKAGE}.chunk_intra:_solve",
+    f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
+    f"{KERNEL_PACKAGE}.chunk_intra:_mm",
 })
 
 

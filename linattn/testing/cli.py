@@ -5,7 +5,9 @@
     linattn check --xfail linattn-xfail.toml --json     # every backend available here, as JSON
 
 Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument (an
-unknown backend or op, an unreadable xfail file).
+unknown backend or op, an unreadable xfail file); 3 a backend named with ``--backend`` does not
+run on this device (e.g. ``cutedsl`` on a CPU: only its negative cases ran, the report says why;
+not a pass).
 """
 
 from __future__ import annotations
@@ -64,9 +66,14 @@ def _render(rep: SuiteReport, console: Console) -> None:
     for note in rep.notes:
         console.print(f"[dim]note: {escape(note)}[/]", highlight=False)
     c = rep.counts
-    verdict = "[bold green]PASSED[/]" if rep.ok else "[bold red]FAILED[/]"
+    verdict = {"passed": "[bold green]PASSED[/]", "failed": "[bold red]FAILED[/]",
+               "not_available": "[bold yellow]NOT AVAILABLE[/]"}[rep.status]
     console.print(f"{verdict} {rep.backend}: {c['passed']} passed, {c['failed']} failed, {c['xfail']} xfail, "
                   f"{c['xpass']} xpass, {c['skipped']} skipped")
+    if rep.status == "not_available":
+        why = next(w for w in rep.availability.values() if w)
+        console.print(f"[yellow]{escape(rep.backend)} does not run on {escape(rep.device)}, so none of its accuracy "
+                      f"or pool cases ran (only the negative ones): {escape(why)}[/]", highlight=False)
 
 
 def _targets(backend: Optional[str], op: Optional[str], device: str) -> tuple[list[str], list[str]]:
@@ -117,8 +124,8 @@ def check(
     if json_:
         for name in names:
             reports.append(run_suite(name, ops=ops, device=dev, xfail=rules))
-        doc = {"device": dev, "ok": all(r.ok for r in reports), "notes": notes,
-               "backends": [r.to_dict() for r in reports]}
+        doc = {"device": dev, "ok": all(r.status == "passed" for r in reports), "status": _status(reports),
+               "notes": notes, "backends": [r.to_dict() for r in reports]}
         typer.echo(json.dumps(doc, indent=2, default=str))
     else:
         console = Console(soft_wrap=False)
@@ -140,5 +147,12 @@ def check(
             console.print(f"[dim]{escape(note)}[/]", highlight=False)
         if not reports:
             console.print("[yellow]no backend to check on this device[/]")
-    if not all(r.ok for r in reports):
-        raise typer.Exit(code=1)
+    status = _status(reports)
+    if status != "passed":
+        raise typer.Exit(code=1 if status == "failed" else 3)
+
+
+def _status(reports: list[SuiteReport]) -> str:
+    """``failed`` if any report failed, else ``not_available`` if any backend did not run here, else ``passed``."""
+    states = {r.status for r in reports}
+    return "failed" if "failed" in states else "not_available" if "not_available" in states else "passed"

@@ -5,8 +5,10 @@
 
 (``-p linattn.testing`` works too.) Each case becomes one item named ``check[<case id>]`` under a
 ``linattn-conformance[<backend>]`` node, so ``-k``, ``-x``, ``--lf`` and junit XML work as usual. A
-case the backend's predicates decline is skipped with their reason; a case in the xfail file is
-an xfail (strict entries fail when they pass). Without ``--linattn-backend`` the plugin adds
+case the backend's predicates decline is skipped with their reason; the accuracy and pool cases of
+an op the backend does not run on this device at all (``cutedsl`` on a CPU) are skipped with
+"backend not available on <device>" and the rejection (device, arch, toolchain), as ``linattn
+check`` reports them; a case in the xfail file is an xfail (strict entries fail when they pass). Without ``--linattn-backend`` the plugin adds
 nothing.
 """
 
@@ -36,13 +38,16 @@ class ConformanceFailure(Exception):
 class ConformanceItem(pytest.Item):
     """One conformance case."""
 
-    def __init__(self, *, case, device, rules, **kwargs):
+    def __init__(self, *, case, device, rules, unavailable=None, **kwargs):
         super().__init__(**kwargs)
-        self.case, self.device, self.rules = case, device, rules
+        self.case, self.device, self.rules, self.unavailable = case, device, rules, unavailable
         self.add_marker(pytest.mark.linattn_conformance)
 
     def runtest(self) -> None:
         from .runner import run_case
+
+        if self.unavailable and self.case.kind in ("accuracy", "pool"):
+            pytest.skip(f"backend not available on {self.device}: {self.unavailable}")
 
         res = run_case(self.case, self.device, self.rules)
         self.user_properties.append(("errors", res.errors))
@@ -70,12 +75,13 @@ class ConformanceSuite(pytest.Collector):
         self.backend, self.ops, self.device, self.rules = backend, ops, device, rules
 
     def collect(self):
-        from .runner import plan
+        from .runner import availability, plan
 
-        _, device, cases = plan(self.backend, self.ops or None, self.device)
+        backend, device, cases = plan(self.backend, self.ops or None, self.device)
+        avail = availability(backend, list(dict.fromkeys(c.op for c in cases)), device)
         for case in cases:
             yield ConformanceItem.from_parent(self, name=f"check[{case.id}]", case=case, device=device,
-                                              rules=self.rules)
+                                              rules=self.rules, unavailable=avail.get(case.op))
 
 
 def pytest_configure(config) -> None:

@@ -52,6 +52,9 @@ class SuiteReport(BaseModel):
     device: str
     results: list[CaseResult]
     notes: list[str] = []
+    #: Per declared op that was asked for: None when the backend runs it on this device, else why
+    #: not (``[reason] message`` of its rejection: device, arch, toolchain...).
+    availability: dict[str, Optional[str]] = {}
 
     @property
     def counts(self) -> dict[str, int]:
@@ -62,15 +65,34 @@ class SuiteReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """True when no case failed (xfail and non-strict xpass do not fail the suite)."""
+        """True when no case failed (xfail and non-strict xpass do not fail the suite).
+
+        Not a verdict on its own: a backend that is not available on the device runs its negative
+        cases only (``available`` is False); :attr:`status` tells the two apart."""
         return not any(r.status == "failed" for r in self.results)
+
+    @property
+    def available(self) -> bool:
+        """False when every declared op asked for is unavailable on this device, so no accuracy or
+        pool case ran (only the negative ones). True when none of its declared ops was asked for."""
+        return not self.availability or any(why is None for why in self.availability.values())
+
+    @property
+    def status(self) -> Literal["passed", "failed", "not_available"]:
+        """``failed`` (a case failed); ``not_available`` (accuracy or pool cases were asked for but
+        the backend runs none of its ops on this device, so only negative cases ran: not a pass);
+        else ``passed``."""
+        if not self.ok:
+            return "failed"
+        wanted = any(r.kind in ("accuracy", "pool") for r in self.results)
+        return "not_available" if wanted and not self.available else "passed"
 
     def failures(self) -> list[CaseResult]:
         return [r for r in self.results if r.status == "failed"]
 
     def to_dict(self) -> dict:
         d = self.model_dump()
-        d["counts"], d["ok"] = self.counts, self.ok
+        d["counts"], d["ok"], d["available"], d["status"] = self.counts, self.ok, self.available, self.status
         return d
 
 
@@ -158,7 +180,9 @@ def run_suite(backend_name: str, ops: Optional[Iterable[str]] = None, device=Non
         kinds: restrict to these case kinds (``accuracy``, ``pool``, ``negative``, ``contract``).
         on_result: called after each case with ``(result, index, total)`` (progress bars).
     Returns:
-        :class:`SuiteReport`; ``report.ok`` is False when a case failed.
+        :class:`SuiteReport`; ``report.ok`` is False when a case failed; ``report.status`` is
+        ``not_available`` when the backend cannot run any op asked for on ``device`` (its accuracy
+        and pool cases are skipped with the reason, only the negative cases run).
     Raises:
         ValueError: an unknown backend or op.
     Example:
@@ -183,7 +207,7 @@ def run_suite(backend_name: str, ops: Optional[Iterable[str]] = None, device=Non
             on_result(res, i, len(cases))
     results += [apply_xfail(r, xfail) for r in _nothing_accepted(backend, results, avail)]
     return SuiteReport(backend=backend.name, plugin=backend.plugin, distribution=backend.distribution,
-                       version=str(backend.version), device=dev, results=results, notes=notes)
+                       version=str(backend.version), device=dev, results=results, notes=notes, availability=avail)
 
 
 def _nothing_accepted(backend, results: list[CaseResult], avail: dict) -> list[CaseResult]:

@@ -87,22 +87,21 @@ SCRIPT = textwrap.dedent(r'''
 _FP32 = ("fp32 inputs run every dot with input_precision='ieee' (FMA, no tensor cores), so that the "
          "prefill meets ops.md's 1e-5 against float64; the fp32 operand tiles do not fit in 255 "
          "registers. The production path is bf16 (tensor cores, no spills: checked below).")
+_INTRA_CAP = ("the intra stage is capped at 128 registers (maxnreg) so that 4 CTAs fit per SM: on "
+              "the H200 (benchmarks/results/prefill_h200_run2_sweeps.json, 16x4096) KDA's stage 1 took "
+              "16.1 ms capped against 22.1 ms uncapped, GDN's 3.25 ms either way; the spills are the "
+              "price of that occupancy")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
     ("chunk_intra_kernel", "False", "fp32", "64"): (6280, _FP32),
     ("chunk_intra_kernel", "True", "fp32", "64"): (2328, _FP32),
     ("chunk_state_kernel", "False", "fp32", "64"): (664, _FP32),
-    ("chunk_state_kernel", "True", "fp32", "64"): (320, _FP32),
+    ("chunk_state_kernel", "True", "fp32", "64"): (432, _FP32),
     ("chunk_output_kernel", "False", "fp32", "64"): (104, _FP32),
     ("chunk_output_kernel", "True", "fp32", "64"): (7408, _FP32),
-    ("chunk_intra_kernel", "True", "bf16", "128"): (
-        256, "KDA's intra stage at K = 128 holds the per-channel gate tiles of the four 16-row "
-             "blocks and the [16, 16, 16] diagonal-block products at 4 warps: 255 registers and "
-             "256 bytes of stack (the prefill author's measured config)"),
-    ("chunk_state_kernel", "True", "bf16", "128"): (
-        8, "KDA's state kernel at K = 128 (8 warps, pipelined loads, fp32 [128, 32] state, the "
-           "per-channel decay tile) sits at 255 registers; with int32 state_indices (the production "
-           "launch above) ptxas spills 8 bytes, with int64 none. GDN's bf16 state kernel, and every "
-           "bf16 prefill build at K = 64, do not spill"),
+    ("chunk_intra_kernel", "True", "bf16", "128"): (1360, _INTRA_CAP),
+    ("chunk_intra_kernel", "True", "bf16", "64"): (1128, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "128"): (48, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "64"): (32, _INTRA_CAP),
 }
 
 

@@ -10,6 +10,9 @@ Status on the H200 (benchmarks/results/prefill_cutedsl_h200.json): the state-sta
 three whole-prefill checks fail on GDN outputs (pool vs dense output not bitwise, o_rel 0.021 and
 0.027 against the 0.02 limit) while the states pass; ``--impl triton`` runs the same checks on the
 Triton prefill to tell whether that comes from the shared Triton intra/output stages.
+
+The last test runs the conformance suite (``linattn check --backend cutedsl --device cuda``) on
+this GPU: every accuracy and pool case must run (none skipped as "not available") and pass.
 """
 
 import pytest
@@ -32,3 +35,13 @@ def test_cutedsl_selfcheck(name):
     res = CHECKS[name]()
     bad = [c for c in res.get("cases", [res]) if not c.get("ok", res.get("ok"))]
     assert res["ok"], f"{name}: {bad or res}"
+
+
+def test_conformance_suite_runs_every_case_and_passes_on_this_gpu():
+    from linattn.testing import run_suite
+
+    rep = run_suite("cutedsl", device="cuda")
+    assert rep.available, f"cutedsl is not available on this GPU: {rep.availability}"
+    runs = [r for r in rep.results if r.kind in ("accuracy", "pool")]
+    assert runs and all(r.status != "skipped" for r in runs), [(r.id, r.message) for r in runs if r.status == "skipped"]
+    assert rep.status == "passed", "\n".join(f"{r.id}: {r.message}" for r in rep.failures())

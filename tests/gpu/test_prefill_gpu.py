@@ -216,7 +216,9 @@ def test_F17_fp16_inputs_with_state_past_fp16_range():
 ALT_CONFIGS = [
     {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
     {"state_bv": 32, "state": dict(num_warps=8, num_stages=1)},
-    {"intra": dict(num_warps=8, num_stages=1), "output": dict(num_warps=8, num_stages=1), "inv_x4": False},
+    {"intra": dict(num_warps=8, num_stages=1), "output": dict(num_warps=8, num_stages=1), "intra_bk": 64},
+    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 1},
+    {"fuse_output": False},
 ]
 
 

@@ -26,8 +26,7 @@ def _installed(entry_point: str) -> bool:
 def test_suite_passes_on_every_backend_available_on_the_cpu(registry, name):
     if name == "cpu-chunked" and not _installed(name):
         pytest.skip("the example plugin is not installed: pip install -e examples/linattn-cpu-chunked (CI does)")
-    if name not in registry.backends:
-        pytest.skip(f"{name} is not registered in this build")
+    assert name in registry.backends, f"{name} is a built-in and must be registered"
     b = registry.backends[name]
     avail = availability(b, list(b.ops), "cpu")
     if all(why is not None for why in avail.values()):
@@ -43,6 +42,44 @@ def test_suite_passes_on_every_backend_available_on_the_cpu(registry, name):
     ran = [r for r in rep.results if r.kind in ("accuracy", "pool") and r.status == "passed"]
     assert ran, "no accuracy case ran"
     assert any(r.kind == "negative" for r in rep.results) or set(b.ops) == set(linattn.dispatch.OPS)
+
+
+def test_check_of_a_backend_that_does_not_run_on_the_device_is_not_a_pass(registry):
+    """cutedsl needs an SM90/SM100 GPU: on the CPU only its negative cases run, and the report
+    says NOT AVAILABLE with the reason and exits 3 (neither a crash nor a pass)."""
+    from typer.testing import CliRunner
+
+    from linattn.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["check", "--backend", "cutedsl", "--device", "cpu", "--json"])
+    assert res.exit_code == 3, res.output
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and doc["status"] == "not_available"
+    (rep,) = doc["backends"]
+    assert rep["status"] == "not_available" and rep["available"] is False and rep["ok"] is True
+    assert set(rep["availability"]) == {"gdn_prefill", "kda_prefill"}
+    assert all(why.startswith("[device] device_type='cpu'") for why in rep["availability"].values())
+    runs = [r for r in rep["results"] if r["kind"] in ("accuracy", "pool")]
+    assert runs and all(r["status"] == "skipped" and "backend not available here: [device]" in r["message"]
+                        for r in runs)
+    negative = [r for r in rep["results"] if r["kind"] == "negative"]
+    assert negative and all(r["status"] == "passed" for r in negative)
+    res = runner.invoke(app, ["check", "--backend", "cutedsl", "--device", "cpu"], env={"COLUMNS": "250"})
+    assert res.exit_code == 3
+    assert "NOT AVAILABLE cutedsl" in res.output and "PASSED" not in res.output
+    assert "cutedsl does not run on cpu" in res.output
+
+
+def test_report_status_separates_passed_failed_and_not_available(registry):
+    rep = run_suite("torch-ref", ops=["silu_and_mul_clamp"], kinds=["accuracy"])
+    assert rep.status == "passed" and rep.available
+    rep = run_suite("cutedsl", ops=["gdn_prefill"], kinds=["accuracy"], device="cpu")
+    assert rep.ok and not rep.available and rep.status == "not_available"
+    rep = run_suite("cutedsl", ops=["gdn_prefill"], kinds=["negative"], device="cpu")
+    assert rep.status == "passed"  # only negative cases asked for: they all ran
+    registry.add_plugin(Plugin(IgnoresPadding), name="wrong", distribution="tests")
+    assert run_suite("ignores-padding", ops=["gdn_decode"], kinds=["pool"]).status == "failed"
 
 
 def test_cases_follow_the_declared_capabilities():
@@ -167,3 +204,16 @@ def test_pytest_plugin_turns_cases_into_items(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASSED linattn-conformance[torch-ref]::check[silu_and_mul_clamp/accuracy/dtype[float32" in res.stdout
     assert " passed" in res.stdout.splitlines()[-1]
+
+
+def test_pytest_plugin_skips_a_backend_that_does_not_run_on_the_device_with_the_reason(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmd = [sys.executable, "-m", "pytest", "-p", "linattn.testing.pytest_plugin", "--linattn-backend", "cutedsl",
+           "--linattn-device", "cpu", "-q", "-p", "no:cacheprovider", "-rA"]
+    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    skipped = [line for line in res.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert skipped and all("backend not available on cpu: [device] device_type='cpu'" in line for line in skipped)
+    assert "PASSED linattn-conformance[cutedsl]::check[gdn_prefill/negative/" in res.stdout
+    assert not any("/accuracy/" in line or "/pool/" in line for line in res.stdout.splitlines()
+                   if line.startswith("PASSED"))
