@@ -2,16 +2,19 @@
 
 Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
 
-1. :mod:`.chunk_intra` — per (chunk, value head): chunk-local cumulative gates, ``A`` (K K^T with
-   decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk query-key matrix).
+1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
+   gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk
+   query-key matrix and the cumulative gates, which stages 2 and 3 read).
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
-3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows.
+3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows. (Optionally,
+   ``fuse_output`` in :func:`pinned_config`, the state kernel computes them itself; measured
+   slower on the H200, so off.)
 
 The chunk index table (sequence and first token of every chunk) is built on the device from
-``cu_seqlens`` with no host sync: the intra and output grids are sized for the upper bound
-``T // 64 + N`` chunks, and programs past the real count return at once. So a prefill call can be
+``cu_seqlens`` with no host sync: the intra and output stages cover the upper bound
+``T // 64 + N`` chunks, and work past the real count is skipped at once. So a prefill call can be
 captured in a CUDA graph (the validation layer's own checks aside).
 
 Configurations are pinned per shape class (K, V, dtype): nothing is autotuned, so the kernel that
@@ -274,8 +277,9 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
     return {
         "intra": dict(num_warps=4, num_stages=1, maxnreg=128),
         # the intra stage is persistent: this many programs per SM (each with a 32 KiB fp32
-        # scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096: KDA
-        # 16.1 ms at 8 per SM against 22.1 ms at 4 without the register cap; GDN 3.25 ms either way
+        # scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096, with the
+        # 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against 3.60 ms,
+        # KDA 16.1 against 22.1 ms (benchmarks/results/prefill_h200_run3.json, _run2_sweeps.json)
         "intra_ctas_per_sm": 8,
         "intra_bk": 32,
         "state_bv": 32,

@@ -97,9 +97,10 @@ KERNELS: tuple[KernelEntry, ...] = (
         name="chunk_intra", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        why_unplanned=("grid (T // 64 + N, HV): one program per (chunk, value head), chunks on axis x "
-                       "(up to 2**31 - 1) and no N * HV axis, so no device limit is at stake and "
-                       "there is nothing to plan; programs past the real chunk count return at once"),
+        why_unplanned=("persistent grid (min(items, sm_count * 8),) on axis x: each program loops over "
+                       "the (chunk, value head) items p, p + P, ... of the (T // 64 + N) * HV items, so "
+                       "no axis carries N * HV, no device limit is at stake and there is nothing to "
+                       "plan; items past the real chunk count do nothing"),
         notes="stage 1 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
     ),
     KernelEntry(
