@@ -83,7 +83,7 @@ class CuteDSLBackend(Backend):
         if caps.vendor == "nvidia" and caps.arch in self.archs:
             return Check.passed()
         return Check.failed(Reason.ARCH, f"arch={caps.arch!r} ({caps.vendor}, {caps.name}); supported: "
-                            f"NVIDIA {{{', '.join(self.archs)}}}", "use triton-split (NVIDIA) or triton-folded (AMD)")
+                            f"NVIDIA {{{', '.join(self.archs)}}}", "on other GPUs the dispatcher picks among the eligible backends: see `linattn explain`")
 
     def supports_toolchain(self, p: Problem, caps: DeviceCapabilities) -> Check:
         base = super().supports_toolchain(p, caps)

@@ -81,8 +81,9 @@ def _caps_table(caps) -> Table:
     t.add_column("value")
     tc = caps.toolchain
     rows = [
-        ("device", f"{caps.name} ({caps.vendor}, {caps.device_type}"
-                   f"{'' if caps.device_index is None else ':' + str(caps.device_index)})"),
+        ("device", caps.name + " (" + ("" if caps.vendor in (caps.device_type, caps.name.split()[0].lower())
+                                       else f"{caps.vendor}, ")
+                   + f"{caps.device_type}{'' if caps.device_index is None else ':' + str(caps.device_index)})"),
         ("profile", caps.profile or "(probed)"),
         ("arch", caps.arch + (f"  cc {caps.compute_capability[0]}.{caps.compute_capability[1]}"
                               if caps.compute_capability else "")),
@@ -179,7 +180,7 @@ def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT) -> No
 def _render_decision(d, prob: Problem, model: str) -> None:
     con = _console()
     head = Text.assemble(("op ", "bold"), d.op, ("   model ", "bold"), model, ("   device ", "bold"),
-                         f"{d.device}" + (f" (profile {d.profile})" if d.profile else ""))
+                         (f"{d.device.removesuffix(' (profile)')} (profile {d.profile})" if d.profile else f"{d.device}"))
     con.print(head)
     con.print(Text.assemble(("problem ", "bold"), prob.brief()))
     forced = f"{d.forced} (by {d.forced_by})" if d.forced else "none"

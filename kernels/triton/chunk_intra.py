@@ -27,6 +27,8 @@ query norm and scale applied later) and the cumulative gates ``G``, which the la
 import triton
 import triton.language as tl
 
+from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+
 @triton.jit
 def _rows(L, b: tl.constexpr):
     """Chunk-local rows of row block ``b`` (int32) and their mask (rows < L)."""
@@ -64,7 +66,7 @@ def _kda_diag(k_ptr, q_ptr, g_ptr, tok, msk, skt, sqt, sgt, K: tl.constexpr):
     aqk = tl.zeros([16, 16], dtype=tl.float32)
     for p in range(K // 16):
         kk = _ld(k_ptr, tok, msk, skt, p * 16, 16).to(tl.float32)
-        gg = _ld(g_ptr, tok, msk, sgt, p * 16, 16).to(tl.float32)
+        gg = tl.maximum(_ld(g_ptr, tok, msk, sgt, p * 16, 16).to(tl.float32), G_MIN)
         gl = tl.cumsum(gg, axis=0)
         e = tl.exp(tl.where(incl, gl[:, None, :] - gl[None, :, :], float("-inf")))  # [r, s, d]
         akk += tl.sum(tl.where(strict, kk[:, None, :] * kk[None, :, :] * e, 0.0), axis=2)
@@ -81,16 +83,16 @@ def _kda_gates(g_ptr, L, sgt, col0, BK: tl.constexpr):
     tok1, m1 = _rows(L, 1)
     tok2, m2 = _rows(L, 2)
     tok3, m3 = _rows(L, 3)
-    g0 = _ld(g_ptr, tok0, m0, sgt, col0, BK).to(tl.float32)
+    g0 = tl.maximum(_ld(g_ptr, tok0, m0, sgt, col0, BK).to(tl.float32), G_MIN)
     G0 = tl.cumsum(g0, axis=0)
     c1 = tl.sum(g0, axis=0)
-    g1 = _ld(g_ptr, tok1, m1, sgt, col0, BK).to(tl.float32)
+    g1 = tl.maximum(_ld(g_ptr, tok1, m1, sgt, col0, BK).to(tl.float32), G_MIN)
     G1 = tl.cumsum(g1, axis=0) + c1[None, :]
     c2 = c1 + tl.sum(g1, axis=0)
-    g2 = _ld(g_ptr, tok2, m2, sgt, col0, BK).to(tl.float32)
+    g2 = tl.maximum(_ld(g_ptr, tok2, m2, sgt, col0, BK).to(tl.float32), G_MIN)
     G2 = tl.cumsum(g2, axis=0) + c2[None, :]
     c3 = c2 + tl.sum(g2, axis=0)
-    g3 = _ld(g_ptr, tok3, m3, sgt, col0, BK).to(tl.float32)
+    g3 = tl.maximum(_ld(g_ptr, tok3, m3, sgt, col0, BK).to(tl.float32), G_MIN)
     G3 = tl.cumsum(g3, axis=0) + c3[None, :]
     return G0, G1, G2, G3, c1, c2, c3
 
@@ -135,7 +137,7 @@ def _gdn_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, a_ptr, HV
         rk = tl.where(m, 1.0 / tl.sqrt(ss + 1e-6), 0.0)
     else:
         rk = tl.where(m, 1.0, 0.0)
-    G = tl.cumsum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), axis=0)
+    G = tl.cumsum(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), axis=0)
     b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
     if AQK:
         incl = r[:, None] >= r[None, :]

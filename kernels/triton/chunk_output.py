@@ -14,6 +14,8 @@ so no axis carries ``N * HV``.
 import triton
 import triton.language as tl
 
+from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+
 
 @triton.jit
 def chunk_output_kernel(
@@ -66,7 +68,7 @@ def chunk_output_kernel(
         A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
                     mask=m[:, None] & incl, other=0.0).to(tl.float32)
     else:
-        gt = tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32)
+        gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
         G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         acc = acc * tl.exp(G)[:, None]

@@ -21,6 +21,8 @@ import triton.language as tl
 
 from linattn.kernels.triton._pid import decode_pid
 
+from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+
 
 @triton.jit
 def chunk_state_kernel(
@@ -88,7 +90,7 @@ def chunk_state_kernel(
             G = tl.load(g_ptr + (r[:, None] * sgt + kk[None, :]), mask=m[:, None], other=0.0)
             gl = tl.load(g_ptr + (tl.minimum(eos - t0, 64) - 1) * sgt + kk)
         else:
-            gt = tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32)
+            gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
             G = tl.cumsum(gt, axis=0)
             gl = tl.sum(gt, axis=0)
         if FUSE_OUT:  # O = (Q * exp(G)) S + Aqk Vn, before S moves on

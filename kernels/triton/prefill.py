@@ -43,8 +43,10 @@ from linattn.kernels.grid import plan_grid
 from .chunk_intra import chunk_intra_kernel
 from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
+from .decode import G_MIN
 
 CHUNK = 64
+G_MIN_HOST = float(G_MIN.value)  # the floor of g (-1000; torch_ref.G_MIN)
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 
@@ -210,7 +212,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     if state_kernel is not None:
         if buf_dt != torch.bfloat16:
             raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
-        state_kernel(kda=kda, k=k, g=g, w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
+        # the Triton stages floor g at G_MIN (-1000) as they load it; the replacement kernel reads
+        # g raw, so it gets a floored copy (ops.md: extreme gates never make NaN)
+        state_kernel(kda=kda, k=k, g=g.clamp_min(G_MIN_HOST), w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
                      state_indices=state_indices if pool_mode else None,
                      h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
                      state_layout=state_layout)

@@ -103,7 +103,11 @@ def check(
     device: Optional[str] = typer.Option(None, "--device", help="A torch device: cpu (default), cuda, cuda:1, ..."),
 ) -> None:
     """Run the conformance suite: cases from each backend's declared capabilities, compared with the
-    float64 reference at the ops.md tolerances, negative cases, the pool rules."""
+    float64 reference at the ops.md tolerances, negative cases, the pool rules.
+
+    Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument;
+    3 the backend named with --backend does not run on this device (not a pass).
+    """
     err = Console(stderr=True)
     dev = device or "cpu"
     try:

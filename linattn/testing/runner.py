@@ -92,7 +92,9 @@ class SuiteReport(BaseModel):
 
     def to_dict(self) -> dict:
         d = self.model_dump()
-        d["counts"], d["ok"], d["available"], d["status"] = self.counts, self.ok, self.available, self.status
+        # in JSON, "ok" is false for a backend that does not run here (its status says not_available)
+        d["counts"], d["ok"], d["available"], d["status"] = (self.counts, self.ok and self.status != "not_available",
+                                                             self.available, self.status)
         return d
 
 
