@@ -13,10 +13,13 @@ median):
 
 Throughput is tokens / median time (Mtok/s). Also recorded: the relative difference between
 linattn's and FLA's outputs and final states on the same data (a cross-check, not a test), the
-time of each linattn stage (torch profiler), and with ``--sweep`` the pipeline time for other
-launch configurations of the state kernel (timing only; the shipped config is pinned).
+time of each linattn stage and of FLA's kernels (torch profiler), with ``--sweep`` the pipeline
+time under other launch configurations (timing only, on a scratch copy of the pool; the shipped
+config is pinned), and with ``--intra-sweep`` stage 1 alone under other configurations (it writes
+no state), optionally beside a previous stage-1 kernel (``--old-intra path/to/chunk_intra.py``).
 
 Usage:  python benchmarks/prefill.py --out results.json [--families gdn,kda] [--sweep]
+        [--intra-sweep] [--sweep-shapes 16x4096]
 """
 
 from __future__ import annotations
