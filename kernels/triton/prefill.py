@@ -292,6 +292,8 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # measured slower on the H200 (GDN 16x4096: 7.26 ms fused against 5.13 ms separate; KDA
         # 33.0 against 30.8), so off; kept as a tested option (tests/gpu F13 runs it)
         "fuse_output": False,
+        # num_stages=1 builds of the fused kernel made an illegal shared-memory read on the H200
+        # (triton 3.6, compute-sanitizer); the 2-stage builds measured correct (tests/gpu F13)
         "state_fused": dict(num_warps=8, num_stages=2),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
