@@ -61,11 +61,9 @@ import torch
 import torch.nn.functional as F
 
 from linattn.dispatch.problem import OPS
+from linattn.kernels.triton.limits import G_MIN  # floor of g: exp(G_MIN) is 0 in fp32 and fp64
 
 from .base import ALL_VENDORS, FLOAT_DTYPES, Backend
-
-G_MIN = -1000.0
-"""Floor of the log-space decay ``g``: ``exp(G_MIN)`` is 0 in float32 and float64."""
 
 L2NORM_EPS = 1e-6
 

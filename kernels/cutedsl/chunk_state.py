@@ -18,6 +18,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from linattn.kernels.triton.limits import G_MIN
+
 from . import SUPPORTED_K, SUPPORTED_V
 
 _LOCK = threading.Lock()
@@ -151,7 +153,8 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
     Args:
         kda: KDA (per-channel gates) instead of GDN.
         k: ``[T, H, K]`` bf16, raw keys (last dim contiguous); ``rk [T, HV]`` fp32 inverse key norms.
-        g: fp32 log decays, ``[T, HV]`` (GDN) or ``[T, HV, K]`` (KDA, last dim contiguous).
+        g: fp32 log decays, ``[T, HV]`` (GDN) or ``[T, HV, K]`` (KDA, last dim contiguous); values
+            below ``G_MIN`` (-1000) are floored (on a copy), as every backend floors them.
         w: ``[T, HV, K]`` bf16, contiguous; ``u``: ``[T, HV, V]`` bf16, contiguous.
         cu_seqlens: ``[N+1]`` int32/int64; ``chunk_off``: ``[N+1]`` int64 (first chunk of each sequence).
         state_indices: pool mode: ``[N]`` int32/int64 slots (negative = padding: zero h0, no store);
@@ -190,6 +193,7 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         raise ValueError(f"cutedsl state kernel: state dtype {ht.dtype}; supported: float32, bfloat16")
     if not _aligned(k, 8, (k.stride(0), k.stride(1))) or k.stride(2) != 1:
         k = k.contiguous()
+    g = g.clamp_min(G_MIN)  # the kernel reads g raw: floored here as the Triton stages floor it on load
     if kda and (not _aligned(g, 4, (g.stride(0), g.stride(1))) or g.stride(2) != 1):
         g = g.contiguous()
     for name, x in (("w", w), ("u", u), ("vn", vn), ("hbuf", hbuf), ("rk", rk)):

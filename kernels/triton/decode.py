@@ -31,10 +31,11 @@ import triton.language as tl
 
 from linattn.kernels.grid import plan_grid
 from linattn.kernels.triton._pid import decode_pid
+from linattn.kernels.triton import limits
 from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy, Triton-free)
 
-#: Floor of the log decay g, as backends/torch_ref.G_MIN: exp(G_MIN) is 0 in fp32.
-G_MIN = tl.constexpr(-1000.0)
+#: Floor of the log decay g (limits.G_MIN, as the kernels see it): exp(G_MIN) is 0 in fp32.
+G_MIN = tl.constexpr(limits.G_MIN)
 #: State tile budget in fp32 elements per program (BV * BK), keeps the tile in registers.
 TILE_ELEMENTS = 4096
 
