@@ -196,21 +196,23 @@ def test_linattn_check_command_json_and_exit_codes(registry):
     assert "gdn_decode/pool/slot0-padding[float32,state=float32,vk,pool,N4T1,K32V16,H2HV4]" in res.output
 
 
-def test_pytest_plugin_turns_cases_into_items(tmp_path):
+def _run_pytest_plugin(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The conformance suite as a pytest plugin, in a fresh interpreter in an empty directory."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmd = [sys.executable, "-m", "pytest", "-p", "linattn.testing.pytest_plugin", "--linattn-backend", "torch-ref",
-           "--linattn-op", "silu_and_mul_clamp", "-q", "-p", "no:cacheprovider", "-rA"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-m", "pytest", "-p", "linattn.testing.pytest_plugin", *args, "-q", "-p",
+           "no:cacheprovider", "-rA"]
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_pytest_plugin_turns_cases_into_items(tmp_path):
+    res = _run_pytest_plugin(tmp_path, "--linattn-backend", "torch-ref", "--linattn-op", "silu_and_mul_clamp")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "PASSED linattn-conformance[torch-ref]::check[silu_and_mul_clamp/accuracy/dtype[float32" in res.stdout
     assert " passed" in res.stdout.splitlines()[-1]
 
 
 def test_pytest_plugin_skips_a_backend_that_does_not_run_on_the_device_with_the_reason(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmd = [sys.executable, "-m", "pytest", "-p", "linattn.testing.pytest_plugin", "--linattn-backend", "cutedsl",
-           "--linattn-device", "cpu", "-q", "-p", "no:cacheprovider", "-rA"]
-    res = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    res = _run_pytest_plugin(tmp_path, "--linattn-backend", "cutedsl", "--linattn-device", "cpu")
     assert res.returncode == 0, res.stdout + res.stderr
     skipped = [line for line in res.stdout.splitlines() if line.startswith("SKIPPED")]
     assert skipped and all("backend not available on cpu: [device] device_type='cpu'" in line for line in skipped)
