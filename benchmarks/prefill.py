@@ -118,7 +118,6 @@ def stage_times(fn):
 
 
 SWEEP = [
-    {"fuse_output": True, "state_fused": dict(num_warps=8, num_stages=2)},
     {"intra": dict(num_warps=4, num_stages=1, maxnreg=128)},
     {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
 ]
@@ -169,12 +168,7 @@ def run_intra_sweep(family, d, old_intra=None):
     T, HV = v.shape[0], v.shape[1]
     kda = family == "kda"
     _, seq, start, nt = pm.chunk_tables(cu, T)
-    w = torch.empty(T, HV, K, dtype=torch.bfloat16, device="cuda")
-    u = torch.empty(T, HV, V, dtype=torch.bfloat16, device="cuda")
-    rk = torch.empty(T, HV, dtype=torch.float32, device="cuda")
-    aqk = torch.empty(T, HV, 64, dtype=torch.float32, device="cuda") if kda else rk
-    rq = torch.empty(T, HV, dtype=torch.float32, device="cuda")
-    gc = torch.empty(T, HV, K, dtype=torch.float32, device="cuda") if kda else None
+    w, u, rk, aqk, gc = pm.intra_buffers(kda, T, HV, K, V, torch.bfloat16, q.device)
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
@@ -182,9 +176,8 @@ def run_intra_sweep(family, d, old_intra=None):
         cfg.update(alt)
 
         def fn():
-            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, w, u, rk, aqk, kda=kda, use_qk_l2norm=True,
-                            DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps, fused=cfg["fuse_output"], rq=rq,
-                            scale=K ** -0.5, gc=gc)
+            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, w, u, rk, aqk, gc, kda=kda, use_qk_l2norm=True,
+                            DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps)
         try:
             ms = bench_ms(fn, warmup=10, rep=60)
             fn()

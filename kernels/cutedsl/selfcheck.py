@@ -127,10 +127,10 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
             g = _chunk_cumsum(g, cu)
         chunk_state_kernel[plan.grid](
             k, g, inp["w"], inp["u"], inp["rk"], cu, chunk_off, slots if slots is not None else chunk_off,
-            hh0, ht, hbuf, vn, k, k, k, vn, k.stride(0), k.stride(1), g.stride(0), g.stride(1), k.stride(0), k.stride(1),
+            hh0, ht, hbuf, vn, k.stride(0), k.stride(1), g.stride(0), g.stride(1),
             *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
-            HV // H, HV, 1.0, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
-            HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_OUT=False, L2NORM=False, **cfg["state"])
+            HV // H, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
+            HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", **cfg["state"])
     return hbuf, vn, final
 
 

@@ -112,18 +112,15 @@ def _blk_st(ptr, bi: tl.constexpr, bj: tl.constexpr, x):
 
 
 @triton.jit
-def _gdn_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, a_ptr, HV,
+def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
                 K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr,
-                PREC: tl.constexpr, AQK: tl.constexpr):
+                PREC: tl.constexpr):
     """GDN: ``A = strictly_lower(beta_r rk_r rk_s (k_r . k_s) exp(G_r - G_s))`` as one 64 x 64 dot,
     stored to the scratch ``sA``. Returns the chunk-local cumulative gate ``G [64]``, the inverse
-    key norms ``rk [64]`` and ``beta [64]`` (rows past ``L`` hold zeros). With ``AQK``, also the
-    intra-chunk query-key matrix ``Aqk[r, s] = (q_r . k_s) exp(G_r - G_s) rk_s`` (``s <= r``) to
-    ``a_ptr`` (rows of pitch ``HV * 64``), for the output fused into the state stage."""
+    key norms ``rk [64]`` and ``beta [64]`` (rows past ``L`` hold zeros)."""
     r = tl.arange(0, 64)
     m = r < L
     kk = tl.zeros([64, 64], dtype=tl.float32)
-    qk = tl.zeros([64, 64], dtype=tl.float32)
     ss = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
         kt = _ld(k_ptr, r, m, skt, ik * BK, BK)
@@ -131,18 +128,12 @@ def _gdn_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, a_ptr, HV
         ss += tl.sum(f * f, axis=1)
         d = kt.to(DT)
         kk = tl.dot(d, tl.trans(d), acc=kk, input_precision=PREC)
-        if AQK:
-            qk = tl.dot(_ld(q_ptr, r, m, sqt, ik * BK, BK).to(DT), tl.trans(d), acc=qk, input_precision=PREC)
     if L2NORM:
         rk = tl.where(m, 1.0 / tl.sqrt(ss + 1e-6), 0.0)
     else:
         rk = tl.where(m, 1.0, 0.0)
     G = tl.cumsum(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), axis=0)
     b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
-    if AQK:
-        incl = r[:, None] >= r[None, :]
-        qk = qk * tl.exp(tl.where(incl, G[:, None] - G[None, :], float("-inf"))) * rk[None, :]
-        _st(a_ptr, r, m, HV * 64, 0, qk, 64)
     strict = r[:, None] > r[None, :]
     a = kk * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
     a = a * (b * rk)[:, None] * rk[None, :]
@@ -318,11 +309,11 @@ def _solve(sA, sT, IPREC: tl.constexpr):
 
 @triton.jit
 def _intra_chunk(
-    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, rq, gc, sA, sT, i_c, i_hv,
-    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
+    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, sA, sT, i_c, i_hv,
+    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    IPREC: tl.constexpr, AQK: tl.constexpr,
+    IPREC: tl.constexpr,
 ):
     """Stage 1 for chunk ``i_c`` and value head ``i_hv`` (see :func:`chunk_intra_kernel`)."""
     n = tl.load(chunk_seq + i_c)
@@ -343,8 +334,7 @@ def _intra_chunk(
             _kda_system(k_ptr, q + t0 * sqt + i_h * sqh, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, rk_ptr,
                         aqk + (t0 * HV + i_hv) * 64, gc + (t0 * HV + i_hv) * K, HV, K, BK, L2NORM, DT, PREC)
         else:
-            G, rkv, bv = _gdn_system(k_ptr, q + t0 * sqt + i_h * sqh, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA,
-                                     aqk + (t0 * HV + i_hv) * 64, HV, K, BK, L2NORM, DT, PREC, AQK and not KDA)
+            G, rkv, bv = _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA, K, BK, L2NORM, DT, PREC)
             tl.store(rk_ptr + r * HV, rkv, mask=m)
         tl.debug_barrier()
         # ---- Tm = (I + A)^-1 ---------------------------------------------------------------------
@@ -366,16 +356,6 @@ def _intra_chunk(
             else:
                 e = kt * (bv * rkv * tl.exp(G))[:, None]
             _st(w_ptr, r, m, HV * K, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BK)
-        if AQK:  # the fused output's row factor: scale / |q_r| (or scale)
-            if L2NORM:
-                sq = tl.zeros([64], dtype=tl.float32)
-                for ik in range(K // BK):
-                    fq = _ld(q + t0 * sqt + i_h * sqh, r, m, sqt, ik * BK, BK).to(tl.float32)
-                    sq += tl.sum(fq * fq, axis=1)
-                fr = scale / tl.sqrt(sq + 1e-6)
-            else:
-                fr = tl.full([64], 1.0, tl.float32) * scale
-            tl.store(rq + t0 * HV + i_hv + r * HV, fr, mask=m)
         u_ptr = u + (t0 * HV + i_hv) * V
         for iv in range(V // BV):
             col0 = iv * BV
@@ -386,21 +366,20 @@ def _intra_chunk(
 @triton.jit
 def chunk_intra_kernel(
     q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start,
-    w, u, rk, aqk, rq, gc, scratch,
+    w, u, rk, aqk, gc, scratch,
     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh,
-    N, GROUP, HV, ITEMS, scale,
+    N, GROUP, HV, ITEMS,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    IPREC: tl.constexpr, AQK: tl.constexpr,
+    IPREC: tl.constexpr,
 ):
     """Persistent grid ``(P,)``: program ``p`` takes the work items ``p, p + P, ...`` of the
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
     head run side by side); items of chunks past the real count do nothing.
 
-    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32 and, for KDA
-    (always) or GDN with ``AQK`` (the output fused into the state stage), ``aqk [T, HV, 64]`` fp32
-    (lower triangle incl. diagonal; the rest is never read); with ``AQK`` also ``rq [T, HV]`` fp32,
-    the output's row factor ``scale / |q_r|`` (``scale`` without l2norm). ``scratch`` is
+    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32 and, for KDA,
+    ``aqk [T, HV, 64]`` fp32 (lower triangle incl. diagonal; the rest is never read) and the
+    chunk-local cumulative gates ``gc [T, HV, K]`` fp32 (``gc`` is unused for GDN). ``scratch`` is
     fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` and ``Tm`` (``P`` is about the number of
     resident CTAs, so the scratch stays in L2).
     """
@@ -408,7 +387,7 @@ def chunk_intra_kernel(
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
     for item in range(pid, ITEMS, tl.num_programs(0)):
-        _intra_chunk(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, rq, gc, sA, sT,
+        _intra_chunk(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
-                     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
-                     K, V, BK, BV, KDA, L2NORM, DT, PREC, IPREC, AQK)
+                     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
+                     K, V, BK, BV, KDA, L2NORM, DT, PREC, IPREC)

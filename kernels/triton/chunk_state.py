@@ -27,26 +27,21 @@ from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode
 @triton.jit
 def chunk_state_kernel(
     k, g, w, u, rk, cu_seqlens, chunk_off, state_indices,
-    h0, ht, hbuf, vn, q, aqk, rq, o,
-    skt, skh, sgt, sgh, sqt, sqh,
+    h0, ht, hbuf, vn,
+    skt, skh, sgt, sgh,
     s0_p, s0_h, s0_k, s0_v,
     st_p, st_h, st_k, st_v,
-    GROUP, HV, scale,
+    GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, FUSE_OUT: tl.constexpr, L2NORM: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """See the module docstring. ``g``: GDN's raw log decays ``[T, HV]``; for KDA the intra
-    stage's chunk-local cumulative gates ``[T, HV, K]`` fp32. Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT),
-    ``rk [T, HV]`` fp32, ``hbuf [NT, HV, K, V]`` (dtype DT). ``h0``/``ht``: the pool (both) in pool
-    mode, else the initial and final state; strides ``(slot, head, k, v)`` in elements.
-
-    ``FUSE_OUT``: the output stage runs here, chunk by chunk, on the state in registers
-    (``O = (Q * exp(G)) S + Aqk Vn``, ``aqk [T, HV, 64]`` fp32 from the intra stage with the
-    key norms applied, then the row factor ``rq [T, HV]`` = query norm and ``scale``, also from
-    the intra stage); ``hbuf`` and ``vn`` are neither
-    written nor needed, and ``o [T, HV, V]`` is written (zeros for a padding sequence)."""
+    stage's chunk-local cumulative gates ``[T, HV, K]`` fp32. Buffers: ``w [T, HV, K]``,
+    ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32, ``hbuf [NT, HV, K, V]`` (dtype DT).
+    ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
+    ``(slot, head, k, v)`` in elements."""
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // GROUP
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -74,14 +69,12 @@ def chunk_state_kernel(
         c = c0 + t
         t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
         m = r < eos - t0
-        if not FUSE_OUT:
-            tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S.to(DT))
+        tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S.to(DT))
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
         vo = (t0 * HV + i_hv) * V + v0
         ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
         vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), S.to(DT), input_precision=PREC)
-        if not FUSE_OUT:
-            tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vnew.to(DT), mask=m[:, None])
+        tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vnew.to(DT), mask=m[:, None])
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         g_ptr = g + t0 * sgt + i_hv * sgh
@@ -89,28 +82,12 @@ def chunk_state_kernel(
             # chunk's last row is the chunk's total decay
             G = tl.load(g_ptr + (r[:, None] * sgt + kk[None, :]), mask=m[:, None], other=0.0)
             gl = tl.load(g_ptr + (tl.minimum(eos - t0, 64) - 1) * sgt + kk)
+            kd = kt.to(tl.float32) * tl.exp(gl[None, :] - G) * rkv[:, None]
+            S = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
         else:
             gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
             G = tl.cumsum(gt, axis=0)
             gl = tl.sum(gt, axis=0)
-        if FUSE_OUT:  # O = (Q * exp(G)) S + Aqk Vn, before S moves on
-            qt = tl.load(q + t0 * sqt + i_h * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
-            f = tl.load(rq + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
-            if KDA:
-                ot = tl.dot((qt.to(tl.float32) * tl.exp(G)).to(DT), S.to(DT), input_precision=PREC)
-            else:
-                ot = tl.dot(qt.to(DT), S.to(DT), input_precision=PREC) * tl.exp(G)[:, None]
-            at = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
-                         mask=m[:, None] & (r[:, None] >= r[None, :]), other=0.0)
-            ot = tl.dot(at.to(DT), vnew.to(DT), acc=ot, input_precision=PREC)
-            ot = ot * f[:, None]
-            if POOL:  # a padding sequence's output rows are zeros
-                ot = tl.where(live, ot, 0.0)
-            tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]), ot.to(o.dtype.element_ty), mask=m[:, None])
-        if KDA:
-            kd = kt.to(tl.float32) * tl.exp(gl[None, :] - G) * rkv[:, None]
-            S = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
-        else:
             vs = vnew * (tl.exp(gl - G) * rkv)[:, None]
             S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * tl.exp(gl), input_precision=PREC)
 

@@ -8,9 +8,7 @@ Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
-3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows. (Optionally,
-   ``fuse_output`` in :func:`pinned_config`, the state kernel computes them itself; measured
-   slower on the H200, so off.)
+3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows.
 
 The chunk index table (sequence and first token of every chunk) is built on the device from
 ``cu_seqlens`` with no host sync: the intra and output stages cover the upper bound
@@ -43,10 +41,8 @@ from linattn.kernels.grid import plan_grid
 from .chunk_intra import chunk_intra_kernel
 from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
-from .decode import G_MIN
 
 CHUNK = 64
-G_MIN_HOST = float(G_MIN.value)  # the floor of g (-1000; torch_ref.G_MIN)
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 
@@ -176,26 +172,14 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     chunk_off, chunk_seq, chunk_start, nt_max = chunk_tables(cu_seqlens, T)
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
-    # the output stage runs inside the state kernel (no hbuf / vn round trip through memory),
-    # except with a replacement state kernel, which feeds the separate output kernel
-    fused = cfg["fuse_output"] and state_kernel is None
-    w = torch.empty(T, HV, K, dtype=buf_dt, device=dev)
-    u = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-    rk = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=dev) if (kda or fused) else rk
-    rq = torch.empty(T, HV, dtype=torch.float32, device=dev) if fused else rk
-    # KDA: the chunk-local cumulative gates, written by the intra stage and read by the Triton
-    # state and output stages (a replacement state kernel gets the raw g)
-    gc = torch.empty(T, HV, K, dtype=torch.float32, device=dev) if kda else g
-    if fused:
-        vn = hbuf = w  # not touched by the fused state kernel
-    else:
-        vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-        hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
-
-    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk,
-                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps,
-                 fused=fused, rq=rq, scale=scale, gc=gc)
+    w, u, rk, aqk, gc = intra_buffers(kda, T, HV, K, V, buf_dt, dev)
+    vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+    hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
+    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, gc,
+                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps)
+    # the gates stages 2 and 3 read: KDA's cumulative gates from stage 1, GDN's raw g (a
+    # replacement state kernel gets the raw g either way)
+    gs = gc if kda else g
 
     BV = cfg["state_bv"]
     plan = plan_grid(N, HV, V // BV, caps, layout)
@@ -212,26 +196,21 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     if state_kernel is not None:
         if buf_dt != torch.bfloat16:
             raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
-        # the Triton stages floor g at G_MIN (-1000) as they load it; the replacement kernel reads
-        # g raw, so it gets a floored copy (ops.md: extreme gates never make NaN)
-        state_kernel(kda=kda, k=k, g=g.clamp_min(G_MIN_HOST), w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
+        state_kernel(kda=kda, k=k, g=g, w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
                      state_indices=state_indices if pool_mode else None,
                      h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
                      state_layout=state_layout)
     elif not plan.empty:
         chunk_state_kernel[plan.grid](
-            k, gc, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, q, aqk, rq, o,
-            k.stride(0), k.stride(1), gc.stride(0), gc.stride(1), q.stride(0), q.stride(1), *s0, *st,
-            GROUP, HV, float(scale), K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_OUT=fused, L2NORM=use_qk_l2norm,
-            **cfg["state_fused" if fused else "state"],
+            k, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
+            k.stride(0), k.stride(1), gs.stride(0), gs.stride(1), *s0, *st,
+            GROUP, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, **cfg["state"],
         )
-    if fused:
-        return o, final
 
     chunk_output_kernel[(nt_max, HV, V // 64)](
-        q, k, gc, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), gc.stride(0), gc.stride(1),
+        q, k, gs, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), gs.stride(0), gs.stride(1),
         N, GROUP, HV, float(scale),
         K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
         **cfg["output"],
@@ -239,28 +218,37 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     return o, final
 
 
-def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, *,
-                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities,
-                 fused: bool = False, rq=None, scale: float = 1.0, gc=None) -> None:
-    """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`chunk_prefill`:
+def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, buf_dt: torch.dtype, device):
+    """The buffers stage 1 writes: ``(w [T, HV, K], u [T, HV, V])`` in ``buf_dt``, ``rk [T, HV]``
+    fp32 and, for KDA, ``aqk [T, HV, 64]`` and ``gc [T, HV, K]`` fp32 (for GDN, which writes
+    neither, both are ``rk``: a placeholder the kernel never touches)."""
+    w = torch.empty(T, HV, K, dtype=buf_dt, device=device)
+    u = torch.empty(T, HV, V, dtype=buf_dt, device=device)
+    rk = torch.empty(T, HV, dtype=torch.float32, device=device)
+    if not kda:
+        return w, u, rk, rk, rk
+    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=device)
+    gc = torch.empty(T, HV, K, dtype=torch.float32, device=device)
+    return w, u, rk, aqk, gc
+
+
+def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, gc, *,
+                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities) -> None:
+    """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
     a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
-    with its own 32 KiB fp32 scratch. Writes w, u, rk (and aqk for KDA); with ``fused`` (the
-    output stage inside the state kernel) also aqk for GDN and ``rq [T, HV]``; for KDA the
-    chunk-local cumulative gates ``gc [T, HV, K]`` fp32. Touches no state."""
+    with its own 32 KiB fp32 scratch. Writes w, u, rk and, for KDA, aqk and the chunk-local
+    cumulative gates gc. Touches no state."""
     HV = v.shape[1]
-    if kda and gc is None:
-        raise ValueError("KDA's intra stage writes the cumulative gates: pass gc [T, HV, K] fp32")
     items = nt_max * HV
     progs = max(1, min(items, caps.sm_count * cfg["intra_ctas_per_sm"]))
     scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
     chunk_intra_kernel[(progs,)](
-        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, rq if fused else rk,
-        gc if gc is not None else rk, scratch,
+        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, scratch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        cu_seqlens.numel() - 1, HV // q.shape[1], HV, items, float(scale), K=q.shape[2], V=v.shape[2],
+        cu_seqlens.numel() - 1, HV // q.shape[1], HV, items, K=q.shape[2], V=v.shape[2],
         BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        IPREC="ieee", AQK=fused, **cfg["intra"],
+        IPREC="ieee", **cfg["intra"],
     )
 
 
@@ -288,13 +276,6 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         "intra_bk": 32,
         "state_bv": 32,
         "state": dict(num_warps=8 if (kda or K == 256) else 4, num_stages=2 if pipelined else 1),
-        # the output stage inside the state kernel (see chunk_state_kernel's FUSE_OUT)
-        # measured slower on the H200 (GDN 16x4096: 7.26 ms fused against 5.13 ms separate; KDA
-        # 33.0 against 30.8), so off; kept as a tested option (tests/gpu F13 runs it)
-        "fuse_output": False,
-        # num_stages=1 builds of the fused kernel made an illegal shared-memory read on the H200
-        # (triton 3.6, compute-sanitizer); the 2-stage builds measured correct (tests/gpu F13)
-        "state_fused": dict(num_warps=8, num_stages=2),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic

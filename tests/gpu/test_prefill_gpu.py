@@ -218,7 +218,6 @@ ALT_CONFIGS = [
     {"state_bv": 32, "state": dict(num_warps=8, num_stages=1)},
     {"intra": dict(num_warps=8, num_stages=1), "output": dict(num_warps=8, num_stages=1), "intra_bk": 64},
     {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 1},
-    {"fuse_output": False},
 ]
 
 

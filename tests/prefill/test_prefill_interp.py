@@ -309,28 +309,3 @@ def test_split_and_folded_state_grids_agree_bitwise():
                    layout=layout, caps=profile(caps))
         res[layout] = (o, pool)
     assert torch.equal(res["split"][0], res["folded"][0]) and torch.equal(res["split"][1], res["folded"][1])
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_output_fused_into_the_state_kernel_matches_the_separate_output_stage(family, monkeypatch):
-    """The optional fused path (``fuse_output``: the output computed chunk by chunk inside the
-    state kernel, no hbuf / vn buffers) gives the separate path's outputs and the same pool rows,
-    zero rows for a padding sequence, and leaves rows it does not own alone."""
-    from linattn.kernels.triton import prefill as pm
-
-    inp = make_inputs(family, [70, 0, 5, 64], HV=2, K=64, V=64, seed=3, device=DEV)
-    idx = torch.tensor([4, 1, -1, 0], device=DEV)
-    pinned = pm.pinned_config
-    res = {}
-    for fuse in (False, True):
-        monkeypatch.setattr(pm, "pinned_config", lambda *a, fuse=fuse, **k: {**pinned(*a, **k), "fuse_output": fuse})
-        pool = random_states(6, 2, 64, 64, seed=5, device=DEV)
-        before = pool.clone()
-        o, _ = run(family, inp, state_pool=pool, state_indices=idx)
-        assert torch.equal(pool[[2, 3, 5]], before[[2, 3, 5]])
-        res[fuse] = (o, pool)
-    assert bool((res[True][0][70:75] == 0).all())  # the padding sequence (index -1)
-    assert rel(res[True][0], res[False][0]) < 1e-6
-    assert torch.equal(res[True][1], res[False][1])
-    ro, _ = reference(family, inp, state_pool=before.double(), state_indices=idx)
-    assert rel(res[True][0].double(), ro) < 1e-5
