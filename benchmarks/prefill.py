@@ -16,7 +16,7 @@ linattn's and FLA's outputs and final states on the same data (a cross-check, no
 time of each linattn stage and of FLA's kernels (torch profiler), with ``--sweep`` the pipeline
 time under other launch configurations (timing only, on a scratch copy of the pool; the shipped
 config is pinned), and with ``--intra-sweep`` stage 1 alone under other configurations (it writes
-no state), optionally beside a previous stage-1 kernel (``--old-intra path/to/chunk_intra.py``).
+no state).
 
 Usage:  python benchmarks/prefill.py --out results.json [--families gdn,kda] [--sweep]
         [--intra-sweep] [--sweep-shapes 16x4096]
@@ -118,8 +118,15 @@ def stage_times(fn):
 
 
 SWEEP = [
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128)},
-    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
+    {},
+    {"state_bv": 64},
+    {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
+    {"state": dict(num_warps=4, num_stages=3)},
+    {"state": dict(num_warps=8, num_stages=2)},
+    {"state": dict(num_warps=4, num_stages=2)},
+    {"output_bv": 128},
+    {"output_bv": 128, "output": dict(num_warps=8, num_stages=2)},
+    {"output": dict(num_warps=4, num_stages=2)},
 ]
 
 
@@ -150,15 +157,19 @@ def run_sweep(family, d, pool, idx):
 INTRA_SWEEP = [
     {},
     {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+    {"intra": dict(num_warps=8, num_stages=1), "intra_ctas_per_sm": 2},
     {"intra": dict(num_warps=4, num_stages=1, maxnreg=168), "intra_ctas_per_sm": 3},
+    {"intra_bk_kda": 32},
     {"intra_bk": 64},
+    {"kda_diag_bk": 32},
+    {"kda_diag": dict(num_warps=2, num_stages=1)},
+    {"kda_diag": dict(num_warps=8, num_stages=1)},
 ]
 
 
-def run_intra_sweep(family, d, old_intra=None):
-    """Median time of stage 1 alone per configuration of :data:`INTRA_SWEEP`; with ``old_intra``
-    (a module holding the previous, non-persistent ``chunk_intra_kernel``) that kernel too."""
+def run_intra_sweep(family, d):
+    """Median time of stage 1 alone per configuration of :data:`INTRA_SWEEP`, and the relative
+    difference of its ``w``/``u`` from the first configuration's."""
     import triton.language as tl
 
     from linattn.capabilities import probe
@@ -168,7 +179,7 @@ def run_intra_sweep(family, d, old_intra=None):
     T, HV = v.shape[0], v.shape[1]
     kda = family == "kda"
     _, seq, start, nt = pm.chunk_tables(cu, T)
-    w, u, rk, aqk, gc = pm.intra_buffers(kda, T, HV, K, V, torch.bfloat16, q.device)
+    bufs = pm.intra_buffers(kda, T, HV, K, V, nt, torch.bfloat16, q.device)
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
@@ -176,33 +187,17 @@ def run_intra_sweep(family, d, old_intra=None):
         cfg.update(alt)
 
         def fn():
-            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, w, u, rk, aqk, gc, kda=kda, use_qk_l2norm=True,
-                            DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps)
+            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, bufs, scale=K ** -0.5, kda=kda,
+                            use_qk_l2norm=True, DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps)
         try:
             ms = bench_ms(fn, warmup=10, rep=60)
             fn()
-            out = torch.cat([w.float().flatten(), u.float().flatten()])
+            out = torch.cat([bufs["w"].float().flatten(), bufs["u"].float().flatten()])
             if ref is None:
                 ref = out.clone()
             res.append(dict(config=repr(alt), ms=round(ms, 4), rel_diff_vs_first=rel(out, ref)))
         except Exception as e:  # a config that does not build is reported, not fatal
             res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:300]}"))
-    if old_intra is not None:
-        def old():
-            old_intra.chunk_intra_kernel[(nt, HV)](
-                q, k, v, g, beta, cu, seq, start, w, u, rk, aqk,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-                cu.numel() - 1, HV // q.shape[1], HV, K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=True,
-                DT=tl.bfloat16, PREC="tf32", IPREC="ieee", INV_X4=True, num_warps=4, num_stages=2)
-        try:
-            ms = bench_ms(old, warmup=10, rep=60)
-            old()
-            out = torch.cat([w.float().flatten(), u.float().flatten()])
-            res.append(dict(config="previous kernel (one program per chunk x head)", ms=round(ms, 4),
-                            rel_diff_vs_first=rel(out, ref) if ref is not None else None))
-        except Exception as e:
-            res.append(dict(config="previous kernel", error=f"{type(e).__name__}: {str(e)[:300]}"))
     return res
 
 
@@ -215,7 +210,6 @@ def main():
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--intra-sweep", action="store_true", help="time stage 1 alone under other configs")
     ap.add_argument("--sweep-shapes", default=None, help="shapes (e.g. 16x4096) to sweep; default: all")
-    ap.add_argument("--old-intra", default=None, help="path of the previous chunk_intra.py, timed alongside")
     args = ap.parse_args()
     import triton
 
@@ -265,13 +259,7 @@ def main():
             if args.sweep and swept:
                 row["sweep"] = run_sweep(family, d, pool, idx)
             if args.intra_sweep and swept:
-                old = None
-                if args.old_intra:
-                    import importlib.util
-                    spec = importlib.util.spec_from_file_location("old_chunk_intra", args.old_intra)
-                    old = importlib.util.module_from_spec(spec)
-                    spec.loader.exec_module(old)
-                row["intra_sweep"] = run_intra_sweep(family, d, old)
+                row["intra_sweep"] = run_intra_sweep(family, d)
             row["wall_s"] = round(time.time() - t0, 1)
             results.append(row)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Chunked prefill on the H200 (device tool): the GPU tests (prefill, decode) and the benchmark
 # against flash-linear-attention, with launch-configuration sweeps on the 16x4096 shape.
-#   carry [".whl"] (fla-core, pydantic wheels; see benchmarks/device_e2e.sh), optionally ".old"
-#   holding the previous chunk_intra.py as .old/chunk_intra_v1.py (timed alongside);
+#   carry [".whl"] (fla-core, pydantic wheels; see benchmarks/device_e2e.sh);
 #   command: bash benchmarks/prefill_device.sh
 # Writes $OUT/prefill_tests.xml, $OUT/prefill_bench.json.
 set -u
@@ -14,6 +13,5 @@ export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONSAFE
 T_TESTS=${T_TESTS:-230}
 timeout -k 5 "$T_TESTS" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfE ${TESTS:-tests/gpu/test_prefill_gpu.py tests/gpu/test_decode_gpu.py} \
   --junitxml="$OUT/prefill_tests.xml" 2>&1 | tail -25
-OLD=""; [ -f .old/chunk_intra_v1.py ] && OLD="--old-intra .old/chunk_intra_v1.py"
 timeout -k 5 "${T_BENCH:-330}" python3 benchmarks/prefill.py --families "${FAMILIES:-gdn,kda}" --sweep --intra-sweep \
-  --sweep-shapes "${SWEEP_SHAPES:-16x4096}" $OLD --out "$OUT/prefill_bench.json" 2>&1 | grep -v Warning | tail -30
+  --sweep-shapes "${SWEEP_SHAPES:-16x4096}" --out "$OUT/prefill_bench.json" 2>&1 | grep -v Warning | tail -30

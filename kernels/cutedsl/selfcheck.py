@@ -70,16 +70,29 @@ def state_inputs(kda, lens, H, HV, K, V, seed=0, dev="cuda"):
     return dict(k=k, g=g.contiguous(), w=w, u=u, rk=rk)
 
 
-def _chunk_cumsum(g: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-    """Chunk-local cumulative sums of ``g [T, ...]`` over 64-token chunks of each sequence (what
-    the Triton intra stage hands KDA's state stage), fp32."""
-    t = torch.arange(g.shape[0], device=g.device)
+def _kda_state_operands(inp: dict, cu: torch.Tensor, chunk_off: torch.Tensor):
+    """What the Triton intra stage hands KDA's state stage, from raw ``k [T, H, K]``,
+    ``g [T, HV, K]`` and ``rk [T, HV]``: the decayed keys ``kd = k rk exp(G_C - G)``
+    (``[T, HV, K]`` bf16, G the chunk-local cumulative gates, G_C their chunk total) and the
+    totals ``gl [NT, HV, K]`` fp32 (chunks numbered as ``chunk_off``)."""
+    k, g, rk = inp["k"], inp["g"], inp["rk"]
+    T, HV = g.shape[0], g.shape[1]
+    t = torch.arange(T, device=g.device)
     cu = cu.long()
-    bos = cu[torch.searchsorted(cu[1:], t, right=True)]
+    seq = torch.searchsorted(cu[1:], t, right=True)
+    bos = cu[seq]
+    chunk = chunk_off[seq] + (t - bos) // 64
     start = bos + (t - bos) // 64 * 64
     G = torch.cumsum(g.double(), 0)
-    prev = torch.where((start > 0).view(-1, *([1] * (g.dim() - 1))), G[(start - 1).clamp(min=0)], 0.0)
-    return (G - prev).float().contiguous()
+    G = G - torch.where((start > 0)[:, None, None], G[(start - 1).clamp(min=0)], 0.0)
+    nt = int(chunk_off[-1])
+    gl = torch.zeros(max(nt, 1), HV, g.shape[2], dtype=torch.float64, device=g.device)
+    last = torch.ones(T, dtype=torch.bool, device=g.device)  # the last row of each chunk
+    last[:-1] = chunk[1:] != chunk[:-1]
+    gl[chunk[last]] = G[last]
+    kf = k.double().repeat_interleave(HV // k.shape[1], 1) * rk.double()[..., None]
+    kd = (kf * torch.exp(gl[chunk] - G)).to(torch.bfloat16).contiguous()
+    return kd, gl.float().contiguous()
 
 
 def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk", impl="cutedsl", bufs=None):
@@ -122,14 +135,15 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
         plan = plan_grid(N, HV, V // bv, probe(cu.device), "split")
         hh0 = pool if pool is not None else (h0 if h0 is not None else final)
         ht = pool if pool is not None else final
-        k, g = inp["k"], inp["g"]
-        if kda:  # the Triton state kernel reads KDA's chunk-local cumulative gates (intra stage)
-            g = _chunk_cumsum(g, cu)
+        k, g, grp = inp["k"], inp["g"], HV // H
+        if kda:  # the Triton state kernel reads what KDA's intra stage hands it
+            k, g = _kda_state_operands(inp, cu, chunk_off)
+            grp = 1
         chunk_state_kernel[plan.grid](
             k, g, inp["w"], inp["u"], inp["rk"], cu, chunk_off, slots if slots is not None else chunk_off,
             hh0, ht, hbuf, vn, k.stride(0), k.stride(1), g.stride(0), g.stride(1),
             *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
-            HV // H, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
+            grp, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
             HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", **cfg["state"])
     return hbuf, vn, final
 

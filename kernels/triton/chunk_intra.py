@@ -8,33 +8,28 @@ per-channel gates), with ``G`` the chunk-local cumulative log decay and ``k`` l2
     Tm = (I + A)^-1
     W  = Tm diag(beta) (K * exp(G))          U = Tm diag(beta) V
 
-``A`` goes to a per-program fp32 scratch (GDN: one 64 x 64 dot; KDA: one ``[16, 64]`` dot per
-row block, the per-channel decay factored through the row just above the block,
-``exp(G_r - G_m) exp(G_m - G_s)``, both exponents <= 0, and the diagonal 16 x 16 blocks summed
-channel by channel: only exponentials of differences that are <= 0 are ever taken, so strongly
-negative gates cannot overflow). ``Tm`` is solved block-wise from the scratch: the four diagonal
-16 x 16 blocks together by forward substitution, the others by
+``A`` goes to a per-program fp32 scratch. GDN: one 64 x 64 dot. KDA (:func:`_kda_system`): the
+diagonal 16 x 16 blocks are summed exactly, column by column; each block below them is a dot with
+the per-channel decay factored through the last row of its column block,
+``exp(G_r - G_m) exp(G_m - G_s)``. Only exponentials of differences that are <= 0 are ever taken,
+so strongly negative gates cannot overflow. ``Tm`` is solved block-wise from the scratch: the four
+diagonal 16 x 16 blocks together by forward substitution, the others by
 ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``; then ``W`` and ``U`` are single 64-row dots with the
 whole ``Tm``. The scratch round trips re-block the matrix between those layouts; CTA barriers
 (``tl.debug_barrier``) order them. The grid is persistent (about 8 programs per SM), so the
 scratch of all programs stays in L2.
 
-The kernel also writes ``rk`` (the inverse key norms, 1 without l2norm) and, for KDA, the
-intra-chunk query-key matrix ``Aqk[r, s] = sum_d q_rd k_sd exp(G_rd - G_sd) rk_s`` (s <= r,
-query norm and scale applied later) and the cumulative gates ``G``, which the later stages read.
+The kernel also writes ``rk`` (the inverse key norms, 1 without l2norm) and, for KDA, what the
+later stages read instead of ``q``, ``k`` and ``g``: the intra-chunk query-key matrix
+``Aqk[r, s] = sum_d qn_rd kn_sd exp(G_rd - G_sd)`` (s <= r, ``qn`` = normalised and scaled
+queries, ``kn`` = normalised keys), the decayed keys ``kn exp(G_C - G)`` and queries
+``qn exp(G)``, and the chunk's total log decay ``G_C`` per channel.
 """
 
 import triton
 import triton.language as tl
 
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
-
-@triton.jit
-def _rows(L, b: tl.constexpr):
-    """Chunk-local rows of row block ``b`` (int32) and their mask (rows < L)."""
-    r = b * 16 + tl.arange(0, 16)
-    return r, r < L
-
 
 @triton.jit
 def _ld(ptr, rows, msk, stride_t, col0, NC: tl.constexpr):
@@ -54,48 +49,6 @@ def _st(ptr, rows, msk, stride_t, col0, x, NC: tl.constexpr):
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr, acc=None):
     return tl.dot(a, b, acc=acc, input_precision=PREC)
-
-
-@triton.jit
-def _kda_diag(k_ptr, q_ptr, g_ptr, tok, msk, skt, sqt, sgt, K: tl.constexpr):
-    """Diagonal 16 x 16 block of A (strict, no beta/norms) and Aqk (incl. diagonal), channel by channel."""
-    r = tl.arange(0, 16)
-    incl = (r[:, None] >= r[None, :])[:, :, None]
-    strict = (r[:, None] > r[None, :])[:, :, None]
-    akk = tl.zeros([16, 16], dtype=tl.float32)
-    aqk = tl.zeros([16, 16], dtype=tl.float32)
-    for p in range(K // 16):
-        kk = _ld(k_ptr, tok, msk, skt, p * 16, 16).to(tl.float32)
-        gg = tl.maximum(_ld(g_ptr, tok, msk, sgt, p * 16, 16).to(tl.float32), G_MIN)
-        gl = tl.cumsum(gg, axis=0)
-        e = tl.exp(tl.where(incl, gl[:, None, :] - gl[None, :, :], float("-inf")))  # [r, s, d]
-        akk += tl.sum(tl.where(strict, kk[:, None, :] * kk[None, :, :] * e, 0.0), axis=2)
-        qq = _ld(q_ptr, tok, msk, sqt, p * 16, 16).to(tl.float32)
-        aqk += tl.sum(qq[:, None, :] * kk[None, :, :] * e, axis=2)
-    return akk, aqk
-
-
-@triton.jit
-def _kda_gates(g_ptr, L, sgt, col0, BK: tl.constexpr):
-    """Cumulative log decays of the 4 row blocks for channels col0..col0+BK, and the carries
-    (G at the last row above each block; carry 0 is 0)."""
-    tok0, m0 = _rows(L, 0)
-    tok1, m1 = _rows(L, 1)
-    tok2, m2 = _rows(L, 2)
-    tok3, m3 = _rows(L, 3)
-    g0 = tl.maximum(_ld(g_ptr, tok0, m0, sgt, col0, BK).to(tl.float32), G_MIN)
-    G0 = tl.cumsum(g0, axis=0)
-    c1 = tl.sum(g0, axis=0)
-    g1 = tl.maximum(_ld(g_ptr, tok1, m1, sgt, col0, BK).to(tl.float32), G_MIN)
-    G1 = tl.cumsum(g1, axis=0) + c1[None, :]
-    c2 = c1 + tl.sum(g1, axis=0)
-    g2 = tl.maximum(_ld(g_ptr, tok2, m2, sgt, col0, BK).to(tl.float32), G_MIN)
-    G2 = tl.cumsum(g2, axis=0) + c2[None, :]
-    c3 = c2 + tl.sum(g2, axis=0)
-    g3 = tl.maximum(_ld(g_ptr, tok3, m3, sgt, col0, BK).to(tl.float32), G_MIN)
-    G3 = tl.cumsum(g3, axis=0) + c3[None, :]
-    return G0, G1, G2, G3, c1, c2, c3
-
 
 
 @triton.jit
@@ -142,125 +95,188 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
 
 
 @triton.jit
-def _kda_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, rk_ptr, a_ptr, gc_ptr, HV,
+def _norms(k_ptr, q_ptr, r, m, skt, sqt, K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
+    """Inverse l2 norms of the chunk's key and query rows (``[64]`` fp32; keys 0 past ``L``; both 1
+    without l2norm)."""
+    if L2NORM:
+        ks = tl.zeros([64], dtype=tl.float32)
+        qs = tl.zeros([64], dtype=tl.float32)
+        for ik in range(K // BK):
+            kt = _ld(k_ptr, r, m, skt, ik * BK, BK).to(tl.float32)
+            qt = _ld(q_ptr, r, m, sqt, ik * BK, BK).to(tl.float32)
+            ks += tl.sum(kt * kt, axis=1)
+            qs += tl.sum(qt * qt, axis=1)
+        return tl.where(m, 1.0 / tl.sqrt(ks + 1e-6), 0.0), 1.0 / tl.sqrt(qs + 1e-6)
+    else:
+        return tl.where(m, 1.0, 0.0), tl.full([64], 1.0, tl.float32)
+
+
+@triton.jit
+def _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, j: tl.constexpr, BK: tl.constexpr,
+                 DT: tl.constexpr, PREC: tl.constexpr):
+    """Column block ``j`` (0..2) of ``A`` and ``Aqk`` below the diagonal, for channels
+    ``col0 .. col0+BK``: the decay is factored through the block's last row ``ref = 16 j + 15``,
+    ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)`` (rows ``r > ref``, columns ``s <= ref``:
+    both exponents <= 0). Returns two ``[64, 16]`` fp32 dots (rows ``<= ref`` are zero; key norms
+    of the columns not applied)."""
+    c = tl.arange(0, 16)
+    d = tl.arange(0, BK)
+    ref = 16 * j + 15
+    g_ref = tl.load(sG + ref * 64 + d)
+    er = tl.exp(tl.where((r > ref)[:, None], G - g_ref[None, :], float("-inf")))
+    s = 16 * j + c
+    kc = _ld(k_ptr, s, s < L, skt, col0, BK).to(tl.float32)
+    kc = (kc * tl.exp(g_ref[None, :] - tl.load(sG + s[:, None] * 64 + d[None, :]))).to(DT)
+    a = _mm((kn * er).to(DT), tl.trans(kc), PREC)
+    aq = _mm((qn * er).to(DT), tl.trans(kc), PREC)
+    return a, aq
+
+
+@triton.jit
+def _kda_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, sG, rk_ptr, da_ptr, a_ptr, x_ptr,
+                kd_ptr, qg_ptr, gl_ptr, HV, scale,
                 K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr,
                 PREC: tl.constexpr):
-    """KDA: the 16 x 16 blocks of ``A`` (per-channel decays, beta and key norms applied) to the
-    scratch ``sA`` (blocks above the diagonal are never read), ``rk`` and the intra-chunk
-    query-key matrix ``Aqk`` (columns scaled by ``rk``) to their buffers, and the chunk-local
-    cumulative gates ``G`` to ``gc_ptr`` (rows of pitch ``HV * K``; the state and output stages
-    read them instead of summing ``g`` again). The off-diagonal blocks factor the decay through the
-    row above the block (see the module docstring)."""
-    tok0, m0 = _rows(L, 0)
-    tok1, m1 = _rows(L, 1)
-    tok2, m2 = _rows(L, 2)
-    tok3, m3 = _rows(L, 3)
-    s0 = tl.zeros([16], dtype=tl.float32)
-    s1 = tl.zeros([16], dtype=tl.float32)
-    s2 = tl.zeros([16], dtype=tl.float32)
-    s3 = tl.zeros([16], dtype=tl.float32)
-    A10 = tl.zeros([16, 16], dtype=tl.float32)
-    A20 = tl.zeros([16, 16], dtype=tl.float32)
-    A21 = tl.zeros([16, 16], dtype=tl.float32)
-    A30 = tl.zeros([16, 16], dtype=tl.float32)
-    A31 = tl.zeros([16, 16], dtype=tl.float32)
-    A32 = tl.zeros([16, 16], dtype=tl.float32)
-    Q10 = tl.zeros([16, 16], dtype=tl.float32)
-    Q20 = tl.zeros([16, 16], dtype=tl.float32)
-    Q21 = tl.zeros([16, 16], dtype=tl.float32)
-    Q30 = tl.zeros([16, 16], dtype=tl.float32)
-    Q31 = tl.zeros([16, 16], dtype=tl.float32)
-    Q32 = tl.zeros([16, 16], dtype=tl.float32)
+    """KDA's intra-chunk system for one (chunk, value head), channel block by channel block.
+
+    Writes ``A`` (strictly lower, beta and key norms applied) to the scratch ``sA``; to the stage
+    buffers (rows of pitch ``HV * K``, or ``HV * 64`` for ``Aqk``; rows past ``L`` untouched):
+
+    - ``rk`` (inverse key norms) and the blocks of ``Aqk[r, s] = sum_d qn_rd kn_sd exp(G_rd - G_sd)``
+      below the diagonal blocks (``qn = q rq scale``, ``kn = k rk``),
+    - ``x = beta kn exp(G)`` (the operand of ``W = Tm x``; the caller overwrites it with ``W``),
+    - ``kd = kn exp(G_C - G)`` and ``qg = qn exp(G)`` (the state and output stages' operands) and
+    - ``gl = G_C`` (the chunk's total log decay per channel, ``[K]``).
+
+    The blocks below the diagonal blocks are dots with the decay factored through a reference row
+    (:func:`_kda_offdiag`); every exponent taken is <= 0. The diagonal 16 x 16 blocks come from
+    :func:`chunk_kda_diag_kernel`: ``da_ptr`` (``[64, 16]`` rows of pitch ``HV * 16``) for ``A``;
+    it wrote those of ``Aqk`` itself. ``sG`` (64 x 64 fp32 scratch, free until the solve) holds each
+    channel block's ``G`` for the row gathers.
+    """
+    r = tl.arange(0, 64)
+    m = r < L
+    rb = r - r % 16  # first row of each row's 16-row block
+    c16 = tl.arange(0, 16)
+    d = tl.arange(0, BK)
+    rk, rq = _norms(k_ptr, q_ptr, r, m, skt, sqt, K, BK, L2NORM)
+    tl.store(rk_ptr + r * HV, rk, mask=m)
+    b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
+    qs = rq * scale
+    A0 = tl.zeros([64, 16], dtype=tl.float32)  # column blocks 0..2 below the diagonal
+    A1 = tl.zeros([64, 16], dtype=tl.float32)
+    A2 = tl.zeros([64, 16], dtype=tl.float32)
+    Q0 = tl.zeros([64, 16], dtype=tl.float32)
+    Q1 = tl.zeros([64, 16], dtype=tl.float32)
+    Q2 = tl.zeros([64, 16], dtype=tl.float32)
     for ik in range(K // BK):
         col0 = ik * BK
-        f0 = _ld(k_ptr, tok0, m0, skt, col0, BK).to(tl.float32)
-        f1 = _ld(k_ptr, tok1, m1, skt, col0, BK).to(tl.float32)
-        f2 = _ld(k_ptr, tok2, m2, skt, col0, BK).to(tl.float32)
-        f3 = _ld(k_ptr, tok3, m3, skt, col0, BK).to(tl.float32)
-        s0 += tl.sum(f0 * f0, axis=1)
-        s1 += tl.sum(f1 * f1, axis=1)
-        s2 += tl.sum(f2 * f2, axis=1)
-        s3 += tl.sum(f3 * f3, axis=1)
-        G0, G1, G2, G3, c1, c2, c3 = _kda_gates(g_ptr, L, sgt, col0, BK)
-        _st(gc_ptr, tok0, m0, HV * K, col0, G0, BK)
-        _st(gc_ptr, tok1, m1, HV * K, col0, G1, BK)
-        _st(gc_ptr, tok2, m2, HV * K, col0, G2, BK)
-        _st(gc_ptr, tok3, m3, HV * K, col0, G3, BK)
-        fq1 = _ld(q_ptr, tok1, m1, sqt, col0, BK).to(tl.float32)
-        fq2 = _ld(q_ptr, tok2, m2, sqt, col0, BK).to(tl.float32)
-        fq3 = _ld(q_ptr, tok3, m3, sqt, col0, BK).to(tl.float32)
-        # row block 1, reference row 15 (carry c1): exp(G1 - c1) <= 1, exp(c1 - G0) <= 1
-        e = tl.exp(G1 - c1[None, :])
-        kc = (f0 * tl.exp(c1[None, :] - G0)).to(DT)
-        A10 += _mm((f1 * e).to(DT), tl.trans(kc), PREC)
-        Q10 += _mm((fq1 * e).to(DT), tl.trans(kc), PREC)
-        # row block 2, reference row 31
-        e = tl.exp(G2 - c2[None, :])
-        kr = (f2 * e).to(DT)
-        qr = (fq2 * e).to(DT)
-        kc = (f0 * tl.exp(c2[None, :] - G0)).to(DT)
-        A20 += _mm(kr, tl.trans(kc), PREC)
-        Q20 += _mm(qr, tl.trans(kc), PREC)
-        kc = (f1 * tl.exp(c2[None, :] - G1)).to(DT)
-        A21 += _mm(kr, tl.trans(kc), PREC)
-        Q21 += _mm(qr, tl.trans(kc), PREC)
-        # row block 3, reference row 47
-        e = tl.exp(G3 - c3[None, :])
-        kr = (f3 * e).to(DT)
-        qr = (fq3 * e).to(DT)
-        kc = (f0 * tl.exp(c3[None, :] - G0)).to(DT)
-        A30 += _mm(kr, tl.trans(kc), PREC)
-        Q30 += _mm(qr, tl.trans(kc), PREC)
-        kc = (f1 * tl.exp(c3[None, :] - G1)).to(DT)
-        A31 += _mm(kr, tl.trans(kc), PREC)
-        Q31 += _mm(qr, tl.trans(kc), PREC)
-        kc = (f2 * tl.exp(c3[None, :] - G2)).to(DT)
-        A32 += _mm(kr, tl.trans(kc), PREC)
-        Q32 += _mm(qr, tl.trans(kc), PREC)
+        # rows past L load g = 0, so G there equals G at row L - 1 and G[63] is the chunk's total
+        gg = tl.maximum(_ld(g_ptr, r, m, sgt, col0, BK).to(tl.float32), G_MIN)
+        G = tl.cumsum(gg, axis=0)
+        gl = tl.sum(gg, axis=0)
+        kn = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32) * rk[:, None]
+        qn = _ld(q_ptr, r, m, sqt, col0, BK).to(tl.float32) * qs[:, None]
+        eg = tl.exp(G)
+        _st(x_ptr, r, m, HV * K, col0, kn * (b[:, None] * eg), BK)
+        _st(kd_ptr, r, m, HV * K, col0, kn * tl.exp(gl[None, :] - G), BK)
+        _st(qg_ptr, r, m, HV * K, col0, qn * eg, BK)
+        tl.store(gl_ptr + col0 + d, gl)
+        tl.debug_barrier()  # the previous channel block's readers of sG are done
+        tl.store(sG + r[:, None] * 64 + d[None, :], G)
+        tl.debug_barrier()
+        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 0, BK, DT, PREC)
+        A0 += a
+        Q0 += aq
+        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 1, BK, DT, PREC)
+        A1 += a
+        Q1 += aq
+        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 2, BK, DT, PREC)
+        A2 += a
+        Q2 += aq
+    # column key norms (rk was stored by this CTA before the barriers above), row beta; the
+    # blocks go to the scratch (A) and to aqk now, so that the diagonal pass starts with them dead
+    rk0 = tl.load(rk_ptr + c16 * HV, mask=c16 < L, other=0.0)[None, :]
+    rk1 = tl.load(rk_ptr + (16 + c16) * HV, mask=16 + c16 < L, other=0.0)[None, :]
+    rk2 = tl.load(rk_ptr + (32 + c16) * HV, mask=32 + c16 < L, other=0.0)[None, :]
+    bb = b[:, None]
+    tl.store(sA + r[:, None] * 64 + c16[None, :], A0 * rk0 * bb, mask=(r >= 16)[:, None])
+    tl.store(sA + r[:, None] * 64 + 16 + c16[None, :], A1 * rk1 * bb, mask=(r >= 32)[:, None])
+    tl.store(sA + r[:, None] * 64 + 32 + c16[None, :], A2 * rk2 * bb, mask=(r >= 48)[:, None])
+    ap = a_ptr + r[:, None] * (HV * 64)
+    ety = a_ptr.dtype.element_ty
+    tl.store(ap + c16[None, :], (Q0 * rk0).to(ety), mask=(m & (r >= 16))[:, None])
+    tl.store(ap + 16 + c16[None, :], (Q1 * rk1).to(ety), mask=(m & (r >= 32))[:, None])
+    tl.store(ap + 32 + c16[None, :], (Q2 * rk2).to(ety), mask=(m & (r >= 48))[:, None])
+    # the diagonal blocks, from chunk_kda_diag_kernel (strict, key norms applied): beta of the rows
+    DA = tl.load(da_ptr + r[:, None] * (HV * 16) + c16[None, :], mask=m[:, None], other=0.0)
+    tl.store(sA + r[:, None] * 64 + rb[:, None] + c16[None, :], DA * bb)
+
+
+@triton.jit
+def chunk_kda_diag_kernel(
+    q, k, g, cu_seqlens, chunk_seq, chunk_start, da, aqk,
+    sqt, sqh, skt, skh, sgt, sgh, N, GROUP, HV, scale,
+    K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
+):
+    """KDA, stage 1a: the diagonal 16 x 16 blocks of ``A`` and ``Aqk``, summed exactly.
+
+    Grid ``(4 * NT_max, HV)``: program ``(4 c + b, hv)`` takes rows ``16 b .. 16 b + 15`` of chunk
+    ``c`` (blocks past the sequence's end and chunks past the real count do nothing). Inside one
+    block, with ``G`` the block-local cumulative log decay (a difference of two rows of one block
+    does not depend on where the cumulative sum starts)::
+
+        A[r, s]   = rk_r rk_s sum_d k_rd k_sd exp(G_rd - G_sd)         s < r
+        Aqk[r, s] = rq_r scale rk_s sum_d q_rd k_sd exp(G_rd - G_sd)    s <= r
+
+    channel by channel on ``[16, 16, BK]`` tiles, exponents masked to ``s <= r`` (so <= 0): no
+    factoring of the decay, so nothing can overflow. Writes ``da [T, HV, 16]`` fp32 (column ``s``
+    of row ``r`` holds ``A[r, 16 b + s]``; beta is applied by :func:`_kda_system`) and columns
+    ``16 b .. 16 b + 15`` of ``aqk [T, HV, 64]``.
+    """
+    i_c = tl.program_id(0) // 4
+    blk = tl.program_id(0) % 4
+    i_hv = tl.program_id(1).to(tl.int64)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    t0 = tl.load(chunk_start + i_c).to(tl.int64) + 16 * blk
+    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+    if L <= 0:
+        return
+    i_h = i_hv // GROUP
+    i = tl.arange(0, 16)
+    m = i < L
+    d = tl.arange(0, BK)
+    incl = (i[:, None] >= i[None, :])[:, :, None]
+    a = tl.zeros([16, 16], dtype=tl.float32)
+    aq = tl.zeros([16, 16], dtype=tl.float32)
+    ks = tl.zeros([16], dtype=tl.float32)
+    qs = tl.zeros([16], dtype=tl.float32)
+    for ik in range(K // BK):
+        cols = ik * BK + d
+        gb = tl.load(g + t0 * sgt + i_hv * sgh + (i[:, None] * sgt + cols[None, :]), mask=m[:, None], other=0.0)
+        G = tl.cumsum(tl.maximum(gb.to(tl.float32), G_MIN), axis=0)
+        kb = tl.load(k + t0 * skt + i_h * skh + (i[:, None] * skt + cols[None, :]), mask=m[:, None],
+                     other=0.0).to(tl.float32)
+        qb = tl.load(q + t0 * sqt + i_h * sqh + (i[:, None] * sqt + cols[None, :]), mask=m[:, None],
+                     other=0.0).to(tl.float32)
+        ks += tl.sum(kb * kb, axis=1)
+        qs += tl.sum(qb * qb, axis=1)
+        kc = kb[None, :, :] * tl.exp(tl.where(incl, G[:, None, :] - G[None, :, :], float("-inf")))
+        a += tl.sum(kb[:, None, :] * kc, axis=2)
+        aq += tl.sum(qb[:, None, :] * kc, axis=2)
     if L2NORM:
-        r0 = 1.0 / tl.sqrt(s0 + 1e-6)
-        r1 = 1.0 / tl.sqrt(s1 + 1e-6)
-        r2 = 1.0 / tl.sqrt(s2 + 1e-6)
-        r3 = 1.0 / tl.sqrt(s3 + 1e-6)
+        rk = 1.0 / tl.sqrt(ks + 1e-6)
+        rq = scale / tl.sqrt(qs + 1e-6)
     else:
-        r0 = tl.full([16], 1.0, tl.float32)
-        r1 = tl.full([16], 1.0, tl.float32)
-        r2 = tl.full([16], 1.0, tl.float32)
-        r3 = tl.full([16], 1.0, tl.float32)
-    tl.store(rk_ptr + tok0 * HV, r0, mask=m0)
-    tl.store(rk_ptr + tok1 * HV, r1, mask=m1)
-    tl.store(rk_ptr + tok2 * HV, r2, mask=m2)
-    tl.store(rk_ptr + tok3 * HV, r3, mask=m3)
-    A00, D00 = _kda_diag(k_ptr, q_ptr, g_ptr, tok0, m0, skt, sqt, sgt, K)
-    A11, D11 = _kda_diag(k_ptr, q_ptr, g_ptr, tok1, m1, skt, sqt, sgt, K)
-    A22, D22 = _kda_diag(k_ptr, q_ptr, g_ptr, tok2, m2, skt, sqt, sgt, K)
-    A33, D33 = _kda_diag(k_ptr, q_ptr, g_ptr, tok3, m3, skt, sqt, sgt, K)
-    # Aqk = q k^T with decays, columns scaled by rk (query norm and scale: output stage)
-    _st(a_ptr, tok0, m0, HV * 64, 0, D00 * r0[None, :], 16)
-    _st(a_ptr, tok1, m1, HV * 64, 0, Q10 * r0[None, :], 16)
-    _st(a_ptr, tok1, m1, HV * 64, 16, D11 * r1[None, :], 16)
-    _st(a_ptr, tok2, m2, HV * 64, 0, Q20 * r0[None, :], 16)
-    _st(a_ptr, tok2, m2, HV * 64, 16, Q21 * r1[None, :], 16)
-    _st(a_ptr, tok2, m2, HV * 64, 32, D22 * r2[None, :], 16)
-    _st(a_ptr, tok3, m3, HV * 64, 0, Q30 * r0[None, :], 16)
-    _st(a_ptr, tok3, m3, HV * 64, 16, Q31 * r1[None, :], 16)
-    _st(a_ptr, tok3, m3, HV * 64, 32, Q32 * r2[None, :], 16)
-    _st(a_ptr, tok3, m3, HV * 64, 48, D33 * r3[None, :], 16)
-    # beta and key norms: A_rs *= beta_r rk_r rk_s
-    x0 = tl.load(b_ptr + tok0 * sbt, mask=m0, other=0.0).to(tl.float32) * r0
-    x1 = tl.load(b_ptr + tok1 * sbt, mask=m1, other=0.0).to(tl.float32) * r1
-    x2 = tl.load(b_ptr + tok2 * sbt, mask=m2, other=0.0).to(tl.float32) * r2
-    x3 = tl.load(b_ptr + tok3 * sbt, mask=m3, other=0.0).to(tl.float32) * r3
-    _blk_st(sA, 0, 0, A00 * x0[:, None] * r0[None, :])
-    _blk_st(sA, 1, 1, A11 * x1[:, None] * r1[None, :])
-    _blk_st(sA, 2, 2, A22 * x2[:, None] * r2[None, :])
-    _blk_st(sA, 3, 3, A33 * x3[:, None] * r3[None, :])
-    _blk_st(sA, 1, 0, A10 * x1[:, None] * r0[None, :])
-    _blk_st(sA, 2, 0, A20 * x2[:, None] * r0[None, :])
-    _blk_st(sA, 2, 1, A21 * x2[:, None] * r1[None, :])
-    _blk_st(sA, 3, 0, A30 * x3[:, None] * r0[None, :])
-    _blk_st(sA, 3, 1, A31 * x3[:, None] * r1[None, :])
-    _blk_st(sA, 3, 2, A32 * x3[:, None] * r2[None, :])
+        rk = tl.full([16], 1.0, tl.float32)
+        rq = tl.full([16], scale, tl.float32)
+    a = tl.where(i[:, None] > i[None, :], a, 0.0) * rk[:, None] * rk[None, :]
+    aq = aq * rq[:, None] * rk[None, :]
+    row = (t0 + i) * HV + i_hv
+    tl.store(da + row[:, None] * 16 + i[None, :], a, mask=m[:, None])
+    tl.store(aqk + row[:, None] * 64 + 16 * blk + i[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
 
 
 @triton.jit
@@ -309,8 +325,8 @@ def _solve(sA, sT, IPREC: tl.constexpr):
 
 @triton.jit
 def _intra_chunk(
-    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, sA, sT, i_c, i_hv,
-    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
+    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, da, aqk, kd, qg, gl, sA, sT, i_c, i_hv,
+    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     IPREC: tl.constexpr,
@@ -326,13 +342,16 @@ def _intra_chunk(
         g_ptr = g + t0 * sgt + i_hv * sgh
         b_ptr = beta + t0 * sbt + i_hv * sbh
         rk_ptr = rk + t0 * HV + i_hv
+        w_ptr = w + (t0 * HV + i_hv) * K
         r = tl.arange(0, 64)
         m = r < L
         # ---- A into the scratch (the CTA's previous item is done with it: barrier first) ------
         tl.debug_barrier()
         if KDA:
-            _kda_system(k_ptr, q + t0 * sqt + i_h * sqh, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, rk_ptr,
-                        aqk + (t0 * HV + i_hv) * 64, gc + (t0 * HV + i_hv) * K, HV, K, BK, L2NORM, DT, PREC)
+            _kda_system(k_ptr, q + t0 * sqt + i_h * sqh, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, sT, rk_ptr,
+                        da + (t0 * HV + i_hv) * 16, aqk + (t0 * HV + i_hv) * 64, w_ptr, kd + (t0 * HV + i_hv) * K,
+                        qg + (t0 * HV + i_hv) * K, gl + (i_c.to(tl.int64) * HV + i_hv) * K, HV, scale,
+                        K, BK, L2NORM, DT, PREC)
         else:
             G, rkv, bv = _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA, K, BK, L2NORM, DT, PREC)
             tl.store(rk_ptr + r * HV, rkv, mask=m)
@@ -342,18 +361,15 @@ def _intra_chunk(
         tl.debug_barrier()
         blk = (r[:, None] // 16) >= (r[None, :] // 16)
         tm = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0).to(DT)
-        if KDA:  # rk was written by this CTA before the barriers; beta has not been loaded yet
-            rkv = tl.load(rk_ptr + r * HV, mask=m, other=0.0)
+        if KDA:  # beta has not been loaded here yet
             bv = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
         # ---- W = Tm diag(beta rk) (K * exp(G)),  U = Tm diag(beta) V ----------------------------
-        w_ptr = w + (t0 * HV + i_hv) * K
         for ik in range(K // BK):
             col0 = ik * BK
-            kt = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32)
-            if KDA:
-                Gk = _ld(gc + (t0 * HV + i_hv) * K, r, m, HV * K, col0, BK)
-                e = kt * tl.exp(Gk) * (bv * rkv)[:, None]
+            if KDA:  # the operand x = beta kn exp(G) that _kda_system left in w (this CTA's rows)
+                e = _ld(w_ptr, r, m, HV * K, col0, BK)
             else:
+                kt = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32)
                 e = kt * (bv * rkv * tl.exp(G))[:, None]
             _st(w_ptr, r, m, HV * K, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BK)
         u_ptr = u + (t0 * HV + i_hv) * V
@@ -366,9 +382,9 @@ def _intra_chunk(
 @triton.jit
 def chunk_intra_kernel(
     q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start,
-    w, u, rk, aqk, gc, scratch,
+    w, u, rk, da, aqk, kd, qg, gl, scratch,
     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh,
-    N, GROUP, HV, ITEMS,
+    N, GROUP, HV, ITEMS, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     IPREC: tl.constexpr,
@@ -377,17 +393,20 @@ def chunk_intra_kernel(
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
     head run side by side); items of chunks past the real count do nothing.
 
-    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32 and, for KDA,
-    ``aqk [T, HV, 64]`` fp32 (lower triangle incl. diagonal; the rest is never read) and the
-    chunk-local cumulative gates ``gc [T, HV, K]`` fp32 (``gc`` is unused for GDN). ``scratch`` is
-    fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` and ``Tm`` (``P`` is about the number of
-    resident CTAs, so the scratch stays in L2).
+    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT) and ``rk [T, HV]`` fp32. KDA reads the
+    diagonal blocks ``da [T, HV, 16]`` of :func:`chunk_kda_diag_kernel` (launched first) and
+    writes (see :func:`_kda_system`) the rest of ``aqk [T, HV, 64]`` (lower triangle incl. the
+    diagonal; the rest is never read), the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (dtype DT) and the
+    chunks' total log decays ``gl [NT_max, HV, K]`` fp32; for GDN those four are unused. ``scale``
+    is the query scale (KDA folds it into ``qg`` and ``aqk``). ``scratch`` is fp32
+    ``[P, 2, 64, 64]``: program ``p``'s own ``A`` and ``Tm`` (``P`` is about the number of resident
+    CTAs, so the scratch stays in L2).
     """
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
     for item in range(pid, ITEMS, tl.num_programs(0)):
-        _intra_chunk(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, sA, sT,
+        _intra_chunk(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, da, aqk, kd, qg, gl, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
-                     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
+                     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
                      K, V, BK, BV, KDA, L2NORM, DT, PREC, IPREC)

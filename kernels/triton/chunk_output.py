@@ -6,8 +6,9 @@ chunk, ``Vn`` the corrected values from the state stage)::
     O = (Q * exp(G)) S0 + lower_incl_diag( (q_r . k_s) exp(G_r - G_s) ) Vn
                              KDA: sum_d q_rd k_sd exp(G_rd - G_sd)   (from the intra stage)
 
-The query norm and the scale are row factors, applied once at the end; the key norms ``rk`` come
-from the intra stage. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
+GDN: the query norm and the scale are row factors, applied once at the end; the key norms ``rk``
+come from the intra stage. KDA: the intra stage hands over ``Q * exp(G)`` (normalised and scaled,
+as ``q`` with ``GROUP = 1``) and the matrix, so only the two dots remain. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
 so no axis carries ``N * HV``.
 """
 
@@ -46,28 +47,27 @@ def chunk_output_kernel(
     hb = hbuf + (i_c.to(tl.int64) * HV + i_hv) * (K * V)
 
     acc = tl.zeros([64, BV], dtype=tl.float32)
-    A = tl.zeros([64, 64], dtype=tl.float32)
-    ss = tl.zeros([64], dtype=tl.float32)
-    for ik in range(K // BK):
-        cols = ik * BK + tl.arange(0, BK)
-        qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
-        fq = qt.to(tl.float32)
-        ss += tl.sum(fq * fq, axis=1)
-        hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
-        if KDA:
-            # g: the intra stage's chunk-local cumulative gates (KDA)
-            G = tl.load(g_ptr + r[:, None] * sgt + cols[None, :], mask=m[:, None], other=0.0)
-            acc += tl.dot((fq * tl.exp(G)).to(DT), hk.to(DT), input_precision=PREC)
-        else:
-            kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
-            acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
-            A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
-
     incl = r[:, None] >= r[None, :]
-    if KDA:
+    if KDA:  # q: the intra stage's qg = qn exp(G) (normalised, scaled); aqk ready (scaled too)
+        for ik in range(K // BK):
+            cols = ik * BK + tl.arange(0, BK)
+            qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+            hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+            acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
         A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
                     mask=m[:, None] & incl, other=0.0).to(tl.float32)
     else:
+        A = tl.zeros([64, 64], dtype=tl.float32)
+        ss = tl.zeros([64], dtype=tl.float32)
+        for ik in range(K // BK):
+            cols = ik * BK + tl.arange(0, BK)
+            qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+            fq = qt.to(tl.float32)
+            ss += tl.sum(fq * fq, axis=1)
+            hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+            kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
+            acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
+            A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
         gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
         G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
@@ -76,11 +76,11 @@ def chunk_output_kernel(
     vo = (t0 * HV + i_hv) * V
     vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
     acc += tl.dot(A.to(DT), vt.to(DT), input_precision=PREC)
-    if L2NORM:
-        f = scale / tl.sqrt(ss + 1e-6)
-    else:
-        f = tl.full([64], scale, tl.float32)
-    acc = acc * f[:, None]
+    if not KDA:  # GDN: the query norm and the scale (row factors); KDA has them in qg and aqk
+        if L2NORM:
+            acc = acc * (scale / tl.sqrt(ss + 1e-6))[:, None]
+        else:
+            acc = acc * scale
     if POOL:
         acc = tl.where(tl.load(state_indices + n) >= 0, acc, 0.0)
     tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]), acc.to(o.dtype.element_ty), mask=m[:, None])

@@ -9,6 +9,8 @@ its sequence's chunks in order (maths in ops.md, "Chunked form"; maths layout ``
     Vn    = U - W S
     S     = exp(G_C) S + (K * exp(G_C - G))^T Vn      KDA: diag(exp(G_C)) S + ...
 
+(KDA's decayed keys ``K * exp(G_C - G)`` and ``G_C`` come ready from the intra stage.)
+
 Initial state: **pool mode** loads ``state_pool[state_indices[n]]`` and stores the final state to
 the same row, in place, inside this kernel (no gather, no scatter, no ``[N, HV, V, K]``
 temporary); a negative index means a zero initial state and no store. **Dense mode** loads
@@ -37,9 +39,12 @@ def chunk_state_kernel(
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """See the module docstring. ``g``: GDN's raw log decays ``[T, HV]``; for KDA the intra
-    stage's chunk-local cumulative gates ``[T, HV, K]`` fp32. Buffers: ``w [T, HV, K]``,
-    ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32, ``hbuf [NT, HV, K, V]`` (dtype DT).
+    """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
+    ``g [T, HV]`` the raw log decays. KDA: the intra stage's decayed keys
+    ``kd = k rk exp(G_C - G)`` as ``k`` (``[T, HV, K]``, dtype DT, launched with ``GROUP = 1``) and
+    its per-chunk total log decays ``G_C`` as ``g`` (``[NT, HV, K]`` fp32, chunk stride ``sgt``).
+    Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32,
+    ``hbuf [NT, HV, K, V]`` (dtype DT).
     ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
     ``(slot, head, k, v)`` in elements."""
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
@@ -76,16 +81,12 @@ def chunk_state_kernel(
         vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), S.to(DT), input_precision=PREC)
         tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vnew.to(DT), mask=m[:, None])
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
-        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
-        g_ptr = g + t0 * sgt + i_hv * sgh
-        if KDA:  # g is the intra stage's chunk-local cumulative gates: G itself, and G at the
-            # chunk's last row is the chunk's total decay
-            G = tl.load(g_ptr + (r[:, None] * sgt + kk[None, :]), mask=m[:, None], other=0.0)
-            gl = tl.load(g_ptr + (tl.minimum(eos - t0, 64) - 1) * sgt + kk)
-            kd = kt.to(tl.float32) * tl.exp(gl[None, :] - G) * rkv[:, None]
-            S = tl.dot(tl.trans(kd.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
+        if KDA:  # S = diag(exp(G_C)) S + kd^T Vn
+            gl = tl.load(g + c * sgt + i_hv * sgh + kk)
+            S = tl.dot(tl.trans(kt.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
         else:
-            gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+            rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+            gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
             G = tl.cumsum(gt, axis=0)
             gl = tl.sum(gt, axis=0)
             vs = vnew * (tl.exp(gl - G) * rkv)[:, None]

@@ -4,7 +4,9 @@ Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
 
 1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
    gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk
-   query-key matrix and the cumulative gates, which stages 2 and 3 read).
+   query-key matrix, the decayed queries and keys and the chunks' total decays, which stages 2 and
+   3 read). KDA's diagonal 16 x 16 blocks come from a launch before it, one program per
+   (16-row block, value head).
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
@@ -38,7 +40,7 @@ import triton.language as tl
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import plan_grid
 
-from .chunk_intra import chunk_intra_kernel
+from .chunk_intra import chunk_intra_kernel, chunk_kda_diag_kernel
 from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
 
@@ -172,14 +174,19 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     chunk_off, chunk_seq, chunk_start, nt_max = chunk_tables(cu_seqlens, T)
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
-    w, u, rk, aqk, gc = intra_buffers(kda, T, HV, K, V, buf_dt, dev)
+    bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev)
     vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
     hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
-    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, gc,
+    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs, scale=scale,
                  kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps)
-    # the gates stages 2 and 3 read: KDA's cumulative gates from stage 1, GDN's raw g (a
-    # replacement state kernel gets the raw g either way)
-    gs = gc if kda else g
+    w, u, rk = bufs["w"], bufs["u"], bufs["rk"]
+    # what stages 2 and 3 read for q, k and g: GDN the inputs themselves; KDA stage 1's decayed
+    # queries and keys (per value head: GROUP 1) and per-chunk total decays (a replacement state
+    # kernel gets the raw k and g either way)
+    if kda:
+        qs, ks, gs, grp = bufs["qg"], bufs["kd"], bufs["gl"], 1
+    else:
+        qs, ks, gs, grp = q, k, g, GROUP
 
     BV = cfg["state_bv"]
     plan = plan_grid(N, HV, V // BV, caps, layout)
@@ -202,52 +209,69 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                      state_layout=state_layout)
     elif not plan.empty:
         chunk_state_kernel[plan.grid](
-            k, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
-            k.stride(0), k.stride(1), gs.stride(0), gs.stride(1), *s0, *st,
-            GROUP, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
+            ks, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
+            ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1), *s0, *st,
+            grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
             HAS_H0=initial_state is not None, DT=DT, PREC=PREC, **cfg["state"],
         )
 
-    chunk_output_kernel[(nt_max, HV, V // 64)](
-        q, k, gs, rk, aqk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), gs.stride(0), gs.stride(1),
-        N, GROUP, HV, float(scale),
-        K=K, V=V, BK=64, BV=64, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
+    OBV = cfg["output_bv"]
+    chunk_output_kernel[(nt_max, HV, V // OBV)](
+        qs, ks, gs, rk, bufs.get("aqk", rk), hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+        qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1),
+        N, grp, HV, float(scale),
+        K=K, V=V, BK=64, BV=OBV, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
         **cfg["output"],
     )
     return o, final
 
 
-def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, buf_dt: torch.dtype, device):
-    """The buffers stage 1 writes: ``(w [T, HV, K], u [T, HV, V])`` in ``buf_dt``, ``rk [T, HV]``
-    fp32 and, for KDA, ``aqk [T, HV, 64]`` and ``gc [T, HV, K]`` fp32 (for GDN, which writes
-    neither, both are ``rk``: a placeholder the kernel never touches)."""
-    w = torch.empty(T, HV, K, dtype=buf_dt, device=device)
-    u = torch.empty(T, HV, V, dtype=buf_dt, device=device)
-    rk = torch.empty(T, HV, dtype=torch.float32, device=device)
-    if not kda:
-        return w, u, rk, rk, rk
-    aqk = torch.empty(T, HV, CHUNK, dtype=torch.float32, device=device)
-    gc = torch.empty(T, HV, K, dtype=torch.float32, device=device)
-    return w, u, rk, aqk, gc
+def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, nt_max: int, buf_dt: torch.dtype,
+                  device) -> dict:
+    """The buffers stage 1 writes, by name: ``w [T, HV, K]`` and ``u [T, HV, V]`` in ``buf_dt``,
+    ``rk [T, HV]`` fp32 and, for KDA, the diagonal blocks of ``A`` ``da [T, HV, 16]`` fp32,
+    ``aqk [T, HV, 64]``, the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (all ``buf_dt``)
+    and the chunks' total log decays ``gl [nt_max, HV, K]`` fp32
+    (:func:`.chunk_intra._kda_system` says what each holds)."""
+    bufs = dict(w=torch.empty(T, HV, K, dtype=buf_dt, device=device),
+                u=torch.empty(T, HV, V, dtype=buf_dt, device=device),
+                rk=torch.empty(T, HV, dtype=torch.float32, device=device))
+    if kda:
+        bufs.update(da=torch.empty(T, HV, 16, dtype=torch.float32, device=device),
+                    aqk=torch.empty(T, HV, CHUNK, dtype=buf_dt, device=device),
+                    kd=torch.empty(T, HV, K, dtype=buf_dt, device=device),
+                    qg=torch.empty(T, HV, K, dtype=buf_dt, device=device),
+                    gl=torch.empty(nt_max, HV, K, dtype=torch.float32, device=device))
+    return bufs
 
 
-def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, w, u, rk, aqk, gc, *,
+def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs: dict, *, scale: float,
                  kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities) -> None:
     """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
     a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
-    with its own 32 KiB fp32 scratch. Writes w, u, rk and, for KDA, aqk and the chunk-local
-    cumulative gates gc. Touches no state."""
+    with its own 32 KiB fp32 scratch; KDA first runs :func:`.chunk_intra.chunk_kda_diag_kernel`
+    (grid ``(4 NT_max, HV)``). Touches no state."""
     HV = v.shape[1]
     items = nt_max * HV
     progs = max(1, min(items, caps.sm_count * cfg["intra_ctas_per_sm"]))
     scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
+    rk = bufs["rk"]  # GDN: the KDA-only buffers are never touched; rk stands in for them
+    bk = cfg["intra_bk_kda" if kda else "intra_bk"]
+    N = cu_seqlens.numel() - 1
+    if kda:  # stage 1a: the diagonal blocks of A and Aqk, read by the intra kernel
+        chunk_kda_diag_kernel[(4 * nt_max, HV)](
+            q, k, g, cu_seqlens, chunk_seq, chunk_start, bufs["da"], bufs["aqk"],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+            N, HV // q.shape[1], HV, float(scale), K=q.shape[2], BK=cfg["kda_diag_bk"],
+            L2NORM=use_qk_l2norm, **cfg["kda_diag"],
+        )
     chunk_intra_kernel[(progs,)](
-        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, aqk, gc, scratch,
+        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["w"], bufs["u"], rk,
+        bufs.get("da", rk), bufs.get("aqk", rk), bufs.get("kd", rk), bufs.get("qg", rk), bufs.get("gl", rk), scratch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        cu_seqlens.numel() - 1, HV // q.shape[1], HV, items, K=q.shape[2], V=v.shape[2],
-        BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
+        N, HV // q.shape[1], HV, items, float(scale), K=q.shape[2], V=v.shape[2],
+        BK=bk, BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
         IPREC="ieee", **cfg["intra"],
     )
 
@@ -274,12 +298,16 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # KDA 16.1 against 22.1 ms (benchmarks/results/prefill_h200_run3.json, _run2_sweeps.json)
         "intra_ctas_per_sm": 8,
         "intra_bk": 32,
+        "intra_bk_kda": 16,
+        "kda_diag": dict(num_warps=4, num_stages=1),
+        "kda_diag_bk": 16,
         "state_bv": 32,
         "state": dict(num_warps=8 if (kda or K == 256) else 4, num_stages=2 if pipelined else 1),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic
         "output": dict(num_warps=4, num_stages=2) if kda else dict(num_warps=8, num_stages=1),
+        "output_bv": 64,
     }
 
 

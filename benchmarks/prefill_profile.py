@@ -1,0 +1,34 @@
+"""One chunked prefill per family at one shape, for a profiler (``ncu``) to attach to.
+
+Usage:  ncu --clock-control none -k regex:chunk_ ... python benchmarks/prefill_profile.py [--shape 16x4096]
+        [--families gdn,kda]
+Runs each family twice (the first run compiles), then synchronises. Inputs as benchmarks/prefill.py.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prefill import linattn_fn, make  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="16x4096")
+    ap.add_argument("--families", default="gdn,kda")
+    args = ap.parse_args()
+    N, L = map(int, args.shape.split("x"))
+    for family in args.families.split(","):
+        d, pool, idx = make(family, N, L)
+        fn = linattn_fn(family, d, pool, idx)
+        fn()
+        fn()
+        torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
