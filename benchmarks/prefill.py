@@ -119,13 +119,7 @@ def stage_times(fn):
 
 SWEEP = [
     {},
-    {"state_bv": 64},
-    {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
     {"state": dict(num_warps=4, num_stages=3)},
-    {"state": dict(num_warps=8, num_stages=2)},
-    {"state": dict(num_warps=4, num_stages=2)},
-    {"output_bv": 128},
-    {"output_bv": 128, "output": dict(num_warps=8, num_stages=2)},
     {"output": dict(num_warps=4, num_stages=2)},
 ]
 
@@ -156,14 +150,11 @@ def run_sweep(family, d, pool, idx):
 #: Stage 1 alone (it touches no state, so it may be timed repeatedly): launch configurations.
 INTRA_SWEEP = [
     {},
-    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 4},
-    {"intra": dict(num_warps=8, num_stages=1), "intra_ctas_per_sm": 2},
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=168), "intra_ctas_per_sm": 3},
-    {"intra_bk_kda": 32},
-    {"intra_bk": 64},
-    {"kda_diag_bk": 32},
-    {"kda_diag": dict(num_warps=2, num_stages=1)},
-    {"kda_diag": dict(num_warps=8, num_stages=1)},
+    {"kda_system_bf16": True},
+    {"kda_system_bk": 64},
+    {"kda_system_bf16": True, "kda_system_bk": 64},
+    {"kda_system_bf16": True, "kda_system": dict(num_warps=8, num_stages=1)},
+    {"kda_system_bk": 16},
 ]
 
 

@@ -112,177 +112,103 @@ def _norms(k_ptr, q_ptr, r, m, skt, sqt, K: tl.constexpr, BK: tl.constexpr, L2NO
 
 
 @triton.jit
-def _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, j: tl.constexpr, BK: tl.constexpr,
-                 DT: tl.constexpr, PREC: tl.constexpr):
-    """Column block ``j`` (0..2) of ``A`` and ``Aqk`` below the diagonal, for channels
-    ``col0 .. col0+BK``: the decay is factored through the block's last row ``ref = 16 j + 15``,
-    ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)`` (rows ``r > ref``, columns ``s <= ref``:
-    both exponents <= 0). Returns two ``[64, 16]`` fp32 dots (rows ``<= ref`` are zero; key norms
-    of the columns not applied)."""
-    c = tl.arange(0, 16)
-    d = tl.arange(0, BK)
-    ref = 16 * j + 15
-    g_ref = tl.load(sG + ref * 64 + d)
-    er = tl.exp(tl.where((r > ref)[:, None], G - g_ref[None, :], float("-inf")))
-    s = 16 * j + c
-    kc = _ld(k_ptr, s, s < L, skt, col0, BK).to(tl.float32)
-    kc = (kc * tl.exp(g_ref[None, :] - tl.load(sG + s[:, None] * 64 + d[None, :]))).to(DT)
-    a = _mm((kn * er).to(DT), tl.trans(kc), PREC)
-    aq = _mm((qn * er).to(DT), tl.trans(kc), PREC)
+def _kda_level(kn, qn, G, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: tl.constexpr):
+    """Level ``p`` (0..5) of ``A`` and ``Aqk`` for one channel block: the pairs ``s < r`` of one
+    group of ``2**(p+1)`` rows whose highest differing bit is ``p`` (``r`` has it set, ``s`` not).
+    The decay factors through the group's middle row ``ref = first + 2**p - 1``, which lies
+    between them: ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)``, both exponents <= 0.
+    One masked 64 x 64 dot each; rows and columns of other groups meet only in entries masked out
+    (their factors are <= 1 too, so those are finite)."""
+    ref = (r >> (p + 1) << (p + 1)) + (1 << p) - 1
+    g_ref = tl.gather(G, tl.broadcast_to(ref[:, None], [64, BK]), axis=0)
+    hi = (((r >> p) & 1) == 1)[:, None]  # rows after ref (the others: columns up to ref)
+    e = tl.exp(tl.where(hi, G - g_ref, g_ref - G))  # <= 1 either way
+    fr = tl.where(hi, e, 0.0)
+    kc = tl.trans((kn * tl.where(hi, 0.0, e)).to(OP))
+    same = (r[:, None] >> (p + 1)) == (r[None, :] >> (p + 1))
+    a = tl.where(same, tl.dot((kn * fr).to(OP), kc, input_precision=PREC), 0.0)
+    aq = tl.where(same, tl.dot((qn * fr).to(OP), kc, input_precision=PREC), 0.0)
     return a, aq
 
 
 @triton.jit
-def _kda_system(k_ptr, q_ptr, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, sG, rk_ptr, da_ptr, a_ptr, x_ptr,
-                kd_ptr, qg_ptr, gl_ptr, HV, scale,
-                K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr,
-                PREC: tl.constexpr):
-    """KDA's intra-chunk system for one (chunk, value head), channel block by channel block.
-
-    Writes ``A`` (strictly lower, beta and key norms applied) to the scratch ``sA``; to the stage
-    buffers (rows of pitch ``HV * K``, or ``HV * 64`` for ``Aqk``; rows past ``L`` untouched):
-
-    - ``rk`` (inverse key norms) and the blocks of ``Aqk[r, s] = sum_d qn_rd kn_sd exp(G_rd - G_sd)``
-      below the diagonal blocks (``qn = q rq scale``, ``kn = k rk``),
-    - ``x = beta kn exp(G)`` (the operand of ``W = Tm x``; the caller overwrites it with ``W``),
-    - ``kd = kn exp(G_C - G)`` and ``qg = qn exp(G)`` (the state and output stages' operands) and
-    - ``gl = G_C`` (the chunk's total log decay per channel, ``[K]``).
-
-    The blocks below the diagonal blocks are dots with the decay factored through a reference row
-    (:func:`_kda_offdiag`); every exponent taken is <= 0. The diagonal 16 x 16 blocks come from
-    :func:`chunk_kda_diag_kernel`: ``da_ptr`` (``[64, 16]`` rows of pitch ``HV * 16``) for ``A``;
-    it wrote those of ``Aqk`` itself. ``sG`` (64 x 64 fp32 scratch, free until the solve) holds each
-    channel block's ``G`` for the row gathers.
-    """
-    r = tl.arange(0, 64)
-    m = r < L
-    rb = r - r % 16  # first row of each row's 16-row block
-    c16 = tl.arange(0, 16)
-    d = tl.arange(0, BK)
-    rk, rq = _norms(k_ptr, q_ptr, r, m, skt, sqt, K, BK, L2NORM)
-    tl.store(rk_ptr + r * HV, rk, mask=m)
-    b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
-    qs = rq * scale
-    A0 = tl.zeros([64, 16], dtype=tl.float32)  # column blocks 0..2 below the diagonal
-    A1 = tl.zeros([64, 16], dtype=tl.float32)
-    A2 = tl.zeros([64, 16], dtype=tl.float32)
-    Q0 = tl.zeros([64, 16], dtype=tl.float32)
-    Q1 = tl.zeros([64, 16], dtype=tl.float32)
-    Q2 = tl.zeros([64, 16], dtype=tl.float32)
-    for ik in range(K // BK):
-        col0 = ik * BK
-        # rows past L load g = 0, so G there equals G at row L - 1 and G[63] is the chunk's total
-        gg = tl.maximum(_ld(g_ptr, r, m, sgt, col0, BK).to(tl.float32), G_MIN)
-        G = tl.cumsum(gg, axis=0)
-        gl = tl.sum(gg, axis=0)
-        kn = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32) * rk[:, None]
-        qn = _ld(q_ptr, r, m, sqt, col0, BK).to(tl.float32) * qs[:, None]
-        eg = tl.exp(G)
-        _st(x_ptr, r, m, HV * K, col0, kn * (b[:, None] * eg), BK)
-        _st(kd_ptr, r, m, HV * K, col0, kn * tl.exp(gl[None, :] - G), BK)
-        _st(qg_ptr, r, m, HV * K, col0, qn * eg, BK)
-        tl.store(gl_ptr + col0 + d, gl)
-        tl.debug_barrier()  # the previous channel block's readers of sG are done
-        tl.store(sG + r[:, None] * 64 + d[None, :], G)
-        tl.debug_barrier()
-        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 0, BK, DT, PREC)
-        A0 += a
-        Q0 += aq
-        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 1, BK, DT, PREC)
-        A1 += a
-        Q1 += aq
-        a, aq = _kda_offdiag(k_ptr, sG, kn, qn, G, r, L, skt, col0, 2, BK, DT, PREC)
-        A2 += a
-        Q2 += aq
-    # column key norms (rk was stored by this CTA before the barriers above), row beta; the
-    # blocks go to the scratch (A) and to aqk now, so that the diagonal pass starts with them dead
-    rk0 = tl.load(rk_ptr + c16 * HV, mask=c16 < L, other=0.0)[None, :]
-    rk1 = tl.load(rk_ptr + (16 + c16) * HV, mask=16 + c16 < L, other=0.0)[None, :]
-    rk2 = tl.load(rk_ptr + (32 + c16) * HV, mask=32 + c16 < L, other=0.0)[None, :]
-    bb = b[:, None]
-    tl.store(sA + r[:, None] * 64 + c16[None, :], A0 * rk0 * bb, mask=(r >= 16)[:, None])
-    tl.store(sA + r[:, None] * 64 + 16 + c16[None, :], A1 * rk1 * bb, mask=(r >= 32)[:, None])
-    tl.store(sA + r[:, None] * 64 + 32 + c16[None, :], A2 * rk2 * bb, mask=(r >= 48)[:, None])
-    ap = a_ptr + r[:, None] * (HV * 64)
-    ety = a_ptr.dtype.element_ty
-    tl.store(ap + c16[None, :], (Q0 * rk0).to(ety), mask=(m & (r >= 16))[:, None])
-    tl.store(ap + 16 + c16[None, :], (Q1 * rk1).to(ety), mask=(m & (r >= 32))[:, None])
-    tl.store(ap + 32 + c16[None, :], (Q2 * rk2).to(ety), mask=(m & (r >= 48))[:, None])
-    # the diagonal blocks, from chunk_kda_diag_kernel (strict, key norms applied): beta of the rows
-    DA = tl.load(da_ptr + r[:, None] * (HV * 16) + c16[None, :], mask=m[:, None], other=0.0)
-    tl.store(sA + r[:, None] * 64 + rb[:, None] + c16[None, :], DA * bb)
-
-
-@triton.jit
-def chunk_kda_diag_kernel(
-    q, k, g, cu_seqlens, chunk_seq, chunk_start, da, aqk,
-    sqt, sqh, skt, skh, sgt, sgh, N, GROUP, HV, scale,
-    K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr,
+def chunk_kda_system_kernel(
+    q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, abuf, rk, aqk, x, kd, qg, gl,
+    sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
+    K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    OP: tl.constexpr,
 ):
-    """KDA, stage 1a: the diagonal 16 x 16 blocks of ``A`` and ``Aqk``, summed exactly.
+    """KDA, stage 1a: the intra-chunk system of one (chunk, value head), grid ``(NT_max, HV)``.
 
-    Grid ``(4 * NT_max, HV)``: program ``(4 c + b, hv)`` takes rows ``16 b .. 16 b + 15`` of chunk
-    ``c`` (blocks past the sequence's end and chunks past the real count do nothing). Inside one
-    block, with ``G`` the block-local cumulative log decay (a difference of two rows of one block
-    does not depend on where the cumulative sum starts)::
+    With ``G`` the chunk-local cumulative log decay per channel, ``kn = k rk`` and
+    ``qn = q rq scale`` (rk, rq: inverse l2 norms, 1 without l2norm)::
 
-        A[r, s]   = rk_r rk_s sum_d k_rd k_sd exp(G_rd - G_sd)         s < r
-        Aqk[r, s] = rq_r scale rk_s sum_d q_rd k_sd exp(G_rd - G_sd)    s <= r
+        A[r, s]   = beta_r sum_d kn_rd kn_sd exp(G_rd - G_sd)     s < r      -> abuf
+        Aqk[r, s] =        sum_d qn_rd kn_sd exp(G_rd - G_sd)     s <= r     -> aqk
 
-    channel by channel on ``[16, 16, BK]`` tiles, exponents masked to ``s <= r`` (so <= 0): no
-    factoring of the decay, so nothing can overflow. Writes ``da [T, HV, 16]`` fp32 (column ``s``
-    of row ``r`` holds ``A[r, 16 b + s]``; beta is applied by :func:`_kda_system`) and columns
-    ``16 b .. 16 b + 15`` of ``aqk [T, HV, 64]``.
+    Each pair ``s < r`` belongs to one level of a binary split of the 64 rows (:func:`_kda_level`):
+    six masked 64 x 64 dots per channel block, with the decay factored through a row between the
+    two, so every exponent taken is <= 0 and strongly negative gates cannot overflow. The dots
+    run on ``OP`` operands (the launcher's choice: fp32, i.e. tf32 on the bf16 path and ieee for
+    fp32 inputs; bf16 is a measured alternative).
+
+    Writes: ``abuf [NT_max, HV, 64, 64]`` fp32 (the whole matrix, zeros on and above the
+    diagonal: the intra kernel solves it in place of its scratch), ``rk [T, HV]`` fp32,
+    ``aqk [T, HV, 64]`` (lower triangle incl. the diagonal), ``x = beta kn exp(G)`` (the operand of
+    ``W = Tm x``, in the ``w`` buffer, overwritten by the intra kernel), the decayed keys
+    ``kd = kn exp(G_C - G)`` and queries ``qg = qn exp(G)`` (``[T, HV, K]``, dtype DT) and the
+    chunk's total log decays ``gl [NT_max, HV, K]`` fp32. Rows past the sequence's end are not
+    written (``abuf``: zero rows).
     """
-    i_c = tl.program_id(0) // 4
-    blk = tl.program_id(0) % 4
+    i_c = tl.program_id(0)
     i_hv = tl.program_id(1).to(tl.int64)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
         return
-    t0 = tl.load(chunk_start + i_c).to(tl.int64) + 16 * blk
-    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
-    if L <= 0:
-        return
     i_h = i_hv // GROUP
-    i = tl.arange(0, 16)
-    m = i < L
+    t0 = tl.load(chunk_start + i_c).to(tl.int64)
+    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+    k_ptr = k + t0 * skt + i_h * skh
+    q_ptr = q + t0 * sqt + i_h * sqh
+    g_ptr = g + t0 * sgt + i_hv * sgh
+    row = t0 * HV + i_hv  # element offsets of the row-major [T, HV, *] buffers: row * width
+    r = tl.arange(0, 64)
+    m = r < L
     d = tl.arange(0, BK)
-    incl = (i[:, None] >= i[None, :])[:, :, None]
-    a = tl.zeros([16, 16], dtype=tl.float32)
-    aq = tl.zeros([16, 16], dtype=tl.float32)
-    ks = tl.zeros([16], dtype=tl.float32)
-    qs = tl.zeros([16], dtype=tl.float32)
+    rkv, rq = _norms(k_ptr, q_ptr, r, m, skt, sqt, K, BK, L2NORM)
+    tl.store(rk + row + r * HV, rkv, mask=m)
+    b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
+    qs = rq * scale
+    A = tl.zeros([64, 64], dtype=tl.float32)
+    Q = tl.zeros([64, 64], dtype=tl.float32)
+    dqk = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
-        cols = ik * BK + d
-        gb = tl.load(g + t0 * sgt + i_hv * sgh + (i[:, None] * sgt + cols[None, :]), mask=m[:, None], other=0.0)
-        G = tl.cumsum(tl.maximum(gb.to(tl.float32), G_MIN), axis=0)
-        kb = tl.load(k + t0 * skt + i_h * skh + (i[:, None] * skt + cols[None, :]), mask=m[:, None],
-                     other=0.0).to(tl.float32)
-        qb = tl.load(q + t0 * sqt + i_h * sqh + (i[:, None] * sqt + cols[None, :]), mask=m[:, None],
-                     other=0.0).to(tl.float32)
-        ks += tl.sum(kb * kb, axis=1)
-        qs += tl.sum(qb * qb, axis=1)
-        kc = kb[None, :, :] * tl.exp(tl.where(incl, G[:, None, :] - G[None, :, :], float("-inf")))
-        a += tl.sum(kb[:, None, :] * kc, axis=2)
-        aq += tl.sum(qb[:, None, :] * kc, axis=2)
-    if L2NORM:
-        rk = 1.0 / tl.sqrt(ks + 1e-6)
-        rq = scale / tl.sqrt(qs + 1e-6)
-    else:
-        rk = tl.full([16], 1.0, tl.float32)
-        rq = tl.full([16], scale, tl.float32)
-    a = tl.where(i[:, None] > i[None, :], a, 0.0) * rk[:, None] * rk[None, :]
-    aq = aq * rq[:, None] * rk[None, :]
-    row = (t0 + i) * HV + i_hv
-    tl.store(da + row[:, None] * 16 + i[None, :], a, mask=m[:, None])
-    tl.store(aqk + row[:, None] * 64 + 16 * blk + i[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
+        col0 = ik * BK
+        # rows past L load g = 0, so G there equals G at row L - 1 and the column sum is G_C
+        gg = tl.maximum(_ld(g_ptr, r, m, sgt, col0, BK).to(tl.float32), G_MIN)
+        G = tl.cumsum(gg, axis=0)
+        gc = tl.sum(gg, axis=0)
+        kn = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32) * rkv[:, None]
+        qn = _ld(q_ptr, r, m, sqt, col0, BK).to(tl.float32) * qs[:, None]
+        eg = tl.exp(G)
+        _st(x + row * K, r, m, HV * K, col0, kn * (b[:, None] * eg), BK)
+        _st(kd + row * K, r, m, HV * K, col0, kn * tl.exp(gc[None, :] - G), BK)
+        _st(qg + row * K, r, m, HV * K, col0, qn * eg, BK)
+        tl.store(gl + (i_c.to(tl.int64) * HV + i_hv) * K + col0 + d, gc)
+        dqk += tl.sum(qn * kn, axis=1)
+        for p in range(6):
+            a, aq = _kda_level(kn, qn, G, r, p, BK, PREC, OP)
+            A += a
+            Q += aq
+    tl.store(abuf + (i_c.to(tl.int64) * HV + i_hv) * 4096 + r[:, None] * 64 + r[None, :], A * b[:, None])
+    Q = tl.where(r[:, None] == r[None, :], dqk[:, None], Q)
+    tl.store(aqk + row * 64 + r[:, None] * (HV * 64) + r[None, :], Q.to(aqk.dtype.element_ty), mask=m[:, None])
 
 
 @triton.jit
 def _solve(sA, sT, IPREC: tl.constexpr):
-    """``Tm = (I + A)^-1`` for the strictly lower 64 x 64 ``A`` in scratch ``sA``, written to the
-    scratch ``sT`` (lower block triangle only; blocks above the diagonal are left unwritten).
+    """``Tm = (I + A)^-1`` for the strictly lower 64 x 64 ``A`` at ``sA`` (row-major fp32), written
+    to the scratch ``sT`` (lower block triangle only; blocks above the diagonal are left unwritten).
 
     The four diagonal 16 x 16 blocks are inverted together by forward substitution (15 steps on a
     ``[4, 16, 16]`` stack, row ``i`` of each block read straight from the scratch); the blocks
@@ -325,8 +251,8 @@ def _solve(sA, sT, IPREC: tl.constexpr):
 
 @triton.jit
 def _intra_chunk(
-    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, da, aqk, kd, qg, gl, sA, sT, i_c, i_hv,
-    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
+    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT, i_c, i_hv,
+    skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     IPREC: tl.constexpr,
@@ -339,34 +265,31 @@ def _intra_chunk(
         L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
         k_ptr = k + t0 * skt + i_h * skh
         v_ptr = v + t0 * svt + i_hv * svh
-        g_ptr = g + t0 * sgt + i_hv * sgh
         b_ptr = beta + t0 * sbt + i_hv * sbh
         rk_ptr = rk + t0 * HV + i_hv
         w_ptr = w + (t0 * HV + i_hv) * K
         r = tl.arange(0, 64)
         m = r < L
-        # ---- A into the scratch (the CTA's previous item is done with it: barrier first) ------
-        tl.debug_barrier()
+        # ---- A: KDA's from chunk_kda_system_kernel, in place; GDN's into the scratch ------------
+        tl.debug_barrier()  # the CTA's previous item is done with the scratch
         if KDA:
-            _kda_system(k_ptr, q + t0 * sqt + i_h * sqh, g_ptr, b_ptr, L, skt, sqt, sgt, sbt, sA, sT, rk_ptr,
-                        da + (t0 * HV + i_hv) * 16, aqk + (t0 * HV + i_hv) * 64, w_ptr, kd + (t0 * HV + i_hv) * K,
-                        qg + (t0 * HV + i_hv) * K, gl + (i_c.to(tl.int64) * HV + i_hv) * K, HV, scale,
-                        K, BK, L2NORM, DT, PREC)
+            sA = abuf + (i_c.to(tl.int64) * HV + i_hv) * 4096
         else:
-            G, rkv, bv = _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA, K, BK, L2NORM, DT, PREC)
+            G, rkv, bv = _gdn_system(k_ptr, g + t0 * sgt + i_hv * sgh, b_ptr, L, skt, sgt, sbt, sA, K, BK,
+                                     L2NORM, DT, PREC)
             tl.store(rk_ptr + r * HV, rkv, mask=m)
-        tl.debug_barrier()
+            tl.debug_barrier()
         # ---- Tm = (I + A)^-1 ---------------------------------------------------------------------
         _solve(sA, sT, IPREC)
         tl.debug_barrier()
         blk = (r[:, None] // 16) >= (r[None, :] // 16)
         tm = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0).to(DT)
-        if KDA:  # beta has not been loaded here yet
+        if KDA:
             bv = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
         # ---- W = Tm diag(beta rk) (K * exp(G)),  U = Tm diag(beta) V ----------------------------
         for ik in range(K // BK):
             col0 = ik * BK
-            if KDA:  # the operand x = beta kn exp(G) that _kda_system left in w (this CTA's rows)
+            if KDA:  # the operand x = beta kn exp(G) that chunk_kda_system_kernel left in w
                 e = _ld(w_ptr, r, m, HV * K, col0, BK)
             else:
                 kt = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32)
@@ -381,10 +304,9 @@ def _intra_chunk(
 
 @triton.jit
 def chunk_intra_kernel(
-    q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start,
-    w, u, rk, da, aqk, kd, qg, gl, scratch,
-    sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh,
-    N, GROUP, HV, ITEMS, scale,
+    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, scratch,
+    skt, skh, svt, svh, sgt, sgh, sbt, sbh,
+    N, GROUP, HV, ITEMS,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     IPREC: tl.constexpr,
@@ -393,20 +315,17 @@ def chunk_intra_kernel(
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
     head run side by side); items of chunks past the real count do nothing.
 
-    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT) and ``rk [T, HV]`` fp32. KDA reads the
-    diagonal blocks ``da [T, HV, 16]`` of :func:`chunk_kda_diag_kernel` (launched first) and
-    writes (see :func:`_kda_system`) the rest of ``aqk [T, HV, 64]`` (lower triangle incl. the
-    diagonal; the rest is never read), the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (dtype DT) and the
-    chunks' total log decays ``gl [NT_max, HV, K]`` fp32; for GDN those four are unused. ``scale``
-    is the query scale (KDA folds it into ``qg`` and ``aqk``). ``scratch`` is fp32
-    ``[P, 2, 64, 64]``: program ``p``'s own ``A`` and ``Tm`` (``P`` is about the number of resident
-    CTAs, so the scratch stays in L2).
+    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT); GDN also ``rk [T, HV]`` fp32. KDA
+    solves the matrices ``abuf [NT_max, HV, 64, 64]`` of :func:`chunk_kda_system_kernel` (launched
+    first; it also left the operand of ``W`` in ``w`` and wrote ``rk``); GDN builds ``A`` itself
+    (:func:`_gdn_system`). ``scratch`` is fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` (GDN)
+    and ``Tm`` (``P`` is about the number of resident CTAs, so the scratch stays in L2).
     """
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
     for item in range(pid, ITEMS, tl.num_programs(0)):
-        _intra_chunk(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, da, aqk, kd, qg, gl, sA, sT,
+        _intra_chunk(k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
-                     sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
+                     skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
                      K, V, BK, BV, KDA, L2NORM, DT, PREC, IPREC)

@@ -5,8 +5,8 @@ Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
 1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
    gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk
    query-key matrix, the decayed queries and keys and the chunks' total decays, which stages 2 and
-   3 read). KDA's diagonal 16 x 16 blocks come from a launch before it, one program per
-   (16-row block, value head).
+   3 read). KDA builds its ``A`` and those operands in a launch before it (one program per
+   (chunk, value head)); the persistent kernel then solves and forms ``W`` and ``U``.
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
@@ -40,7 +40,7 @@ import triton.language as tl
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import plan_grid
 
-from .chunk_intra import chunk_intra_kernel, chunk_kda_diag_kernel
+from .chunk_intra import chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
 
@@ -229,15 +229,15 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
 def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, nt_max: int, buf_dt: torch.dtype,
                   device) -> dict:
     """The buffers stage 1 writes, by name: ``w [T, HV, K]`` and ``u [T, HV, V]`` in ``buf_dt``,
-    ``rk [T, HV]`` fp32 and, for KDA, the diagonal blocks of ``A`` ``da [T, HV, 16]`` fp32,
+    ``rk [T, HV]`` fp32 and, for KDA, the matrices ``abuf [nt_max, HV, 64, 64]`` fp32,
     ``aqk [T, HV, 64]``, the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (all ``buf_dt``)
     and the chunks' total log decays ``gl [nt_max, HV, K]`` fp32
-    (:func:`.chunk_intra._kda_system` says what each holds)."""
+    (:func:`.chunk_intra.chunk_kda_system_kernel` says what each holds)."""
     bufs = dict(w=torch.empty(T, HV, K, dtype=buf_dt, device=device),
                 u=torch.empty(T, HV, V, dtype=buf_dt, device=device),
                 rk=torch.empty(T, HV, dtype=torch.float32, device=device))
     if kda:
-        bufs.update(da=torch.empty(T, HV, 16, dtype=torch.float32, device=device),
+        bufs.update(abuf=torch.empty(nt_max, HV, CHUNK, CHUNK, dtype=torch.float32, device=device),
                     aqk=torch.empty(T, HV, CHUNK, dtype=buf_dt, device=device),
                     kd=torch.empty(T, HV, K, dtype=buf_dt, device=device),
                     qg=torch.empty(T, HV, K, dtype=buf_dt, device=device),
@@ -249,29 +249,31 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
                  kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities) -> None:
     """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
     a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
-    with its own 32 KiB fp32 scratch; KDA first runs :func:`.chunk_intra.chunk_kda_diag_kernel`
-    (grid ``(4 NT_max, HV)``). Touches no state."""
+    with its own 32 KiB fp32 scratch; KDA first runs
+    :func:`.chunk_intra.chunk_kda_system_kernel` (grid ``(NT_max, HV)``). Touches no state."""
     HV = v.shape[1]
+    N = cu_seqlens.numel() - 1
+    K = q.shape[2]
     items = nt_max * HV
     progs = max(1, min(items, caps.sm_count * cfg["intra_ctas_per_sm"]))
     scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
-    rk = bufs["rk"]  # GDN: the KDA-only buffers are never touched; rk stands in for them
-    bk = cfg["intra_bk_kda" if kda else "intra_bk"]
-    N = cu_seqlens.numel() - 1
-    if kda:  # stage 1a: the diagonal blocks of A and Aqk, read by the intra kernel
-        chunk_kda_diag_kernel[(4 * nt_max, HV)](
-            q, k, g, cu_seqlens, chunk_seq, chunk_start, bufs["da"], bufs["aqk"],
+    rk = bufs["rk"]
+    if kda:  # stage 1a: A, Aqk and the later stages' operands
+        chunk_kda_system_kernel[(nt_max, HV)](
+            q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["abuf"], rk, bufs["aqk"], bufs["w"],
+            bufs["kd"], bufs["qg"], bufs["gl"],
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
-            N, HV // q.shape[1], HV, float(scale), K=q.shape[2], BK=cfg["kda_diag_bk"],
-            L2NORM=use_qk_l2norm, **cfg["kda_diag"],
+            beta.stride(0), beta.stride(1), N, HV // q.shape[1], HV, float(scale),
+            K=K, BK=cfg["kda_system_bk"], L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
+            OP=DT if cfg["kda_system_bf16"] else tl.float32, **cfg["kda_system"],
         )
     chunk_intra_kernel[(progs,)](
-        q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["w"], bufs["u"], rk,
-        bufs.get("da", rk), bufs.get("aqk", rk), bufs.get("kd", rk), bufs.get("qg", rk), bufs.get("gl", rk), scratch,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["w"], bufs["u"], rk,
+        bufs.get("abuf", rk), scratch,  # GDN: no abuf (rk stands in, never touched)
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        N, HV // q.shape[1], HV, items, float(scale), K=q.shape[2], V=v.shape[2],
-        BK=bk, BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
+        N, HV // q.shape[1], HV, items, K=K, V=v.shape[2],
+        BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
         IPREC="ieee", **cfg["intra"],
     )
 
@@ -280,10 +282,9 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
                   smem_per_block: Optional[int] = None) -> dict:
     """Launch configuration per shape class (no autotuning: the state kernel writes the pool).
 
-    Chosen from sm_90 builds (registers, spills and shared memory per CTA, pinned by
-    tests/prefill/test_prefill_compile.py): value blocks of 32 for the state kernel keep its fp32
-    state and both dots in registers at 4 warps (2 CTAs per SM); KDA and K = 256 take 8 warps.
-    The state kernel's loads are software-pipelined (2 stages) where the device's shared memory
+    Chosen from H200 sweeps (benchmarks/prefill.py --sweep --intra-sweep) and sm_90 builds
+    (registers, spills and shared memory per CTA, pinned by tests/prefill/test_prefill_compile.py
+    and tests/contract/test_compile.py). The state kernel's loads are software-pipelined (2 stages) where the device's shared memory
     per block holds it (``smem_per_block``; None = assume it does), else it runs unpipelined
     (K = 256 always: 227 KiB would not hold it).
     """
@@ -295,19 +296,29 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # the intra stage is persistent: this many programs per SM (each with a 32 KiB fp32
         # scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096, with the
         # 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against 3.60 ms,
-        # KDA 16.1 against 22.1 ms (benchmarks/results/prefill_h200_run3.json, _run2_sweeps.json)
+        # KDA (then building A itself) 16.1 against 22.1 ms (benchmarks/results/
+        # prefill_h200_run3.json, _run2_sweeps.json)
         "intra_ctas_per_sm": 8,
         "intra_bk": 32,
-        "intra_bk_kda": 16,
-        "kda_diag": dict(num_warps=4, num_stages=1),
-        "kda_diag_bk": 16,
-        "state_bv": 32,
-        "state": dict(num_warps=8 if (kda or K == 256) else 4, num_stages=2 if pipelined else 1),
+        # KDA's system kernel: 4 warps, channel blocks of 32 (16x4096, stage 1 in all: 8.76 ms;
+        # 8 warps 11.3, channel blocks of 16: 14.6 / 11.4, of 64: 10.0; prefill_h200_run5.json,
+        # _run7_kda_sweep.json). Its A/Aqk dots run on fp32 operands (tf32); bf16 operands measured
+        # 8.09 ms but move W/U by 1.1e-3 relative, so they are not the default
+        "kda_system": dict(num_warps=4, num_stages=1),
+        "kda_system_bk": 32,
+        "kda_system_bf16": False,
+        # bf16: value blocks of 64, 4 warps (H200, 16x4096, whole prefill: GDN 4.72 against 5.10 ms
+        # with 32; benchmarks/results/prefill_h200_run4.json); fp32 operand tiles (fp32 and fp16
+        # inputs) spill far more at 64, so they keep 32
+        "state_bv": 64 if dtype == torch.bfloat16 else 32,
+        "state": dict(num_warps=8 if K == 256 else 4, num_stages=2 if pipelined else 1),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic
         "output": dict(num_warps=4, num_stages=2) if kda else dict(num_warps=8, num_stages=1),
-        "output_bv": 64,
+        # the whole value dim per program at V = 128 (the q k^T product is formed once): GDN 4.74
+        # against 5.10 ms with 64 (prefill_h200_run4.json)
+        "output_bv": 128 if V == 128 else 64,
     }
 
 

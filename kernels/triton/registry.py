@@ -104,14 +104,13 @@ KERNELS: tuple[KernelEntry, ...] = (
         notes="stage 1 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
     ),
     KernelEntry(
-        name="chunk_kda_diag", op="kda_prefill", layouts=(),
-        kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_kda_diag_kernel",
+        name="chunk_kda_system", op="kda_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_kda_system_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        why_unplanned=("grid (4 * (T // 64 + N), HV): one program per (16-row block of a chunk, value "
-                       "head), blocks on axis x (up to 2**31 - 1) and no N * HV axis, so no device "
-                       "limit is at stake and there is nothing to plan; programs past the real "
-                       "chunk count or the sequence's end return at once"),
-        notes="stage 1a of KDA's chunked prefill: the diagonal blocks of A and Aqk",
+        why_unplanned=("grid (T // 64 + N, HV): one program per (chunk, value head), chunks on axis x "
+                       "(up to 2**31 - 1) and no N * HV axis, so no device limit is at stake and "
+                       "there is nothing to plan; programs past the real chunk count return at once"),
+        notes="stage 1a of KDA's chunked prefill: A, Aqk and the later stages' operands",
     ),
     KernelEntry(
         name="chunk_output", op="gdn_prefill", layouts=(),
@@ -133,11 +132,10 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_st",
     f"{KERNEL_PACKAGE}.chunk_intra:_norms",
-    f"{KERNEL_PACKAGE}.chunk_intra:_kda_offdiag",
+    f"{KERNEL_PACKAGE}.chunk_intra:_kda_level",
     f"{KERNEL_PACKAGE}.chunk_intra:_blk_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_blk_st",
     f"{KERNEL_PACKAGE}.chunk_intra:_gdn_system",
-    f"{KERNEL_PACKAGE}.chunk_intra:_kda_system",
     f"{KERNEL_PACKAGE}.chunk_intra:_solve",
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",

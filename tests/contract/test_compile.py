@@ -88,20 +88,19 @@ _FP32 = ("fp32 inputs run every dot with input_precision='ieee' (FMA, no tensor 
          "prefill meets ops.md's 1e-5 against float64; the fp32 operand tiles do not fit in 255 "
          "registers. The production path is bf16 (tensor cores, no spills: checked below).")
 _INTRA_CAP = ("the intra stage is capped at 128 registers (maxnreg) so that 4 CTAs are resident per SM: "
-              "on the H200 (16x4096) stage 1 took 2.24 ms (GDN) and 16.1 ms (KDA) capped, against "
-              "3.60 and 22.1 ms uncapped (benchmarks/results/prefill_h200_run3.json, _run2_sweeps.json); "
-              "the spills are the price of that occupancy")
+              "on the H200 (16x4096) GDN's stage 1 took 2.24 ms capped against 3.60 ms uncapped "
+              "(benchmarks/results/prefill_h200_run3.json, _run5.json); the spill is the price of that "
+              "occupancy")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
-    ("chunk_intra_kernel", "False", "fp32", "64"): (6280, _FP32),
-    ("chunk_intra_kernel", "True", "fp32", "64"): (2328, _FP32),
+    ("chunk_intra_kernel", "False", "fp32", "64"): (1032, _FP32),
+    ("chunk_intra_kernel", "True", "fp32", "64"): (736, _FP32),
+    ("chunk_kda_system_kernel", "", "fp32", "64"): (616, _FP32),
     ("chunk_state_kernel", "False", "fp32", "64"): (664, _FP32),
-    ("chunk_state_kernel", "True", "fp32", "64"): (432, _FP32),
-    ("chunk_output_kernel", "False", "fp32", "64"): (128, _FP32),
-    ("chunk_output_kernel", "True", "fp32", "64"): (7408, _FP32),
-    ("chunk_intra_kernel", "True", "bf16", "128"): (1360, _INTRA_CAP),
-    ("chunk_intra_kernel", "True", "bf16", "64"): (1128, _INTRA_CAP),
+    ("chunk_state_kernel", "True", "fp32", "64"): (640, _FP32),
+    ("chunk_output_kernel", "False", "fp32", "64"): (64, _FP32),
+    ("chunk_output_kernel", "True", "fp32", "64"): (6440, _FP32),
     ("chunk_intra_kernel", "False", "bf16", "128"): (48, _INTRA_CAP),
-    ("chunk_intra_kernel", "False", "bf16", "64"): (32, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "64"): (8, _INTRA_CAP),
 }
 
 

@@ -35,7 +35,7 @@ LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's stages 1 and 3).
 UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts}
-UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS}
+UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS, "chunk_kda_system": ("kda_prefill",)}
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
           if c.op == e.op]
 
