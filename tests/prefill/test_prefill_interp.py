@@ -227,12 +227,14 @@ def test_F17_fp16_inputs_with_state_past_fp16_range_stay_finite():
     assert rel(o.double()[fin], ro[fin]) < 2e-2
 
 
-def test_without_l2norm_and_custom_scale_matches_reference():
-    inp = make_inputs("gdn", [77], HV=2, seed=30, device=DEV)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_without_l2norm_and_custom_scale_matches_reference(family):
+    """KDA folds the scale and the (absent) norms into stage 1's operands; GDN applies them last."""
+    inp = make_inputs(family, [77], HV=2, seed=30, device=DEV)
     inp["q"] = inp["q"] * 0.1
     inp["k"] = inp["k"] * 0.1
-    o, ht = run("gdn", inp, use_qk_l2norm=False, scale=0.3)
-    ro, rht = reference("gdn", inp, use_qk_l2norm=False, scale=0.3)
+    o, ht = run(family, inp, use_qk_l2norm=False, scale=0.3)
+    ro, rht = reference(family, inp, use_qk_l2norm=False, scale=0.3)
     assert rel(o, ro) < 1e-5 and rel(ht, rht) < 1e-5
 
 
