@@ -10,9 +10,8 @@ Eligibility: an NVIDIA GPU of arch sm_90, sm_100 or sm_103 (other GPUs, AMD incl
 ``arch``); nvidia-cutlass-dsl >= 4.8 (and new enough for the arch: a rejection names both) and
 Triton installed; bf16 q/k/v; fp32 or bf16 state; K, V in {64, 128};
 state layouts ``vk`` and ``kv``. Rank: first for prefill on SM100/SM103 (the design card); on SM90
-only for the shape classes where the committed H200 benchmark
-(``benchmarks/results/prefill_cutedsl_h200.json``) measured it faster than ``triton-split``,
-otherwise behind it.
+only for the shape classes in :data:`SM90_FASTER` (where H200 measurements put it ahead of
+``triton-split``: at present none; that table says why), otherwise behind it.
 
 ``nvidia-cutlass-dsl`` is imported only when a kernel is compiled, so this module imports
 without it (reason ``toolchain`` then).
@@ -37,7 +36,7 @@ RANK_BEHIND = 60  # behind triton-split, ahead of the reference
 #: H200 (SM90), per family: none. The cutedsl prefill runs the Triton intra and output stages with
 #: its own state stage, so the state stages decide. Session 1 (benchmarks/results/
 #: prefill_cutedsl_h200.json, whole prefill): GDN 0.97x / 1.00x / 0.97x, KDA 1.11x / 1.11x / 1.13x
-#: of triton-split, when the Triton KDA state stage took 6.9 ms. Since KDA's intra stage hands the
+#: of triton-split, when the Triton KDA state stage took 6.9 ms. Since KDA's stage 1 hands the
 #: state stage ready decayed keys, that Triton stage takes 0.99 / 1.06 / 1.27 ms at 16x4096 /
 #: 64x1024 / 256x256 (prefill_h200_run5.json) against cutedsl's 2.1 ms (cutedsl_device_h200.json),
 #: so triton-split is ahead on SM90 for both families (an inference from the stage times; the

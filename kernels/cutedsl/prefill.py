@@ -1,7 +1,8 @@
 """Chunked prefill (GDN, KDA) with the CuTe DSL state stage and the Triton intra/output stages.
 
-Stages (C = 64; see :mod:`linattn.kernels.triton.prefill`): 1. Triton ``chunk_intra_kernel``
-(W, U, key norms, KDA's Aqk); 2. **the CuTe DSL state kernel**
+Stages (C = 64; see :mod:`linattn.kernels.triton.prefill`): 1. Triton stage 1
+(``chunk_intra_kernel``: W, U, key norms; for KDA after ``chunk_kda_system_kernel``: A, Aqk and
+the output stage's decayed queries); 2. **the CuTe DSL state kernel**
 (:func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`: the pool row is read and written
 in place inside the kernel); 3. Triton ``chunk_output_kernel``.
 

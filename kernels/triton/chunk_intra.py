@@ -8,19 +8,20 @@ per-channel gates), with ``G`` the chunk-local cumulative log decay and ``k`` l2
     Tm = (I + A)^-1
     W  = Tm diag(beta) (K * exp(G))          U = Tm diag(beta) V
 
-``A`` goes to a per-program fp32 scratch. GDN: one 64 x 64 dot. KDA (:func:`_kda_system`): the
-diagonal 16 x 16 blocks are summed exactly, column by column; each block below them is a dot with
-the per-channel decay factored through the last row of its column block,
-``exp(G_r - G_m) exp(G_m - G_s)``. Only exponentials of differences that are <= 0 are ever taken,
-so strongly negative gates cannot overflow. ``Tm`` is solved block-wise from the scratch: the four
+GDN's ``A`` is one 64 x 64 dot into a per-program fp32 scratch (:func:`_gdn_system`). KDA's comes
+from its own launch, :func:`chunk_kda_system_kernel`, into ``abuf``: each pair ``s < r`` belongs to
+one level of a binary split of the 64 rows, and each level is a masked 64 x 64 dot with the
+per-channel decay factored through a row between the two, ``exp(G_r - G_m) exp(G_m - G_s)``
+(:func:`_kda_level`). Only exponentials of numbers <= 0 are ever taken, so strongly negative gates
+cannot overflow. ``Tm`` is then solved block-wise (:func:`_solve`, in :func:`chunk_intra_kernel`): the four
 diagonal 16 x 16 blocks together by forward substitution, the others by
 ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``; then ``W`` and ``U`` are single 64-row dots with the
 whole ``Tm``. The scratch round trips re-block the matrix between those layouts; CTA barriers
 (``tl.debug_barrier``) order them. The grid is persistent (about 8 programs per SM), so the
 scratch of all programs stays in L2.
 
-The kernel also writes ``rk`` (the inverse key norms, 1 without l2norm) and, for KDA, what the
-later stages read instead of ``q``, ``k`` and ``g``: the intra-chunk query-key matrix
+Stage 1 also writes ``rk`` (the inverse key norms, 1 without l2norm) and, for KDA
+(:func:`chunk_kda_system_kernel`), what the later stages read instead of ``q``, ``k`` and ``g``: the intra-chunk query-key matrix
 ``Aqk[r, s] = sum_d qn_rd kn_sd exp(G_rd - G_sd)`` (s <= r, ``qn`` = normalised and scaled
 queries, ``kn`` = normalised keys), the decayed keys ``kn exp(G_C - G)`` and queries
 ``qn exp(G)``, and the chunk's total log decay ``G_C`` per channel.
@@ -186,15 +187,17 @@ def chunk_kda_system_kernel(
         col0 = ik * BK
         # rows past L load g = 0, so G there equals G at row L - 1 and the column sum is G_C
         gg = tl.maximum(_ld(g_ptr, r, m, sgt, col0, BK).to(tl.float32), G_MIN)
-        G = tl.cumsum(gg, axis=0)
-        gc = tl.sum(gg, axis=0)
         kn = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32) * rkv[:, None]
+        # kd first: G_C - G as the suffix sum of the gates after each row (no cancellation against
+        # a large early decay; exactly 0 at the last row)
+        _st(kd + row * K, r, m, HV * K, col0, kn * tl.exp(tl.cumsum(gg, axis=0, reverse=True) - gg), BK)
+        G = tl.cumsum(gg, axis=0)
+        g_tot = tl.sum(gg, axis=0)
         qn = _ld(q_ptr, r, m, sqt, col0, BK).to(tl.float32) * qs[:, None]
         eg = tl.exp(G)
         _st(x + row * K, r, m, HV * K, col0, kn * (b[:, None] * eg), BK)
-        _st(kd + row * K, r, m, HV * K, col0, kn * tl.exp(gc[None, :] - G), BK)
         _st(qg + row * K, r, m, HV * K, col0, qn * eg, BK)
-        tl.store(gl + (i_c.to(tl.int64) * HV + i_hv) * K + col0 + d, gc)
+        tl.store(gl + (i_c.to(tl.int64) * HV + i_hv) * K + col0 + d, g_tot)
         dqk += tl.sum(qn * kn, axis=1)
         for p in range(6):
             a, aq = _kda_level(kn, qn, G, r, p, BK, PREC, OP)

@@ -4,10 +4,10 @@ Maths (ops.md, "Chunked form"; q l2-normalised and scaled, ``S0 = h[c]`` the sta
 chunk, ``Vn`` the corrected values from the state stage)::
 
     O = (Q * exp(G)) S0 + lower_incl_diag( (q_r . k_s) exp(G_r - G_s) ) Vn
-                             KDA: sum_d q_rd k_sd exp(G_rd - G_sd)   (from the intra stage)
+                             KDA: sum_d q_rd k_sd exp(G_rd - G_sd)   (from stage 1)
 
 GDN: the query norm and the scale are row factors, applied once at the end; the key norms ``rk``
-come from the intra stage. KDA: the intra stage hands over ``Q * exp(G)`` (normalised and scaled,
+come from stage 1. KDA: stage 1 (``chunk_kda_system_kernel``) hands over ``Q * exp(G)`` (normalised and scaled,
 as ``q`` with ``GROUP = 1``) and the matrix, so only the two dots remain. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
 so no axis carries ``N * HV``.
 """
@@ -48,7 +48,7 @@ def chunk_output_kernel(
 
     acc = tl.zeros([64, BV], dtype=tl.float32)
     incl = r[:, None] >= r[None, :]
-    if KDA:  # q: the intra stage's qg = qn exp(G) (normalised, scaled); aqk ready (scaled too)
+    if KDA:  # q: stage 1's qg = qn exp(G) (normalised, scaled); aqk ready (scaled too)
         for ik in range(K // BK):
             cols = ik * BK + tl.arange(0, BK)
             qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)

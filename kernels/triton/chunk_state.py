@@ -9,7 +9,8 @@ its sequence's chunks in order (maths in ops.md, "Chunked form"; maths layout ``
     Vn    = U - W S
     S     = exp(G_C) S + (K * exp(G_C - G))^T Vn      KDA: diag(exp(G_C)) S + ...
 
-(KDA's decayed keys ``K * exp(G_C - G)`` and ``G_C`` come ready from the intra stage.)
+(KDA's decayed keys ``K * exp(G_C - G)`` and ``G_C`` come ready from stage 1,
+:func:`.chunk_intra.chunk_kda_system_kernel`.)
 
 Initial state: **pool mode** loads ``state_pool[state_indices[n]]`` and stores the final state to
 the same row, in place, inside this kernel (no gather, no scatter, no ``[N, HV, V, K]``
@@ -40,7 +41,7 @@ def chunk_state_kernel(
     DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
-    ``g [T, HV]`` the raw log decays. KDA: the intra stage's decayed keys
+    ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
     ``kd = k rk exp(G_C - G)`` as ``k`` (``[T, HV, K]``, dtype DT, launched with ``GROUP = 1``) and
     its per-chunk total log decays ``G_C`` as ``g`` (``[NT, HV, K]`` fp32, chunk stride ``sgt``).
     Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32,
@@ -87,9 +88,11 @@ def chunk_state_kernel(
         else:
             rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
             gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-            G = tl.cumsum(gt, axis=0)
+            # G_C - G_r as the suffix sum of the gates after row r: exact 0 at the last row, and
+            # no cancellation against a large early decay (G_C - G_r rounded at G's magnitude)
+            suf = tl.cumsum(gt, axis=0, reverse=True) - gt
             gl = tl.sum(gt, axis=0)
-            vs = vnew * (tl.exp(gl - G) * rkv)[:, None]
+            vs = vnew * (tl.exp(suf) * rkv)[:, None]
             S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * tl.exp(gl), input_precision=PREC)
 
     if POOL:  # same row as the load; the store strides come in separately so that the compiler

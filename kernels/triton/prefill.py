@@ -1,6 +1,6 @@
 """Chunked prefill for GDN and KDA in Triton, with the state pool read and written in place.
 
-Three launches per call (C = 64 rows per chunk; chunks never cross sequences):
+Three launches per call, four for KDA (C = 64 rows per chunk; chunks never cross sequences):
 
 1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
    gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk

@@ -14,7 +14,7 @@ prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=(
 (they run inside the launcher of a planned kernel of the same op) and that every layout of that
 launcher gives them the same grid.
 
-The chunked prefill (``kernels/triton/prefill.py``) is three launches: only its state stage
+The chunked prefill (``kernels/triton/prefill.py``) is three launches (four for KDA): only its state stage
 (:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
 entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
