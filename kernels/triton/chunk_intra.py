@@ -30,6 +30,7 @@ queries, ``kn`` = normalised keys), the decayed keys ``kn exp(G_C - G)`` and que
 import triton
 import triton.language as tl
 
+from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
 @triton.jit
@@ -167,8 +168,7 @@ def chunk_kda_system_kernel(
     if n >= N:
         return
     i_h = i_hv // GROUP
-    t0 = tl.load(chunk_start + i_c).to(tl.int64)
-    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+    t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
     k_ptr = k + t0 * skt + i_h * skh
     q_ptr = q + t0 * sqt + i_h * sqh
     g_ptr = g + t0 * sgt + i_hv * sgh
@@ -264,8 +264,7 @@ def _intra_chunk(
     n = tl.load(chunk_seq + i_c)
     if n < N:
         i_h = i_hv // GROUP
-        t0 = tl.load(chunk_start + i_c).to(tl.int64)
-        L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+        t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
         k_ptr = k + t0 * skt + i_h * skh
         v_ptr = v + t0 * svt + i_hv * svh
         b_ptr = beta + t0 * sbt + i_hv * sbh

@@ -15,6 +15,7 @@ so no axis carries ``N * HV``.
 import triton
 import triton.language as tl
 
+from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
 
@@ -36,8 +37,7 @@ def chunk_output_kernel(
     if n >= N:
         return
     i_h = i_hv // GROUP
-    t0 = tl.load(chunk_start + i_c).to(tl.int64)
-    L = tl.load(cu_seqlens + n + 1).to(tl.int64) - t0
+    t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
     r = tl.arange(0, 64)  # in-chunk rows: int32 offsets from 64-bit scalar bases
     m = r < L
     cv = i_v * BV + tl.arange(0, BV)

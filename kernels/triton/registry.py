@@ -127,6 +127,7 @@ KERNELS: tuple[KernelEntry, ...] = (
 #: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
 HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}._pid:decode_pid",
+    f"{KERNEL_PACKAGE}._pid:chunk_span",
     f"{KERNEL_PACKAGE}.decode:_log1p_exp_neg",
     f"{KERNEL_PACKAGE}.decode:_softplus",
     f"{KERNEL_PACKAGE}.chunk_intra:_ld",
