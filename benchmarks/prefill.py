@@ -174,6 +174,8 @@ def run_intra_sweep(family, d):
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
+        if not kda and alt and all(key.startswith("kda_") for key in alt):
+            continue  # a KDA-only knob: GDN would time its pinned config again
         cfg = pm.pinned_config(family, K, V, torch.bfloat16)
         cfg.update(alt)
 
