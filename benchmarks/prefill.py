@@ -151,10 +151,11 @@ def run_sweep(family, d, pool, idx):
 INTRA_SWEEP = [
     {},
     {"kda_system_bf16": True},
-    {"kda_system_bk": 64},
-    {"kda_system_bf16": True, "kda_system_bk": 64},
-    {"kda_system_bf16": True, "kda_system": dict(num_warps=8, num_stages=1)},
-    {"kda_system_bk": 16},
+    # the solve: all dots 3xTF32; the fp32 inputs' solve (forward substitution, ieee)
+    {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
+    {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},
+    # register cap and programs per SM (resident CTAs per SM: 65536 / (128 threads x cap))
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=96), "intra_ctas_per_sm": 10},
 ]
 
 

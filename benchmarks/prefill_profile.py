@@ -19,7 +19,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="16x4096")
     ap.add_argument("--families", default="gdn,kda")
+    ap.add_argument("--cfg", default=None, help="JSON: keys of pinned_config to override")
     args = ap.parse_args()
+    if args.cfg:
+        import json
+
+        from linattn.kernels.triton import prefill as pm
+
+        over, pinned = json.loads(args.cfg), pm.pinned_config
+        pm.pinned_config = lambda *a, **k: {**pinned(*a, **k), **over}
     N, L = map(int, args.shape.split("x"))
     for family in args.families.split(","):
         d, pool, idx = make(family, N, L)

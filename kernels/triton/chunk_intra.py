@@ -14,8 +14,9 @@ one level of a binary split of the 64 rows, and each level is a masked 64 x 64 d
 per-channel decay factored through a row between the two, ``exp(G_r - G_m) exp(G_m - G_s)``
 (:func:`_kda_level`). Only exponentials of numbers <= 0 are ever taken, so strongly negative gates
 cannot overflow. ``Tm`` is then solved block-wise (:func:`_solve`, in :func:`chunk_intra_kernel`): the four
-diagonal 16 x 16 blocks together by forward substitution, the others by
-``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj``; then ``W`` and ``U`` are single 64-row dots with the
+diagonal 16 x 16 blocks together (bf16/fp16 inputs: the Neumann product
+``(I - N)(I + N^2)(I + N^4)(I + N^8)``, six batched dots on 3xTF32; fp32 inputs: forward
+substitution), the others by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj`` in two steps; then ``W`` and ``U`` are single 64-row dots with the
 whole ``Tm``. The scratch round trips re-block the matrix between those layouts; CTA barriers
 (``tl.debug_barrier``) order them. The grid is persistent (about 8 programs per SM), so the
 scratch of all programs stays in L2.
@@ -209,47 +210,65 @@ def chunk_kda_system_kernel(
 
 
 @triton.jit
-def _solve(sA, sT, IPREC: tl.constexpr):
-    """``Tm = (I + A)^-1`` for the strictly lower 64 x 64 ``A`` at ``sA`` (row-major fp32), written
-    to the scratch ``sT`` (lower block triangle only; blocks above the diagonal are left unwritten).
-
-    The four diagonal 16 x 16 blocks are inverted together by forward substitution (15 steps on a
-    ``[4, 16, 16]`` stack, row ``i`` of each block read straight from the scratch); the blocks
-    below the diagonal follow from ``Tm_ij = -Tm_ii sum_{j <= m < i} A_im Tm_mj`` (fp32 dots).
-    The scratch round trips re-block the matrix between the two layouts; the caller's CTA
-    barriers (``tl.debug_barrier``) order them.
-    """
+def _diag_inv(sA, sT, NEUMANN: tl.constexpr, DPREC: tl.constexpr):
+    """The four diagonal 16 x 16 blocks of ``Tm``, together on a ``[4, 16, 16]`` stack, stored to
+    ``sT``. ``NEUMANN``: ``(I + N)^-1 = (I - N)(I + N^2)(I + N^4)(I + N^8)`` (exact, as ``N^16 = 0``
+    for a strictly lower 16 x 16 ``N``): six batched dots at ``DPREC`` and no sequential chain.
+    Else forward substitution, 15 steps, with the blocks held transposed in registers."""
     b = tl.arange(0, 4)
     i16 = tl.arange(0, 16)
     b3 = b[:, None, None]
     rows3 = i16[None, :, None]
     cols3 = i16[None, None, :]
     X = tl.where(rows3 == cols3, 1.0, 0.0) + tl.zeros([4, 16, 16], dtype=tl.float32)
-    for i in range(1, 16):
-        a = tl.load(sA + (b[:, None] * 16 + i) * 64 + (b[:, None] * 16 + i16[None, :]))  # [4, 16]
-        xi = tl.sum(a[:, :, None] * X, axis=1)  # [4, 16]: sum_j A[i, j] X[j, :], per block
-        X = tl.where(rows3 == i, X - xi[:, None, :], X)
+    if NEUMANN:
+        N = tl.load(sA + (b3 * 16 + rows3) * 64 + (b3 * 16 + cols3))
+        X = X - N
+        N = tl.dot(N, N, input_precision=DPREC)
+        X = tl.dot(X, N, acc=X, input_precision=DPREC)
+        N = tl.dot(N, N, input_precision=DPREC)
+        X = tl.dot(X, N, acc=X, input_precision=DPREC)
+        N = tl.dot(N, N, input_precision=DPREC)
+        X = tl.dot(X, N, acc=X, input_precision=DPREC)
+    else:
+        # At[b, j, i] = A[16 b + i, 16 b + j]: row i of a block is a masked sum over the last axis,
+        # independent of X (no load in the chain)
+        At = tl.load(sA + (b3 * 16 + cols3) * 64 + (b3 * 16 + rows3))
+        for i in range(1, 16):
+            a = tl.sum(tl.where(cols3 == i, At, 0.0), axis=2)  # [4, 16] over j: A[i, j]
+            xi = tl.sum(a[:, :, None] * X, axis=1)  # [4, 16]: sum_j A[i, j] X[j, :], per block
+            X = tl.where(rows3 == i, X - xi[:, None, :], X)
     tl.store(sT + (b3 * 16 + rows3) * 64 + (b3 * 16 + cols3), X)
+
+
+@triton.jit
+def _half_ld(ptr, hi: tl.constexpr):
+    """The lower block triangle of the 32 x 32 diagonal half ``hi`` (0, 1) of a 64 x 64 scratch
+    matrix (the block above its diagonal is unwritten: zeros)."""
+    r = tl.arange(0, 32)
+    keep = (r[:, None] // 16) >= (r[None, :] // 16)
+    return tl.load(ptr + (hi * 32 + r[:, None]) * 64 + (hi * 32 + r[None, :]), mask=keep, other=0.0)
+
+
+@triton.jit
+def _solve(sA, sT, NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr):
+    """``Tm = (I + A)^-1`` for the strictly lower 64 x 64 ``A`` at ``sA`` (row-major fp32), written
+    to the scratch ``sT`` (lower block triangle only; blocks above the diagonal are left unwritten).
+
+    The four diagonal 16 x 16 blocks first (:func:`_diag_inv`); then, from
+    ``Tm_ij = -Tm_ii sum_{j <= m < i} A_im Tm_mj``, the two 16 x 16 blocks next to the diagonal,
+    (1, 0) and (3, 2), and last the lower-left 32 x 32 half ``-Tm_hi A_hl Tm_lo`` at once (fp32
+    dots at ``IPREC``). The scratch round trips re-block the matrix between those layouts; CTA
+    barriers (``tl.debug_barrier``; the caller's before and after) order them.
+    """
+    _diag_inv(sA, sT, NEUMANN, DPREC)
     tl.debug_barrier()
-    # Row block by row block; every operand is re-read from the scratch where it is used (other
-    # threads wrote it: barrier first), so that few 16 x 16 operands are live at once.
     _blk_st(sT, 1, 0, -_mm(_blk_ld(sT, 1, 1), _mm(_blk_ld(sA, 1, 0), _blk_ld(sT, 0, 0), IPREC), IPREC))
+    _blk_st(sT, 3, 2, -_mm(_blk_ld(sT, 3, 3), _mm(_blk_ld(sA, 3, 2), _blk_ld(sT, 2, 2), IPREC), IPREC))
     tl.debug_barrier()
-    y = _mm(_blk_ld(sA, 2, 1), _blk_ld(sT, 1, 1), IPREC)
-    _blk_st(sT, 2, 1, -_mm(_blk_ld(sT, 2, 2), y, IPREC))
-    y = _mm(_blk_ld(sA, 2, 0), _blk_ld(sT, 0, 0), IPREC)
-    y = _mm(_blk_ld(sA, 2, 1), _blk_ld(sT, 1, 0), IPREC, y)
-    _blk_st(sT, 2, 0, -_mm(_blk_ld(sT, 2, 2), y, IPREC))
-    tl.debug_barrier()
-    y = _mm(_blk_ld(sA, 3, 2), _blk_ld(sT, 2, 2), IPREC)
-    _blk_st(sT, 3, 2, -_mm(_blk_ld(sT, 3, 3), y, IPREC))
-    y = _mm(_blk_ld(sA, 3, 1), _blk_ld(sT, 1, 1), IPREC)
-    y = _mm(_blk_ld(sA, 3, 2), _blk_ld(sT, 2, 1), IPREC, y)
-    _blk_st(sT, 3, 1, -_mm(_blk_ld(sT, 3, 3), y, IPREC))
-    y = _mm(_blk_ld(sA, 3, 0), _blk_ld(sT, 0, 0), IPREC)
-    y = _mm(_blk_ld(sA, 3, 1), _blk_ld(sT, 1, 0), IPREC, y)
-    y = _mm(_blk_ld(sA, 3, 2), _blk_ld(sT, 2, 0), IPREC, y)
-    _blk_st(sT, 3, 0, -_mm(_blk_ld(sT, 3, 3), y, IPREC))
+    r = tl.arange(0, 32)
+    y = _mm(tl.load(sA + (32 + r[:, None]) * 64 + r[None, :]), _half_ld(sT, 0), IPREC)
+    tl.store(sT + (32 + r[:, None]) * 64 + r[None, :], -_mm(_half_ld(sT, 1), y, IPREC))
 
 
 @triton.jit
@@ -258,7 +277,7 @@ def _intra_chunk(
     skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    IPREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
 ):
     """Stage 1 for chunk ``i_c`` and value head ``i_hv`` (see :func:`chunk_intra_kernel`)."""
     n = tl.load(chunk_seq + i_c)
@@ -280,14 +299,15 @@ def _intra_chunk(
             G, rkv, bv = _gdn_system(k_ptr, g + t0 * sgt + i_hv * sgh, b_ptr, L, skt, sgt, sbt, sA, K, BK,
                                      L2NORM, DT, PREC)
             tl.store(rk_ptr + r * HV, rkv, mask=m)
+            wsc = bv * rkv * tl.exp(G)  # W's row scale: one vector live across the solve
             tl.debug_barrier()
+        if KDA:
+            bv = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
         # ---- Tm = (I + A)^-1 ---------------------------------------------------------------------
-        _solve(sA, sT, IPREC)
+        _solve(sA, sT, NEUMANN, DPREC, IPREC)
         tl.debug_barrier()
         blk = (r[:, None] // 16) >= (r[None, :] // 16)
         tm = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0).to(DT)
-        if KDA:
-            bv = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
         # ---- W = Tm diag(beta rk) (K * exp(G)),  U = Tm diag(beta) V ----------------------------
         for ik in range(K // BK):
             col0 = ik * BK
@@ -295,7 +315,7 @@ def _intra_chunk(
                 e = _ld(w_ptr, r, m, HV * K, col0, BK)
             else:
                 kt = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32)
-                e = kt * (bv * rkv * tl.exp(G))[:, None]
+                e = kt * wsc[:, None]
             _st(w_ptr, r, m, HV * K, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BK)
         u_ptr = u + (t0 * HV + i_hv) * V
         for iv in range(V // BV):
@@ -311,7 +331,7 @@ def chunk_intra_kernel(
     N, GROUP, HV, ITEMS,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    IPREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
 ):
     """Persistent grid ``(P,)``: program ``p`` takes the work items ``p, p + P, ...`` of the
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
@@ -330,4 +350,4 @@ def chunk_intra_kernel(
         _intra_chunk(k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
                      skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
-                     K, V, BK, BV, KDA, L2NORM, DT, PREC, IPREC)
+                     K, V, BK, BV, KDA, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)

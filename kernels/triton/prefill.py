@@ -24,8 +24,9 @@ Precision: fp32 inputs use ``input_precision="ieee"`` dots everywhere (tf32 woul
 1e-5 against float64); bf16 inputs run the dots that touch W, U, the states and the outputs on
 bf16 operands with fp32 accumulation (state kept in fp32, stored per chunk in bf16, as the
 reference implementations do); fp16 inputs run those dots in fp32 (tf32), since an fp16 copy of a
-state holding values past 65,504 would overflow (field case F17). The triangular solve is fp32
-(ieee) for every dtype. Under ``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the
+state holding values past 65,504 would overflow (field case F17). The triangular solve is fp32:
+ieee dots for fp32 inputs; for bf16/fp16, 3xTF32 dots for the diagonal blocks (the Neumann
+product) and tf32 dots for the blocks below them. Under ``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the
 interpreter's bf16 dot is wrong).
 """
 
@@ -274,7 +275,7 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         N, HV // q.shape[1], HV, items, K=K, V=v.shape[2],
         BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        IPREC="ieee", **cfg["intra"],
+        **cfg["intra_solve"], **cfg["intra"],
     )
 
 
@@ -300,6 +301,14 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # prefill_h200_run3.json, _run2_sweeps.json)
         "intra_ctas_per_sm": 8,
         "intra_bk": 32,
+        # Tm = (I + A)^-1 (chunk_intra._solve). fp32 inputs: forward substitution and ieee dots
+        # (ops.md's 1e-5). bf16/fp16: the diagonal blocks by the Neumann product on 3xTF32 dots
+        # (fp32-level accuracy) and the blocks below them on tf32 dots (W/U move by 5.3e-4
+        # relative, against bf16's own 3.9e-3 rounding and the 2e-2 tolerance). H200, 16x4096,
+        # stage 1 alone: GDN 2.22 -> 1.61 ms, KDA 9.28 -> 8.39 ms with its system kernel
+        # (benchmarks/results/prefill_h200_s4_run4_intra.json; all-tf32x3 1.83 / 8.59 ms)
+        "intra_solve": (dict(NEUMANN=False, DPREC="ieee", IPREC="ieee") if dtype == torch.float32
+                        else dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32")),
         # KDA's system kernel: 4 warps, channel blocks of 32 (16x4096, stage 1 in all: 8.76 ms;
         # 8 warps 11.3, channel blocks of 16: 14.6 / 11.4, of 64: 10.0; prefill_h200_run5.json,
         # _run7_kda_sweep.json). Its A/Aqk dots run on fp32 operands (tf32); bf16 operands measured

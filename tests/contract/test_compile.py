@@ -90,17 +90,21 @@ _FP32 = ("fp32 inputs run every dot with input_precision='ieee' (FMA, no tensor 
 _INTRA_CAP = ("the intra stage is capped at 128 registers (maxnreg) so that 4 CTAs are resident per SM: "
               "on the H200 (16x4096) GDN's stage 1 took 2.24 ms capped against 3.60 ms uncapped "
               "(benchmarks/results/prefill_h200_run3.json, _run5.json); the spill is the price of that "
-              "occupancy")
+              "occupancy. With the Neumann-product solve (session 4) the bf16 builds spill up to 136 B "
+              "and still measured fastest at the cap: GDN 1.61 ms against 1.68 at 96 registers and 10 "
+              "CTAs per SM (prefill_h200_s4_run4_intra.json)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
     ("chunk_intra_kernel", "False", "fp32", "64"): (1032, _FP32),
-    ("chunk_intra_kernel", "True", "fp32", "64"): (736, _FP32),
+    ("chunk_intra_kernel", "True", "fp32", "64"): (824, _FP32),
     ("chunk_kda_system_kernel", "", "fp32", "64"): (616, _FP32),
     ("chunk_state_kernel", "False", "fp32", "64"): (688, _FP32),
     ("chunk_state_kernel", "True", "fp32", "64"): (640, _FP32),
     ("chunk_output_kernel", "False", "fp32", "64"): (64, _FP32),
     ("chunk_output_kernel", "True", "fp32", "64"): (6440, _FP32),
-    ("chunk_intra_kernel", "False", "bf16", "128"): (48, _INTRA_CAP),
-    ("chunk_intra_kernel", "False", "bf16", "64"): (8, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "128"): (120, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "64"): (136, _INTRA_CAP),
+    ("chunk_intra_kernel", "True", "bf16", "128"): (40, _INTRA_CAP),
+    ("chunk_intra_kernel", "True", "bf16", "64"): (16, _INTRA_CAP),
 }
 
 
