@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from linattn.kernels.triton import prefill as prefill_mod  # noqa: E402
 
-from prefill_cases import make_inputs, random_states, reference, rel, run, warm_one  # noqa: E402
+from prefill_cases import make_inputs, random_states, reference, rel, run, warm_one, worst_conditioned  # noqa: E402
 
 DEV = "cuda"
 BF, F32 = torch.bfloat16, torch.float32
@@ -121,6 +121,17 @@ def test_F19_empty_sequences(lens):
     for n, L in enumerate(lens):
         if L == 0:
             assert torch.equal(ht[n], h0[n])
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_worst_conditioned_solve_bf16_matches_reference(family):
+    # the Neumann product on 3xTF32 tensor cores with terms up to 6435 that cancel (prefill_cases)
+    inp = worst_conditioned(make_inputs(family, [64, 130, 1000], H=16, HV=32, K=128, V=128,
+                                        dtype=torch.bfloat16, seed=43, device="cuda"))
+    o, ht = run(family, inp)
+    ro, rht = reference(family, inp)
+    print(f"worst-conditioned {family}: o {rel(o, ro):.2e} state {rel(ht, rht):.2e}")
+    assert rel(o, ro) < 2e-2 and rel(ht, rht) < 1e-2
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
