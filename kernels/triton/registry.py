@@ -138,6 +138,8 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_blk_st",
     f"{KERNEL_PACKAGE}.chunk_intra:_gdn_system",
     f"{KERNEL_PACKAGE}.chunk_intra:_solve",
+    f"{KERNEL_PACKAGE}.chunk_intra:_diag_inv",
+    f"{KERNEL_PACKAGE}.chunk_intra:_half_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
 })
