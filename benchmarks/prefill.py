@@ -25,6 +25,7 @@ Usage:  python benchmarks/prefill.py --out results.json [--families gdn,kda] [--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -124,26 +125,31 @@ SWEEP = [
 ]
 
 
-def run_sweep(family, d, pool, idx):
+@contextlib.contextmanager
+def pinned_override(over: dict | None):
+    """Within the block, ``prefill.pinned_config`` returns its configuration updated with ``over``
+    (None or {}: unchanged). Used by the sweeps here, prefill_profile.py and prefill_worst_case.py."""
     from linattn.kernels.triton import prefill as pm
 
     pinned = pm.pinned_config
-    res = []
+    if over:
+        pm.pinned_config = lambda *a, **k: {**pinned(*a, **k), **over}
     try:
-        for alt in SWEEP:
-            def forced(*a, **k):
-                c = pinned(*a, **k)
-                c.update(alt)
-                return c
-            pm.pinned_config = forced
+        yield
+    finally:
+        pm.pinned_config = pinned
+
+
+def run_sweep(family, d, pool, idx):
+    res = []
+    for alt in SWEEP:
+        with pinned_override(alt):
             fn = linattn_fn(family, d, pool.clone(), idx)
             try:
                 ms = bench_ms(fn, warmup=5, rep=40)
                 res.append(dict(config=repr(alt), ms=round(ms, 4), mtok_s=round(d["v"].shape[0] / ms / 1e3, 2)))
             except Exception as e:  # a config that does not build is reported, not fatal
                 res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:200]}"))
-    finally:
-        pm.pinned_config = pinned
     return res
 
 

@@ -6,13 +6,14 @@ Runs each family twice (the first run compiles), then synchronises. Inputs as be
 """
 
 import argparse
+import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prefill import linattn_fn, make  # noqa: E402
+from prefill import linattn_fn, make, pinned_override  # noqa: E402
 
 
 def main():
@@ -21,19 +22,14 @@ def main():
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--cfg", default=None, help="JSON: keys of pinned_config to override")
     args = ap.parse_args()
-    if args.cfg:
-        import json
-
-        from linattn.kernels.triton import prefill as pm
-
-        over, pinned = json.loads(args.cfg), pm.pinned_config
-        pm.pinned_config = lambda *a, **k: {**pinned(*a, **k), **over}
+    over = json.loads(args.cfg) if args.cfg else None
     N, L = map(int, args.shape.split("x"))
     for family in args.families.split(","):
         d, pool, idx = make(family, N, L)
         fn = linattn_fn(family, d, pool, idx)
-        fn()
-        fn()
+        with pinned_override(over):
+            fn()
+            fn()
         torch.cuda.synchronize()
     return 0
 

@@ -13,7 +13,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "prefill"))
 from prefill_cases import make_inputs, reference, rel, run, worst_conditioned  # noqa: E402
 
-from linattn.kernels.triton import prefill as pm  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prefill import pinned_override  # noqa: E402
 
 SOLVES = {
     "shipped": None,
@@ -26,7 +27,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="worst_case.json")
     args = ap.parse_args()
-    pinned = pm.pinned_config
     res = []
     for family in ("gdn", "kda"):
         for lens in ([64, 130, 1000], [64, 130]):
@@ -37,12 +37,8 @@ def main():
                     inp = worst_conditioned(inp)
                 ro, rht = reference(family, inp)
                 for name, solve in SOLVES.items():
-                    pm.pinned_config = (pinned if solve is None else
-                                        (lambda *a, _s=solve, **k: {**pinned(*a, **k), "intra_solve": _s}))
-                    try:
+                    with pinned_override(solve and {"intra_solve": solve}):
                         o, ht = run(family, inp)
-                    finally:
-                        pm.pinned_config = pinned
                     row = dict(family=family, lens=lens, worst=worst, solve=name, o_rel=rel(o, ro), state_rel=rel(ht, rht))
                     print(json.dumps(row), flush=True)
                     res.append(row)
