@@ -157,6 +157,12 @@ def run_sweep(family, d, pool, idx):
 INTRA_SWEEP = [
     {},
     {"kda_system_bf16": True},
+    # KDA's system kernel: the level path everywhere (no fast path); a register cap (3 CTAs per
+    # SM); channel blocks of 64 and 16
+    {"kda_system_fast": False},
+    {"kda_system": dict(num_warps=4, num_stages=1, maxnreg=168)},
+    {"kda_system_bk": 64},
+    {"kda_system_bk": 16},
     # the solve: all dots 3xTF32; the fp32 inputs' solve (forward substitution, ieee)
     {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
     {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},

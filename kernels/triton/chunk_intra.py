@@ -114,24 +114,37 @@ def _norms(k_ptr, q_ptr, r, m, skt, sqt, K: tl.constexpr, BK: tl.constexpr, L2NO
         return tl.where(m, 1.0, 0.0), tl.full([64], 1.0, tl.float32)
 
 
+#: The fast path of :func:`chunk_kda_system_kernel` factors every decay through the channel block's
+#: row 31, which needs ``|G_r - G_31| <= KDA_FAST_SPAN`` for every row and channel: then each
+#: factor lies in ``[e^-60, e^60]``, finite and normal in fp32 and tf32 with a margin of ``e^28``
+#: for the key and query magnitudes (the entries kept are the exact products, <= |k_r| |k_s|).
+KDA_FAST_SPAN = 60.0
+
+
 @triton.jit
-def _kda_level(kn, qn, G, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: tl.constexpr):
-    """Level ``p`` (0..5) of ``A`` and ``Aqk`` for one channel block: the pairs ``s < r`` of one
-    group of ``2**(p+1)`` rows whose highest differing bit is ``p`` (``r`` has it set, ``s`` not).
-    The decay factors through the group's middle row ``ref = first + 2**p - 1``, which lies
+def _kda_level(kn, qn, G, gscr, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: tl.constexpr):
+    """Level ``p`` (0..5) of one channel block's share of ``A`` and ``Aqk``: the pairs ``s < r``
+    of one group of ``2**(p+1)`` rows whose highest differing bit is ``p`` (``r`` has it set, ``s``
+    not). The decay factors through the group's middle row ``ref = first + 2**p - 1``, which lies
     between them: ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)``, both exponents <= 0.
-    One masked 64 x 64 dot each; rows and columns of other groups meet only in entries masked out
-    (their factors are <= 1 too, so those are finite)."""
+    ``G_ref`` comes from ``G`` stored to the scratch ``gscr`` (``[64, BK]`` fp32, row-major): a
+    load at the reference rows, where ``tl.gather`` would force a column layout on the operands.
+
+    Returns one ``[64, 64]`` matrix: ``A / beta`` for the level's pairs below the diagonal
+    (``kn_r . kn_s`` decayed) and ``Aqk`` transposed above it (``(C Rq^T)[s, r] = qn_r . kn_s``
+    decayed), zeros elsewhere: two dots into one accumulator, masked once (rows and columns of
+    other groups meet only in entries masked out; their factors are <= 1 too, so those are finite).
+    """
     ref = (r >> (p + 1) << (p + 1)) + (1 << p) - 1
-    g_ref = tl.gather(G, tl.broadcast_to(ref[:, None], [64, BK]), axis=0)
+    g_ref = tl.load(gscr + ref[:, None] * BK + tl.arange(0, BK)[None, :])
     hi = (((r >> p) & 1) == 1)[:, None]  # rows after ref (the others: columns up to ref)
     e = tl.exp(tl.where(hi, G - g_ref, g_ref - G))  # <= 1 either way
     fr = tl.where(hi, e, 0.0)
-    kc = tl.trans((kn * tl.where(hi, 0.0, e)).to(OP))
+    c = (kn * tl.where(hi, 0.0, e)).to(OP)
+    t = tl.dot((kn * fr).to(OP), tl.trans(c), input_precision=PREC)
+    t = tl.dot(c, tl.trans((qn * fr).to(OP)), acc=t, input_precision=PREC)
     same = (r[:, None] >> (p + 1)) == (r[None, :] >> (p + 1))
-    a = tl.where(same, tl.dot((kn * fr).to(OP), kc, input_precision=PREC), 0.0)
-    aq = tl.where(same, tl.dot((qn * fr).to(OP), kc, input_precision=PREC), 0.0)
-    return a, aq
+    return tl.where(same, t, 0.0)
 
 
 @triton.jit
@@ -139,7 +152,7 @@ def chunk_kda_system_kernel(
     q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, abuf, rk, aqk, x, kd, qg, gl,
     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
     K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    OP: tl.constexpr,
+    OP: tl.constexpr, SPAN: tl.constexpr,
 ):
     """KDA, stage 1a: the intra-chunk system of one (chunk, value head), grid ``(NT_max, HV)``.
 
@@ -149,19 +162,32 @@ def chunk_kda_system_kernel(
         A[r, s]   = beta_r sum_d kn_rd kn_sd exp(G_rd - G_sd)     s < r      -> abuf
         Aqk[r, s] =        sum_d qn_rd kn_sd exp(G_rd - G_sd)     s <= r     -> aqk
 
-    Each pair ``s < r`` belongs to one level of a binary split of the 64 rows (:func:`_kda_level`):
-    six masked 64 x 64 dots per channel block, with the decay factored through a row between the
-    two, so every exponent taken is <= 0 and strongly negative gates cannot overflow. The dots
-    run on ``OP`` operands (the launcher's choice: fp32, i.e. tf32 on the bf16 path and ieee for
-    fp32 inputs; bf16 is a measured alternative).
+    Both build up, channel block by channel block, in one ``[64, 64]`` fp32 accumulator: ``A / beta``
+    below the diagonal, ``Aqk`` transposed above it. Per channel block, two ways to factor the
+    decay ``exp(G_r - G_s)`` into a row and a column operand:
+
+    - **fast** (``|G_r - G_31| <= SPAN`` for all rows and channels of the block, i.e.
+      ``G_31 >= -SPAN`` and ``G_C - G_31 >= -SPAN``): one reference row for all pairs,
+      ``exp(G_r - G_31) exp(G_31 - G_s)``, each factor in ``[e^-SPAN, e^SPAN]``: two 64 x 64 dots
+      (``SPAN = -inf`` turns this path off).
+      Entries above (resp. below) the diagonal of each dot may be large or infinite; they are
+      never selected.
+    - **level** (otherwise, e.g. strongly negative gates): each pair ``s < r`` belongs to one level
+      of a binary split of the 64 rows (:func:`_kda_level`): six levels of two masked dots, with
+      the decay factored through a row between the two, so every exponent taken is <= 0.
+      ``G`` goes through this program's ``abuf`` rows as a scratch (read back at the reference
+      rows), ordered by CTA barriers.
+
+    The dots run on ``OP`` operands (the launcher's choice: fp32, i.e. tf32 on the bf16 path and
+    ieee for fp32 inputs; bf16 is a measured alternative).
 
     Writes: ``abuf [NT_max, HV, 64, 64]`` fp32 (the whole matrix, zeros on and above the
     diagonal: the intra kernel solves it in place of its scratch), ``rk [T, HV]`` fp32,
-    ``aqk [T, HV, 64]`` (lower triangle incl. the diagonal), ``x = beta kn exp(G)`` (the operand of
-    ``W = Tm x``, in the ``w`` buffer, overwritten by the intra kernel), the decayed keys
-    ``kd = kn exp(G_C - G)`` and queries ``qg = qn exp(G)`` (``[T, HV, K]``, dtype DT) and the
-    chunk's total log decays ``gl [NT_max, HV, K]`` fp32. Rows past the sequence's end are not
-    written (``abuf``: zero rows).
+    ``aqk [T, HV, 64]`` (row ``r``: ``Aqk[r, :]``, zeros above the diagonal), ``x = beta kn exp(G)``
+    (the operand of ``W = Tm x``, in the ``w`` buffer, overwritten by the intra kernel), the
+    decayed keys ``kd = kn exp(G_C - G)`` and queries ``qg = qn exp(G)`` (``[T, HV, K]``, dtype
+    DT) and the chunk's total log decays ``gl [NT_max, HV, K]`` fp32. Rows past the sequence's
+    end are not written (``abuf``: zero rows).
     """
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1).to(tl.int64)
@@ -173,16 +199,17 @@ def chunk_kda_system_kernel(
     k_ptr = k + t0 * skt + i_h * skh
     q_ptr = q + t0 * sqt + i_h * sqh
     g_ptr = g + t0 * sgt + i_hv * sgh
+    gscr = abuf + (i_c.to(tl.int64) * HV + i_hv) * 4096  # this program's A rows (G's scratch first)
     row = t0 * HV + i_hv  # element offsets of the row-major [T, HV, *] buffers: row * width
     r = tl.arange(0, 64)
     m = r < L
     d = tl.arange(0, BK)
+    lower = r[:, None] > r[None, :]
     rkv, rq = _norms(k_ptr, q_ptr, r, m, skt, sqt, K, BK, L2NORM)
     tl.store(rk + row + r * HV, rkv, mask=m)
     b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
     qs = rq * scale
     A = tl.zeros([64, 64], dtype=tl.float32)
-    Q = tl.zeros([64, 64], dtype=tl.float32)
     dqk = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
         col0 = ik * BK
@@ -200,13 +227,23 @@ def chunk_kda_system_kernel(
         _st(qg + row * K, r, m, HV * K, col0, qn * eg, BK)
         tl.store(gl + (i_c.to(tl.int64) * HV + i_hv) * K + col0 + d, g_tot)
         dqk += tl.sum(qn * kn, axis=1)
-        for p in range(6):
-            a, aq = _kda_level(kn, qn, G, r, p, BK, PREC, OP)
-            A += a
-            Q += aq
-    tl.store(abuf + (i_c.to(tl.int64) * HV + i_hv) * 4096 + r[:, None] * 64 + r[None, :], A * b[:, None])
-    Q = tl.where(r[:, None] == r[None, :], dqk[:, None], Q)
-    tl.store(aqk + row * 64 + r[:, None] * (HV * 64) + r[None, :], Q.to(aqk.dtype.element_ty), mask=m[:, None])
+        g_mid = tl.sum(tl.where((r == 31)[:, None], G, 0.0), axis=0)  # G at row 31, exactly
+        if tl.min(tl.minimum(g_mid, g_tot - g_mid), axis=0) >= -SPAN:
+            c = (kn * tl.exp(g_mid[None, :] - G)).to(OP)
+            ef = tl.exp(G - g_mid[None, :])
+            t1 = tl.dot((kn * ef).to(OP), tl.trans(c), input_precision=PREC)
+            t2 = tl.dot(c, tl.trans((qn * ef).to(OP)), input_precision=PREC)
+            A += tl.where(lower, t1, t2)
+        else:
+            tl.store(gscr + r[:, None] * BK + d[None, :], G)
+            tl.debug_barrier()
+            for p in range(6):
+                A += _kda_level(kn, qn, G, gscr, r, p, BK, PREC, OP)
+            tl.debug_barrier()  # every read of this block's G is done before the next one lands
+    tl.store(gscr + r[:, None] * 64 + r[None, :], tl.where(lower, A * b[:, None], 0.0))
+    # Aqk[j, i] = A[i, j] above the diagonal: element (i, j) goes to aqk's row j, column i
+    Qt = tl.where(r[:, None] < r[None, :], A, tl.where(r[:, None] == r[None, :], dqk[:, None], 0.0))
+    tl.store(aqk + row * 64 + r[None, :] * (HV * 64) + r[:, None], Qt.to(aqk.dtype.element_ty), mask=m[None, :])
 
 
 @triton.jit

@@ -41,7 +41,7 @@ import triton.language as tl
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import plan_grid
 
-from .chunk_intra import chunk_intra_kernel, chunk_kda_system_kernel
+from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_kernel
 from .chunk_state import chunk_state_kernel
 
@@ -266,7 +266,7 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
             beta.stride(0), beta.stride(1), N, HV // q.shape[1], HV, float(scale),
             K=K, BK=cfg["kda_system_bk"], L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-            OP=DT if cfg["kda_system_bf16"] else tl.float32, **cfg["kda_system"],
+            OP=DT if cfg["kda_system_bf16"] else tl.float32, SPAN=KDA_FAST_SPAN if cfg["kda_system_fast"] else float("-inf"), **cfg["kda_system"],
         )
     chunk_intra_kernel[(progs,)](
         k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["w"], bufs["u"], rk,
@@ -316,6 +316,7 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         "kda_system": dict(num_warps=4, num_stages=1),
         "kda_system_bk": 32,
         "kda_system_bf16": False,
+        "kda_system_fast": True,
         # bf16: value blocks of 64, 4 warps (H200, 16x4096, whole prefill: GDN 4.72 against 5.10 ms
         # with 32; benchmarks/results/prefill_h200_run4.json); fp32 operand tiles (fp32 and fp16
         # inputs) spill far more at 64, so they keep 32

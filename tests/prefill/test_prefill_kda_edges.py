@@ -41,36 +41,67 @@ def _per_sequence(o, ro, ht, rht, lens, cu, tol):
 
 # -- stage 1 on its own, entry by entry ---------------------------------------------------------
 
-@pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm", "no_l2norm"])
-def test_stage1_A_Aqk_and_operands_match_float64_entrywise_on_every_split_level(l2norm):
-    """``abuf``, ``aqk``, ``kd``, ``qg``, ``gl``, ``W``, ``U`` of a full chunk, a tail chunk of 37
-    rows and a chunk of 1 row, GVA (H = 1, HV = 2), K = 128, decays per channel from ~1 down to
-    0 (some channels 20x stronger, some below the floor). Each entry of ``A`` / ``Aqk`` is held to
-    its own scale (the sum of the absolute terms), so one wrong level (even level 0, 32 entries)
-    fails; on and above the diagonal and past the tail, ``A`` is exactly 0 and ``Aqk`` above the
-    diagonal too."""
+def _stage1(inp, scale, l2norm, fast):
+    """Stage 1 of KDA (fp32, ieee dots) on ``inp``; ``fast``: the system kernel's fast path allowed
+    (the pinned configuration) or turned off. Returns the buffers on the CPU and the chunk tables."""
     import triton.language as tl
 
     from linattn.capabilities import probe
     from linattn.kernels.triton.prefill import chunk_tables, intra_buffers, launch_intra, pinned_config
 
-    lens, H, HV, K, V = [64, 0, 37, 1], 1, 2, 128, 64
-    scale = 0.37
-    inp = make_inputs("kda", lens, H=H, HV=HV, K=K, V=V, seed=41, device=DEV)
-    inp["g"][:, :, ::3] *= 20
-    inp["g"][:, :, 1::7] = -1e4
-    if not l2norm:
-        inp["q"], inp["k"] = inp["q"] * 0.2, inp["k"] * 0.15
     q, k, v, g, beta, cu = (inp[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
-    T = q.shape[0]
+    T, HV, K, V = q.shape[0], v.shape[1], q.shape[2], v.shape[2]
     off, seq, start, nt = chunk_tables(cu, T)
     bufs = intra_buffers(True, T, HV, K, V, nt, torch.float32, DEV)
     for b in bufs.values():
         b.fill_(float("nan"))  # anything the kernels should write and do not shows up
+    cfg = pinned_config("kda", K, V, torch.float32)
+    assert cfg["kda_system_fast"]  # the shipped configuration takes the fast path where it may
+    cfg["kda_system_fast"] = fast
     launch_intra(q, k, v, g, beta, cu, seq, start, nt, bufs, scale=scale, kda=True, use_qk_l2norm=l2norm,
-                 DT=tl.float32, PREC="ieee", cfg=pinned_config("kda", K, V, torch.float32), caps=probe(DEV))
+                 DT=tl.float32, PREC="ieee", cfg=cfg, caps=probe(DEV))
+    return {name: b.cpu() for name, b in bufs.items()}, (off, seq, start)
 
-    bufs = {name: b.cpu() for name, b in bufs.items()}
+
+#: Gates of stage 1's entrywise test, by the system kernel's path they take per channel block
+#: (fast: ``|G_r - G_31| <= 60`` in the whole block):
+#: ``levels`` - decays per channel from ~1 down to 0, some 20x stronger, some below the floor, in
+#: every channel block: the level path everywhere;
+#: ``fast`` - the inputs' own gates (about -0.3 per token): the fast path everywhere;
+#: ``mixed`` - channel block 0 (channels 0..31) at -3 per token (``G_31`` = -96): the level path
+#: there, the fast path in the other three; and channel 40 at -1.85 per token (``G_31 = -59.2``,
+#: ``G_C - G_31`` of the full chunk -59.2): the fast path at its bound.
+GATES = ("levels", "fast", "mixed")
+
+
+@pytest.mark.parametrize("gates", GATES)
+@pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm", "no_l2norm"])
+def test_stage1_A_Aqk_and_operands_match_float64_entrywise_on_every_split_level(l2norm, gates):
+    """``abuf``, ``aqk``, ``kd``, ``qg``, ``gl``, ``W``, ``U`` of a full chunk, a tail chunk of 37
+    rows and a chunk of 1 row, GVA (H = 1, HV = 2), K = 128, for each path of the system kernel
+    (:data:`GATES`). Each entry of ``A`` / ``Aqk`` is held to its own scale (the sum of the
+    absolute terms), so one wrong level (even level 0, 32 entries) fails; on and above the
+    diagonal and past the tail, ``A`` is exactly 0 and ``Aqk`` above the diagonal too. With the
+    fast path turned off the buffers are the same bits where no block takes it (``levels``) and
+    differ where one does (the fast path ran)."""
+    lens, H, HV, K, V = [64, 0, 37, 1], 1, 2, 128, 64
+    scale = 0.37
+    inp = make_inputs("kda", lens, H=H, HV=HV, K=K, V=V, seed=41, device=DEV)
+    if gates == "levels":
+        inp["g"][:, :, ::3] *= 20
+        inp["g"][:, :, 1::7] = -1e4
+    elif gates == "mixed":
+        inp["g"][:, :, :32] = -3.0
+        inp["g"][:, :, 40] = -1.85
+    if not l2norm:
+        inp["q"], inp["k"] = inp["q"] * 0.2, inp["k"] * 0.15
+    bufs, (off, seq, start) = _stage1(inp, scale, l2norm, fast=True)
+    levels_only, _ = _stage1(inp, scale, l2norm, fast=False)
+    same_bits = all(bool(((bufs[n] == levels_only[n]) | (bufs[n].isnan() & levels_only[n].isnan())).all())
+                    for n in ("abuf", "aqk", "w"))  # NaN: rows neither run writes
+    assert same_bits == (gates == "levels"), gates
+
+    q, k, v, g, beta, cu = (inp[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
     q, k, v, g, beta, cu = (x.cpu() for x in (q, k, v, g, beta, cu))
     d = torch.float64
 
@@ -81,6 +112,7 @@ def test_stage1_A_Aqk_and_operands_match_float64_entrywise_on_every_split_level(
         return x.repeat_interleave(HV // H, 1)
 
     qn, kn, gg = prep(q) * scale, prep(k), g.to(d).clamp_min(-1000.0)
+    T = q.shape[0]
     seen = 0
     for c in range(int(off[-1])):
         t0, n = int(start[c]), int(seq[c])
