@@ -120,8 +120,13 @@ def stage_times(fn):
 
 SWEEP = [
     {},
-    {"state": dict(num_warps=4, num_stages=3)},
-    {"output": dict(num_warps=4, num_stages=2)},
+    # KDA: the state and output kernels apart (per-chunk states and Vn through memory)
+    {"state_fuse_o": False},
+    # KDA's fused state kernel: pipelined; 8 warps
+    {"state_fused": dict(num_warps=4, num_stages=2)},
+    {"state_fused": dict(num_warps=8, num_stages=1)},
+    # GDN: the state kernel's pipelining
+    {"state": dict(num_warps=4, num_stages=1)},
 ]
 
 
@@ -141,13 +146,16 @@ def pinned_override(over: dict | None):
 
 
 def run_sweep(family, d, pool, idx):
-    res = []
+    res, ref = [], None
     for alt in SWEEP:
         with pinned_override(alt):
-            fn = linattn_fn(family, d, pool.clone(), idx)
             try:
+                o, _ = linattn_fn(family, d, pool.clone(), idx)()  # once from the same pool: output to compare
+                ref = o if ref is None else ref
+                fn = linattn_fn(family, d, pool.clone(), idx)
                 ms = bench_ms(fn, warmup=5, rep=40)
-                res.append(dict(config=repr(alt), ms=round(ms, 4), mtok_s=round(d["v"].shape[0] / ms / 1e3, 2)))
+                res.append(dict(config=repr(alt), ms=round(ms, 4), mtok_s=round(d["v"].shape[0] / ms / 1e3, 2),
+                                rel_diff_o_vs_first=rel(o, ref)))
             except Exception as e:  # a config that does not build is reported, not fatal
                 res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:200]}"))
     return res

@@ -30,15 +30,15 @@ from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode
 @triton.jit
 def chunk_state_kernel(
     k, g, w, u, rk, cu_seqlens, chunk_off, state_indices,
-    h0, ht, hbuf, vn,
-    skt, skh, sgt, sgh,
+    h0, ht, hbuf, vn, q, aqk, o,
+    skt, skh, sgt, sgh, sqt, sqh,
     s0_p, s0_h, s0_k, s0_v,
     st_p, st_h, st_k, st_v,
     GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
@@ -47,7 +47,15 @@ def chunk_state_kernel(
     Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32,
     ``hbuf [NT, HV, K, V]`` (dtype DT).
     ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
-    ``(slot, head, k, v)`` in elements."""
+    ``(slot, head, k, v)`` in elements.
+
+    ``FUSE_O`` (KDA only): the program also writes its chunks' output rows ``o [T, HV, V]``,
+    ``o = qg h + Aqk Vn`` (the output stage's maths, :func:`.chunk_output.chunk_output_kernel`, on
+    the state and ``Vn`` it holds, in the same dtypes), from stage 1's ``qg [T, HV, K]`` (as
+    ``q``, token stride ``sqt``) and ``aqk [T, HV, 64]``; ``hbuf`` and ``vn`` are then not written.
+    Otherwise ``q``, ``aqk`` and ``o`` are not touched (the output kernel reads ``hbuf``, ``vn``).
+    GDN keeps the output kernel: fused, its serial loop took longer than the two stages apart
+    (H200, 16x4096: 4.06 against 3.73 ms, benchmarks/results/prefill_h200_s5_run3_state_sweep.json)."""
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // GROUP
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -71,20 +79,38 @@ def chunk_state_kernel(
     else:
         S = tl.zeros([K, BV], dtype=tl.float32)
 
+    if FUSE_O and POOL:
+        keep_o = tl.load(state_indices + i_n) >= 0  # padding: zero output rows
+    else:
+        keep_o = True
+    incl = r[:, None] >= r[None, :]
     for t in range(nc):
         c = c0 + t
         t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
         m = r < eos - t0
-        tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S.to(DT))
+        Sd = S.to(DT)  # the state entering chunk c, as the output stage reads it
+        if not FUSE_O:
+            tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
         vo = (t0 * HV + i_hv) * V + v0
         ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
-        vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), S.to(DT), input_precision=PREC)
-        tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vnew.to(DT), mask=m[:, None])
+        vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
+        vd = vnew.to(DT)
+        if not FUSE_O:
+            tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vd, mask=m[:, None])
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
-        if KDA:  # S = diag(exp(G_C)) S + kd^T Vn
+        if KDA:
+            if FUSE_O:  # o = qg h + Aqk Vn
+                qt = tl.load(q + t0 * sqt + i_hv * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
+                A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
+                            mask=m[:, None] & incl, other=0.0)
+                acc = tl.dot(qt.to(DT), Sd, input_precision=PREC)
+                acc = tl.dot(A.to(DT), vd, acc=acc, input_precision=PREC)
+                tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]), tl.where(keep_o, acc, 0.0).to(o.dtype.element_ty),
+                         mask=m[:, None])
+            # S = diag(exp(G_C)) S + kd^T Vn
             gl = tl.load(g + c * sgt + i_hv * sgh + kk)
-            S = tl.dot(tl.trans(kt.to(DT)), vnew.to(DT), acc=S * tl.exp(gl)[:, None], input_precision=PREC)
+            S = tl.dot(tl.trans(kt.to(DT)), vd, acc=S * tl.exp(gl)[:, None], input_precision=PREC)
         else:
             rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
             gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)

@@ -176,8 +176,14 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
     bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev)
-    vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-    hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
+    # KDA: the state kernel writes the output itself (cfg "state_fuse_o"), unless a replacement
+    # state kernel runs: then that hands over the per-chunk states and Vn to the output kernel
+    fuse_o = kda and state_kernel is None and cfg["state_fuse_o"]
+    if fuse_o:
+        vn = hbuf = torch.empty(0, dtype=buf_dt, device=dev)  # not touched
+    else:
+        vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
+        hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
     launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs, scale=scale,
                  kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps)
     w, u, rk = bufs["w"], bufs["u"], bufs["rk"]
@@ -210,11 +216,14 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                      state_layout=state_layout)
     elif not plan.empty:
         chunk_state_kernel[plan.grid](
-            ks, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn,
-            ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1), *s0, *st,
+            ks, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, qs, bufs.get("aqk", rk), o,
+            ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1), qs.stride(0), qs.stride(1), *s0, *st,
             grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, **cfg["state"],
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o,
+            **cfg["state_fused" if fuse_o else "state"],
         )
+    if fuse_o:
+        return o, final
 
     OBV = cfg["output_bv"]
     chunk_output_kernel[(nt_max, HV, V // OBV)](
@@ -322,6 +331,14 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # inputs) spill far more at 64, so they keep 32
         "state_bv": 64 if dtype == torch.bfloat16 else 32,
         "state": dict(num_warps=8 if K == 256 else 4, num_stages=2 if pipelined else 1),
+        # KDA: the state kernel also writes the output (no per-chunk states or Vn through memory,
+        # no output kernel), unpipelined (H200, whole prefill, 16x4096 / 256x256: 6.46 / 6.74 ms
+        # against 6.68 / 6.96 apart and 6.84 / 7.17 pipelined; benchmarks/results/
+        # prefill_h200_s5_run3_state_sweep.json). GDN: slower fused (4.06 against 3.73 ms), apart.
+        # K = 256 apart too: the fused build needs 112 KiB of shared memory (limits: 96); and fp32
+        # inputs (ieee dots on FMA): the fused build spills 7.9 KB where apart it spills 640 B
+        "state_fuse_o": kda and K <= 128 and dtype != torch.float32,
+        "state_fused": dict(num_warps=8 if K == 256 else 4, num_stages=1),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic

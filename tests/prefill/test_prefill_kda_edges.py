@@ -293,3 +293,44 @@ def test_strided_views_of_q_k_g_and_beta_give_the_same_bits_as_contiguous():
     o1, h1 = run("kda", inp)
     o2, h2 = run("kda", views)
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
+def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_the_state_bits_alone():
+    """KDA's bf16 path writes the output from the state kernel (pinned ``state_fuse_o``; the
+    per-chunk states and Vn never go through memory). Against the same prefill with the output
+    kernel (``state_fuse_o`` off), pool mode with a padding sequence, an empty one and foreign
+    rows: the final pool rows are the same bits (the state update is the same instructions), the
+    outputs agree to 1e-5 (dot order), padding rows are zeros in both, rows no live sequence owns
+    are bitwise unchanged, and both match the float64 reference within bf16's 2e-2 / 1e-2."""
+    from linattn.kernels.triton import prefill as pm
+
+    lens, slots = [70, 0, 5, 130], [3, 1, -1, 0]
+    P, H, HV, K, V = 5, 1, 2, 128, 64
+    inp = make_inputs("kda", lens, H=H, HV=HV, K=K, V=V, dtype=torch.bfloat16, seed=71, device=DEV)
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    before = random_states(P, HV, K, V, seed=72, device=DEV)
+    assert pm.pinned_config("kda", K, V, torch.bfloat16)["state_fuse_o"]
+    assert not pm.pinned_config("gdn", K, V, torch.bfloat16)["state_fuse_o"]
+    outs, pools = [], []
+    for fuse in (True, False):
+        pool = before.clone()
+        pinned = pm.pinned_config
+        pm.pinned_config = lambda *a, **kw: {**pinned(*a, **kw), "state_fuse_o": fuse}
+        try:
+            o, _ = run("kda", inp, state_pool=pool, state_indices=idx)
+        finally:
+            pm.pinned_config = pinned
+        outs.append(o)
+        pools.append(pool)
+    cu = inp["cu_seqlens"].tolist()
+    live = [3, 0]
+    untouched = [p for p in range(P) if p not in live]
+    for o, pool in zip(outs, pools):
+        assert torch.equal(o[cu[2]:cu[3]], torch.zeros_like(o[cu[2]:cu[3]]))
+        assert torch.equal(pool[untouched], before[untouched])
+    assert torch.equal(pools[0], pools[1])
+    assert rel(outs[0], outs[1]) < 1e-5
+    rp = before.clone()
+    ro, _ = reference("kda", inp, state_pool=rp, state_indices=idx)
+    for o, pool in zip(outs, pools):
+        assert rel(o, ro) < 2e-2 and rel(pool[live], rp[live]) < 1e-2
