@@ -9,11 +9,13 @@ per-channel gates), with ``G`` the chunk-local cumulative log decay and ``k`` l2
     W  = Tm diag(beta) (K * exp(G))          U = Tm diag(beta) V
 
 GDN's ``A`` is one 64 x 64 dot into a per-program fp32 scratch (:func:`_gdn_system`). KDA's comes
-from its own launch, :func:`chunk_kda_system_kernel`, into ``abuf``: each pair ``s < r`` belongs to
-one level of a binary split of the 64 rows, and each level is a masked 64 x 64 dot with the
-per-channel decay factored through a row between the two, ``exp(G_r - G_m) exp(G_m - G_s)``
-(:func:`_kda_level`). Only exponentials of numbers <= 0 are ever taken, so strongly negative gates
-cannot overflow. ``Tm`` is then solved block-wise (:func:`_solve`, in :func:`chunk_intra_kernel`): the four
+from its own launch, :func:`chunk_kda_system_kernel`, into ``abuf``, per channel block by one of
+two exact factorizations of the per-channel decay: through row 31 for all pairs (two dots) where
+the block's decays stay within ``e^-60 .. e^60`` of that row, else by a binary split of the 64
+rows: each pair ``s < r`` belongs to one level, and each level is a masked 64 x 64 dot with the
+decay factored through a row between the two, ``exp(G_r - G_m) exp(G_m - G_s)``
+(:func:`_kda_level`), only exponentials of numbers <= 0, so strongly negative gates cannot
+overflow. ``Tm`` is then solved block-wise (:func:`_solve`, in :func:`chunk_intra_kernel`): the four
 diagonal 16 x 16 blocks together (bf16/fp16 inputs: the Neumann product
 ``(I - N)(I + N^2)(I + N^4)(I + N^8)``, six batched dots on 3xTF32; fp32 inputs: forward
 substitution), the others by ``Tm_ij = -Tm_ii sum_{j<=m<i} A_im Tm_mj`` in two steps; then ``W`` and ``U`` are single 64-row dots with the

@@ -120,7 +120,8 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "block), chunks on axis x (up to 2**31 - 1) and no N * HV axis, so no device "
                        "limit is at stake and there is nothing to plan; programs past the real "
                        "chunk count return at once"),
-        notes="stage 3 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
+        notes=("stage 3 of the chunked prefill; KDA (KDA=True) only for fp32 inputs, K = 256 or a "
+               "replacement state kernel: otherwise KDA's state kernel writes the output itself"),
     ),
 )
 
