@@ -33,6 +33,7 @@ queries, ``kn`` = normalised keys), the decayed keys ``kn exp(G_C - G)`` and que
 import triton
 import triton.language as tl
 
+from ._gates import cumsum2
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
@@ -90,10 +91,16 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
         rk = tl.where(m, 1.0 / tl.sqrt(ss + 1e-6), 0.0)
     else:
         rk = tl.where(m, 1.0, 0.0)
-    G = tl.cumsum(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), axis=0)
+    if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
+        G, Gl = cumsum2(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), 0)
+    else:
+        G = tl.cumsum(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), axis=0)
     b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
     strict = r[:, None] > r[None, :]
-    a = kk * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+    if PREC == "ieee":
+        a = kk * tl.exp(tl.where(strict, (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :]), float("-inf")))
+    else:
+        a = kk * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
     a = a * (b * rk)[:, None] * rk[None, :]
     tl.store(sA + r[:, None] * 64 + r[None, :], a)
     return G, rk, b
@@ -124,13 +131,15 @@ KDA_FAST_SPAN = 60.0
 
 
 @triton.jit
-def _kda_level(kn, qn, G, gscr, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: tl.constexpr):
+def _kda_level(kn, qn, G, Gl, gscr, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: tl.constexpr):
     """Level ``p`` (0..5) of one channel block's share of ``A`` and ``Aqk``: the pairs ``s < r``
     of one group of ``2**(p+1)`` rows whose highest differing bit is ``p`` (``r`` has it set, ``s``
     not). The decay factors through the group's middle row ``ref = first + 2**p - 1``, which lies
     between them: ``exp(G_r - G_s) = exp(G_r - G_ref) exp(G_ref - G_s)``, both exponents <= 0.
     ``G_ref`` comes from ``G`` stored to the scratch ``gscr`` (``[64, BK]`` fp32, row-major): a
     load at the reference rows, where ``tl.gather`` would force a column layout on the operands.
+    With ``PREC == "ieee"`` (fp32 inputs) ``G`` is a two-float sum ``G + Gl`` (:mod:`._gates`),
+    both parts in the scratch (``Gl`` after ``G``), and the differences use both.
 
     Returns one ``[64, 64]`` matrix: ``A / beta`` for the level's pairs below the diagonal
     (``kn_r . kn_s`` decayed) and ``Aqk`` transposed above it (``(C Rq^T)[s, r] = qn_r . kn_s``
@@ -140,7 +149,11 @@ def _kda_level(kn, qn, G, gscr, r, p, BK: tl.constexpr, PREC: tl.constexpr, OP: 
     ref = (r >> (p + 1) << (p + 1)) + (1 << p) - 1
     g_ref = tl.load(gscr + ref[:, None] * BK + tl.arange(0, BK)[None, :])
     hi = (((r >> p) & 1) == 1)[:, None]  # rows after ref (the others: columns up to ref)
-    e = tl.exp(tl.where(hi, G - g_ref, g_ref - G))  # <= 1 either way
+    if PREC == "ieee":
+        gl_ref = tl.load(gscr + 64 * BK + ref[:, None] * BK + tl.arange(0, BK)[None, :])
+        e = tl.exp(tl.where(hi, (G - g_ref) + (Gl - gl_ref), (g_ref - G) + (gl_ref - Gl)))
+    else:
+        e = tl.exp(tl.where(hi, G - g_ref, g_ref - G))  # <= 1 either way
     fr = tl.where(hi, e, 0.0)
     c = (kn * tl.where(hi, 0.0, e)).to(OP)
     t = tl.dot((kn * fr).to(OP), tl.trans(c), input_precision=PREC)
@@ -221,7 +234,11 @@ def chunk_kda_system_kernel(
         # kd first: G_C - G as the suffix sum of the gates after each row (no cancellation against
         # a large early decay; exactly 0 at the last row)
         _st(kd + row * K, r, m, HV * K, col0, kn * tl.exp(tl.cumsum(gg, axis=0, reverse=True) - gg), BK)
-        G = tl.cumsum(gg, axis=0)
+        if PREC == "ieee":  # fp32 inputs: two-float G, so that differences keep fp32 accuracy
+            G, Gl = cumsum2(gg, 0)
+        else:
+            G = tl.cumsum(gg, axis=0)
+            Gl = G  # not used
         g_tot = tl.sum(gg, axis=0)
         qn = _ld(q_ptr, r, m, sqt, col0, BK).to(tl.float32) * qs[:, None]
         eg = tl.exp(G)
@@ -231,16 +248,25 @@ def chunk_kda_system_kernel(
         dqk += tl.sum(qn * kn, axis=1)
         g_mid = tl.sum(tl.where((r == 31)[:, None], G, 0.0), axis=0)  # G at row 31, exactly
         if tl.min(tl.minimum(g_mid, g_tot - g_mid), axis=0) >= -SPAN:
-            c = (kn * tl.exp(g_mid[None, :] - G)).to(OP)
-            ef = tl.exp(G - g_mid[None, :])
+            if PREC == "ieee":
+                gl_mid = tl.sum(tl.where((r == 31)[:, None], Gl, 0.0), axis=0)
+                dm = (G - g_mid[None, :]) + (Gl - gl_mid[None, :])
+                c = (kn * tl.exp(-dm)).to(OP)
+                ef = tl.exp(dm)
+            else:
+                c = (kn * tl.exp(g_mid[None, :] - G)).to(OP)
+                ef = tl.exp(G - g_mid[None, :])
             t1 = tl.dot((kn * ef).to(OP), tl.trans(c), input_precision=PREC)
             t2 = tl.dot(c, tl.trans((qn * ef).to(OP)), input_precision=PREC)
             A += tl.where(lower, t1, t2)
         else:
             tl.store(gscr + r[:, None] * BK + d[None, :], G)
+            if PREC == "ieee":
+                tl.static_assert(2 * BK <= 64, "the scratch (64 x 64 fp32) holds G and Gl for BK <= 32")
+                tl.store(gscr + 64 * BK + r[:, None] * BK + d[None, :], Gl)
             tl.debug_barrier()
             for p in range(6):
-                A += _kda_level(kn, qn, G, gscr, r, p, BK, PREC, OP)
+                A += _kda_level(kn, qn, G, Gl, gscr, r, p, BK, PREC, OP)
             tl.debug_barrier()  # every read of this block's G is done before the next one lands
     tl.store(gscr + r[:, None] * 64 + r[None, :], tl.where(lower, A * b[:, None], 0.0))
     # Aqk[j, i] = A[i, j] above the diagonal: element (i, j) goes to aqk's row j, column i

@@ -16,6 +16,7 @@ so no axis carries ``N * HV``.
 import triton
 import triton.language as tl
 
+from ._gates import cumsum2
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
@@ -70,10 +71,16 @@ def chunk_output_kernel(
             acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
             A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
         gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-        G = tl.cumsum(gt, axis=0)
+        if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
+            G, Gl = cumsum2(gt, 0)
+        else:
+            G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         acc = acc * tl.exp(G)[:, None]
-        A = A * tl.exp(tl.where(incl, G[:, None] - G[None, :], float("-inf"))) * rkv[None, :]
+        if PREC == "ieee":
+            A = A * tl.exp(tl.where(incl, (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :]), float("-inf"))) * rkv[None, :]
+        else:
+            A = A * tl.exp(tl.where(incl, G[:, None] - G[None, :], float("-inf"))) * rkv[None, :]
     vo = (t0 * HV + i_hv) * V
     vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
     acc += tl.dot(A.to(DT), vt.to(DT), input_precision=PREC)
