@@ -62,7 +62,9 @@ class TritonBackend(Backend):
         if caps.vendor == "cpu" and not caps.toolchain.triton_interpreter:
             return Check.failed(Reason.DEVICE, "vendor='cpu' without the Triton interpreter: Triton kernels "
                                 "need a GPU, or TRITON_INTERPRET=1 (tests only)",
-                                "run on a GPU, or set TRITON_INTERPRET=1 before importing triton")
+                                "run on a GPU, or set TRITON_INTERPRET=1 before importing triton and force "
+                                "the backend (backend='triton-split'; on a CPU the dispatcher only picks "
+                                "Triton when forced)")
         return Check.passed()
 
     def supports_shape(self, p: Problem, caps: DeviceCapabilities) -> Check:
