@@ -7,6 +7,8 @@ its sequence's chunks in order (maths in ops.md, "Chunked form"; maths layout ``
 
     h[c]  = S                                   (state entering chunk c, for the output stage)
     Vn    = U - W S
+    O     = qg h[c] + Aqk Vn                    (KDA with FUSE_O: the output here, h[c] and Vn
+                                                 never stored)
     S     = exp(G_C) S + (K * exp(G_C - G))^T Vn      KDA: diag(exp(G_C)) S + ...
 
 (KDA's decayed keys ``K * exp(G_C - G)`` and ``G_C`` come ready from stage 1,
@@ -49,7 +51,7 @@ def chunk_state_kernel(
     ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
     ``(slot, head, k, v)`` in elements.
 
-    ``FUSE_O`` (KDA only): the program also writes its chunks' output rows ``o [T, HV, V]``,
+    ``FUSE_O`` (KDA only; the launcher sets it on the bf16 path at K <= 128): the program also writes its chunks' output rows ``o [T, HV, V]``,
     ``o = qg h + Aqk Vn`` (the output stage's maths, :func:`.chunk_output.chunk_output_kernel`, on
     the state and ``Vn`` it holds, in the same dtypes), from stage 1's ``qg [T, HV, K]`` (as
     ``q``, token stride ``sqt``) and ``aqk [T, HV, 64]``; ``hbuf`` and ``vn`` are then not written.

@@ -318,10 +318,12 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # (benchmarks/results/prefill_h200_s4_run4_intra.json; all-tf32x3 1.83 / 8.59 ms)
         "intra_solve": (dict(NEUMANN=False, DPREC="ieee", IPREC="ieee") if dtype == torch.float32
                         else dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32")),
-        # KDA's system kernel: 4 warps, channel blocks of 32 (16x4096, stage 1 in all: 8.76 ms;
-        # 8 warps 11.3, channel blocks of 16: 14.6 / 11.4, of 64: 10.0; prefill_h200_run5.json,
-        # _run7_kda_sweep.json). Its A/Aqk dots run on fp32 operands (tf32); bf16 operands measured
-        # 8.09 ms but move W/U by 1.1e-3 relative, so they are not the default
+        # KDA's system kernel: 4 warps, channel blocks of 32, the fast path where its bound holds
+        # (H200, 16x4096, stage 1 in all: 4.91 ms; level path everywhere 7.40, a 168-register cap
+        # 5.17, channel blocks of 64: 5.48, of 16: 6.45; benchmarks/results/
+        # prefill_h200_s5_run2_kda_sweep.json; 8 warps: 11.6 in _s5_run1_kda_sweep.json). Its
+        # A/Aqk dots run on fp32 operands (tf32); bf16 operands measured 4.80 ms but move W/U by
+        # 1.1e-3 relative, so they are not the default
         "kda_system": dict(num_warps=4, num_stages=1),
         "kda_system_bk": 32,
         "kda_system_bf16": False,
@@ -335,10 +337,15 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # no output kernel), unpipelined (H200, whole prefill, 16x4096 / 256x256: 6.46 / 6.74 ms
         # against 6.68 / 6.96 apart and 6.84 / 7.17 pipelined; benchmarks/results/
         # prefill_h200_s5_run3_state_sweep.json). GDN: slower fused (4.06 against 3.73 ms), apart.
-        # K = 256 apart too: the fused build needs 112 KiB of shared memory (limits: 96); and fp32
-        # inputs (ieee dots on FMA): the fused build spills 7.9 KB where apart it spills 640 B
-        "state_fuse_o": kda and K <= 128 and dtype != torch.float32,
-        "state_fused": dict(num_warps=8 if K == 256 else 4, num_stages=1),
+        # Fused GDN builds also gave wrong outputs at value blocks of 32 unpipelined (rel 16.7
+        # against the others in that sweep: a miscompile, as far as we could tell), one more
+        # reason to keep it apart. Only bf16 is fused: the measured and GPU-tested build (fp16
+        # runs fp32 tiles at value blocks of 32, a build never run on a GPU fused; it spills
+        # 272 B fused, 16 B apart); K = 256 keeps it apart (the fused build needs 112 KiB of
+        # shared memory; limits: 96), and so do fp32 inputs (ieee dots on FMA: the fused build
+        # spills 7.9 KB at K = 64)
+        "state_fuse_o": kda and K <= 128 and dtype == torch.bfloat16,
+        "state_fused": dict(num_warps=4, num_stages=1),
         # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
         # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
         # runs unpipelined at 8 warps, the configuration that measured correct and deterministic

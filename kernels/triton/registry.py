@@ -91,7 +91,8 @@ KERNELS: tuple[KernelEntry, ...] = (
         name="kda_prefill_state", op="kda_prefill", layouts=("split", "folded"),
         kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_state_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        notes="KDA=True (same source as gdn_prefill_state)",
+        notes=("KDA=True (same source as gdn_prefill_state); on the bf16 path at K <= 128 it also "
+               "writes the output (FUSE_O)"),
     ),
     KernelEntry(
         name="chunk_intra", op="gdn_prefill", layouts=(),

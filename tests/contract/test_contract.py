@@ -73,7 +73,7 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
 
 def _state_writes_output(case: Case) -> bool:
     """Whether the prefill's state kernel writes the output itself (pinned ``state_fuse_o``: KDA
-    on the bf16/fp16 path), so that the output kernel (stage 3) does not run."""
+    on the bf16 path at K <= 128), so that the output kernel (stage 3) does not run."""
     from linattn.kernels.triton.prefill import pinned_config
 
     if case.op not in PREFILL_OPS:

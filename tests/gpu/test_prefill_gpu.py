@@ -239,6 +239,10 @@ ALT_CONFIGS = [
     {"state_bv": 32, "state": dict(num_warps=8, num_stages=1)},
     {"intra": dict(num_warps=8, num_stages=1), "output": dict(num_warps=8, num_stages=1), "intra_bk": 64},
     {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 1},
+    # KDA's bf16 state kernel writes the output (so the "state" and "output" entries above do not
+    # reach it): apart, and fused at 8 warps (GDN: both its pinned configuration)
+    {"state_fuse_o": False},
+    {"state_fused": dict(num_warps=8, num_stages=1)},
 ]
 
 

@@ -299,12 +299,16 @@ def test_prefill_supported_rejects_a_device_with_too_little_shared_memory():
     why = prefill_supported("kda", 256, 256, torch.bfloat16, small)
     assert why is not None and "shared memory" in why and "64 KiB" in why
     assert prefill_supported("gdn", 128, 128, torch.bfloat16, profile("sm90")) is None
-    # a 99 KiB device (sm_120) is accepted and gets the unpipelined state kernel
+    # a 99 KiB device (sm_120) is accepted and gets the unpipelined state kernel (GDN; KDA's bf16
+    # state kernel writes the output and is unpipelined everywhere)
     assert prefill_supported("kda", 128, 128, torch.bfloat16, profile("sm120")) is None
     from linattn.kernels.triton.prefill import pinned_config
 
-    assert pinned_config("kda", 128, 128, torch.bfloat16, profile("sm120").shared_memory_per_block)["state"]["num_stages"] == 1
-    assert pinned_config("kda", 128, 128, torch.bfloat16, profile("sm90").shared_memory_per_block)["state"]["num_stages"] == 2
+    for caps, stages in (("sm120", 1), ("sm90", 2)):
+        smem = profile(caps).shared_memory_per_block
+        assert pinned_config("gdn", 128, 128, torch.bfloat16, smem)["state"]["num_stages"] == stages
+        kda = pinned_config("kda", 128, 128, torch.bfloat16, smem)
+        assert kda["state_fuse_o"] and kda["state_fused"]["num_stages"] == 1
 
 
 def test_pool_mode_without_state_indices_is_a_clear_error():

@@ -1,10 +1,12 @@
 """KDA chunked prefill at its edges, on the CPU through the Triton interpreter.
 
 Stage 1 of KDA (:func:`linattn.kernels.triton.chunk_intra.chunk_kda_system_kernel`) builds ``A`` and
-``Aqk`` by a six-level binary split of the 64 chunk rows (level ``p`` pairs rows whose highest
-differing bit is ``p``, with the decay factored through the group's middle row), so its
-failure modes sit at the power-of-two positions inside a chunk, at tail chunks, at per-channel
-gates of very different size and at the head mapping. These tests pin:
+``Aqk`` per 32-channel block either through one reference row (the fast path, where the block's
+decays stay within e^-60..e^60 of row 31) or by a six-level binary split of the 64 chunk rows
+(level ``p`` pairs rows whose highest differing bit is ``p``, with the decay factored through the
+group's middle row), so its failure modes sit at the path boundary, at the power-of-two positions
+inside a chunk, at tail chunks, at per-channel gates of very different size and at the head
+mapping. On the bf16 path the state kernel also writes the output. These tests pin:
 
 - stage 1's matrices and operands entry by entry against float64 (every level, tail rows zero);
 - sequence lengths on both sides of every power of two up to 129, zero-length sequences among
@@ -311,17 +313,23 @@ def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_th
     before = random_states(P, HV, K, V, seed=72, device=DEV)
     assert pm.pinned_config("kda", K, V, torch.bfloat16)["state_fuse_o"]
     assert not pm.pinned_config("gdn", K, V, torch.bfloat16)["state_fuse_o"]
-    outs, pools = [], []
+    outs, pools, output_launches = [], [], []
     for fuse in (True, False):
         pool = before.clone()
         pinned = pm.pinned_config
         pm.pinned_config = lambda *a, **kw: {**pinned(*a, **kw), "state_fuse_o": fuse}
+        calls = []
+        run_output = pm.chunk_output_kernel.run
+        pm.chunk_output_kernel.run = lambda *a, **kw: calls.append(1) or run_output(*a, **kw)
         try:
             o, _ = run("kda", inp, state_pool=pool, state_indices=idx)
         finally:
             pm.pinned_config = pinned
+            pm.chunk_output_kernel.run = run_output
         outs.append(o)
         pools.append(pool)
+        output_launches.append(len(calls))
+    assert output_launches == [0, 1]  # fused: no output kernel; apart: one launch
     cu = inp["cu_seqlens"].tolist()
     live = [3, 0]
     untouched = [p for p in range(P) if p not in live]
