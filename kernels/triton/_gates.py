@@ -4,9 +4,16 @@ A plain fp32 prefix sum ``G_r = g_1 + ... + g_r`` rounds every partial sum at th
 reached: after a floor gate (-1000) early in a chunk, fp32's spacing there is 6e-5, and the later
 differences ``G_r - G_s`` of mild gates (-0.02 per token) carry that rounding, one-signed, as a
 relative error of up to ~1e-4 in ``exp(G_r - G_s)``: outputs 3e-4 off the float64 reference, 30x
-ops.md's 1e-5 for fp32 inputs. Carrying each partial sum as ``hi + lo`` (Knuth's TwoSum, exact in
-round-to-nearest fp32; no multiplications, so FMA contraction cannot alter it) makes the
-difference ``(hi_r - hi_s) + (lo_r - lo_s)`` accurate to the rounding of the difference itself.
+ops.md's 1e-5 for fp32 inputs.
+
+:func:`cumsum2` splits each gate into a coarse part on the grid of ``2**-7`` and the remainder
+(``|rem| <= 2**-8``, exact in fp32). The coarse parts of a chunk sum exactly in any order: the
+gates are floored at -1000 and a chunk has 64 rows, so every partial sum is a multiple of
+``2**-7`` below ``64 * 1000 * 2**7 < 2**24`` in units of the grid. The remainders sum to at most
+0.25 in magnitude, where fp32's spacing is 3e-8. ``G + Gl`` then carries the cumulative gate to
+about fp32 precision squared, and ``(G_r - G_s) + (Gl_r - Gl_s)`` is accurate to the rounding of
+the difference itself. Two plain prefix sums: any scan order (the GPU's tree, the interpreter's
+sequential one) gives the same coarse sums.
 
 The bf16/fp16 paths keep the plain sum (those errors sit far below their 2e-2 / 1e-2).
 """
@@ -16,19 +23,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _two_sum(a_hi, a_lo, b_hi, b_lo):
-    """``(a_hi + a_lo) + (b_hi + b_lo)`` as a normalised pair (TwoSum of the high parts, the low
-    parts and the rounding error added, then renormalised)."""
-    s = a_hi + b_hi
-    bb = s - a_hi
-    err = (a_hi - (s - bb)) + (b_hi - bb)
-    lo = (a_lo + b_lo) + err
-    hi = s + lo
-    return hi, lo - (hi - s)
-
-
-@triton.jit
 def cumsum2(x, axis: tl.constexpr):
-    """Inclusive prefix sum of fp32 ``x`` along ``axis`` as ``(hi, lo)``, ``hi + lo`` the sum to
-    about fp32 precision squared."""
-    return tl.associative_scan((x, tl.zeros_like(x)), axis, _two_sum)
+    """Inclusive prefix sum along ``axis`` (at most 64 long) of fp32 gates ``x`` in
+    ``[-1000, 0]`` as ``(G, Gl)``: ``G`` the sum rounded to fp32, ``Gl`` the part of the exact sum
+    that ``G`` misses (``|Gl|`` about fp32's spacing at ``G``)."""
+    coarse = tl.floor(x * 128.0 + 0.5) * (1.0 / 128.0)
+    hi = tl.cumsum(coarse, axis=axis)  # exact (module docstring)
+    lo = tl.cumsum(x - coarse, axis=axis)
+    G = hi + lo
+    return G, (hi - G) + lo

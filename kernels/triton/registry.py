@@ -144,7 +144,6 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_half_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
-    f"{KERNEL_PACKAGE}._gates:_two_sum",
     f"{KERNEL_PACKAGE}._gates:cumsum2",
 })
 
