@@ -111,10 +111,10 @@ def _render_report(doc: dict, caps) -> None:
     con.print(_caps_table(caps))
     names = doc["backends"]
     t = Table(title="Verdict per op (representative problem; rank: lower runs first)", title_justify="left")
-    t.add_column("op", style="bold")
-    t.add_column("problem")
+    t.add_column("op", style="bold", overflow="fold")  # fold, not cut: names stay readable at 80 columns
+    t.add_column("problem", overflow="fold")
     for n in names:
-        t.add_column(n)
+        t.add_column(n, overflow="fold")
     for op, row in doc["ops"].items():
         cells = []
         for n in names:
