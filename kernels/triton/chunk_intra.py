@@ -97,10 +97,10 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
         G = tl.cumsum(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), axis=0)
     b = tl.load(b_ptr + r * sbt, mask=m, other=0.0).to(tl.float32)
     strict = r[:, None] > r[None, :]
+    D = G[:, None] - G[None, :]
     if PREC == "ieee":
-        a = kk * tl.exp(tl.where(strict, (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :]), float("-inf")))
-    else:
-        a = kk * tl.exp(tl.where(strict, G[:, None] - G[None, :], float("-inf")))
+        D = D + (Gl[:, None] - Gl[None, :])
+    a = kk * tl.exp(tl.where(strict, D, float("-inf")))
     a = a * (b * rk)[:, None] * rk[None, :]
     tl.store(sA + r[:, None] * 64 + r[None, :], a)
     return G, rk, b

@@ -77,10 +77,10 @@ def chunk_output_kernel(
             G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         acc = acc * tl.exp(G)[:, None]
+        D = G[:, None] - G[None, :]
         if PREC == "ieee":
-            A = A * tl.exp(tl.where(incl, (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :]), float("-inf"))) * rkv[None, :]
-        else:
-            A = A * tl.exp(tl.where(incl, G[:, None] - G[None, :], float("-inf"))) * rkv[None, :]
+            D = D + (Gl[:, None] - Gl[None, :])
+        A = A * tl.exp(tl.where(incl, D, float("-inf"))) * rkv[None, :]
     vo = (t0 * HV + i_hv) * V
     vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
     acc += tl.dot(A.to(DT), vt.to(DT), input_precision=PREC)

@@ -297,7 +297,7 @@ def test_strided_views_of_q_k_g_and_beta_give_the_same_bits_as_contiguous():
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
 
 
-def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_the_state_bits_alone():
+def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_the_state_bits_alone(monkeypatch):
     """KDA's bf16 path writes the output from the state kernel (pinned ``state_fuse_o``; the
     per-chunk states and Vn never go through memory). Against the same prefill with the output
     kernel (``state_fuse_o`` off), pool mode with a padding sequence, an empty one and foreign
@@ -313,19 +313,15 @@ def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_th
     before = random_states(P, HV, K, V, seed=72, device=DEV)
     assert pm.pinned_config("kda", K, V, torch.bfloat16)["state_fuse_o"]
     assert not pm.pinned_config("gdn", K, V, torch.bfloat16)["state_fuse_o"]
+    pinned, run_output = pm.pinned_config, pm.chunk_output_kernel.run
+    calls = []
+    monkeypatch.setattr(pm.chunk_output_kernel, "run", lambda *a, **kw: calls.append(1) or run_output(*a, **kw))
     outs, pools, output_launches = [], [], []
     for fuse in (True, False):
         pool = before.clone()
-        pinned = pm.pinned_config
-        pm.pinned_config = lambda *a, **kw: {**pinned(*a, **kw), "state_fuse_o": fuse}
-        calls = []
-        run_output = pm.chunk_output_kernel.run
-        pm.chunk_output_kernel.run = lambda *a, **kw: calls.append(1) or run_output(*a, **kw)
-        try:
-            o, _ = run("kda", inp, state_pool=pool, state_indices=idx)
-        finally:
-            pm.pinned_config = pinned
-            pm.chunk_output_kernel.run = run_output
+        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw), "state_fuse_o": fuse})
+        calls.clear()
+        o, _ = run("kda", inp, state_pool=pool, state_indices=idx)
         outs.append(o)
         pools.append(pool)
         output_launches.append(len(calls))
