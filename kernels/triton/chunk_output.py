@@ -10,7 +10,8 @@ GDN: the query norm and the scale are row factors, applied once at the end; the 
 come from stage 1. KDA: stage 1 (``chunk_kda_system_kernel``) hands over ``Q * exp(G)`` (normalised and scaled,
 as ``q`` with ``GROUP = 1``) and the matrix, so only the two dots remain; on its bf16 path at
 K <= 128 the state kernel does those itself (``FUSE_O``) and this kernel does not run. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
-so no axis carries ``N * HV``.
+so no axis carries ``N * HV``. GDN's bf16 path runs :func:`chunk_output_grouped_kernel` instead:
+one program per key head writes its ``GROUP`` value heads from one ``q k^T``.
 """
 
 import triton
@@ -92,3 +93,74 @@ def chunk_output_kernel(
     if POOL:
         acc = tl.where(tl.load(state_indices + n) >= 0, acc, 0.0)
     tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]), acc.to(o.dtype.element_ty), mask=m[:, None])
+
+
+@triton.jit
+def chunk_output_grouped_kernel(
+    q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, state_indices,
+    sqt, sqh, skt, skh, sgt, sgh,
+    N, HV, scale,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    L2NORM: tl.constexpr, POOL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """GDN: the output rows ``o [T, HV, V]`` of one (chunk, key head, value block) for the key
+    head's ``GROUP`` value heads, grid ``(NT_max, HV // GROUP, V // BV)``: ``q k^T`` (and the query
+    norms) formed once, then per value head ``q h`` and its decays, as :func:`chunk_output_kernel`
+    does for one head (same maths, same order per head). The shared dot and key loads make it
+    faster than one program per value head at GROUP = 2 (H200, 16x4096 bf16: 1.01 against 1.10 ms;
+    benchmarks/results/prefill_h200_s6_exp_output.json); at one head per program the single K
+    loop of :func:`chunk_output_kernel` is faster than this one's two (1.10 against 1.25 ms)."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1).to(tl.int64)
+    i_v = tl.program_id(2)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
+    r = tl.arange(0, 64)  # in-chunk rows: int32 offsets from 64-bit scalar bases
+    m = r < L
+    cv = i_v * BV + tl.arange(0, BV)
+    q_ptr = q + t0 * sqt + i_h * sqh
+    k_ptr = k + t0 * skt + i_h * skh
+    incl = r[:, None] >= r[None, :]
+    if POOL:
+        keep = tl.load(state_indices + n) >= 0
+    else:
+        keep = True
+    qk = tl.zeros([64, 64], dtype=tl.float32)
+    ss = tl.zeros([64], dtype=tl.float32)
+    for ik in range(K // BK):
+        cols = ik * BK + tl.arange(0, BK)
+        qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+        kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
+        fq = qt.to(tl.float32)
+        ss += tl.sum(fq * fq, axis=1)
+        qk = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qk, input_precision=PREC)
+    if L2NORM:
+        qs = scale / tl.sqrt(ss + 1e-6)
+    else:
+        qs = tl.full([64], 1.0, tl.float32) * scale
+    for j in tl.static_range(GROUP):
+        i_hv = i_h * GROUP + j
+        hb = hbuf + (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+        acc = tl.zeros([64, BV], dtype=tl.float32)
+        for ik in range(K // BK):  # q again (from cache): not held across the heads
+            cols = ik * BK + tl.arange(0, BK)
+            qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+            hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+            acc = tl.dot(qt.to(DT), hk.to(DT), acc=acc, input_precision=PREC)
+        gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+        if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
+            G, Gl = cumsum2(gt, 0)
+        else:
+            G = tl.cumsum(gt, axis=0)
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        D = G[:, None] - G[None, :]
+        if PREC == "ieee":
+            D = D + (Gl[:, None] - Gl[None, :])
+        A = qk * tl.exp(tl.where(incl, D, float("-inf"))) * rkv[None, :]
+        vo = (t0 * HV + i_hv) * V
+        vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
+        acc = tl.dot(A.to(DT), vt.to(DT), acc=acc * tl.exp(G)[:, None], input_precision=PREC)
+        tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]),
+                 tl.where(keep, acc * qs[:, None], 0.0).to(o.dtype.element_ty), mask=m[:, None])

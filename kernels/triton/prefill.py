@@ -42,7 +42,7 @@ from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import plan_grid
 
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
-from .chunk_output import chunk_output_kernel
+from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_state_kernel
 
 CHUNK = 64
@@ -226,6 +226,14 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         return o, final
 
     OBV = cfg["output_bv"]
+    if not kda and cfg["output_group"] and GROUP > 1:  # one program per key head: one q k^T
+        chunk_output_grouped_kernel[(nt_max, H, V // OBV)](
+            q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
+            N, HV, float(scale), K=K, V=V, BK=64, BV=OBV, GROUP=GROUP, L2NORM=use_qk_l2norm,
+            POOL=pool_mode, DT=DT, PREC=PREC, **cfg["output_grouped"],
+        )
+        return o, final
     chunk_output_kernel[(nt_max, HV, V // OBV)](
         qs, ks, gs, rk, bufs.get("aqk", rk), hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
         qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1),
@@ -353,6 +361,14 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # the whole value dim per program at V = 128 (the q k^T product is formed once): GDN 4.74
         # against 5.10 ms with 64 (prefill_h200_run4.json)
         "output_bv": 128 if V == 128 else 64,
+        # GDN, bf16, GROUP > 1: one output program per key head writes its GROUP value heads from
+        # one q k^T (chunk_output_grouped_kernel), 4 warps unpipelined. H200, 16x4096, output
+        # stage: 1.01 ms against 1.10 per value head; 8 warps 1.60; pipelined (2 stages) gave
+        # run-to-run different, wrong outputs (rel 0.03), as the per-head kernel did
+        # (benchmarks/results/prefill_h200_s6_exp_output.json). fp32/fp16 keep the per-head kernel
+        # (the grouped fp32 build spills 11 KB)
+        "output_group": not kda and dtype == torch.bfloat16,
+        "output_grouped": dict(num_warps=4, num_stages=1),
     }
 
 

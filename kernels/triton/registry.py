@@ -122,7 +122,18 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "limit is at stake and there is nothing to plan; programs past the real "
                        "chunk count return at once"),
         notes=("stage 3 of the chunked prefill; KDA (KDA=True) only for fp32 inputs, K = 256 or a "
-               "replacement state kernel: otherwise KDA's state kernel writes the output itself"),
+               "replacement state kernel: otherwise KDA's state kernel writes the output itself; "
+               "GDN on fp32/fp16 inputs or GROUP = 1 (bf16 with GROUP > 1: chunk_output_grouped)"),
+    ),
+    KernelEntry(
+        name="chunk_output_grouped", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_output:chunk_output_grouped_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (T // 64 + N, H, V // 64): one program per (chunk, key head, value "
+                       "block), chunks on axis x (up to 2**31 - 1) and no N * H axis, so no device "
+                       "limit is at stake and there is nothing to plan; programs past the real "
+                       "chunk count return at once"),
+        notes="stage 3 of GDN's chunked prefill on bf16 inputs with GROUP > 1: one q k^T per key head",
     ),
 )
 

@@ -35,7 +35,8 @@ LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's stages 1 and 3).
 UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts}
-UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS, "chunk_kda_system": ("kda_prefill",)}
+UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS, "chunk_kda_system": ("kda_prefill",),
+                 "chunk_output_grouped": ("gdn_prefill",)}
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
           if c.op == e.op]
 
@@ -71,15 +72,21 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
     return N, HV, -(-V // launch_kwargs["BV"])
 
 
-def _state_writes_output(case: Case) -> bool:
-    """Whether the prefill's state kernel writes the output itself (pinned ``state_fuse_o``: KDA
-    on the bf16 path at K <= 128), so that the output kernel (stage 3) does not run."""
+def _output_kernel(case: Case) -> str | None:
+    """The registry name of the prefill's output kernel (stage 3) for the case: None where the
+    state kernel writes the output itself (pinned ``state_fuse_o``: KDA on the bf16 path at
+    K <= 128), ``chunk_output_grouped`` for GDN's bf16 path with GROUP > 1 (pinned
+    ``output_group``), else ``chunk_output``."""
     from linattn.kernels.triton.prefill import pinned_config
 
-    if case.op not in PREFILL_OPS:
-        return False
     q, v = case.args["q"], case.args["v"]
-    return pinned_config(case.op.split("_")[0], q.shape[2], v.shape[2], q.dtype)["state_fuse_o"]
+    family = case.op.split("_")[0]
+    cfg = pinned_config(family, q.shape[2], v.shape[2], q.dtype)
+    if cfg["state_fuse_o"]:
+        return None
+    if family == "gdn" and cfg["output_group"] and v.shape[1] > q.shape[1]:
+        return "chunk_output_grouped"
+    return "chunk_output"
 
 
 def _run_all_layouts(entry, case, device, monkeypatch):
@@ -107,8 +114,8 @@ def _run_all_layouts(entry, case, device, monkeypatch):
         assert bool((counts == 1).all()), f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
     for name, r in others.items():  # outside the planner: once per call, the same grid in every layout
         grids = [g for g, _, _ in r.launches]
-        if name == "chunk_output" and _state_writes_output(case):
-            assert grids == [], f"{name}: the state kernel writes KDA's output here, yet it launched: {grids}"
+        if name in ("chunk_output", "chunk_output_grouped") and name != _output_kernel(case):
+            assert grids == [], f"{name}: another kernel writes this case's output, yet it launched: {grids}"
             continue
         assert len(grids) == len(entry.layouts) and len(set(grids)) == 1, f"{name}: launches {grids}"
     return results

@@ -243,6 +243,10 @@ ALT_CONFIGS = [
     # reach it): apart, and fused at 8 warps (GDN: both its pinned configuration)
     {"state_fuse_o": False},
     {"state_fused": dict(num_warps=8, num_stages=1)},
+    # GDN's bf16 output stage runs one program per key head ("output_grouped"; the "output" entry
+    # above does not reach it): one per value head, and per key head at 8 warps (KDA: pinned)
+    {"output_group": False},
+    {"output_grouped": dict(num_warps=8, num_stages=1)},
 ]
 
 
