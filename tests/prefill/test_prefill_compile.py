@@ -54,7 +54,7 @@ def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {b["kernel"] for b in built} == {"chunk_intra_kernel", "chunk_state_kernel", "chunk_output_kernel",
-                                          "chunk_kda_system_kernel"}
+                                          "chunk_output_grouped_kernel", "chunk_kda_system_kernel"}
     for b in built:
         limit = 108 if (b["K"] == 128 and b["caps"] == "sm90") else 96
         assert b["smem"] <= limit * 1024, b
