@@ -79,7 +79,7 @@ class CuteDSLBackend(Backend):
         if caps.device_type == "cuda":
             return Check.passed()
         return Check.failed(Reason.DEVICE, f"device_type={caps.device_type!r} ({caps.name}); supported: "
-                            f"CUDA GPUs of arch {{{', '.join(self.archs)}}}", "run on an SM90 or SM100 GPU")
+                            f"CUDA GPUs of arch {{{', '.join(self.archs)}}}", "run on an SM90, SM100 or SM103 GPU")
 
     def supports_arch(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if caps.vendor == "nvidia" and caps.arch in self.archs:

@@ -63,7 +63,7 @@ class TritonBackend(Backend):
             return Check.failed(Reason.DEVICE, "vendor='cpu' without the Triton interpreter: Triton kernels "
                                 "need a GPU, or TRITON_INTERPRET=1 (tests only)",
                                 "run on a GPU, or set TRITON_INTERPRET=1 before importing triton and force "
-                                "the backend (backend='triton-split'; on a CPU the dispatcher only picks "
+                                f"the backend (backend='{self.name}'; on a CPU the dispatcher only picks "
                                 "Triton when forced)")
         return Check.passed()
 

@@ -110,7 +110,10 @@ def _render_report(doc: dict, caps) -> None:
     con = _console()
     con.print(_caps_table(caps))
     names = doc["backends"]
-    t = Table(title="Verdict per op (representative problem; rank: lower runs first)", title_justify="left")
+    t = Table(title="Verdict per op (representative problem; rank: lower runs first)", title_justify="left",
+              caption="rank N: eligible (* chosen); otherwise the reason it is not (op, device, arch, "
+                      "toolchain, dtype, shape, not_forced, ...; `linattn explain OP` gives the message and hint)",
+              caption_justify="left")
     t.add_column("op", style="bold", overflow="fold")  # fold, not cut: names stay readable at 80 columns
     t.add_column("problem", overflow="fold")
     for n in names:

@@ -212,7 +212,7 @@ def test_cli_explain_cpu_rejects_cutedsl_for_the_device_with_the_archs_it_needs(
     c = v["cutedsl"]
     assert c["status"] == "rejected" and c["reason"] == "device"
     assert "device_type='cpu'" in c["message"] and "sm_90" in c["message"] and "sm_100" in c["message"]
-    assert "SM90 or SM100 GPU" in c["hint"]
+    assert "SM90, SM100 or SM103 GPU" in c["hint"]
     code, text = _explain_text(op, "cpu")
     assert code == 0 and "cutedsl" in text and "device_type='cpu'" in text
 
