@@ -1,4 +1,5 @@
-"""Chunked prefill, stage 3: the output of one (chunk, value head, value block).
+"""Chunked prefill, stage 3: the output of one (chunk, value head, value block), or of one (chunk,
+key head, value block) for all the key head's value heads (:func:`chunk_output_grouped_kernel`).
 
 Maths (ops.md, "Chunked form"; q l2-normalised and scaled, ``S0 = h[c]`` the state entering the
 chunk, ``Vn`` the corrected values from the state stage)::
@@ -10,8 +11,9 @@ GDN: the query norm and the scale are row factors, applied once at the end; the 
 come from stage 1. KDA: stage 1 (``chunk_kda_system_kernel``) hands over ``Q * exp(G)`` (normalised and scaled,
 as ``q`` with ``GROUP = 1``) and the matrix, so only the two dots remain; on its bf16 path at
 K <= 128 the state kernel does those itself (``FUSE_O``) and this kernel does not run. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
-so no axis carries ``N * HV``. GDN's bf16 path runs :func:`chunk_output_grouped_kernel` instead:
-one program per key head writes its ``GROUP`` value heads from one ``q k^T``.
+so no axis carries ``N * HV``. GDN's bf16 path at GVA group size 2 runs
+:func:`chunk_output_grouped_kernel` instead: one program per key head writes its ``GROUP`` value
+heads from one ``q k^T``.
 """
 
 import triton
@@ -106,10 +108,15 @@ def chunk_output_grouped_kernel(
     """GDN: the output rows ``o [T, HV, V]`` of one (chunk, key head, value block) for the key
     head's ``GROUP`` value heads, grid ``(NT_max, HV // GROUP, V // BV)``: ``q k^T`` (and the query
     norms) formed once, then per value head ``q h`` and its decays, as :func:`chunk_output_kernel`
-    does for one head (same maths, same order per head). The shared dot and key loads make it
-    faster than one program per value head at GROUP = 2 (H200, 16x4096 bf16: 1.01 against 1.10 ms;
-    benchmarks/results/prefill_h200_s6_exp_output.json); at one head per program the single K
-    loop of :func:`chunk_output_kernel` is faster than this one's two (1.10 against 1.25 ms)."""
+    does for one head (same maths, same order per head). bf16/fp16 only (the launcher: bf16 at
+    GROUP = 2). The shared dot and key loads make it faster than one program per value head at
+    GROUP = 2 (H200, 16x4096 bf16: 1.01 ms, benchmarks/results/prefill_h200_s6_final.json, against
+    1.10, the baselines of _s6_exp_group.json); at one head per program the single K loop of
+    :func:`chunk_output_kernel` is faster than this form's two (1.10 against 1.25 ms,
+    _s6_exp_output.json). The per-head decays are written out here rather than shared with
+    :func:`chunk_output_kernel` through a helper: that changed both kernels' sm_90 code, and the
+    builds shipped are the ones measured and GPU-tested."""
+    tl.static_assert(PREC != "ieee", "fp32 inputs run chunk_output_kernel (its two-float gates)")
     i_c = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
     i_v = tl.program_id(2)
@@ -150,14 +157,9 @@ def chunk_output_grouped_kernel(
             hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
             acc = tl.dot(qt.to(DT), hk.to(DT), acc=acc, input_precision=PREC)
         gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-        if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
-            G, Gl = cumsum2(gt, 0)
-        else:
-            G = tl.cumsum(gt, axis=0)
+        G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         D = G[:, None] - G[None, :]
-        if PREC == "ieee":
-            D = D + (Gl[:, None] - Gl[None, :])
         A = qk * tl.exp(tl.where(incl, D, float("-inf"))) * rkv[None, :]
         vo = (t0 * HV + i_hv) * V
         vt = tl.load(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)

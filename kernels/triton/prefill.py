@@ -10,7 +10,8 @@ Three launches per call, four for KDA (C = 64 rows per chunk; chunks never cross
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
-3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows.
+3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows (GDN's bf16 path at
+   GROUP = 2: per (chunk, key head, value block), both value heads from one ``q k^T``).
 
 The chunk index table (sequence and first token of every chunk) is built on the device from
 ``cu_seqlens`` with no host sync: the intra and output stages cover the upper bound
@@ -226,7 +227,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         return o, final
 
     OBV = cfg["output_bv"]
-    if not kda and cfg["output_group"] and GROUP > 1:  # one program per key head: one q k^T
+    if not kda and GROUP in cfg["output_group"]:  # one program per key head: one q k^T
         chunk_output_grouped_kernel[(nt_max, H, V // OBV)](
             q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
@@ -361,13 +362,15 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # the whole value dim per program at V = 128 (the q k^T product is formed once): GDN 4.74
         # against 5.10 ms with 64 (prefill_h200_run4.json)
         "output_bv": 128 if V == 128 else 64,
-        # GDN, bf16, GROUP > 1: one output program per key head writes its GROUP value heads from
-        # one q k^T (chunk_output_grouped_kernel), 4 warps unpipelined. H200, 16x4096, output
-        # stage: 1.01 ms against 1.10 per value head; 8 warps 1.60; pipelined (2 stages) gave
-        # run-to-run different, wrong outputs (rel 0.03), as the per-head kernel did
-        # (benchmarks/results/prefill_h200_s6_exp_output.json). fp32/fp16 keep the per-head kernel
-        # (the grouped fp32 build spills 11 KB)
-        "output_group": not kda and dtype == torch.bfloat16,
+        # GDN, bf16: at these GVA group sizes (HV / H) one output program per key head writes its
+        # value heads from one q k^T (chunk_output_grouped_kernel), 4 warps unpipelined. H200,
+        # 16x4096, output stage 1.01 ms (prefill_h200_s6_final.json) against 1.10 per value head
+        # (the baselines of prefill_h200_s6_exp_group.json); 8 warps 1.60; pipelined (2 stages)
+        # gave run-to-run different, wrong outputs (rel 0.03; _s6_exp_output.json), as the
+        # per-head kernel did. Only GROUP = 2 was measured: GROUP 4-16 builds spill 40-48 B and
+        # keep the per-head kernel, as do fp32 (the grouped build spills 11 KB) and fp16 (160 B,
+        # never measured)
+        "output_group": (2,) if not kda and dtype == torch.bfloat16 else (),
         "output_grouped": dict(num_warps=4, num_stages=1),
     }
 

@@ -75,8 +75,8 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
 def _output_kernel(case: Case) -> str | None:
     """The registry name of the prefill's output kernel (stage 3) for the case: None where the
     state kernel writes the output itself (pinned ``state_fuse_o``: KDA on the bf16 path at
-    K <= 128), ``chunk_output_grouped`` for GDN's bf16 path with GROUP > 1 (pinned
-    ``output_group``), else ``chunk_output``."""
+    K <= 128), ``chunk_output_grouped`` for GDN where the pinned ``output_group`` holds the case's
+    GVA group size (bf16, GROUP = 2), else ``chunk_output``."""
     from linattn.kernels.triton.prefill import pinned_config
 
     q, v = case.args["q"], case.args["v"]
@@ -84,7 +84,7 @@ def _output_kernel(case: Case) -> str | None:
     cfg = pinned_config(family, q.shape[2], v.shape[2], q.dtype)
     if cfg["state_fuse_o"]:
         return None
-    if family == "gdn" and cfg["output_group"] and v.shape[1] > q.shape[1]:
+    if family == "gdn" and v.shape[1] // q.shape[1] in cfg["output_group"]:
         return "chunk_output_grouped"
     return "chunk_output"
 

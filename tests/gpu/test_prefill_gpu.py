@@ -245,7 +245,7 @@ ALT_CONFIGS = [
     {"state_fused": dict(num_warps=8, num_stages=1)},
     # GDN's bf16 output stage runs one program per key head ("output_grouped"; the "output" entry
     # above does not reach it): one per value head, and per key head at 8 warps (KDA: pinned)
-    {"output_group": False},
+    {"output_group": ()},
     {"output_grouped": dict(num_warps=8, num_stages=1)},
 ]
 

@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from linattn.capabilities import interpreter_enabled  # noqa: E402
 from linattn.kernels.triton.prefill import chunk_tables, prefill_supported  # noqa: E402
 
 from prefill_cases import cu_of, make_inputs, random_states, reference, rel, run, worst_conditioned  # noqa: E402
@@ -217,8 +218,8 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     inp = make_inputs("gdn", lens, H=H, HV=HV, K=K, V=V, dtype=torch.bfloat16, seed=81, device=DEV)
     idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
     before = random_states(P, HV, K, V, seed=82, device=DEV)
-    assert pm.pinned_config("gdn", K, V, torch.bfloat16)["output_group"]
-    assert not pm.pinned_config("gdn", K, V, torch.float32)["output_group"]
+    assert pm.pinned_config("gdn", K, V, torch.bfloat16)["output_group"] == (HV // H,)
+    assert pm.pinned_config("gdn", K, V, torch.float32)["output_group"] == ()
     pinned, grids = pm.pinned_config, []
     for kernel in (pm.chunk_output_kernel, pm.chunk_output_grouped_kernel):
         monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _k=kernel, **kw:
@@ -226,7 +227,8 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     outs, pools = [], []
     for grouped in (True, False):
         pool = before.clone()
-        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw), "output_group": grouped})
+        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw),
+                                                                   "output_group": (2,) if grouped else ()})
         o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
         outs.append(o)
         pools.append(pool)
@@ -238,7 +240,10 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
         assert torch.equal(o[cu[2]:cu[3]], torch.zeros_like(o[cu[2]:cu[3]]))
         assert torch.equal(pool[untouched], before[untouched])
     assert torch.equal(pools[0], pools[1])
-    assert rel(outs[0], outs[1]) < 1e-3
+    if interpreter_enabled():  # the same operations per head, in the same order
+        assert torch.equal(outs[0], outs[1])
+    else:  # compiled: the two builds may round differently (4 against 8 warps)
+        assert rel(outs[0], outs[1]) < 1e-3
     rp = before.clone()
     ro, _ = reference("gdn", inp, state_pool=rp, state_indices=idx)
     for o, pool in zip(outs, pools):
@@ -263,7 +268,7 @@ def test_bf16_inputs_with_fp32_pool_match_reference(family):
 def test_worst_conditioned_solve_matches_reference(family, dtype):
     # bf16 inputs invert the diagonal blocks by the Neumann product (fp32 forward substitution):
     # its terms reach 6435 here and must cancel
-    if dtype == torch.bfloat16 and DEV == "cuda":
+    if dtype == torch.bfloat16 and not interpreter_enabled():
         pytest.skip("compiled, the bf16 path (bf16 W, U and per-chunk states) misses 2e-2/1e-2 on this "
                     "input even with an fp32 solve (docs/ops-decisions.md); tests/gpu/test_prefill_gpu.py"
                     "::test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve bounds it there. The "
