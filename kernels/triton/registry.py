@@ -123,7 +123,7 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "chunk count return at once"),
         notes=("stage 3 of the chunked prefill; KDA (KDA=True) only for fp32 inputs, K = 256 or a "
                "replacement state kernel: otherwise KDA's state kernel writes the output itself; "
-               "GDN on fp32/fp16 inputs or GROUP = 1 (bf16 with GROUP > 1: chunk_output_grouped)"),
+               "GDN except bf16 at GVA group size 2 (chunk_output_grouped)"),
     ),
     KernelEntry(
         name="chunk_output_grouped", op="gdn_prefill", layouts=(),
@@ -133,7 +133,7 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "block), chunks on axis x (up to 2**31 - 1) and no N * H axis, so no device "
                        "limit is at stake and there is nothing to plan; programs past the real "
                        "chunk count return at once"),
-        notes="stage 3 of GDN's chunked prefill on bf16 inputs with GROUP > 1: one q k^T per key head",
+        notes="stage 3 of GDN's chunked prefill on bf16 inputs at GVA group size 2: one q k^T per key head",
     ),
 )
 
