@@ -342,7 +342,7 @@ def _intra_chunk(
     skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, TMOUT: tl.constexpr,
 ):
     """Stage 1 for chunk ``i_c`` and value head ``i_hv`` (see :func:`chunk_intra_kernel`)."""
     n = tl.load(chunk_seq + i_c)
@@ -372,7 +372,10 @@ def _intra_chunk(
         _solve(sA, sT, NEUMANN, DPREC, IPREC)
         tl.debug_barrier()
         blk = (r[:, None] // 16) >= (r[None, :] // 16)
-        tm = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0).to(DT)
+        tmf = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0)
+        if TMOUT:  # Tm diag(beta) [T, HV, 64] in u: the state stage forms U itself
+            _st(u + (t0 * HV + i_hv) * 64, r, m, HV * 64, 0, tmf * bv[None, :], 64)
+        tm = tmf.to(DT)
         # ---- W = Tm diag(beta rk) (K * exp(G)),  U = Tm diag(beta) V ----------------------------
         for ik in range(K // BK):
             col0 = ik * BK
@@ -382,11 +385,12 @@ def _intra_chunk(
                 kt = _ld(k_ptr, r, m, skt, col0, BK).to(tl.float32)
                 e = kt * wsc[:, None]
             _st(w_ptr, r, m, HV * K, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BK)
-        u_ptr = u + (t0 * HV + i_hv) * V
-        for iv in range(V // BV):
-            col0 = iv * BV
-            e = _ld(v_ptr, r, m, svt, col0, BV).to(tl.float32) * bv[:, None]
-            _st(u_ptr, r, m, HV * V, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BV)
+        if not TMOUT:
+            u_ptr = u + (t0 * HV + i_hv) * V
+            for iv in range(V // BV):
+                col0 = iv * BV
+                e = _ld(v_ptr, r, m, svt, col0, BV).to(tl.float32) * bv[:, None]
+                _st(u_ptr, r, m, HV * V, col0, tl.dot(tm, e.to(DT), input_precision=PREC), BV)
 
 
 @triton.jit
@@ -396,13 +400,15 @@ def chunk_intra_kernel(
     N, GROUP, HV, ITEMS,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, TMOUT: tl.constexpr = False,
 ):
     """Persistent grid ``(P,)``: program ``p`` takes the work items ``p, p + P, ...`` of the
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
     head run side by side); items of chunks past the real count do nothing.
 
-    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT); GDN also ``rk [T, HV]`` fp32. KDA
+    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT; with ``TMOUT``, GDN only, ``u`` gets
+    ``Tm diag(beta)`` ``[T, HV, 64]`` instead and the state stage forms ``U``); GDN also
+    ``rk [T, HV]`` fp32. KDA
     solves the matrices ``abuf [NT_max, HV, 64, 64]`` of :func:`chunk_kda_system_kernel` (launched
     first; it also left the operand of ``W`` in ``w`` and wrote ``rk``); GDN builds ``A`` itself
     (:func:`_gdn_system`). ``scratch`` is fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` (GDN)
@@ -415,4 +421,4 @@ def chunk_intra_kernel(
         _intra_chunk(k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
                      skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
-                     K, V, BK, BV, KDA, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)
+                     K, V, BK, BV, KDA, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC, TMOUT)

@@ -99,11 +99,12 @@ def chunk_output_kernel(
 
 @triton.jit
 def chunk_output_grouped_kernel(
-    q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, state_indices,
+    q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, state_indices, kf, ec,
     sqt, sqh, skt, skh, sgt, sgh,
     N, HV, scale,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     L2NORM: tl.constexpr, POOL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HALF: tl.constexpr = False,
 ):
     """GDN: the output rows ``o [T, HV, V]`` of one (chunk, key head, value block) for the key
     head's ``GROUP`` value heads, grid ``(NT_max, HV // GROUP, V // BV)``: ``q k^T`` (and the query
@@ -115,7 +116,15 @@ def chunk_output_grouped_kernel(
     :func:`chunk_output_kernel` is faster than this form's two (1.10 against 1.25 ms,
     _s6_exp_output.json). The per-head decays are written out here rather than shared with
     :func:`chunk_output_kernel` through a helper: that changed both kernels' sm_90 code, and the
-    builds shipped are the ones measured and GPU-tested."""
+    builds shipped are the ones measured and GPU-tested.
+
+    ``HALF`` (the launcher: with the state stage's ``HSTEP = 2``): ``hbuf`` holds the state
+    entering every second chunk of each sequence only; for the others (odd chunk ``c`` within its
+    sequence) ``q h[c] = (q exp(G_C')) h[c-1] + (q k'^T diag(kf')) Vn'`` from chunk ``c - 1``
+    (``'``; full, since only a sequence's last chunk is partial), with ``kf = rk exp(G_C - G)``
+    ``[T, HV]`` and ``ec = exp(G_C)`` ``[NT_max, HV]`` fp32 from
+    :func:`.chunk_state.chunk_gdn_gates_kernel`: the state stage's own update, applied to ``q``.
+    All factors are exponentials of numbers <= 0. Otherwise ``kf`` and ``ec`` are not read."""
     tl.static_assert(PREC != "ieee", "fp32 inputs run chunk_output_kernel (its two-float gates)")
     i_c = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -143,19 +152,47 @@ def chunk_output_grouped_kernel(
         fq = qt.to(tl.float32)
         ss += tl.sum(fq * fq, axis=1)
         qk = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qk, input_precision=PREC)
+    hc = i_c.to(tl.int64)  # the chunk whose entering state hbuf holds for this one
+    if HALF:  # hbuf holds the state entering every second chunk of each sequence (the 1st, 3rd,
+        # ...): the others read the one before, h[c-1] (chunk c - 1 is full: not the last)
+        odd = ((t0 - tl.load(cu_seqlens + n).to(tl.int64)) // 64) % 2 == 1
+        if odd:
+            hc = hc - 1
     if L2NORM:
         qs = scale / tl.sqrt(ss + 1e-6)
     else:
         qs = tl.full([64], 1.0, tl.float32) * scale
     for j in tl.static_range(GROUP):
         i_hv = i_h * GROUP + j
-        hb = hbuf + (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+        hb = hbuf + (hc * HV + i_hv) * (K * V)
         acc = tl.zeros([64, BV], dtype=tl.float32)
-        for ik in range(K // BK):  # q again (from cache): not held across the heads
-            cols = ik * BK + tl.arange(0, BK)
-            qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
-            hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
-            acc = tl.dot(qt.to(DT), hk.to(DT), acc=acc, input_precision=PREC)
+        if HALF:
+            # h[c] = exp(G_C') h[c-1] + (k' diag(kf'))^T Vn'  (' = chunk c - 1; kf' = rk exp(G_C' - G'),
+            # the state stage's row factor), so  q h[c] = (q exp(G_C')) h[c-1] + (q k'^T diag(kf')) Vn':
+            # the second term first, with q k'^T per head (not held across the heads)
+            sc = 1.0
+            if odd:
+                qkp = tl.zeros([64, 64], dtype=tl.float32)
+                for ik in range(K // BK):
+                    cols = ik * BK + tl.arange(0, BK)
+                    qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+                    kt = tl.load(k_ptr - 64 * skt + r[:, None] * skt + cols[None, :])
+                    qkp = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qkp, input_precision=PREC)
+                kfp = tl.load(kf + (t0 - 64) * HV + i_hv + r * HV)
+                vp = tl.load(vn + ((t0 - 64) * HV + i_hv) * V + (r[:, None] * (HV * V) + cv[None, :]))
+                acc = tl.dot((qkp * kfp[None, :]).to(DT), vp.to(DT), input_precision=PREC)
+                sc = tl.load(ec + (i_c - 1) * HV + i_hv)
+            for ik in range(K // BK):
+                cols = ik * BK + tl.arange(0, BK)
+                qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+                hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+                acc = tl.dot((qt.to(tl.float32) * sc).to(DT), hk.to(DT), acc=acc, input_precision=PREC)
+        else:
+            for ik in range(K // BK):  # q again (from cache): not held across the heads
+                cols = ik * BK + tl.arange(0, BK)
+                qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+                hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+                acc = tl.dot(qt.to(DT), hk.to(DT), acc=acc, input_precision=PREC)
         gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
         G = tl.cumsum(gt, axis=0)
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)

@@ -12,7 +12,10 @@ its sequence's chunks in order (maths in ops.md, "Chunked form"; maths layout ``
     S     = exp(G_C) S + (K * exp(G_C - G))^T Vn      KDA: diag(exp(G_C)) S + ...
 
 (KDA's decayed keys ``K * exp(G_C - G)`` and ``G_C`` come ready from stage 1,
-:func:`.chunk_intra.chunk_kda_system_kernel`.)
+:func:`.chunk_intra.chunk_kda_system_kernel`.) GDN's bf16 path (the launcher's pinned options):
+``rk exp(G_C - G)`` and ``exp(G_C)`` come from :func:`chunk_gdn_gates_kernel` (``HOIST``), ``U`` is
+formed here as ``(Tm diag(beta)) V`` from stage 1's matrix (``UTM``), and ``h[c]`` is stored for
+every second chunk only (``HSTEP = 2``: the output stage rebuilds the others' share).
 
 Initial state: **pool mode** loads ``state_pool[state_indices[n]]`` and stores the final state to
 the same row, in place, inside this kernel (no gather, no scatter, no ``[N, HV, V, K]``
@@ -24,7 +27,7 @@ instructions on the same data, so they agree bitwise. Element offsets are 64-bit
 import triton
 import triton.language as tl
 
-from linattn.kernels.triton._pid import decode_pid
+from linattn.kernels.triton._pid import chunk_span, decode_pid
 
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
@@ -40,7 +43,8 @@ def chunk_state_kernel(
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
-    DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr,
+    DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr, HOIST: tl.constexpr = False,
+    HSTEP: tl.constexpr = 1, UTM: tl.constexpr = False,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
@@ -57,7 +61,13 @@ def chunk_state_kernel(
     ``q``, token stride ``sqt``) and ``aqk [T, HV, 64]``; ``hbuf`` and ``vn`` are then not written.
     Otherwise ``q``, ``aqk`` and ``o`` are not touched (the output kernel reads ``hbuf``, ``vn``).
     GDN keeps the output kernel: fused, its serial loop took longer than the two stages apart
-    (H200, 16x4096: 4.06 against 3.73 ms, benchmarks/results/prefill_h200_s5_run3_state_sweep.json)."""
+    (H200, 16x4096: 4.06 against 3.73 ms, benchmarks/results/prefill_h200_s5_run3_state_sweep.json).
+
+    GDN only: ``HOIST``: ``rk`` holds ``kf = rk exp(G_C - G)`` ``[T, HV]`` and ``g`` holds
+    ``exp(G_C)`` ``[NT, HV]`` (chunk stride ``sgt``), from :func:`chunk_gdn_gates_kernel`.
+    ``HSTEP = 2``: ``hbuf`` gets the state entering chunks 0, 2, 4, ... of each sequence only.
+    ``UTM``: ``U = M V`` with stage 1's ``M = Tm diag(beta)`` ``[T, HV, 64]`` (dtype DT, as ``aqk``)
+    and ``v [T, HV, V]`` (as ``q``, strides ``sqt``, ``sqh``); ``u`` is not read."""
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // GROUP
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -92,11 +102,20 @@ def chunk_state_kernel(
         m = r < eos - t0
         Sd = S.to(DT)  # the state entering chunk c, as the output stage reads it
         if not FUSE_O:
-            tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
+            if HSTEP == 1:
+                tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
+            elif t % HSTEP == 0:  # the output stage rebuilds the others' share from the chunk before
+                tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
         vo = (t0 * HV + i_hv) * V + v0
-        ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
-        vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
+        if UTM:  # GDN: U = (Tm diag(beta)) V here, from stage 1's matrix (as aqk) and v (as q)
+            tmt = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None],
+                          other=0.0)
+            vt = tl.load(q + t0 * sqt + i_hv * sqh + v0 + (r[:, None] * sqt + cv[None, :]), mask=m[:, None], other=0.0)
+            vnew = tl.dot(tmt.to(DT), vt.to(DT), input_precision=PREC) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
+        else:
+            ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
+            vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
         vd = vnew.to(DT)
         if not FUSE_O:
             tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vd, mask=m[:, None])
@@ -115,13 +134,17 @@ def chunk_state_kernel(
             S = tl.dot(tl.trans(kt.to(DT)), vd, acc=S * tl.exp(gl)[:, None], input_precision=PREC)
         else:
             rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
-            gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-            # G_C - G_r as the suffix sum of the gates after row r: exact 0 at the last row, and
-            # no cancellation against a large early decay (G_C - G_r rounded at G's magnitude)
-            suf = tl.cumsum(gt, axis=0, reverse=True) - gt
-            gl = tl.sum(gt, axis=0)
-            vs = vnew * (tl.exp(suf) * rkv)[:, None]
-            S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * tl.exp(gl), input_precision=PREC)
+            if HOIST:  # rk: kf = rk exp(G_C - G) per row; g: exp(G_C) per chunk (chunk stride sgt)
+                vs = vnew * rkv[:, None]
+                egl = tl.load(g + c * sgt + i_hv * sgh)
+            else:
+                gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+                # G_C - G_r as the suffix sum of the gates after row r: exact 0 at the last row, and
+                # no cancellation against a large early decay (G_C - G_r rounded at G's magnitude)
+                suf = tl.cumsum(gt, axis=0, reverse=True) - gt
+                egl = tl.exp(tl.sum(gt, axis=0))
+                vs = vnew * (tl.exp(suf) * rkv)[:, None]
+            S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * egl, input_precision=PREC)
 
     if POOL:  # same row as the load; the store strides come in separately so that the compiler
         # does not keep the load's address tensor alive across the loop
@@ -130,3 +153,26 @@ def chunk_state_kernel(
     else:
         tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
                  S.to(ht.dtype.element_ty))
+
+
+@triton.jit
+def chunk_gdn_gates_kernel(g, rk, kf, ec, cu_seqlens, chunk_seq, chunk_start, sgt, sgh, N, HV,
+                           BH: tl.constexpr):
+    """GDN: the state stage's per-chunk gate factors, grid ``(NT_max, cdiv(HV, BH))``: for chunk
+    ``c`` and value heads ``hv``, ``kf[t, hv] = rk[t, hv] exp(G_C - G_t)`` (``G_C - G_t`` as the
+    suffix sum of the gates after row ``t``) ``[T, HV]`` fp32 and ``ec[c, hv] = exp(G_C)``
+    ``[NT_max, HV]`` fp32, from ``g [T, HV]`` (floored at -1000) and stage 1's ``rk [T, HV]``."""
+    i_c = tl.program_id(0)
+    n = tl.load(chunk_seq + i_c)
+    if n >= N:
+        return
+    t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
+    r = tl.arange(0, 64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    msk = (r < L)[:, None] & (h < HV)[None, :]
+    gt = tl.maximum(tl.load(g + t0 * sgt + r[:, None] * sgt + h[None, :] * sgh, mask=msk, other=0.0).to(tl.float32),
+                    G_MIN)
+    suf = tl.cumsum(gt, axis=0, reverse=True) - gt
+    ro = (t0 + r[:, None]) * HV + h[None, :]
+    tl.store(kf + ro, tl.load(rk + ro, mask=msk, other=0.0) * tl.exp(suf), mask=msk)
+    tl.store(ec + i_c.to(tl.int64) * HV + h, tl.exp(tl.sum(gt, axis=0)), mask=h < HV)

@@ -1,17 +1,25 @@
 """Chunked prefill for GDN and KDA in Triton, with the state pool read and written in place.
 
-Three launches per call, four for KDA (C = 64 rows per chunk; chunks never cross sequences):
+Launches per call (C = 64 rows per chunk; chunks never cross sequences):
 
+0. :mod:`.chunk_tables` — the chunk index tables (one launch; torch ops past
+   :data:`TABLES_TRITON_MAX_N` sequences).
 1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
    gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk
    query-key matrix, the decayed queries and keys and the chunks' total decays, which stages 2 and
    3 read). KDA builds its ``A`` and those operands in a launch before it (one program per
-   (chunk, value head)); the persistent kernel then solves and forms ``W`` and ``U``.
+   (chunk, value head)); the persistent kernel then solves and forms ``W`` and ``U``. GDN's bf16
+   path writes ``Tm diag(beta)`` instead of ``U`` (pinned ``gdn_state_u``): stage 2 forms ``U``.
+   GDN's bf16 path then forms the state loop's gate factors in a small launch
+   (:func:`.chunk_state.chunk_gdn_gates_kernel`, pinned ``gdn_hoist``).
 2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
    planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
    ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
 3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows (GDN's bf16 path at
-   GROUP = 2: per (chunk, key head, value block), both value heads from one ``q k^T``).
+   GROUP = 2: per (chunk, key head, value block), both value heads from one ``q k^T``; stage 2
+   stores the state entering every second chunk only and this stage rebuilds the others' share
+   from the chunk before: pinned ``gdn_half_hbuf``). KDA's bf16 path at K <= 128 writes the output
+   in stage 2 instead.
 
 The chunk index table (sequence and first token of every chunk) is built on the device from
 ``cu_seqlens`` with no host sync: the intra and output stages cover the upper bound
@@ -44,9 +52,13 @@ from linattn.kernels.grid import plan_grid
 
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
-from .chunk_state import chunk_state_kernel
+from .chunk_state import chunk_gdn_gates_kernel, chunk_state_kernel
+from .chunk_tables import chunk_tables_triton
 
 CHUNK = 64
+#: up to this many sequences the chunk tables come from one Triton launch
+#: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`chunk_tables` (torch ops)
+TABLES_TRITON_MAX_N = 16384
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 
@@ -173,10 +185,17 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     GROUP = HV // H
 
-    chunk_off, chunk_seq, chunk_start, nt_max = chunk_tables(cu_seqlens, T)
+    # one launch; at tens of thousands of sequences the torch ops are faster (H200, CUDA graph:
+    # 65,536 sequences 92 against 40 us; 8,192: 11 against 36 us)
+    tables = chunk_tables_triton if N <= TABLES_TRITON_MAX_N else chunk_tables
+    chunk_off, chunk_seq, chunk_start, nt_max = tables(cu_seqlens, T)
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
     bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev)
+    # GDN: stage 1 hands over Tm diag(beta) and the state stage forms U (cfg "gdn_state_u")
+    utm = not kda and state_kernel is None and cfg["gdn_state_u"]
+    if utm:
+        bufs["u"] = torch.empty(T, HV, CHUNK, dtype=buf_dt, device=dev)
     # KDA: the state kernel writes the output itself (cfg "state_fuse_o"), unless a replacement
     # state kernel runs: then that hands over the per-chunk states and Vn to the output kernel
     fuse_o = kda and state_kernel is None and cfg["state_fuse_o"]
@@ -186,8 +205,17 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
         hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
     launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs, scale=scale,
-                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps)
+                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps, tmout=utm)
     w, u, rk = bufs["w"], bufs["u"], bufs["rk"]
+    # GDN: the state loop's gate factors, formed before it (cfg "gdn_hoist")
+    hoist = not kda and state_kernel is None and cfg["gdn_hoist"]
+    if hoist:
+        bufs["kf"] = torch.empty(T, HV, dtype=torch.float32, device=dev)
+        bufs["ec"] = torch.empty(nt_max, HV, dtype=torch.float32, device=dev)
+        BH = min(32, triton.next_power_of_2(HV))
+        chunk_gdn_gates_kernel[(nt_max, triton.cdiv(HV, BH))](
+            g, rk, bufs["kf"], bufs["ec"], cu_seqlens, chunk_seq, chunk_start, g.stride(0), g.stride(1),
+            N, HV, BH=BH, num_warps=4)
     # what stages 2 and 3 read for q, k and g: GDN the inputs themselves; KDA stage 1's decayed
     # queries and keys (per value head: GROUP 1) and per-chunk total decays (a replacement state
     # kernel gets the raw k and g either way)
@@ -195,6 +223,10 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         qs, ks, gs, grp = bufs["qg"], bufs["kd"], bufs["gl"], 1
     else:
         qs, ks, gs, grp = q, k, g, GROUP
+    srk, sg = (bufs["kf"], bufs["ec"]) if hoist else (rk, gs)
+    # GDN, grouped output: hbuf holds every second chunk's state (cfg "gdn_half_hbuf")
+    grouped = not kda and GROUP in cfg["output_group"]
+    half = bool(hoist and grouped and cfg["gdn_half_hbuf"])
 
     BV = cfg["state_bv"]
     plan = plan_grid(N, HV, V // BV, caps, layout)
@@ -216,23 +248,26 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                      h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
                      state_layout=state_layout)
     elif not plan.empty:
+        sq, sa = (v, u) if utm else (qs, bufs.get("aqk", rk))  # UTM: v as q, Tm diag(beta) as aqk
         chunk_state_kernel[plan.grid](
-            ks, gs, w, u, rk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, qs, bufs.get("aqk", rk), o,
-            ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1), qs.stride(0), qs.stride(1), *s0, *st,
+            ks, sg, w, u, srk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, sq, sa, o,
+            ks.stride(0), ks.stride(1), sg.stride(0), sg.stride(1), sq.stride(0), sq.stride(1), *s0, *st,
             grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o,
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o, HOIST=bool(hoist),
+            HSTEP=2 if half else 1, UTM=utm,
             **cfg["state_fused" if fuse_o else "state"],
         )
     if fuse_o:
         return o, final
 
     OBV = cfg["output_bv"]
-    if not kda and GROUP in cfg["output_group"]:  # one program per key head: one q k^T
+    if grouped:  # one program per key head: one q k^T
         chunk_output_grouped_kernel[(nt_max, H, V // OBV)](
             q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
+            bufs["kf"] if half else rk, bufs["ec"] if half else rk,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
             N, HV, float(scale), K=K, V=V, BK=64, BV=OBV, GROUP=GROUP, L2NORM=use_qk_l2norm,
-            POOL=pool_mode, DT=DT, PREC=PREC, **cfg["output_grouped"],
+            POOL=pool_mode, DT=DT, PREC=PREC, HALF=half, **cfg["output_grouped"],
         )
         return o, final
     chunk_output_kernel[(nt_max, HV, V // OBV)](
@@ -265,7 +300,8 @@ def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, nt_max: int, buf_d
 
 
 def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs: dict, *, scale: float,
-                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities) -> None:
+                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities,
+                 tmout: bool = False) -> None:
     """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
     a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
     with its own 32 KiB fp32 scratch; KDA first runs
@@ -293,7 +329,7 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         N, HV // q.shape[1], HV, items, K=K, V=v.shape[2],
         BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        **cfg["intra_solve"], **cfg["intra"],
+        TMOUT=tmout, **cfg["intra_solve"], **cfg["intra"],
     )
 
 
@@ -308,16 +344,19 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
     (K = 256 always: 227 KiB would not hold it).
     """
     kda = family == "kda"
+    gdn_bf16 = not kda and dtype == torch.bfloat16
     full = _PIPELINED_SMEM.get(dtype, _PIPELINED_SMEM_OTHER)
     pipelined = K != 256 and (smem_per_block is None or smem_per_block >= full)
     return {
-        "intra": dict(num_warps=4, num_stages=1, maxnreg=128),
-        # the intra stage is persistent: this many programs per SM (each with a 32 KiB fp32
-        # scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096, with the
-        # 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against 3.60 ms,
-        # KDA (then building A itself) 16.1 against 22.1 ms (benchmarks/results/
-        # prefill_h200_run3.json, _run2_sweeps.json)
-        "intra_ctas_per_sm": 8,
+        # the intra stage is persistent: "intra_ctas_per_sm" programs per SM (each with a 32 KiB
+        # fp32 scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096,
+        # with the 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against
+        # 3.60 ms, KDA (then building A itself) 16.1 against 22.1 ms (benchmarks/results/
+        # prefill_h200_run3.json, _run2_sweeps.json). GDN bf16, where stage 1 leaves U to the state
+        # stage ("gdn_state_u"): a 168-register cap, 3 per SM: 1.32 ms against 1.46 at 128 / 8,
+        # 1.40 at 144 / 3 and 1.56 uncapped at 2 (prefill_h200_s7_exp4.json)
+        "intra": dict(num_warps=4, num_stages=1, maxnreg=168 if gdn_bf16 else 128),
+        "intra_ctas_per_sm": 3 if gdn_bf16 else 8,
         "intra_bk": 32,
         # Tm = (I + A)^-1 (chunk_intra._solve). fp32 inputs: forward substitution and ieee dots
         # (ops.md's 1e-5). bf16/fp16: the diagonal blocks by the Neumann product on 3xTF32 dots
@@ -372,6 +411,22 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # never measured)
         "output_group": (2,) if not kda and dtype == torch.bfloat16 else (),
         "output_grouped": dict(num_warps=4, num_stages=1),
+        # GDN bf16 (H200, whole prefill, prefill_h200_s7_exp2.json / _exp4.json; 16x4096, from
+        # 3.60 ms with the one-launch chunk tables, against 3.64 with torch's):
+        # - "gdn_hoist": the state loop's gate factors rk exp(G_C - G) and exp(G_C) from their own
+        #   small launch (chunk_state.chunk_gdn_gates_kernel, 11 us), not a scan per chunk on the
+        #   state loop's serial path: 3.60 -> 3.55 ms (state stage 0.98 -> 0.92);
+        # - "gdn_half_hbuf": with the grouped output, the state stage stores the state entering
+        #   every second chunk only and the output rebuilds the others' share from the chunk
+        #   before (chunk_output_grouped_kernel, HALF): 3.55 -> 3.54 (state 0.92 -> 0.79-0.86,
+        #   output 1.01 -> 1.11); forming q k'^T once for both heads (it spills) measured 3.58;
+        # - "gdn_state_u": stage 1 writes Tm diag(beta) [T, HV, 64] instead of U and the state
+        #   stage forms U = Tm diag(beta) V itself (U is not rounded to bf16 on the way: against
+        #   float64, 4 x 1024 tokens, output 3.7e-3 and state 2.4e-3 relative, from 4.0e-3 and
+        #   2.9e-3): 3.54 -> 3.45, and 3.31 with stage 1's 168-register cap
+        "gdn_hoist": gdn_bf16,
+        "gdn_half_hbuf": gdn_bf16,
+        "gdn_state_u": gdn_bf16,
     }
 
 

@@ -14,7 +14,8 @@ prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=(
 (they run inside the launcher of a planned kernel of the same op) and that every layout of that
 launcher gives them the same grid.
 
-The chunked prefill (``kernels/triton/prefill.py``) is three launches (four for KDA): only its state stage
+The chunked prefill (``kernels/triton/prefill.py``) is three launches (four for KDA) after the one that builds
+its chunk index tables (:mod:`.chunk_tables`): only its state stage
 (:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
 entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
@@ -95,6 +96,17 @@ KERNELS: tuple[KernelEntry, ...] = (
                "writes the output (FUSE_O)"),
     ),
     KernelEntry(
+        name="chunk_tables", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_tables:chunk_tables_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (cdiv(T // 64 + N, 128),) on axis x: one program per 128 chunks, each "
+                       "scanning cu_seqlens itself (no N * HV axis and no head axis at all), so no "
+                       "device limit is at stake and there is nothing to plan; chunks past the "
+                       "bound are masked off"),
+        notes=("stage 0 of the chunked prefill (both families): the chunk index tables chunk_off, "
+               "chunk_seq, chunk_start from cu_seqlens in one launch, no host sync"),
+    ),
+    KernelEntry(
         name="chunk_intra", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
@@ -135,6 +147,17 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "chunk count return at once"),
         notes="stage 3 of GDN's chunked prefill on bf16 inputs at GVA group size 2: one q k^T per key head",
     ),
+    KernelEntry(
+        name="chunk_gdn_gates", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_gdn_gates_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (T // 64 + N, cdiv(HV, 32)): one program per (chunk, block of 32 value "
+                       "heads), chunks on axis x (up to 2**31 - 1) and no N * HV axis, so no device "
+                       "limit is at stake and there is nothing to plan; programs past the real "
+                       "chunk count return at once"),
+        notes=("between stages 1 and 2 of GDN's chunked prefill: the state loop's per-row key "
+               "factor rk exp(G_C - G) and per-chunk exp(G_C)"),
+    ),
 )
 
 #: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
@@ -156,6 +179,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
     f"{KERNEL_PACKAGE}._gates:cumsum2",
+    f"{KERNEL_PACKAGE}.chunk_tables:_imax",
 })
 
 

@@ -92,11 +92,19 @@ _INTRA_CAP = ("the intra stage is capped at 128 registers (maxnreg) so that 4 CT
               "(benchmarks/results/prefill_h200_run3.json, _run5.json); the spill is the price of that "
               "occupancy. With the Neumann-product solve (session 4) the bf16 builds spill up to 136 B "
               "and still measured fastest at the cap: GDN 1.61 ms against 1.68 at 96 registers and 10 "
-              "CTAs per SM (prefill_h200_s4_run4_intra.json)")
+              "CTAs per SM (prefill_h200_s4_run4_intra.json). GDN's bf16 stage 1 runs at a 168-register "
+              "cap and 3 CTAs per SM since session 7 (it no longer forms U): 1.32 ms against 1.46 at 128 "
+              "(prefill_h200_s7_exp4.json)")
 _KDA_FUSED = ("KDA's state kernel also writes the output (session 5): at 4 warps, unpipelined, it spills 64 B "
               "and still measured fastest on the H200: whole prefill 6.46 ms at 16x4096 against 6.68 with a "
               "separate output kernel, 7.42 at 8 warps (benchmarks/results/prefill_h200_s5_run3_state_sweep.json)")
+_GDN_S7 = ("GDN's bf16 state kernel forms U = Tm diag(beta) V itself and the grouped output kernel rebuilds "
+           "every second chunk's state (session 7): at 255 registers they spill up to 40 and 8 B and "
+           "measured fastest on the H200, whole prefill 3.31 ms at 16x4096 against 3.54 without the U "
+           "split and 3.60 without any of it (benchmarks/results/prefill_h200_s7_exp2.json, _exp4.json)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
+    ("chunk_state_kernel", "False", "bf16", "128"): (40, _GDN_S7),
+    ("chunk_output_grouped_kernel", "", "bf16", "128"): (8, _GDN_S7),
     ("chunk_state_kernel", "True", "bf16", "128"): (64, _KDA_FUSED),
     ("chunk_intra_kernel", "False", "fp32", "64"): (1032, _FP32),
     ("chunk_intra_kernel", "True", "fp32", "64"): (824, _FP32),
@@ -125,7 +133,7 @@ def test_every_contract_launch_compiles_for_sm90_and_only_the_listed_builds_spil
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {b["kernel"] for b in built}
     assert {"_recurrent_decode_kernel", "_silu_and_mul_clamp_kernel", "_probe_kernel", "chunk_intra_kernel",
-            "chunk_state_kernel", "chunk_output_kernel"} <= kernels
+            "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel"} <= kernels
     if not any("REG" in b for b in built):
         pytest.skip("cuobjdump not found next to triton: spills not measurable (every launch compiled)")
     spilled = [b for b in built if b.get("LOCAL") or b.get("STACK")]

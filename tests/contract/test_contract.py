@@ -8,7 +8,7 @@ For each kernel in ``kernels/triton/registry.py`` and each of its layouts, on th
 3. both are within ops.md's tolerance of the float64 reference (``backends/torch_ref.py``);
 4. pool rows and intermediate entries the call does not own are bitwise unchanged.
 
-Kernels outside the planner (``layouts=()``, the chunked prefill's intra and output stages) run
+Kernels outside the planner (``layouts=()``, the chunked prefill's tables, intra and output stages) run
 inside the launcher of their op's planned kernel: they are checked to launch once per call with
 the same grid in every layout, and their results are covered by points 2-4.
 
@@ -33,10 +33,11 @@ registry = pytest.importorskip("linattn.kernels.triton.registry")
 LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
-#: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's stages 1 and 3).
+#: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's tables, stages 1 and 3).
 UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts}
-UNPLANNED_OPS = {"chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS, "chunk_kda_system": ("kda_prefill",),
-                 "chunk_output_grouped": ("gdn_prefill",)}
+UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
+                 "chunk_kda_system": ("kda_prefill",),
+                 "chunk_output_grouped": ("gdn_prefill",), "chunk_gdn_gates": ("gdn_prefill",)}
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
           if c.op == e.op]
 
@@ -89,6 +90,15 @@ def _output_kernel(case: Case) -> str | None:
     return "chunk_output"
 
 
+def _gdn_hoist(case: Case) -> bool:
+    """Whether the case's GDN prefill forms the state loop's gate factors in their own launch
+    (``chunk_gdn_gates``: pinned ``gdn_hoist``, GDN's bf16 path)."""
+    from linattn.kernels.triton.prefill import pinned_config
+
+    q, v = case.args["q"], case.args["v"]
+    return bool(pinned_config(case.op.split("_")[0], q.shape[2], v.shape[2], q.dtype)["gdn_hoist"])
+
+
 def _run_all_layouts(entry, case, device, monkeypatch):
     from linattn.kernels.triton.probe import probe_visits
 
@@ -116,6 +126,9 @@ def _run_all_layouts(entry, case, device, monkeypatch):
         grids = [g for g, _, _ in r.launches]
         if name in ("chunk_output", "chunk_output_grouped") and name != _output_kernel(case):
             assert grids == [], f"{name}: another kernel writes this case's output, yet it launched: {grids}"
+            continue
+        if name == "chunk_gdn_gates" and not _gdn_hoist(case):
+            assert grids == [], f"{name}: the state loop scans its own gates in this case, yet it launched: {grids}"
             continue
         assert len(grids) == len(entry.layouts) and len(set(grids)) == 1, f"{name}: launches {grids}"
     return results

@@ -247,6 +247,13 @@ ALT_CONFIGS = [
     # above does not reach it): one per value head, and per key head at 8 warps (KDA: pinned)
     {"output_group": ()},
     {"output_grouped": dict(num_warps=8, num_stages=1)},
+    # GDN bf16 since session 7 (KDA: pinned): U formed in stage 1 again; every chunk's state stored;
+    # the gate factors scanned in the state loop (this also stores every chunk's state); stage 1
+    # at the 128-register cap and 8 programs per SM
+    {"gdn_state_u": False},
+    {"gdn_half_hbuf": False},
+    {"gdn_hoist": False},
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
 ]
 
 

@@ -211,7 +211,8 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     (key heads against value heads), the outputs agree to bf16 rounding (same maths per head; the
     builds differ), the final pool rows are the same bits (the state kernel is the same), padding
     rows are zeros, rows no live sequence owns are bitwise unchanged, and both match the float64
-    reference within bf16's 2e-2 / 1e-2."""
+    reference within bf16's 2e-2 / 1e-2. Both with every chunk's state stored (``gdn_half_hbuf``
+    off: only the grouped kernel rebuilds every second one; test_prefill_gdn_stages.py)."""
     from linattn.kernels.triton import prefill as pm
 
     lens, slots = [70, 0, 5, 130], [3, 1, -1, 0]
@@ -228,7 +229,7 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     outs, pools = [], []
     for grouped in (True, False):
         pool = before.clone()
-        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw),
+        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw), "gdn_half_hbuf": False,
                                                                    "output_group": (2,) if grouped else ()})
         o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
         outs.append(o)
