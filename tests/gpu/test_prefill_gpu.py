@@ -251,7 +251,7 @@ ALT_CONFIGS = [
     # the gate factors scanned in the state loop (this also stores every chunk's state); stage 1
     # at the 128-register cap and 8 programs per SM
     {"gdn_state_u": False},
-    {"gdn_half_hbuf": False},
+    {"gdn_half_hbuf": True},
     {"gdn_hoist": False},
     {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
 ]
