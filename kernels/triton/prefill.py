@@ -419,13 +419,20 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # - "gdn_half_hbuf": with the grouped output, the state stage stores the state entering
         #   every second chunk only and the output rebuilds the others' share from the chunk
         #   before (chunk_output_grouped_kernel, HALF): 3.55 -> 3.54 (state 0.92 -> 0.79-0.86,
-        #   output 1.01 -> 1.11); forming q k'^T once for both heads (it spills) measured 3.58;
+        #   output 1.01 -> 1.11); forming q k'^T once for both heads (it spills) measured 3.58.
+        #   With "gdn_state_u" it is what keeps the state stage fast: without it the state kernel
+        #   stores every chunk's state on top of the U operands (121 KiB of shared memory) and the
+        #   whole prefill measured 1.02 / 1.05 / 1.13x FLA (prefill_h200_s7_final_half_off.json)
+        #   against 1.16 / 1.16 / 1.16x with it (prefill_h200_s7_final.json);
         # - "gdn_state_u": stage 1 writes Tm diag(beta) [T, HV, 64] instead of U and the state
         #   stage forms U = Tm diag(beta) V itself (U is not rounded to bf16 on the way: against
         #   float64, 4 x 1024 tokens, output 3.7e-3 and state 2.4e-3 relative, from 4.0e-3 and
-        #   2.9e-3): 3.54 -> 3.45, and 3.31 with stage 1's 168-register cap
+        #   2.9e-3): 3.54 -> 3.45, and 3.31 with stage 1's 168-register cap.
+        # On the worst-conditioned input (every key the same, beta 1, no decay; a documented limit
+        # of the bf16 pipeline, docs/ops-decisions.md) the output moves from 1.9e-2 to 3.3e-2 off
+        # float64 with these options (state 2.5e-2 -> 1.8e-2; prefill_h200_s7_worst_case.json)
         "gdn_hoist": gdn_bf16,
-        "gdn_half_hbuf": False,
+        "gdn_half_hbuf": gdn_bf16,
         "gdn_state_u": gdn_bf16,
     }
 

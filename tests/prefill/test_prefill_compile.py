@@ -4,7 +4,7 @@ fits what :func:`prefill_supported` and :func:`pinned_config` promise.
 The interpreter compiles nothing, so a subprocess without ``TRITON_INTERPRET`` runs the launcher
 on CPU tensors up to each launch (captured by ``registry.capture_launches``) and builds it with
 ``triton.compile`` for ``cuda:90``. Checked: bf16 at K = V = 128 (the production shapes, state
-kernel software-pipelined: at most 124 KiB), the same on a 99 KiB device (sm_120 profile: the
+kernel software-pipelined: at most 116 KiB), the same on a 99 KiB device (sm_120 profile: the
 unpipelined config, at most 96 KiB) and K = V = 256 (at most 96 KiB). fp32 builds (ieee dots, for
 the 1e-5 tests) are exercised compiled by tests/gpu/test_prefill_gpu.py only.
 """
@@ -57,7 +57,7 @@ def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
                                           "chunk_output_grouped_kernel", "chunk_kda_system_kernel",
                                           "chunk_tables_kernel", "chunk_gdn_gates_kernel"}
     for b in built:
-        limit = 124 if (b["K"] == 128 and b["caps"] == "sm90") else 96
+        limit = 116 if (b["K"] == 128 and b["caps"] == "sm90") else 96
         assert b["smem"] <= limit * 1024, b
     state = {(b["family"], b["K"], b["caps"]): b["stages"] for b in built if b["kernel"] == "chunk_state_kernel"}
     assert state[("gdn", 128, "sm90")] == 2 and state[("gdn", 128, "sm120")] == 1

@@ -52,8 +52,7 @@ def _two_runs(monkeypatch, option: str, nan_fill: bool = False):
     idx = torch.tensor(SLOTS, dtype=torch.int32, device=DEV)
     before = random_states(P, HV, K, V, seed=92, device=DEV)
     pinned = pm.pinned_config
-    if option != "gdn_half_hbuf":  # measured, off by default (pinned_config says why)
-        assert pinned("gdn", K, V, torch.bfloat16)[option], f"{option} is not pinned on for bf16 GDN"
+    assert pinned("gdn", K, V, torch.bfloat16)[option], f"{option} is not pinned on for bf16 GDN"
     seen = _launches(monkeypatch, pm)
     runs, launches = [], []
     for on in (True, False):
