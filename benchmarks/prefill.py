@@ -127,6 +127,12 @@ SWEEP = [
     {"state_fused": dict(num_warps=8, num_stages=1)},
     # GDN: the state kernel's pipelining
     {"state": dict(num_warps=4, num_stages=1)},
+    # GDN bf16 (session 7): U formed in stage 1; every chunk's state stored; the gate factors
+    # scanned in the state loop; stage 1 at the 128-register cap and 8 programs per SM
+    {"gdn_state_u": False},
+    {"gdn_half_hbuf": False},
+    {"gdn_hoist": False},
+    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
 ]
 
 
