@@ -197,7 +197,6 @@ def run_intra_sweep(family, d):
     T, HV = v.shape[0], v.shape[1]
     kda = family == "kda"
     _, seq, start, nt = pm.chunk_tables(cu, T)
-    bufs = pm.intra_buffers(kda, T, HV, K, V, nt, torch.bfloat16, q.device)
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
@@ -205,17 +204,22 @@ def run_intra_sweep(family, d):
             continue  # a KDA-only knob: GDN would time its pinned config again
         cfg = pm.pinned_config(family, K, V, torch.bfloat16)
         cfg.update(alt)
+        # stage 1 as the pipeline runs it (GDN: Tm diag(beta) in place of U where the state stage
+        # forms U)
+        tmout = pm.stage_options(family, HV // q.shape[1], cfg).state_u
+        bufs = pm.intra_buffers(kda, T, HV, K, V, nt, torch.bfloat16, q.device, u_width=64 if tmout else V)
 
         def fn():
             pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, bufs, scale=K ** -0.5, kda=kda,
-                            use_qk_l2norm=True, DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps)
+                            use_qk_l2norm=True, DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps, tmout=tmout)
         try:
             ms = bench_ms(fn, warmup=10, rep=60)
             fn()
             out = torch.cat([bufs["w"].float().flatten(), bufs["u"].float().flatten()])
             if ref is None:
                 ref = out.clone()
-            res.append(dict(config=repr(alt), ms=round(ms, 4), rel_diff_vs_first=rel(out, ref)))
+            res.append(dict(config=repr(alt), ms=round(ms, 4),  # None: u holds another matrix (tmout)
+                            rel_diff_vs_first=rel(out, ref) if out.numel() == ref.numel() else None))
         except Exception as e:  # a config that does not build is reported, not fatal
             res.append(dict(config=repr(alt), error=f"{type(e).__name__}: {str(e)[:300]}"))
     return res

@@ -4,7 +4,9 @@ Stages (C = 64; see :mod:`linattn.kernels.triton.prefill`): 1. Triton stage 1
 (``chunk_intra_kernel``: W, U, key norms; for KDA after ``chunk_kda_system_kernel``: A, Aqk and
 the output stage's decayed queries); 2. **the CuTe DSL state kernel**
 (:func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`: the pool row is read and written
-in place inside the kernel); 3. Triton ``chunk_output_kernel``.
+in place inside the kernel); 3. the Triton output stage (``chunk_output_kernel``, or
+``chunk_output_grouped_kernel`` for GDN's bf16 path at GVA group size 2, with every chunk's
+state: a replacement state kernel takes none of GDN's stage options, ``prefill.stage_options``).
 
 The CuTe DSL kernel goes in through ``chunk_prefill``'s ``state_kernel=`` hook, so stages 1 and 3
 are exactly the Triton prefill's.

@@ -47,6 +47,7 @@ def decode_pid(LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr
 def chunk_span(chunk_start, cu_seqlens, i_c, n):
     """Chunk ``i_c`` of sequence ``n`` (a real chunk: ``n < N``, checked by the caller) ->
     ``(t0, L)``, int64: its first token, and the rows left in the sequence from there (the chunk
-    holds ``min(L, 64)`` of them). Tables from :func:`linattn.kernels.triton.prefill.chunk_tables`."""
+    holds ``min(L, 64)`` of them). Tables from :func:`linattn.kernels.triton.chunk_tables.chunk_tables_triton`
+    (or :func:`linattn.kernels.triton.prefill.chunk_tables`: the same bits)."""
     t0 = tl.load(chunk_start + i_c).to(tl.int64)
     return t0, tl.load(cu_seqlens + n + 1).to(tl.int64) - t0

@@ -408,12 +408,12 @@ def chunk_intra_kernel(
 
     Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT; with ``TMOUT``, GDN only, ``u`` gets
     ``Tm diag(beta)`` ``[T, HV, 64]`` instead and the state stage forms ``U``); GDN also
-    ``rk [T, HV]`` fp32. KDA
-    solves the matrices ``abuf [NT_max, HV, 64, 64]`` of :func:`chunk_kda_system_kernel` (launched
+    ``rk [T, HV]`` fp32. KDA solves the matrices ``abuf [NT_max, HV, 64, 64]`` of :func:`chunk_kda_system_kernel` (launched
     first; it also left the operand of ``W`` in ``w`` and wrote ``rk``); GDN builds ``A`` itself
     (:func:`_gdn_system`). ``scratch`` is fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` (GDN)
     and ``Tm`` (``P`` is about the number of resident CTAs, so the scratch stays in L2).
     """
+    tl.static_assert(not (KDA and TMOUT), "TMOUT is GDN's")
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64

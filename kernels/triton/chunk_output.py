@@ -181,6 +181,8 @@ def chunk_output_grouped_kernel(
                 kfp = tl.load(kf + (t0 - 64) * HV + i_hv + r * HV)
                 vp = tl.load(vn + ((t0 - 64) * HV + i_hv) * V + (r[:, None] * (HV * V) + cv[None, :]))
                 acc = tl.dot((qkp * kfp[None, :]).to(DT), vp.to(DT), input_precision=PREC)
+                # int32 offset, as measured: (c - 1) * HV + hv < NT_max * HV, far below 2**31 for any
+                # o [T, HV, V] that fits in memory (the 64-bit form changed this build's sm_90 code)
                 sc = tl.load(ec + (i_c - 1) * HV + i_hv)
             for ik in range(K // BK):
                 cols = ik * BK + tl.arange(0, BK)

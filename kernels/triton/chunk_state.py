@@ -68,6 +68,8 @@ def chunk_state_kernel(
     ``HSTEP = 2``: ``hbuf`` gets the state entering chunks 0, 2, 4, ... of each sequence only.
     ``UTM``: ``U = M V`` with stage 1's ``M = Tm diag(beta)`` ``[T, HV, 64]`` (dtype DT, as ``aqk``)
     and ``v [T, HV, V]`` (as ``q``, strides ``sqt``, ``sqh``); ``u`` is not read."""
+    tl.static_assert(HSTEP == 1 or HSTEP == 2, "HSTEP: every chunk's state (1) or every second one (2)")
+    tl.static_assert(not KDA or not (HOIST or UTM or HSTEP != 1), "HOIST, UTM and HSTEP = 2 are GDN's")
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // GROUP
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)

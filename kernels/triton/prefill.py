@@ -31,8 +31,8 @@ writes the pool runs exactly once per call (ops.md: the pool is advanced exactly
 
 Precision: fp32 inputs use ``input_precision="ieee"`` dots everywhere (tf32 would miss ops.md's
 1e-5 against float64); bf16 inputs run the dots that touch W, U, the states and the outputs on
-bf16 operands with fp32 accumulation (state kept in fp32, stored per chunk in bf16, as the
-reference implementations do); fp16 inputs run those dots in fp32 (tf32), since an fp16 copy of a
+bf16 operands with fp32 accumulation (state kept in fp32, stored per chunk in bf16 as the
+reference implementations do; GDN's grouped path: every second chunk); fp16 inputs run those dots in fp32 (tf32), since an fp16 copy of a
 state holding values past 65,504 would overflow (field case F17). The triangular solve is fp32:
 ieee dots for fp32 inputs; for bf16/fp16, 3xTF32 dots for the diagonal blocks (the Neumann
 product) and tf32 dots for the blocks below them. Under ``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the
@@ -41,7 +41,7 @@ interpreter's bf16 dot is wrong).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 import triton
@@ -191,11 +191,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     chunk_off, chunk_seq, chunk_start, nt_max = tables(cu_seqlens, T)
     cfg = pinned_config(family, K, V, q.dtype,
                         None if caps.device_type == "cpu" else caps.shared_memory_per_block)
-    bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev)
-    # GDN: stage 1 hands over Tm diag(beta) and the state stage forms U (cfg "gdn_state_u")
-    utm = not kda and state_kernel is None and cfg["gdn_state_u"]
-    if utm:
-        bufs["u"] = torch.empty(T, HV, CHUNK, dtype=buf_dt, device=dev)
+    opt = stage_options(family, GROUP, cfg, replaced_state=state_kernel is not None)
+    bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev, u_width=CHUNK if opt.state_u else V)
     # KDA: the state kernel writes the output itself (cfg "state_fuse_o"), unless a replacement
     # state kernel runs: then that hands over the per-chunk states and Vn to the output kernel
     fuse_o = kda and state_kernel is None and cfg["state_fuse_o"]
@@ -205,11 +202,10 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
         hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
     launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs, scale=scale,
-                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps, tmout=utm)
+                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps,
+                 tmout=opt.state_u)
     w, u, rk = bufs["w"], bufs["u"], bufs["rk"]
-    # GDN: the state loop's gate factors, formed before it (cfg "gdn_hoist")
-    hoist = not kda and state_kernel is None and cfg["gdn_hoist"]
-    if hoist:
+    if opt.hoist:  # GDN: the state loop's gate factors, formed before it
         bufs["kf"] = torch.empty(T, HV, dtype=torch.float32, device=dev)
         bufs["ec"] = torch.empty(nt_max, HV, dtype=torch.float32, device=dev)
         BH = min(32, triton.next_power_of_2(HV))
@@ -223,10 +219,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         qs, ks, gs, grp = bufs["qg"], bufs["kd"], bufs["gl"], 1
     else:
         qs, ks, gs, grp = q, k, g, GROUP
-    srk, sg = (bufs["kf"], bufs["ec"]) if hoist else (rk, gs)
-    # GDN, grouped output: hbuf holds every second chunk's state (cfg "gdn_half_hbuf")
-    grouped = not kda and GROUP in cfg["output_group"]
-    half = bool(hoist and grouped and cfg["gdn_half_hbuf"])
+    srk, sg = (bufs["kf"], bufs["ec"]) if opt.hoist else (rk, gs)
 
     BV = cfg["state_bv"]
     plan = plan_grid(N, HV, V // BV, caps, layout)
@@ -248,26 +241,26 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                      h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
                      state_layout=state_layout)
     elif not plan.empty:
-        sq, sa = (v, u) if utm else (qs, bufs.get("aqk", rk))  # UTM: v as q, Tm diag(beta) as aqk
+        sq, sa = (v, u) if opt.state_u else (qs, bufs.get("aqk", rk))  # UTM: v as q, Tm diag(beta) as aqk
         chunk_state_kernel[plan.grid](
             ks, sg, w, u, srk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, sq, sa, o,
             ks.stride(0), ks.stride(1), sg.stride(0), sg.stride(1), sq.stride(0), sq.stride(1), *s0, *st,
             grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o, HOIST=bool(hoist),
-            HSTEP=2 if half else 1, UTM=utm,
+            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o, HOIST=opt.hoist,
+            HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u,
             **cfg["state_fused" if fuse_o else "state"],
         )
     if fuse_o:
         return o, final
 
     OBV = cfg["output_bv"]
-    if grouped:  # one program per key head: one q k^T
+    if opt.grouped_output:  # one program per key head: one q k^T
         chunk_output_grouped_kernel[(nt_max, H, V // OBV)](
             q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-            bufs["kf"] if half else rk, bufs["ec"] if half else rk,
+            bufs["kf"] if opt.half_hbuf else rk, bufs["ec"] if opt.half_hbuf else rk,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
             N, HV, float(scale), K=K, V=V, BK=64, BV=OBV, GROUP=GROUP, L2NORM=use_qk_l2norm,
-            POOL=pool_mode, DT=DT, PREC=PREC, HALF=half, **cfg["output_grouped"],
+            POOL=pool_mode, DT=DT, PREC=PREC, HALF=opt.half_hbuf, **cfg["output_grouped"],
         )
         return o, final
     chunk_output_kernel[(nt_max, HV, V // OBV)](
@@ -280,15 +273,46 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     return o, final
 
 
+class StageOptions(NamedTuple):
+    """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`)."""
+
+    #: stage 3 runs one program per key head (``chunk_output_grouped_kernel``)
+    grouped_output: bool
+    #: the state loop's gate factors come from ``chunk_gdn_gates_kernel``
+    hoist: bool
+    #: the state stage stores the state entering every second chunk only (grouped output: HALF)
+    half_hbuf: bool
+    #: stage 1 writes ``Tm diag(beta)``; the state stage forms ``U``
+    state_u: bool
+
+
+def stage_options(family: str, group: int, cfg: dict, replaced_state: bool = False) -> StageOptions:
+    """Resolve the pinned options (:func:`pinned_config`) for a call at GVA group size ``group``.
+
+    The options go together as they were measured: every second chunk's state only with the
+    grouped output (the kernel that rebuilds the others) and the gate factors of the gates kernel;
+    ``U`` in the state stage only with that (with every chunk's state stored, the state kernel needs
+    121 KiB of shared memory and measured slower: ``prefill_h200_s7_final_half_off.json``). A
+    replacement state kernel (``replaced_state``, e.g. cutedsl) takes none of them: it reads ``U``
+    and ``g`` and writes every chunk's state. KDA takes none (it has its own stage split)."""
+    gdn = family == "gdn" and not replaced_state
+    grouped = family == "gdn" and group in cfg["output_group"]
+    hoist = gdn and bool(cfg["gdn_hoist"])
+    half = hoist and grouped and bool(cfg["gdn_half_hbuf"])
+    return StageOptions(grouped_output=grouped, hoist=hoist, half_hbuf=half,
+                        state_u=half and bool(cfg["gdn_state_u"]))
+
+
 def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, nt_max: int, buf_dt: torch.dtype,
-                  device) -> dict:
-    """The buffers stage 1 writes, by name: ``w [T, HV, K]`` and ``u [T, HV, V]`` in ``buf_dt``,
+                  device, u_width: Optional[int] = None) -> dict:
+    """The buffers stage 1 writes, by name: ``w [T, HV, K]`` and ``u [T, HV, u_width]`` in ``buf_dt``
+    (``u_width``: V, the default, for ``U``; 64 for GDN's ``Tm diag(beta)``, :func:`stage_options`),
     ``rk [T, HV]`` fp32 and, for KDA, the matrices ``abuf [nt_max, HV, 64, 64]`` fp32,
     ``aqk [T, HV, 64]``, the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (all ``buf_dt``)
     and the chunks' total log decays ``gl [nt_max, HV, K]`` fp32
     (:func:`.chunk_intra.chunk_kda_system_kernel` says what each holds)."""
     bufs = dict(w=torch.empty(T, HV, K, dtype=buf_dt, device=device),
-                u=torch.empty(T, HV, V, dtype=buf_dt, device=device),
+                u=torch.empty(T, HV, u_width or V, dtype=buf_dt, device=device),
                 rk=torch.empty(T, HV, dtype=torch.float32, device=device))
     if kda:
         bufs.update(abuf=torch.empty(nt_max, HV, CHUNK, CHUNK, dtype=torch.float32, device=device),
@@ -305,12 +329,15 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
     """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
     a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
     with its own 32 KiB fp32 scratch; KDA first runs
-    :func:`.chunk_intra.chunk_kda_system_kernel` (grid ``(NT_max, HV)``). Touches no state."""
+    :func:`.chunk_intra.chunk_kda_system_kernel` (grid ``(NT_max, HV)``). ``tmout`` (GDN,
+    :func:`stage_options`): ``u`` gets ``Tm diag(beta)`` ``[T, HV, 64]`` instead of ``U``, launched
+    with ``cfg["intra_tm"]`` and ``cfg["intra_tm_ctas_per_sm"]``. Touches no state."""
     HV = v.shape[1]
     N = cu_seqlens.numel() - 1
     K = q.shape[2]
     items = nt_max * HV
-    progs = max(1, min(items, caps.sm_count * cfg["intra_ctas_per_sm"]))
+    key = "intra_tm" if tmout else "intra"  # GDN's stage 1 writing Tm diag(beta) has its own launch
+    progs = max(1, min(items, caps.sm_count * cfg[key + "_ctas_per_sm"]))
     scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
     rk = bufs["rk"]
     if kda:  # stage 1a: A, Aqk and the later stages' operands
@@ -329,7 +356,7 @@ def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, b
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
         N, HV // q.shape[1], HV, items, K=K, V=v.shape[2],
         BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        TMOUT=tmout, **cfg["intra_solve"], **cfg["intra"],
+        TMOUT=tmout, **cfg["intra_solve"], **cfg[key],
     )
 
 
@@ -352,11 +379,14 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # fp32 scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096,
         # with the 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against
         # 3.60 ms, KDA (then building A itself) 16.1 against 22.1 ms (benchmarks/results/
-        # prefill_h200_run3.json, _run2_sweeps.json). GDN bf16, where stage 1 leaves U to the state
-        # stage ("gdn_state_u"): a 168-register cap, 3 per SM: 1.32 ms against 1.46 at 128 / 8,
-        # 1.40 at 144 / 3 and 1.56 uncapped at 2 (prefill_h200_s7_exp4.json)
-        "intra": dict(num_warps=4, num_stages=1, maxnreg=168 if gdn_bf16 else 128),
-        "intra_ctas_per_sm": 3 if gdn_bf16 else 8,
+        # prefill_h200_run3.json, _run2_sweeps.json)
+        "intra": dict(num_warps=4, num_stages=1, maxnreg=128),
+        "intra_ctas_per_sm": 8,
+        # GDN's stage 1 where it leaves U to the state stage (stage_options().state_u): a
+        # 168-register cap, 3 per SM: 1.32 ms against 1.46 at 128 / 8, 1.40 at 144 / 3 and 1.56
+        # uncapped at 2 (H200, 16x4096, prefill_h200_s7_exp4.json)
+        "intra_tm": dict(num_warps=4, num_stages=1, maxnreg=168),
+        "intra_tm_ctas_per_sm": 3,
         "intra_bk": 32,
         # Tm = (I + A)^-1 (chunk_intra._solve). fp32 inputs: forward substitution and ieee dots
         # (ops.md's 1e-5). bf16/fp16: the diagonal blocks by the Neumann product on 3xTF32 dots

@@ -14,8 +14,8 @@ prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=(
 (they run inside the launcher of a planned kernel of the same op) and that every layout of that
 launcher gives them the same grid.
 
-The chunked prefill (``kernels/triton/prefill.py``) is three launches (four for KDA) after the one that builds
-its chunk index tables (:mod:`.chunk_tables`): only its state stage
+The chunked prefill (``kernels/triton/prefill.py``) is three to five launches after the one that builds
+its chunk index tables (:mod:`.chunk_tables`; the module docstring of ``prefill.py`` lists them): only its state stage
 (:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
 entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
@@ -86,7 +86,9 @@ KERNELS: tuple[KernelEntry, ...] = (
         name="gdn_prefill_state", op="gdn_prefill", layouts=("split", "folded"),
         kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_state_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        notes="KDA=False; stage 2 of the chunked prefill, reads and writes the pool in place",
+        notes=("KDA=False; stage 2 of the chunked prefill, reads and writes the pool in place; on GDN's bf16 "
+               "path with the gates kernel's factors (HOIST) and, at GVA group size 2, U formed here (UTM) "
+               "and every second chunk's state stored (HSTEP=2): prefill.stage_options"),
     ),
     KernelEntry(
         name="kda_prefill_state", op="kda_prefill", layouts=("split", "folded"),
@@ -104,13 +106,15 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "device limit is at stake and there is nothing to plan; chunks past the "
                        "bound are masked off"),
         notes=("stage 0 of the chunked prefill (both families): the chunk index tables chunk_off, "
-               "chunk_seq, chunk_start from cu_seqlens in one launch, no host sync"),
+               "chunk_seq, chunk_start from cu_seqlens in one launch, no host sync (past "
+               "prefill.TABLES_TRITON_MAX_N sequences: torch ops, prefill.chunk_tables)"),
     ),
     KernelEntry(
         name="chunk_intra", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        why_unplanned=("persistent grid (min(items, sm_count * 8),) on axis x: each program loops over "
+        why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c = 8, or 3 where GDN's stage "
+                       "1 writes Tm diag(beta)): each program loops over "
                        "the (chunk, value head) items p, p + P, ... of the (T // 64 + N) * HV items, so "
                        "no axis carries N * HV, no device limit is at stake and there is nothing to "
                        "plan; items past the real chunk count do nothing"),
@@ -145,7 +149,8 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "block), chunks on axis x (up to 2**31 - 1) and no N * H axis, so no device "
                        "limit is at stake and there is nothing to plan; programs past the real "
                        "chunk count return at once"),
-        notes="stage 3 of GDN's chunked prefill on bf16 inputs at GVA group size 2: one q k^T per key head",
+        notes=("stage 3 of GDN's chunked prefill on bf16 inputs at GVA group size 2: one q k^T per key head; "
+               "HALF: rebuilds every second chunk's state share from the chunk before"),
     ),
     KernelEntry(
         name="chunk_gdn_gates", op="gdn_prefill", layouts=(),

@@ -5,7 +5,8 @@ The interpreter compiles nothing, so a subprocess without ``TRITON_INTERPRET`` r
 on CPU tensors up to each launch (captured by ``registry.capture_launches``) and builds it with
 ``triton.compile`` for ``cuda:90``. Checked: bf16 at K = V = 128 (the production shapes, state
 kernel software-pipelined: at most 116 KiB), the same on a 99 KiB device (sm_120 profile: the
-unpipelined config, at most 96 KiB) and K = V = 256 (at most 96 KiB). fp32 builds (ieee dots, for
+unpipelined config, at most 96 KiB), K = V = 256 (at most 96 KiB), and GDN at GVA group sizes 1
+and 4 (its state kernel without the U split or every-second-chunk storage). fp32 builds (ieee dots, for
 the 1e-5 tests) are exercised compiled by tests/gpu/test_prefill_gpu.py only.
 """
 
@@ -28,9 +29,12 @@ SCRIPT = textwrap.dedent(r'''
     from linattn.kernels.triton.prefill import chunk_prefill
     out, seen = [], {{}}
     for family in ("gdn", "kda"):
-        for K, caps in ((128, "sm90"), (128, "sm120"), (256, "sm90")):
-            inp = make_inputs(family, [70, 5], H=2, HV=4, K=K, V=K, dtype=torch.bfloat16)
-            pool = random_states(3, 4, K, K)
+        shapes = [(128, "sm90", 4), (128, "sm120", 4), (256, "sm90", 4)]
+        if family == "gdn":  # GVA group sizes 1 and 4: no grouped output, so GDN's other state build
+            shapes += [(128, "sm90", 2), (128, "sm90", 8)]
+        for K, caps, HV in shapes:
+            inp = make_inputs(family, [70, 5], H=2, HV=HV, K=K, V=K, dtype=torch.bfloat16)
+            pool = random_states(3, HV, K, K)
             with registry.capture_launches() as launches:
                 chunk_prefill(family, **inp, state_pool=pool, state_indices=torch.tensor([2, 0]),
                               initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
