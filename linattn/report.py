@@ -101,7 +101,9 @@ def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = 
     Returns:
         Problem.
     Raises:
-        UsageError: an unknown op or model, a model of another family, or a bad size.
+        UsageError: an unknown op or model, a model of another family, a bad size, or a size
+            that does not apply to the op (``batch`` other than 1 for a prefill, ``seqs`` for
+            anything else).
     Example:
         >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
         'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
@@ -120,6 +122,12 @@ def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = 
     for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
         if val is not None and val < 0:
             raise UsageError(f"--{name} must be >= 0, got {val}")
+    # a size that does not apply to the op is an error, not silently ignored
+    if op.endswith("_prefill") and batch != 1:
+        raise UsageError(f"{op} takes --seqs (sequences) and --tokens (packed tokens in all), not --batch "
+                         f"(decode rows, gating / clamp rows)")
+    if not op.endswith("_prefill") and seqs is not None:
+        raise UsageError(f"{op} takes --batch (rows) and --tokens, not --seqs (prefill sequences)")
     common = dict(op=op, dtype=dtype)
     try:
         if fam == "swiglu":

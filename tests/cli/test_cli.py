@@ -148,6 +148,8 @@ def test_explain_prefill_builds_the_problem_from_tokens_and_seqs(registry):
     (("explain", "gdn_decode", "--profile", "sm42"), "known profiles"),
     (("explain", "gdn_decode", "--backend", "no-such-backend"), "not registered"),
     (("report", "--profile", "sm42"), "known profiles"),
+    (("explain", "gdn_prefill", "--batch", "16"), "takes --seqs"),
+    (("explain", "gdn_decode", "--seqs", "16"), "not --seqs"),
 ])
 def test_bad_arguments_exit_2_with_a_message_naming_what_is_allowed(registry, args, needle):
     res, doc = invoke_json(*args)
