@@ -457,7 +457,7 @@ def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
         # - "gdn_state_u": stage 1 writes Tm diag(beta) [T, HV, 64] instead of U and the state
         #   stage forms U = Tm diag(beta) V itself (U is not rounded to bf16 on the way: against
         #   float64, 4 x 1024 tokens, output 3.7e-3 and state 2.4e-3 relative, from 4.0e-3 and
-        #   2.9e-3): 3.54 -> 3.45, and 3.31 with stage 1's 168-register cap.
+        #   2.9e-3): 3.52 -> 3.45 in one run (_exp3.json), 3.31 with stage 1's 168-register cap (_exp4.json).
         # On the worst-conditioned input (every key the same, beta 1, no decay; a documented limit
         # of the bf16 pipeline, docs/ops-decisions.md) the output moves from 1.9e-2 to 3.3e-2 off
         # float64 with these options (state 2.5e-2 -> 1.8e-2; prefill_h200_s7_worst_case.json)
