@@ -33,6 +33,17 @@ from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode
 
 
 @triton.jit
+def _gate_factors(g):
+    """The log decays of GDN's state update for one chunk, from its raw gates ``g`` (rows along
+    axis 0; rows past the sequence loaded as 0), floored at -1000: ``G_C - G_r`` per row and
+    ``G_C`` (the callers take the exponentials). ``G_C - G_r`` is the suffix sum of the gates
+    after row ``r``: exactly 0 at the last row, and no cancellation against a large early decay
+    (``G_C - G_r`` rounded at ``G``'s magnitude)."""
+    gt = tl.maximum(g.to(tl.float32), G_MIN)
+    return tl.cumsum(gt, axis=0, reverse=True) - gt, tl.sum(gt, axis=0)
+
+
+@triton.jit
 def chunk_state_kernel(
     k, g, w, u, rk, cu_seqlens, chunk_off, state_indices,
     h0, ht, hbuf, vn, q, aqk, o,
@@ -104,9 +115,7 @@ def chunk_state_kernel(
         m = r < eos - t0
         Sd = S.to(DT)  # the state entering chunk c, as the output stage reads it
         if not FUSE_O:
-            if HSTEP == 1:
-                tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
-            elif t % HSTEP == 0:  # the output stage rebuilds the others' share from the chunk before
+            if t % HSTEP == 0:  # HSTEP = 2: the output stage rebuilds the others' share from the chunk before
                 tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
         vo = (t0 * HV + i_hv) * V + v0
@@ -140,11 +149,8 @@ def chunk_state_kernel(
                 vs = vnew * rkv[:, None]
                 egl = tl.load(g + c * sgt + i_hv * sgh)
             else:
-                gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-                # G_C - G_r as the suffix sum of the gates after row r: exact 0 at the last row, and
-                # no cancellation against a large early decay (G_C - G_r rounded at G's magnitude)
-                suf = tl.cumsum(gt, axis=0, reverse=True) - gt
-                egl = tl.exp(tl.sum(gt, axis=0))
+                suf, gl = _gate_factors(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0))
+                egl = tl.exp(gl)
                 vs = vnew * (tl.exp(suf) * rkv)[:, None]
             S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * egl, input_precision=PREC)
 
@@ -163,7 +169,8 @@ def chunk_gdn_gates_kernel(g, rk, kf, ec, cu_seqlens, chunk_seq, chunk_start, sg
     """GDN: the state stage's per-chunk gate factors, grid ``(NT_max, cdiv(HV, BH))``: for chunk
     ``c`` and value heads ``hv``, ``kf[t, hv] = rk[t, hv] exp(G_C - G_t)`` (``G_C - G_t`` as the
     suffix sum of the gates after row ``t``) ``[T, HV]`` fp32 and ``ec[c, hv] = exp(G_C)``
-    ``[NT_max, HV]`` fp32, from ``g [T, HV]`` (floored at -1000) and stage 1's ``rk [T, HV]``."""
+    ``[NT_max, HV]`` fp32, from ``g [T, HV]`` and stage 1's ``rk [T, HV]`` (:func:`_gate_factors`,
+    as the state loop forms them without ``HOIST``)."""
     i_c = tl.program_id(0)
     n = tl.load(chunk_seq + i_c)
     if n >= N:
@@ -172,9 +179,7 @@ def chunk_gdn_gates_kernel(g, rk, kf, ec, cu_seqlens, chunk_seq, chunk_start, sg
     r = tl.arange(0, 64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     msk = (r < L)[:, None] & (h < HV)[None, :]
-    gt = tl.maximum(tl.load(g + t0 * sgt + r[:, None] * sgt + h[None, :] * sgh, mask=msk, other=0.0).to(tl.float32),
-                    G_MIN)
-    suf = tl.cumsum(gt, axis=0, reverse=True) - gt
+    suf, gl = _gate_factors(tl.load(g + t0 * sgt + r[:, None] * sgt + h[None, :] * sgh, mask=msk, other=0.0))
     ro = (t0 + r[:, None]) * HV + h[None, :]
     tl.store(kf + ro, tl.load(rk + ro, mask=msk, other=0.0) * tl.exp(suf), mask=msk)
-    tl.store(ec + i_c.to(tl.int64) * HV + h, tl.exp(tl.sum(gt, axis=0)), mask=h < HV)
+    tl.store(ec + i_c.to(tl.int64) * HV + h, tl.exp(gl), mask=h < HV)

@@ -55,11 +55,12 @@ from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_state_kernel
 from .chunk_tables import chunk_tables_triton
 
+from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
+
 CHUNK = 64
 #: up to this many sequences the chunk tables come from one Triton launch
 #: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`chunk_tables` (torch ops)
 TABLES_TRITON_MAX_N = 16384
-from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 
 def _tl_dtype(dt: torch.dtype):

@@ -183,6 +183,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_half_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
+    f"{KERNEL_PACKAGE}.chunk_state:_gate_factors",
     f"{KERNEL_PACKAGE}._gates:cumsum2",
     f"{KERNEL_PACKAGE}.chunk_tables:_imax",
 })

@@ -80,27 +80,33 @@ def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_two_bf16_pool_runs(family: str, inp: dict, idx: torch.Tensor, before: torch.Tensor,
-                             outs: list, pools: list) -> None:
+                             outs: list, pools: list, pool_close: float | None = None) -> list:
     """Two pool-mode runs of the same call under two launch configurations (``outs``, ``pools``,
-    each pool cloned from ``before``): padding sequences' output rows are zeros, pool rows no live
-    sequence owns (padding, empty sequences, foreign rows) are bitwise unchanged, the final pools
-    are the same bits, and both match the float64 reference within bf16's 2e-2 / 1e-2. How close
-    the two outputs must be is the caller's to assert."""
+    each pool cloned from ``before``): outputs finite, padding sequences' output rows zeros, pool
+    rows no live sequence owns (padding, empty sequences, foreign rows) bitwise unchanged, the
+    final pools the same bits (``pool_close`` None) or their live rows within ``pool_close``
+    relative, and both runs match the float64 reference within bf16's 2e-2 / 1e-2. How close the
+    two outputs must be is the caller's to assert. Returns the live slots."""
     cu = inp["cu_seqlens"].tolist()
     slots = idx.tolist()
     lens = [b - a for a, b in zip(cu, cu[1:])]
     live = [s for s, n in zip(slots, lens) if s >= 0 and n > 0]
     untouched = [p for p in range(before.shape[0]) if p not in live]
     for o, pool in zip(outs, pools):
+        assert torch.isfinite(o).all()
         for i, s in enumerate(slots):
             if s < 0:
                 assert torch.equal(o[cu[i]:cu[i + 1]], torch.zeros_like(o[cu[i]:cu[i + 1]]))
         assert torch.equal(pool[untouched], before[untouched])
-    assert torch.equal(pools[0], pools[1])
+    if pool_close is None:
+        assert torch.equal(pools[0], pools[1])
+    else:
+        assert rel(pools[0][live], pools[1][live]) < pool_close
     rp = before.clone()
     ro, _ = reference(family, inp, state_pool=rp, state_indices=idx)
     for o, pool in zip(outs, pools):
         assert rel(o, ro) < 2e-2 and rel(pool[live], rp[live]) < 1e-2
+    return live
 
 
 def warm_one(cfg: tuple) -> str:

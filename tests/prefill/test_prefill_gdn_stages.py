@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled  # noqa: E402
 
-from prefill_cases import make_inputs, random_states, reference, rel, run  # noqa: E402
+from prefill_cases import check_two_bf16_pool_runs, make_inputs, random_states, rel, run  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 LENS, SLOTS = [70, 0, 5, 130, 64], [3, 1, -1, 0, 5]  # chunk counts 2, 0, 1 (padding), 3, 1
@@ -99,22 +99,11 @@ def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, p
 
 
 def _check_pool_runs(inp, idx, before, runs, close: tuple) -> None:
-    """... and the two runs' outputs and final states within ``close = (output, state)``."""
-    cu = inp["cu_seqlens"].tolist()
-    lens = [b - a for a, b in zip(cu, cu[1:])]
-    live = [s for s, n in zip(SLOTS, lens) if s >= 0 and n > 0]
-    untouched = [p for p in range(P) if p not in live]
-    rp = before.clone()
-    ro, _ = reference("gdn", inp, state_pool=rp, state_indices=idx)
-    for o, pool in runs:
-        assert torch.isfinite(o).all()
-        for i, s in enumerate(SLOTS):
-            if s < 0:
-                assert torch.equal(o[cu[i]:cu[i + 1]], torch.zeros_like(o[cu[i]:cu[i + 1]]))
-        assert torch.equal(pool[untouched], before[untouched])
-        assert rel(o, ro) < 2e-2 and rel(pool[live], rp[live]) < 1e-2
+    """prefill_cases.check_two_bf16_pool_runs, with the two runs' outputs and final states within
+    ``close = (output, state)``."""
     (o1, p1), (o2, p2) = runs
-    assert rel(o1, o2) < close[0] and rel(p1[live], p2[live]) < close[1]
+    check_two_bf16_pool_runs("gdn", inp, idx, before, [o1, o2], [p1, p2], pool_close=close[1])
+    assert rel(o1, o2) < close[0]
 
 
 def _bound(state: float = 1e-5) -> tuple:
