@@ -50,6 +50,8 @@ class Backend:
         state_layouts: pool layouts it reads (``vk``, ``kv``).
         requires: toolchain components it needs (``triton``, ``cutlass_dsl``).
         api_version: the plugin API version it was written for.
+        verified_archs: the GPU architectures its kernels were verified on (None: no claim); on
+            others the first eager call self-checks against torch-ref (:meth:`self_check`).
     """
 
     name: ClassVar[str] = "unnamed"
@@ -63,6 +65,26 @@ class Backend:
     state_layouts: ClassVar[frozenset[str]] = frozenset({"vk", "kv"})
     requires: ClassVar[tuple[str, ...]] = ()
     api_version: ClassVar[str] = "1"
+    #: Read-only tensor arguments the kernels read through their strides, per op: ``{op: {arg:
+    #: "any" | "inner"}}`` (``"inner"``: the last dim must have stride 1). Every other read-only
+    #: tensor argument is handed over contiguous (``dispatch/layouts.py`` copies it), so a backend
+    #: that names nothing sees contiguous inputs only. ``"any"`` for the whole field: every argument
+    #: of every op is read through its strides.
+    input_strides: ClassVar = {}
+    #: Ops whose written state buffers (pool, intermediate states) the backend reads and writes
+    #: through any strides; for the others each (slot, head) state matrix must be one dense block
+    #: (``Problem.state_tiles_contiguous``), else the ``layout`` predicate rejects the call.
+    strided_state_ops: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the backend records an autograd graph (a backward). No built-in does: with grad mode
+    #: on and an input requiring grad, they are all rejected (reason ``feature``).
+    supports_autograd: ClassVar[bool] = False
+    #: Architectures (``caps.arch``: ``sm_90``, ``sm_100``, ``gfx942``, ...) the kernels were verified
+    #: on: run there and checked against the float64 reference. None (the default): no claim, so
+    #: nothing is self-checked (the reference; plugins that do not opt in). A set: on a GPU of any
+    #: other arch the first eager call of each op and shape class first runs :meth:`self_check`
+    #: against torch-ref, and a failure disables the backend there (reason ``self_check_failed``);
+    #: during CUDA-graph capture an unchecked backend is not chosen (reason ``unverified``).
+    verified_archs: ClassVar[Optional[frozenset[str]]] = None
     # Filled in by the registry: where the backend came from.
     plugin: ClassVar[str] = "linattn"
     distribution: ClassVar[str] = "linattn"
@@ -72,8 +94,16 @@ class Backend:
 
     def predicates(self) -> list[Callable[[Problem, DeviceCapabilities], Check]]:
         """The predicates the dispatcher runs, in order. Extend with ``super().predicates() + [...]``."""
-        return [self.supports_op, self.supports_device, self.supports_toolchain,
+        return [self.supports_op, self.supports_grad, self.supports_device, self.supports_toolchain,
                 self.supports_dtype, self.supports_shape, self.supports_layout]
+
+    def supports_grad(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        if not p.requires_grad or self.supports_autograd:
+            return Check.passed()
+        return Check.failed(Reason.FEATURE, "grad mode is on and an input requires grad (e.g. an nn.Parameter "
+                            f"A_log): {self.name} runs inference only (it writes the state pool in place "
+                            "and records no autograd graph)",
+                            "call under torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
     def supports_op(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if p.op in self.ops:
@@ -113,9 +143,16 @@ class Backend:
     def supports_layout(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if p.op in ("silu_and_mul_clamp",) or p.op.endswith("gating"):
             return Check.passed()
-        if p.state_layout in self.state_layouts:
-            return Check.passed()
-        return Check.failed(Reason.LAYOUT, f"state_layout={p.state_layout!r}; supported: {_fmt(self.state_layouts)}")
+        if p.state_layout not in self.state_layouts:
+            return Check.failed(Reason.LAYOUT, f"state_layout={p.state_layout!r}; supported: {_fmt(self.state_layouts)}")
+        if not p.state_tiles_contiguous and p.op not in self.strided_state_ops:
+            return Check.failed(Reason.LAYOUT, "a written state buffer (state_pool or intermediate_states) does not "
+                                "hold each head's state matrix as one dense block (last two dims not contiguous); "
+                                f"{self.name} reads and writes {p.op}'s state tiles as dense blocks "
+                                "(any slot and head pitch)",
+                                "pass a pool whose last two dims are contiguous, or use a backend that reads "
+                                "strided tiles (torch-ref)")
+        return Check.passed()
 
     # -- ranking and running ---------------------------------------------------------------------
 
@@ -126,3 +163,39 @@ class Backend:
     def run(self, op: str, **kwargs):
         """Run ``op`` with validated, normalised keyword arguments (see the module docstring)."""
         return getattr(self, op)(**kwargs)
+
+    # -- first-call self-check on an architecture the kernels were never verified on --------------
+
+    def needs_self_check(self, p: Problem, caps: DeviceCapabilities) -> bool:
+        """Whether ``p`` on ``caps`` must pass :meth:`self_check` before this backend runs it.
+
+        Default: the backend claims :attr:`verified_archs`, the device is no CPU (CPUs run the
+        reference or the Triton interpreter, which the test suite covers on any host) and
+        ``caps.arch`` is not in the claim. The dispatcher asks once per decision; the check itself
+        runs once per process and (backend, arch, op, :meth:`self_check_class`).
+        """
+        return self.verified_archs is not None and caps.vendor != "cpu" and caps.arch not in self.verified_archs
+
+    def self_check_class(self, p: Problem) -> str:
+        """The shape class of ``p``: what this backend's kernels specialise on, so that one
+        self-check stands for every call of the class. Default:
+        :func:`linattn.dispatch.self_check.kernel_class` (dtypes, state layout, mode, head counts,
+        head dims and flags; never the batch or token counts)."""
+        from linattn.dispatch.self_check import kernel_class
+
+        return kernel_class(p)
+
+    def self_check(self, p: Problem, caps: DeviceCapabilities, device) -> Check:
+        """Run a small case of ``p``'s shape class on ``device`` (a ``torch.device``) through this
+        backend and compare it with torch-ref in float64 at ops.md's tolerances.
+
+        The dispatcher calls it eagerly (never during CUDA-graph capture), before the first user
+        call this backend would run on an unverified arch; ``caps`` is that device's capabilities
+        (a test may pass a profile such as ``sm100`` with CPU tensors). Returns a passed
+        :class:`Check` (message: the measured errors) or a failed one (reason
+        ``self_check_failed``, message: what differed); raising counts as a failure. Default:
+        :func:`linattn.dispatch.self_check.check_against_reference`.
+        """
+        from linattn.dispatch.self_check import check_against_reference
+
+        return check_against_reference(self, p, device)

@@ -540,6 +540,8 @@ class TorchRefBackend(Backend):
     dtypes = FLOAT_DTYPES
     state_dtypes = frozenset({"float32", "bfloat16", "float64"})
     state_layouts = frozenset({"vk", "kv"})
+    input_strides = "any"  # PyTorch ops read every view through its strides
+    strided_state_ops = frozenset(OPS)
 
     def rank(self, p, caps) -> int:
         return 10 if caps.vendor == "cpu" else 1000

@@ -29,6 +29,20 @@ from .base import Backend
 #: ``kernels/triton/prefill.py``; SwiGLU clamp: ``kernels/triton/silu_clamp.py``).
 TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"})
 
+_QKV_ROWS = {"q": "inner", "k": "inner", "v": "inner"}
+#: The read-only arguments the Triton launchers pass with their strides (``Backend.input_strides``):
+#: q/k/v rows, gate views (F11), the decode slot table and a dense prefill's initial state. The small
+#: per-head and per-sequence tensors (``A_log``, ``dt_bias``, ``cu_seqlens``, prefill's
+#: ``state_indices``, ``num_accepted_tokens``, ``intermediate_state_indices``) are read as
+#: contiguous, so the dispatcher copies views of them (field case F25).
+TRITON_INPUT_STRIDES = {
+    "gdn_decode": {**_QKV_ROWS, "a": "any", "b": "any", "state_indices": "any"},
+    "kda_decode": {**_QKV_ROWS, "a": "inner", "b": "any", "state_indices": "any"},
+    "gdn_prefill": {**_QKV_ROWS, "g": "any", "beta": "any", "initial_state": "any"},
+    "kda_prefill": {**_QKV_ROWS, "g": "inner", "beta": "any", "initial_state": "any"},
+    "silu_and_mul_clamp": {"x": "inner"},
+}
+
 
 def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
@@ -49,6 +63,14 @@ class TritonBackend(Backend):
     state_dtypes = frozenset({"float32", "bfloat16"})
     state_layouts = frozenset({"vk", "kv"})
     requires = ("triton",)
+    #: Run and checked against the float64 reference on an H200 (sm_90) only; Triton generates code
+    #: per arch, so on any other GPU (sm_100, sm_120, gfx942, pvc, ...) the first eager call of each
+    #: op and shape class self-checks against torch-ref first (dispatch/self_check.py). The CPU
+    #: interpreter is covered by the test suite and never self-checks (Backend.needs_self_check).
+    verified_archs = frozenset({"sm_90"})
+    input_strides = TRITON_INPUT_STRIDES
+    #: the chunked prefill's state kernel takes every pool stride; decode reads dense state tiles
+    strided_state_ops = frozenset({"gdn_prefill", "kda_prefill"})
 
     # -- predicates -------------------------------------------------------------------------------
 

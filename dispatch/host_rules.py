@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from .layouts import byte_range, overlaps_itself, state_tiles_contiguous
+
 FLOAT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
 STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float64: "float64"}
@@ -66,13 +68,18 @@ def _expect_dtype(x, name: str, allowed: dict, why: str = "") -> str:
     return dt
 
 
-def _no_broadcast_writes(x, name: str) -> None:
-    """A written tensor must not alias itself: no zero stride on a dimension of size > 1."""
-    for size, stride in zip(x.shape, x.stride()):
-        if stride == 0 and size > 1:
-            raise ValueError(f"{name} is written in place but has stride 0 on a dimension of size "
-                             f"{size} (shape {_shape(x.shape)}, strides {_shape(x.stride())}), so "
-                             f"writes would alias; pass a materialised tensor (.contiguous()).")
+def _no_self_overlap(x, name: str) -> None:
+    """A written tensor must give every element its own memory (no zero stride on a dim of size
+    > 1, no slot or head pitch smaller than what it holds): one write would change rows nobody named."""
+    if not overlaps_itself(x):
+        return
+    zero = [d for d, (size, stride) in enumerate(zip(x.shape, x.stride())) if stride == 0 and size > 1]
+    why = (f"has stride 0 on dim {zero[0]} of size {x.shape[zero[0]]}" if zero else
+           "has a pitch smaller than the block it steps over (e.g. a slot pitch below one slot)")
+    raise ValueError(f"{name} is written in place but {why}, so its elements overlap in memory (shape "
+                     f"{_shape(x.shape)}, strides {_shape(x.stride())}) and one write would change "
+                     f"entries nobody named; pass a buffer whose slots, heads and entries are disjoint "
+                     f"(e.g. a fresh torch.zeros, or a slice of one).")
 
 
 def _real(value, name: str) -> float:
@@ -290,8 +297,6 @@ def _pool(args: dict, dims: Dims) -> None:
         raise ValueError("in-place mode without indices: state_pool was given but state_indices is "
                          "None; pass state_indices [N] (int32/int64, -1 = padding) naming each "
                          "sequence's slot.")
-    if dims["writes_pool"]:
-        _no_broadcast_writes(x, "state_pool")
 
 
 def _indices(x, name: str, want: tuple, layout: str) -> None:
@@ -350,7 +355,6 @@ def _intermediate(args: dict, dims: Dims) -> None:
         raise ValueError(f"intermediate_states has {x.shape[1]} steps (shape {_shape(x.shape)}) but the "
                          f"call runs T={dims['t']} tokens; pass a buffer with steps >= T.")
     _state_tensor(args, dims, "intermediate_states", (None, None), "S, steps")
-    _no_broadcast_writes(x, "intermediate_states")
     dims["s"] = x.shape[0]
     _indices(_tensor(args, "intermediate_state_indices"), "intermediate_state_indices", (dims["n"],), "[N]")
 
@@ -409,6 +413,10 @@ def _clamp_input(args: dict, dims: Dims) -> None:
 
 
 def _same_device(args: dict, dims: Dims) -> None:
+    """Every tensor on one device, and that device able to hold data: plain ``meta`` tensors carry
+    shapes only, so a call with them is refused here, before selection (field case F31). Fake
+    tensors (``FakeTensorMode``, what ``torch.compile`` traces with) report their fake device and
+    pass; under ``torch.compile`` the ops' fake implementations give their output shapes."""
     first = None
     for name, x in args.items():
         if isinstance(x, torch.Tensor):
@@ -417,5 +425,68 @@ def _same_device(args: dict, dims: Dims) -> None:
             elif x.device != dev:
                 raise ValueError(f"all tensors must be on one device: {first} is on {dev} but {name} is "
                                  f"on {x.device}; move them with .to({str(dev)!r}).")
+    if first is not None and dev.type == "meta":
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if not isinstance(args[first], FakeTensor):
+            raise ValueError(f"the tensors are on the meta device ({first} is on {dev}): meta tensors hold "
+                             f"shapes but no data, so no backend can compute on them; allowed: tensors on a "
+                             f"real device (cpu, cuda, ...). Move them there, or for output shapes only "
+                             f"trace with torch.compile (or call torch.ops.linattn.<op> under FakeTensorMode).")
     dims["device"] = None if first is None else dev
 
+
+
+# -- host rules run for every op: written buffers and grad mode ------------------------------------
+
+def _is_fake(x: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor) or x.device.type == "meta"
+
+
+def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
+    """Buffers written in place (pool, intermediate states): no internal overlap, no overlap with any
+    other tensor argument (host-only: strides and address ranges, no sync), and whether every state
+    tile is one dense block (``Problem.state_tiles_contiguous``, a backend's layout predicate reads it).
+
+    A read-only pool (decode with ``disable_state_update``) may alias itself; its tiles still count.
+    Ranges are compared as address intervals: two interleaved buffers carved out of one allocation
+    are refused too (pass separate allocations).
+    """
+    present = [(n, args[n]) for n in written if isinstance(args.get(n), torch.Tensor)]
+    if not present:
+        return
+    dims["state_tiles_contiguous"] = all(state_tiles_contiguous(x) for _, x in present)
+    if any(_is_fake(x) for _, x in present):
+        return  # no addresses to compare (shape-only tracing)
+    for name, x in present:
+        if name != "state_pool" or dims["writes_pool"]:
+            _no_self_overlap(x, name)
+    for name, x in present:
+        lo, hi = byte_range(x)
+        if lo == hi:
+            continue
+        for other, y in args.items():
+            if other == name or not isinstance(y, torch.Tensor) or _is_fake(y):
+                continue
+            if other in written and written.index(other) < written.index(name):
+                continue  # each written pair once
+            ylo, yhi = byte_range(y)
+            if ylo < hi and lo < yhi:
+                raise ValueError(f"{name} (written in place) overlaps {other} in memory (addresses "
+                                 f"[{lo:#x}, {hi:#x}) and [{ylo:#x}, {yhi:#x})): the op would change "
+                                 f"{other} while it runs; pass {other} and {name} in separate "
+                                 f"allocations (e.g. {other}.clone()).")
+
+
+def _grad_mode(args: dict, dims: Dims) -> None:
+    """Record whether autograd would have to track this call (grad mode on and a tensor argument
+    requires grad). The dispatcher refuses such a call unless a backend declares autograd support
+    (``Backend.supports_autograd``): the ops write a pool in place and record no graph."""
+    if not torch.is_grad_enabled():
+        return
+    names = [n for n, x in args.items() if isinstance(x, torch.Tensor) and x.requires_grad]
+    if names:
+        dims["requires_grad"] = True
+        dims["grad_inputs"] = names

@@ -59,6 +59,11 @@ class Problem(BaseModel):
     disable_state_update: bool = False
     lower_bound: bool = False
     clamp_limit: bool = False
+    state_tiles_contiguous: bool = Field(True, description="every written state buffer (pool, intermediate "
+                                         "states) holds each (slot, head) state matrix as one dense block "
+                                         "(last two dims contiguous); slot and head pitch are free")
+    requires_grad: bool = Field(False, description="grad mode is on and a tensor argument requires grad "
+                                "(only a backend declaring autograd support may run it)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":

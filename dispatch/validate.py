@@ -28,12 +28,12 @@ from typing import NamedTuple
 
 from .host_rules import (FLOAT_DTYPES, GATE_DTYPES, INDEX_DTYPES, STATE_DTYPES, STATE_LAYOUTS, Dims,
                          _clamp_input, _cu_seqlens, _decode_flags, _decode_indices, _decode_qkv,
-                         _gdn_decode_gates, _gdn_gating_inputs, _gdn_prefill_gates, _intermediate,
+                         _gdn_decode_gates, _gdn_gating_inputs, _gdn_prefill_gates, _grad_mode, _intermediate,
                          _kda_decode_gates, _kda_gating_inputs, _kda_prefill_gates, _lower_bound,
                          _pool, _prefill_qkv, _prefill_state, _same_device, _scale_and_norm,
-                         _softplus, _state_layout)
-from .value_rules import (_run_value_rules, _v_cu_seqlens, _v_intermediate, _v_log_decay,
-                          _v_num_accepted, _v_state_indices)
+                         _softplus, _state_layout, _written_buffers)
+from .value_rules import (_run_value_rules, _v_cu_seqlens, _v_finite_inputs, _v_intermediate,
+                          _v_log_decay, _v_num_accepted, _v_shared_gate_params, _v_state_indices)
 
 __all__ = ["validate", "FLOAT_DTYPES", "STATE_DTYPES", "INDEX_DTYPES", "STATE_LAYOUTS"]
 
@@ -46,6 +46,7 @@ class _OpSpec(NamedTuple):
     host_rules: tuple
     value_rules: tuple
     mode: str
+    written: tuple = ()  # tensor arguments the op writes in place (never copied, alias-checked)
 
 
 _SOFTPLUS = {"softplus_beta": 1.0, "softplus_threshold": 20.0}
@@ -58,8 +59,10 @@ _PREFILL_OPT = {"state_pool": None, "state_indices": None, "initial_state": None
                 "use_qk_l2norm": True, "state_layout": "vk"}
 _DECODE_RULES = (_decode_flags, _state_layout, _pool, _decode_indices, _intermediate, _scale_and_norm,
                  _softplus)
-_DECODE_VALUES = (_v_state_indices, _v_intermediate, _v_num_accepted)
+_DECODE_VALUES = (_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params)
 _PREFILL_RULES = (_cu_seqlens, _state_layout, _pool, _prefill_state, _scale_and_norm, _same_device)
+_DECODE_WRITES = ("state_pool", "intermediate_states")
+_PREFILL_WRITES = ("state_pool",)
 _PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices, _v_log_decay)
 
 _SPECS: dict[str, _OpSpec] = {
@@ -69,17 +72,32 @@ _SPECS: dict[str, _OpSpec] = {
                           (_kda_gating_inputs, _lower_bound, _softplus, _same_device), (), "none"),
     "gdn_decode": _OpSpec(_DECODE_REQ, dict(_DECODE_OPT),
                           (_decode_qkv, _gdn_decode_gates, *_DECODE_RULES, _same_device),
-                          _DECODE_VALUES, "pool"),
+                          _DECODE_VALUES, "pool", _DECODE_WRITES),
     "kda_decode": _OpSpec(_DECODE_REQ, {**_DECODE_OPT, "lower_bound": None},
                           (_decode_qkv, _kda_decode_gates, *_DECODE_RULES, _lower_bound, _same_device),
-                          _DECODE_VALUES, "pool"),
+                          _DECODE_VALUES, "pool", _DECODE_WRITES),
     "gdn_prefill": _OpSpec(_PREFILL_REQ, dict(_PREFILL_OPT),
-                           (_prefill_qkv, _gdn_prefill_gates, *_PREFILL_RULES), _PREFILL_VALUES, "dense"),
+                           (_prefill_qkv, _gdn_prefill_gates, *_PREFILL_RULES), _PREFILL_VALUES, "dense",
+                           _PREFILL_WRITES),
     "kda_prefill": _OpSpec(_PREFILL_REQ, dict(_PREFILL_OPT),
-                           (_prefill_qkv, _kda_prefill_gates, *_PREFILL_RULES), _PREFILL_VALUES, "dense"),
+                           (_prefill_qkv, _kda_prefill_gates, *_PREFILL_RULES), _PREFILL_VALUES, "dense",
+                           _PREFILL_WRITES),
     "silu_and_mul_clamp": _OpSpec(("x",), {"limit": None}, (_clamp_input, _same_device), (), "none"),
 }
 _KEYS = {op: frozenset(s.required) | frozenset(s.defaults) for op, s in _SPECS.items()}
+#: Per op, the arguments that may be tensors and are only read (all but ``written``), in table order.
+_READ = {op: tuple(k for k in (*s.required, *s.defaults) if k not in s.written) for op, s in _SPECS.items()}
+
+
+def read_arguments(op: str) -> tuple:
+    """The arguments of ``op`` that are read but never written (``dispatch/layouts.py`` copies the
+    ones a backend cannot read through their strides)."""
+    return _READ[op]
+
+
+def written_arguments(op: str) -> tuple:
+    """The tensor arguments ``op`` writes in place (``state_pool``, ``intermediate_states``)."""
+    return _SPECS[op].written
 
 
 def _normalise(op: str, spec: _OpSpec, args: dict) -> dict:
@@ -109,10 +127,12 @@ def _signature(op: str, out: dict, dims: Dims) -> tuple:
             ("intermediate_states", get("intermediate_states") is not None),
             ("num_accepted_tokens", get("num_accepted_tokens") is not None),
             ("disable_state_update", get("disable_state_update", False)),
-            ("lower_bound", get("lower_bound") is not None), ("clamp_limit", get("limit") is not None))
+            ("lower_bound", get("lower_bound") is not None), ("clamp_limit", get("limit") is not None),
+            ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]))
 
 
-def validate(op: str, args: dict, *, check_values: bool = True) -> tuple[dict, tuple]:
+def validate(op: str, args: dict, *, check_values: bool = True,
+             check_finite: bool = False) -> tuple[dict, tuple]:
     """Check every ops.md rule for ``op``; return (normalised args, signature).
 
     Args:
@@ -130,8 +150,12 @@ def validate(op: str, args: dict, *, check_values: bool = True) -> tuple[dict, t
             The dict is not modified.
         check_values: also run the checks that read index values (one device->host sync): slot
             range, duplicate slots in a call that writes the pool, ``intermediate_state_indices``,
-            ``num_accepted_tokens`` and ``cu_seqlens``. Skipped anyway while the current CUDA
-            stream is being captured into a graph.
+            ``num_accepted_tokens``, ``cu_seqlens``, the sign of prefill's ``g`` and finite shared
+            gate parameters (``A_log``, ``dt_bias``) of decode. Skipped anyway while the current
+            CUDA stream is being captured into a graph.
+        check_finite: also refuse NaN and +-inf in every floating-point input the op reads (not
+            the pool or other written buffers), in the same single sync (one sync of its own for
+            an op without value checks). Refused during CUDA-graph capture (no sync is allowed).
 
     Returns:
         ``(kwargs, signature)``: a new dict with exactly the contract's keys, defaults filled in
@@ -157,9 +181,15 @@ def validate(op: str, args: dict, *, check_values: bool = True) -> tuple[dict, t
         raise ValueError(f"unknown op {op!r}; ops: {', '.join(_SPECS)}.")
     out = _normalise(op, spec, args)
     dims = {"n": 1, "t": 1, "h": 1, "hv": 1, "k": 0, "v": 0, "d": 0, "dtype": "float32",
-            "state_dtype": "float32", "mode": spec.mode, "max_seqlen": 0, "writes_pool": True}
+            "state_dtype": "float32", "mode": spec.mode, "max_seqlen": 0, "writes_pool": True,
+            "state_tiles_contiguous": True, "requires_grad": False}
     for rule in spec.host_rules:
         rule(out, dims)
-    if check_values and spec.value_rules:
-        _run_value_rules(spec.value_rules, out, dims)
+    _written_buffers(out, dims, spec.written)
+    _grad_mode(out, dims)
+    rules = spec.value_rules if check_values else ()
+    if check_finite:
+        rules = (*rules, _v_finite_inputs(spec.written))
+    if rules:
+        _run_value_rules(rules, out, dims, refuse_in_capture="check_finite=True" if check_finite else None)
     return out, _signature(op, out, dims)

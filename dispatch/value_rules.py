@@ -140,12 +140,55 @@ def _v_log_decay(args: dict, dims: Dims) -> list:
     return [(bad.any(), explain)]
 
 
+def _finite_probe(x: torch.Tensor, name: str, why: str) -> list:
+    if x.numel() == 0 or not x.is_floating_point():
+        return []
+    bad = ~torch.isfinite(x)
+
+    def explain():
+        pos = _position(bad)
+        raise ValueError(f"{_pos_str(name, pos)} = {float(x[pos])} is not finite; {why}")
+    return [(bad.any(), explain)]
+
+
+def _v_shared_gate_params(args: dict, dims: Dims) -> list:
+    """Decode's per-head ``A_log`` and ``dt_bias`` are shared by every sequence: a NaN or inf there
+    would poison every row's slot, so they are always checked (they are tiny)."""
+    why = ("A_log and dt_bias are shared by every sequence of the call, so a non-finite value would "
+           "poison every slot it updates; fix the model's parameters (they are never refused per row)")
+    return _finite_probe(args["A_log"], "A_log", why) + _finite_probe(args["dt_bias"], "dt_bias", why)
+
+
+def _v_finite_inputs(written: tuple) -> ValueRule:
+    """The ``check_finite=True`` rule: every floating-point tensor the op reads (not the buffers it
+    writes, whose unused rows may hold anything) is finite."""
+
+    def rule(args: dict, dims: Dims) -> list:
+        why = ("check_finite=True refuses non-finite inputs before launch; without it a non-finite "
+               "per-sequence input only reaches that sequence's outputs and slot (docs/ops-decisions.md)")
+        probes = []
+        for name, x in args.items():
+            if name not in written and isinstance(x, torch.Tensor):
+                probes += _finite_probe(x, name, why)
+        return probes
+    return rule
+
+
 # -- the single sync -----------------------------------------------------------------------------
 
-def _run_value_rules(rules: tuple, args: dict, dims: Dims) -> None:
-    """Run ``rules`` and raise the first failure in rule order; no-op inside CUDA graph capture."""
+def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: str | None = None) -> None:
+    """Run ``rules`` and raise the first failure in rule order, with one device->host sync.
+
+    Inside CUDA graph capture no sync is allowed: the rules are skipped, unless
+    ``refuse_in_capture`` names an option the caller asked for explicitly (``check_finite=True``),
+    which is then refused with a ``ValueError``.
+    """
     dev = dims.get("device")
     if dev is not None and dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if refuse_in_capture:
+            raise ValueError(f"{refuse_in_capture} needs a device->host sync, which CUDA-graph capture "
+                             f"forbids; check the inputs in an eager call before capture, or drop "
+                             f"{refuse_in_capture} for captured calls.")
         return  # no sync inside CUDA graph capture
     probes = []
     for rule in rules:

@@ -230,7 +230,9 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         gate: ``"gdn"`` (scalar gate per head) or ``"kda"`` (one gate per key channel).
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32 (last dim contiguous, else copied).
         v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
-        A_log: ``[HV]``. dt_bias: GDN ``[HV]``, KDA ``[HV, K]`` (contiguous).
+        A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, num_accepted_tokens and
+            intermediate_state_indices: contiguous (copied here if not; the public ops hand them
+            over contiguous, ``TritonBackend.input_strides``).
         state_pool: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or bf16,
             each slot contiguous; slot pitch ``stride(0)``. Updated in place.
         state_indices: ``[N]`` or ``[N, T]`` (per-token slot table), int32/int64. A row whose
@@ -250,7 +252,8 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         o: ``[N, T, HV, V]`` in q's dtype.
     Raises:
         GridLimitError: the grid does not fit the device (before launch).
-        ValueError: a head dim above 256, or a pool slot that is not contiguous.
+        ValueError: a head dim above 256, or state tiles that are not dense (the dispatcher's
+            ``layout`` predicate rejects those first, so through the public ops this never fires).
     """
     N, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -275,8 +278,11 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         q, k, v = (_inner_contiguous(t) for t in (q, k, v))
     if gate == "kda" and a.stride(-1) != 1:
         a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
-    if not dt_bias.is_contiguous():
-        dt_bias = dt_bias.contiguous()
+    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()  # read as [HV] / [HV, K] arrays
+    if num_accepted_tokens is not None:
+        num_accepted_tokens = num_accepted_tokens.contiguous()
+    if intermediate_state_indices is not None:
+        intermediate_state_indices = intermediate_state_indices.contiguous()
     per_token = state_indices.dim() == 2
     if intermediate_states is not None:
         s_inter = intermediate_states.stride()
@@ -304,46 +310,6 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
         HAS_INTER=intermediate_states is not None, HAS_INTER_IDX=inter_idx is not None,
         UPDATE_STATE=not disable_state_update,
-        **plan.constexprs, num_warps=warps,
-    )
-    return o
-    inner = (V, K) if state_layout == "vk" else (K, V)
-    if state_pool.stride(3) != 1 or state_pool.stride(2) != inner[1]:
-        raise ValueError(f"state_pool slots must be contiguous in layout {state_layout!r} "
-                         f"(shape {tuple(state_pool.shape)}, strides {tuple(state_pool.stride())}); "
-                         "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
-    q, k, v = (_inner_contiguous(t) for t in (q, k, v))
-    if gate == "kda":
-        a = _inner_contiguous(a)  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
-    dt_bias = dt_bias.contiguous()
-    per_token = state_indices.dim() == 2
-    has_inter = intermediate_states is not None
-    if has_inter:
-        if intermediate_states.stride()[3:] != (inner[1], 1):
-            raise ValueError("intermediate_states must be contiguous in its last two dims "
-                             f"(strides {tuple(intermediate_states.stride())})")
-        inter, inter_idx = intermediate_states, intermediate_state_indices
-        s_inter = (inter.stride(0), inter.stride(1), inter.stride(2))
-    else:
-        inter, inter_idx, s_inter = state_pool, None, (0, 0, 0)
-    has_na = num_accepted_tokens is not None and per_token
-    na = num_accepted_tokens if has_na else state_indices
-    _recurrent_decode_kernel[plan.grid](
-        q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices, na, inter,
-        inter_idx if inter_idx is not None else state_indices,
-        float(scale), float(softplus_beta), float(softplus_threshold),
-        float(lower_bound) if lower_bound is not None else 0.0,
-        T,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-        state_pool.stride(0), state_pool.stride(1),
-        state_indices.stride(0), state_indices.stride(1) if per_token else 0,
-        *s_inter,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-        GATE=gate, HAS_LOWER_BOUND=lower_bound is not None, USE_QK_L2NORM=bool(use_qk_l2norm),
-        STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
-        HAS_INTER=has_inter, HAS_INTER_IDX=inter_idx is not None, UPDATE_STATE=not disable_state_update,
         **plan.constexprs, num_warps=warps,
     )
     return o

@@ -175,6 +175,10 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
 
     q, k, v = _row_major(q), _row_major(k), _row_major(v)
     g = _row_major(g) if kda else g
+    # the kernels index these as plain arrays (the public ops hand them over contiguous already)
+    cu_seqlens = cu_seqlens.contiguous()
+    if state_indices is not None:
+        state_indices = state_indices.contiguous()
     # In-chunk offsets are int32 (row * token stride for 64 rows); a view whose token stride is so
     # large that this would overflow (field case F10) is copied first.
     q, k, v, g, beta = (x if x.stride(0) * CHUNK < 2**31 else x.contiguous() for x in (q, k, v, g, beta))
