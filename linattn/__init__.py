@@ -17,7 +17,7 @@ from typing import Optional
 from linattn.capabilities import DeviceCapabilities, probe
 from linattn.dispatch import Decision, NoBackendError, Problem, Reason, get_registry, last_decision, policy
 from linattn.dispatch import explain as _explain
-from linattn.ops import (BackendRunError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
+from linattn.ops import (BackendRunError, GradModeError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
                          kda_prefill, silu_and_mul_clamp)
 from linattn.presets import ModelPreset, preset, presets
 
@@ -60,7 +60,7 @@ def device_capabilities(device=None) -> DeviceCapabilities:
 
 
 __all__ = [
-    "BackendRunError", "Decision", "DeviceCapabilities", "ModelPreset", "NoBackendError", "Problem", "Reason",
+    "BackendRunError", "Decision", "GradModeError", "DeviceCapabilities", "ModelPreset", "NoBackendError", "Problem", "Reason",
     "device_capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
     "kda_prefill", "last_decision", "list_backends", "list_plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
 ]
