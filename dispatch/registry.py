@@ -2,8 +2,19 @@
 
 Built-in backends come from :mod:`linattn.backends.builtin`; external ones from the entry-point
 group ``linattn.backends``. Loading is lazy (first use), never at ``import linattn``, and never
-fails because of a plugin: a plugin that cannot be imported, targets an unsupported API version,
-or raises while registering is recorded with its status and skipped.
+fails because of a plugin: a plugin that cannot be imported (whatever it raises, ``sys.exit()``
+and other ``BaseException`` subclasses included; only ``KeyboardInterrupt`` propagates), targets an
+unsupported API version, or raises while registering is recorded with its status and skipped.
+
+Names are first come, first served: a plugin named like one already loaded (``linattn-builtin``
+included) is recorded as ``plugin_load_failed`` next to the loaded one, which it never replaces;
+a backend named like a registered one fails its plugin and leaves the registered backend alone.
+
+Concurrency: readers (selection, ``list_backends``) never lock. Writers (``add_plugin``,
+``remove_plugin``, ``mark_broken``) serialise on one lock and never mutate ``backends``,
+``plugins`` or ``broken`` in place: they build new ones and swap them in (copy-on-write), then bump
+``generation``, which invalidates the decision cache. A reader holding one of them therefore
+iterates a consistent snapshot while plugins come and go.
 
 Environment (read here, once per load): ``LINATTN_PLUGINS`` — comma-separated allow-list of
 external plugin names (entry-point names or distributions); ``LINATTN_DISABLE_PLUGINS`` —
@@ -24,6 +35,8 @@ from pydantic import BaseModel, ConfigDict
 from .hookspecs import PROJECT, SUPPORTED_API_VERSIONS, LinattnSpec
 
 ENTRY_POINT_GROUP = "linattn.backends"
+#: The name linattn's own backends register under; no other plugin may take it.
+BUILTIN_PLUGIN = "linattn-builtin"
 
 PluginStatus = Literal["loaded", "plugin_load_failed", "api_version", "disabled", "not_allowed"]
 
@@ -42,6 +55,27 @@ class PluginRecord(BaseModel):
     backends: tuple[str, ...] = ()
 
 
+class BackendTable(dict):
+    """One snapshot of the registered backends, name -> instance; never changed once installed.
+
+    ``in``, iteration, ``len`` and ``get`` see this snapshot only. Indexing a name that a later
+    :meth:`Registry.remove_plugin` removed still returns the removed instance: a decision made on an
+    older snapshot can fetch the backend it chose even if another thread removed its plugin since.
+    """
+
+    __slots__ = ("_retired",)
+
+    def __init__(self, items=(), retired: Optional[dict] = None) -> None:
+        super().__init__(items)
+        self._retired = retired if retired is not None else {}
+
+    def __missing__(self, name):
+        try:
+            return self._retired[name]
+        except KeyError:
+            raise KeyError(name) from None
+
+
 def _split_env(var: str) -> Optional[set[str]]:
     raw = os.environ.get(var)
     if raw is None or not raw.strip():
@@ -50,12 +84,22 @@ def _split_env(var: str) -> Optional[set[str]]:
 
 
 class Registry:
-    """All backends known in this process, keyed by name, and the plugin records."""
+    """All backends known in this process, keyed by name, and the plugin records.
+
+    Attributes (read freely, never mutate: see the module docstring):
+        backends: :class:`BackendTable` of backend name -> instance.
+        plugins: list of :class:`PluginRecord`, in load order.
+        broken: backend name -> error text of a failed run (remembered by name for the life of
+            this registry, across ``remove_plugin``; ``reset_registry()`` starts afresh).
+        generation: bumped by every change.
+    """
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()  # writers only; re-entrant for a plugin that registers from its hook
+        self._retired: dict[str, object] = {}  # backends removed with their plugin, for BackendTable
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(LinattnSpec)
-        self.backends: dict[str, object] = {}
+        self.backends: BackendTable = BackendTable(retired=self._retired)
         self.plugins: list[PluginRecord] = []
         self.broken: dict[str, str] = {}  # backend name -> error text from a failed run
         self.generation = 0
@@ -65,7 +109,7 @@ class Registry:
     def load(self, entry_points: bool = True) -> "Registry":
         from linattn.backends import builtin
 
-        self.add_plugin(builtin, name="linattn-builtin", distribution="linattn", version=_own_version())
+        self.add_plugin(builtin, name=BUILTIN_PLUGIN, distribution="linattn", version=_own_version())
         if entry_points:
             self._load_entry_points()
         return self
@@ -73,89 +117,165 @@ class Registry:
     def _load_entry_points(self) -> None:
         allow = _split_env("LINATTN_PLUGINS")
         deny = _split_env("LINATTN_DISABLE_PLUGINS") or set()
-        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            dist = ep.dist.name if ep.dist is not None else "?"
-            ver = ep.dist.version if ep.dist is not None else "?"
-            names = {ep.name, dist}
-            if names & deny:
-                self._record(ep.name, dist, ver, None, "disabled", "LINATTN_DISABLE_PLUGINS names it")
-                continue
-            if allow is not None and not names & allow:
-                self._record(ep.name, dist, ver, None, "not_allowed", "not in LINATTN_PLUGINS")
-                continue
-            try:
-                plugin = ep.load()
-            except BaseException as e:  # noqa: BLE001 - a plugin must never break import linattn
-                if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                    raise
-                self._record(ep.name, dist, ver, None, "plugin_load_failed", _short(e))
-                continue
-            self.add_plugin(plugin, name=ep.name, distribution=dist, version=ver)
+        try:
+            eps = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+        except Exception as e:  # noqa: BLE001 - broken installed metadata must not break linattn
+            self._record("<entry points>", "?", "?", None, "plugin_load_failed",
+                         f"reading the {ENTRY_POINT_GROUP!r} entry points failed: {_short(e)}")
+            return
+        for ep in eps:
+            self._load_entry_point(ep, allow, deny)
+
+    def _load_entry_point(self, ep, allow: Optional[set[str]], deny: set[str]) -> None:
+        """Load one entry point; whatever its import does (bar Ctrl-C) ends up in its record."""
+        name, dist, ver = _entry_point_names(ep)
+        names = {name, dist}
+        if names & deny:
+            self._record(name, dist, ver, None, "disabled", "LINATTN_DISABLE_PLUGINS names it")
+            return
+        if allow is not None and not names & allow:
+            self._record(name, dist, ver, None, "not_allowed", "not in LINATTN_PLUGINS")
+            return
+        try:
+            plugin = ep.load()
+        except BaseException as e:  # noqa: BLE001 - a plugin must never break linattn (sys.exit included)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            self._record(name, dist, ver, None, "plugin_load_failed", f"importing it raised {_short(e)}")
+            return
+        self.add_plugin(plugin, name=name, distribution=dist, version=ver)
 
     def add_plugin(self, plugin, *, name: str, distribution: str = "?", version: str = "?") -> PluginRecord:
-        """Register a plugin object or module (tests and embedders may call this directly)."""
-        api = getattr(plugin, "LINATTN_API_VERSION", None)
-        api = str(api) if api is not None else None
-        if api not in SUPPORTED_API_VERSIONS:
-            return self._record(
-                name, distribution, version, api, "api_version",
-                f"targets plugin API {api!r}; this linattn supports {sorted(SUPPORTED_API_VERSIONS)}",
-            )
+        """Register a plugin object or module (tests and embedders may call this directly).
+
+        Never raises because of the plugin (bar ``KeyboardInterrupt``): a plugin whose name is
+        taken, whose API version is not supported, or whose hook or backend classes misbehave is
+        recorded as failed and returned, and nothing of it stays registered.
+
+        Returns:
+            The plugin's new :class:`PluginRecord` (also appended to ``plugins``).
+        """
+        with self._lock:
+            taken = self._loaded(name)
+            if taken is not None:
+                return self._record(name, distribution, version, None, "plugin_load_failed", _name_taken(taken))
+            api, api_error = _api_version(plugin)
+            if api_error or api not in SUPPORTED_API_VERSIONS:
+                return self._record(
+                    name, distribution, version, api, "api_version", api_error or
+                    f"targets plugin API {api!r}; this linattn supports {sorted(SUPPORTED_API_VERSIONS)}")
+            try:
+                new = self._register(plugin, name, distribution, version)
+            except BaseException as e:  # noqa: BLE001 - SystemExit from a hook is the plugin's failure
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
+            if new:
+                self.backends = BackendTable({**self.backends, **new}, self._retired)
+            return self._record(name, distribution, version, api, "loaded", "", tuple(new))
+
+    def _register(self, plugin, name: str, distribution: str, version: str) -> dict:
+        """Register with pluggy, call the plugin's hook, build its backends (checked, not installed).
+        On any failure the plugin is unregistered again and the error propagates."""
+        self.pm.register(plugin, name=name)
         try:
-            self.pm.register(plugin, name=name)
             hook = self.pm.subset_hook_caller("linattn_register_backends", remove_plugins=[
                 p for p in self.pm.get_plugins() if p is not plugin])
             classes = [c for batch in hook() for c in (batch or [])]
-        except BaseException as e:  # noqa: BLE001
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                raise
+            return self._instantiate(classes, name, distribution, version)
+        except BaseException:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
-            return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
+            raise
+
+    def _instantiate(self, classes: list, plugin: str, distribution: str, version: str) -> dict:
+        """One instance per returned class, name -> instance; a wrong return value or a raising
+        constructor is the plugin's failure, never ours. Classes are tagged only once all passed."""
         from linattn.backends.base import Backend
 
-        names = []
-        try:  # a wrong return value or a raising constructor is the plugin's failure, never ours
-            for cls in classes:
-                if not (isinstance(cls, type) and issubclass(cls, Backend)):
-                    raise TypeError(f"linattn_register_backends returned {cls!r}, not a subclass of "
-                                    f"linattn.backends.base.Backend")
-                if cls.name in self.backends:
-                    raise ValueError(f"backend name {cls.name!r} is already registered by "
-                                     f"{type(self.backends[cls.name]).plugin!r}")
-                instance = cls()
-                cls.plugin, cls.distribution, cls.version = name, distribution, version
-                self.backends[cls.name] = instance
-                names.append(cls.name)
-        except Exception as e:  # noqa: BLE001
-            self.pm.unregister(plugin)
-            for n in names:
-                del self.backends[n]
-            return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
-        self.generation += 1
-        return self._record(name, distribution, version, api, "loaded", "", tuple(names))
+        new: dict = {}
+        for cls in classes:
+            if not (isinstance(cls, type) and issubclass(cls, Backend)):
+                raise TypeError(f"linattn_register_backends returned {_safe_repr(cls)}, not a subclass of "
+                                f"linattn.backends.base.Backend; return a list of backend classes")
+            bname = cls.name
+            if not isinstance(bname, str) or not bname or bname.startswith("plugin:"):
+                raise ValueError(f"backend class {cls.__qualname__} has name {_safe_repr(bname)}; a backend "
+                                 f"name is a non-empty string not starting with 'plugin:'")
+            if bname in self.backends or bname in new:
+                owner = self.backends[bname].plugin if bname in self.backends else "this plugin"
+                raise ValueError(f"backend name {bname!r} is already registered by {owner!r}; give "
+                                 f"{cls.__qualname__} another name")
+            new[bname] = cls()
+        for inst in new.values():
+            cls = type(inst)
+            cls.plugin, cls.distribution, cls.version = plugin, distribution, version
+        return new
+
+    def remove_plugin(self, name: str) -> PluginRecord:
+        """Unregister the loaded plugin ``name`` and its backends; drop every record of that name.
+
+        Safe while other threads dispatch: their next decision no longer sees the plugin's
+        backends, and a decision already made on the previous snapshot still runs the backend it
+        chose. ``broken`` keeps its entries (a backend that raised stays rejected by name).
+
+        Returns:
+            The removed plugin's ``loaded`` record.
+        Raises:
+            ValueError: ``name`` is the built-in plugin, or names no loaded plugin.
+        """
+        with self._lock:
+            if name == BUILTIN_PLUGIN:
+                raise ValueError(f"the built-in plugin {BUILTIN_PLUGIN!r} cannot be removed; to keep its "
+                                 f"backends out of decisions use policy(disable=...) or LINATTN_DISABLE")
+            rec = self._loaded(name)
+            if rec is None:
+                loaded = [p.name for p in self.plugins if p.status == "loaded" and p.name != BUILTIN_PLUGIN]
+                raise ValueError(f"no plugin named {name!r} is loaded; loaded plugins: "
+                                 f"{', '.join(loaded) or 'none besides the built-in'} (see `linattn plugins`)")
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+            gone = set(rec.backends)
+            self._retired.update({n: b for n, b in self.backends.items() if n in gone})
+            self.backends = BackendTable({n: b for n, b in self.backends.items() if n not in gone}, self._retired)
+            self.plugins = [p for p in self.plugins if p.name != name]
+            self.generation += 1
+            return rec
+
+    def _loaded(self, name: str) -> Optional[PluginRecord]:
+        return next((p for p in self.plugins if p.name == name and p.status == "loaded"), None)
 
     def _record(self, name, dist, ver, api, status, error="", backends=()) -> PluginRecord:
+        """Append a record. It replaces earlier records of the same name, except a ``loaded`` one:
+        a loaded plugin's record is never overwritten (a failing namesake is listed next to it)."""
         rec = PluginRecord(name=name, distribution=dist, version=ver, api_version=api, status=status,
                            error=error, backends=backends)
-        self.plugins = [p for p in self.plugins if p.name != name] + [rec]
-        self.generation += 1
+        with self._lock:
+            self.plugins = [p for p in self.plugins if p.name != name or p.status == "loaded"] + [rec]
+            self.generation += 1
         return rec
 
-    def mark_broken(self, backend: str, error: BaseException) -> None:
-        """A run raised: report the backend as ``backend_error`` from now on."""
-        self.broken[backend] = _short(error)
-        self.generation += 1
+    def mark_broken(self, backend: str, error: BaseException, *, where: bool = True) -> None:
+        """A run raised (or returned a wrong result): report the backend as ``backend_error`` from now on.
+
+        ``where=False`` leaves out the raising frame (for linattn's own result check: the frame
+        would be linattn's, not the backend's)."""
+        text = _short(error) if where else error_text(error)
+        with self._lock:
+            self.broken = {**self.broken, backend: text}
+            self.generation += 1
 
     def failed_plugins(self) -> list[PluginRecord]:
         return [p for p in self.plugins if p.status in ("plugin_load_failed", "api_version")]
 
     def probe_device(self, device):
-        """A plugin's capabilities for ``device`` (first answer wins), or None. A raising probe is
-        logged and skipped: it must not break dispatch for that device."""
+        """A plugin's capabilities for ``device`` (first answer wins), or None. A raising probe
+        (anything bar Ctrl-C) is logged and skipped: it must not break dispatch for that device."""
         try:
             return self.pm.hook.linattn_probe_device(device=device)
-        except Exception as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001
+            if isinstance(e, KeyboardInterrupt):
+                raise
             import logging
 
             logging.getLogger("linattn").warning("linattn: a plugin's linattn_probe_device raised for %s: %s; "
@@ -163,10 +283,74 @@ class Registry:
             return None
 
 
+def _name_taken(taken: PluginRecord) -> str:
+    how = ("register this one under another name" if taken.name == BUILTIN_PLUGIN else
+           f"register this one under another name, or remove_plugin({taken.name!r}) first")
+    return (f"a plugin named {taken.name!r} is already loaded (distribution {taken.distribution!r} "
+            f"{taken.version}, backends {', '.join(taken.backends) or 'none'}); {how}")
+
+
+# -- formatting what a plugin raised (it may not even format) ------------------------------------------
+
+def error_text(e: BaseException) -> str:
+    """``"Type: message"`` for any exception, never raising: ``sys.exit(code)`` reads as such, and an
+    exception whose ``str()`` itself raises is named with that failure instead of its message."""
+    kind = _type_name(e)
+    if isinstance(e, SystemExit):
+        return f"{kind}: sys.exit({_safe_repr(e.code)}) was called"
+    try:
+        msg = str(e)
+    except BaseException as inner:  # noqa: BLE001 - a plugin's __str__ is plugin code
+        if isinstance(inner, KeyboardInterrupt):
+            raise
+        return f"{kind} (its message could not be formatted: str() raised {_type_name(inner)})"
+    return f"{kind}: {msg}" if msg else kind
+
+
 def _short(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
-    return f"{type(e).__name__}: {e}{where}"
+    """:func:`error_text` plus where it was raised (the innermost frame)."""
+    try:
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+    except Exception:  # noqa: BLE001
+        where = ""
+    return f"{error_text(e)}{where}"
+
+
+def _type_name(e: BaseException) -> str:
+    try:
+        return str(type(e).__name__)
+    except Exception:  # noqa: BLE001
+        return "exception"
+
+
+def _safe_repr(x) -> str:
+    try:
+        return repr(x)
+    except Exception:  # noqa: BLE001
+        return f"<{type(x).__qualname__} object (repr raised)>"
+
+
+def _api_version(plugin) -> tuple[Optional[str], str]:
+    """(the plugin's ``LINATTN_API_VERSION`` as a string or None, error text if reading it raised)."""
+    try:
+        api = getattr(plugin, "LINATTN_API_VERSION", None)
+        return (str(api) if api is not None else None), ""
+    except BaseException as e:  # noqa: BLE001
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        return None, f"reading LINATTN_API_VERSION raised {_short(e)}"
+
+
+def _entry_point_names(ep) -> tuple[str, str, str]:
+    """(entry-point name, distribution, version), '?' for what its metadata does not say."""
+    try:
+        dist = ep.dist
+        if dist is None:
+            return str(ep.name), "?", "?"
+        return str(ep.name), str(dist.name), str(dist.version)
+    except Exception:  # noqa: BLE001 - odd metadata: still load and report it
+        return str(getattr(ep, "name", "?")), "?", "?"
 
 
 def _own_version() -> str:
@@ -176,17 +360,30 @@ def _own_version() -> str:
         return "0+unknown"
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _registry: Optional[Registry] = None
+_loading: Optional[Registry] = None
 
 
 def get_registry() -> Registry:
-    """The process-wide registry, loaded on first use."""
-    global _registry
-    if _registry is None:
-        with _lock:
-            if _registry is None:
-                _registry = Registry().load()
+    """The process-wide registry, loaded on first use.
+
+    A plugin that calls this while it is being loaded (from its import or its hook, e.g. to
+    ``add_plugin`` itself) gets the registry being loaded instead of deadlocking.
+    """
+    global _registry, _loading
+    reg = _registry
+    if reg is not None:
+        return reg
+    with _lock:
+        if _registry is None:
+            if _loading is not None:  # re-entered by a plugin from inside load() (same thread: RLock)
+                return _loading
+            _loading = Registry()
+            try:
+                _registry = _loading.load()
+            finally:
+                _loading = None
     return _registry
 
 

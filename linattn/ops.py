@@ -17,11 +17,47 @@ import torch
 from torch import Tensor
 
 from linattn.dispatch.selection import select as _select_backend
+from linattn.dispatch.layouts import conform_inputs as _conform_inputs
 from linattn.dispatch.validate import validate as _validate
+from linattn.dispatch.verdict import NoBackendError
 
 
 class BackendRunError(RuntimeError):
-    """A plugin backend raised while running; it is reported as ``backend_error`` from now on."""
+    """A plugin backend raised while running, or returned a result that breaks the op contract
+    (shape, dtype, device, tuple arity; ``dispatch/results.py``); it is rejected with reason
+    ``backend_error`` from now on, so later calls take another backend."""
+
+
+class GradModeError(RuntimeError):
+    """Grad mode is on and a tensor argument requires grad, and no backend records autograd.
+
+    linattn's ops are inference ops: they write the state pool in place and record no graph, so a
+    call that autograd would have to track is refused before anything runs, in eager mode, under
+    ``torch.compile`` and on every backend (a silent detach would hide that no gradient flows).
+    ``decision`` is the dispatcher's trace (None when raised while ``torch.compile`` traces).
+    """
+
+    def __init__(self, op: str, inputs: list, decision=None):
+        self.decision = decision
+        super().__init__(
+            f"{op}: grad mode is on and {', '.join(inputs)} require{'s' if len(inputs) == 1 else ''} grad, "
+            f"but linattn's ops are inference ops (they write the state pool in place and record no "
+            f"autograd graph; no backend that fits this call declares autograd support). Call under "
+            f"torch.no_grad() or torch.inference_mode() (e.g. around generate), or pass detached tensors.")
+
+
+def _grad_inputs(args: dict) -> list:
+    if not torch.is_grad_enabled():
+        return []
+    return [name for name, x in args.items() if isinstance(x, Tensor) and x.requires_grad]
+
+
+def _refuse_grad_while_tracing(op: str, args: dict) -> None:
+    """Under ``torch.compile`` the custom op has no autograd formula: refuse as eager mode does.
+    (With ``fullgraph=True`` Dynamo reports a raised exception as ``Unsupported``, at compile time.)"""
+    names = _grad_inputs(args)
+    if names:
+        raise GradModeError(op, names)
 
 
 def _device_of(args: dict) -> torch.device:
@@ -31,19 +67,30 @@ def _device_of(args: dict) -> torch.device:
     return torch.device("cpu")
 
 
-def _call(op: str, args: dict, backend: Optional[str], validate: bool):
-    nargs, signature = _validate(op, args, check_values=validate)
-    impl, _decision = _select_backend(op, signature, _device_of(nargs), backend or None)
+def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
+    nargs, signature = _validate(op, args, check_values=validate, check_finite=check_finite)
+    try:
+        impl, _decision = _select_backend(op, signature, _device_of(nargs), backend or None)
+    except NoBackendError as e:  # grad mode: one refusal, named after the inputs (docs/ops-decisions.md)
+        if dict(signature)["requires_grad"] and _grad_inputs(nargs):
+            raise GradModeError(op, _grad_inputs(nargs), e.decision) from e
+        raise
+    nargs = _conform_inputs(op, nargs, impl)  # strides the backend cannot read: contiguous copies
     if impl.plugin == "linattn-builtin":
         return impl.run(op, **nargs)
-    try:
-        return impl.run(op, **nargs)
-    except Exception as e:  # a plugin's failure is named and remembered, never retried silently
-        from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.registry import error_text, get_registry
+    from linattn.dispatch.results import ResultError, check_result
 
-        get_registry().mark_broken(impl.name, e)
-        raise BackendRunError(f"backend {impl.name!r} (plugin {impl.plugin!r}) raised in {op}: "
-                              f"{type(e).__name__}: {e}") from e
+    try:  # a plugin's result is checked against the op contract before the caller sees it
+        return check_result(op, nargs, impl.run(op, **nargs))
+    except BaseException as e:  # a plugin's failure is named and remembered, never retried silently
+        if isinstance(e, KeyboardInterrupt):
+            raise
+        get_registry().mark_broken(impl.name, e, where=not isinstance(e, ResultError))
+        what, detail = ("returned a wrong result", str(e)) if isinstance(e, ResultError) else ("raised", error_text(e))
+        raise BackendRunError(f"backend {impl.name!r} (plugin {impl.plugin!r}) {what} in {op}: {detail}. It is "
+                              f"rejected (backend_error) from now on, so later calls take another backend; "
+                              f"report it to the plugin's authors.") from e
 
 
 _compiling = torch.compiler.is_compiling
@@ -52,27 +99,29 @@ _compiling = torch.compiler.is_compiling
 
 
 def _gdn_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softplus_beta: float,
-                     softplus_threshold: float, backend: str, validate: bool) -> tuple[Tensor, Tensor]:
+                     softplus_threshold: float, backend: str, validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     return _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
-                                    softplus_threshold=softplus_threshold), backend, validate)
+                                    softplus_threshold=softplus_threshold), backend, validate, check_finite)
 
 
 _gdn_gating_op = torch.library.custom_op("linattn::gdn_gating", mutates_args=())(_gdn_gating_impl)
 
 
 @_gdn_gating_op.register_fake
-def _(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend, validate):
+def _(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend, validate, check_finite):
     return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
 
 
 def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus_beta: float = 1.0,
-               softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True):
+               softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
+               check_finite: bool = False):
     """GDN gates: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` (ops.md "Gating").
 
     Args:
         A_log: ``[HV]`` fp32. a, b: ``[..., HV]`` (any float dtype). dt_bias: ``[HV]``.
         softplus_beta, softplus_threshold: softplus parameters (1.0, 20.0).
         backend: force a backend by name. validate: run the value checks.
+        check_finite: refuse NaN / inf inputs before computing (one device sync).
     Returns:
         ``(g, beta)``: fp32, shapes of ``a`` and ``b``; ``g <= 0`` is a log-space decay.
     Raises:
@@ -83,29 +132,32 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         >>> round(float(beta[0, 0]), 2)
         0.5
     """
+    if _compiling():
+        _refuse_grad_while_tracing("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias))
     fn = _gdn_gating_op if _compiling() else _gdn_gating_impl
-    return fn(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate)
+    return fn(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate,
+              check_finite)
 
 
 def _kda_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower_bound: Optional[float],
                      softplus_beta: float, softplus_threshold: float, backend: str,
-                     validate: bool) -> tuple[Tensor, Tensor]:
+                     validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
     return _call("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound,
                                     softplus_beta=softplus_beta, softplus_threshold=softplus_threshold),
-                 backend, validate)
+                 backend, validate, check_finite)
 
 
 _kda_gating_op = torch.library.custom_op("linattn::kda_gating", mutates_args=())(_kda_gating_impl)
 
 
 @_kda_gating_op.register_fake
-def _(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend, validate):
+def _(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend, validate, check_finite):
     return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
 
 
 def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bound: Optional[float] = None,
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
-               validate: bool = True):
+               validate: bool = True, check_finite: bool = False):
     """KDA gates, one per key channel (ops.md "Gating"; Kimi Linear report).
 
     Args:
@@ -122,8 +174,11 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
         >>> tuple(g.shape)
         (3, 2, 8)
     """
+    if _compiling():
+        _refuse_grad_while_tracing("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias))
     fn = _kda_gating_op if _compiling() else _kda_gating_impl
-    return fn(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend or "", validate)
+    return fn(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
+              check_finite)
 
 
 # -- decode ------------------------------------------------------------------------------------------
@@ -139,13 +194,13 @@ def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_lo
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
                    num_accepted_tokens: Optional[Tensor], softplus_beta: float, softplus_threshold: float,
-                   backend: str, validate: bool) -> Tensor:
+                   backend: str, validate: bool, check_finite: bool) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
-    return _call("gdn_decode", args, backend, validate)
+    return _call("gdn_decode", args, backend, validate, check_finite)
 
 
 _gdn_decode_op = torch.library.custom_op("linattn::gdn_decode",
@@ -162,7 +217,8 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
                use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states: Optional[Tensor] = None,
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, softplus_beta: float = 1.0,
-               softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True) -> Tensor:
+               softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
+               check_finite: bool = False) -> Tensor:
     """Gated DeltaNet decode over a state pool, in place (ops.md "Ops"; Yang et al., ICLR 2025).
 
     Args:
@@ -179,7 +235,11 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         num_accepted_tokens: ``[N]`` in ``0..T`` with an ``[N, T]`` table: the state is loaded from the
             slot of token ``num_accepted_tokens[n] - 1``; 0 starts from a zero state.
         backend: force a backend. validate: run checks that sync with the device (index range,
-            duplicate slots); skipped automatically during CUDA-graph capture.
+            duplicate slots, finite ``A_log`` / ``dt_bias``); skipped automatically during
+            CUDA-graph capture.
+        check_finite: also refuse NaN / inf in any input the op reads, in the same single sync
+            (refused during CUDA-graph capture). Without it a non-finite per-sequence input (q, k,
+            v, a, b) reaches only that sequence's outputs and slot (docs/ops-decisions.md).
     Returns:
         ``o [N, T, HV, V]`` in q's dtype.
     Raises:
@@ -194,10 +254,14 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         >>> tuple(o.shape), bool(o[1].abs().sum() == 0)
         ((2, 1, 2, 8), True)
     """
+    if _compiling():
+        _refuse_grad_while_tracing("gdn_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+                                   state_indices=state_indices, intermediate_states=intermediate_states))
     fn = _gdn_decode_op if _compiling() else _gdn_decode_impl
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
-              softplus_beta, softplus_threshold, backend or "", validate)
+              softplus_beta, softplus_threshold, backend or "", validate,
+              check_finite)
 
 
 def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
@@ -205,13 +269,13 @@ def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_lo
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
                    num_accepted_tokens: Optional[Tensor], lower_bound: Optional[float], softplus_beta: float,
-                   softplus_threshold: float, backend: str, validate: bool) -> Tensor:
+                   softplus_threshold: float, backend: str, validate: bool, check_finite: bool) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
-    return _call("kda_decode", args, backend, validate)
+    return _call("kda_decode", args, backend, validate, check_finite)
 
 
 _kda_decode_op = torch.library.custom_op("linattn::kda_decode",
@@ -229,7 +293,7 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, lower_bound: Optional[float] = None,
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
-               validate: bool = True) -> Tensor:
+               validate: bool = True, check_finite: bool = False) -> Tensor:
     """Kimi Delta Attention decode over a state pool, in place (ops.md; Kimi Linear report, 2025).
 
     As :func:`gdn_decode`, with per-key-channel gates: ``a [N, T, HV, K]``, ``dt_bias [HV, K]``,
@@ -248,10 +312,14 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         >>> bool(pool[1].abs().sum() == 0)
         True
     """
+    if _compiling():
+        _refuse_grad_while_tracing("kda_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+                                   state_indices=state_indices, intermediate_states=intermediate_states))
     fn = _kda_decode_op if _compiling() else _kda_decode_impl
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
-              lower_bound, softplus_beta, softplus_threshold, backend or "", validate)
+              lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
+              check_finite)
 
 
 # -- prefill -----------------------------------------------------------------------------------------
@@ -274,18 +342,18 @@ def _make_prefill(op: str):
     def impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
              state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
              scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
-             validate: bool) -> tuple[Tensor, Tensor]:
+             validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
         args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                     state_indices=state_indices, initial_state=initial_state, scale=scale,
                     use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
-        o, final = _call(op, args, backend, validate)
+        o, final = _call(op, args, backend, validate, check_finite)
         return o, (final if final is not None else q.new_empty((0,), dtype=torch.float32))
 
     custom = torch.library.custom_op(f"linattn::{op}", mutates_args=("state_pool",))(impl)
 
     @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
-          state_layout, backend, validate):
+          state_layout, backend, validate, check_finite):
         return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
 
     return impl, custom
@@ -296,17 +364,22 @@ _kda_prefill_impl, _kda_prefill_op = _make_prefill("kda_prefill")
 
 
 def _prefill(impl, custom, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, backend, validate):
+             use_qk_l2norm, state_layout, backend, validate, check_finite):
+    if _compiling():
+        _refuse_grad_while_tracing("gdn_prefill" if custom is _gdn_prefill_op else "kda_prefill",
+                                   dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
+                                        initial_state=initial_state))
     fn = custom if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                  use_qk_l2norm, state_layout, backend or "", validate)
+                  use_qk_l2norm, state_layout, backend or "", validate, check_finite)
     return o if state_pool is not None else (o, final)
 
 
 def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
-                state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True):
+                state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
+               check_finite: bool = False):
     """Gated DeltaNet chunked prefill over varlen sequences (ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
 
     Args:
@@ -316,7 +389,8 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
             final state written back to that row in place. A negative index makes that sequence
             padding: zero output for its tokens, the pool neither read nor written.
         initial_state: **dense mode** (no pool): ``[N, HV, V, K]`` (``"vk"``) or None for zeros.
-        scale, use_qk_l2norm, state_layout, backend, validate: as in :func:`gdn_decode`.
+        scale, use_qk_l2norm, state_layout, backend, validate, check_finite: as in :func:`gdn_decode`
+            (NaN in ``g``, or ``g > 0``, is always refused when ``validate``: g is a log decay).
     Returns:
         pool mode: ``o [T, HV, V]``; dense mode: ``(o, final_state [N, HV, V, K])``.
     Raises:
@@ -331,13 +405,14 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         (2, 1, 8, 8)
     """
     return _prefill(_gdn_prefill_impl, _gdn_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate)
+                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
-                state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True):
+                state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
+               check_finite: bool = False):
     """Kimi Delta Attention chunked prefill: as :func:`gdn_prefill` with ``g [T, HV, K]`` (per key channel).
 
     Returns:
@@ -353,14 +428,14 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         (3, 1, 4)
     """
     return _prefill(_kda_prefill_impl, _kda_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate)
+                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------
 
 
-def _silu_and_mul_clamp_impl(x: Tensor, limit: Optional[float], backend: str, validate: bool) -> Tensor:
-    return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate)
+def _silu_and_mul_clamp_impl(x: Tensor, limit: Optional[float], backend: str, validate: bool, check_finite: bool) -> Tensor:
+    return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate, check_finite)
 
 
 _silu_and_mul_clamp_op = torch.library.custom_op("linattn::silu_and_mul_clamp",
@@ -368,17 +443,19 @@ _silu_and_mul_clamp_op = torch.library.custom_op("linattn::silu_and_mul_clamp",
 
 
 @_silu_and_mul_clamp_op.register_fake
-def _(x, limit, backend, validate):
+def _(x, limit, backend, validate, check_finite):
     return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
 def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Optional[str] = None,
-                       validate: bool = True) -> Tensor:
+                       validate: bool = True, check_finite: bool = False) -> Tensor:
     """SwiGLU with a clamp: ``silu(min(gate, L)) * clamp(up, -L, L)`` (ops.md; DeepSeek-V4-class MoE).
 
     Args:
         x: ``[M, 2D]`` = gate ‖ up, bf16/fp16/fp32; any ``M >= 0``, any ``D >= 1``.
         limit: None (plain ``silu(gate) * up``, bitwise) or a finite float > 0.
+        backend: force a backend. validate: unused (no value checks). check_finite: refuse NaN / inf
+            in ``x`` before computing (one device sync).
     Returns:
         ``[M, D]`` in x's dtype (``M = 0``: an empty tensor, nothing launched).
     Raises:
@@ -388,5 +465,7 @@ def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Opt
         >>> linattn.silu_and_mul_clamp(torch.tensor([[100.0, -100.0]]), 10.0)
         tensor([[-99.9955]])
     """
+    if _compiling():
+        _refuse_grad_while_tracing("silu_and_mul_clamp", dict(x=x))
     fn = _silu_and_mul_clamp_op if _compiling() else _silu_and_mul_clamp_impl
-    return fn(x, limit, backend or "", validate)
+    return fn(x, limit, backend or "", validate, check_finite)

@@ -81,6 +81,33 @@ class RaisesInRun(TorchRefBackend):
         raise RuntimeError("vendor kernel crashed")
 
 
+class Mangles(TorchRefBackend):
+    """Computes the reference, then returns ``mangle(result)``: a result that breaks the contract in
+    one known way. CPU only, ranked first. Make one with :func:`mangling`."""
+
+    vendors = frozenset({"cpu"})
+
+    @staticmethod
+    def mangle(result):
+        return result
+
+    def rank(self, p, caps) -> int:
+        return 1
+
+    def run(self, op: str, **kwargs):
+        return type(self).mangle(super().run(op, **kwargs))
+
+
+def mangling(name: str, ops, mangle=None) -> type:
+    """A :class:`Mangles` backend class named ``name`` for ``ops`` (one op name or several) that
+    returns ``mangle(reference result)`` (None: the reference result itself, a correct plugin)."""
+    ops = frozenset({ops} if isinstance(ops, str) else ops)
+    body = {"name": name, "ops": ops, "__doc__": f"{name}: mangles {', '.join(sorted(ops))} results"}
+    if mangle is not None:
+        body["mangle"] = staticmethod(mangle)
+    return type(name.replace("-", "_"), (Mangles,), body)
+
+
 def make_distribution(root: Path, dist: str, entry_points: dict[str, str], modules: dict[str, str],
                       version: str = "0.1") -> Path:
     """Write an installed-looking distribution into ``root`` (which the caller puts on sys.path).

@@ -1,0 +1,184 @@
+"""What a plugin backend's result must be, checked before the caller sees it (issue 15, F30).
+
+linattn trusts its built-in backends; a plugin's result is checked against the op contract (the
+module docstring of ``backends/base.py``, the docstrings of ``linattn/ops.py``, and
+``backends/torch_ref.py``, the reference): the tuple arity, and for each item its shape, dtype and
+device, or that it is None. What each op must return is a small table, :data:`RESULTS`, of
+functions from the validated, normalised arguments to :class:`Expect` entries.
+
+The checks read tensor metadata only: no device sync, so they are safe inside CUDA graph capture.
+A result that breaks the contract raises :class:`ResultError`; ``linattn.ops._call`` turns it into
+``BackendRunError`` and marks the backend broken, so the wrong result never reaches the caller.
+
+Dtype rules follow the reference: gates are fp32 (fp64 when an input is fp64, the oracle mode);
+``o`` is in q's (or x's) dtype; a dense prefill's final state is in ``initial_state``'s dtype, or
+fp32 without one (fp64 also when q is fp64).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["Expect", "RESULTS", "ResultError", "check_result"]
+
+
+class ResultError(RuntimeError):
+    """A backend's result breaks its op's contract; the message says what came back and what must."""
+
+
+class Expect(NamedTuple):
+    """One item of an op's result.
+
+    Attributes:
+        name: the item's name in the contract (``o``, ``final_state``, ``g``, ``beta``, ``out``).
+        dims: the contract's symbols, e.g. ``"[T, HV, V]"`` (for messages).
+        shape: the exact shape, or None when the item must be None.
+        dtypes: the dtypes allowed (the first one is the contract's).
+        device: the device it must be on (that of the call's tensors).
+        dtype_rule: where the dtype comes from, e.g. ``"q's dtype"`` (for messages; may be empty).
+    """
+
+    name: str
+    dims: str
+    shape: Optional[tuple]
+    dtypes: tuple = ()
+    device: Optional[torch.device] = None
+    dtype_rule: str = ""
+
+
+Expected = Union[Expect, tuple]  # one tensor, or a tuple of items
+
+
+# -- the table: what each op returns, from its validated arguments ------------------------------------
+
+def _fp32_unless_fp64(*tensors) -> tuple[tuple, str]:
+    """(dtypes, rule): fp32; fp64 as well when an input is fp64 (the reference computes in fp64 then)."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return (torch.float32, torch.float64), "float64 as the reference gives for float64 inputs"
+    return (torch.float32,), ""
+
+
+def _gating(args: dict) -> tuple:
+    a, b = args["a"], args["b"]
+    dtypes, rule = _fp32_unless_fp64(args["A_log"], a, b, args["dt_bias"])
+    return (Expect("g", "a's shape", tuple(a.shape), dtypes, a.device, rule),
+            Expect("beta", "b's shape", tuple(b.shape), dtypes, b.device, rule))
+
+
+def _decode(args: dict) -> Expect:
+    q, v = args["q"], args["v"]
+    shape = (q.shape[0], q.shape[1], v.shape[2], v.shape[3])
+    return Expect("o", "[N, T, HV, V]", shape, (q.dtype,), q.device, "q's dtype")
+
+
+def _prefill(args: dict) -> tuple:
+    q, v = args["q"], args["v"]
+    o = Expect("o", "[T, HV, V]", (q.shape[0], v.shape[1], v.shape[2]), (q.dtype,), q.device, "q's dtype")
+    if args["state_pool"] is not None:
+        return o, Expect("final_state", "None (pool mode: the final states are written to state_pool)", None)
+    n, hv, k, vd = args["cu_seqlens"].shape[0] - 1, v.shape[1], q.shape[2], v.shape[2]
+    vk = args["state_layout"] == "vk"
+    dims, shape = ("[N, HV, V, K]", (n, hv, vd, k)) if vk else ("[N, HV, K, V]", (n, hv, k, vd))
+    init = args["initial_state"]
+    if init is not None:
+        return o, Expect("final_state", dims, shape, (init.dtype,), q.device, "initial_state's dtype")
+    dtypes, rule = _fp32_unless_fp64(q)
+    return o, Expect("final_state", dims, shape, dtypes, q.device, rule or "no initial_state was given")
+
+
+def _clamp(args: dict) -> Expect:
+    x = args["x"]
+    return Expect("out", "[M, D]", (x.shape[0], x.shape[1] // 2), (x.dtype,), x.device, "x's dtype")
+
+
+#: op -> function of the validated arguments giving what the op must return.
+RESULTS: dict[str, Callable[[dict], Expected]] = {
+    "gdn_gating": _gating,
+    "kda_gating": _gating,
+    "gdn_decode": _decode,
+    "kda_decode": _decode,
+    "gdn_prefill": _prefill,
+    "kda_prefill": _prefill,
+    "silu_and_mul_clamp": _clamp,
+}
+
+
+# -- checking ----------------------------------------------------------------------------------------
+
+def check_result(op: str, args: dict, result):
+    """Check ``result`` of ``op`` against the contract; return it unchanged when it fits.
+
+    Args:
+        op: the op name (a key of :data:`RESULTS`).
+        args: the validated, normalised keyword arguments the backend ran with.
+        result: what the backend returned.
+    Returns:
+        ``result``.
+    Raises:
+        ResultError: wrong arity, a non-tensor, a None where a tensor is due (or the reverse), or
+            a wrong shape, dtype or device; the message names the item, what came back and what
+            the contract asks for.
+    """
+    expected = RESULTS[op](args)
+    if isinstance(expected, Expect):
+        _check_item(op, expected, result)
+        return result
+    _check_arity(op, expected, result)
+    for exp, item in zip(expected, result):
+        _check_item(op, exp, item)
+    return result
+
+
+def _check_arity(op: str, expected: tuple, result) -> None:
+    names = ", ".join(e.name for e in expected)
+    if not isinstance(result, tuple):
+        raise ResultError(f"{op} returned {_what(result)}; the contract is a tuple ({names}) of "
+                          f"{len(expected)} items")
+    if len(result) != len(expected):
+        raise ResultError(f"{op} returned a tuple of {len(result)} items; the contract is ({names}), "
+                          f"{len(expected)} items")
+
+
+def _check_item(op: str, exp: Expect, item) -> None:
+    if exp.shape is None:
+        if item is not None:
+            raise ResultError(f"{op} returned {exp.name} = {_what(item)}; the contract is {exp.dims}: "
+                              f"return None there")
+        return
+    want = _want(exp)
+    if not isinstance(item, Tensor):
+        raise ResultError(f"{op} returned {exp.name} = {_what(item)}; the contract is {want}")
+    if tuple(item.shape) != exp.shape:
+        raise ResultError(f"{op} returned {exp.name} of shape {_shape(item.shape)}; the contract is {want}")
+    if item.dtype not in exp.dtypes:
+        raise ResultError(f"{op} returned {exp.name} in {_dtype(item.dtype)}; the contract is {want}")
+    if item.device != exp.device:
+        raise ResultError(f"{op} returned {exp.name} on {item.device}; the contract is {want}")
+
+
+def _want(exp: Expect) -> str:
+    dtypes = " or ".join(_dtype(d) for d in exp.dtypes)
+    rule = f" ({exp.dtype_rule})" if exp.dtype_rule else ""
+    return (f"{exp.dims} = {_shape(exp.shape)} in {dtypes}{rule} on {exp.device} "
+            f"(backends/base.py lists every op's result)")
+
+
+def _what(x) -> str:
+    if x is None:
+        return "None"
+    if isinstance(x, Tensor):
+        return f"a tensor of shape {_shape(x.shape)}"
+    if isinstance(x, (tuple, list)):
+        return f"a {type(x).__name__} of {len(x)} items"
+    return f"a {type(x).__qualname__}"
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(int(s)) for s in shape) + ")"
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
