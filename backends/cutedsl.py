@@ -13,6 +13,12 @@ state layouts ``vk`` and ``kv``. Rank: first for prefill on SM100/SM103 (the des
 only for the shape classes in :data:`SM90_FASTER` (where H200 measurements put it ahead of
 ``triton-split``: at present none; that table says why), otherwise behind it.
 
+Verification: the kernels ran (and match the float64 reference) on SM90 only; on SM100 / SM103
+they are compile-checked. ``verified_archs = {sm_90}``, so there every op and shape class
+self-checks against torch-ref on its first eager call before any user data, ``explain`` marks the
+verdict ``verified=False`` until then, and CUDA-graph capture does not choose it before that
+(``dispatch/self_check.py``).
+
 ``nvidia-cutlass-dsl`` is imported only when a kernel is compiled, so this module imports
 without it (reason ``toolchain`` then).
 """
@@ -28,6 +34,7 @@ from linattn.kernels.cutedsl import (MIN_DSL_FOR_ARCH, MIN_DSL_VERSION, SUPPORTE
                                      SUPPORTED_V, importable, parse_version)
 
 from .base import Backend
+from .triton import TRITON_INPUT_STRIDES
 
 RANK_FIRST = 5  # ahead of triton-split (20) and torch-ref (1000)
 RANK_BEHIND = 60  # behind triton-split, ahead of the reference
@@ -68,6 +75,15 @@ class CuteDSLBackend(Backend):
     state_layouts: ClassVar[frozenset[str]] = frozenset({"vk", "kv"})
     requires: ClassVar[tuple[str, ...]] = ("cutlass_dsl", "triton")
     archs: ClassVar[tuple[str, ...]] = SUPPORTED_ARCHS
+    #: Run and checked against the float64 reference on an H200 only (sm_90; tests/gpu,
+    #: benchmarks/results). sm_100 / sm_103 are compile-checked, never run: there the first eager
+    #: call of each op and shape class self-checks against torch-ref (dispatch/self_check.py), and
+    #: a failure routes prefill to the next backend. Its rank there stays first (the design).
+    verified_archs: ClassVar[frozenset[str]] = frozenset({"sm_90"})
+    #: the Triton stages read these views as the Triton backends do; the CuTe DSL state kernel
+    #: copies a misaligned k or g itself and takes every state stride
+    input_strides: ClassVar = {op: TRITON_INPUT_STRIDES[op] for op in ("gdn_prefill", "kda_prefill")}
+    strided_state_ops: ClassVar[frozenset[str]] = frozenset({"gdn_prefill", "kda_prefill"})
 
     def predicates(self):
         ps = super().predicates()

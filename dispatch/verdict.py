@@ -33,15 +33,26 @@ class Reason(str, enum.Enum):
     PLUGIN_LOAD_FAILED = "plugin_load_failed"
     API_VERSION = "api_version"
     BACKEND_ERROR = "backend_error"  # a predicate raised
+    UNVERIFIED = "unverified"  # never verified on this arch and not yet self-checked (CUDA-graph capture)
+    SELF_CHECK_FAILED = "self_check_failed"  # its first-call self-check against torch-ref failed here
 
 
 class Accepted(BaseModel):
+    """The backend may run the problem; ``rank`` orders the accepted ones (lower runs first).
+
+    ``verified`` is False when the backend's kernels were never verified on this device's
+    architecture (``Backend.verified_archs``) and no self-check of this op and shape class has
+    passed in this process yet: the first eager call runs one against torch-ref before any user
+    data (``dispatch/self_check.py``); ``message`` says so.
+    """
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: Literal["accepted"] = "accepted"
     backend: str
     rank: int = Field(description="lower runs first")
     message: str = ""
+    verified: bool = Field(True, description="False: never verified on this arch, self-checks on its first eager call")
 
     @property
     def ok(self) -> bool:
@@ -98,6 +109,8 @@ class Decision(BaseModel):
     forced: Optional[str] = Field(None, description="the backend forced by a call, policy or env, if any")
     forced_by: Optional[str] = None
     policy: dict = Field(default_factory=dict)
+    capturing: bool = Field(False, description="decided during CUDA-graph capture (unchecked backends are "
+                                               "not chosen then: a self-check needs a sync)")
 
     def verdict(self, backend: str):
         for v in self.verdicts:
@@ -113,6 +126,8 @@ class Decision(BaseModel):
     def summary(self) -> str:
         """One line: chosen backend and why the others were not."""
         parts = [f"{self.op}: {self.chosen or 'NO BACKEND'}"]
+        if self.chosen and not self.verdict(self.chosen).verified:
+            parts.append("(unverified here: self-checks on its first eager call)")
         if self.forced:
             parts.append(f"(forced by {self.forced_by})")
         for v in self.verdicts:
@@ -130,7 +145,8 @@ class NoBackendError(RuntimeError):
         lines = [headline]
         rejected = [v for v in decision.verdicts if not v.ok]
         # actionable reasons first: the forced backend's, then shape/dtype/layout, then the rest
-        order = {Reason.SHAPE: 0, Reason.DTYPE: 0, Reason.LAYOUT: 0, Reason.FEATURE: 0, Reason.GRID_LIMIT: 1}
+        order = {Reason.SHAPE: 0, Reason.DTYPE: 0, Reason.LAYOUT: 0, Reason.FEATURE: 0, Reason.UNVERIFIED: 0,
+                 Reason.GRID_LIMIT: 1}
         rejected.sort(key=lambda v: (v.backend != decision.forced, order.get(v.reason, 2)))
         for v in rejected:
             lines.append(f"  - {v.backend}: [{v.reason.value}] {v.message}" + (f" (hint: {v.hint})" if v.hint else ""))

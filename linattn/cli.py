@@ -65,13 +65,13 @@ def _fail_usage(err: Exception, as_json: bool) -> None:
     if as_json:
         _emit_json({"error": msg, "type": type(err).__name__})
     else:
-        Console(stderr=True).print(f"[bold red]error:[/] {msg}", markup=True, highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {msg}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
 def _verdict_cells(v) -> tuple[str, str, str, str, str]:
     if v.ok:
-        return "accepted", "", v.message, "", str(v.rank)
+        return ("accepted" if v.verified else "accepted, unverified"), "", v.message, "", str(v.rank)
     return "rejected", v.reason.value, v.message, v.hint, ""
 
 
@@ -111,8 +111,9 @@ def _render_report(doc: dict, caps) -> None:
     con.print(_caps_table(caps))
     names = doc["backends"]
     t = Table(title="Verdict per op (representative problem; rank: lower runs first)", title_justify="left",
-              caption="rank N: eligible (* chosen); otherwise the reason it is not (op, device, arch, "
-                      "toolchain, dtype, shape, not_forced, ...; `linattn explain OP` gives the message and hint)",
+              caption="rank N: eligible (* chosen; unverified: never verified on this arch, self-checks "
+                      "against torch-ref on its first eager call); otherwise the reason it is not (op, device, "
+                      "arch, toolchain, dtype, shape, not_forced, ...; `linattn explain OP` gives the message and hint)",
               caption_justify="left")
     t.add_column("op", style="bold", overflow="fold")  # fold, not cut: names stay readable at 80 columns
     t.add_column("problem", overflow="fold")
@@ -126,7 +127,8 @@ def _render_report(doc: dict, caps) -> None:
                 cells.append(Text("-"))
             elif v["status"] == "accepted":
                 style = "bold green" if n == row["chosen"] else "green"
-                cells.append(Text(f"{'* ' if n == row['chosen'] else ''}rank {v['rank']}", style=style))
+                mark = "" if v.get("verified", True) else " unverified"
+                cells.append(Text(f"{'* ' if n == row['chosen'] else ''}rank {v['rank']}{mark}", style=style))
             else:
                 cells.append(Text(v["reason"], style="red"))
         t.add_row(op, row["brief"], *cells)
@@ -148,11 +150,17 @@ def _render_report(doc: dict, caps) -> None:
                 if r is None:
                     cells.append(Text("-"))
                 elif r["chosen"]:
-                    cells.append(Text(r["chosen"], style="green"))
+                    cells.append(Text(r["chosen"] + ("" if r.get("verified", True) else " (unverified)"),
+                                      style="green" if r.get("verified", True) else "yellow"))
                 else:
                     cells.append(Text("none: " + ",".join(sorted(set(r["rejected"].values()))), style="red"))
             st.add_row(model, op, *cells)
         con.print(st)
+    for u in doc.get("unverified", []):
+        con.print(Text(f"{u['backend']} for {u['op']}: {u['message']}", style="yellow"))
+    for r in doc.get("self_checks", []):
+        con.print(Text(f"self-check {'passed' if r['ok'] else 'FAILED'}: {r['backend']} {r['op']} on {r['arch']} "
+                       f"({r['shape_class']}): {r['message']}", style="green" if r["ok"] else "bold red"))
     if doc["plugin_failures"]:
         ft = Table(title="Plugin load failures", title_justify="left")
         for c in ("plugin", "distribution", "version", "status", "error"):
@@ -204,6 +212,9 @@ def _render_decision(d, prob: Problem, model: str) -> None:
     con.print(t)
     if d.chosen:
         con.print(Text.assemble(("chosen: ", "bold"), (d.chosen, "bold green")))
+        v = d.verdict(d.chosen)
+        if not v.verified:
+            con.print(Text(f"note: {v.message}", style="yellow"))
     elif d.forced:
         v = d.verdict(d.forced)
         why = f"[{v.reason.value}] {v.message}" if not v.ok else ""

@@ -257,11 +257,27 @@ def _sync(device: torch.device) -> None:
 
 
 def _resolve_device(device: Optional[str]) -> torch.device:
+    """The torch device the demo serves on; a device it cannot serve on is refused up front.
+
+    Raises:
+        DemoConfigError: not a torch device string, ``meta`` (shapes without data), or CUDA asked
+            for where torch sees none (or fewer devices than the index).
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise DemoConfigError(f"--device {device!r} is not a torch device; use --device cpu or --device cuda "
+                              f"(cuda:N for one GPU of several)") from None
+    if dev.type == "meta":
+        raise DemoConfigError("--device meta: meta tensors hold shapes but no data, so the demo cannot serve "
+                              "(or check) anything there; use --device cpu or --device cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DemoConfigError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DemoConfigError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s); "
+                              f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     return dev
 
 

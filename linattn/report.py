@@ -198,26 +198,33 @@ def build_report(profile: Optional[str] = None) -> dict:
     Returns:
         dict with ``device`` (capabilities), ``probed``, ``profile``, ``backends`` (sorted names),
         ``ops`` (op -> representative problem, chosen backend and every verdict), ``sweep`` (one row
-        per :func:`sweep_problems` entry: chosen backend and rejection reasons), ``plugins`` and
+        per :func:`sweep_problems` entry: chosen backend, whether it is ``verified`` on this arch,
+        and rejection reasons), ``unverified`` (one row per op and accepted backend whose kernels
+        were never verified on this arch: it self-checks against torch-ref on its first eager
+        call), ``self_checks`` (the self-checks run in this process), ``plugins`` and
         ``plugin_failures`` (the plugin rows whose status is not ``loaded``).
     Raises:
         UsageError: an unknown profile.
     """
     caps = resolve_target(profile)
     names = sorted(registered_backends())
-    ops = {}
+    ops, unverified = {}, []
     for op in OPS:
         prob = representative_problem(op)
         d = linattn.explain(prob, caps)
         ops[op] = {"problem": prob.model_dump(mode="json"), "brief": prob.brief(), "chosen": d.chosen,
                    "verdicts": {v.backend: v.model_dump(mode="json") for v in d.verdicts}}
+        unverified += [{"op": op, "backend": v.backend, "arch": caps.arch, "chosen": v.backend == d.chosen,
+                        "message": v.message} for v in d.verdicts if v.ok and not v.verified]
     sweep = []
     for model, op, phase, size, prob in sweep_problems():
         d = linattn.explain(prob, caps)
         sweep.append({"model": model, "op": op, "phase": phase,
                       ("batch" if phase == "decode" else "tokens"): size, "n": prob.n, "t": prob.t,
-                      "chosen": d.chosen,
+                      "chosen": d.chosen, "verified": d.chosen is None or d.verdict(d.chosen).verified,
                       "rejected": {v.backend: v.reason.value for v in d.verdicts if not v.ok}})
+    from linattn.dispatch.self_check import results as self_check_results
+
     plugins = plugin_rows()
     return {
         "device": caps.model_dump(mode="json"),
@@ -226,6 +233,8 @@ def build_report(profile: Optional[str] = None) -> dict:
         "backends": names,
         "ops": ops,
         "sweep": sweep,
+        "unverified": unverified,
+        "self_checks": [r.model_dump(mode="json") for r in self_check_results()],
         "plugins": plugins,
         "plugin_failures": [p for p in plugins if p["status"] not in ("loaded",)],
     }

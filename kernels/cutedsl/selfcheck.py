@@ -7,6 +7,11 @@ float64 token-serial reference (``backends/torch_ref.py``) for whole prefills an
 are ops.md's for bf16 inputs with fp32 state (2e-2 outputs, 1e-2 states); the state stage alone,
 whose GEMM operands are bf16, is held to 2e-2. Every check that touches a pool also asserts that
 the rows not owned by the call are bitwise unchanged.
+
+These are the sign-off checks of an arch (they ran on the H200: ``CuteDSLBackend.verified_archs``).
+On an arch that has not been signed off (sm_100 / sm_103), the dispatcher runs the small
+first-call check of :mod:`linattn.dispatch.self_check` instead, once per op and shape class,
+before any user data; run these on such a GPU to add it to ``verified_archs``.
 """
 
 from __future__ import annotations

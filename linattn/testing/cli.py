@@ -93,6 +93,21 @@ def _targets(backend: Optional[str], op: Optional[str], device: str) -> tuple[li
     return names, notes
 
 
+def _check_device(device: str) -> str:
+    """``device`` if the suite can run there; raises ValueError naming ``--device`` otherwise
+    (``meta``: shapes without data; not a torch device string)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "meta":
+        raise ValueError("--device meta: meta tensors hold shapes but no data, so no case can run or be "
+                         "compared there; use --device cpu or --device cuda")
+    return device
+
+
 def check(
     backend: Optional[str] = typer.Option(None, "--backend", help="The backend to check (default: every "
                                                                  "registered backend available on the device)."),
@@ -105,12 +120,14 @@ def check(
     """Run the conformance suite: cases from each backend's declared capabilities, compared with the
     float64 reference at the ops.md tolerances, negative cases, the pool rules.
 
-    Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument;
-    3 the backend named with --backend does not run on this device (not a pass).
+    Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument
+    (an unknown backend or op, an unreadable xfail file, a device that cannot hold data such as
+    ``meta``); 3 the backend named with --backend does not run on this device (not a pass).
     """
     err = Console(stderr=True)
     dev = device or "cpu"
     try:
+        _check_device(dev)
         if op is not None and op not in OPS:
             raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
         rules = load_xfail(xfail)
@@ -120,7 +137,7 @@ def check(
         if json_:
             typer.echo(json.dumps({"error": str(e), "type": type(e).__name__}))
         else:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2)
 
     reports: list[SuiteReport] = []
