@@ -93,7 +93,17 @@ def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_fin
                               f"report it to the plugin's authors.") from e
 
 
-_compiling = torch.compiler.is_compiling
+def _compiling() -> bool:
+    """True while ``torch.compile`` traces or a ``FakeTensorMode`` is active: then the public
+    functions go through the custom ops, whose fake implementations give the output shapes."""
+    return torch.compiler.is_compiling() or _fake_mode_active()
+
+
+def _fake_mode_active() -> bool:
+    try:
+        return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
+    except AttributeError:  # a torch without the dispatch-mode query: no fake routing
+        return False
 
 # -- gating ------------------------------------------------------------------------------------------
 

@@ -134,13 +134,13 @@ def test_under_fake_tensor_mode_a_pool_mode_prefill_returns_o_and_an_empty_place
     assert tuple(o.shape) == (TP, HV, V) and tuple(placeholder.shape) == (0,)
 
 
-@pytest.mark.xfail(strict=True, reason="the public functions call the eager implementation under FakeTensorMode "
-                                       "(validation syncs on fake tensors); routing them to the custom op when a "
-                                       "fake mode is active is a change to linattn/ops.py (reported)")
-def test_under_fake_tensor_mode_the_public_functions_return_the_output_shapes():
-    with FakeTensorMode():
-        out = linattn.gdn_decode(**_inputs("gdn_decode", "cpu"))
-    assert tuple(out.shape) == SHAPES["gdn_decode"]
+@pytest.mark.parametrize("op", ["gdn_decode", "gdn_prefill"])
+def test_under_fake_tensor_mode_the_public_functions_return_the_output_shapes(op):
+    with FakeTensorMode() as mode:
+        out = getattr(linattn, op)(**_inputs(op, "cpu"))
+    outs = out if isinstance(out, tuple) else (out,)
+    assert all(mode.is_our_fake(t) for t in outs)
+    assert _shapes(out) == SHAPES[op]
 
 
 def test_a_fullgraph_compile_of_gating_prefill_decode_and_clamp_traces_with_fakes_and_matches_eager():
