@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q triton==3.6.0 "numpy<2.4"
 	# CuTe DSL compiles its kernels for sm_90a / sm_100a on the CPU (the tests check that).
-	$(PY) -m pip install -q -e ".[dev,cutedsl,plot]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
+	$(PY) -m pip install -q -e ".[dev,cutedsl,plot,transformers]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
 	touch $(STAMP)
 
 setup: $(STAMP)

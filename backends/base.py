@@ -13,12 +13,21 @@ Op methods and their keyword arguments (shapes in ops.md):
 - ``kda_gating(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold) -> (g, beta)``
 - ``gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
   state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-  num_accepted_tokens, softplus_beta, softplus_threshold) -> o``
+  num_accepted_tokens, softplus_beta, softplus_threshold, g, beta, has_initial_state) -> o``
+  (``g``, ``beta``: feature ``precomputed_gates``, and then a, b, A_log, dt_bias are None;
+  ``has_initial_state``: feature of that name, ``[N]`` bool)
 - ``kda_decode(<as gdn_decode>, lower_bound) -> o``
 - ``gdn_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-  use_qk_l2norm, state_layout) -> (o, final_state or None)``
+  use_qk_l2norm, state_layout, has_initial_state) -> (o, final_state or None)``
+  (``has_initial_state``: feature of that name, pool mode only)
 - ``kda_prefill(<as gdn_prefill>) -> (o, final_state or None)``
 - ``silu_and_mul_clamp(x, limit) -> out``
+
+The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``) are passed
+only when the caller gives them (a backend declaring them takes them as optional keywords,
+default None), and only to a backend that declares them in :attr:`Backend.features`
+(the ``supports_features`` predicate rejects the others with reason ``feature``), so a backend
+written for the first release keeps working unchanged and is never handed an argument it would ignore.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from linattn.dispatch.verdict import Check, Reason
 
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
+#: Optional call features (``Problem`` fields) a backend must declare in ``Backend.features`` to run.
+FEATURES = ("precomputed_gates", "has_initial_state")
 
 
 def _fmt(values: Iterable) -> str:
@@ -85,6 +96,13 @@ class Backend:
     #: against torch-ref, and a failure disables the backend there (reason ``self_check_failed``);
     #: during CUDA-graph capture an unchecked backend is not chosen (reason ``unverified``).
     verified_archs: ClassVar[Optional[frozenset[str]]] = None
+    #: Optional call features the backend implements (see :data:`FEATURES`): ``precomputed_gates``
+    #: (decode from ready ``g`` / ``beta``) and ``has_initial_state`` (pool-mode mask of fresh
+    #: sequences). A call using a feature the backend does not declare is rejected (reason
+    #: ``feature``), so the dispatcher falls back. A subclass that overrides an op method must declare
+    #: the features again (its own ``features``): inherited declarations do not cover a method written
+    #: without them (:meth:`declared_features`).
+    features: ClassVar[frozenset[str]] = frozenset()
     # Filled in by the registry: where the backend came from.
     plugin: ClassVar[str] = "linattn"
     distribution: ClassVar[str] = "linattn"
@@ -94,8 +112,39 @@ class Backend:
 
     def predicates(self) -> list[Callable[[Problem, DeviceCapabilities], Check]]:
         """The predicates the dispatcher runs, in order. Extend with ``super().predicates() + [...]``."""
-        return [self.supports_op, self.supports_grad, self.supports_device, self.supports_toolchain,
-                self.supports_dtype, self.supports_shape, self.supports_layout]
+        return [self.supports_op, self.supports_grad, self.supports_features, self.supports_device,
+                self.supports_toolchain, self.supports_dtype, self.supports_shape, self.supports_layout]
+
+    def declared_features(self, op: str) -> frozenset[str]:
+        """The features that cover ``op``: the ``features`` declared by the class that defines the op
+        method, or by a subclass of it (the most derived declaration wins). A class that overrides
+        an op method without declaring ``features`` itself declares none for that op: e.g. a plugin
+        backend that subclasses torch-ref and rewrote ``gdn_decode`` with the first release's
+        arguments does not inherit torch-ref's features for it."""
+        mro = type(self).__mro__
+        owner = next((i for i, c in enumerate(mro) if op in c.__dict__), None)
+        if owner is None:
+            return frozenset(self.features)
+        for c in mro[:owner + 1]:
+            if "features" in c.__dict__:
+                return frozenset(c.__dict__["features"])
+        return frozenset()
+
+    def supports_features(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        used = [f for f in FEATURES if getattr(p, f, False)]
+        if not used:
+            return Check.passed()
+        missing = [f for f in used if f not in self.declared_features(p.op)]
+        if not missing:
+            return Check.passed()
+        what = {"precomputed_gates": "decode from precomputed gates (g=, beta= instead of a, b, A_log, dt_bias)",
+                "has_initial_state": "has_initial_state= (sequences starting from a zero state without reading "
+                                     "their slot)"}
+        return Check.failed(Reason.FEATURE, f"{p.op} with {'; '.join(what[f] for f in missing)}: {self.name} does "
+                            f"not declare {', '.join(repr(f) for f in missing)} (declared: "
+                            f"{_fmt(self.declared_features(p.op))})",
+                            "another backend runs it (e.g. torch-ref); a plugin adds the feature to its "
+                            "`features` once its op method takes the argument")
 
     def supports_grad(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if not p.requires_grad or self.supports_autograd:

@@ -84,6 +84,8 @@ class CuteDSLBackend(Backend):
     #: copies a misaligned k or g itself and takes every state stride
     input_strides: ClassVar = {op: TRITON_INPUT_STRIDES[op] for op in ("gdn_prefill", "kda_prefill")}
     strided_state_ops: ClassVar[frozenset[str]] = frozenset({"gdn_prefill", "kda_prefill"})
+    #: pool-mode has_initial_state: the state kernel skips the h0 load of a fresh sequence (HAS_INIT)
+    features: ClassVar[frozenset[str]] = frozenset({"has_initial_state"})
 
     def predicates(self):
         ps = super().predicates()
@@ -129,18 +131,20 @@ class CuteDSLBackend(Backend):
     # -- ops --------------------------------------------------------------------------------------
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
         """GDN chunked prefill (ops.md ``gdn_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("gdn", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
-                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                             has_initial_state=has_initial_state)
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
         """KDA chunked prefill (ops.md ``kda_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("kda", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
-                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                             has_initial_state=has_initial_state)
 
     @staticmethod
     def _prefill(family, *, scale, **kw):

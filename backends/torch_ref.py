@@ -238,7 +238,8 @@ def _blocks(n: int, hv: int, v: int, k: int, cd) -> range:
 
 def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
             state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-            num_accepted_tokens, softplus_beta, softplus_threshold, lower_bound, per_channel, cd):
+            num_accepted_tokens, softplus_beta, softplus_threshold, lower_bound, per_channel, cd,
+            g=None, beta=None, has_initial_state=None):
     N, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -257,15 +258,20 @@ def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use
     else:
         fresh = torch.zeros(N, dtype=torch.bool, device=dev)
         load_col = torch.zeros(N, dtype=torch.long, device=dev)
+    if has_initial_state is not None:  # False: a zero state, the slot is not read
+        fresh = fresh | ~has_initial_state.to(device=dev, dtype=torch.bool)
     load_slot = idx.gather(1, load_col[:, None]).squeeze(1) if table else idx
     rows = (load_slot >= 0).nonzero().squeeze(1)
     if rows.numel() == 0:
         return o.to(q.dtype)
 
-    gate = kda_gating_ref if per_channel else gdn_gating_ref
-    extra = {"lower_bound": lower_bound} if per_channel else {}
-    g, beta = gate(A_log, a[rows], b[rows], dt_bias, softplus_beta=softplus_beta,
-                   softplus_threshold=softplus_threshold, compute_dtype=cd, **extra)
+    if g is not None:  # precomputed gates: g floored as everywhere (G_MIN), beta as given
+        g, beta = torch.clamp(_up(g[rows], cd), min=G_MIN), _up(beta[rows], cd)
+    else:
+        gate = kda_gating_ref if per_channel else gdn_gating_ref
+        extra = {"lower_bound": lower_bound} if per_channel else {}
+        g, beta = gate(A_log, a[rows], b[rows], dt_bias, softplus_beta=softplus_beta,
+                       softplus_threshold=softplus_threshold, compute_dtype=cd, **extra)
     decay = torch.exp(g)
     qc = _prep_qk(q[rows], HV, K ** -0.5 if scale is None else scale, use_qk_l2norm, cd)
     kc = _prep_qk(k[rows], HV, None, use_qk_l2norm, cd)
@@ -285,7 +291,7 @@ def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use
         blk = slice(lo, lo + blocks.step)
         rs = rows_l[blk]
         S = torch.empty(len(rs), HV, V, K, dtype=cd, device=dev)
-        # num_accepted_tokens == 0: a zero state, nothing read from the pool
+        # num_accepted_tokens == 0 or has_initial_state False: a zero state, nothing read from the pool
         _load(S, state_pool, [None if fresh_l[n] else load_l[n] for n in rs], state_layout)
         ob = torch.empty(len(rs), T, HV, V, dtype=cd, device=dev)
         for t in range(T):
@@ -324,6 +330,11 @@ _DECODE_DOC = """
             ``state_indices[n, num_accepted_tokens[n] - 1]``; 0 = start from a zero state.
         softplus_beta, softplus_threshold: gating parameters.
         compute_dtype: float32 (token-serial fp32 accumulation) or float64 (oracle).
+        g, beta: the precomputed-gate form (then ``a, b, A_log, dt_bias`` are None): ``g`` the
+            log decay ``[N, T, HV]`` (KDA ``[N, T, HV, K]``, floored at :data:`G_MIN`), ``beta``
+            ``[N, T, HV]`` as given (already sigmoided).
+        has_initial_state: optional ``[N]`` bool: False starts that row from a zero state without
+            reading its slot (its stores are as usual).
 
     Returns:
         ``o [N, T, HV, V]`` in q's dtype; padding rows are zero.
@@ -337,22 +348,23 @@ def gdn_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, sca
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0, *,
-                   compute_dtype=torch.float32):
+                   g=None, beta=None, has_initial_state=None, compute_dtype=torch.float32):
     return _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
                    state_layout, intermediate_states, intermediate_state_indices,
                    disable_state_update, num_accepted_tokens, softplus_beta, softplus_threshold,
-                   None, False, compute_dtype)
+                   None, False, compute_dtype, g, beta, has_initial_state)
 
 
 def kda_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
-                   lower_bound=None, *, compute_dtype=torch.float32):
+                   lower_bound=None, *, g=None, beta=None, has_initial_state=None,
+                   compute_dtype=torch.float32):
     return _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
                    state_layout, intermediate_states, intermediate_state_indices,
                    disable_state_update, num_accepted_tokens, softplus_beta, softplus_threshold,
-                   lower_bound, True, compute_dtype)
+                   lower_bound, True, compute_dtype, g, beta, has_initial_state)
 
 
 gdn_decode_ref.__doc__ = ("GDN decode over a state pool (T = 1), or speculative verify (T > 1): "
@@ -381,7 +393,7 @@ kda_decode_ref.__doc__ = ("KDA decode / speculative verify: as :func:`gdn_decode
 # -- prefill ------------------------------------------------------------------------------------
 
 def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, cd):
+             use_qk_l2norm, state_layout, cd, has_initial_state=None):
     T, _, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
@@ -392,6 +404,8 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
     if pool_mode:
         slots = [int(s) for s in state_indices.tolist()]
         valid = [s >= 0 for s in slots]
+        # has_initial_state False: h0 = 0, the slot is not read (its final state is written as usual)
+        carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
         final = None
     else:
         valid = [True] * N
@@ -404,6 +418,10 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
     o = torch.zeros(T, HV, V, dtype=cd, device=dev)
     # sequences that run, longest first, so that at step t a block's running ones are a prefix
     active = sorted((n for n in range(N) if valid[n] and lens[n] > 0), key=lambda n: -lens[n])
+    if pool_mode:  # an empty fresh sequence: its final state is the zero state it starts from
+        for n in range(N):
+            if valid[n] and lens[n] == 0 and not carry[n]:
+                state_pool[slots[n]].zero_()
     if not active:
         return o.to(q.dtype), final
     qc = _prep_qk(q, HV, K ** -0.5 if scale is None else scale, use_qk_l2norm, cd)
@@ -417,7 +435,7 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
         seqs = active[lo:lo + blocks.step]
         S = torch.empty(len(seqs), HV, V, K, dtype=cd, device=dev)
         if pool_mode:
-            _load(S, state_pool, [slots[n] for n in seqs], state_layout)
+            _load(S, state_pool, [slots[n] if carry[n] else None for n in seqs], state_layout)
         else:
             _load(S, initial_state, [None if initial_state is None else n for n in seqs], state_layout)
         neg_lens = [-lens[n] for n in seqs]  # ascending
@@ -447,6 +465,8 @@ _PREFILL_DOC = """
             (zeros).
         scale: q scale (None = ``K ** -0.5``). use_qk_l2norm: l2-normalise q and k first.
         state_layout: ``"vk"`` or ``"kv"``.
+        has_initial_state: pool mode only, optional ``[N]`` bool: False starts that sequence from a
+            zero state without reading its slot; its final state is written there as usual.
         compute_dtype: float32 (token-serial fp32 accumulation) or float64 (oracle).
 
     Returns:
@@ -459,16 +479,16 @@ _PREFILL_DOC = """
 
 def gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    compute_dtype=torch.float32):
+                    has_initial_state=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state)
 
 
 def kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    compute_dtype=torch.float32):
+                    has_initial_state=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state)
 
 
 gdn_prefill_ref.__doc__ = ("GDN varlen prefill, token-serial (the oracle for chunked kernels)."
@@ -542,6 +562,7 @@ class TorchRefBackend(Backend):
     state_layouts = frozenset({"vk", "kv"})
     input_strides = "any"  # PyTorch ops read every view through its strides
     strided_state_ops = frozenset(OPS)
+    features = frozenset({"precomputed_gates", "has_initial_state"})
 
     def rank(self, p, caps) -> int:
         return 10 if caps.vendor == "cpu" else 1000
@@ -558,33 +579,39 @@ class TorchRefBackend(Backend):
     def gdn_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
-                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0):
+                   num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
+                   g=None, beta=None, has_initial_state=None):
         return gdn_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
                               use_qk_l2norm, state_layout, intermediate_states,
                               intermediate_state_indices, disable_state_update, num_accepted_tokens,
-                              softplus_beta, softplus_threshold, compute_dtype=_cd(q, state_pool))
+                              softplus_beta, softplus_threshold, g=g, beta=beta,
+                              has_initial_state=has_initial_state, compute_dtype=_cd(q, state_pool))
 
     def kda_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
-                   lower_bound=None):
+                   lower_bound=None, g=None, beta=None, has_initial_state=None):
         return kda_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
                               use_qk_l2norm, state_layout, intermediate_states,
                               intermediate_state_indices, disable_state_update, num_accepted_tokens,
-                              softplus_beta, softplus_threshold, lower_bound,
-                              compute_dtype=_cd(q, state_pool))
+                              softplus_beta, softplus_threshold, lower_bound, g=g, beta=beta,
+                              has_initial_state=has_initial_state, compute_dtype=_cd(q, state_pool))
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
+                    has_initial_state=None):
         return gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
+                               has_initial_state=has_initial_state,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
+                    has_initial_state=None):
         return kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
+                               has_initial_state=has_initial_state,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def silu_and_mul_clamp(self, *, x, limit=None):

@@ -31,13 +31,14 @@ TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill"
 
 _QKV_ROWS = {"q": "inner", "k": "inner", "v": "inner"}
 #: The read-only arguments the Triton launchers pass with their strides (``Backend.input_strides``):
-#: q/k/v rows, gate views (F11), the decode slot table and a dense prefill's initial state. The small
+#: q/k/v rows, gate views (F11; decode's precomputed g / beta as its a / b), the decode slot table and a
+#: dense prefill's initial state. ``has_initial_state`` is read as a contiguous array (copied). The small
 #: per-head and per-sequence tensors (``A_log``, ``dt_bias``, ``cu_seqlens``, prefill's
 #: ``state_indices``, ``num_accepted_tokens``, ``intermediate_state_indices``) are read as
 #: contiguous, so the dispatcher copies views of them (field case F25).
 TRITON_INPUT_STRIDES = {
-    "gdn_decode": {**_QKV_ROWS, "a": "any", "b": "any", "state_indices": "any"},
-    "kda_decode": {**_QKV_ROWS, "a": "inner", "b": "any", "state_indices": "any"},
+    "gdn_decode": {**_QKV_ROWS, "a": "any", "b": "any", "g": "any", "beta": "any", "state_indices": "any"},
+    "kda_decode": {**_QKV_ROWS, "a": "inner", "b": "any", "g": "inner", "beta": "any", "state_indices": "any"},
     "gdn_prefill": {**_QKV_ROWS, "g": "any", "beta": "any", "initial_state": "any"},
     "kda_prefill": {**_QKV_ROWS, "g": "inner", "beta": "any", "initial_state": "any"},
     "silu_and_mul_clamp": {"x": "inner"},
@@ -71,6 +72,9 @@ class TritonBackend(Backend):
     input_strides = TRITON_INPUT_STRIDES
     #: the chunked prefill's state kernel takes every pool stride; decode reads dense state tiles
     strided_state_ops = frozenset({"gdn_prefill", "kda_prefill"})
+    #: decode from precomputed gates (``GATES_PRECOMPUTED``), and has_initial_state in decode and in
+    #: the prefill's state kernel (a masked h0 load, ``HAS_INITIAL_STATE`` / ``HAS_INIT``)
+    features = frozenset({"precomputed_gates", "has_initial_state"})
 
     # -- predicates -------------------------------------------------------------------------------
 
@@ -207,13 +211,13 @@ class TritonBackend(Backend):
         return silu_and_mul_clamp(x, limit, caps=self._caps(x), layout=self.layout)
 
     def _prefill(self, family, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                 initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
+                 initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
         from linattn.kernels.triton.prefill import chunk_prefill
 
         return chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                              state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                              scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                             layout=self.layout, caps=self._caps(q))
+                             layout=self.layout, caps=self._caps(q), has_initial_state=has_initial_state)
 
     def gdn_prefill(self, **kw):
         """GDN chunked prefill, pool or dense mode (ops.md); see ``kernels/triton/prefill.py``."""

@@ -164,7 +164,59 @@ def _gate_params(args: dict, dims: Dims, kda: bool) -> None:
     _expect_dtype(dt_bias, "dt_bias", FLOAT_DTYPES)
 
 
+_RAW_GATES = ("a", "b", "A_log", "dt_bias")
+_READY_GATES = ("g", "beta")
+
+
 def _decode_gates(args: dict, dims: Dims, kda: bool) -> None:
+    """Exactly one gate form: raw (a, b, A_log, dt_bias; gating fused) or precomputed (g, beta)."""
+    raw = [n for n in _RAW_GATES if args.get(n) is not None]
+    ready = [n for n in _READY_GATES if args.get(n) is not None]
+    if raw and ready:
+        raise ValueError(f"decode got both gate forms: {', '.join(raw)} (raw gates) and {', '.join(ready)} "
+                         f"(precomputed gates); pass either a, b, A_log, dt_bias or g, beta (with a, b, "
+                         f"A_log, dt_bias passed as None), not both.")
+    if ready:
+        _decode_ready_gates(args, dims, kda)
+        return
+    missing = [n for n in _RAW_GATES if n not in raw]
+    if missing:
+        raise TypeError(f"decode is missing the gate argument{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(repr(m) for m in missing)}: pass the raw gates a, b, A_log, dt_bias, "
+                        f"or the precomputed gates g=..., beta=... (with a, b, A_log, dt_bias as None).")
+    _decode_raw_gates(args, dims, kda)
+
+
+def _decode_ready_gates(args: dict, dims: Dims, kda: bool) -> None:
+    """Gate form: g [N, T, HV] (KDA [N, T, HV, K]) fp32 log decay, beta [N, T, HV] fp32 (sigmoided)."""
+    for name in _READY_GATES:
+        if args.get(name) is None:
+            other = "beta" if name == "g" else "g"
+            raise TypeError(f"decode got {other} but not {name}: the precomputed-gate form needs both g "
+                            f"(log decay) and beta (already sigmoided).")
+    if args.get("lower_bound") is not None:
+        raise ValueError(f"lower_bound={args['lower_bound']!r} was given with precomputed gates g, beta: the "
+                         f"bound belongs to the gating (kda_gating(..., lower_bound=...)), which the gate form "
+                         f"skips; apply it when computing g, and drop lower_bound here.")
+    for name, default in (("softplus_beta", 1.0), ("softplus_threshold", 20.0)):
+        if args.get(name, default) != default:
+            raise ValueError(f"{name}={args[name]!r} was given with precomputed gates g, beta: it belongs to "
+                             f"the gating, which the gate form skips; apply it when computing g, and drop "
+                             f"{name} here.")
+    n, t, hv = dims["n"], dims["t"], dims["hv"]
+    g, beta = _tensor(args, "g"), _tensor(args, "beta")
+    if kda:
+        _expect_shape(g, "g", (n, t, hv, dims["k"]), "[N, T, HV, K]")
+    else:
+        _expect_shape(g, "g", (n, t, hv), "[N, T, HV]")
+    _expect_shape(beta, "beta", (n, t, hv), "[N, T, HV]")
+    why = " (precomputed gates are fp32, as gdn_gating / kda_gating return them)"
+    _expect_dtype(g, "g", GATE_DTYPES, why)
+    _expect_dtype(beta, "beta", GATE_DTYPES, why)
+    dims["precomputed_gates"] = True
+
+
+def _decode_raw_gates(args: dict, dims: Dims, kda: bool) -> None:
     """a [N, T, HV] (KDA [N, T, HV, K]) and b [N, T, HV]; any strides (F11)."""
     n, t, hv = dims["n"], dims["t"], dims["hv"]
     a, b = _tensor(args, "a"), _tensor(args, "b")
@@ -335,6 +387,25 @@ def _prefill_state(args: dict, dims: Dims) -> None:
         _indices(_tensor(args, "state_indices"), "state_indices", (dims["n"],), "[N]")
     elif init is not None:
         dims["state_dtype"] = _state_tensor(args, dims, "initial_state", (dims["n"],), "N")
+
+
+def _has_initial_state(args: dict, dims: Dims) -> None:
+    """has_initial_state [N] bool (pool-mode prefill and decode): False = start from a zero state
+    without reading the slot. Refused in dense-mode prefill (initial_state says it there)."""
+    x = args.get("has_initial_state")
+    if x is None:
+        return
+    x = _tensor(args, "has_initial_state")
+    if dims["mode"] != "pool":
+        raise ValueError("has_initial_state is for pool mode (state_pool + state_indices); in dense mode "
+                         "pass initial_state (None, or zeros for the sequences that start fresh) instead.")
+    if x.dtype != torch.bool:
+        raise TypeError(f"has_initial_state has dtype {x.dtype}; allowed: {{torch.bool}} (True: continue from "
+                        f"the slot's state, False: start from zeros). Convert it with .bool() or (x != 0).")
+    if tuple(x.shape) != (dims["n"],):
+        raise ValueError(f"has_initial_state must have shape [N] = [{dims['n']}] (one flag per sequence), "
+                         f"got {_shape(x.shape)}.")
+    dims["has_initial_state"] = True
 
 
 def _intermediate(args: dict, dims: Dims) -> None:

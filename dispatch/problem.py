@@ -64,6 +64,10 @@ class Problem(BaseModel):
                                          "(last two dims contiguous); slot and head pitch are free")
     requires_grad: bool = Field(False, description="grad mode is on and a tensor argument requires grad "
                                 "(only a backend declaring autograd support may run it)")
+    precomputed_gates: bool = Field(False, description="decode takes ready gates g / beta instead of a, b, "
+                                    "A_log, dt_bias (only a backend declaring the feature may run it)")
+    has_initial_state: bool = Field(False, description="a has_initial_state [N] mask is given: sequences marked "
+                                    "False start from a zero state without reading their slot")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":

@@ -54,6 +54,7 @@ DECODE_NUM_ACCEPTED = (2, 0, 3, 1, 0)
 DECODE_TABLE_P = 10
 DECODE_INTERMEDIATE = (2, -1, 0, 5, -1)
 DECODE_S = 6
+HAS_INITIAL_STATE = (True, False, True, False, True)  # prefill sequences / decode rows (False: fresh)
 GATING_ROWS = 7
 CLAMP_ROWS = 5
 FULL_PRECISION = ("float32", "float64")
@@ -96,8 +97,8 @@ def kernel_class(p: Problem) -> str:
     if p.phase == "gating":
         return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.family == "kda" else "") + (
             " lower_bound" if p.lower_bound else "")
-    flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound")
-             if getattr(p, name)]
+    flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound",
+                               "precomputed_gates", "has_initial_state") if getattr(p, name)]
     mode = f" {p.mode}" if p.phase == "prefill" else ""
     return (f"{p.dtype} state={p.state_dtype}/{p.state_layout}{mode} H={p.h} HV={p.hv} K={p.k} V={p.v}"
             + "".join(f" {f}" for f in flags))
@@ -283,6 +284,8 @@ def _prefill_case(p: Problem, gen, device):
         args["state_indices"] = torch.tensor(PREFILL_SLOTS, dtype=torch.int32)
     else:
         args["initial_state"] = (r(len(PREFILL_LENS), *_state_shape(p)) * 0.5).to(sdt)
+    if p.has_initial_state and p.mode == "pool":  # fresh sequences start from zeros, slot unread
+        args["has_initial_state"] = torch.tensor(HAS_INITIAL_STATE[:len(PREFILL_LENS)])
     return {n: x.to(device) for n, x in args.items()}, dict(state_layout=p.state_layout)
 
 
@@ -308,7 +311,16 @@ def _decode_case(p: Problem, gen, device):
     opts = dict(state_layout=p.state_layout, disable_state_update=p.disable_state_update)
     if p.lower_bound:
         opts["lower_bound"] = -5.0
-    return {n: x.to(device) for n, x in args.items()}, opts
+    if p.has_initial_state:
+        args["has_initial_state"] = torch.tensor(HAS_INITIAL_STATE[:N])
+    if p.precomputed_gates:  # the gates as the gating op gives them; the bound goes into the gating
+        from linattn.backends.torch_ref import gdn_gating_ref, kda_gating_ref
+
+        lb = opts.pop("lower_bound", None)
+        gate = kda_gating_ref if kda else gdn_gating_ref
+        g, beta = gate(args["A_log"], args["a"], args["b"], args["dt_bias"], *((lb,) if kda else ()))
+        args.update(g=g, beta=beta, a=None, b=None, A_log=None, dt_bias=None)
+    return {n: (x.to(device) if x is not None else None) for n, x in args.items()}, opts
 
 
 def _gating_case(p: Problem, gen, device):

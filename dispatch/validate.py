@@ -28,12 +28,13 @@ from typing import NamedTuple
 
 from .host_rules import (FLOAT_DTYPES, GATE_DTYPES, INDEX_DTYPES, STATE_DTYPES, STATE_LAYOUTS, Dims,
                          _clamp_input, _cu_seqlens, _decode_flags, _decode_indices, _decode_qkv,
-                         _gdn_decode_gates, _gdn_gating_inputs, _gdn_prefill_gates, _grad_mode, _intermediate,
+                         _gdn_decode_gates, _gdn_gating_inputs, _gdn_prefill_gates, _grad_mode, _has_initial_state,
+                         _intermediate,
                          _kda_decode_gates, _kda_gating_inputs, _kda_prefill_gates, _lower_bound,
                          _pool, _prefill_qkv, _prefill_state, _same_device, _scale_and_norm,
                          _softplus, _state_layout, _written_buffers)
-from .value_rules import (_run_value_rules, _v_cu_seqlens, _v_finite_inputs, _v_intermediate,
-                          _v_log_decay, _v_num_accepted, _v_shared_gate_params, _v_state_indices)
+from .value_rules import (_run_value_rules, _v_cu_seqlens, _v_decode_log_decay, _v_finite_inputs,
+                          _v_intermediate, _v_log_decay, _v_num_accepted, _v_shared_gate_params, _v_state_indices)
 
 __all__ = ["validate", "FLOAT_DTYPES", "STATE_DTYPES", "INDEX_DTYPES", "STATE_LAYOUTS"]
 
@@ -50,17 +51,22 @@ class _OpSpec(NamedTuple):
 
 
 _SOFTPLUS = {"softplus_beta": 1.0, "softplus_threshold": 20.0}
-_DECODE_REQ = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state_pool")
-_DECODE_OPT = {"state_indices": None, "scale": None, "use_qk_l2norm": True, "state_layout": "vk",
+_DECODE_REQ = ("q", "k", "v", "state_pool")
+#: decode's gates: the raw form (a, b, A_log, dt_bias) or the precomputed form (g, beta), exactly one
+#: (host rule ``_decode_gates``); has_initial_state [N] bool (pool mode, decode and prefill)
+_DECODE_OPT = {"a": None, "b": None, "A_log": None, "dt_bias": None, "g": None, "beta": None,
+               "has_initial_state": None, "state_indices": None, "scale": None, "use_qk_l2norm": True, "state_layout": "vk",
                "intermediate_states": None, "intermediate_state_indices": None,
                "disable_state_update": False, "num_accepted_tokens": None, **_SOFTPLUS}
 _PREFILL_REQ = ("q", "k", "v", "g", "beta", "cu_seqlens")
-_PREFILL_OPT = {"state_pool": None, "state_indices": None, "initial_state": None, "scale": None,
-                "use_qk_l2norm": True, "state_layout": "vk"}
-_DECODE_RULES = (_decode_flags, _state_layout, _pool, _decode_indices, _intermediate, _scale_and_norm,
-                 _softplus)
-_DECODE_VALUES = (_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params)
-_PREFILL_RULES = (_cu_seqlens, _state_layout, _pool, _prefill_state, _scale_and_norm, _same_device)
+_PREFILL_OPT = {"state_pool": None, "state_indices": None, "initial_state": None, "has_initial_state": None,
+                "scale": None, "use_qk_l2norm": True, "state_layout": "vk"}
+_DECODE_RULES = (_decode_flags, _state_layout, _pool, _decode_indices, _has_initial_state, _intermediate,
+                 _scale_and_norm, _softplus)
+_DECODE_VALUES = (_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params,
+                  _v_decode_log_decay)
+_PREFILL_RULES = (_cu_seqlens, _state_layout, _pool, _prefill_state, _has_initial_state, _scale_and_norm,
+                  _same_device)
 _DECODE_WRITES = ("state_pool", "intermediate_states")
 _PREFILL_WRITES = ("state_pool",)
 _PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices, _v_log_decay)
@@ -85,6 +91,12 @@ _SPECS: dict[str, _OpSpec] = {
     "silu_and_mul_clamp": _OpSpec(("x",), {"limit": None}, (_clamp_input, _same_device), (), "none"),
 }
 _KEYS = {op: frozenset(s.required) | frozenset(s.defaults) for op, s in _SPECS.items()}
+#: Arguments of the second release that are handed to a backend only when given (not None): a
+#: backend written before them (a v1 plugin) never sees them, and the ``features`` predicate
+#: (``backends/base.py``) rejects it for a call that uses them.
+_ONLY_WHEN_GIVEN = {"gdn_decode": ("g", "beta", "has_initial_state"),
+                    "kda_decode": ("g", "beta", "has_initial_state"),
+                    "gdn_prefill": ("has_initial_state",), "kda_prefill": ("has_initial_state",)}
 #: Per op, the arguments that may be tensors and are only read (all but ``written``), in table order.
 _READ = {op: tuple(k for k in (*s.required, *s.defaults) if k not in s.written) for op, s in _SPECS.items()}
 
@@ -128,7 +140,9 @@ def _signature(op: str, out: dict, dims: Dims) -> tuple:
             ("num_accepted_tokens", get("num_accepted_tokens") is not None),
             ("disable_state_update", get("disable_state_update", False)),
             ("lower_bound", get("lower_bound") is not None), ("clamp_limit", get("limit") is not None),
-            ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]))
+            ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]),
+            ("precomputed_gates", dims.get("precomputed_gates", False)),
+            ("has_initial_state", dims.get("has_initial_state", False)))
 
 
 def validate(op: str, args: dict, *, check_values: bool = True,
@@ -141,7 +155,8 @@ def validate(op: str, args: dict, *, check_values: bool = True,
         args: the caller's keyword arguments, named as in the op-method contract of
             ``backends/base.py``; optional ones may be missing or None. Shapes (ops.md): decode
             ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``a, b [N, T, HV]`` (KDA ``a [N, T, HV, K]``),
-            ``A_log [HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``), ``state_pool [P, HV, V, K]``
+            ``A_log [HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``) or instead precomputed ``g`` (shaped
+            as ``a``) and ``beta`` (as ``b``) fp32, ``state_pool [P, HV, V, K]``
             (``state_layout="vk"``) or ``[P, HV, K, V]`` (``"kv"``) in fp32/bf16/fp64,
             ``state_indices [N]`` or ``[N, T]`` int32/int64 (negative = padding); prefill
             ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (KDA ``[T, HV, K]``), ``beta [T, HV]``
@@ -159,7 +174,9 @@ def validate(op: str, args: dict, *, check_values: bool = True,
 
     Returns:
         ``(kwargs, signature)``: a new dict with exactly the contract's keys, defaults filled in
-        (``scale`` a Python float, ``K ** -0.5`` by default; ``state_layout`` ``"vk"``; ...), and a
+        (``scale`` a Python float, ``K ** -0.5`` by default; ``state_layout`` ``"vk"``; ...; the
+        second release's optional arguments, decode's ``g`` / ``beta`` and ``has_initial_state``,
+        only when given, so a first-release backend never sees them), and a
         hashable tuple of ``(field, value)`` pairs with ``Problem(**dict(signature))`` valid.
 
     Raises:
@@ -192,4 +209,7 @@ def validate(op: str, args: dict, *, check_values: bool = True,
         rules = (*rules, _v_finite_inputs(spec.written))
     if rules:
         _run_value_rules(rules, out, dims, refuse_in_capture="check_finite=True" if check_finite else None)
+    for key in _ONLY_WHEN_GIVEN.get(op, ()):
+        if out[key] is None:
+            del out[key]
     return out, _signature(op, out, dims)

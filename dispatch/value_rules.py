@@ -140,6 +140,12 @@ def _v_log_decay(args: dict, dims: Dims) -> list:
     return [(bad.any(), explain)]
 
 
+def _v_decode_log_decay(args: dict, dims: Dims) -> list:
+    """Decode's precomputed ``g`` (gate form) is a log decay like prefill's: ``g <= 0``, not NaN.
+    ``beta`` is not range-checked (OLMo's configuration passes beta in (0, 2))."""
+    return [] if args.get("g") is None else _v_log_decay(args, dims)
+
+
 def _finite_probe(x: torch.Tensor, name: str, why: str) -> list:
     if x.numel() == 0 or not x.is_floating_point():
         return []
@@ -154,6 +160,8 @@ def _finite_probe(x: torch.Tensor, name: str, why: str) -> list:
 def _v_shared_gate_params(args: dict, dims: Dims) -> list:
     """Decode's per-head ``A_log`` and ``dt_bias`` are shared by every sequence: a NaN or inf there
     would poison every row's slot, so they are always checked (they are tiny)."""
+    if args.get("A_log") is None:  # the precomputed-gate form: no shared gate parameters
+        return []
     why = ("A_log and dt_bias are shared by every sequence of the call, so a non-finite value would "
            "poison every slot it updates; fix the model's parameters (they are never refused per row)")
     return _finite_probe(args["A_log"], "A_log", why) + _finite_probe(args["dt_bias"], "dt_bias", why)

@@ -199,17 +199,20 @@ def _decode_fake(q, v):
     return q.new_empty((N, T, v.shape[2], v.shape[3]))
 
 
-def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+                   A_log: Optional[Tensor], dt_bias: Optional[Tensor],
                    state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
                    num_accepted_tokens: Optional[Tensor], softplus_beta: float, softplus_threshold: float,
-                   backend: str, validate: bool, check_finite: bool) -> Tensor:
+                   backend: str, validate: bool, check_finite: bool, g: Optional[Tensor] = None,
+                   beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, g=g, beta=beta,
+                has_initial_state=has_initial_state)
     return _call("gdn_decode", args, backend, validate, check_finite)
 
 
@@ -222,18 +225,21 @@ def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
     return _decode_fake(q, v)
 
 
-def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+               A_log: Optional[Tensor], dt_bias: Optional[Tensor],
                state_pool: Tensor, state_indices: Tensor, *, scale: Optional[float] = None,
                use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states: Optional[Tensor] = None,
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, softplus_beta: float = 1.0,
                softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
-               check_finite: bool = False) -> Tensor:
+               check_finite: bool = False, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
+               has_initial_state: Optional[Tensor] = None) -> Tensor:
     """Gated DeltaNet decode over a state pool, in place (ops.md "Ops"; Yang et al., ICLR 2025).
 
     Args:
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32. v: ``[N, T, HV, V]`` (``HV % H == 0``, GVA).
         a, b: ``[N, T, HV]`` raw gate inputs; A_log, dt_bias: ``[HV]`` (gating fused, fp32 inside).
+            All four None for the precomputed-gate form (``g=``, ``beta=``, below).
         state_pool: ``[P, HV, V, K]`` (``state_layout="vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or
             bf16; updated in place at the rows named by ``state_indices``; slot pitch ``stride(0)``.
         state_indices: ``[N]`` int32/int64 slots (negative = padding: zero output, pool untouched),
@@ -250,6 +256,15 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
         check_finite: also refuse NaN / inf in any input the op reads, in the same single sync
             (refused during CUDA-graph capture). Without it a non-finite per-sequence input (q, k,
             v, a, b) reaches only that sequence's outputs and slot (docs/ops-decisions.md).
+        g, beta: decode from precomputed gates (FLA's and transformers' form), with a, b, A_log,
+            dt_bias passed as None: ``g`` fp32 ``[N, T, HV]`` log decay (floored at -1000; ``g > 0``
+            or NaN refused when ``validate``), ``beta`` fp32 ``[N, T, HV]`` already sigmoided (not
+            range-checked: OLMo passes (0, 2)). Exactly one gate form; softplus_beta / threshold
+            must stay at their defaults then. Everything else (pool, padding, table, verify,
+            layouts) is unchanged; equals the raw form fed :func:`gdn_gating`'s outputs.
+        has_initial_state: optional ``[N]`` bool (None = all True): False starts that row from a
+            zero state without reading its slot (stale or NaN contents are irrelevant); its states
+            are stored as usual. A negative index stays padding. vLLM's name for the same mask.
     Returns:
         ``o [N, T, HV, V]`` in q's dtype.
     Raises:
@@ -266,25 +281,30 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
     """
     if _compiling():
         _refuse_grad_while_tracing("gdn_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                                   state_indices=state_indices, intermediate_states=intermediate_states))
+                                   state_indices=state_indices, intermediate_states=intermediate_states,
+                                   g=g, beta=beta))
     fn = _gdn_decode_op if _compiling() else _gdn_decode_impl
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite)
+              check_finite, g, beta, has_initial_state)
 
 
-def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+                   A_log: Optional[Tensor], dt_bias: Optional[Tensor],
                    state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
                    state_layout: str, intermediate_states: Optional[Tensor],
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
                    num_accepted_tokens: Optional[Tensor], lower_bound: Optional[float], softplus_beta: float,
-                   softplus_threshold: float, backend: str, validate: bool, check_finite: bool) -> Tensor:
+                   softplus_threshold: float, backend: str, validate: bool, check_finite: bool,
+                   g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
+                   has_initial_state: Optional[Tensor] = None) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+                lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
+                g=g, beta=beta, has_initial_state=has_initial_state)
     return _call("kda_decode", args, backend, validate, check_finite)
 
 
@@ -297,17 +317,21 @@ def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
     return _decode_fake(q, v)
 
 
-def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
+               A_log: Optional[Tensor], dt_bias: Optional[Tensor],
                state_pool: Tensor, state_indices: Tensor, *, scale: Optional[float] = None,
                use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states: Optional[Tensor] = None,
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, lower_bound: Optional[float] = None,
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
-               validate: bool = True, check_finite: bool = False) -> Tensor:
+               validate: bool = True, check_finite: bool = False, g: Optional[Tensor] = None,
+               beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None) -> Tensor:
     """Kimi Delta Attention decode over a state pool, in place (ops.md; Kimi Linear report, 2025).
 
     As :func:`gdn_decode`, with per-key-channel gates: ``a [N, T, HV, K]``, ``dt_bias [HV, K]``,
-    ``A_log [HV]``, and ``lower_bound`` (None, or e.g. -5.0 for the bounded gate).
+    ``A_log [HV]``, and ``lower_bound`` (None, or e.g. -5.0 for the bounded gate). The
+    precomputed-gate form takes ``g [N, T, HV, K]`` and ``beta [N, T, HV]`` fp32 (a ``lower_bound`` is
+    refused there: apply it in :func:`kda_gating`); ``has_initial_state`` as in :func:`gdn_decode`.
 
     Returns:
         ``o [N, T, HV, V]`` in q's dtype.
@@ -324,12 +348,13 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Ten
     """
     if _compiling():
         _refuse_grad_while_tracing("kda_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                                   state_indices=state_indices, intermediate_states=intermediate_states))
+                                   state_indices=state_indices, intermediate_states=intermediate_states,
+                                   g=g, beta=beta))
     fn = _kda_decode_op if _compiling() else _kda_decode_impl
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite)
+              check_finite, g, beta, has_initial_state)
 
 
 # -- prefill -----------------------------------------------------------------------------------------
@@ -352,10 +377,12 @@ def _make_prefill(op: str):
     def impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
              state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
              scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
-             validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
+             validate: bool, check_finite: bool,
+             has_initial_state: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                     state_indices=state_indices, initial_state=initial_state, scale=scale,
-                    use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+                    use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                    has_initial_state=has_initial_state)
         o, final = _call(op, args, backend, validate, check_finite)
         return o, (final if final is not None else q.new_empty((0,), dtype=torch.float32))
 
@@ -363,7 +390,7 @@ def _make_prefill(op: str):
 
     @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
-          state_layout, backend, validate, check_finite):
+          state_layout, backend, validate, check_finite, has_initial_state=None):
         return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
 
     return impl, custom
@@ -374,14 +401,14 @@ _kda_prefill_impl, _kda_prefill_op = _make_prefill("kda_prefill")
 
 
 def _prefill(impl, custom, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, backend, validate, check_finite):
+             use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None):
     if _compiling():
         _refuse_grad_while_tracing("gdn_prefill" if custom is _gdn_prefill_op else "kda_prefill",
                                    dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
                                         initial_state=initial_state))
     fn = custom if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                  use_qk_l2norm, state_layout, backend or "", validate, check_finite)
+                  use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state)
     return o if state_pool is not None else (o, final)
 
 
@@ -389,7 +416,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
-               check_finite: bool = False):
+                check_finite: bool = False, has_initial_state: Optional[Tensor] = None):
     """Gated DeltaNet chunked prefill over varlen sequences (ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
 
     Args:
@@ -399,6 +426,10 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
             final state written back to that row in place. A negative index makes that sequence
             padding: zero output for its tokens, the pool neither read nor written.
         initial_state: **dense mode** (no pool): ``[N, HV, V, K]`` (``"vk"``) or None for zeros.
+        has_initial_state: pool mode only, optional ``[N]`` bool (None = all True): False starts that
+            sequence from a zero state without reading its slot (whatever it holds, NaN included)
+            and writes its final state there; fused in the kernels (no zeroing pass). Dense mode:
+            ``ValueError`` (pass initial_state).
         scale, use_qk_l2norm, state_layout, backend, validate, check_finite: as in :func:`gdn_decode`
             (NaN in ``g``, or ``g > 0``, is always refused when ``validate``: g is a log decay).
     Returns:
@@ -415,15 +446,17 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         (2, 1, 8, 8)
     """
     return _prefill(_gdn_prefill_impl, _gdn_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite)
+                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
+                    has_initial_state)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
-               check_finite: bool = False):
-    """Kimi Delta Attention chunked prefill: as :func:`gdn_prefill` with ``g [T, HV, K]`` (per key channel).
+                check_finite: bool = False, has_initial_state: Optional[Tensor] = None):
+    """Kimi Delta Attention chunked prefill: as :func:`gdn_prefill` with ``g [T, HV, K]`` (per key channel),
+    ``has_initial_state`` included.
 
     Returns:
         pool mode: ``o [T, HV, V]``; dense mode: ``(o, final_state)``.
@@ -438,7 +471,8 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         (3, 1, 4)
     """
     return _prefill(_kda_prefill_impl, _kda_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite)
+                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
+                    has_initial_state)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------

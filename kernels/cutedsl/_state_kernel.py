@@ -21,9 +21,10 @@ sums), so strongly negative gates lose no precision. Loads of W, U, K (and KDA's
 next chunk are issued with ``cp.async`` while the current chunk computes (two stages); rows past
 the end of the sequence are zero-filled, never read.
 
-Initial state: pool mode reads ``state_pool[state_indices[n]]`` and stores the final state to the
-same row; a negative index reads nothing (zero state), stores nothing, and writes zero ``vn`` and
-``hbuf`` for the sequence, so the output stage gives the zero output ops.md asks of padding. Dense mode reads
+Initial state: pool mode reads ``state_pool[state_indices[n]]`` (unless ``has_initial_state[n]`` is
+False: then a zero state, the slot not read) and stores the final state to the same row; a
+negative index reads nothing (zero state), stores nothing, and writes zero ``vn`` and ``hbuf`` for
+the sequence, so the output stage gives the zero output ops.md asks of padding. Dense mode reads
 ``initial_state[n]`` (or zeros) and writes ``final_state[n]``. Both modes run the same
 instructions on the same data, so they agree bitwise. All token-row, chunk and pool offsets are
 64-bit.
@@ -48,12 +49,15 @@ class StateKernel:
         kda: per-channel gates (KDA) instead of one gate per value head (GDN).
         pool: pool mode (h0 from and ht to ``state_pool[state_indices[n]]``).
         has_h0: dense mode with an initial state (ignored in pool mode).
+        has_init: pool mode with a ``has_initial_state [N]`` byte mask: 0 = a zero h0, the slot
+            not read (the final state is stored as usual).
     """
 
-    def __init__(self, K: int, V: int, BV: int, kda: bool, pool: bool, has_h0: bool):
+    def __init__(self, K: int, V: int, BV: int, kda: bool, pool: bool, has_h0: bool, has_init: bool = False):
         assert K % 16 == 0 and V % BV == 0 and BV % 16 == 0
         self.K, self.V, self.BV = K, V, BV
         self.kda, self.pool, self.has_h0 = kda, pool, has_h0
+        self.has_init = has_init and pool
         self.NW = BV // 16
         self.NT = 32 * self.NW
         self.PK = K + 8  # padded smem row pitch (elements) of the W and K tiles
@@ -69,6 +73,7 @@ class StateKernel:
         k_ptr: cute.Pointer, g_ptr: cute.Pointer, w_ptr: cute.Pointer, u_ptr: cute.Pointer,
         rk_ptr: cute.Pointer, cu_ptr: cute.Pointer, coff_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         h0_ptr: cute.Pointer, ht_ptr: cute.Pointer, hbuf_ptr: cute.Pointer, vn_ptr: cute.Pointer,
+        hinit_ptr: cute.Pointer,
         skt: Int64, skh: Int64, sgt: Int64, sgh: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
@@ -102,7 +107,7 @@ class StateKernel:
         nvb = self.V // BV
         self.kernel(
             k_ptr, g_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr, coff_ptr, sidx_ptr, h0_ptr, ht_ptr,
-            hbuf_ptr, vn_ptr, skt, skh, sgt, sgh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
+            hbuf_ptr, vn_ptr, hinit_ptr, skt, skh, sgt, sgh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
             N, HV, GROUP, tiled_mma, copy_wk, copy_u, store_v, copy_g, g2s4,
         ).launch(grid=[N * HV * nvb, 1, 1], block=[NT, 1, 1], stream=stream)
 
@@ -113,6 +118,7 @@ class StateKernel:
         k_ptr: cute.Pointer, g_ptr: cute.Pointer, w_ptr: cute.Pointer, u_ptr: cute.Pointer,
         rk_ptr: cute.Pointer, cu_ptr: cute.Pointer, coff_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         h0_ptr: cute.Pointer, ht_ptr: cute.Pointer, hbuf_ptr: cute.Pointer, vn_ptr: cute.Pointer,
+        hinit_ptr: cute.Pointer,
         skt: Int64, skh: Int64, sgt: Int64, sgh: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
@@ -202,11 +208,21 @@ class StateKernel:
             live = slot >= 0
             # padding: Vn (hence the state and hbuf) stays zero, so the output stage writes zeros
             keep = Float32(cutlass.select_(live, Float32(1.0), Float32(0.0)))
-            if live:
-                h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                      cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-                for i in cutlass.range_constexpr(cute.size(acc_S)):
-                    acc_S[i] = Float32(h0[tScS[i]])
+            if const_expr(self.has_init):  # has_initial_state[n] == 0: a zero h0, the slot is not read
+                mhinit = cute.make_tensor(hinit_ptr, cute.make_layout(N))
+                carry = Int32(mhinit[i_n])
+                if live:
+                    if carry != 0:
+                        h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                                              cute.make_layout((BV, K), stride=(s0_v, s0_k)))
+                        for i in cutlass.range_constexpr(cute.size(acc_S)):
+                            acc_S[i] = Float32(h0[tScS[i]])
+            else:  # the code measured on the H200, unchanged
+                if live:
+                    h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                                          cute.make_layout((BV, K), stride=(s0_v, s0_k)))
+                    for i in cutlass.range_constexpr(cute.size(acc_S)):
+                        acc_S[i] = Float32(h0[tScS[i]])
         elif const_expr(self.has_h0):
             h0 = cute.make_tensor(h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
                                   cute.make_layout((BV, K), stride=(s0_v, s0_k)))

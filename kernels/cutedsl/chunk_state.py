@@ -7,7 +7,7 @@ same buffers out (``hbuf``, ``vn`` and the final state, in place in the pool in 
 
 Compiled kernels are cached per process by everything that changes the generated code
 (:class:`KernelKey`): head dims, value block, GDN/KDA, pool/dense, initial state present, pool and
-index dtypes, and the target arch.
+index dtypes, the target arch and whether a ``has_initial_state`` mask is read.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class KernelKey(NamedTuple):
     index_dtype: str  # dtype of state_indices ("int32" | "int64"; "int64" in dense mode)
     cu_dtype: str  # dtype of cu_seqlens
     arch: str  # "sm_90a", "sm_100a", ...
+    has_init: bool = False  # pool mode with has_initial_state [N] (uint8): 0 = zero h0, the slot not read
 
 
 def block_v(V: int, kda: bool = False) -> int:
@@ -77,7 +78,7 @@ def _dummy_args(key: KernelKey):
         P(cutlass.BFloat16, 16), P(cutlass.Float32, 16 if key.kda else 4), P(cutlass.BFloat16, 16),
         P(cutlass.BFloat16, 16), P(cutlass.Float32, 4), P(T[key.cu_dtype], T[key.cu_dtype].width // 8), P(cutlass.Int64, 8),
         P(T[key.index_dtype], T[key.index_dtype].width // 8), P(s0, s0.width // 8), P(st, st.width // 8), P(cutlass.BFloat16, 16),
-        P(cutlass.BFloat16, 16),
+        P(cutlass.BFloat16, 16), P(cutlass.Uint8, 1),
         *[cutlass.Int64(8)] * 4, cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
         cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
         cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cuda.CUstream(0),
@@ -108,7 +109,7 @@ def compile_state_kernel(key: KernelKey, dump_dir: Optional[str] = None):
 
     from ._state_kernel import StateKernel
 
-    kern = StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0)
+    kern = StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0, key.has_init)
     opts = f"--gpu-arch {key.arch}"
     if dump_dir is not None:
         os.makedirs(dump_dir, exist_ok=True)
@@ -143,7 +144,8 @@ def _state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, i
 def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch.Tensor, u: torch.Tensor,
                         rk: torch.Tensor, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
                         state_indices: Optional[torch.Tensor], h0: Optional[torch.Tensor], ht: torch.Tensor,
-                        hbuf: torch.Tensor, vn: torch.Tensor, state_layout: str, bv: Optional[int] = None) -> None:
+                        hbuf: torch.Tensor, vn: torch.Tensor, state_layout: str, bv: Optional[int] = None,
+                        has_initial_state: Optional[torch.Tensor] = None) -> None:
     """The chunked-prefill state stage on a CUDA GPU (SM90 / SM100), in CuTe DSL.
 
     Maths: ops.md "Chunked form" (Yang et al., NeurIPS 2024; Yang, Kautz, Hatamizadeh, ICLR 2025;
@@ -166,6 +168,9 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         vn: ``[T, HV, V]`` bf16, written (corrected values).
         state_layout: ``"vk"`` or ``"kv"``.
         bv: value columns per CTA (32, 64 or 128; default :func:`block_v`), for benchmarks.
+        has_initial_state: pool mode only: ``[N]`` bool (or its uint8 view) or None; 0 / False
+            starts that sequence from a zero state without reading its slot (the final state is
+            stored as usual).
     Raises:
         ValueError: a dtype, head dim or buffer layout the kernel does not take.
         ImportError: nvidia-cutlass-dsl is not installed.
@@ -187,6 +192,10 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
     if N == 0:
         return
     pool = state_indices is not None
+    if has_initial_state is not None and not pool:
+        raise ValueError("cutedsl state kernel: has_initial_state is for pool mode")
+    if has_initial_state is not None:
+        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
     if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
         raise ValueError("cutedsl state kernel: pool mode needs h0 and ht to be the same pool")
     if ht.dtype not in (torch.float32, torch.bfloat16):
@@ -210,7 +219,7 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         raise ValueError(f"cutedsl state kernel: initial state dtype {h0_dt}; supported: float32, bfloat16")
     key = KernelKey(K, V, block_v(V, kda) if bv is None else bv, bool(kda), pool, h0 is not None, _dt(ht.dtype), _dt(h0_dt),
                     _dt(state_indices.dtype) if pool else "int64", _dt(cu_seqlens.dtype),
-                    device_arch(k.device))
+                    device_arch(k.device), has_initial_state is not None)
     fn = compile_state_kernel(key)
     T = _cutlass_types()
 
@@ -227,6 +236,7 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
        P(cu_seqlens, T[key.cu_dtype], cu_seqlens.element_size()), P(chunk_off, cutlass.Int64, 8),
        P(sidx, T[key.index_dtype], sidx.element_size()),
        P(h0t, s0dt, h0t.element_size()), P(ht, sdt, ht.element_size()), P(hbuf, BF16, 16), P(vn, BF16, 16),
+       P(has_initial_state if has_initial_state is not None else sidx, cutlass.Uint8, 1),
        I64(k.stride(0)), I64(k.stride(1)), I64(g.stride(0)), I64(g.stride(1)),
        I64(s0[0]), I64(s0[1]), I32(s0[2]), I32(s0[3]), I64(st[0]), I64(st[1]), I32(st[2]), I32(st[3]),
        I32(N), I32(HV), I32(HV // H), stream)

@@ -19,7 +19,8 @@ every second chunk only (``HSTEP = 2``: the output stage rebuilds the others' sh
 
 Initial state: **pool mode** loads ``state_pool[state_indices[n]]`` and stores the final state to
 the same row, in place, inside this kernel (no gather, no scatter, no ``[N, HV, V, K]``
-temporary); a negative index means a zero initial state and no store. **Dense mode** loads
+temporary); a negative index means a zero initial state and no store; ``has_initial_state[n]``
+False (``HAS_INIT``) a zero initial state read from nowhere (the load is masked) and the usual store. **Dense mode** loads
 ``initial_state[n]`` (or zeros) and writes ``final_state[n]``. Both modes run the same
 instructions on the same data, so they agree bitwise. Element offsets are 64-bit throughout.
 """
@@ -45,7 +46,7 @@ def _gate_factors(g):
 
 @triton.jit
 def chunk_state_kernel(
-    k, g, w, u, rk, cu_seqlens, chunk_off, state_indices,
+    k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, has_init,
     h0, ht, hbuf, vn, q, aqk, o,
     skt, skh, sgt, sgh, sqt, sqh,
     s0_p, s0_h, s0_k, s0_v,
@@ -55,7 +56,7 @@ def chunk_state_kernel(
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr, HOIST: tl.constexpr = False,
-    HSTEP: tl.constexpr = 1, UTM: tl.constexpr = False,
+    HSTEP: tl.constexpr = 1, UTM: tl.constexpr = False, HAS_INIT: tl.constexpr = False,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
@@ -64,7 +65,8 @@ def chunk_state_kernel(
     Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32,
     ``hbuf [NT, HV, K, V]`` (dtype DT).
     ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
-    ``(slot, head, k, v)`` in elements.
+    ``(slot, head, k, v)`` in elements. ``HAS_INIT`` (pool mode): ``has_init [N]`` (bytes; 0 = the
+    sequence starts from a zero state, its slot not read but written as usual).
 
     ``FUSE_O`` (KDA only; the launcher sets it on the bf16 path at K <= 128): the program also writes its chunks' output rows ``o [T, HV, V]``,
     ``o = qg h + Aqk Vn`` (the output stage's maths, :func:`.chunk_output.chunk_output_kernel`, on
@@ -96,8 +98,12 @@ def chunk_state_kernel(
     if POOL:
         slot = tl.load(state_indices + i_n).to(tl.int64)
         live = slot >= 0
+        if HAS_INIT:  # has_initial_state False: a zero h0, the slot never read (the final state is stored)
+            carry = live & (tl.load(has_init + i_n) != 0)
+        else:
+            carry = live
         row0 = slot * s0_p + i_hv * s0_h + v0 * s0_v
-        S = tl.load(h0 + row0 + (kk[:, None] * s0_k + cv[None, :] * s0_v), mask=all_k & live,
+        S = tl.load(h0 + row0 + (kk[:, None] * s0_k + cv[None, :] * s0_v), mask=all_k & carry,
                     other=0.0).to(tl.float32)
     elif HAS_H0:
         S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)).to(tl.float32)

@@ -17,7 +17,10 @@ instructions on the same data and agree bitwise.
 Pool rules (ops.md): ``state_indices [N]`` or a per-token slot table ``[N, T]`` (int32/int64),
 offsets in int64, a negative slot is padding (zero output, the pool neither read nor written),
 layouts ``"vk"`` (``[P, HV, V, K]``) and ``"kv"`` (``[P, HV, K, V]``), pool dtype preserved,
-slot pitch ``stride(0)``.
+slot pitch ``stride(0)``. ``has_initial_state [N]`` (``HAS_INITIAL_STATE``): False masks the
+state load (a zero state, the slot never read) and stores as usual. Precomputed gates
+(``GATES_PRECOMPUTED``): ``g`` and ``beta`` are read where ``a`` and ``b`` are, the gating is skipped
+(``g`` is still floored at ``G_MIN``).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def _softplus(x, beta, threshold):
 
 @triton.jit
 def _recurrent_decode_kernel(
-    q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices,
+    q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices, has_init,
     scale, softplus_beta, softplus_threshold, lower_bound,
     T,
     s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
@@ -70,6 +73,7 @@ def _recurrent_decode_kernel(
     GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     STATE_LAYOUT: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_NUM_ACCEPTED: tl.constexpr,
     HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
+    GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
 ):
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
@@ -99,15 +103,18 @@ def _recurrent_decode_kernel(
             acc_slot = tl.load(idx_row + tl.maximum(na - 1, 0) * s_idx_t).to(tl.int64)
             load_slot = tl.where(na > 0, acc_slot, load_slot)
             do_load = (load_slot >= 0) & (na > 0)
+    if HAS_INITIAL_STATE:  # False: a zero state, the slot is never read (a masked load)
+        do_load = do_load & (tl.load(has_init + i_n) != 0)
     valid = load_slot >= 0
     p_state = pool + i_hv * s_pool_h + offs_s
     h = tl.load(p_state + load_slot * s_pool_slot, mask=mask_s & do_load, other=0.0).to(tl.float32)
 
-    exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
-    if GATE == "gdn":
-        dt = tl.load(dt_bias + i_hv).to(tl.float32)
-    else:
-        dt = tl.load(dt_bias + i_hv * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+    if not GATES_PRECOMPUTED:
+        exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        if GATE == "gdn":
+            dt = tl.load(dt_bias + i_hv).to(tl.float32)
+        else:
+            dt = tl.load(dt_bias + i_hv * K + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     if HAS_INTER:
         if HAS_INTER_IDX:
             i_slot = tl.load(inter_indices + i_n).to(tl.int64)
@@ -128,18 +135,25 @@ def _recurrent_decode_kernel(
         b_k = tl.load(p_k + t64 * s_kt, mask=mask_k, other=0.0).to(tl.float32)
         b_v = tl.load(p_v + t64 * s_vt, mask=mask_v, other=0.0).to(tl.float32)
         b_b = tl.load(p_b + t64 * s_bt).to(tl.float32)
-        if GATE == "gdn":
-            x = tl.load(p_a + t64 * s_at).to(tl.float32) + dt
+        if GATES_PRECOMPUTED:  # a holds g (log decay), b holds beta (already sigmoided)
+            if GATE == "gdn":
+                g = tl.load(p_a + t64 * s_at).to(tl.float32)
+            else:
+                g = tl.load(p_a + t64 * s_at + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            beta = b_b
         else:
-            x = tl.load(p_a + t64 * s_at + offs_k, mask=mask_k, other=0.0).to(tl.float32) + dt
-        if HAS_LOWER_BOUND:
-            z = tl.where(x == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, exp_a * x))  # inf * 0 reads as 0
-            g = lower_bound / (1.0 + tl.exp(-z))
-        else:
-            sp = _softplus(x, softplus_beta, softplus_threshold)
-            g = tl.where(sp == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, -exp_a * sp))  # inf * 0 reads as 0
+            if GATE == "gdn":
+                x = tl.load(p_a + t64 * s_at).to(tl.float32) + dt
+            else:
+                x = tl.load(p_a + t64 * s_at + offs_k, mask=mask_k, other=0.0).to(tl.float32) + dt
+            if HAS_LOWER_BOUND:
+                z = tl.where(x == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, exp_a * x))  # inf * 0 reads as 0
+                g = lower_bound / (1.0 + tl.exp(-z))
+            else:
+                sp = _softplus(x, softplus_beta, softplus_threshold)
+                g = tl.where(sp == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, -exp_a * sp))  # inf * 0 reads as 0
+            beta = 1.0 / (1.0 + tl.exp(-b_b))
         g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
-        beta = 1.0 / (1.0 + tl.exp(-b_b))
         if USE_QK_L2NORM:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
@@ -217,12 +231,13 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices,
+def recurrent_decode(*, gate: str, q, k, v, a=None, b=None, A_log=None, dt_bias=None, state_pool, state_indices,
                      scale: Optional[float], use_qk_l2norm: bool = True, state_layout: str = "vk",
                      intermediate_states=None, intermediate_state_indices=None,
                      disable_state_update: bool = False, num_accepted_tokens=None,
                      softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                     lower_bound: Optional[float] = None, caps, layout: str,
+                     lower_bound: Optional[float] = None, g=None, beta=None, has_initial_state=None,
+                     caps, layout: str,
                      block_v: Optional[int] = None, num_warps: Optional[int] = None) -> torch.Tensor:
     """Launch the GDN/KDA recurrent decode kernel on a state pool (in place).
 
@@ -246,6 +261,11 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         num_accepted_tokens: ``[N]`` (with a ``[N, T]`` table): load from the slot of token
             ``num_accepted - 1``; 0 = start from a zero state.
         softplus_beta, softplus_threshold, lower_bound: gate parameters (ops.md).
+        g, beta: the precomputed-gate form instead of ``a, b, A_log, dt_bias`` (None then): ``g``
+            fp32 log decay shaped as ``a`` (floored at ``G_MIN`` in the kernel), ``beta`` shaped as
+            ``b`` (already sigmoided); read through their strides as ``a`` and ``b`` are.
+        has_initial_state: ``[N]`` bool or None: False starts the row from a zero state; the
+            kernel's state load is masked (the slot is never read), stores are as usual.
         caps: DeviceCapabilities of the tensors' device (grid limits). layout: ``split``/``folded``.
         block_v, num_warps: override the pinned tile config (tests, tuning).
     Returns:
@@ -276,9 +296,17 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
                          "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = (_inner_contiguous(t) for t in (q, k, v))
+    ready = g is not None
+    if ready:  # the kernel reads g where it reads a, beta where b; no A_log / dt_bias
+        a, b = g, beta
     if gate == "kda" and a.stride(-1) != 1:
         a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
-    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()  # read as [HV] / [HV, K] arrays
+    if ready:
+        A_log = dt_bias = a  # not read (GATES_PRECOMPUTED)
+    else:
+        A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()  # read as [HV] / [HV, K] arrays
+    if has_initial_state is not None:  # read as an [N] byte array
+        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
     if num_accepted_tokens is not None:
         num_accepted_tokens = num_accepted_tokens.contiguous()
     if intermediate_state_indices is not None:
@@ -298,6 +326,7 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices,
         num_accepted_tokens if has_na else state_indices, inter,
         inter_idx if inter_idx is not None else state_indices,
+        has_initial_state if has_initial_state is not None else state_indices,
         float(scale), float(softplus_beta), float(softplus_threshold),
         float(lower_bound) if lower_bound is not None else 0.0,
         T,
@@ -310,6 +339,7 @@ def recurrent_decode(*, gate: str, q, k, v, a, b, A_log, dt_bias, state_pool, st
         STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
         HAS_INTER=intermediate_states is not None, HAS_INTER_IDX=inter_idx is not None,
         UPDATE_STATE=not disable_state_update,
+        GATES_PRECOMPUTED=ready, HAS_INITIAL_STATE=has_initial_state is not None,
         **plan.constexprs, num_warps=warps,
     )
     return o

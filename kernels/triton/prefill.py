@@ -102,7 +102,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   initial_state: Optional[torch.Tensor], scale: float, use_qk_l2norm: bool,
                   state_layout: str, layout: str = "split",
                   caps: Optional[DeviceCapabilities] = None,
-                  state_kernel=None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  state_kernel=None,
+                  has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode.
 
     Args:
@@ -125,7 +126,11 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         state_kernel: an alternative implementation of stage 2 (the sequential state kernel), e.g.
             :func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`; called with the
             keywords ``kda, k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, h0, ht, hbuf, vn,
-            state_layout`` on the same buffers (bf16 path only). None: the Triton state kernel.
+            state_layout`` on the same buffers (bf16 path only), plus ``has_initial_state`` when
+            given. None: the Triton state kernel.
+        has_initial_state: pool mode only: ``[N]`` bool or None. False starts that sequence from a
+            zero state: the state kernel's h0 load is masked (the slot is never read, NaN there is
+            harmless) and the final state is stored as usual. No extra launch.
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
         ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
@@ -164,6 +169,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         fdt = initial_state.dtype if initial_state is not None else torch.float32
         final = torch.empty(shape, dtype=fdt, device=dev)
     if T == 0 or N == 0:  # nothing to compute: the final state is the initial state
+        if pool_mode and has_initial_state is not None and N > 0:  # fresh ones: the zero state
+            fresh = (state_indices.to(torch.long) >= 0) & ~has_initial_state.to(device=dev, dtype=torch.bool)
+            state_pool[state_indices.to(torch.long)[fresh]] = 0  # no kernel runs at T = 0
         if final is not None:
             if initial_state is not None:
                 final.copy_(initial_state)
@@ -179,6 +187,10 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     cu_seqlens = cu_seqlens.contiguous()
     if state_indices is not None:
         state_indices = state_indices.contiguous()
+    if has_initial_state is not None:
+        if not pool_mode:
+            raise ValueError("has_initial_state is for pool mode; in dense mode pass initial_state")
+        has_initial_state = has_initial_state.contiguous().view(torch.uint8)  # read as [N] bytes
     # In-chunk offsets are int32 (row * token stride for 64 rows); a view whose token stride is so
     # large that this would overflow (field case F10) is copied first.
     q, k, v, g, beta = (x if x.stride(0) * CHUNK < 2**31 else x.contiguous() for x in (q, k, v, g, beta))
@@ -241,18 +253,20 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     if state_kernel is not None:
         if buf_dt != torch.bfloat16:
             raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
+        extra = {} if has_initial_state is None else {"has_initial_state": has_initial_state}
         state_kernel(kda=kda, k=k, g=g, w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
                      state_indices=state_indices if pool_mode else None,
                      h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
-                     state_layout=state_layout)
+                     state_layout=state_layout, **extra)
     elif not plan.empty:
         sq, sa = (v, u) if opt.state_u else (qs, bufs.get("aqk", rk))  # UTM: v as q, Tm diag(beta) as aqk
         chunk_state_kernel[plan.grid](
-            ks, sg, w, u, srk, cu_seqlens, chunk_off, sidx, h0, ht, hbuf, vn, sq, sa, o,
+            ks, sg, w, u, srk, cu_seqlens, chunk_off, sidx,
+            has_initial_state if has_initial_state is not None else sidx, h0, ht, hbuf, vn, sq, sa, o,
             ks.stride(0), ks.stride(1), sg.stride(0), sg.stride(1), sq.stride(0), sq.stride(1), *s0, *st,
             grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
             HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o, HOIST=opt.hoist,
-            HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u,
+            HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_initial_state is not None,
             **cfg["state_fused" if fuse_o else "state"],
         )
     if fuse_o:

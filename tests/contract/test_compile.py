@@ -49,6 +49,14 @@ SCRIPT = textwrap.dedent(r'''
                           cu_seqlens=torch.tensor([0, 5, T], dtype=torch.int32), state_pool=torch.zeros(2, HV, K, K),
                           state_indices=torch.tensor([1, 0], dtype=torch.int32), initial_state=None, scale=0.1,
                           use_qk_l2norm=True, state_layout="vk", caps=profile("sm90"), layout="split")
+            # has_initial_state (issue 16): the state kernel's masked h0 load (HAS_INIT)
+            chunk_prefill(family, q=torch.zeros(T, H, K, dtype=bf), k=torch.zeros(T, H, K, dtype=bf),
+                          v=torch.zeros(T, HV, K, dtype=bf),
+                          g=torch.zeros(T, HV, *((K,) if family == "kda" else ())), beta=torch.zeros(T, HV),
+                          cu_seqlens=torch.tensor([0, 5, T], dtype=torch.int32), state_pool=torch.zeros(2, HV, K, K),
+                          state_indices=torch.tensor([1, 0], dtype=torch.int32), initial_state=None, scale=0.1,
+                          use_qk_l2norm=True, state_layout="vk", caps=profile("sm90"), layout="split",
+                          has_initial_state=torch.tensor([True, False]))
         from linattn.kernels.triton.decode import recurrent_decode
         for gate, H in (("gdn", 16), ("kda", 32)):
             N, HV, K = 4, 32, 128
@@ -60,6 +68,14 @@ SCRIPT = textwrap.dedent(r'''
                                  b=torch.zeros(N, 1, HV, dtype=bf), A_log=torch.zeros(HV),
                                  dt_bias=torch.zeros(HV, *((K,) if gate == "kda" else ())),
                                  state_pool=torch.zeros(2, HV, K, K), state_indices=torch.zeros(N, dtype=torch.int32),
+                                 scale=None, caps=profile("sm90"), layout="split")
+                # decode from precomputed gates and with has_initial_state (issue 16)
+                recurrent_decode(gate=gate, q=torch.zeros(N, 1, H, K, dtype=bf), k=torch.zeros(N, 1, H, K, dtype=bf),
+                                 v=torch.zeros(N, 1, HV, K, dtype=bf),
+                                 g=torch.zeros(N, 1, HV, *((K,) if gate == "kda" else ())),
+                                 beta=torch.zeros(N, 1, HV), state_pool=torch.zeros(2, HV, K, K),
+                                 state_indices=torch.zeros(N, dtype=torch.int32),
+                                 has_initial_state=torch.ones(N, dtype=torch.bool),
                                  scale=None, caps=profile("sm90"), layout="split")
     for l in launches:
         key = (l.name, repr(sorted((k, str(v)) for k, v in l.arguments.items() if not hasattr(v, "data_ptr"))),

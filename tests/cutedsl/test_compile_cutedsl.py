@@ -43,6 +43,23 @@ def test_other_declared_configurations_compile_for_sm90a(K, V, kda, pool, has_h0
     compile_state_kernel(KernelKey(K, V, 64, kda, pool, has_h0, sdt, h0dt, idx, "int64", "sm_90a"))
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_state_kernel_with_has_initial_state_compiles_with_a_guarded_h0_load(tmp_path, arch, kda):
+    """Pool mode with a has_initial_state mask (issue 16): one byte load of the flag per CTA
+    guards the h0 load (no zeroing pass); the MMA count and the instruction set are unchanged."""
+    key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", arch, True)
+    fn = compile_state_kernel(key, dump_dir=str(tmp_path))
+    ptx = fn.artifacts.PTX
+    assert f".target {arch}" in ptx
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == 128
+    assert re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx), "the has_initial_state byte is loaded"
+    plain = compile_state_kernel(key._replace(has_init=False), dump_dir=str(tmp_path / "plain")).artifacts.PTX
+    assert not re.search(r"ld\.global(\.\w+)*\.[bus]8\b", plain)
+    for bad in FORBIDDEN:
+        assert bad not in ptx, bad
+
+
 def test_compiled_kernels_are_cached_by_their_key():
     key = KernelKey(64, 64, 64, False, True, True, "float32", "float32", "int32", "int32", "sm_90a")
     a = compile_state_kernel(key)

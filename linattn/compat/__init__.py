@@ -1,0 +1,17 @@
+"""Drop-in APIs of other libraries, routed through linattn's public ops (so the dispatcher explains them).
+
+- :mod:`linattn.compat.fla`: flash-linear-attention (fla-core 0.6.0) ``chunk_gated_delta_rule``,
+  ``fused_recurrent_gated_delta_rule``, ``chunk_kda``, ``fused_recurrent_kda``.
+"""
+
+from __future__ import annotations
+
+__all__ = ["fla"]
+
+
+def __getattr__(name: str):
+    if name == "fla":
+        import importlib
+
+        return importlib.import_module("linattn.compat.fla")
+    raise AttributeError(f"module 'linattn.compat' has no attribute {name!r}")

@@ -1,0 +1,481 @@
+"""flash-linear-attention's public GDN / KDA functions, as a drop-in over linattn's ops.
+
+The four functions below have **fla-core 0.6.0**'s parameter names, order and defaults (checked
+against the wheel's source by ``tests/compat/test_fla_signatures.py``), its shapes and return
+values, and run through :func:`linattn.gdn_prefill` / :func:`linattn.kda_prefill` (and the
+gate-form :func:`linattn.gdn_decode` / :func:`linattn.kda_decode` where that exists), so every call
+is chosen and explained by linattn's dispatcher (:func:`linattn.last_decision`)::
+
+    from linattn.compat.fla import chunk_gated_delta_rule      # instead of fla.ops.gated_delta_rule
+    o, ht = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+
+Shapes (FLA's): ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` (GVA: ``HV % H == 0``; value head ``hv``
+reads q/k head ``hv // (HV // H)``), ``g [B, T, HV]`` (KDA ``[B, T, HV, K]``) log-space decay,
+``beta [B, T, HV]``. Varlen: ``B = 1`` and ``cu_seqlens [N + 1]``; without ``cu_seqlens`` the batch
+is ``N = B`` sequences of ``T`` tokens. States: ``[N, HV, K, V]`` (linattn's ``state_layout="kv"``),
+or ``[N, HV, V, K]`` (``"vk"``) with ``state_v_first=True``.
+
+Returns ``(o [B, T, HV, V], final_state)``: ``o`` in q's dtype (chunk functions) or v's dtype
+(recurrent functions), as FLA; ``final_state`` float32 (float64 when the inputs are float64: the
+reference mode of the tests) in the input layout, or ``None`` without ``output_final_state``. The
+caller's ``initial_state`` is never modified.
+
+Mapping details:
+
+- ``use_qk_l2norm_in_kernel`` (FLA default ``False``) is passed explicitly as linattn's
+  ``use_qk_l2norm`` (whose own default is ``True``): the FLA default means *no* normalisation.
+- ``scale=None`` is ``K ** -0.5`` in both libraries.
+- ``g`` and ``beta`` are cast to float32 (linattn's gate contract; FLA's kernels read them in
+  fp32 too); an ``initial_state`` in 16 bits is read as float32 (FLA loads it that way).
+- ``beta`` may be in ``(0, 2)`` (the negative-eigenvalue form, e.g. OLMo-hybrid's ``2 * sigmoid``):
+  it is used as given.
+
+Arguments linattn does not implement are refused with ``NotImplementedError`` (FLA feature) or
+``TypeError`` (unknown keyword) naming the argument, never ignored: ``use_gate_in_kernel=True`` (and
+``A_log`` / ``dt_bias`` / ``lower_bound``, which only mean something with it),
+``use_beta_sigmoid_in_kernel=True`` (and so ``allow_neg_eigval=True``), ``cp_context``,
+``chunk_indices``, ``return_intermediate_states=True``, ``use_graph=True`` / ``max_num_seqs``,
+``gk`` / ``gv``, a head-wise ``beta [B, T, HV, V]``, ``head_first``. Compute those gates and betas
+in PyTorch first (e.g. ``beta = 2 * beta_logits.sigmoid()``; ``g = linattn.gdn_gating(...)[0]``).
+
+Accepted because they are pure performance hints whose value does not change the result:
+``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``), the ``chunk_size`` keyword (FLA's allowed
+values are still checked), ``disable_recompute`` (backward memory only) and ``safe_gate`` (kernel
+selection for gates the caller already bounded). The deprecated ``transpose_state_layout`` keyword
+is the alias of ``state_v_first``, with FLA's ``DeprecationWarning``.
+
+Autograd: linattn's ops are inference ops; with grad mode on and an input requiring grad they raise
+:class:`linattn.GradModeError` before launch (docs/ops-decisions.md, "Autograd"). Train with FLA.
+
+linattn-only settings (backend, validation) are set for a block with :func:`options`, never
+through extra keywords (which would break the signatures).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+import linattn
+
+__all__ = ["FLA_VERSION", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
+           "fused_recurrent_kda", "chunk_gdn", "fused_recurrent_gdn", "options"]
+
+#: The fla-core release whose signatures these functions reproduce.
+FLA_VERSION = "0.6.0"
+
+
+# -- linattn-only options -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Options:
+    backend: Optional[str] = None
+    validate: bool = True
+    check_finite: bool = False
+
+
+_OPTIONS: contextvars.ContextVar[_Options] = contextvars.ContextVar("linattn_compat_fla_options",
+                                                                   default=_Options())
+
+
+@contextlib.contextmanager
+def options(*, backend: Optional[str] = None, validate: bool = True, check_finite: bool = False):
+    """linattn settings for the FLA-compatible calls made inside the block (per thread / task).
+
+    Args:
+        backend: force a linattn backend by name (e.g. ``"torch-ref"``); None lets the dispatcher
+            choose.
+        validate: linattn's value checks (they sync with the device); see :func:`linattn.gdn_prefill`.
+        check_finite: refuse NaN / inf inputs (one more sync).
+    Example:
+        >>> import linattn.compat.fla as fla
+        >>> with fla.options(backend="torch-ref"):
+        ...     pass
+    """
+    token = _OPTIONS.set(_Options(backend, validate, check_finite))
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+# -- argument checks -------------------------------------------------------------------------------------
+
+def _unsupported(func: str, arg: str, why: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"linattn.compat.fla.{func}: {arg} is not implemented by linattn ({why}); it is refused rather "
+        f"than ignored. Compute it in PyTorch before the call, or call flash-linear-attention itself.")
+
+
+def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes: Optional[tuple] = None,
+                   extra: tuple = ()) -> bool:
+    """Consume FLA's known keywords; refuse the rest. Returns the effective ``state_v_first``."""
+    kwargs = dict(kwargs)
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=3)
+        state_v_first = bool(kwargs.pop("transpose_state_layout"))
+    if "head_first" in kwargs:
+        raise TypeError(f"linattn.compat.fla.{func}: head_first was removed from flash-linear-attention; "
+                        f"inputs must be [B, T, H, ...].")
+    if chunk_sizes is not None and "chunk_size" in kwargs:
+        cs = kwargs.pop("chunk_size")
+        if cs not in chunk_sizes:
+            raise ValueError(f"`chunk_size` must be one of {chunk_sizes} for {func}, got {cs}.")
+    if "use_gate_in_kernel" in extra and kwargs.pop("use_gate_in_kernel", False):
+        raise _unsupported(func, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
+    for name in ("A_log", "dt_bias"):
+        if name in extra and kwargs.pop(name, None) is not None:
+            raise _unsupported(func, name, "it is only read with use_gate_in_kernel=True")
+    if kwargs:
+        raise TypeError(f"linattn.compat.fla.{func}() got unexpected keyword argument(s) "
+                        f"{', '.join(repr(k) for k in kwargs)}; linattn refuses arguments it does not "
+                        f"implement rather than ignoring them.")
+    return state_v_first
+
+
+def _beta_flags(func: str, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
+    if use_beta_sigmoid_in_kernel:
+        raise _unsupported(func, "use_beta_sigmoid_in_kernel=True" + (" (with allow_neg_eigval=True)"
+                                                                      if allow_neg_eigval else ""),
+                           "pass beta = sigmoid(logits), or 2 * sigmoid(logits) for negative eigenvalues; "
+                           "beta in (0, 2) is accepted")
+    if allow_neg_eigval:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
+
+def _has_param(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+#: Whether linattn's decode ops take precomputed gates (``g=``/``beta=``) and ``has_initial_state``.
+_DECODE_GATE_FORM = {"gdn": _has_param(linattn.gdn_decode, "g"), "kda": _has_param(linattn.kda_decode, "g")}
+_DECODE_HAS_INIT = {"gdn": _has_param(linattn.gdn_decode, "has_initial_state"),
+                    "kda": _has_param(linattn.kda_decode, "has_initial_state")}
+
+
+def recurrent_route(family: str) -> str:
+    """How ``fused_recurrent_*`` runs for ``family`` ("gdn" / "kda") in this build: ``"decode"``
+    (linattn's gate-form decode op, for equal-length batches) or ``"prefill"`` (the chunked prefill
+    op in dense mode, which computes the same recurrence)."""
+    return "decode" if _DECODE_GATE_FORM[family] else "prefill"
+
+
+# -- the common route --------------------------------------------------------------------------------------
+
+def _gate_dtype(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
+
+
+def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
+         use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
+         out_dtype: torch.dtype):
+    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4)):
+        if not isinstance(x, torch.Tensor) or x.dim() != rank:
+            raise ValueError(f"linattn.compat.fla.{func}: {name} must be a [B, T, H, D] tensor, got "
+                             f"{getattr(x, 'shape', type(x).__name__)}.")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} "
+                         f"and k.shape[2]={k.shape[2]}")
+    H, HV = q.shape[2], v.shape[2]
+    if HV % H != 0:
+        raise ValueError(f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), "
+                         f"but got HV % H = {HV % H}")
+    B, T = q.shape[0], q.shape[1]
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`. "
+                             f"Please flatten variable-length inputs before processing.")
+        N = cu_seqlens.shape[0] - 1
+    else:
+        N = B
+    if initial_state is not None and initial_state.shape[0] != N:
+        raise ValueError(f"The number of initial states is expected to be equal to the number of input "
+                         f"sequences, i.e., {N} rather than {initial_state.shape[0]}.")
+    g, beta = _gate_dtype(g), _gate_dtype(beta)
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
+        initial_state = initial_state.to(torch.float32)
+    layout = "vk" if state_v_first else "kv"
+    opts = _OPTIONS.get()
+    common = dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm_in_kernel), state_layout=layout,
+                  backend=opts.backend, validate=opts.validate, check_finite=opts.check_finite)
+
+    if recurrent and cu_seqlens is None and _DECODE_GATE_FORM[family]:
+        decode = linattn.gdn_decode if family == "gdn" else linattn.kda_decode
+        K, V = q.shape[3], v.shape[3]
+        sdtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        extra = {}
+        if initial_state is not None:
+            pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
+        elif _DECODE_HAS_INIT[family]:  # fresh sequences: no zeroing pass, the slots are not read
+            pool = q.new_empty(shape, dtype=sdtype)
+            extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
+        else:
+            pool = q.new_zeros(shape, dtype=sdtype)
+        idx = torch.arange(N, device=q.device, dtype=torch.int64)
+        o = decode(q, k, v, None, None, None, None, pool, idx, g=g, beta=beta, **extra, **common)
+        final = pool if output_final_state else None
+        return o.to(out_dtype), final
+
+    prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
+    if cu_seqlens is None:
+        cu = torch.arange(B + 1, device=q.device, dtype=torch.int64) * T
+    else:
+        cu = cu_seqlens
+
+    def flat(x):
+        return x.reshape(B * T, *x.shape[2:])
+
+    o, final = prefill(flat(q), flat(k), flat(v), flat(g), flat(beta), cu, initial_state=initial_state, **common)
+    o = o.reshape(B, T, *o.shape[1:]).to(out_dtype)
+    if not output_final_state:
+        return o, None
+    if final.dtype not in (torch.float32, torch.float64):
+        final = final.to(torch.float32)
+    return o, final
+
+
+# -- the four functions -----------------------------------------------------------------------------------
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    chunk_indices: torch.LongTensor | None = None,
+    cp_context: Any | None = None,
+    **kwargs,
+):
+    """Gated DeltaNet chunked prefill, FLA 0.6.0's signature, run by :func:`linattn.gdn_prefill`.
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]`` (GVA when ``HV > H``).
+        g: ``[B, T, HV]`` log-space decay (``<= 0``). beta: ``[B, T, HV]``, post-sigmoid (``(0, 2)`` ok).
+        scale: query scale, default ``K ** -0.5``.
+        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) or None (zeros).
+        output_final_state: also return the final state (float32, same layout).
+        use_qk_l2norm_in_kernel: L2-normalise q and k (FLA's default False is kept).
+        state_v_first: states are ``[N, HV, V, K]`` (linattn's ``"vk"``).
+        cu_seqlens: ``[N + 1]`` prefix sums of the lengths (then ``B == 1``).
+        cu_seqlens_cpu: host copy of ``cu_seqlens``: accepted, a performance hint only.
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, chunk_indices, cp_context, and the keywords
+            ``use_gate_in_kernel`` / ``A_log`` / ``dt_bias`` / ``head_first``: refused (module docstring).
+        **kwargs: ``chunk_size`` (16, 32 or 64; a hint), ``transpose_state_layout`` (deprecated alias).
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
+    """
+    f = "chunk_gated_delta_rule"
+    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(16, 32, 64),
+                                   extra=("use_gate_in_kernel", "A_log", "dt_bias"))
+    _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if cp_context is not None:
+        raise _unsupported(f, "cp_context", "context parallelism across devices")
+    if chunk_indices is not None:
+        raise _unsupported(f, "chunk_indices", "linattn derives its own chunking from cu_seqlens")
+    if cu_seqlens_cpu is not None and cu_seqlens is None:
+        raise ValueError(f"{f}: cu_seqlens_cpu was given without cu_seqlens; pass both or neither.")
+    return _run(f, "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=q.dtype)
+
+
+def fused_recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    gk: torch.Tensor | None = None,
+    gv: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    scale: float = None,
+    initial_state: torch.Tensor = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet token-by-token recurrence (decode, or short prefill), FLA 0.6.0's signature.
+
+    Runs linattn's gate-form :func:`linattn.gdn_decode` for an equal-length batch where that op
+    exists, else :func:`linattn.gdn_prefill` in dense mode (the same recurrence); see
+    :func:`recurrent_route`.
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``.
+        g: ``[B, T, HV]`` log decay, or None (no decay). beta: ``[B, T, HV]`` or None (ones).
+        gk, gv, use_gate_in_kernel=True, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval:
+            refused (module docstring); so is a head-wise ``beta [B, T, HV, V]``.
+        scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens:
+            as :func:`chunk_gated_delta_rule`.
+        **kwargs: ``transpose_state_layout`` (deprecated alias); anything else is refused.
+    Returns:
+        ``(o [B, T, HV, V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.
+    """
+    f = "fused_recurrent_gated_delta_rule"
+    state_v_first = _common_kwargs(f, state_v_first, kwargs)
+    if gk is not None:
+        raise _unsupported(f, "gk", "per-key-channel decay in the GDN recurrence; use chunk_kda / "
+                           "fused_recurrent_kda for a [B, T, HV, K] decay")
+    if gv is not None:
+        raise _unsupported(f, "gv", "per-value-channel decay")
+    if use_gate_in_kernel:
+        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
+    for name, val in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if val is not None:
+            raise _unsupported(f, name, "it is only read with use_gate_in_kernel=True")
+    _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if beta is not None and beta.dim() == v.dim():
+        raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
+    if g is None:
+        g = q.new_zeros(v.shape[:3], dtype=torch.float32)
+    if beta is None:
+        beta = q.new_ones(v.shape[:3], dtype=torch.float32)
+    return _run(f, "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype)
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    safe_gate: bool = False,
+    lower_bound: float | None = None,
+    disable_recompute: bool = False,
+    return_intermediate_states: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context: Any | None = None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
+    **kwargs,
+):
+    """Kimi Delta Attention chunked prefill, FLA 0.6.0's signature, run by :func:`linattn.kda_prefill`.
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``.
+        g: ``[B, T, HV, K]`` log-space decay per key channel. beta: ``[B, T, HV]``.
+        initial_state: float32 (as FLA asserts; float64 also accepted) ``[N, HV, K, V]`` or
+            ``[N, HV, V, K]`` with ``state_v_first``.
+        safe_gate, disable_recompute, cu_seqlens_cpu: accepted performance hints (module docstring).
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound,
+            return_intermediate_states, cp_context, use_graph, max_num_seqs: refused.
+        **kwargs: ``chunk_size`` (32 or 64; a hint), ``transpose_state_layout``.
+        Others: as :func:`chunk_gated_delta_rule`.
+    Returns:
+        ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
+    """
+    f = "chunk_kda"
+    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(32, 64), extra=("A_log", "dt_bias"))
+    if use_gate_in_kernel:
+        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
+    if lower_bound is not None:
+        raise _unsupported(f, "lower_bound", "it is only read with use_gate_in_kernel=True; bound the "
+                           "gate before the call (linattn.kda_gating(..., lower_bound=...))")
+    _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if return_intermediate_states:
+        raise _unsupported(f, "return_intermediate_states=True", "per-chunk states are not returned")
+    if cp_context is not None:
+        raise _unsupported(f, "cp_context", "context parallelism across devices")
+    if use_graph:
+        raise _unsupported(f, "use_graph=True", "FLA's fixed-shape graph chunk list")
+    if max_num_seqs is not None:
+        raise _unsupported(f, "max_num_seqs", "it belongs to use_graph=True")
+    if cu_seqlens_cpu is not None and cu_seqlens is None:
+        raise ValueError(f"{f}: cu_seqlens_cpu was given without cu_seqlens; pass both or neither.")
+    if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"{f}: initial_state must be in float32 (flash-linear-attention asserts it), got "
+                        f"{initial_state.dtype}.")
+    return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=q.dtype)
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    state_v_first: bool = False,
+    cu_seqlens: torch.LongTensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kimi Delta Attention token-by-token recurrence, FLA 0.6.0's signature (route as
+    :func:`fused_recurrent_gated_delta_rule`).
+
+    Args:
+        g: ``[B, T, HV, K]`` log decay. beta: ``[B, T, HV]``.
+        A_log, dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+            lower_bound: refused; so is a head-wise ``beta [B, T, HV, V]``.
+        Others: as :func:`chunk_kda`.
+    Returns:
+        ``(o [B, T, HV, V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.
+    """
+    f = "fused_recurrent_kda"
+    state_v_first = _common_kwargs(f, state_v_first, kwargs)
+    if use_gate_in_kernel:
+        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
+    for name, val in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
+        if val is not None:
+            raise _unsupported(f, name, "it is only read with use_gate_in_kernel=True")
+    _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if beta is not None and beta.dim() == v.dim():
+        raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
+    return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype)
+
+
+# FLA's aliases
+chunk_gdn = chunk_gated_delta_rule
+fused_recurrent_gdn = fused_recurrent_gated_delta_rule

@@ -1,0 +1,304 @@
+"""Hugging Face transformers: route a model's linear-attention kernels to linattn, in one line.
+
+    import linattn.integrations.transformers as lt
+    model = lt.enable(AutoModelForCausalLM.from_pretrained(...))   # then model.generate(...) as usual
+    lt.disable(model)                                               # back to the model's own path
+
+Covered layers (whichever the installed transformers has; ``supported_layers()`` lists them):
+Qwen3-Next ``Qwen3NextGatedDeltaNet``, Qwen3.5 ``Qwen3_5GatedDeltaNet`` / ``Qwen3_5MoeGatedDeltaNet``,
+OLMo-hybrid ``OlmoHybridGatedDeltaNet`` (its negative-eigenvalue ``beta`` in ``(0, 2)`` included) and
+Kimi-Linear ``KimiLinearDeltaAttention``. Their ``forward`` calls module-level functions of the
+modeling file (``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule``, Kimi's
+``chunk_kimi_delta_attention`` / ``recurrent_kimi_delta_attention``), made by transformers'
+``use_kernel_func_from_hub_with_fallback`` with FLA's signatures. Those are looked up in the
+modeling module's globals at call time, not on the layer, so a per-instance attribute would not be
+seen. The mechanism is therefore:
+
+1. Each of those globals that an enabled layer's ``forward`` names is replaced, while at least one
+   layer uses it, by a *router* that keeps the original object. The router sends a call to
+   :mod:`linattn.compat.fla` only while an **enabled layer's** forward is running (a context
+   variable set by 2.) and otherwise calls the original unchanged: other models, even of the same
+   class, keep transformers' own path (FLA if installed, hub kernels if kernelized, else PyTorch).
+2. Each enabled layer instance gets an instance-level ``forward`` that sets that context variable
+   around the class's forward (an existing instance ``forward``, e.g. accelerate's hook, is wrapped
+   and restored on ``disable``).
+
+The router passes on the keywords FLA's function declares, as transformers' own wrapper does for
+FLA (``cu_seqlens``, which Qwen-family layers fill from ``cu_seq_lens_q`` for packed sequences,
+reaches linattn; other model keywords are dropped, exactly as with FLA installed).
+
+Training: while grad mode is on and an input tensor requires grad, the router defers to the
+model's own implementation and says so once in the log (linattn's ops are inference ops and would
+raise :class:`linattn.GradModeError`). Under ``torch.no_grad()`` / ``inference_mode`` (``generate``
+uses no_grad) linattn runs; :func:`linattn.last_decision` says which backend.
+
+Why not transformers' kernel hub (``kernels`` + ``kernelize``): it replaces the forward of one
+process-wide function module shared by every model of that class, needs the ``kernels`` package in
+transformers' version window, and its ``LayerRepository`` resolves through the Hub; the patch above
+affects only the given model and needs nothing beyond transformers.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import logging
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+import linattn.compat.fla as fla
+
+__all__ = ["enable", "disable", "is_enabled", "enabled_layers", "supported_layers", "tiny_random_model",
+           "TINY_MODELS"]
+
+logger = logging.getLogger("linattn.integrations.transformers")
+
+#: Module-level function names in transformers' modeling files -> the FLA function they stand for.
+FUNCTIONS = {
+    "torch_chunk_gated_delta_rule": "chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule",
+    "chunk_kimi_delta_attention": "chunk_kda",
+    "recurrent_kimi_delta_attention": "fused_recurrent_kda",
+}
+
+#: (modeling module, layer class) pairs known to call the functions above (transformers 5.17-5.23).
+LAYERS = (
+    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextGatedDeltaNet"),
+    ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5GatedDeltaNet"),
+    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeGatedDeltaNet"),
+    ("transformers.models.olmo_hybrid.modeling_olmo_hybrid", "OlmoHybridGatedDeltaNet"),
+    ("transformers.models.kimi_linear.modeling_kimi_linear", "KimiLinearDeltaAttention"),
+)
+
+
+@dataclass(frozen=True)
+class _LayerOptions:
+    backend: Optional[str]
+    validate: bool
+
+
+#: The enabled layer whose forward is running in this thread / task (None outside one).
+_ACTIVE: contextvars.ContextVar[Optional[_LayerOptions]] = contextvars.ContextVar("linattn_hf_active_layer",
+                                                                                  default=None)
+_LOCK = threading.RLock()
+_ROUTERS: dict = {}  # (module name, global name) -> _Router
+_ENABLED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_WARNED: set = set()
+
+
+class _Router:
+    """Stands in for one module-level kernel function; see the module docstring."""
+
+    def __init__(self, module, name: str, original):
+        self.module, self.name, self.original = module, name, original
+        self.target = getattr(fla, FUNCTIONS[name])
+        self.params = frozenset(inspect.signature(self.target).parameters)
+        self.users = 0
+        functools.update_wrapper(self, original, updated=())
+
+    def __call__(self, *args, **kwargs):
+        opts = _ACTIVE.get()
+        if opts is None:
+            return self.original(*args, **kwargs)
+        if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                           for x in (*args, *kwargs.values())):
+            key = ("grad", self.module.__name__, self.name)
+            if key not in _WARNED:
+                _WARNED.add(key)
+                logger.warning("linattn: grad is required (training) in %s.%s; deferring to the model's own "
+                               "implementation (linattn's ops are inference ops). Call under torch.no_grad() "
+                               "or torch.inference_mode() to run linattn. (Said once.)",
+                               self.module.__name__, self.name)
+            return self.original(*args, **kwargs)
+        kwargs = {k: v for k, v in kwargs.items() if k in self.params}
+        with fla.options(backend=opts.backend, validate=opts.validate):
+            return self.target(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
+
+
+def _functions_of(layer: torch.nn.Module) -> list:
+    """[(module, global name)] of the kernel functions (:data:`FUNCTIONS`) that this layer's
+    class-level ``forward`` names, looked up in the globals of the module defining that forward."""
+    for klass in type(layer).__mro__:
+        fwd = klass.__dict__.get("forward")
+        if fwd is not None:
+            break
+    else:
+        return []
+    fn = inspect.unwrap(fwd)
+    code, module = getattr(fn, "__code__", None), sys.modules.get(getattr(fn, "__module__", ""), None)
+    if code is None or module is None:
+        return []
+    return [(module, n) for n in FUNCTIONS if n in code.co_names and n in vars(module)]
+
+
+def supported_layers() -> list:
+    """Names of the layer classes the installed transformers has (of :data:`LAYERS`)."""
+    import importlib
+
+    out = []
+    for mod, cls in LAYERS:
+        try:
+            if hasattr(importlib.import_module(mod), cls):
+                out.append(cls)
+        except ImportError:
+            pass
+    return out
+
+
+def _install(module, name: str) -> _Router:
+    key = (module.__name__, name)
+    router = _ROUTERS.get(key)
+    if router is None or vars(module).get(name) is not router:
+        router = _Router(module, name, vars(module)[name])
+        setattr(module, name, router)
+        _ROUTERS[key] = router
+    router.users += 1
+    return router
+
+
+def _uninstall(router: _Router) -> None:
+    router.users -= 1
+    if router.users > 0:
+        return
+    key = (router.module.__name__, router.name)
+    if vars(router.module).get(router.name) is router:
+        setattr(router.module, router.name, router.original)
+    _ROUTERS.pop(key, None)
+
+
+def _wrap_forward(layer: torch.nn.Module, opts: _LayerOptions):
+    had_own = "forward" in layer.__dict__
+    inner = layer.__dict__["forward"] if had_own else type(layer).forward.__get__(layer)
+
+    @functools.wraps(inner)
+    def forward(*args, **kwargs):
+        token = _ACTIVE.set(opts)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _ACTIVE.reset(token)
+
+    layer.__dict__["forward"] = forward
+    return had_own, inner
+
+
+def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: bool = True) -> torch.nn.Module:
+    """Route ``model``'s linear-attention kernels to linattn (idempotent); returns ``model``.
+
+    Args:
+        model: any ``nn.Module`` containing the layers of :data:`LAYERS` (a ``*ForCausalLM``, a bare
+            model, or a single layer), on any device linattn has a backend for.
+        backend: force a linattn backend by name for this model (None: the dispatcher chooses).
+        validate: linattn's value checks (one device sync per call); False skips them.
+    Returns:
+        ``model``, unchanged apart from its linear-attention layers' instance ``forward``.
+    Raises:
+        ValueError: the model has no supported linear-attention layer.
+    """
+    opts = _LayerOptions(backend, validate)
+    found = 0
+    with _LOCK:
+        for name, layer in model.named_modules():
+            funcs = _functions_of(layer)
+            if not funcs:
+                continue
+            found += 1
+            if layer in _ENABLED:
+                continue
+            routers = [_install(m, n) for m, n in funcs]
+            had_own, inner = _wrap_forward(layer, opts)
+            _ENABLED[layer] = dict(routers=routers, had_own=had_own, inner=inner, name=name)
+    if not found:
+        raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
+                         f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
+    logger.info("linattn: %d linear-attention layer(s) of %s routed to linattn (backend=%s).", found,
+                type(model).__name__, backend or "auto")
+    return model
+
+
+def disable(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo :func:`enable` for ``model``'s layers (a no-op for layers not enabled); returns ``model``.
+    A module-level function is restored once no enabled layer uses it."""
+    with _LOCK:
+        for _, layer in model.named_modules():
+            rec = _ENABLED.pop(layer, None)
+            if rec is None:
+                continue
+            if rec["had_own"]:
+                layer.__dict__["forward"] = rec["inner"]
+            else:
+                layer.__dict__.pop("forward", None)
+            for router in rec["routers"]:
+                _uninstall(router)
+    return model
+
+
+def is_enabled(model: torch.nn.Module) -> bool:
+    """True when at least one layer of ``model`` is routed to linattn."""
+    return any(m in _ENABLED for m in model.modules())
+
+
+def enabled_layers(model: torch.nn.Module) -> list:
+    """Qualified names of ``model``'s layers routed to linattn."""
+    return [name for name, m in model.named_modules() if m in _ENABLED]
+
+
+# -- tiny random models (examples, tests) -------------------------------------------------------------------
+
+#: Small configs (4 layers: 3 linear-attention + 1 full attention, head dims 64) by short name.
+TINY_MODELS = {
+    "qwen3-next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, shared_expert_intermediate_size=64,
+        num_experts=4, num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64,
+        linear_value_head_dim=64, layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    "qwen3.5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, linear_num_key_heads=1, linear_num_value_heads=2,
+        linear_key_head_dim=64, linear_value_head_dim=64, layer_types=["linear_attention"] * 3 + ["full_attention"])),
+    "kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM", dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
+        num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=32,
+        qk_nope_head_dim=32, v_head_dim=64, num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        linear_num_heads=2, linear_head_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], mlp_layer_types=["dense"] * 4)),
+    "olmo-hybrid": ("OlmoHybridConfig", "OlmoHybridForCausalLM", dict(
+        vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_allow_neg_eigval=True, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+        layer_types=["linear_attention"] * 3 + ["full_attention"])),
+}
+
+
+def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                      **overrides) -> torch.nn.Module:
+    """A randomly initialised tiny model from transformers' own config class (nothing downloaded).
+
+    Args:
+        name: a key of :data:`TINY_MODELS` (``"qwen3-next"``, ``"qwen3.5"``, ``"kimi-linear"``,
+            ``"olmo-hybrid"``).
+        device, dtype: where and in which dtype the model lives. seed: torch's seed for the weights.
+        **overrides: config fields to change.
+    Returns:
+        the ``*ForCausalLM`` model in eval mode.
+    Raises:
+        KeyError: unknown name. ImportError: the installed transformers lacks that model.
+    """
+    import transformers
+
+    cfg_name, model_name, kwargs = TINY_MODELS[name]
+    if not hasattr(transformers, cfg_name):
+        raise ImportError(f"transformers {transformers.__version__} has no {cfg_name}")
+    config = getattr(transformers, cfg_name)(**{**kwargs, **overrides})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    return model.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,173 @@
+"""linattn.integrations.transformers on tiny random models built from transformers' own configs
+(4 layers, head dims 64, nothing downloaded), fp32 on the CPU: greedy generation token-identical to
+transformers' own PyTorch path, prefill logits within 1e-4 relative, packed varlen prefill through
+``cu_seq_lens_q``, per-model routing, the grad-mode deferral, disable."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import linattn  # noqa: E402
+import linattn.compat.fla as fla  # noqa: E402
+import linattn.integrations.transformers as lt  # noqa: E402
+
+NAMES = list(lt.TINY_MODELS)
+PROMPT = 70  # longer than one chunk (64)
+NEW = 5
+FAMILY = {"kimi-linear": "kda"}
+
+
+def _model(name):
+    try:
+        return lt.tiny_random_model(name, seed=0)
+    except ImportError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def model(request):
+    m = _model(request.param)
+    m.tiny_name = request.param
+    yield m
+    lt.disable(m)
+
+
+def _prompts(case):
+    gen = torch.Generator().manual_seed(1)
+    if case == "batch1":
+        return torch.randint(3, 256, (1, PROMPT), generator=gen), None
+    ids = torch.randint(3, 256, (2, PROMPT), generator=gen)
+    if case == "batch2":
+        return ids, None
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0  # left padding of row 1
+    ids[1, :7] = 0
+    return ids, mask
+
+
+def _generate(m, ids, mask):
+    with torch.no_grad():
+        return m.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+
+def test_prefill_logits_close(model):
+    ids, _ = _prompts("batch2")
+    lt.disable(model)
+    with torch.no_grad():
+        ref = model(ids).logits
+    lt.enable(model)
+    with torch.no_grad():
+        got = model(ids).logits
+    fam = FAMILY.get(model.tiny_name, "gdn")
+    assert linattn.last_decision().op == f"{fam}_prefill"
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    print(f"{model.tiny_name}: fp32 prefill logits max rel diff {rel:.2e}")
+    assert rel < 1e-4
+
+
+@pytest.mark.parametrize("case", ["batch1", "batch2", "left_padded"])
+def test_greedy_generation_token_identical(model, case):
+    ids, mask = _prompts(case)
+    lt.disable(model)
+    ref = _generate(model, ids, mask)
+    lt.enable(model)
+    got = _generate(model, ids, mask)
+    fam = FAMILY.get(model.tiny_name, "gdn")
+    assert linattn.last_decision().op == f"{fam}_{fla.recurrent_route(fam)}"
+    assert got.shape == (ids.shape[0], PROMPT + NEW)
+    assert torch.equal(got, ref), f"{model.tiny_name} {case}: tokens differ\n{got[:, PROMPT:]}\n{ref[:, PROMPT:]}"
+
+
+@pytest.mark.parametrize("name", ["qwen3-next", "qwen3.5", "olmo-hybrid"])
+def test_packed_varlen_prefill(name):
+    """Packed sequences in one row with ``cu_seq_lens_q`` (the Qwen-family / OLMo layers pass it as
+    ``cu_seqlens``) equal each sequence run alone through transformers' own path. The conv's taps on
+    earlier tokens are zeroed: transformers' PyTorch conv does not honour ``cu_seq_lens_q``."""
+    m = _model(name)
+    layer = m.model.layers[0].linear_attn
+    with torch.no_grad():
+        layer.conv1d.weight[..., :-1] = 0
+    cu = torch.tensor([0, 20, 90, 101])
+    x = torch.randn(1, 101, m.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = torch.cat([layer(x[:, s:e]) for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], dim=1)
+        lt.enable(m)
+        got = layer(x, cu_seq_lens_q=cu)
+    assert linattn.last_decision().op == "gdn_prefill" and linattn.last_decision().problem["n"] == 3
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    lt.disable(m)
+
+
+def test_enable_is_idempotent_and_disable_restores():
+    m = _model("qwen3-next")
+    mod = transformers.models.qwen3_next.modeling_qwen3_next
+    originals = {n: getattr(mod, n) for n in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}
+    assert lt.enable(m) is m and lt.enable(m) is m
+    assert lt.is_enabled(m) and len(lt.enabled_layers(m)) == 3
+    router = getattr(mod, "torch_chunk_gated_delta_rule")
+    assert isinstance(router, lt._Router) and router.users == 3 and router.original is originals[
+        "torch_chunk_gated_delta_rule"]
+    lt.disable(m)
+    assert not lt.is_enabled(m)
+    for n, f in originals.items():
+        assert getattr(mod, n) is f
+    assert all("forward" not in layer.__dict__ for layer in m.modules())
+    assert lt.disable(m) is m  # a no-op the second time
+
+
+def test_only_the_enabled_model_is_routed():
+    a, b = _model("olmo-hybrid"), _model("olmo-hybrid")
+    lt.enable(a)
+    router = transformers.models.olmo_hybrid.modeling_olmo_hybrid.torch_chunk_gated_delta_rule
+    seen = []
+    inner = router.target
+
+    def spy(*args, **kwargs):
+        seen.append(float(kwargs["beta"].max()))
+        return inner(*args, **kwargs)
+
+    router.target = spy
+    ids, _ = _prompts("batch1")
+    try:
+        with torch.no_grad():
+            b(ids)
+            assert seen == [], "a model that was not enabled must keep its own path"
+            a(ids)
+    finally:
+        router.target = inner
+        lt.disable(a)
+    assert len(seen) == 3
+    # OLMo-hybrid's allow_neg_eigval: beta = 2 * sigmoid, in (0, 2); accepted and used as given
+    assert a.model.layers[0].linear_attn.allow_neg_eigval and max(seen) > 1.0
+
+
+def test_grad_mode_defers_to_the_model(caplog):
+    m = _model("kimi-linear")
+    ids, _ = _prompts("batch1")
+    ids = ids[:, :20]
+    with torch.no_grad():
+        ref = m(ids).logits
+    lt.enable(m)
+    lt._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="linattn.integrations.transformers"):
+        out = m(ids).logits  # grad on, parameters require grad: the model's own implementation
+        m(ids)
+    msgs = [r.message for r in caplog.records if "deferring" in r.message]
+    assert len(msgs) == 1 and "grad is required" in msgs[0]  # chunk_kda said once
+    assert out.requires_grad
+    torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-6)
+    lt.disable(m)
+
+
+def test_enable_refuses_a_model_without_linear_attention():
+    with pytest.raises(ValueError, match="no linear-attention layer"):
+        lt.enable(torch.nn.Linear(2, 2))
+
+
+def test_supported_layers():
+    assert {"Qwen3NextGatedDeltaNet", "KimiLinearDeltaAttention"} <= set(lt.supported_layers())
