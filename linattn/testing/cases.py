@@ -9,7 +9,8 @@ A backend declares its capabilities as data (``ops``, ``dtypes``, ``state_dtypes
   predicates accept when it limits them per op), GVA and plain heads, q/k/v sliced from a fused
   projection and strided gates, varlen prefill with zero-length and length-1 sequences and a
   tail chunk, decode with padding rows, speculative verify, intermediate states and
-  ``num_accepted_tokens``, strongly negative gates, ``T = 0``. Each is run through the public op with the backend forced
+  ``num_accepted_tokens``, strongly negative gates, mild gates after a gate at the floor (fp32,
+  F28), ``T = 0``. Each is run through the public op with the backend forced
   and compared with the float64 reference at ops.md's tolerances.
 - ``pool``: the pool rules on their own: a real request in slot 0 beside padding rows, a batch of
   nothing but padding, a strided view of a larger pool (slot pitch ``stride(0)``).
@@ -55,6 +56,12 @@ PROBE_HEAD_DIMS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 512)
 PREFILL_LENS = (0, 1, 70, 0, 131, 5)
 PREFILL_SLOTS = (3, 0, 7, 1, 5, -1)
 PREFILL_P = 9
+# F28, fp32 prefill: mild gates (-0.05) and one token in FLOOR_EVERY at the gating floor (-1000),
+# the first at FLOOR_FIRST so that every chunk of the sequence, the tail chunk too, has one. One
+# sequence of 300 tokens and one head keeps the case quick in the Triton interpreter.
+FLOOR_GATES = dict(lens=(300,), slots=(2,), p=4, h=1, hv=1, gates="floor", dtype="float32",
+                   state_dtype="float32")
+FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD = 50, 10, -0.05
 # Decode: N = 5 rows, two of them padding, slot 0 used, slot P - 1 untouched.
 DECODE_SLOTS = (4, -1, 0, 6, -1)
 DECODE_P = 8
@@ -256,6 +263,11 @@ def _prefill_cases(B: _Builder, op: str, pairs) -> None:
               f"dense mode with an initial state ({lay}): a new final state is returned")
     B.add(op, "accuracy", "dense-zero", {**base, "mode": "dense-zero"}, "dense mode without an initial state")
     B.add(op, "accuracy", "gates-zero", {**base, "gates": "zero"}, "g = 0 (no decay)")
+    if "float32" in sets["D"] and "float32" in sets["SD"]:
+        for mode in ("pool", "dense"):
+            B.add(op, "accuracy", "gates-floor", {**base, **FLOOR_GATES, "mode": mode},
+                  f"F28: fp32, mild gates after gates at the floor (-1000), {mode} mode: 1e-5 of float64 "
+                  "(a plain fp32 cumulative gate near -1000 rounds every later decay; carry it as two floats)")
     B.add(op, "accuracy", "short-and-long", {**base, "lens": (1, 1, 1, 517), "slots": (2, 0, 4, 1), "p": 6},
           "decodes pushed through the chunked path beside a 517-token sequence (F12)")
     B.add(op, "accuracy", "empty", {**base, "lens": (0, 0), "slots": (1, -1), "p": 3},

@@ -29,7 +29,7 @@ import torch
 import linattn
 from linattn.dispatch.verdict import NoBackendError, Reason
 
-from .cases import Case, problem_of
+from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, problem_of
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 INDEX = {"int32": torch.int32, "int64": torch.int64}
@@ -227,6 +227,9 @@ def _prefill_inputs(case: Case, s: dict, device):
         g = torch.full(gshape, -20.0)
     elif gates == "zero":
         g = torch.zeros(gshape)
+    elif gates == "floor":  # F28: mild gates, one token in FLOOR_EVERY at the floor
+        g = torch.full(gshape, FLOOR_MILD)
+        g[FLOOR_FIRST::FLOOR_EVERY] = -1000.0
     else:
         g = -(torch.rand(gshape, generator=gen) * 0.5 + 0.01)
     beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05

@@ -8,6 +8,7 @@ import sys
 from importlib import metadata
 
 import pytest
+import torch
 
 import linattn
 from linattn.testing import generate_cases, load_xfail, run_suite
@@ -42,6 +43,26 @@ def test_suite_passes_on_every_backend_available_on_the_cpu(registry, name):
     ran = [r for r in rep.results if r.kind in ("accuracy", "pool") and r.status == "passed"]
     assert ran, "no accuracy case ran"
     assert any(r.kind == "negative" for r in rep.results) or set(b.ops) == set(linattn.dispatch.OPS)
+
+
+@pytest.mark.parametrize("name", ["triton-split", "triton-folded"])
+def test_floor_gate_cases_pass_on_the_triton_prefill_in_the_interpreter(registry, name):
+    """F28 (``gates-floor``: fp32, mild gates after gates at the floor -1000, pool and dense mode)
+    on the Triton chunked prefill. The run above leaves the Triton prefill out (interpreter
+    time); these cases are small (300 tokens, one head) and pin down its two-float gates."""
+    pytest.importorskip("triton")
+    if not linattn.capabilities.interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 on a CPU (tests/conftest.py sets it)")
+    from linattn.dispatch import resolve_device
+    from linattn.testing.runner import run_case
+
+    caps = resolve_device(torch.device("cpu"))
+    cases = [c for c in generate_cases(registry.backends[name], ops=["gdn_prefill", "kda_prefill"],
+                                       kinds=["accuracy"], caps=caps) if "/gates-floor[" in c.id]
+    assert sorted((c.op, c.spec["mode"]) for c in cases) == [
+        (op, mode) for op in ("gdn_prefill", "kda_prefill") for mode in ("dense", "pool")]
+    results = [run_case(c, "cpu") for c in cases]
+    assert all(r.status == "passed" for r in results), [(r.id, r.status, r.message) for r in results]
 
 
 def test_check_of_a_backend_that_does_not_run_on_the_device_is_not_a_pass(registry):

@@ -5,7 +5,7 @@ finds it through the ``linattn.backends`` entry point; ``linattn check --backend
 runs the conformance suite against it.
 """
 
-from .chunked import CHUNK, chunked_prefill
+from .chunked import CHUNK, chunked_prefill, cumsum2
 
 __version__ = "0.1.0"
-__all__ = ["CHUNK", "chunked_prefill"]
+__all__ = ["CHUNK", "chunked_prefill", "cumsum2"]

@@ -17,6 +17,14 @@ exponentials of differences that are <= 0, or, in KDA's factorised Gram matrices
 :data:`SAFE_HALF`; never as a ratio of two exponentials. So strongly negative gates (g = -20 per
 token, or the reference's floor of -1000) give zeros, never inf or NaN.
 
+The cumulative gates are two-float sums ``G + Gl`` (:func:`cumsum2`, the same split as the
+Triton fp32 path's ``kernels/triton/_gates.py``; docs/ops-decisions.md, "Chunked prefill,
+state-update weights"), and every decay is taken from ``G_r - G_s + Gl_r - Gl_s``. A plain
+fp32 prefix sum after a floor gate (-1000) sits where fp32's spacing is 6e-5, and every later
+difference of mild gates carries that rounding: field case F28 (fp32, g = -0.05 with one token in
+50 at -1000, 300 tokens, one head, K = V = 16) was 2.2e-5 off float64 on outputs and 3.3e-5 on
+states, over ops.md's 1e-5; with the two-float sums 1.7e-7 and 1.4e-7.
+
 How the work is laid out: every sequence is cut into chunks of ``C`` tokens. The last one is
 padded with copies of a real token whose ``g`` and ``beta`` are set to 0: a row with ``beta = 0``
 has ``A``, ``W`` and ``U`` rows of zero, so it adds nothing to the state, and ``g = 0`` keeps
@@ -24,6 +32,12 @@ has ``A``, ``W`` and ``U`` rows of zero, so it adds nothing to the state, and ``
 Sequences are sorted by chunk count, longest first, so at chunk step ``j`` the sequences still
 running are a prefix of that order: one batched step covers chunk ``j`` of every sequence and
 every value head at once, and only the chunk index is a Python loop (32 steps for 2,048 tokens).
+Every batch entry is one (value head, sequence) pair and every op is per entry (batched matmuls,
+elementwise maths, the per-entry choice of KDA's Gram path), so a sequence's output and state do
+not depend on the other sequences in the call, bitwise: a NaN in one sequence's q, k, v or beta
+stays in that sequence (a padded row copies a token of its own sequence). Padding sequences
+(negative slot) and empty ones are not batched at all: zero output, their slot neither read nor
+written.
 All arithmetic is float32 (bf16 / fp16 inputs are upcast once, the output is cast once).
 """
 
@@ -51,6 +65,9 @@ diagonal are matmuls; the smallest diagonal blocks are summed pairwise)."""
 G_MIN = -1000.0
 """Per-token log decays are floored here (linattn's gating floor): ``exp(-1000)`` is 0 either way,
 and a finite floor keeps the cumulative sums finite."""
+GATE_GRID = 128.0
+""":func:`cumsum2` splits each gate into a multiple of ``1 / GATE_GRID`` (``2**-7``) and a
+remainder of at most ``2**-8``."""
 MAX_CHUNK_HEADS = 2048
 """At most this many (chunk, value head) pairs are processed in one batched step (memory bound)."""
 L2NORM_EPS = 1e-6
@@ -58,6 +75,37 @@ L2NORM_EPS = 1e-6
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+
+
+def cumsum2(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk-local cumulative log decays along dim 1 as a two-float sum ``(G, Gl)``.
+
+    Each gate is split into a coarse part on the grid of ``2**-7`` and a remainder
+    (``|rem| <= 2**-8``, exact in float32). The coarse parts of one chunk sum exactly in any order:
+    gates are floored at :data:`G_MIN` and a chunk has at most 64 rows, so every partial sum is a
+    multiple of ``2**-7`` below ``64 * 1000 * 2**7 < 2**24`` grid units. The remainders sum to at
+    most 0.25 in magnitude, where float32's spacing is 3e-8. ``G`` is the sum rounded to float32,
+    ``Gl`` the part of it that ``G`` misses, so ``(G_r - G_s) + (Gl_r - Gl_s)`` is accurate to the
+    rounding of the difference itself, also after a floor gate where ``G`` sits near -1000 (the
+    spacing there is 6e-5). As ``kernels/triton/_gates.py`` on the Triton fp32 path.
+
+    Args:
+        g: float32 log decays in ``[G_MIN, 0]``, ``[B, C]`` (GDN) or ``[B, C, K]`` (KDA), ``C <= 64``.
+    Returns:
+        ``(G, Gl)``, both float32 in ``g``'s shape; ``G + Gl`` rounds to ``G``.
+    Example:
+        >>> g = torch.tensor([[-1000.0] + [-0.05] * 63])  # a floor gate, then mild ones
+        >>> G, Gl = cumsum2(g)
+        >>> exact = g.double().cumsum(1)
+        >>> def off(x): return float((x - exact).abs().max())
+        >>> off(G.double() + Gl.double()) < 3e-8 < 1e-5 < off(G.double())  # G alone: rounded at -1000
+        True
+    """
+    coarse = (g * GATE_GRID).round_().mul_(1.0 / GATE_GRID)
+    lo = torch.sub(g, coarse).cumsum_(1)
+    hi = coarse.cumsum_(1)  # exact (see above)
+    G = hi + lo
+    return G, hi.sub_(G).add_(lo)  # in place where it can: three new tensors in all
 
 
 def _heads_first(x: torch.Tensor, hv: int) -> torch.Tensor:
@@ -93,36 +141,45 @@ def _set_diag_blocks(out: torch.Tensor, blocks: torch.Tensor) -> None:
     grid.copy_(blocks.movedim(-3, -1))
 
 
-def _grams_gdn(qk, G):
+def _pair_diffs(G, Gl):
+    """``D[:, r, s] = G_r - G_s + Gl_r - Gl_s``, the two-float differences of :func:`cumsum2`'s
+    sums for every pair of rows (dim 1), the large parts first (each step rounds at the
+    difference's magnitude): ``[B, C, C]`` from ``[B, C]``, or ``[B, C, C, K]`` from
+    ``[B, C, K]``; a fresh tensor."""
+    return (G[:, :, None] - G[:, None]).add_(Gl[:, :, None]).sub_(Gl[:, None])
+
+
+def _grams_gdn(qk, G, Gl):
     """GDN Gram matrices, stacked ``[B, 2, C, C]``: ``[0]`` = ``(q_r . k_s) exp(G_r - G_s)``
     (lower incl. diagonal), ``[1]`` = ``(k_r . k_s) exp(G_r - G_s)`` (strictly lower).
-    ``qk [B, 2, C, K]`` (q and k), ``G [B, C]``."""
+    ``qk [B, 2, C, K]`` (q and k), ``G, Gl [B, C]`` (:func:`cumsum2`)."""
     B, _, c, kd = qk.shape
-    decay = _masked_exp(G[:, :, None] - G[:, None, :], _tril(c, 0, G.device))
+    decay = _masked_exp(_pair_diffs(G, Gl), _tril(c, 0, G.device))
     grams = (qk.view(B, 2 * c, kd) @ qk[:, 1].transpose(1, 2)).view(B, 2, c, c) * decay[:, None]
     grams[:, 1].diagonal(dim1=-2, dim2=-1).zero_()
     return grams
 
 
-def _grams_kda(qk, G):
+def _grams_kda(qk, G, Gl):
     """KDA Gram matrices ``sum_d x_rd k_sd exp(G_rd - G_sd)``, stacked ``[B, 2, C, C]``:
-    x = q (lower incl. diagonal) and x = k (strictly lower). ``qk [B, 2, C, K]``, ``G [B, C, K]``.
+    x = q (lower incl. diagonal) and x = k (strictly lower). ``qk [B, 2, C, K]``,
+    ``G, Gl [B, C, K]`` (:func:`cumsum2`; every exponent below is a two-float difference).
 
     With one decay per key channel, ``exp(G_r - G_s)`` does not factor out of the sum over d, so
     it is split around a per-channel constant ``c``: ``exp(G_r - c) * exp(c - G_s)``, one matmul.
     That is exact while every factor is a normal float32 number; :func:`_decay_grams` picks ``c``
     and falls back to smaller blocks where the decay inside a block is too steep for it.
     """
-    grams = _decay_grams(qk, G, GRAM_BLOCKS)
+    grams = _decay_grams(qk, G, Gl, GRAM_BLOCKS)
     c = G.shape[1]
     keep = torch.stack([_tril(c, 0, G.device), _tril(c, -1, G.device)])  # [2, C, C]: q incl., k strict
     return grams * keep
 
 
-def _decay_grams(qk, G, blocks):
+def _decay_grams(qk, G, Gl, blocks):
     """``[M, 2, n, n]``: ``sum_d x_rd k_sd exp(G_rd - G_sd)``, exact for r >= s (entries above the
     diagonal are finite junk or zero; the caller masks them). ``qk [M, 2, n, K]``, ``G [M, n, K]``
-    (non-increasing along n: g <= 0).
+    (non-increasing along n: g <= 0) and its low part ``Gl [M, n, K]`` (:func:`cumsum2`).
 
     A block whose decay range (per channel, ``G_first - G_last``) is at most ``2 * SAFE_HALF``
     nats is factorised around the midpoint ``c`` of that range: every factor lies in
@@ -133,24 +190,26 @@ def _decay_grams(qk, G, blocks):
     M, _, n, kd = qk.shape
     steep = (G[:, 0, :] - G[:, -1, :]).amax(-1) > 2 * SAFE_HALF  # [M]
     if not bool(steep.any()):
-        return _factorised(qk, G)
+        return _factorised(qk, G, Gl)
     if bool(steep.all()):
-        return _split(qk, G, blocks) if blocks else _pairwise(qk, G)
-    out = _factorised(qk, G)  # junk (maybe inf) in the steep rows, overwritten below
-    sq, sG = qk[steep], G[steep]
-    out[steep] = _split(sq, sG, blocks) if blocks else _pairwise(sq, sG)
+        return _split(qk, G, Gl, blocks) if blocks else _pairwise(qk, G, Gl)
+    out = _factorised(qk, G, Gl)  # junk (maybe inf) in the steep rows, overwritten below
+    sq, sG, sGl = qk[steep], G[steep], Gl[steep]
+    out[steep] = _split(sq, sG, sGl, blocks) if blocks else _pairwise(sq, sG, sGl)
     return out
 
 
-def _factorised(qk, G):
+def _factorised(qk, G, Gl):
     M, _, n, kd = qk.shape
     c = (G[:, :1, :] + G[:, -1:, :]) * 0.5  # [M, 1, K]: midpoint of each channel's decay range
-    right = (qk[:, 1] * (c - G).exp_()).transpose(1, 2)  # [M, K, n]; exponents in [-SAFE_HALF, SAFE_HALF]
-    left = qk * (G - c).exp_()[:, None]  # [M, 2, n, K]
+    # exponents in [-SAFE_HALF, SAFE_HALF]; c is one float32 number per channel, so the two-float
+    # G + Gl enters as (G - c) + Gl
+    right = (qk[:, 1] * (c - G).sub_(Gl).exp_()).transpose(1, 2)  # [M, K, n]
+    left = qk * (G - c).add_(Gl).exp_()[:, None]  # [M, 2, n, K]
     return (left.reshape(M, 2 * n, kd) @ right).view(M, 2, n, n)
 
 
-def _split(qk, G, blocks):
+def _split(qk, G, Gl, blocks):
     M, _, n, kd = qk.shape
     sub = blocks[0]
     nb = n // sub
@@ -158,21 +217,23 @@ def _split(qk, G, blocks):
     k = qk[:, 1]
     for j in range(nb - 1):
         cols, rows = slice(j * sub, (j + 1) * sub), slice((j + 1) * sub, n)
-        ref = G[:, (j + 1) * sub - 1:(j + 1) * sub, :]  # [M, 1, K]: last row of column block j
-        right = (k[:, cols] * _decay(ref - G[:, cols])).transpose(1, 2)  # [M, K, sub]
-        left = qk[:, :, rows] * _decay(G[:, None, rows] - ref[:, None])  # [M, 2, R, K]
+        last = slice((j + 1) * sub - 1, (j + 1) * sub)  # the last row of column block j
+        ref, ref_l = G[:, last, :], Gl[:, last, :]  # [M, 1, K]
+        # both exponents <= 0, two-float differences
+        right = (k[:, cols] * _decay((ref - G[:, cols]).add_(ref_l).sub_(Gl[:, cols]))).transpose(1, 2)  # [M, K, sub]
+        left = qk[:, :, rows] * _decay((G[:, rows] - ref).add_(Gl[:, rows]).sub_(ref_l))[:, None]  # [M, 2, R, K]
         out[:, :, rows, cols] = (left.reshape(M, -1, kd) @ right).view(M, 2, -1, sub)
     inner = _decay_grams(qk.view(M, 2, nb, sub, kd).transpose(1, 2).reshape(M * nb, 2, sub, kd),
-                         G.reshape(M * nb, sub, kd), blocks[1:])
+                         G.reshape(M * nb, sub, kd), Gl.reshape(M * nb, sub, kd), blocks[1:])
     _set_diag_blocks(out, inner.view(M, nb, 2, sub, sub).transpose(1, 2))
     return out
 
 
-def _pairwise(qk, G):
+def _pairwise(qk, G, Gl):
     """Small blocks summed pairwise: only ``exp(G_rd - G_sd)`` with r >= s is evaluated.
-    ``qk [M, 2, n, K]``, ``G [M, n, K]``; returns ``[M, 2, n, n]`` (zero above the diagonal)."""
+    ``qk [M, 2, n, K]``, ``G, Gl [M, n, K]``; returns ``[M, 2, n, n]`` (zero above the diagonal)."""
     n = G.shape[1]
-    decay = _masked_exp(G[:, :, None, :] - G[:, None, :, :], _tril(n, 0, G.device)[:, :, None])
+    decay = _masked_exp(_pair_diffs(G, Gl), _tril(n, 0, G.device)[:, :, None])
     ek = decay * qk[:, 1, None, :, :]  # [M, r, s, K]: exp(G_r - G_s) k_s
     return (ek[:, None] @ qk[..., None]).squeeze(-1)
 
@@ -209,16 +270,19 @@ def _chunk_step(q, k, v, g, beta, S0, kda: bool):
     """
     B, c, kd = k.shape
     qk = torch.cat([q, k], dim=1).view(B, 2, c, kd)
-    G = g.cumsum(1)
+    G, Gl = cumsum2(g)
+    # G_C - G_r as a two-float difference: exactly 0 at the last row, and no rounding at G's
+    # magnitude after an early floor gate (the state-update weights)
+    tail = (G[:, -1:] - G).add_(Gl[:, -1:]).sub_(Gl).clamp_(-EXP_FLOOR, 0.0).exp_()
     if kda:
-        grams = _grams_kda(qk, G)
+        grams = _grams_kda(qk, G, Gl)
         eG, GC = _decay(G.clone()), G[:, -1:, :]  # [B, C, K], [B, 1, K]
-        k_tail = k * _decay(GC - G)
+        k_tail = k * tail
         decay_state = _decay(GC.clone()).transpose(1, 2)  # [B, K, 1]
     else:
-        grams = _grams_gdn(qk, G)
+        grams = _grams_gdn(qk, G, Gl)
         eG, GC = _decay(G.clone())[:, :, None], G[:, -1:]  # [B, C, 1], [B, 1]
-        k_tail = k * _decay(GC - G)[:, :, None]
+        k_tail = k * tail[:, :, None]
         decay_state = _decay(GC.clone())[:, :, None]  # [B, 1, 1]
     m_qk, m_kk = grams[:, 0], grams[:, 1]
     b = beta[:, :, None]
