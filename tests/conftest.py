@@ -18,3 +18,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- fixtures shared by the plugin tests (tests/plugins, tests/field) ----------------------------------
+
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+PLUGIN_ENV_VARS = ("LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS", "LINATTN_BACKEND", "LINATTN_DISABLE")
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The process registry reloaded from the real entry points (plugin env vars unset), and
+    reloaded again afterwards so no test leaks a plugin into the next."""
+    from linattn.dispatch import reset_registry
+
+    for var in PLUGIN_ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    yield reset_registry()
+    monkeypatch.undo()
+    reset_registry()
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, registry):
+    """A fresh folder on sys.path for fake distributions; their modules are forgotten afterwards."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    for name, mod in list(sys.modules.items()):
+        if str(getattr(mod, "__file__", "") or "").startswith(str(root)):
+            del sys.modules[name]

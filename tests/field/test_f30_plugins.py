@@ -24,29 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "plugins"))
 from plugin_fakes import Plugin, backend_module, make_distribution, mangling  # noqa: E402
 
 CLAMP = Problem(op="silu_and_mul_clamp", n=4, d=8, dtype="float32", mode="none")
-ENV_VARS = ("LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS", "LINATTN_BACKEND", "LINATTN_DISABLE")
 
 
-@pytest.fixture
-def registry(monkeypatch):
-    """The process registry reloaded without plugin env vars, and reloaded again afterwards."""
-    for var in ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
-    yield reset_registry()
-    monkeypatch.undo()
-    reset_registry()
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch, registry):
-    """A folder on sys.path for fake installed distributions; their modules are forgotten afterwards."""
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    yield root
-    for name, mod in list(sys.modules.items()):
-        if str(getattr(mod, "__file__", "") or "").startswith(str(root)):
-            del sys.modules[name]
 
 
 def _prefill_inputs(lens=(4, 0, 3), H=1, HV=2, K=4, V=8):
@@ -118,7 +97,7 @@ def test_f30_import_linattn_survives_a_plugin_that_calls_sys_exit(site):
             "print(json.dumps({'shape': list(out.shape), 'chosen': linattn.last_decision().chosen,\n"
             " 'plugins': {p.name: [p.status, p.error] for p in linattn.list_plugins()}}))\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
-    for var in ENV_VARS:
+    for var in ("LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS", "LINATTN_BACKEND", "LINATTN_DISABLE"):
         env.pop(var, None)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
     assert res.returncode == 0, res.stderr
