@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .layouts import byte_range, overlaps_itself, state_tiles_contiguous
+from .layouts import byte_range, interleaved_disjoint, overlaps_itself, state_tiles_contiguous
 
 FLOAT_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
                 torch.float64: "float64"}
@@ -521,9 +521,10 @@ def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
     other tensor argument (host-only: strides and address ranges, no sync), and whether every state
     tile is one dense block (``Problem.state_tiles_contiguous``, a backend's layout predicate reads it).
 
-    A read-only pool (decode with ``disable_state_update``) may alias itself; its tiles still count.
-    Ranges are compared as address intervals: two interleaved buffers carved out of one allocation
-    are refused too (pass separate allocations).
+    A pool that is only read (decode with ``disable_state_update``) may alias itself and the inputs;
+    its tiles still count. Two buffers whose address ranges meet are refused unless they are
+    provably disjoint (same leading pitch, each row's block in its own part of the pitch: e.g. the
+    even and odd slots of one allocation, ``dispatch/layouts.py``).
     """
     present = [(n, args[n]) for n in written if isinstance(args.get(n), torch.Tensor)]
     if not present:
@@ -531,24 +532,24 @@ def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
     dims["state_tiles_contiguous"] = all(state_tiles_contiguous(x) for _, x in present)
     if any(_is_fake(x) for _, x in present):
         return  # no addresses to compare (shape-only tracing)
-    for name, x in present:
-        if name != "state_pool" or dims["writes_pool"]:
-            _no_self_overlap(x, name)
-    for name, x in present:
+    writes = [(n, x) for n, x in present if n != "state_pool" or dims["writes_pool"]]
+    for name, x in writes:
+        _no_self_overlap(x, name)
+    checked = set()
+    for name, x in writes:
         lo, hi = byte_range(x)
         if lo == hi:
             continue
         for other, y in args.items():
-            if other == name or not isinstance(y, torch.Tensor) or _is_fake(y):
+            if other == name or not isinstance(y, torch.Tensor) or _is_fake(y) or frozenset((name, other)) in checked:
                 continue
-            if other in written and written.index(other) < written.index(name):
-                continue  # each written pair once
             ylo, yhi = byte_range(y)
-            if ylo < hi and lo < yhi:
+            if ylo < hi and lo < yhi and not interleaved_disjoint(x, y):
                 raise ValueError(f"{name} (written in place) overlaps {other} in memory (addresses "
                                  f"[{lo:#x}, {hi:#x}) and [{ylo:#x}, {yhi:#x})): the op would change "
                                  f"{other} while it runs; pass {other} and {name} in separate "
                                  f"allocations (e.g. {other}.clone()).")
+        checked |= {frozenset((name, o)) for o in args}
 
 
 def _grad_mode(args: dict, dims: Dims) -> None:

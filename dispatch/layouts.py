@@ -93,3 +93,28 @@ def byte_range(x: torch.Tensor) -> tuple[int, int]:
     span = sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()))
     lo = x.data_ptr()
     return lo, lo + (span + 1) * x.element_size()
+
+
+def interleaved_disjoint(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """True when ``x`` and ``y`` provably share no element although their address ranges meet:
+    both step their leading dim by the same pitch, each leading row's elements lie in a block no
+    wider than the pitch, and the two blocks sit in different parts of it (e.g. ``buf[0::2]`` and
+    ``buf[1::2]``, or a pool's slots interleaved with another buffer's rows). False means "not
+    proven", and the caller refuses the pair."""
+    if x.dim() == 0 or y.dim() == 0 or x.element_size() != y.element_size():
+        return False
+    pitch, es = x.stride(0), x.element_size()
+    if pitch <= 0 or y.stride(0) != pitch or x.shape[0] < 1 or y.shape[0] < 1:
+        return False
+    delta = y.data_ptr() - x.data_ptr()
+    if delta % es:
+        return False
+
+    def block(t: torch.Tensor) -> int:  # elements spanned by one leading row
+        return 1 + sum((size - 1) * stride for size, stride in zip(t.shape[1:], t.stride()[1:]))
+
+    bx, by = block(x), block(y)
+    if bx > pitch or by > pitch:
+        return False
+    d = (delta // es) % pitch  # where y's row block starts inside x's pitch
+    return d >= bx and d + by <= pitch

@@ -299,7 +299,7 @@ def chunk_gated_delta_rule(
         raise ValueError(f"{f}: cu_seqlens_cpu was given without cu_seqlens; pass both or neither.")
     return _run(f, "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=q.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -427,7 +427,7 @@ def chunk_kda(
                         f"{initial_state.dtype}.")
     return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=q.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype)
 
 
 def fused_recurrent_kda(

@@ -213,10 +213,13 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
                 continue
             found += 1
             if layer in _ENABLED:
-                continue
+                if _ENABLED[layer]["opts"] == opts:
+                    continue  # idempotent
+                _undo(layer, _ENABLED.pop(layer))  # enabled again with other options: they apply
             routers = [_install(m, n) for m, n in funcs]
             had_own, inner = _wrap_forward(layer, opts)
-            _ENABLED[layer] = dict(routers=routers, had_own=had_own, inner=inner, name=name)
+            _ENABLED[layer] = dict(routers=routers, had_own=had_own, inner=inner, name=name, opts=opts,
+                                   wrapper=layer.__dict__.get("forward"))
     if not found:
         raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
                          f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
@@ -231,15 +234,24 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     with _LOCK:
         for _, layer in model.named_modules():
             rec = _ENABLED.pop(layer, None)
-            if rec is None:
-                continue
-            if rec["had_own"]:
-                layer.__dict__["forward"] = rec["inner"]
-            else:
-                layer.__dict__.pop("forward", None)
-            for router in rec["routers"]:
-                _uninstall(router)
+            if rec is not None:
+                _undo(layer, rec)
     return model
+
+
+def _undo(layer: torch.nn.Module, rec: dict) -> None:
+    """Put back the layer's own forward (unless something wrapped ours since: then it is left, with
+    a warning, so that wrapper is not lost) and release the module-level routers."""
+    if layer.__dict__.get("forward") is rec["wrapper"]:
+        if rec["had_own"]:
+            layer.__dict__["forward"] = rec["inner"]
+        else:
+            layer.__dict__.pop("forward", None)
+    else:
+        logger.warning("linattn: %s.forward was wrapped again after enable(); leaving that wrapper in place "
+                       "(its calls no longer reach linattn once the routers are released)", rec["name"] or "layer")
+    for router in rec["routers"]:
+        _uninstall(router)
 
 
 def is_enabled(model: torch.nn.Module) -> bool:

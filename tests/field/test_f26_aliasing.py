@@ -95,3 +95,34 @@ def test_read_only_pool_may_alias_itself_in_verify_only_decode():
     o = _decode(pool, torch.tensor([0, 1, -1, 2], device=DEVICE), disable_state_update=True)
     assert torch.isfinite(o).all()
     assert torch.equal(base, before)
+
+
+def test_interleaved_pool_and_intermediate_rows_of_one_allocation_are_accepted():
+    """Pool slots and intermediate rows interleaved in one raw buffer (each pitch holds one pool slot
+    and then one intermediate row, as an engine carving several caches out of one allocation): the
+    address ranges meet but no element is shared, so the call runs and writes only what it names."""
+    P, T = 4, 2
+    slot, row = HV * V * K, T * HV * V * K
+    pitch = slot + row
+    raw = torch.randn(P * pitch, device=DEVICE)
+    pool = raw.as_strided((P, HV, V, K), (pitch, V * K, K, 1), 0)
+    inter = raw.as_strided((P, T, HV, V, K), (pitch, HV * V * K, V * K, K, 1), slot)
+    before = raw.clone()
+    args, _ = decode_inputs(T=T)
+    idx = torch.tensor([0, 1, -1, 2], device=DEVICE)
+    linattn.gdn_decode(**args, state_pool=pool, state_indices=idx, intermediate_states=inter,
+                       intermediate_state_indices=torch.tensor([3, 0, -1, 1], device=DEVICE))
+    assert torch.equal(pool[3], before.as_strided((HV, V, K), (V * K, K, 1), 3 * pitch))  # slot 3 not named
+    assert torch.equal(inter[2], before.as_strided((T, HV, V, K), (HV * V * K, V * K, K, 1), 2 * pitch + slot))
+    assert not torch.equal(pool[0], before.as_strided((HV, V, K), (V * K, K, 1), 0))
+
+
+def test_interleaved_disjoint_proves_only_real_disjointness():
+    from linattn.dispatch.layouts import interleaved_disjoint
+
+    buf = torch.zeros(8, HV, V, K)
+    assert interleaved_disjoint(buf[0::2], buf[1::2])
+    assert not interleaved_disjoint(buf[0::2], buf[0::2])
+    half = buf.view(-1).as_strided((4, HV, V, K), (2 * HV * V * K, V * K, K, 1), HV * V * K // 2)
+    assert not interleaved_disjoint(buf[0::2], half)  # starts inside the even slots' blocks
+    assert not interleaved_disjoint(buf[0::2], buf[1:5])  # another pitch: not proven
