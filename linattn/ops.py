@@ -41,9 +41,14 @@ class GradModeError(RuntimeError):
         self.decision = decision
         super().__init__(
             f"{op}: grad mode is on and {', '.join(inputs)} require{'s' if len(inputs) == 1 else ''} grad, "
-            f"but linattn's ops are inference ops (they write the state pool in place and record no "
-            f"autograd graph; no backend that fits this call declares autograd support). Call under "
+            f"but linattn's ops are inference ops ({_WHY_NO_GRAD.get(op.split('_')[-1], _WHY_NO_GRAD['gating'])}; "
+            f"no backend that fits this call declares autograd support). Call under "
             f"torch.no_grad() or torch.inference_mode() (e.g. around generate), or pass detached tensors.")
+
+
+_WHY_NO_GRAD = {"decode": "they write the state pool in place and record no autograd graph",
+                "prefill": "they write the state pool in place and record no autograd graph",
+                "gating": "they record no autograd graph", "clamp": "they record no autograd graph"}
 
 
 def _grad_inputs(args: dict) -> list:
