@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-#: (op, backend, focus) -> the bug. Foci are the arguments (or groups) of fuzz_strategies' menus.
+#: (op, backend, focus) -> the bug. Keys, by test file:
+#:   test_fuzz_valid:     (op, backend, focus), e.g. ("gdn_decode", "triton-split", "A_log"); foci are
+#:                        fuzz_strategies.DECODE_FOCI / PREFILL_FOCI;
+#:   test_fuzz_invalid:   ("decode" | "prefill", backend or "auto", mutation), e.g.
+#:                        ("decode", "torch-ref", "pool_overlapping_slots");
+#:   test_fuzz_nonfinite: (op, backend, "nonfinite_input" | "stale_slots");
+#:   test_fuzz_gpu:       (op, backend + "@gpu" (None: "auto@gpu"), focus).
+#: Empty: no property fails on the working tree this suite was last run on (see the report).
 KNOWN_BUGS: dict[tuple[str, str, str], str] = {
 }
 

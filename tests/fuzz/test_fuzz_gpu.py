@@ -83,10 +83,6 @@ def test_gpu_decode_valid(op, backend, cls, focus):
     prop()
 
 
-def _cutedsl_fits(spec) -> bool:
-    return spec.dtype == "bfloat16" and spec.K in (64, 128) and spec.V in (64, 128)
-
-
 @pytest.mark.parametrize("op,backend,cls,focus",
                          _params(("gdn_prefill", "kda_prefill"), PREFILL_PLAN))
 def test_gpu_prefill_valid(op, backend, cls, focus):
