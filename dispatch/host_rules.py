@@ -17,6 +17,7 @@ import numbers
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .layouts import byte_range, interleaved_disjoint, overlaps_itself, state_tiles_contiguous
 
@@ -203,30 +204,29 @@ def _decode_ready_gates(args: dict, dims: Dims, kda: bool) -> None:
             raise ValueError(f"{name}={args[name]!r} was given with precomputed gates g, beta: it belongs to "
                              f"the gating, which the gate form skips; apply it when computing g, and drop "
                              f"{name} here.")
-    n, t, hv = dims["n"], dims["t"], dims["hv"]
-    g, beta = _tensor(args, "g"), _tensor(args, "beta")
-    if kda:
-        _expect_shape(g, "g", (n, t, hv, dims["k"]), "[N, T, HV, K]")
-    else:
-        _expect_shape(g, "g", (n, t, hv), "[N, T, HV]")
-    _expect_shape(beta, "beta", (n, t, hv), "[N, T, HV]")
-    why = " (precomputed gates are fp32, as gdn_gating / kda_gating return them)"
-    _expect_dtype(g, "g", GATE_DTYPES, why)
-    _expect_dtype(beta, "beta", GATE_DTYPES, why)
+    _gate_pair(args, dims, ("g", "beta"), (dims["n"], dims["t"]), "N, T", kda, GATE_DTYPES,
+               " (precomputed gates are fp32, as gdn_gating / kda_gating return them)")
     dims["precomputed_gates"] = True
+
+
+def _gate_pair(args: dict, dims: Dims, names: tuple, lead: tuple, lead_sym: str, kda: bool, allowed: dict,
+               why: str = "") -> None:
+    """The two per-token gate tensors (``a``/``b`` or ``g``/``beta``): the first ``[*lead, HV]``
+    (KDA ``[*lead, HV, K]``, one per key channel), the second ``[*lead, HV]``; dtypes in ``allowed``."""
+    first, second = _tensor(args, names[0]), _tensor(args, names[1])
+    hv = dims["hv"]
+    if kda:
+        _expect_shape(first, names[0], (*lead, hv, dims["k"]), f"[{lead_sym}, HV, K]")
+    else:
+        _expect_shape(first, names[0], (*lead, hv), f"[{lead_sym}, HV]")
+    _expect_shape(second, names[1], (*lead, hv), f"[{lead_sym}, HV]")
+    _expect_dtype(first, names[0], allowed, why)
+    _expect_dtype(second, names[1], allowed, why)
 
 
 def _decode_raw_gates(args: dict, dims: Dims, kda: bool) -> None:
     """a [N, T, HV] (KDA [N, T, HV, K]) and b [N, T, HV]; any strides (F11)."""
-    n, t, hv = dims["n"], dims["t"], dims["hv"]
-    a, b = _tensor(args, "a"), _tensor(args, "b")
-    if kda:
-        _expect_shape(a, "a", (n, t, hv, dims["k"]), "[N, T, HV, K]")
-    else:
-        _expect_shape(a, "a", (n, t, hv), "[N, T, HV]")
-    _expect_shape(b, "b", (n, t, hv), "[N, T, HV]")
-    _expect_dtype(a, "a", FLOAT_DTYPES)
-    _expect_dtype(b, "b", FLOAT_DTYPES)
+    _gate_pair(args, dims, ("a", "b"), (dims["n"], dims["t"]), "N, T", kda, FLOAT_DTYPES)
     _gate_params(args, dims, kda)
 
 
@@ -240,16 +240,8 @@ def _kda_decode_gates(args: dict, dims: Dims) -> None:
 
 def _prefill_gates(args: dict, dims: Dims, kda: bool) -> None:
     """g [T, HV] (KDA [T, HV, K]) and beta [T, HV], fp32 (the output of the gating op)."""
-    t, hv = dims["t"], dims["hv"]
-    g, beta = _tensor(args, "g"), _tensor(args, "beta")
-    if kda:
-        _expect_shape(g, "g", (t, hv, dims["k"]), "[T, HV, K]")
-    else:
-        _expect_shape(g, "g", (t, hv), "[T, HV]")
-    _expect_shape(beta, "beta", (t, hv), "[T, HV]")
-    why = " (gates stay fp32; compute them with gdn_gating / kda_gating)"
-    _expect_dtype(g, "g", GATE_DTYPES, why)
-    _expect_dtype(beta, "beta", GATE_DTYPES, why)
+    _gate_pair(args, dims, ("g", "beta"), (dims["t"],), "T", kda, GATE_DTYPES,
+               " (gates stay fp32; compute them with gdn_gating / kda_gating)")
 
 
 def _gdn_prefill_gates(args: dict, dims: Dims) -> None:
@@ -511,8 +503,6 @@ def _same_device(args: dict, dims: Dims) -> None:
 # -- host rules run for every op: written buffers and grad mode ------------------------------------
 
 def _is_fake(x: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(x, FakeTensor) or x.device.type == "meta"
 
 

@@ -44,23 +44,32 @@ def conform_inputs(op: str, args: dict, backend) -> dict:
     Returns:
         the keyword arguments to run the backend with.
     """
-    from .validate import read_arguments
-
-    declared = backend.input_strides.get(op, {}) if backend.input_strides != "any" else None
-    if declared is None:
-        return args
+    key = (op, type(backend))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(op, backend)
     out = args
-    for name in read_arguments(op):
+    for name, how in plan:
         x = args.get(name)
-        if not isinstance(x, torch.Tensor):
-            continue
-        how = declared.get(name)
-        if how == "any" or (how == "inner" and _inner_ok(x)) or x.is_contiguous():
+        if not isinstance(x, torch.Tensor) or (how == "inner" and _inner_ok(x)) or x.is_contiguous():
             continue
         if out is args:
             out = dict(args)
         out[name] = x.contiguous()
     return out
+
+
+#: per (op, backend class): the read-only arguments to look at and how the backend reads each
+_PLANS: dict = {}
+
+
+def _plan(op: str, backend) -> tuple:
+    from .validate import read_arguments  # validate imports this module through host_rules
+
+    if backend.input_strides == "any":
+        return ()
+    declared = backend.input_strides.get(op, {})
+    return tuple((name, declared.get(name)) for name in read_arguments(op) if declared.get(name) != "any")
 
 
 def state_tiles_contiguous(x: torch.Tensor) -> bool:

@@ -246,8 +246,9 @@ def recurrent_decode(*, gate: str, q, k, v, a=None, b=None, A_log=None, dt_bias=
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32 (last dim contiguous, else copied).
         v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
         A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, num_accepted_tokens and
-            intermediate_state_indices: contiguous (copied here if not; the public ops hand them
-            over contiguous, ``TritonBackend.input_strides``).
+            intermediate_state_indices: contiguous, as the public ops hand them over
+            (``dispatch/layouts.py`` copies views the backend does not declare in
+            ``TritonBackend.input_strides``).
         state_pool: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or bf16,
             each slot contiguous; slot pitch ``stride(0)``. Updated in place.
         state_indices: ``[N]`` or ``[N, T]`` (per-token slot table), int32/int64. A row whose
@@ -304,13 +305,9 @@ def recurrent_decode(*, gate: str, q, k, v, a=None, b=None, A_log=None, dt_bias=
     if ready:
         A_log = dt_bias = a  # not read (GATES_PRECOMPUTED)
     else:
-        A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()  # read as [HV] / [HV, K] arrays
+        dt_bias = dt_bias.contiguous()  # read as an [HV] / [HV, K] array
     if has_initial_state is not None:  # read as an [N] byte array
         has_initial_state = has_initial_state.contiguous().view(torch.uint8)
-    if num_accepted_tokens is not None:
-        num_accepted_tokens = num_accepted_tokens.contiguous()
-    if intermediate_state_indices is not None:
-        intermediate_state_indices = intermediate_state_indices.contiguous()
     per_token = state_indices.dim() == 2
     if intermediate_states is not None:
         s_inter = intermediate_states.stride()

@@ -112,7 +112,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         v: ``[T, HV, V]``, same dtype; value head ``hv`` reads q/k head ``hv // (HV // H)``.
         g: log-space decay, fp32, ``[T, HV]`` (GDN) or ``[T, HV, K]`` (KDA), from the gating op.
         beta: ``[T, HV]`` fp32.
-        cu_seqlens: ``[N+1]`` int32/int64; zero-length sequences allowed anywhere.
+        cu_seqlens: ``[N+1]`` int32/int64, contiguous (the public ops hand it over so, as
+            ``state_indices``); zero-length sequences allowed anywhere.
         state_pool: pool mode: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or
             bf16, any slot pitch; row ``state_indices[n]`` is read as h0 and overwritten in place
             with the final state. A negative index is padding: zero output rows, the pool is
@@ -183,10 +184,6 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
 
     q, k, v = _row_major(q), _row_major(k), _row_major(v)
     g = _row_major(g) if kda else g
-    # the kernels index these as plain arrays (the public ops hand them over contiguous already)
-    cu_seqlens = cu_seqlens.contiguous()
-    if state_indices is not None:
-        state_indices = state_indices.contiguous()
     if has_initial_state is not None:
         if not pool_mode:
             raise ValueError("has_initial_state is for pool mode; in dense mode pass initial_state")

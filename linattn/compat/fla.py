@@ -131,16 +131,23 @@ def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes:
         cs = kwargs.pop("chunk_size")
         if cs not in chunk_sizes:
             raise ValueError(f"`chunk_size` must be one of {chunk_sizes} for {func}, got {cs}.")
-    if "use_gate_in_kernel" in extra and kwargs.pop("use_gate_in_kernel", False):
-        raise _unsupported(func, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
-    for name in ("A_log", "dt_bias"):
-        if name in extra and kwargs.pop(name, None) is not None:
-            raise _unsupported(func, name, "it is only read with use_gate_in_kernel=True")
+    _refuse_fused_gate(func, bool(kwargs.pop("use_gate_in_kernel", False)) if "use_gate_in_kernel" in extra else False,
+                       **{name: kwargs.pop(name, None) for name in ("A_log", "dt_bias") if name in extra})
     if kwargs:
         raise TypeError(f"linattn.compat.fla.{func}() got unexpected keyword argument(s) "
                         f"{', '.join(repr(k) for k in kwargs)}; linattn refuses arguments it does not "
                         f"implement rather than ignoring them.")
     return state_v_first
+
+
+def _refuse_fused_gate(func: str, use_gate_in_kernel: bool, **gate_params) -> None:
+    """FLA's in-kernel gating (``use_gate_in_kernel`` and the parameters only it reads) is refused:
+    linattn's ops take the log decay ``g``; compute it with ``linattn.gdn_gating`` / ``kda_gating``."""
+    if use_gate_in_kernel:
+        raise _unsupported(func, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
+    for name, val in gate_params.items():
+        if val is not None:
+            raise _unsupported(func, name, "it is only read with use_gate_in_kernel=True")
 
 
 def _beta_flags(func: str, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
@@ -347,11 +354,7 @@ def fused_recurrent_gated_delta_rule(
                            "fused_recurrent_kda for a [B, T, HV, K] decay")
     if gv is not None:
         raise _unsupported(f, "gv", "per-value-channel decay")
-    if use_gate_in_kernel:
-        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
-    for name, val in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if val is not None:
-            raise _unsupported(f, name, "it is only read with use_gate_in_kernel=True")
+    _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if beta is not None and beta.dim() == v.dim():
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
@@ -463,11 +466,7 @@ def fused_recurrent_kda(
     """
     f = "fused_recurrent_kda"
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
-    if use_gate_in_kernel:
-        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
-    for name, val in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)):
-        if val is not None:
-            raise _unsupported(f, name, "it is only read with use_gate_in_kernel=True")
+    _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if beta is not None and beta.dim() == v.dim():
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
