@@ -1,6 +1,6 @@
 # Two entry points, each creating .venv when missing:
 #   make demo   set up and run the main job (linattn demo on the CPU's embedded default)
-#   make test   set up and run the whole test suite
+#   make test   set up, lint (ruff check) and run the whole test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.linattn-installed
@@ -25,4 +25,5 @@ demo: $(STAMP)
 	$(VENV)/bin/linattn demo
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q

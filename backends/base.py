@@ -1,42 +1,60 @@
-"""The backend contract: declarative capabilities plus one predicate per concern.
+"""The backend contract: declarative capabilities, one predicate per concern, one method per phase.
 
 A backend is a class. Its capabilities are data on the class (ops, vendors, dtypes, head dims,
 layouts, toolchain needs); each predicate answers one concern with a :class:`Check` that carries
 the verdict and its reason together. The dispatcher runs every predicate and ranks the backends
-that pass. To run, the dispatcher calls the method named after the op with keyword arguments
-that the validation layer has already checked and normalised (``scale`` is a float,
-``state_layout`` is ``"vk"`` or ``"kv"``).
+that pass (:class:`~linattn.dispatch.verdict.Rank` names the tiers).
 
-Op methods and their keyword arguments (shapes in ops.md):
+**Plugin API 2** (``api_version = "2"``): one method per phase, each taking a typed, frozen call
+object (``dispatch/calls.py``) whose fields are named as in the op contract and already validated
+and normalised (``scale`` a float, ``state_layout`` ``"vk"`` or ``"kv"``); the op, its family
+(``call.family``: ``gdn`` or ``kda``) and the prefill mode (``call.mode``) come with it:
+
+- ``decode(call: DecodeCall) -> o [N, T, HV, V]`` (``gdn_decode``, ``kda_decode``)
+- ``prefill(call: PrefillCall) -> (o [T, HV, V], final_state or None)`` (``gdn_prefill``, ``kda_prefill``)
+- ``gating(call: GatingCall) -> (g, beta)`` (``gdn_gating``, ``kda_gating``)
+- ``clamp(call: ClampCall) -> out [M, D]`` (``silu_and_mul_clamp``)
+
+The phase methods' defaults call the method named after the op with ``call.arguments()``, which
+is how the built-in backends keep their per-op methods while being dispatched through the same
+interface (a subclass overriding ``gdn_decode`` is honoured), and how **plugin API 1** works: a
+first-release backend implements one method per op, named after it, taking keywords:
 
 - ``gdn_gating(A_log, a, b, dt_bias, softplus_beta, softplus_threshold) -> (g, beta)``
 - ``kda_gating(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold) -> (g, beta)``
 - ``gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
   state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
   num_accepted_tokens, softplus_beta, softplus_threshold, g, beta, has_initial_state) -> o``
-  (``g``, ``beta``: feature ``precomputed_gates``, and then a, b, A_log, dt_bias are None;
-  ``has_initial_state``: feature of that name, ``[N]`` bool)
 - ``kda_decode(<as gdn_decode>, lower_bound) -> o``
 - ``gdn_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
   use_qk_l2norm, state_layout, has_initial_state) -> (o, final_state or None)``
-  (``has_initial_state``: feature of that name, pool mode only)
 - ``kda_prefill(<as gdn_prefill>) -> (o, final_state or None)``
 - ``silu_and_mul_clamp(x, limit) -> out``
 
-The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``) are passed
-only when the caller gives them (a backend declaring them takes them as optional keywords,
-default None), and only to a backend that declares them in :attr:`Backend.features`
-(the ``supports_features`` predicate rejects the others with reason ``feature``), so a backend
-written for the first release keeps working unchanged and is never handed an argument it would ignore.
+The API version tells the two apart (:meth:`Backend.effective_api_version`): the class's own
+``api_version`` when it sets one, else its plugin module's ``LINATTN_API_VERSION``. A version-1
+backend is run through the adapter (:meth:`Backend.execute`): ``run(op, **call.arguments())``,
+so a first-release plugin, an override of ``run`` included, keeps working unchanged.
+
+The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``) reach a
+per-op method only when the caller gives them (declare them as optional keywords, default None),
+and only a backend that declares them in :attr:`Backend.features` is chosen for such a call (the
+``supports_features`` predicate rejects the others with reason ``feature``).
 """
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Iterable, Optional
+from typing import Any, Callable, ClassVar, Iterable, Optional
 
 from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.calls import ClampCall, DecodeCall, GatingCall, OpCall, PrefillCall, make_call
+from linattn.dispatch.hookspecs import PLUGIN_API_VERSION
+from linattn.dispatch.ops_table import METHODS, OP_TABLE
 from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Reason
+from linattn.dispatch.verdict import Check, Rank, Reason
+
+__all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall", "GatingCall",
+           "OpCall", "PrefillCall", "Rank", "Reason"]
 
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
@@ -60,7 +78,11 @@ class Backend:
         head_dims_k / head_dims_v: supported K and V (None = any).
         state_layouts: pool layouts it reads (``vk``, ``kv``).
         requires: toolchain components it needs (``triton``, ``cutlass_dsl``).
-        api_version: the plugin API version it was written for.
+        api_version: the plugin API version it was written for: ``"2"`` (phase methods taking call
+            objects; the default) or ``"1"`` (one keyword method per op). A class that does not set
+            it itself takes its plugin module's ``LINATTN_API_VERSION`` (:meth:`effective_api_version`).
+        triton_kernels: names of the Triton kernels it launches (``linattn.kernels.triton.registry``);
+            the conformance suite checks each one's program-id contract.
         verified_archs: the GPU architectures its kernels were verified on (None: no claim); on
             others the first eager call self-checks against torch-ref (:meth:`self_check`).
     """
@@ -75,7 +97,10 @@ class Backend:
     head_dims_v: ClassVar[Optional[frozenset[int]]] = None
     state_layouts: ClassVar[frozenset[str]] = frozenset({"vk", "kv"})
     requires: ClassVar[tuple[str, ...]] = ()
-    api_version: ClassVar[str] = "1"
+    api_version: ClassVar[str] = PLUGIN_API_VERSION
+    #: The Triton kernels the backend launches (names in ``linattn.kernels.triton.registry.KERNELS``):
+    #: ``linattn check`` runs each one's program-id contract (cases of kind ``contract``).
+    triton_kernels: ClassVar[tuple[str, ...]] = ()
     #: Read-only tensor arguments the kernels read through their strides, per op: ``{op: {arg:
     #: "any" | "inner"}}`` (``"inner"``: the last dim must have stride 1). Every other read-only
     #: tensor argument is handed over contiguous (``dispatch/layouts.py`` copies it), so a backend
@@ -103,10 +128,31 @@ class Backend:
     #: the features again (its own ``features``): inherited declarations do not cover a method written
     #: without them (:meth:`declared_features`).
     features: ClassVar[frozenset[str]] = frozenset()
-    # Filled in by the registry: where the backend came from.
+    # Filled in by the registry: where the backend came from, and its plugin's API version.
     plugin: ClassVar[str] = "linattn"
     distribution: ClassVar[str] = "linattn"
     version: ClassVar[str] = ""
+    plugin_api_version: ClassVar[Optional[str]] = None
+    #: The phase methods (``decode``, ...) the class implements itself (computed per subclass, never
+    #: set by hand): :meth:`run` hands these a call object; the others run the op method named after
+    #: the op with the keywords as they are (no call object is built).
+    own_phase_methods: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.own_phase_methods = frozenset(m for m in METHODS if getattr(cls, m) is not getattr(Backend, m))
+
+    @classmethod
+    def effective_api_version(cls) -> str:
+        """The plugin API the backend is run under: ``api_version`` if the class sets it itself,
+        else its plugin module's ``LINATTN_API_VERSION`` (stamped by the registry), else the
+        inherited ``api_version``. So a first-release plugin's subclass of a built-in backend
+        stays on API 1, and a class that says ``api_version = "2"`` is run as such."""
+        own = cls.__dict__.get("api_version")
+        if own is not None:
+            return str(own)
+        stamped = cls.__dict__.get("plugin_api_version")
+        return str(stamped) if stamped is not None else str(cls.api_version)
 
     # -- predicates: one per concern, each returns a Check (verdict and reason together) --------
 
@@ -117,12 +163,15 @@ class Backend:
 
     def declared_features(self, op: str) -> frozenset[str]:
         """The features that cover ``op``: the ``features`` declared by the class that defines the op
-        method, or by a subclass of it (the most derived declaration wins). A class that overrides
-        an op method without declaring ``features`` itself declares none for that op: e.g. a plugin
-        backend that subclasses torch-ref and rewrote ``gdn_decode`` with the first release's
-        arguments does not inherit torch-ref's features for it."""
+        method (or the phase method that runs it, ``decode`` for ``gdn_decode``), or by a subclass of
+        it (the most derived declaration wins). A class that overrides such a method without
+        declaring ``features`` itself declares none for that op: e.g. a plugin backend that
+        subclasses torch-ref and rewrote ``gdn_decode`` with the first release's arguments does not
+        inherit torch-ref's features for it."""
         mro = type(self).__mro__
-        owner = next((i for i, c in enumerate(mro) if op in c.__dict__), None)
+        names = (op, OP_TABLE[op].method) if op in OP_TABLE else (op,)
+        owner = next((i for i, c in enumerate(mro) if c is not Backend and any(n in c.__dict__ for n in names)),
+                     None)
         if owner is None:
             return frozenset(self.features)
         for c in mro[:owner + 1]:
@@ -176,12 +225,12 @@ class Backend:
     def supports_dtype(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if p.dtype not in self.dtypes:
             return Check.failed(Reason.DTYPE, f"dtype={p.dtype}; supported: {_fmt(self.dtypes)}")
-        if p.op not in ("silu_and_mul_clamp",) and not p.op.endswith("gating") and p.state_dtype not in self.state_dtypes:
+        if OP_TABLE[p.op].has_state and p.state_dtype not in self.state_dtypes:
             return Check.failed(Reason.DTYPE, f"state dtype={p.state_dtype}; supported: {_fmt(self.state_dtypes)}")
         return Check.passed()
 
     def supports_shape(self, p: Problem, caps: DeviceCapabilities) -> Check:
-        if p.op in ("silu_and_mul_clamp",) or p.op.endswith("gating"):
+        if not OP_TABLE[p.op].has_state:
             return Check.passed()
         if self.head_dims_k is not None and p.k not in self.head_dims_k:
             return Check.failed(Reason.SHAPE, f"unsupported head_dim K={p.k}; supported: {_fmt(self.head_dims_k)}")
@@ -190,10 +239,11 @@ class Backend:
         return Check.passed()
 
     def supports_layout(self, p: Problem, caps: DeviceCapabilities) -> Check:
-        if p.op in ("silu_and_mul_clamp",) or p.op.endswith("gating"):
+        if not OP_TABLE[p.op].has_state:
             return Check.passed()
         if p.state_layout not in self.state_layouts:
-            return Check.failed(Reason.LAYOUT, f"state_layout={p.state_layout!r}; supported: {_fmt(self.state_layouts)}")
+            return Check.failed(Reason.LAYOUT,
+                                f"state_layout={p.state_layout!r}; supported: {_fmt(self.state_layouts)}")
         if not p.state_tiles_contiguous and p.op not in self.strided_state_ops:
             return Check.failed(Reason.LAYOUT, "a written state buffer (state_pool or intermediate_states) does not "
                                 "hold each head's state matrix as one dense block (last two dims not contiguous); "
@@ -203,15 +253,73 @@ class Backend:
                                 "strided tiles (torch-ref)")
         return Check.passed()
 
-    # -- ranking and running ---------------------------------------------------------------------
+    # -- ranking, forcing and running -----------------------------------------------------------
 
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
-        """Lower is better; may depend on the shape. The reference is 1000."""
-        return 100
+        """Lower is better; may depend on the shape. Tiers: :class:`~linattn.dispatch.verdict.Rank`
+        (torch-ref is ``CPU_DEFAULT`` on CPUs and ``GPU_REFERENCE`` on GPUs)."""
+        return Rank.DEFAULT
+
+    def needs_forcing(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
+        """A message when the backend accepts ``p`` on ``caps`` but may run it only when forced
+        (``backend=``, ``policy``, ``LINATTN_BACKEND``): e.g. Triton in the CPU interpreter. The
+        dispatcher then rejects it with reason ``not_forced`` unless it is forced. None (the
+        default): it may be chosen."""
+        return None
+
+    def prepare(self, op: str, kwargs: dict) -> Optional[Callable[[dict], Any]]:
+        """An optional cached launch for calls like this one (``dispatch/fast_path.py``): given the
+        validated keyword arguments of the first call with a call key, return a function of a
+        later call's keyword arguments that runs it, or None (the default) to run :meth:`run`."""
+        return None
 
     def run(self, op: str, **kwargs):
-        """Run ``op`` with validated, normalised keyword arguments (see the module docstring)."""
-        return getattr(self, op)(**kwargs)
+        """Run ``op`` with its validated, normalised keyword arguments (the dispatcher's entry).
+
+        Plugin API 2: the phase method the class overrides gets the call object (:meth:`execute`);
+        a phase method left at its default runs the op method named after the op with these
+        keywords (no call object is built). Plugin API 1: the op method, with these keywords.
+        """
+        method = OP_TABLE[op].method
+        if method in self.own_phase_methods and self.effective_api_version() != "1":
+            return getattr(self, method)(make_call(op, kwargs))
+        return self._op_method(op)(**kwargs)
+
+    def execute(self, call: OpCall):
+        """Run one call object: plugin API 2, the phase method (``decode``, ``prefill``, ``gating``,
+        ``clamp``); plugin API 1, the adapter ``run(call.op, **call.arguments())``, which honours a
+        first-release backend's own ``run``."""
+        if self.effective_api_version() == "1":
+            return self.run(call.op, **call.arguments())
+        return getattr(self, call.spec.method)(call)
+
+    # -- the phase methods of plugin API 2 (defaults: the op method named after the op) -----------
+
+    def decode(self, call: DecodeCall):
+        """Decode over the state pool, in place; returns ``o [N, T, HV, V]`` in q's dtype."""
+        return self._by_op(call)
+
+    def prefill(self, call: PrefillCall):
+        """Chunked prefill; returns ``(o [T, HV, V], None)`` in pool mode, ``(o, final_state)`` in dense."""
+        return self._by_op(call)
+
+    def gating(self, call: GatingCall):
+        """Gates from the raw projections; returns ``(g, beta)`` in fp32, shaped as ``a`` and ``b``."""
+        return self._by_op(call)
+
+    def clamp(self, call: ClampCall):
+        """SwiGLU with a clamp; returns ``[M, D]`` in x's dtype."""
+        return self._by_op(call)
+
+    def _by_op(self, call: OpCall):
+        return self._op_method(call.op)(**call.arguments())
+
+    def _op_method(self, op: str) -> Callable:
+        fn = getattr(self, op, None)
+        if fn is None:
+            raise NotImplementedError(f"{self.name} declares {op} but implements neither "
+                                      f"{OP_TABLE[op].method}(call) (plugin API 2) nor {op}(**kwargs) (API 1)")
+        return fn
 
     # -- first-call self-check on an architecture the kernels were never verified on --------------
 
@@ -236,7 +344,7 @@ class Backend:
 
     def self_check(self, p: Problem, caps: DeviceCapabilities, device) -> Check:
         """Run a small case of ``p``'s shape class on ``device`` (a ``torch.device``) through this
-        backend and compare it with torch-ref in float64 at ops.md's tolerances.
+        backend and compare it with torch-ref in float64 at docs/ops.md's tolerances.
 
         The dispatcher calls it eagerly (never during CUDA-graph capture), before the first user
         call this backend would run on an unverified arch; ``caps`` is that device's capabilities

@@ -29,15 +29,15 @@ from typing import ClassVar
 
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Reason
+from linattn.dispatch.verdict import Check, Rank, Reason
 from linattn.kernels.cutedsl import (MIN_DSL_FOR_ARCH, MIN_DSL_VERSION, SUPPORTED_ARCHS, SUPPORTED_K,
                                      SUPPORTED_V, importable, parse_version)
 
 from .base import Backend
 from .triton import TRITON_INPUT_STRIDES
 
-RANK_FIRST = 5  # ahead of triton-split (20) and torch-ref (1000)
-RANK_BEHIND = 60  # behind triton-split, ahead of the reference
+RANK_FIRST = Rank.PREFERRED  # 5: ahead of triton-split (Rank.NATIVE, 20) and torch-ref (1000)
+RANK_BEHIND = Rank.BEHIND_NATIVE  # 60: behind triton-split, ahead of the reference
 
 #: Shape classes (see :func:`shape_class`) where cutedsl measured faster than triton-split on the
 #: H200 (SM90), per family: none. The cutedsl prefill runs the Triton intra and output stages with
@@ -65,6 +65,7 @@ class CuteDSLBackend(Backend):
     """Chunked prefill with the CuTe DSL state kernel (SM90 / SM100 / SM103; bf16)."""
 
     name: ClassVar[str] = "cutedsl"
+    api_version: ClassVar[str] = "2"  # dispatched through the phase methods; their defaults run the op methods
     summary: ClassVar[str] = "CuTe DSL state kernel (mma.sync, pool read/written in place) + Triton stages; prefill"
     ops: ClassVar[frozenset[str]] = frozenset({"gdn_prefill", "kda_prefill"})
     vendors: ClassVar[frozenset[str]] = frozenset({"nvidia"})
@@ -132,7 +133,7 @@ class CuteDSLBackend(Backend):
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
-        """GDN chunked prefill (ops.md ``gdn_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
+        """GDN chunked prefill (docs/ops.md ``gdn_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("gdn", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
                              use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
@@ -140,7 +141,7 @@ class CuteDSLBackend(Backend):
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
-        """KDA chunked prefill (ops.md ``kda_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
+        """KDA chunked prefill (docs/ops.md ``kda_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("kda", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
                              use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,

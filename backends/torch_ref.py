@@ -1,6 +1,6 @@
-"""The PyTorch reference backend: ops.md written as token-serial PyTorch.
+"""The PyTorch reference backend: docs/ops.md written as token-serial PyTorch.
 
-Every other backend is tested against the functions here. They follow ops.md literally:
+Every other backend is tested against the functions here. They follow docs/ops.md literally:
 
 ```
 x        = a + dt_bias
@@ -31,7 +31,7 @@ rejects that), so blocks are independent. The state is held as ``[B, HV, V, K]``
 while computed; ``state_layout="kv"`` pools (``[P, HV, K, V]``) are transposed on load and store.
 Strided inputs are copied contiguous once, so a view gives the same bits as its ``.contiguous()``.
 
-Decisions where ops.md is silent (pinned by ``tests/reference``):
+Decisions where docs/ops.md is silent (pinned by ``tests/reference``):
 
 - ``g`` is floored at :data:`G_MIN` (-1000). ``exp(-1000)`` is 0 in float32 and float64, so the
   decay is unchanged, but ``g`` stays finite: ``exp(A_log) = inf`` with ``softplus > 0`` gives
@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from linattn.dispatch.problem import OPS
 from linattn.kernels.triton.limits import G_MIN  # floor of g: exp(G_MIN) is 0 in fp32 and fp64
 
-from .base import ALL_VENDORS, FLOAT_DTYPES, Backend
+from .base import ALL_VENDORS, FLOAT_DTYPES, Backend, Rank
 
 L2NORM_EPS = 1e-6
 
@@ -109,14 +109,14 @@ def _gate(A_log, a, dt_bias, lower_bound, softplus_beta, softplus_threshold, cd,
 def gdn_gating_ref(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor,
                    softplus_beta: float = 1.0, softplus_threshold: float = 20.0, *,
                    compute_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """GDN gates from the raw projections (ops.md, "Gating").
+    """GDN gates from the raw projections (docs/ops.md, "Gating").
 
     Args:
         A_log: ``[HV]``, any float dtype.
         a: ``[..., HV]`` raw decay projection (e.g. ``[T, HV]`` or ``[N, T, HV]``); may be strided.
         b: ``[..., HV]`` raw beta projection.
         dt_bias: ``[HV]``.
-        softplus_beta, softplus_threshold: the softplus parameters (``> 0``; ops.md: 1.0, 20.0).
+        softplus_beta, softplus_threshold: the softplus parameters (``> 0``; docs/ops.md: 1.0, 20.0).
         compute_dtype: float32 (the op's contract) or float64 (oracle mode).
 
     Returns:
@@ -137,7 +137,7 @@ def kda_gating_ref(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bia
                    lower_bound: Optional[float] = None, softplus_beta: float = 1.0,
                    softplus_threshold: float = 20.0, *,
                    compute_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA gates: one decay per key channel (ops.md, "Gating"; Kimi Linear report).
+    """KDA gates: one decay per key channel (docs/ops.md, "Gating"; Kimi Linear report).
 
     Args:
         A_log: ``[HV]``.
@@ -515,7 +515,7 @@ kda_prefill_ref.__doc__ = ("KDA varlen prefill: as :func:`gdn_prefill_ref` with 
 
 def silu_and_mul_clamp_ref(x: torch.Tensor, limit: Optional[float] = None, *,
                            compute_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """``silu(min(gate, L)) * clamp(up, -L, L)`` with ``x = gate ‖ up`` (ops.md, "Ops").
+    """``silu(min(gate, L)) * clamp(up, -L, L)`` with ``x = gate ‖ up`` (docs/ops.md, "Ops").
 
     Args:
         x: ``[M, 2D]``, bf16 / fp16 / fp32 / fp64; the first D columns are the gate.
@@ -549,11 +549,14 @@ def _cd(*tensors) -> torch.dtype:
 class TorchRefBackend(Backend):
     """The reference: every op, any device, token-serial PyTorch (see the module docstring).
 
-    Ranked last on GPUs (1000) and first on the CPU (10), where it is the embedded default.
+    Ranked last on GPUs (``Rank.GPU_REFERENCE``, 1000) and first on the CPU (``Rank.CPU_DEFAULT``,
+    10), where it is the embedded default. Plugin API 2: dispatched through the phase methods,
+    whose defaults run the per-op methods below (a subclass may override either).
     Computes in float32, or in float64 when an input or the state is float64.
     """
 
     name = "torch-ref"
+    api_version = "2"
     summary = "PyTorch token-serial reference (fp32 accumulation, fp64 for fp64 inputs); any device"
     ops = frozenset(OPS)
     vendors = ALL_VENDORS
@@ -565,7 +568,7 @@ class TorchRefBackend(Backend):
     features = frozenset({"precomputed_gates", "has_initial_state"})
 
     def rank(self, p, caps) -> int:
-        return 10 if caps.vendor == "cpu" else 1000
+        return Rank.CPU_DEFAULT if caps.vendor == "cpu" else Rank.GPU_REFERENCE
 
     def gdn_gating(self, *, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):
         return gdn_gating_ref(A_log, a, b, dt_bias, softplus_beta, softplus_threshold,

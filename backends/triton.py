@@ -20,7 +20,7 @@ from typing import ClassVar, Optional
 
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Reason
+from linattn.dispatch.verdict import Check, Rank, Reason
 from linattn.kernels.triton.limits import MAX_HEAD_DIM
 
 from .base import Backend
@@ -59,6 +59,7 @@ class TritonBackend(Backend):
 
     layout: ClassVar[str] = "split"
     native: ClassVar[frozenset[str]] = frozenset()
+    api_version = "2"  # dispatched through the phase methods, whose defaults run the op methods below
     ops = TRITON_OPS
     dtypes = frozenset({"float32", "bfloat16", "float16"})
     state_dtypes = frozenset({"float32", "bfloat16"})
@@ -95,7 +96,7 @@ class TritonBackend(Backend):
 
     def supports_shape(self, p: Problem, caps: DeviceCapabilities) -> Check:
         base = super().supports_shape(p, caps)
-        if not base.ok or p.op == "silu_and_mul_clamp":
+        if not base.ok or not p.spec.has_state:
             return base
         if p.phase == "prefill":
             import torch
@@ -145,7 +146,7 @@ class TritonBackend(Backend):
         return f"{self.name} ({self.layout} grid) on {caps.vendor} is for the contract tests: eligible only when forced"
 
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
-        return 20 if caps.vendor in self.native else 2000
+        return Rank.NATIVE if caps.vendor in self.native else Rank.FORCED_ONLY
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------
 
@@ -160,11 +161,11 @@ class TritonBackend(Backend):
         try:
             return TritonBackend._planned_work(p)
         except ImportError:
-            return p.n, max(p.hv, 1) if p.op != "silu_and_mul_clamp" else 1, 1
+            return p.n, max(p.hv, 1) if p.spec.method != "clamp" else 1, 1
 
     @staticmethod
     def _planned_work(p: Problem) -> tuple[int, int, int]:
-        if p.op == "silu_and_mul_clamp":
+        if p.spec.method == "clamp":
             from linattn.kernels.triton.silu_clamp import silu_config
 
             bd, _ = silu_config(p.d)
@@ -197,15 +198,15 @@ class TritonBackend(Backend):
         return recurrent_decode(gate=gate, **kw, caps=self._caps(kw["q"]), layout=self.layout)
 
     def gdn_decode(self, **kw):
-        """GDN decode over a state pool (ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
+        """GDN decode over a state pool (docs/ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
         return self._decode("gdn", **kw)
 
     def kda_decode(self, **kw):
-        """KDA decode over a state pool (ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
+        """KDA decode over a state pool (docs/ops.md; keywords: backends/base.py); ``kernels/triton/decode.py``."""
         return self._decode("kda", **kw)
 
     def silu_and_mul_clamp(self, *, x, limit=None):
-        """SwiGLU with clamp (ops.md); see ``kernels/triton/silu_clamp.py``."""
+        """SwiGLU with clamp (docs/ops.md); see ``kernels/triton/silu_clamp.py``."""
         from linattn.kernels.triton.silu_clamp import silu_and_mul_clamp
 
         return silu_and_mul_clamp(x, limit, caps=self._caps(x), layout=self.layout)
@@ -220,9 +221,49 @@ class TritonBackend(Backend):
                              layout=self.layout, caps=self._caps(q), has_initial_state=has_initial_state)
 
     def gdn_prefill(self, **kw):
-        """GDN chunked prefill, pool or dense mode (ops.md); see ``kernels/triton/prefill.py``."""
+        """GDN chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""
         return self._prefill("gdn", **kw)
 
     def kda_prefill(self, **kw):
-        """KDA chunked prefill, pool or dense mode (ops.md); see ``kernels/triton/prefill.py``."""
+        """KDA chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""
         return self._prefill("kda", **kw)
+
+    # -- prepared launches (the dispatcher's per-call fast path, dispatch/fast_path.py) ------------
+
+    def prepare(self, op: str, args: dict):
+        """A launch planned from the call's metadata, to call with later calls' tensors whose
+        shapes, strides, dtypes and scalars are the same (``dispatch/fast_path.py``); None for an
+        op without a plan (its op method runs)."""
+        if op in ("gdn_decode", "kda_decode"):
+            from linattn.kernels.triton.decode import DecodeLaunch
+
+            return DecodeLaunch(gate=op[:3], caps=self._caps(args["q"]), layout=self.layout, **args)
+        if op in ("gdn_prefill", "kda_prefill"):
+            return _PreparedPrefill(op[:3], args, self._caps(args["q"]), self.layout)
+        return None
+
+
+class _PreparedPrefill:
+    """A chunked prefill planned from a call's metadata (``kernels/triton/prefill.py``
+    :func:`plan_prefill`); calling it runs the stages on a later call's tensors."""
+
+    __slots__ = ("plan", "scale")
+
+    def __init__(self, family: str, args: dict, caps, layout: str):
+        from linattn.kernels.triton.prefill import plan_prefill
+
+        self.scale = args["scale"]
+        self.plan = plan_prefill(family, q=args["q"], v=args["v"], cu_seqlens=args["cu_seqlens"],
+                                 state_pool=args.get("state_pool"), state_indices=args.get("state_indices"),
+                                 initial_state=args.get("initial_state"),
+                                 has_initial_state=args.get("has_initial_state"),
+                                 use_qk_l2norm=args["use_qk_l2norm"], state_layout=args["state_layout"],
+                                 layout=layout, caps=caps)
+
+    def __call__(self, a: dict):
+        from linattn.kernels.triton.prefill import run_prefill
+
+        return run_prefill(self.plan, q=a["q"], k=a["k"], v=a["v"], g=a["g"], beta=a["beta"],
+                           cu_seqlens=a["cu_seqlens"], scale=self.scale, state_pool=a.get("state_pool"),
+                           state_indices=a.get("state_indices"), initial_state=a.get("initial_state"),
+                           has_initial_state=a.get("has_initial_state"))

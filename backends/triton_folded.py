@@ -16,6 +16,7 @@ class TritonFoldedBackend(TritonBackend):
     """Triton GDN/KDA decode and SwiGLU clamp, folded grid (AMD, Intel; CUDA/CPU when forced)."""
 
     name = "triton-folded"
+    api_version = "2"
     summary = "Triton kernels, legacy folded launch grid (NK, NV, N*HV); ROCm and XPU"
     layout = "folded"
     vendors = frozenset({"amd", "intel", "nvidia", "cpu"})

@@ -16,6 +16,7 @@ class TritonSplitBackend(TritonBackend):
     """Triton GDN/KDA decode and SwiGLU clamp, split grid (NVIDIA; CPU interpreter when forced)."""
 
     name = "triton-split"
+    api_version = "2"
     summary = "Triton kernels, split launch grid (seq/head/value-block on separate axes); CUDA"
     layout = "split"
     vendors = frozenset({"nvidia", "cpu"})

@@ -10,9 +10,13 @@ medians and their ratio. It also records the dispatcher's own choice for the pro
 relative difference between the two outputs and final states (a sanity check; the conformance
 suite is the accuracy test).
 
+Writes the ``benchmarks/_results.py`` schema, one row per (op, tokens per sequence), to
+``benchmarks/results/cpu_chunked.json`` (``--out``; ``-`` prints it instead). Several lengths
+(``--tokens 64,128,256,512,2048``) show where the plugin starts to pay (docs/performance.md).
+
 Usage:
-    python benchmarks/cpu_chunked.py [--repeats 5] [--threads N] [--ops gdn,kda]
-           [--out benchmarks/results/cpu_chunked.json]
+    python benchmarks/cpu_chunked.py [--repeats 5] [--threads N] [--ops gdn,kda] [--tokens 2048]
+           [--label "which machine"]
 
 Needs the example installed: ``pip install -e examples/linattn-cpu-chunked``.
 """
@@ -22,29 +26,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 import linattn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import RESULTS, make_results, write_results  # noqa: E402
+
 SHAPES = {"gdn": dict(model="qwen3-next", H=16, HV=32, K=128, V=128),
           "kda": dict(model="kimi-linear", H=32, HV=32, K=128, V=128)}
 BACKENDS = ("cpu-chunked", "torch-ref")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def make_inputs(family: str, n_seq: int, seq_len: int, seed: int = 0) -> dict:
@@ -119,29 +114,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--ops", default="gdn,kda")
     ap.add_argument("--sequences", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=2048, help="tokens per sequence")
-    ap.add_argument("--out", default=None, help="write the JSON here (default: print it)")
+    ap.add_argument("--tokens", default="2048", help="tokens per sequence (a comma list: one row each)")
+    ap.add_argument("--out", default=str(RESULTS / "cpu_chunked.json"), help="results file ('-': print it)")
     ap.add_argument("--label", default="", help="a note stored with the run (e.g. which machine)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if "cpu-chunked" not in linattn.list_backends():
         sys.exit("cpu-chunked is not installed: pip install -e examples/linattn-cpu-chunked")
-    results = [bench(f, args.sequences, args.tokens, args.repeats) for f in args.ops.split(",")]
-    doc = {
-        "benchmark": "benchmarks/cpu_chunked.py",
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-        "label": args.label,
-        "host": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                 "torch": torch.__version__, "python": platform.python_version(),
-                 "load_average_at_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None},
-        "results": results,
-    }
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+    lengths = [int(t) for t in args.tokens.split(",")]
+    results = [bench(f, args.sequences, t, args.repeats) for f in args.ops.split(",") for t in lengths]
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    notes = ["The example plugin cpu-chunked against torch-ref through the public ops (validation and dispatch "
+             f"included), {args.sequences} sequences of {args.tokens} tokens (one row per length) in one varlen "
+             "call, bf16 q/k/v, fp32 pool; each repeat runs both back to back, alternating which goes first; "
+             "seconds = every repeat.",
+             f"machine: {args.label or '(no --label)'}; load average at the end {load}."]
+    if args.out == "-":
+        print(json.dumps(make_results(results, notes).model_dump(), indent=1))
+    else:
+        write_results(args.out, results, notes)
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

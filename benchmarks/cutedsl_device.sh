@@ -10,8 +10,11 @@
 #   d. compute-sanitizer memcheck of a small pool/dense cutedsl prefill program (GDN and KDA, fp32
 #      and bf16 pools, vk and kv, padding slot, empty sequence, the pool's last row live)
 #                                                                    -> $OUT/cutedsl_memcheck.log
-#   then one summary (tests, check, decisions, memcheck counts)      -> $OUT/cutedsl_device.json
-# Six files in $OUT, flat. The memcheck summary separates device-memory errors (Invalid
+#   then, in the benchmarks/_results.py schema, one row per step     -> $OUT/cutedsl_device_<device>.json
+#   and one row per conformance case                                 -> $OUT/cutedsl_check_<device>.json
+# Eight files in $OUT, flat; the two schema files are the ones benchmarks/results/ keeps (the device
+# tag comes from the GPU's name: h200 on an H200). Pass LINATTN_COMMIT=<commit> to record the commit.
+# The memcheck summary separates device-memory errors (Invalid
 # __global__/__shared__ accesses, misaligned or out-of-range addresses...) from host API errors
 # ("Program hit ... on CUDA API call to ...", e.g. cuda-bindings probing cuGetProcAddress_v2 while
 # CuTe DSL starts up, which alone make compute-sanitizer exit 99).
@@ -20,6 +23,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${CUTEDSL_DEVICE_BUDGET_S:-420}  # seconds for the whole script (the device allows 600 per call)
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # never import the repo root's linattn/ (it is not the installed package)
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+export LINATTN_RESULTS_DIR="$OUT"  # benchmarks/_results.py writes the schema files here
 
 cap() {  # cap SECONDS: the time a step may take, never past the script's budget
   local left=$((BUDGET - SECONDS - 10))
@@ -179,20 +183,15 @@ elif ! skip_if_late d; then
 fi
 
 # -- summary ----------------------------------------------------------------------------------------------
+# Two files in the benchmarks/_results.py schema: cutedsl_device_<device>.json (one row per step) and
+# cutedsl_check_<device>.json (one row per conformance case), both under $LINATTN_RESULTS_DIR (= $OUT).
 python3 - "$OUT" "$rc_a" "$rc_b" "$rc_c" "$rc_d_warm" "$rc_d" "$SECONDS" <<'PY'
 import collections, json, os, re, sys, xml.etree.ElementTree as ET
+sys.path.insert(0, "benchmarks")
+from _results import results_path, write_results
 out, rc_a, rc_b, rc_c, rc_warm, rc_d, secs = sys.argv[1:]
-res = {"command": "bash benchmarks/cutedsl_device.sh", "seconds": int(secs),
-       "exit_codes": {"a_pytest": rc_a, "b_check": rc_b, "c_explain": rc_c.strip(), "d_warm_run": rc_warm,
-                      "d_memcheck": rc_d}}
-try:
-    import torch, triton
-    res["device"] = torch.cuda.get_device_name()
-    res["torch"], res["triton"] = torch.__version__, triton.__version__
-    import cutlass
-    res["nvidia_cutlass_dsl"] = cutlass.__version__
-except Exception as e:  # noqa: BLE001
-    res["env_error"] = f"{type(e).__name__}: {e}"
+rows = []
+row = {"step": "a_pytest", "what": "pytest tests/gpu/test_cutedsl_gpu.py tests/cutedsl", "exit_code": rc_a}
 p = os.path.join(out, "cutedsl_tests.xml")
 if os.path.exists(p):
     counts, bad = collections.Counter(), []
@@ -202,26 +201,38 @@ if os.path.exists(p):
         if st in ("failure", "error"):
             el = tc.find(st)
             bad.append({"test": f"{tc.get('classname')}::{tc.get('name')}", "message": (el.get("message") or "")[:400]})
-    res["tests"] = {"counts": dict(counts), "failed": bad}
-p = os.path.join(out, "cutedsl_check.json")
+    row.update(counts=dict(counts), failed=bad)
+rows.append(row)
+row = {"step": "b_check", "what": "linattn check --backend cutedsl --device cuda (cutedsl_check json)", "exit_code": rc_b}
 try:
-    d = json.load(open(p))
+    d = json.load(open(os.path.join(out, "cutedsl_check.json")))
     b = d["backends"][0] if d.get("backends") else {}
-    res["check"] = {"status": d.get("status"), "ok": d.get("ok"), "counts": b.get("counts"),
-                    "availability": b.get("availability"), "error": d.get("error"),
-                    "failed": [{"id": r["id"], "message": r["message"][:300]} for r in b.get("results", [])
-                               if r["status"] == "failed"]}
+    row.update(status=d.get("status"), ok=d.get("ok"), counts=b.get("counts"), availability=b.get("availability"),
+               error=d.get("error"), failed=[{"id": r["id"], "message": r["message"][:300]}
+                                             for r in b.get("results", []) if r["status"] == "failed"])
+    write_results(results_path("cutedsl_check"), b.get("results", []),
+                  [f"linattn check of backend {b.get('backend')} ({b.get('plugin')}, {b.get('distribution')} "
+                   f"{b.get('version')}) on the GPU: status {d.get('status')}, counts {json.dumps(b.get('counts'))}, "
+                   f"availability {json.dumps(b.get('availability'))}.",
+                   "One row per conformance case (accuracy and pool cases against the float64 reference, negative "
+                   "cases refused with a reason); errors = the relative errors measured.", *d.get("notes", [])],
+                  command="python3 -m linattn check --backend cutedsl --device cuda --json "
+                          "(step b of bash benchmarks/cutedsl_device.sh)")
 except Exception as e:  # noqa: BLE001
-    res["check"] = {"error": f"{type(e).__name__}: {e}"}
-res["explain"] = {}
+    row["error"] = f"{type(e).__name__}: {e}"
+rows.append(row)
+rc_by_op = dict(x.split("=", 1) for x in rc_c.split())
 for op in ("gdn_prefill", "kda_prefill"):
+    row = {"step": "c_explain", "op": op, "exit_code": rc_by_op.get(op, "skipped")}
     try:
         d = json.load(open(os.path.join(out, f"cutedsl_explain_{op}.json")))
-        res["explain"][op] = {"device": d["device"], "chosen": d["chosen"],
-                              "verdicts": {v["backend"]: {k: v[k] for k in ("status", "rank", "reason", "message") if k in v}
-                                           for v in d["verdicts"]}}
+        row.update(device=d["device"], chosen=d["chosen"],
+                   verdicts={v["backend"]: {k: v[k] for k in ("status", "rank", "reason", "message") if k in v}
+                             for v in d["verdicts"]})
     except Exception as e:  # noqa: BLE001
-        res["explain"][op] = {"error": f"{type(e).__name__}: {e}"}
+        row["error"] = f"{type(e).__name__}: {e}"
+    rows.append(row)
+row = {"step": "d_memcheck", "warm_run_exit_code": rc_warm, "exit_code": rc_d}
 p = os.path.join(out, "cutedsl_memcheck.log")
 if os.path.exists(p):
     lines = open(p, errors="replace").read().splitlines()
@@ -244,23 +255,24 @@ if os.path.exists(p):
         elif not rec.startswith(("ERROR SUMMARY", "COMPUTE-SANITIZER")):
             other.append(rec[:200])
     summary = [l for l in lines if "ERROR SUMMARY" in l]
-    res["memcheck"] = {
-        "command": "PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 99 "
-                   "python3 /tmp/cutedsl_memcheck_prog.py (written by this script)",
-        "exit_code": rc_d, "device_memory_errors": len(device_errs), "device_memory_first": device_errs[:10],
-        "host_api_errors": sum(host.values()), "host_api_error_kinds": dict(host), "other_records": other[:10],
-        "error_summary": summary[-1] if summary else None,
-        "program": [l for l in lines if l.startswith("memcheck-prog:")],
-        "verdict": ("not run" if rc_d == "skipped" else "clean" if rc_d == "0" else
-                    "no device-memory error; exit 99 from host API errors only" if rc_d == "99" and not device_errs
-                    and host else "device-memory errors" if device_errs else f"see log (exit {rc_d})"),
-    }
-json.dump(res, open(os.path.join(out, "cutedsl_device.json"), "w"), indent=1)
-print("summary:", json.dumps({"tests": res.get("tests", {}).get("counts"), "check": res["check"].get("status"),
-                              "check_counts": res["check"].get("counts"),
-                              "chosen": {k: v.get("chosen") for k, v in res["explain"].items()},
-                              "memcheck": {k: res.get("memcheck", {}).get(k) for k in
-                                           ("verdict", "device_memory_errors", "host_api_errors")},
-                              "seconds": res["seconds"]}))
+    row.update(
+        command="PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 99 "
+                "python3 /tmp/cutedsl_memcheck_prog.py (written by this script)",
+        device_memory_errors=len(device_errs), device_memory_first=device_errs[:10],
+        host_api_errors=sum(host.values()), host_api_error_kinds=dict(host), other_records=other[:10],
+        error_summary=summary[-1] if summary else None,
+        program=[l for l in lines if l.startswith("memcheck-prog:")],
+        verdict=("not run" if rc_d == "skipped" else "clean" if rc_d == "0" else
+                 "no device-memory error; exit 99 from host API errors only" if rc_d == "99" and not device_errs
+                 and host else "device-memory errors" if device_errs else f"see log (exit {rc_d})"))
+rows.append(row)
+write_results(results_path("cutedsl_device"), rows,
+              [f"The cutedsl backend on this GPU in one device call ({secs} s): a. its GPU tests, b. the conformance "
+               "suite, c. the dispatcher's decisions, d. compute-sanitizer memcheck of a small pool/dense cutedsl "
+               "prefill program. One row per step (exit_code: the step's; 'skipped' when the time budget ran out)."],
+              command="bash benchmarks/cutedsl_device.sh")
+print("summary:", json.dumps({r["step"] + (":" + r["op"] if "op" in r else ""):
+                              {k: r.get(k) for k in ("exit_code", "counts", "status", "chosen", "verdict") if k in r}
+                              for r in rows}))
 PY
 ls "$OUT"

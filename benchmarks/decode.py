@@ -18,21 +18,27 @@ Kernel times are medians of CUDA-graph replays (``triton.testing.do_bench_cudagr
 gaps do not count. The kernels write the pool in place; repeating them is fine for timing (the
 state stays bounded), never for correctness checks, which run first on fresh copies.
 
+Writes the ``benchmarks/_results.py`` schema; rows of ``kind`` copy, decode, latency_n1,
+silu_and_mul_clamp (and explore, tune_decode, tune_silu in those modes).
+
 Usage:
-    python benchmarks/decode.py --out results.json            # benchmark
-    python benchmarks/decode.py --tune --out tune.json        # sweep BV / num_warps, BD / num_warps
-    python benchmarks/decode.py --sanitize                    # small calls, for compute-sanitizer (F22)
+    python benchmarks/decode.py                    # benchmark -> benchmarks/results/decode_<device>.json
+    python benchmarks/decode.py --explore          # also the placement / tile experiment at N=1024
+    python benchmarks/decode.py --tune             # sweep BV / num_warps, BD / num_warps -> ./decode_tune_<device>.json
+    python benchmarks/decode.py --sanitize         # small calls, for compute-sanitizer (F22)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import device_tag, results_path, write_results  # noqa: E402
 
 NS = (1, 32, 256, 1024, 4096, 8192)
 SHAPES = {"gdn": dict(H=16, HV=32, K=128, V=128), "kda": dict(H=32, HV=32, K=128, V=128)}
@@ -49,7 +55,6 @@ def copy_bandwidth(nbytes: int = 4 << 30) -> float:
     x = torch.empty(nbytes // 4, dtype=torch.float32, device=_dev()).normal_()
     y = torch.empty_like(x)
     ms = tt.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
-    del x, y
     return 2 * nbytes / (ms * 1e-3) / 1e12
 
 
@@ -223,29 +228,32 @@ def eager_call_us(fn, reps: int = 2000) -> float:
     return (time.perf_counter() - t0) * 1e6 / reps
 
 
-def bench_latency(caps, have_fla=True) -> dict:
+def bench_latency(caps, have_fla=True) -> list[dict]:
+    """N=1 microseconds per call, one row per (op, path): graph replay and eager calls, ours and FLA's."""
     import linattn
     from linattn.backends.triton_split import TritonSplitBackend
 
-    out = {}
+    rows = []
     for gate in ("gdn", "kda"):
+        op = f"{gate}_decode"
         d = make_inputs(gate, 1)
-        out[f"{gate}_graph_replay_us"] = graph_replay_us(_ours(gate, d, caps))
-        if have_fla:
-            out[f"{gate}_fla_graph_replay_us"] = graph_replay_us(_fla(gate, d))
         be = TritonSplitBackend()
-        meth = getattr(be, f"{gate}_decode")
-        out[f"{gate}_eager_backend_call_us"] = eager_call_us(lambda: meth(**d))
-        api = getattr(linattn, f"{gate}_decode")
+        meth = getattr(be, op)
+        api = getattr(linattn, op)
         args = {k: d[k] for k in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state_pool", "state_indices")}
-        out[f"{gate}_eager_api_call_us_validate_off"] = eager_call_us(lambda: api(**args, validate=False))
-        out[f"{gate}_api_backend"] = linattn.last_decision().chosen
-        out[f"{gate}_eager_api_call_us_validate_on"] = eager_call_us(lambda: api(**args), reps=500)
+        rows.append(dict(op=op, path="graph_replay", us=graph_replay_us(_ours(gate, d, caps))))
         if have_fla:
-            out[f"{gate}_fla_eager_call_us"] = eager_call_us(_fla(gate, d))
-    for k, v in out.items():
-        print(f"  {k}: {v if isinstance(v, str) else round(v, 2)}")
-    return out
+            rows.append(dict(op=op, path="fla_graph_replay", us=graph_replay_us(_fla(gate, d))))
+        rows.append(dict(op=op, path="eager_backend_call", us=eager_call_us(lambda: meth(**d))))
+        us = eager_call_us(lambda: api(**args, validate=False))
+        rows.append(dict(op=op, path="eager_api_call_validate_off", us=us, backend=linattn.last_decision().chosen))
+        us = eager_call_us(lambda: api(**args), reps=500)
+        rows.append(dict(op=op, path="eager_api_call_validate_on", us=us, backend=linattn.last_decision().chosen))
+        if have_fla:
+            rows.append(dict(op=op, path="fla_eager_call", us=eager_call_us(_fla(gate, d))))
+    for r in rows:
+        print(f"  {r['op']} {r['path']}: {r['us']:.2f} us")
+    return rows
 
 
 def silu_bytes(M: int, D: int, itemsize: int = 2) -> int:
@@ -269,7 +277,7 @@ def bench_silu(caps, copy_tbps, configs=None) -> list[dict]:
             with split_order(order):
                 ms, how = _time(fn)
             tbps = silu_bytes(M, D) / (ms * 1e-3) / 1e12
-            rows.append(dict(op="silu_and_mul_clamp", M=M, D=D, BD=bd, num_warps=w, order=order, us=ms * 1e3,
+            rows.append(dict(M=M, D=D, BD=bd, num_warps=w, order=order, us=ms * 1e3,
                              TBps=tbps, frac_of_copy=tbps / copy_tbps, rel_err=err, timing=how))
             print(f"  silu BD={bd} warps={w} {order}: {ms * 1e3:.1f} us {tbps:.2f} TB/s ({tbps / copy_tbps:.0%})")
     return rows
@@ -375,9 +383,21 @@ def sanitize() -> None:
     print(f"sanitize: {n} launches done")
 
 
-def main(argv=None) -> dict:
+NOTES = [
+    "Triton decode (GDN at Qwen3-Next heads H=16 HV=32 K=V=128; KDA at Kimi-Linear heads H=HV=32) against "
+    "flash-linear-attention's fused_recurrent kernels on the same data, fp32 pool of 2N slots, random slots; SwiGLU "
+    "clamp at M=8,192, D=18,432 bf16; the copy ceiling (4 GiB device copy, bytes read + written).",
+    "kind: copy | decode (ours_* = the planner's placement at the pinned tile configs, ours_blk_on_x_* = value blocks "
+    "on x forced; *_frac_of_copy against the copy row) | latency_n1 (N=1, microseconds per call) | silu_and_mul_clamp "
+    "(order = grid placement) | explore | tune_decode | tune_silu.",
+    "Times: medians of CUDA-graph replays (timing 'cudagraph'); eager do_bench at N >= 4,096.",
+]
+
+
+def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/decode_<device>.json; "
+                                                "with --tune: ./decode_tune_<device>.json, an experiment, not committed)")
     ap.add_argument("--tune", action="store_true", help="sweep tile configs instead of benchmarking")
     ap.add_argument("--sanitize", action="store_true", help="small calls for compute-sanitizer")
     ap.add_argument("--ns", default=",".join(map(str, NS)))
@@ -386,61 +406,53 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.sanitize:
         sanitize()
-        return {}
+        return []
     from linattn.capabilities import probe
 
     caps = probe(_dev())
-    have_fla = not args.no_fla
-    if have_fla:
-        try:
-            import fla  # noqa: F401
-        except ImportError:
-            have_fla = False
-    import triton
+    have_fla = not args.no_fla and _have_fla()
+    out = args.out or (f"decode_tune_{device_tag()}.json" if args.tune else results_path("decode"))
+    command = "python benchmarks/decode.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    notes = NOTES + ([] if have_fla else ["flash-linear-attention not installed (or --no-fla): no FLA columns."])
+    rows: list[dict] = []
 
-    res = dict(command="python benchmarks/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-               device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-               fla=(__import__("fla").__version__ if have_fla else None), time=time.strftime("%Y-%m-%d %H:%M:%S"))
-    res["copy_TBps"] = copy_bandwidth()
-    print(f"copy bandwidth: {res['copy_TBps']:.3f} TB/s", flush=True)
-    ns = tuple(int(n) for n in args.ns.split(","))
-    def save():
-        if args.out:
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(res, f, indent=1)
+    def save():  # after every stage: a timeout keeps what was measured
+        write_results(out, rows, notes, command=command.strip())
 
+    copy_tbps = copy_bandwidth()
+    rows.append(dict(kind="copy", bytes=2 * (4 << 30), TBps=copy_tbps))
+    print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
     save()
     if args.tune:
-        res["tune_decode"] = tune_decode(caps)
+        rows += [dict(kind="tune_decode", **r) for r in tune_decode(caps)]
         save()
-        res["tune_silu"] = bench_silu(caps, res["copy_TBps"], [(bd, w) for bd in (1024, 2048, 4096)
-                                                                for w in (4, 8, 16)])
+        rows += [dict(kind="tune_silu", **r) for r in bench_silu(caps, copy_tbps, [(bd, w) for bd in (1024, 2048, 4096)
+                                                                                   for w in (4, 8, 16)])]
         save()
-        return res
+        return rows
     if args.explore:
-        res["explore"] = explore(caps)
+        rows += [dict(kind="explore", **r) for r in explore(caps)]
         save()
-    res["decode"] = bench_decode("gdn", caps, ns, have_fla)
+    ns = tuple(int(n) for n in args.ns.split(","))
+    decode = []
+    for gate in ("gdn", "kda"):
+        decode += bench_decode(gate, caps, ns, have_fla)
+        for r in decode:
+            for col in ("ours", "ours_blk_on_x", "fla"):
+                if f"{col}_TBps" in r:
+                    r[f"{col}_frac_of_copy"] = r[f"{col}_TBps"] / copy_tbps
+        rows[:] = [r for r in rows if r["kind"] != "decode"] + [dict(kind="decode", **r) for r in decode]
+        save()
+    rows += [dict(kind="latency_n1", **r) for r in bench_latency(caps, have_fla)]
     save()
-    res["decode"] += bench_decode("kda", caps, ns, have_fla)
-    for r in res["decode"]:
-        r["ours_frac_of_copy"] = r["ours_TBps"] / res["copy_TBps"]
-        if "ours_blk_on_x_TBps" in r:
-            r["ours_blk_on_x_frac_of_copy"] = r["ours_blk_on_x_TBps"] / res["copy_TBps"]
-        if "fla_TBps" in r:
-            r["fla_frac_of_copy"] = r["fla_TBps"] / res["copy_TBps"]
+    rows += [dict(kind="silu_and_mul_clamp", **r) for r in bench_silu(caps, copy_tbps, [(2048, 8), (1024, 4), (4096, 8)])]
     save()
-    res["latency_n1"] = bench_latency(caps, have_fla)
-    save()
-    res["silu"] = bench_silu(caps, res["copy_TBps"], [(2048, 8), (1024, 4), (4096, 8)])
-    save()
-    print("\n op    N     ours TB/s (% copy)  blk_on_x   FLA TB/s (% copy)")
-    for r in res["decode"]:
+    print(f"\nwrote {out}\n op    N     ours TB/s (% copy)  blk_on_x   FLA TB/s (% copy)")
+    for r in decode:
         print(f" {r['op'][:3]} {r['N']:5d}   {r['ours_TBps']:.2f} ({r['ours_frac_of_copy']:.0%})"
               + (f"   {r['ours_blk_on_x_TBps']:.2f} ({r['ours_blk_on_x_frac_of_copy']:.0%})" if "ours_blk_on_x_TBps" in r else "")
               + (f"   {r['fla_TBps']:.2f} ({r['fla_frac_of_copy']:.0%})" if "fla_TBps" in r else ""))
-    return res
+    return rows
 
 
 if __name__ == "__main__":

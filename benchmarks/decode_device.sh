@@ -1,7 +1,9 @@
 #!/bin/bash
 # One call on the H200 (device tool): install, then contract tests compiled, GPU field cases,
-# compute-sanitizer memcheck (F22), tile sweep and the decode benchmark; JSON under $OUT.
-# Usage (device tool, carry [".whl"]):  bash benchmarks/decode_device.sh [all|final|bench|tests|tune]
+# compute-sanitizer memcheck (F22), tile sweep and the decode benchmark; JSON under $OUT in the
+# benchmarks/_results.py schema: decode_<device>.json (the benchmark: copy it to benchmarks/results/),
+# decode_tune.json (the sweep, an experiment) and decode_tests_<device>.json (the tests, a run log).
+# Usage (device tool, carry [".whl"]):  LINATTN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/decode_device.sh [all|final|bench|tests|tune]
 # final = contract + GPU tests + placement experiment + benchmark (no sanitizer, no tuning sweep)
 # The recipe is written up in /work/notes/device-recipe.md.
 set -u
@@ -10,7 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1  # never import the repo root's linattn/ (it is not the installed package)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 4; }
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site LINATTN_RESULTS_DIR="$OUT"
 python3 -c "import linattn, fla, torch, triton; print('linattn', linattn.__file__, 'fla', fla.__version__, 'torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 PT="python3 -m pytest -q -p no:cacheprovider -rfE"
 if [ "$MODE" = all ] || [ "$MODE" = tests ] || [ "$MODE" = final ]; then
@@ -23,37 +25,13 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "memcheck exit $?: $(grep -E 'ERROR SUMMARY|sanitize:' "$OUT/memcheck.log" | tr '\n' ' ')"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = tune ]; then
-  python3 benchmarks/decode.py --tune --out "$OUT/tune.json" 2>&1 | grep -v "^  (graph"
+  python3 benchmarks/decode.py --tune --out "$OUT/decode_tune.json" 2>&1 | grep -v "^  (graph"
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
-  python3 benchmarks/decode.py --explore --out "$OUT/bench.json" 2>&1 | grep -v "^  (graph"
+  python3 benchmarks/decode.py --explore 2>&1 | grep -v "^  (graph"   # -> $OUT/decode_<device>.json
 fi
-python3 - "$OUT" "$MODE" <<'PY'
-import json, os, sys, glob, xml.etree.ElementTree as ET
-out, mode = sys.argv[1], sys.argv[2]
-res = {"command": f"bash benchmarks/decode_device.sh {mode}", "tests": {}}
-for x in glob.glob(os.path.join(out, "*.xml")):
-    cases = []
-    for tc in ET.parse(x).getroot().iter("testcase"):
-        st = "passed"
-        for tag in ("failure", "error", "skipped"):
-            el = tc.find(tag)
-            if el is not None:
-                st = tag if tag != "failure" else "failed"
-                msg = (el.get("message") or "")[:300]
-                break
-        cases.append(dict(test=tc.get("name"), file=tc.get("classname"), time_s=float(tc.get("time", 0)), outcome=st,
-                          **({"message": msg} if st != "passed" else {})))
-    res["tests"][os.path.basename(x)] = dict(passed=sum(c["outcome"] == "passed" for c in cases),
-                                             total=len(cases), cases=cases)
-m = os.path.join(out, "memcheck.log")
-if os.path.exists(m):
-    lines = open(m).read().splitlines()
-    res["memcheck_F22"] = [l for l in lines if "ERROR SUMMARY" in l or "sanitize:" in l or "Invalid" in l][:20]
-for j in ("tune.json", "bench.json"):
-    p = os.path.join(out, j)
-    if os.path.exists(p):
-        res[j[:-5]] = json.load(open(p))
-json.dump(res, open(os.path.join(out, f"h200_{mode}.json"), "w"), indent=1)
-print("summary:", {k: (v["passed"], v["total"]) for k, v in res["tests"].items()})
-PY
+# the tests (junit XML) in the benchmarks/_results.py schema, one row per group -> $OUT/decode_tests_<device>.json
+NOTES=()
+[ -f "$OUT/memcheck.log" ] && NOTES=(--note "compute-sanitizer memcheck (F22) of benchmarks/decode.py --sanitize: $(grep -E 'ERROR SUMMARY|sanitize:' "$OUT/memcheck.log" | tr '\n' ' ')")
+ls "$OUT"/*.xml >/dev/null 2>&1 && python3 benchmarks/_results.py junit "$OUT" --name decode_tests \
+  --command "bash benchmarks/decode_device.sh $MODE" ${NOTES[@]+"${NOTES[@]}"}

@@ -20,9 +20,9 @@ benchmarks/decode_device.sh: pydantic's wheels carried in ``.whl``, ``pip instal
 ``PYTHONPATH=/tmp/site``); the child pytest processes get ``PYTHONSAFEPATH=1`` so that the repo root's
 ``linattn/`` folder (not the package) is never imported.
 
-Writes ``benchmarks/results/fuzz_h200.json`` (``--out``): command, commit, device, toolchain,
-per-group pytest outcome and wall time, rows (cases per property / op / backend@class with
-passed / declined / refused / failed and the first failures), notes.
+Writes the ``benchmarks/_results.py`` schema to ``benchmarks/results/fuzz_<device>.json`` (``--out``):
+rows of ``kind`` pytest_group (per group: pytest outcome, wall time, counts) and one row per property /
+op / backend@class (cases passed / declined / refused / failed and the first failures), with its group.
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import read_results, results_path, write_results  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST = "tests/fuzz/test_fuzz_gpu.py"
@@ -46,45 +48,6 @@ GROUPS = {
     "nonfinite": "test_gpu_nonfinite_stays_in_its_row",
     "clamp": "test_gpu_silu_and_mul_clamp",
 }
-
-
-def _git(*args) -> str:
-    try:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001 - the device copy may have no .git
-        return ""
-
-
-def device_info() -> dict:
-    info = {"python": platform.python_version(), "machine": platform.machine()}
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["cuda_runtime"] = torch.version.cuda
-        if torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            info["device"] = torch.cuda.get_device_name(0)
-            info["capability"] = f"sm_{p.major}{p.minor}"
-            info["memory_gib"] = round(p.total_memory / 2 ** 30, 1)
-            info["device_count"] = torch.cuda.device_count()
-        else:
-            info["device"] = None
-    except Exception as e:  # noqa: BLE001
-        info["torch_error"] = repr(e)
-    for mod in ("triton", "hypothesis", "cutlass"):
-        try:
-            m = __import__(mod)
-            info[mod] = getattr(m, "__version__", "?")
-        except Exception:  # noqa: BLE001
-            info[mod] = None
-    try:
-        from importlib import metadata
-
-        info["nvidia-cutlass-dsl"] = metadata.version("nvidia-cutlass-dsl")
-    except Exception:  # noqa: BLE001
-        info["nvidia-cutlass-dsl"] = None
-    return info
 
 
 def run_group(name: str, budget_s: float, extra: list[str]) -> dict:
@@ -121,7 +84,7 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall-clock seconds per group (default: --total-s split over the groups by weight)")
     ap.add_argument("--total-s", type=float, default=540.0, help="wall-clock budget of all groups together")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fuzz_h200.json"))
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/fuzz_<device>.json)")
     ap.add_argument("--pytest-args", default="", help="extra pytest arguments (one string)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the groups of an existing --out file that this call does not run")
@@ -143,43 +106,38 @@ def main(argv=None) -> int:
         for line in res["summary"]:
             print("    " + line, flush=True)
         results.append(res)
-    out = Path(args.out)
-    commands = []
-    if args.merge and out.exists():
-        old = json.loads(out.read_text())
-        ran = {res["group"] for res in results}
-        kept = [g for g in old.get("groups", []) if g["group"] not in ran]
-        kept_rows = {g["group"]: [r for r in old.get("rows", []) if r.get("group") == g["group"]] for g in kept}
-        results = [dict(g, rows=kept_rows[g["group"]]) for g in kept] + results
-        commands = old.get("commands", [old.get("command")])
-    rows = [dict(r, group=res["group"]) for res in results for r in res["rows"]]
-    totals = {k: sum(r.get(k, 0) for r in rows) for k in ("cases", "passed", "declined", "refused", "failed")}
+    out = Path(args.out or results_path("fuzz"))
     command = "python " + " ".join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])])
-    doc = {
-        "what": "issue 15 item 9: property-based (hypothesis) fuzz suite, GPU variant (tests/fuzz/test_fuzz_gpu.py)",
-        "command": command,
-        "commands": [c for c in commands if c] + [command],
-        "commit": _git("rev-parse", "HEAD") or os.environ.get("LINATTN_COMMIT", "unknown (no .git on this machine)"),
-        "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None,
-        "profile": os.environ.get("LINATTN_FUZZ_PROFILE", "ci"),
-        "device": device_info(),
-        "wall_s": round(time.time() - t0, 1),
-        "totals": totals,
-        "groups": [{k: v for k, v in res.items() if k != "rows"} for res in results],
-        "rows": rows,
-        "notes": [
-            "Shape classes: qwen3next (H=16, HV=32, K=V=128) and gva2-64 (H=4, HV=8, K=V=64); bf16 and fp32 "
-            "q/k/v, fp32 and bf16 pools, 'vk' and 'kv', padding, speculative verify, strided views.",
-            "Backends: triton-split, triton-folded (forced), cutedsl (prefill, bf16), torch-ref on the GPU, and "
-            "'auto' (the dispatcher's choice). 'declined' = a forced backend refused a valid problem in its "
-            "layout predicate (non-dense state tiles), which the contract allows; anything else refused is a failure.",
-            "Counts include every example hypothesis ran (ci profile: fixed seed, no shrinking).",
-            "A group with timed_out=true ran out of its wall-clock budget (JIT compiles); its counts stop there.",
-        ],
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"[fuzz_gpu] wrote {out} totals={totals} wall={doc['wall_s']} s", flush=True)
+    profile = os.environ.get("LINATTN_FUZZ_PROFILE", "ci")
+    if profile != "ci":
+        command = f"LINATTN_FUZZ_PROFILE={profile} {command}"
+    if args.merge and out.exists():  # keep the groups (and their rows) this call did not run
+        old = read_results(out)
+        ran = {res["group"] for res in results}
+        kept = [r for r in old.rows if r.get("group") not in ran]
+        command = f"{old.command} && {command}"  # both calls made the file
+    else:
+        kept = []
+    rows = kept + [row for res in results for row in
+                   [dict(kind="pytest_group", **{k: v for k, v in res.items() if k != "rows"})]
+                   + [dict(r, group=res["group"]) for r in res["rows"]]]
+    props = [r for r in rows if r.get("kind") != "pytest_group"]
+    totals = {k: sum(r.get(k, 0) for r in props) for k in ("cases", "passed", "declined", "refused", "failed")}
+    notes = [
+        f"Property-based (hypothesis) fuzz suite, GPU variant (tests/fuzz/test_fuzz_gpu.py); profile '{profile}'; "
+        f"this call {round(time.time() - t0, 1)} s; totals {json.dumps(totals)}.",
+        "kind pytest_group: one row per group of tests (its own pytest process and time budget); every other row: "
+        "cases per property / op / backend@shape class, with the group it ran in.",
+        "Shape classes: qwen3next (H=16, HV=32, K=V=128) and gva2-64 (H=4, HV=8, K=V=64); bf16 and fp32 "
+        "q/k/v, fp32 and bf16 pools, 'vk' and 'kv', padding, speculative verify, strided views.",
+        "Backends: triton-split, triton-folded (forced), cutedsl (prefill, bf16), torch-ref on the GPU, and "
+        "'auto' (the dispatcher's choice). 'declined' = a forced backend refused a valid problem in its "
+        "layout predicate (non-dense state tiles), which the contract allows; anything else refused is a failure.",
+        "Counts include every example hypothesis ran (ci profile: fixed seed, no shrinking).",
+        "A group with timed_out=true ran out of its wall-clock budget (JIT compiles); its counts stop there.",
+    ]
+    write_results(out, rows, notes, command=command)
+    print(f"[fuzz_gpu] wrote {out} totals={totals}", flush=True)
     failed = any(res["rc"] not in (0, 5) for res in results)  # 5: nothing collected (no GPU here)
     return 1 if failed else 0
 

@@ -18,7 +18,10 @@ time under other launch configurations (timing only, on a scratch copy of the po
 config is pinned), and with ``--intra-sweep`` stage 1 alone under other configurations (it writes
 no state).
 
-Usage:  python benchmarks/prefill.py --out results.json [--families gdn,kda] [--sweep]
+Writes the ``benchmarks/_results.py`` schema, one row per (family, shape), after every row (a
+timeout keeps what was measured); default ``benchmarks/results/prefill_<device>.json``.
+
+Usage:  python benchmarks/prefill.py [--out FILE] [--families gdn,kda] [--sweep]
         [--intra-sweep] [--sweep-shapes 16x4096]
 """
 
@@ -27,11 +30,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
+import os
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
 
 SHAPES = [(16, 4096), (64, 1024), (256, 256)]
 H, HV, K, V = 16, 32, 128, 128
@@ -227,7 +233,7 @@ def run_intra_sweep(family, d):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="prefill_bench.json")
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_<device>.json)")
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--shapes", default=",".join(f"{n}x{l}" for n, l in SHAPES))
     ap.add_argument("--sweep", action="store_true")
@@ -235,16 +241,20 @@ def main():
     ap.add_argument("--intra-sweep", action="store_true", help="time stage 1 alone under other configs")
     ap.add_argument("--sweep-shapes", default=None, help="shapes (e.g. 16x4096) to sweep; default: all")
     args = ap.parse_args()
-    import triton
-
-    info = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), heads=dict(H=H, HV=HV, K=K, V=V), dtype="bfloat16",
-                pool="float32 [P, HV, V, K] (vk), P = 2N, random slots", timing="triton do_bench median")
+    out = args.out or results_path("prefill")
     try:
-        import fla
-        info["fla"] = fla.__version__
+        import fla  # noqa: F401
+        have_fla = not args.no_fla
     except ImportError:
-        info["fla"] = None
+        have_fla = False
+    notes = [
+        "Triton chunked prefill in pool mode (h0 read from state_pool[state_indices], the final state written back by "
+        "the state kernel) against flash-linear-attention chunk_gated_delta_rule / chunk_kda with dense states (fla_*) "
+        "and with the gather/scatter an engine needs around it (fla_gather_scatter_*).",
+        f"Heads H={H}, HV={HV}, K={K}, V={V} for both families; bf16 q/k/v; fp32 pool [P, HV, V, K] ('vk'), P = 2N, "
+        "random slots; gates logsigmoid(N(3, 1)); triton do_bench medians; *_stages_ms from the torch profiler "
+        "(ms per call); sweep / intra_sweep: other launch configurations (timing only).",
+    ] + ([] if have_fla else ["flash-linear-attention not installed (or --no-fla): no FLA columns."])
     results = []
     for family in args.families.split(","):
         for shp in args.shapes.split(","):
@@ -257,7 +267,7 @@ def main():
             row["linattn_pool_ms"] = bench_ms(lin)
             row["linattn_pool_mtok_s"] = T / row["linattn_pool_ms"] / 1e3
             row["linattn_stages_ms"] = stage_times(lin)
-            if info["fla"] and not args.no_fla:
+            if have_fla:
                 pool_kv = pool.transpose(-1, -2).contiguous()
                 alone, gs = fla_fns(family, d, pool_kv, idx)
                 row["fla_ms"] = bench_ms(alone)
@@ -287,14 +297,10 @@ def main():
             row["wall_s"] = round(time.time() - t0, 1)
             results.append(row)
             print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
-            with open(args.out, "w") as f:  # after every row: a timeout keeps what was measured
-                json.dump(dict(info=info, results=results), f, indent=1)
+            write_results(out, results, notes)  # after every row: a timeout keeps what was measured
             del d, pool
             torch.cuda.empty_cache()
-    out = dict(info=info, results=results)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"\n{'family':6} {'shape':9} {'linattn':>9} {'fla':>9} {'fla+g/s':>9} {'x fla':>6} {'x fla+g/s':>9}  (Mtok/s)")
+    print(f"\nwrote {out}\n{'family':6} {'shape':9} {'linattn':>9} {'fla':>9} {'fla+g/s':>9} {'x fla':>6} {'x fla+g/s':>9}  (Mtok/s)")
     for r in results:
         print(f"{r['family']:6} {r['shape']:9} {r['linattn_pool_mtok_s']:9.2f} {r.get('fla_mtok_s', float('nan')):9.2f} "
               f"{r.get('fla_gather_scatter_mtok_s', float('nan')):9.2f} {r.get('speedup_vs_fla', float('nan')):6.2f} "

@@ -10,23 +10,26 @@ Prefill in pool mode at Qwen3-Next shapes (GDN: H=16, HV=32, K=V=128) and Kimi-L
 
 Each timed call writes a scratch pool in place (never a caller's pool). Times are medians of CUDA
 event timings after warm-up. ``--checks`` also runs :mod:`linattn.kernels.cutedsl.selfcheck` and
-records the results. Writes one JSON file (``--out``).
+records the results. Writes the ``benchmarks/_results.py`` schema (rows of ``kind`` prefill, state,
+check), default ``benchmarks/results/prefill_cutedsl_<device>.json`` (``--out``).
 
 Usage (on the GPU machine)::
 
-    python3 benchmarks/prefill_cutedsl.py --checks --out benchmarks/results/prefill_cutedsl_h200.json
+    python3 benchmarks/prefill_cutedsl.py --checks
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import os
 import statistics
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
 
 SHAPES = ((16, 4096), (64, 1024), (256, 256))
 MODELS = {"gdn": dict(H=16, HV=32, K=128, V=128, model="Qwen3-Next-80B-A3B"),
@@ -90,7 +93,7 @@ def bench_state(family, n_seq, seqlen):
     chunk_off, _, _, nt_max = chunk_tables(cu, T)
     hbuf = torch.empty(nt_max, m["HV"], m["K"], m["V"], dtype=torch.bfloat16, device="cuda")
     vn = torch.empty(T, m["HV"], m["V"], dtype=torch.bfloat16, device="cuda")
-    row = {"family": family, "shape": f"{n_seq}x{seqlen}", "stage": "state"}
+    row = {"family": family, "shape": f"{n_seq}x{seqlen}"}
     for bv in (32, 64, 128):
         try:
             ms = timeit(lambda: cutedsl_chunk_state(kda=kda, **inp, cu_seqlens=cu, chunk_off=chunk_off,
@@ -115,9 +118,19 @@ def bench_state(family, n_seq, seqlen):
     return row
 
 
+NOTES = [
+    "kind prefill: whole prefill (Triton intra + state + Triton output), pool mode, bf16 q/k/v, fp32 pool; cutedsl = "
+    "the CuTe DSL state kernel (value block 64 for GDN, 128 for KDA: block_v), triton = "
+    "kernels/triton/prefill.chunk_prefill (the triton-split prefill, its pinned config); fla_0.6_mtok_s_issue4 = FLA "
+    "measured in issue 4 (another run).",
+    "kind state: the state stage alone, microseconds; cutedsl_bv* are the CuTe kernel at value blocks of 32/64/128.",
+    "kind check: linattn.kernels.cutedsl.selfcheck (ok, and what each case measured).",
+]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="prefill_cutedsl.json")
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_cutedsl_<device>.json)")
     ap.add_argument("--checks", action="store_true", help="also run the GPU self-checks")
     ap.add_argument("--only", default="", help="comma-separated check names (default: all)")
     ap.add_argument("--impl", default="cutedsl", choices=["cutedsl", "triton"],
@@ -127,47 +140,41 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import linattn.kernels.cutedsl as cd
 
-    res = {"device": torch.cuda.get_device_name(), "arch": cd.device_arch(torch.device("cuda")),
-           "torch": torch.__version__, "nvidia_cutlass_dsl": cd.dsl_version(), "python": platform.python_version(),
-           "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    try:
-        import triton
-        res["triton"] = triton.__version__
-    except ImportError:
-        pass
+    out = args.out or results_path("prefill_cutedsl")
+    rows: list[dict] = []
+    notes = list(NOTES)
+    device = {"arch": cd.device_arch(torch.device("cuda"))}
 
     def dump():
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        write_results(out, rows, notes, device=device)
 
+    checks_ok = True
     if args.checks:
         from linattn.kernels.cutedsl import selfcheck
         from linattn.kernels.cutedsl.selfcheck import run_all
 
         selfcheck.PIPELINE_IMPL = args.impl
-        res["checks_impl"] = args.impl
-
         t = time.time()
-        res["checks"] = run_all([n for n in args.only.split(",") if n] or None)
-        res["checks_s"] = round(time.time() - t, 1)
-        res["checks_ok"] = all(c.get("ok") for c in res["checks"].values())
-        print("checks:", {k: v.get("ok") for k, v in res["checks"].items()}, flush=True)
+        checks = run_all([n for n in args.only.split(",") if n] or None)
+        checks_ok = all(c.get("ok") for c in checks.values())
+        rows += [dict(kind="check", name=n, impl=args.impl, **c) for n, c in checks.items()]
+        notes.append(f"checks ({args.impl} whole prefill): {round(time.time() - t, 1)} s, all ok: {checks_ok}")
+        print("checks:", {k: v.get("ok") for k, v in checks.items()}, flush=True)
         dump()
     if not args.no_bench:
-        res["prefill"], res["state"] = [], []
         for fam in args.families.split(","):
             for n, L in SHAPES:
                 r = bench_prefill(fam, n, L)
                 print(r, flush=True)
-                res["prefill"].append(r)
+                rows.append(dict(kind="prefill", **r))
                 dump()
             for n, L in SHAPES:
                 r = bench_state(fam, n, L)
                 print(r, flush=True)
-                res["state"].append(r)
+                rows.append(dict(kind="state", **r))
                 dump()
     dump()
-    return 0 if res.get("checks_ok", True) else 1
+    return 0 if checks_ok else 1
 
 
 if __name__ == "__main__":

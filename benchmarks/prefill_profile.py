@@ -3,6 +3,8 @@
 Usage:  ncu --clock-control none -k regex:chunk_ ... python benchmarks/prefill_profile.py [--shape 16x4096]
         [--families gdn,kda]
 Runs each family twice (the first run compiles), then synchronises. Inputs as benchmarks/prefill.py.
+Writes no results file: ncu's text reports go to benchmarks/results/ncu/ (its README says what each
+file shows and which code it profiled), per-line stalls through benchmarks/ncu_source_lines.py.
 """
 
 import argparse

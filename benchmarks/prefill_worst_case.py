@@ -1,7 +1,13 @@
 """The chunked prefill on the worst-conditioned solve (tests/prefill/prefill_cases.worst_conditioned:
-one repeated key, beta = 1, no decay) under each solve precision, against the float64 reference.
+one repeated key, beta = 1, no decay) and on ordinary inputs, against the float64 reference, under
+each solve precision and (GDN) each session-7 stage option.
 
-Usage (GPU): python benchmarks/prefill_worst_case.py [--out worst_case.json]
+Writes the ``benchmarks/_results.py`` schema, one row per (family, lengths, worst, config), default
+``benchmarks/results/prefill_worst_case_<device>.json``; ``config`` is the ``pinned_config`` override
+(``{}``: the shipped configuration), ``o_rel`` / ``state_rel`` the relative errors of the output and
+the final pool rows.
+
+Usage (GPU): python benchmarks/prefill_worst_case.py [--families gdn,kda] [--out FILE]
 """
 import argparse
 import json
@@ -14,36 +20,58 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from prefill_cases import make_inputs, reference, rel, run, worst_conditioned  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
 from prefill import pinned_override  # noqa: E402
 
-SOLVES = {
-    "shipped": None,
-    "neumann_3xtf32_all": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3"),
-    "forward_substitution_ieee": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee"),
-}
+#: The triangular solve's precisions (chunk_intra._solve): all 3xTF32, and fp32 forward substitution.
+SOLVES = [
+    {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
+    {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},
+]
+#: GDN's bf16 stage options (prefill.stage_options), each turned off on its own and all together.
+GDN_OPTIONS = [
+    {"gdn_half_hbuf": False},
+    {"gdn_state_u": False},
+    {"gdn_hoist": False},
+    {"gdn_hoist": False, "gdn_half_hbuf": False, "gdn_state_u": False,
+     "intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+]
+LENS = ([64, 130, 1000], [64, 130])
+
+
+def configs(family: str) -> list[dict]:
+    return [{}, *SOLVES, *(GDN_OPTIONS if family == "gdn" else [])]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="worst_case.json")
+    ap.add_argument("--families", default="gdn,kda")
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_worst_case_<device>.json)")
     args = ap.parse_args()
-    res = []
-    for family in ("gdn", "kda"):
-        for lens in ([64, 130, 1000], [64, 130]):
+    out = args.out or results_path("prefill_worst_case")
+    notes = ["Inputs: tests/prefill/prefill_cases.make_inputs(family, lens, H=16, HV=32, K=128, V=128, bf16, "
+             "seed=43), worst = worst_conditioned(...) (every key the first one, beta 1, g 0); reference: "
+             "prefill_cases.reference (float64).",
+             "config: keys of kernels/triton/prefill.pinned_config overridden through benchmarks/prefill.py's "
+             "pinned_override ({} = shipped)."]
+    rows = []
+    for family in args.families.split(","):
+        for lens in LENS:
             for worst in (True, False):
                 inp = make_inputs(family, lens, H=16, HV=32, K=128, V=128, dtype=torch.bfloat16, seed=43,
                                   device="cuda")
                 if worst:
                     inp = worst_conditioned(inp)
                 ro, rht = reference(family, inp)
-                for name, solve in SOLVES.items():
-                    with pinned_override(solve and {"intra_solve": solve}):
+                for over in configs(family):
+                    with pinned_override(over):
                         o, ht = run(family, inp)
-                    row = dict(family=family, lens=lens, worst=worst, solve=name, o_rel=rel(o, ro), state_rel=rel(ht, rht))
+                    row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over),
+                               shipped=not over, o_rel=rel(o, ro), state_rel=rel(ht, rht))
                     print(json.dumps(row), flush=True)
-                    res.append(row)
-    with open(args.out, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), results=res), f, indent=1)
+                    rows.append(row)
+                write_results(out, rows, notes)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 
-from .models import DeviceCapabilities, GridLimits, Toolchain
+from .models import DeviceCapabilities, Toolchain
 from .profiles import PROFILES
 
 

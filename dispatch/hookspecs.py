@@ -8,7 +8,7 @@ A plugin is a module (or object) exposed through the entry-point group ``linattn
 
     # my_package/plugin.py
     from linattn.dispatch.hookspecs import hookimpl
-    LINATTN_API_VERSION = "1"            # the plugin API version this plugin targets
+    LINATTN_API_VERSION = "2"            # the plugin API version this plugin targets
 
     @hookimpl
     def linattn_register_backends():
@@ -16,6 +16,12 @@ A plugin is a module (or object) exposed through the entry-point group ``linattn
         return [MyBackend]
 
 Built-in backends register through the very same hook (``linattn.backends.builtin``).
+
+Versions: the hooks are the same in both; what differs is the backend contract
+(``backends/base.py``). API 2: a backend implements one method per phase (``decode``, ``prefill``,
+``gating``, ``clamp``) taking a call object (``dispatch/calls.py``). API 1: one keyword method per
+op (``gdn_decode(q=..., ...)``), run through an adapter. A backend class may say which it is
+(``api_version``); one that does not takes its plugin's ``LINATTN_API_VERSION``.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ import pluggy
 
 PROJECT = "linattn"
 #: The plugin API version this linattn implements, and the range of versions it accepts.
-PLUGIN_API_VERSION = "1"
-SUPPORTED_API_VERSIONS = frozenset({"1"})
+PLUGIN_API_VERSION = "2"
+SUPPORTED_API_VERSIONS = frozenset({"1", "2"})
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
@@ -53,12 +59,17 @@ class BackendPlugin:
 
         from linattn.dispatch import get_registry
         get_registry().add_plugin(BackendPlugin(MyBackend), name="my-plugin")
+
+    ``api_version`` is the plugin API the classes were written for (default: this linattn's; pass
+    ``"1"`` for first-release backend classes that do not say so themselves).
     """
 
     LINATTN_API_VERSION = PLUGIN_API_VERSION
 
-    def __init__(self, *classes):
+    def __init__(self, *classes, api_version: Optional[str] = None):
         self.classes = list(classes)
+        if api_version is not None:
+            self.LINATTN_API_VERSION = api_version
 
     @hookimpl
     def linattn_register_backends(self):

@@ -6,7 +6,7 @@ never read tensor values, so they cost no host-device sync and are safe inside C
 :mod:`linattn.dispatch.validate` lists, per op, which of them run and in which order.
 
 ``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype. Source of the rules:
-/work/shared/spec/ops.md and the field reports F05 (clamp limit), F11 (strided gate views),
+docs/ops.md and the field reports F05 (clamp limit), F11 (strided gate views),
 F23 (in-place without indices).
 """
 

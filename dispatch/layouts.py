@@ -7,9 +7,9 @@ Two rules (docs/ops-decisions.md, "Strides and aliasing"):
   may be any strided view. A backend declares, per op, which of them its kernels read through
   their strides (:attr:`linattn.backends.base.Backend.input_strides`); every other one is made
   contiguous here, after the decision and before the backend runs. The list of arguments comes
-  from the validation layer's per-op table (``dispatch/validate.py``), so a new argument is copied
-  unless a backend says it reads its strides. The small metadata tensors cost nothing to copy;
-  a copy inside CUDA-graph capture is captured like any other kernel.
+  from the op table (``dispatch/ops_table.py``), so a new argument is copied unless a backend
+  says it reads its strides. The small metadata tensors cost nothing to copy; a copy inside
+  CUDA-graph capture is captured like any other kernel.
 - **Written tensors** (``state_pool``, ``intermediate_states``) are never copied: the caller's
   memory is the result. Their layout facts are :class:`~linattn.dispatch.problem.Problem` fields
   (``state_tiles_contiguous``), and a backend that cannot write such a layout rejects it in its
@@ -64,12 +64,12 @@ _PLANS: dict = {}
 
 
 def _plan(op: str, backend) -> tuple:
-    from .validate import read_arguments  # validate imports this module through host_rules
+    from .ops_table import OP_TABLE  # the table imports this module through host_rules
 
     if backend.input_strides == "any":
         return ()
     declared = backend.input_strides.get(op, {})
-    return tuple((name, declared.get(name)) for name in read_arguments(op) if declared.get(name) != "any")
+    return tuple((name, declared.get(name)) for name in OP_TABLE[op].reads if declared.get(name) != "any")
 
 
 def state_tiles_contiguous(x: torch.Tensor) -> bool:

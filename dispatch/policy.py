@@ -23,9 +23,9 @@ from typing import Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from .problem import OPS, phase_of
+from .ops_table import OPS, PHASES
+from .problem import phase_of
 
-PHASES = ("decode", "prefill", "gating", "mlp")
 _KEYS = set(PHASES) | set(OPS) | {"all"}
 
 
@@ -71,15 +71,28 @@ def parse_force(spec: str, source: str) -> tuple[tuple[str, str], ...]:
 _env_cache: dict[tuple, Policy] = {}
 
 
+#: On POSIX, the bytes mapping ``os.environ`` reads and writes (``os.environ[...] = ...`` and
+#: ``del`` update it): reading it skips ``os.environ``'s per-read key encoding, on every op call.
+_ENVIRON_BYTES = getattr(os.environ, "_data", None) if os.name == "posix" else None
+
+
+def _env_raw() -> tuple:
+    data = _ENVIRON_BYTES
+    if data is not None:
+        return data.get(b"LINATTN_BACKEND", b""), data.get(b"LINATTN_DISABLE", b"")
+    return os.environ.get("LINATTN_BACKEND", ""), os.environ.get("LINATTN_DISABLE", "")
+
+
 def env_policy() -> Policy:
     """The policy from ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` (parsed once per distinct value)."""
-    raw = (os.environ.get("LINATTN_BACKEND", ""), os.environ.get("LINATTN_DISABLE", ""))
-    pol = _env_cache.get(raw)
+    key = _env_raw()
+    pol = _env_cache.get(key)
     if pol is None:
+        raw = tuple(os.fsdecode(x) for x in key)
         pol = Policy(force=parse_force(raw[0], "LINATTN_BACKEND"),
                      disable=frozenset(x.strip() for x in raw[1].split(",") if x.strip()),
                      source="env" if any(raw) else "default")
-        _env_cache[raw] = pol
+        _env_cache[key] = pol
     return pol
 
 

@@ -6,31 +6,32 @@ It holds shapes, dtypes, layout and flags, never tensors, so it can be built fro
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Op = Literal["gdn_gating", "kda_gating", "gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"]
-OPS: tuple[str, ...] = Op.__args__  # type: ignore[attr-defined]
-Phase = Literal["gating", "decode", "prefill", "mlp"]
+from .ops_table import OP_TABLE, OPS, OpSpec, Phase, op_spec
+
+Op = Literal[OPS]  # type: ignore[valid-type]  # the op table's names (dispatch/ops_table.py)
 DTypeName = Literal["float32", "bfloat16", "float16", "float64"]
+
+__all__ = ["OPS", "Op", "Phase", "Problem", "phase_of"]
 
 
 def phase_of(op: str) -> str:
-    """The policy phase an op belongs to (``decode``, ``prefill``, ``gating`` or ``mlp``)."""
-    if op.endswith("_decode"):
-        return "decode"
-    if op.endswith("_prefill"):
-        return "prefill"
-    if op.endswith("_gating"):
-        return "gating"
-    return "mlp"
+    """The policy phase an op belongs to (``decode``, ``prefill``, ``gating`` or ``mlp``), from the
+    op table.
+
+    Raises:
+        ValueError: ``op`` is not an op.
+    """
+    return op_spec(op).phase
 
 
 class Problem(BaseModel):
     """Shapes and flags of one op call.
 
-    Symbols as in ops.md: ``n`` sequences (decode batch rows, or prefill sequences; rows ``M`` for
+    Symbols as in docs/ops.md: ``n`` sequences (decode batch rows, or prefill sequences; rows ``M`` for
     ``silu_and_mul_clamp``), ``t`` tokens per sequence (decode) or total tokens (prefill), ``h``
     q/k heads, ``hv`` value heads, ``k``/``v`` head dims, ``d`` the clamp's output width.
 
@@ -71,10 +72,11 @@ class Problem(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
-        if self.op == "silu_and_mul_clamp":
+        spec = OP_TABLE[self.op]
+        if spec.method == "clamp":
             if self.d < 1:
-                raise ValueError(f"silu_and_mul_clamp needs d >= 1 (the output width D), got d={self.d}")
-        elif not self.op.endswith("_gating"):
+                raise ValueError(f"{self.op} needs d >= 1 (the output width D), got d={self.d}")
+        elif spec.has_state:
             for name in ("h", "hv", "k", "v"):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{self.op} needs {name} >= 1, got {name}={getattr(self, name)}: give the "
@@ -86,15 +88,21 @@ class Problem(BaseModel):
         return self
 
     @property
+    def spec(self) -> OpSpec:
+        """The op's row of the op table (family, phase, arguments, rules, ...)."""
+        return OP_TABLE[self.op]
+
+    @property
     def phase(self) -> str:
-        return phase_of(self.op)
+        return OP_TABLE[self.op].phase
 
     @property
     def family(self) -> str:
-        return self.op.split("_")[0]
+        """``gdn``, ``kda`` or ``swiglu`` (the clamp), from the op table."""
+        return OP_TABLE[self.op].family
 
     def brief(self) -> str:
-        if self.op == "silu_and_mul_clamp":
+        if OP_TABLE[self.op].method == "clamp":
             return f"M={self.n} D={self.d} {self.dtype}"
         return (f"N={self.n} T={self.t} H={self.h} HV={self.hv} K={self.k} V={self.v} {self.dtype} "
                 f"state={self.state_dtype}/{self.state_layout} mode={self.mode}")

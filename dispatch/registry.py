@@ -19,6 +19,11 @@ iterates a consistent snapshot while plugins come and go.
 Environment (read here, once per load): ``LINATTN_PLUGINS`` — comma-separated allow-list of
 external plugin names (entry-point names or distributions); ``LINATTN_DISABLE_PLUGINS`` —
 comma-separated names never loaded.
+
+This module holds no process state: the process's registry belongs to the dispatcher
+(:class:`linattn.dispatch.selection.Dispatcher`), which creates, loads and replaces it.
+``get_registry`` and ``reset_registry`` are importable from here for existing callers; they are
+the dispatcher's (``linattn.dispatch.get_registry``).
 """
 
 from __future__ import annotations
@@ -165,7 +170,7 @@ class Registry:
                     name, distribution, version, api, "api_version", api_error or
                     f"targets plugin API {api!r}; this linattn supports {sorted(SUPPORTED_API_VERSIONS)}")
             try:
-                new = self._register(plugin, name, distribution, version)
+                new = self._register(plugin, name, distribution, version, api)
             except BaseException as e:  # noqa: BLE001 - SystemExit from a hook is the plugin's failure
                 if isinstance(e, KeyboardInterrupt):
                     raise
@@ -174,7 +179,7 @@ class Registry:
                 self.backends = BackendTable({**self.backends, **new}, self._retired)
             return self._record(name, distribution, version, api, "loaded", "", tuple(new))
 
-    def _register(self, plugin, name: str, distribution: str, version: str) -> dict:
+    def _register(self, plugin, name: str, distribution: str, version: str, api: str) -> dict:
         """Register with pluggy, call the plugin's hook, build its backends (checked, not installed).
         On any failure the plugin is unregistered again and the error propagates."""
         self.pm.register(plugin, name=name)
@@ -182,15 +187,17 @@ class Registry:
             hook = self.pm.subset_hook_caller("linattn_register_backends", remove_plugins=[
                 p for p in self.pm.get_plugins() if p is not plugin])
             classes = [c for batch in hook() for c in (batch or [])]
-            return self._instantiate(classes, name, distribution, version)
+            return self._instantiate(classes, name, distribution, version, api)
         except BaseException:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
             raise
 
-    def _instantiate(self, classes: list, plugin: str, distribution: str, version: str) -> dict:
-        """One instance per returned class, name -> instance; a wrong return value or a raising
-        constructor is the plugin's failure, never ours. Classes are tagged only once all passed."""
+    def _instantiate(self, classes: list, plugin: str, distribution: str, version: str, api: str) -> dict:
+        """One instance per returned class, name -> instance; a wrong return value, an unsupported
+        ``api_version`` on a class or a raising constructor is the plugin's failure, never ours.
+        Classes are tagged (plugin, distribution, version, the plugin's API version) only once all
+        passed."""
         from linattn.backends.base import Backend
 
         new: dict = {}
@@ -202,6 +209,10 @@ class Registry:
             if not isinstance(bname, str) or not bname or bname.startswith("plugin:"):
                 raise ValueError(f"backend class {cls.__qualname__} has name {_safe_repr(bname)}; a backend "
                                  f"name is a non-empty string not starting with 'plugin:'")
+            own_api = cls.__dict__.get("api_version")
+            if own_api is not None and str(own_api) not in SUPPORTED_API_VERSIONS:
+                raise ValueError(f"backend class {cls.__qualname__} declares api_version={own_api!r}; this linattn "
+                                 f"supports {sorted(SUPPORTED_API_VERSIONS)}")
             if bname in self.backends or bname in new:
                 owner = self.backends[bname].plugin if bname in self.backends else "this plugin"
                 raise ValueError(f"backend name {bname!r} is already registered by {owner!r}; give "
@@ -209,7 +220,7 @@ class Registry:
             new[bname] = cls()
         for inst in new.values():
             cls = type(inst)
-            cls.plugin, cls.distribution, cls.version = plugin, distribution, version
+            cls.plugin, cls.distribution, cls.version, cls.plugin_api_version = plugin, distribution, version, api
         return new
 
     def remove_plugin(self, name: str) -> PluginRecord:
@@ -264,6 +275,16 @@ class Registry:
         with self._lock:
             self.broken = {**self.broken, backend: text}
             self.generation += 1
+
+    def forget_broken(self, backend: str) -> bool:
+        """Let a backend marked broken by :meth:`mark_broken` be chosen again (the conformance suite
+        does this between independent cases). Returns whether it was marked."""
+        with self._lock:
+            if backend not in self.broken:
+                return False
+            self.broken = {n: e for n, e in self.broken.items() if n != backend}
+            self.generation += 1
+            return True
 
     def failed_plugins(self) -> list[PluginRecord]:
         return [p for p in self.plugins if p.status in ("plugin_load_failed", "api_version")]
@@ -360,39 +381,11 @@ def _own_version() -> str:
         return "0+unknown"
 
 
-_lock = threading.RLock()
-_registry: Optional[Registry] = None
-_loading: Optional[Registry] = None
+def __getattr__(name: str):
+    """``get_registry`` / ``reset_registry`` for callers that import them from here: the process
+    registry is the dispatcher's (``dispatch/selection.py``); nothing here holds it."""
+    if name in ("get_registry", "reset_registry"):
+        from . import selection
 
-
-def get_registry() -> Registry:
-    """The process-wide registry, loaded on first use.
-
-    A plugin that calls this while it is being loaded (from its import or its hook, e.g. to
-    ``add_plugin`` itself) gets the registry being loaded instead of deadlocking.
-    """
-    global _registry, _loading
-    reg = _registry
-    if reg is not None:
-        return reg
-    with _lock:
-        if _registry is None:
-            if _loading is not None:  # re-entered by a plugin from inside load() (same thread: RLock)
-                return _loading
-            _loading = Registry()
-            try:
-                _registry = _loading.load()
-            finally:
-                _loading = None
-    return _registry
-
-
-def reset_registry(registry: Optional[Registry] = None) -> Registry:
-    """Reload plugins (after changing ``LINATTN_PLUGINS`` etc.) or install a given registry."""
-    global _registry
-    with _lock:
-        _registry = registry if registry is not None else Registry().load()
-    from .selection import clear_cache
-
-    clear_cache()
-    return _registry
+        return getattr(selection, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

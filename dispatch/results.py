@@ -22,6 +22,8 @@ from typing import Callable, NamedTuple, Optional, Union
 import torch
 from torch import Tensor
 
+from .ops_table import OP_TABLE
+
 __all__ = ["Expect", "RESULTS", "ResultError", "check_result"]
 
 
@@ -94,15 +96,11 @@ def _clamp(args: dict) -> Expect:
     return Expect("out", "[M, D]", (x.shape[0], x.shape[1] // 2), (x.dtype,), x.device, "x's dtype")
 
 
-#: op -> function of the validated arguments giving what the op must return.
+#: op -> function of the validated arguments giving what the op must return (by the op's backend
+#: method in the op table: one rule per phase).
 RESULTS: dict[str, Callable[[dict], Expected]] = {
-    "gdn_gating": _gating,
-    "kda_gating": _gating,
-    "gdn_decode": _decode,
-    "kda_decode": _decode,
-    "gdn_prefill": _prefill,
-    "kda_prefill": _prefill,
-    "silu_and_mul_clamp": _clamp,
+    op: {"gating": _gating, "decode": _decode, "prefill": _prefill, "clamp": _clamp}[spec.method]
+    for op, spec in OP_TABLE.items()
 }
 
 

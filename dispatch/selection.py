@@ -1,10 +1,17 @@
-"""Selection: a verdict for every backend, ranking, forcing, the decision cache.
+"""Selection: a verdict for every backend, ranking, forcing, the decision cache, and the
+:class:`Dispatcher` that owns them.
+
+One :class:`Dispatcher` holds everything selection remembers: the backend registry (loaded on
+first use), the decision cache, the last decisions and the first-call self-check log. The
+process has one, :func:`dispatcher`; the module functions (:func:`explain`, :func:`select`,
+:func:`last_decision`, :func:`clear_cache`, :func:`get_registry`, :func:`reset_registry`, ...) are
+thin wrappers over it, and nothing else in linattn keeps selection state.
 
 ``explain(problem, device)`` is the pure, uncached form used by the CLI; ``select()`` is the
 cached form every op call goes through. The cache key is (device, problem signature, policy,
 forced backend, registry generation, CUDA-graph capture state); a hit is one tuple build and one
 dict lookup. Selection never touches device memory, so it never syncs and decode stays
-capturable in a CUDA graph.
+capturable in a CUDA graph. A rejection lists every predicate that failed (``Rejected.reasons``).
 
 One exception, eager calls only: before a backend first runs an (op, shape class) on a GPU
 architecture its kernels were never verified on (``Backend.verified_archs``), ``select()`` runs
@@ -18,29 +25,35 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 
 from linattn.capabilities import DeviceCapabilities, probe, profile
 
-from . import self_check as _self_check
 from .policy import Policy, current_policy
 from .problem import Problem
-from .registry import get_registry
-from .verdict import Accepted, Decision, NoBackendError, Reason, Rejected
+from .registry import Registry
+from .self_check import SelfChecks
+from .verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected
 
 log = logging.getLogger("linattn")
 
 DeviceLike = Union[DeviceCapabilities, torch.device, str, None]
 
+__all__ = ["CachedDecision", "Dispatcher", "backend_verdict", "clear_cache", "dispatcher", "explain", "get_registry",
+           "last_decision", "note_decision", "reset_registry", "resolve_device", "select", "stream_capturing"]
+
+
+# -- devices and capture ---------------------------------------------------------------------------
 
 def resolve_device(device: DeviceLike) -> DeviceCapabilities:
     """Capabilities for a profile name, a torch device (or its string), or None (the CPU).
 
     Device strings (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"xpu"``) are probed; other strings are
     profile names (``"sm90"``, ``"sm100"``, ``"mi300x"``, ``"xpu-pvc"``; the CPU's profile is
-    ``linattn.capabilities.profile("cpu")``).
+    ``linattn.capabilities.profile("cpu")``). A device type linattn has no probe for is asked of
+    the plugins (``linattn_probe_device``) of the process registry.
 
     Raises:
         ValueError: neither a known profile nor a device string, a device that is not present, or
@@ -70,32 +83,280 @@ def resolve_device(device: DeviceLike) -> DeviceCapabilities:
     return custom if custom is not None else probe(dev)
 
 
-def _verdict(backend, problem: Problem, caps: DeviceCapabilities, pol: Policy, forced: Optional[str],
-             capturing: bool = False):
+def stream_capturing(device: torch.device) -> bool:
+    """True while the current CUDA stream is being captured into a graph (no sync allowed then).
+    The one place selection asks (tests simulate capture by patching it)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+# -- one backend's verdict ---------------------------------------------------------------------------
+
+def _failures(backend, problem: Problem, caps: DeviceCapabilities) -> list[Failure]:
+    """Every predicate that fails, in order. An op the backend does not implement ends the list
+    (nothing else about it matters); a predicate that raises is a ``backend_error`` and ends it."""
+    failures: list[Failure] = []
+    for pred in backend.predicates():
+        try:
+            check = pred(problem, caps)
+        except Exception as e:  # noqa: BLE001 - a plugin's predicate must not break dispatch
+            failures.append(Failure(reason=Reason.BACKEND_ERROR, message=f"a predicate raised {type(e).__name__}: "
+                                    f"{e}", hint="report it to the backend's authors"))
+            break
+        if not check.ok:
+            failures.append(Failure(reason=check.reason, message=check.message, hint=check.hint))
+            if check.reason == Reason.OP:
+                break
+    return failures
+
+
+def backend_verdict(backend, problem: Problem, caps: DeviceCapabilities, pol: Policy, forced: Optional[str],
+                    registry: Registry, self_checks: SelfChecks, capturing: bool = False):
+    """The verdict of one backend: rejected with every failing reason, or accepted with its rank
+    (and, where it never ran on this arch, its self-check state)."""
     name = backend.name
-    reg = get_registry()
     if name in pol.disable:
         return Rejected(backend=name, reason=Reason.DISABLED, message=f"disabled by {pol.source}",
                         hint="remove it from LINATTN_DISABLE / policy(disable=...)")
-    if name in reg.broken:
-        return Rejected(backend=name, reason=Reason.BACKEND_ERROR, message=f"a run raised: {reg.broken[name]}",
+    if name in registry.broken:
+        return Rejected(backend=name, reason=Reason.BACKEND_ERROR, message=f"a run raised: {registry.broken[name]}",
                         hint="report it to the backend's authors; restart to retry it")
     try:
-        for pred in backend.predicates():
-            check = pred(problem, caps)
-            if not check.ok:
-                return Rejected(backend=name, reason=check.reason, message=check.message, hint=check.hint)
-        needs = getattr(backend, "needs_forcing", None)
-        msg = needs(problem, caps) if needs is not None else None
+        failures = _failures(backend, problem, caps)
+        if failures:
+            return Rejected(backend=name, reasons=failures)
+        msg = backend.needs_forcing(problem, caps)
         if msg and forced != name:
             return Rejected(backend=name, reason=Reason.NOT_FORCED, message=msg,
                             hint=f"force it: backend={name!r} or LINATTN_BACKEND={problem.phase}={name}")
         accepted = Accepted(backend=name, rank=int(backend.rank(problem, caps)))
-        return _self_check.verdict_for(backend, problem, caps, accepted, capturing)
-    except Exception as e:  # noqa: BLE001 - a plugin's predicate must not break dispatch
-        return Rejected(backend=name, reason=Reason.BACKEND_ERROR,
-                        message=f"a predicate raised {type(e).__name__}: {e}", hint="report it to the backend's authors")
+        return self_checks.verdict_for(backend, problem, caps, accepted, capturing)
+    except Exception as e:  # noqa: BLE001 - a plugin's rank or forcing rule must not break dispatch
+        return Rejected(backend=name, reason=Reason.BACKEND_ERROR, message=f"a predicate raised {type(e).__name__}: "
+                        f"{e}", hint="report it to the backend's authors")
 
+
+def _plugin_verdicts(registry: Registry) -> list[Rejected]:
+    out = []
+    for rec in registry.failed_plugins():
+        reason = Reason.API_VERSION if rec.status == "api_version" else Reason.PLUGIN_LOAD_FAILED
+        out.append(Rejected(backend=f"plugin:{rec.name}", reason=reason, message=rec.error,
+                            hint=f"fix or upgrade the plugin's distribution {rec.distribution!r}"))
+    return out
+
+
+def _choose(verdicts: list, forced: Optional[str]) -> Optional[str]:
+    if forced is not None:
+        return forced if next(v for v in verdicts if v.backend == forced).ok else None
+    accepted = sorted((v for v in verdicts if v.ok), key=lambda v: (v.rank, v.backend))
+    return accepted[0].backend if accepted else None
+
+
+class CachedDecision(NamedTuple):
+    """One entry of the decision cache, as :meth:`Dispatcher.cached_decisions` lists it."""
+
+    device_type: str
+    device_index: Optional[int]
+    signature: tuple
+    policy: Policy
+    backend: Optional[str]
+    generation: int
+    capturing: bool
+    decision: Decision
+
+
+# -- the dispatcher --------------------------------------------------------------------------------
+
+class Dispatcher:
+    """The registry, the decision cache, the last decisions and the self-check log, in one object.
+
+    Args:
+        registry: the backend registry to use (default: the built-ins and the installed plugins,
+            loaded on first use).
+        cache_size: decisions kept before the cache starts afresh.
+
+    Example:
+        >>> from linattn.dispatch import Problem, dispatcher
+        >>> dispatcher().explain(Problem(op="gdn_decode", n=4, h=16, hv=32, k=128, v=128), "cpu").chosen
+        'torch-ref'
+    """
+
+    def __init__(self, registry: Optional[Registry] = None, *, cache_size: int = 4096) -> None:
+        self._lock = threading.RLock()  # re-entrant: a plugin may ask for the registry while it loads
+        self._registry: Optional[Registry] = registry
+        self._loading: Optional[Registry] = None
+        self._cache: dict[tuple, tuple[object, Decision]] = {}
+        self._cache_size = cache_size
+        self._local = threading.local()
+        self._last_by_op: dict[str, Decision] = {}
+        self._logged: set[tuple] = set()
+        self._warned_disabled: set[str] = set()
+        self.self_checks = SelfChecks()
+
+    # -- the registry --------------------------------------------------------------------------------
+
+    @property
+    def registry(self) -> Registry:
+        """The registry, loaded on first use. A plugin that asks for it while it is being loaded
+        (from its import or its hook, e.g. to ``add_plugin`` itself) gets the registry being
+        loaded instead of deadlocking."""
+        reg = self._registry
+        if reg is not None:
+            return reg
+        with self._lock:
+            if self._registry is None:
+                if self._loading is not None:  # re-entered by a plugin from inside load() (same thread)
+                    return self._loading
+                self._loading = Registry()
+                try:
+                    self._registry = self._loading.load()
+                finally:
+                    self._loading = None
+        return self._registry
+
+    def reset(self, registry: Optional[Registry] = None) -> Registry:
+        """Reload the plugins (after changing ``LINATTN_PLUGINS`` etc.) or install ``registry``;
+        forget every cached decision and self-check."""
+        with self._lock:
+            self._registry = registry if registry is not None else Registry().load()
+        self.clear_cache()
+        return self._registry
+
+    # -- explaining and selecting ---------------------------------------------------------------
+
+    def explain(self, problem: Problem, device: DeviceLike = None, *, backend: Optional[str] = None,
+                policy: Optional[Policy] = None, capturing: bool = False) -> Decision:
+        """The decision trace for ``problem`` on ``device``: see :func:`explain`."""
+        caps = resolve_device(device)
+        pol = policy if policy is not None else current_policy()
+        reg = self.registry
+        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.source)
+        if forced is not None and forced not in reg.backends:
+            known = ", ".join(sorted(reg.backends))
+            raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
+                             f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
+        self._warn_unknown_disabled(pol, reg)
+        verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
+                    for b in reg.backends.values()]
+        verdicts += _plugin_verdicts(reg)
+        return Decision(
+            op=problem.op, problem=problem, device=caps.name, profile=caps.profile, verdicts=verdicts,
+            chosen=_choose(verdicts, forced), forced=forced, forced_by=forced_by if forced else None,
+            policy=DecisionPolicy(force=dict(pol.force), disable=sorted(pol.disable), source=pol.source),
+            capturing=capturing,
+        )
+
+    def select(self, op: str, signature: tuple, device: torch.device, backend: Optional[str] = None):
+        """The backend to run for a validated call, and its decision (cached): see :func:`select`."""
+        pol = current_policy()
+        reg = self.registry
+        capturing = stream_capturing(device)
+        key = (device.type, device.index, signature, pol, backend, reg.generation, capturing)
+        hit = self._cache.get(key)
+        if hit is None:
+            problem = Problem(**dict(signature))
+            decision = self._decide(problem, device, backend, pol, capturing)
+            if decision.chosen is None:
+                raise _no_backend(op, problem, decision)
+            hit = (reg.backends[decision.chosen], decision)
+            if len(self._cache) >= self._cache_size:
+                self._cache.clear()
+            self._cache[key] = hit
+            self._log_first(op, device, signature, decision)
+        self._local.last = hit[1]
+        self._last_by_op[op] = hit[1]
+        return hit
+
+    def _decide(self, problem: Problem, device: torch.device, backend: Optional[str], pol: Policy,
+                capturing: bool) -> Decision:
+        """``explain()``, and while the chosen backend still needs its first-call self-check here
+        (eager calls only: in capture ``explain`` rejects it), run that check and decide again."""
+        backends = self.registry.backends
+        decision = self.explain(problem, device, backend=backend, policy=pol, capturing=capturing)
+        for _ in range(len(backends)):  # each round checks one backend, which then passes or is rejected
+            if decision.chosen is None or decision.verdict(decision.chosen).verified:
+                break
+            try:
+                chosen = backends[decision.chosen]
+            except KeyError:  # registered after this snapshot: the caller's lookup fetches it unchecked
+                break
+            self.self_checks.run(chosen, problem, resolve_device(device), device)
+            self._forget_decisions()  # decisions cached before this result may be stale
+            decision = self.explain(problem, device, backend=backend, policy=pol, capturing=capturing)
+        return decision
+
+    def _log_first(self, op: str, device: torch.device, signature: tuple, decision: Decision) -> None:
+        """The first choice for a signature, once at INFO with the runners-up (and a warning when a
+        GPU falls back to the reference without being told to)."""
+        logkey = (device.type, device.index, signature, decision.chosen)
+        if logkey in self._logged:
+            return
+        self._logged.add(logkey)
+        log.info("linattn: %s on %s -> %s (runners-up: %s)", op, decision.device, decision.chosen,
+                 ", ".join(decision.runners_up) or "none")
+        if device.type != "cpu" and decision.chosen == "torch-ref" and not decision.forced:
+            log.warning("linattn: %s on %s falls back to the token-serial reference (slow): %s",
+                        op, decision.device, decision.summary())
+
+    def _warn_unknown_disabled(self, pol: Policy, reg: Registry) -> None:
+        for name in sorted(pol.disable - set(reg.backends) - self._warned_disabled):
+            self._warned_disabled.add(name)
+            log.warning("linattn: %s disables %r, which is not a registered backend (registered: %s); "
+                        "a typo disables nothing", pol.source, name, ", ".join(sorted(reg.backends)))
+
+    # -- what it remembers -------------------------------------------------------------------------
+
+    def note_decision(self, op: str, decision: Decision) -> None:
+        """Record ``decision`` as the last one (of this thread, and of ``op``): for calls that reuse a
+        cached call plan (``dispatch/fast_path.py``) instead of calling :meth:`select`."""
+        self._local.last = decision
+        self._last_by_op[op] = decision
+
+    def last_decision(self, op: Optional[str] = None) -> Optional[Decision]:
+        """The decision behind the last op call (in this thread), or the last call of ``op`` (any thread)."""
+        if op is not None:
+            return self._last_by_op.get(op)
+        return getattr(self._local, "last", None)
+
+    def cached_decisions(self) -> list[CachedDecision]:
+        """The decision cache's entries, each with the parts of its key (a snapshot)."""
+        return [CachedDecision(*key, decision) for key, (_, decision) in list(self._cache.items())]
+
+    def clear_cache(self) -> None:
+        """Forget cached decisions, first-choice log lines, self-check results and call plans."""
+        self._forget_decisions()
+        self._logged.clear()
+        self.self_checks.reset()
+
+    def _forget_decisions(self) -> None:
+        self._cache.clear()
+        if self is _DEFAULT:
+            _clear_call_plans()
+
+
+def _clear_call_plans() -> None:
+    from . import fast_path  # the per-call plans are keyed on the default dispatcher's decisions
+
+    fast_path.clear()
+
+
+def _no_backend(op: str, problem: Problem, decision: Decision) -> NoBackendError:
+    if decision.forced:
+        head = (f"{op}: forced backend {decision.forced!r} ({decision.forced_by}) is not eligible for "
+                f"{problem.brief()} on {decision.device}")
+    else:
+        head = f"{op}: no backend accepts {problem.brief()} on {decision.device}"
+    return NoBackendError(decision, head)
+
+
+_DEFAULT = Dispatcher()
+
+
+def dispatcher() -> Dispatcher:
+    """The process's dispatcher (what every public op call, ``linattn.explain`` and the CLI use)."""
+    return _DEFAULT
+
+
+# -- the public functions: thin wrappers over the process's dispatcher ----------------------------------
 
 def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[str] = None,
             policy: Optional[Policy] = None, capturing: bool = False) -> Decision:
@@ -111,7 +372,8 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
             first-call self-check on this arch is rejected (``unverified``) instead of accepted
             with ``verified=False``. ``explain`` itself never runs a self-check.
     Returns:
-        Decision: ``chosen`` is None when nothing fits or the forced backend is not eligible. An
+        Decision: ``chosen`` is None when nothing fits or the forced backend is not eligible. A
+        rejected verdict lists every failing reason (``reasons``; ``reason`` is the first). An
         accepted verdict with ``verified=False`` is a backend whose kernels were never verified
         on this arch: its first eager call self-checks against torch-ref.
     Raises:
@@ -121,83 +383,7 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
         >>> explain(Problem(op="gdn_decode", n=4, h=16, hv=32, k=128, v=128), "cpu").chosen
         'torch-ref'
     """
-    caps = resolve_device(device)
-    pol = policy if policy is not None else current_policy()
-    reg = get_registry()
-    forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.source)
-    if forced is not None and forced not in reg.backends:
-        known = ", ".join(sorted(reg.backends))
-        raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
-                         f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
-    _warn_unknown_disabled(pol, reg)
-    verdicts = [_verdict(b, problem, caps, pol, forced, capturing) for b in reg.backends.values()]
-    for rec in reg.failed_plugins():
-        reason = Reason.API_VERSION if rec.status == "api_version" else Reason.PLUGIN_LOAD_FAILED
-        verdicts.append(Rejected(backend=f"plugin:{rec.name}", reason=reason, message=rec.error,
-                                 hint=f"fix or upgrade the plugin's distribution {rec.distribution!r}"))
-    if forced is not None:
-        ok = next(v for v in verdicts if v.backend == forced).ok
-        chosen = forced if ok else None
-    else:
-        accepted = sorted((v for v in verdicts if v.ok), key=lambda v: (v.rank, v.backend))
-        chosen = accepted[0].backend if accepted else None
-    return Decision(
-        op=problem.op, problem=problem.model_dump(), device=caps.name, profile=caps.profile,
-        verdicts=verdicts, chosen=chosen, forced=forced, forced_by=forced_by if forced else None,
-        policy={"force": dict(pol.force), "disable": sorted(pol.disable), "source": pol.source},
-        capturing=capturing,
-    )
-
-
-_warned_disabled: set[str] = set()
-
-
-def _warn_unknown_disabled(pol: Policy, reg) -> None:
-    for name in sorted(pol.disable - set(reg.backends) - _warned_disabled):
-        _warned_disabled.add(name)
-        log.warning("linattn: %s disables %r, which is not a registered backend (registered: %s); "
-                    "a typo disables nothing", pol.source, name, ", ".join(sorted(reg.backends)))
-
-
-# -- the cached path every op call takes ---------------------------------------------------------
-
-_cache: dict[tuple, tuple[object, Decision]] = {}
-_CACHE_MAX = 4096
-_local = threading.local()
-_last_by_op: dict[str, Decision] = {}
-_logged: set[tuple] = set()
-
-
-def clear_cache() -> None:
-    """Forget cached decisions and self-check results (the registry does this when it is reset)."""
-    _cache.clear()
-    _logged.clear()
-    _self_check.reset()
-
-
-def stream_capturing(device: torch.device) -> bool:
-    """True while the current CUDA stream is being captured into a graph (no sync allowed then).
-    The one place selection asks (tests simulate capture by patching it)."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def _decide(problem: Problem, device: torch.device, backend: Optional[str], pol: Policy,
-            capturing: bool) -> Decision:
-    """``explain()``, and while the chosen backend still needs its first-call self-check here
-    (eager calls only: in capture ``explain`` rejects it), run that check and decide again."""
-    backends = get_registry().backends
-    decision = explain(problem, device, backend=backend, policy=pol, capturing=capturing)
-    for _ in range(len(backends)):  # each round checks one backend, which then passes or is rejected
-        if decision.chosen is None or decision.verdict(decision.chosen).verified:
-            break
-        try:
-            chosen = backends[decision.chosen]
-        except KeyError:  # registered after this snapshot: the caller's lookup fetches it unchecked
-            break
-        _self_check.run_self_check(chosen, problem, resolve_device(device), device)
-        _cache.clear()  # decisions cached before this result may be stale
-        decision = explain(problem, device, backend=backend, policy=pol, capturing=capturing)
-    return decision
+    return _DEFAULT.explain(problem, device, backend=backend, policy=policy, capturing=capturing)
 
 
 def select(op: str, signature: tuple, device: torch.device, backend: Optional[str] = None):
@@ -217,40 +403,29 @@ def select(op: str, signature: tuple, device: torch.device, backend: Optional[st
     device's arch first passes its self-check (once per process and shape class; see the module
     docstring) or is rejected with ``self_check_failed`` and the next one is chosen.
     """
-    pol = current_policy()
-    reg = get_registry()
-    capturing = stream_capturing(device)
-    key = (device.type, device.index, signature, pol, backend, reg.generation, capturing)
-    hit = _cache.get(key)
-    if hit is None:
-        problem = Problem(**dict(signature))
-        decision = _decide(problem, device, backend, pol, capturing)
-        if decision.chosen is None:
-            if decision.forced:
-                head = (f"{op}: forced backend {decision.forced!r} ({decision.forced_by}) is not eligible for "
-                        f"{problem.brief()} on {decision.device}")
-            else:
-                head = f"{op}: no backend accepts {problem.brief()} on {decision.device}"
-            raise NoBackendError(decision, head)
-        hit = (reg.backends[decision.chosen], decision)
-        if len(_cache) >= _CACHE_MAX:
-            _cache.clear()
-        _cache[key] = hit
-        logkey = (device.type, device.index, signature, decision.chosen)
-        if logkey not in _logged:
-            _logged.add(logkey)
-            log.info("linattn: %s on %s -> %s (runners-up: %s)", op, decision.device, decision.chosen,
-                     ", ".join(decision.runners_up) or "none")
-            if device.type != "cpu" and decision.chosen == "torch-ref" and not decision.forced:
-                log.warning("linattn: %s on %s falls back to the token-serial reference (slow): %s",
-                            op, decision.device, decision.summary())
-    _local.last = hit[1]
-    _last_by_op[op] = hit[1]
-    return hit
+    return _DEFAULT.select(op, signature, device, backend)
+
+
+def note_decision(op: str, decision: Decision) -> None:
+    """Record ``decision`` as the last one (see :meth:`Dispatcher.note_decision`)."""
+    _DEFAULT.note_decision(op, decision)
 
 
 def last_decision(op: Optional[str] = None) -> Optional[Decision]:
     """The decision behind the last op call (in this thread), or the last call of ``op`` (any thread)."""
-    if op is not None:
-        return _last_by_op.get(op)
-    return getattr(_local, "last", None)
+    return _DEFAULT.last_decision(op)
+
+
+def clear_cache() -> None:
+    """Forget cached decisions and self-check results (resetting the registry does this too)."""
+    _DEFAULT.clear_cache()
+
+
+def get_registry() -> Registry:
+    """The process-wide registry (the dispatcher's), loaded on first use."""
+    return _DEFAULT.registry
+
+
+def reset_registry(registry: Optional[Registry] = None) -> Registry:
+    """Reload plugins (after changing ``LINATTN_PLUGINS`` etc.) or install a given registry."""
+    return _DEFAULT.reset(registry)

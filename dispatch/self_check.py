@@ -17,7 +17,7 @@ the backend and compares it with torch-ref in float64 (:func:`check_against_refe
 
 Inputs are made on the CPU from a generator seeded by the key (the global RNG is not touched),
 moved to the call's device, validated like a user call (``dispatch/validate.py``) and run under
-``torch.no_grad()``; the reference runs on float64 CPU copies. Tolerances are ops.md's: 1e-5 with
+``torch.no_grad()``; the reference runs on float64 CPU copies. Tolerances are docs/ops.md's: 1e-5 with
 fp32 inputs and state, else 2e-2 on outputs and 1e-2 on states; pool rows the case does not own
 must stay bitwise unchanged and padding outputs exactly zero.
 """
@@ -76,11 +76,6 @@ class SelfCheckResult(BaseModel):
     seconds: float
 
 
-_lock = threading.RLock()  # re-entrant: a backend's self_check may itself call a public op
-_results: dict[tuple[str, str, str, str], SelfCheckResult] = {}
-_running: set[tuple[str, str, str, str]] = set()
-
-
 def kernel_class(p: Problem) -> str:
     """The default shape class of ``p``: what the built-in kernels specialise on, as one line.
 
@@ -92,10 +87,10 @@ def kernel_class(p: Problem) -> str:
         >>> kernel_class(Problem(op="gdn_prefill", n=4, t=8192, h=16, hv=32, k=128, v=128))
         'bfloat16 state=float32/vk pool H=16 HV=32 K=128 V=128'
     """
-    if p.op == "silu_and_mul_clamp":
+    if p.spec.method == "clamp":
         return f"{p.dtype} D={p.d}" + (" limit" if p.clamp_limit else "")
     if p.phase == "gating":
-        return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.family == "kda" else "") + (
+        return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.spec.per_channel_gates else "") + (
             " lower_bound" if p.lower_bound else "")
     flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound",
                                "precomputed_gates", "has_initial_state") if getattr(p, name)]
@@ -104,66 +99,96 @@ def kernel_class(p: Problem) -> str:
             + "".join(f" {f}" for f in flags))
 
 
-# -- state ---------------------------------------------------------------------------------------
+# -- state: one log of results per dispatcher ---------------------------------------------------
 
 def key_for(backend, p: Problem, caps) -> tuple[str, str, str, str]:
     """``(backend name, arch, op, shape class)``: what one self-check stands for."""
     return backend.name, caps.arch, p.op, backend.self_check_class(p)
 
 
-def result_for(key: tuple) -> Optional[SelfCheckResult]:
-    """The recorded result for ``key``, or None when no self-check ran for it in this process."""
-    return _results.get(key)
+class SelfChecks:
+    """The self-checks one dispatcher ran: their results by key, and the ones running now.
 
-
-def results() -> list[SelfCheckResult]:
-    """Every self-check that ran in this process, in the order they ran."""
-    return list(_results.values())
-
-
-def reset() -> None:
-    """Forget every result (a later call checks again); ``dispatch.clear_cache`` calls this."""
-    with _lock:
-        _results.clear()
-
-
-def run_self_check(backend, p: Problem, caps, device: torch.device) -> SelfCheckResult:
-    """Run ``backend.self_check`` for ``p``'s key once (later calls return the recorded result).
-
-    Args:
-        backend: the backend instance.
-        p: the problem of the call about to run (its shape class is checked, at small sizes).
-        caps: the call's device capabilities (their ``arch`` is part of the key).
-        device: the ``torch.device`` the case runs on (the call's).
-    Returns:
-        SelfCheckResult. A failure (a mismatch, or anything raised) is logged as a WARNING on the
-        ``linattn`` logger; the backend is rejected with ``self_check_failed`` for that key from then on.
+    The dispatcher (``dispatch/selection.py``) owns one; its ``clear_cache`` resets it. Thread
+    safe; re-entrant, since a backend's ``self_check`` may itself call a public op.
     """
-    key = key_for(backend, p, caps)
-    with _lock:
-        done = _results.get(key)
-        if done is not None:
-            return done
-        if key in _running:  # the check calls its own op: let that inner call run, record nothing
-            return SelfCheckResult(backend=key[0], arch=key[1], op=key[2], shape_class=key[3], ok=True,
-                                   message="inside its own self-check", device=str(device), seconds=0.0)
-        _running.add(key)
-        t0 = time.perf_counter()
-        try:
-            with torch.no_grad():
-                check = backend.self_check(p, caps, device)
-            if not isinstance(check, Check):
-                raise TypeError(f"self_check returned {type(check).__name__}, not a linattn.dispatch.Check")
-            ok, message = check.ok, check.message
-        except Exception as e:  # noqa: BLE001 - a raising check is a failed check, never a crashed call
-            ok, message = False, f"raised {type(e).__name__}: {e}"
-        finally:
-            _running.discard(key)
-        res = SelfCheckResult(backend=key[0], arch=key[1], op=key[2], shape_class=key[3], ok=ok,
-                              message=message or ("passed" if ok else "failed"), device=str(device),
-                              seconds=round(time.perf_counter() - t0, 4))
-        _results[key] = res
-    if ok:
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._results: dict[tuple[str, str, str, str], SelfCheckResult] = {}
+        self._running: set[tuple[str, str, str, str]] = set()
+
+    def result_for(self, key: tuple) -> Optional[SelfCheckResult]:
+        """The recorded result for ``key``, or None when no self-check ran for it."""
+        return self._results.get(key)
+
+    def results(self) -> list[SelfCheckResult]:
+        """Every self-check that ran, in the order they ran."""
+        return list(self._results.values())
+
+    def reset(self) -> None:
+        """Forget every result (a later call checks again)."""
+        with self._lock:
+            self._results.clear()
+
+    def run(self, backend, p: Problem, caps, device: torch.device) -> SelfCheckResult:
+        """Run ``backend.self_check`` for ``p``'s key once (later calls return the recorded result).
+
+        Args:
+            backend: the backend instance.
+            p: the problem of the call about to run (its shape class is checked, at small sizes).
+            caps: the call's device capabilities (their ``arch`` is part of the key).
+            device: the ``torch.device`` the case runs on (the call's).
+        Returns:
+            SelfCheckResult. A failure (a mismatch, or anything raised) is logged as a WARNING on
+            the ``linattn`` logger; the backend is rejected with ``self_check_failed`` for that key
+            from then on.
+        """
+        key = key_for(backend, p, caps)
+        with self._lock:
+            done = self._results.get(key)
+            if done is not None:
+                return done
+            if key in self._running:  # the check calls its own op: let that inner call run, record nothing
+                return SelfCheckResult(backend=key[0], arch=key[1], op=key[2], shape_class=key[3], ok=True,
+                                       message="inside its own self-check", device=str(device), seconds=0.0)
+            self._running.add(key)
+            try:
+                res = _timed_check(backend, p, caps, device, key)
+            finally:
+                self._running.discard(key)
+            self._results[key] = res
+        _log(res)
+        return res
+
+    def verdict_for(self, backend, p: Problem, caps, accepted: Accepted, capturing: bool):
+        """``accepted`` as it stands after verification: unchanged where no self-check applies;
+        ``verified=False`` with a note before the check has run (eager); rejected with
+        ``unverified`` during CUDA-graph capture; rejected with ``self_check_failed`` after a
+        failed check."""
+        if not backend.needs_self_check(p, caps):
+            return accepted
+        key = key_for(backend, p, caps)
+        return _verdict(backend, p, caps, accepted, capturing, key, self._results.get(key))
+
+
+def _timed_check(backend, p: Problem, caps, device, key: tuple) -> SelfCheckResult:
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            check = backend.self_check(p, caps, device)
+        if not isinstance(check, Check):
+            raise TypeError(f"self_check returned {type(check).__name__}, not a linattn.dispatch.Check")
+        ok, message = check.ok, check.message
+    except Exception as e:  # noqa: BLE001 - a raising check is a failed check, never a crashed call
+        ok, message = False, f"raised {type(e).__name__}: {e}"
+    return SelfCheckResult(backend=key[0], arch=key[1], op=key[2], shape_class=key[3], ok=ok,
+                           message=message or ("passed" if ok else "failed"), device=str(device),
+                           seconds=round(time.perf_counter() - t0, 4))
+
+
+def _log(res: SelfCheckResult) -> None:
+    if res.ok:
         log.info("linattn: %s passed its self-check against torch-ref on %s (%s, %s) in %.2f s: %s",
                  res.backend, res.arch, res.op, res.shape_class, res.seconds, res.message)
     else:
@@ -171,7 +196,29 @@ def run_self_check(backend, p: Problem, caps, device: torch.device) -> SelfCheck
                     "for this shape class on %s in this process (reason self_check_failed); the dispatcher "
                     "falls back to the next backend. Please report this to the backend's authors.",
                     res.backend, res.arch, res.op, res.shape_class, res.message, res.arch)
-    return res
+
+
+# -- the process's log (the default dispatcher's), for callers that ask this module ----------------
+
+def results() -> list[SelfCheckResult]:
+    """Every self-check the default dispatcher ran in this process, in the order they ran."""
+    return _default_log().results()
+
+
+def result_for(key: tuple) -> Optional[SelfCheckResult]:
+    """The default dispatcher's recorded result for ``key``, or None."""
+    return _default_log().result_for(key)
+
+
+def reset() -> None:
+    """Forget the default dispatcher's results (``linattn.dispatch.clear_cache`` does this)."""
+    _default_log().reset()
+
+
+def _default_log() -> SelfChecks:
+    from .selection import dispatcher  # the dispatcher owns the log; it imports this module
+
+    return dispatcher().self_checks
 
 
 # -- the verdict --------------------------------------------------------------------------------
@@ -180,15 +227,9 @@ def _archs(backend) -> str:
     return "{" + ", ".join(sorted(backend.verified_archs or ())) + "}"
 
 
-def verdict_for(backend, p: Problem, caps, accepted: Accepted, capturing: bool):
-    """``accepted`` as it stands after verification: unchanged where no self-check applies;
-    ``verified=False`` with a note before the check has run (eager); rejected with ``unverified``
-    during CUDA-graph capture; rejected with ``self_check_failed`` after a failed check."""
-    if not backend.needs_self_check(p, caps):
-        return accepted
-    key = key_for(backend, p, caps)
+def _verdict(backend, p: Problem, caps, accepted: Accepted, capturing: bool, key: tuple,
+             res: Optional[SelfCheckResult]):
     arch, cls = caps.arch, key[3]
-    res = _results.get(key)
     if res is None:
         if capturing:
             return Rejected(backend=backend.name, reason=Reason.UNVERIFIED,
@@ -214,7 +255,7 @@ def verdict_for(backend, p: Problem, caps, accepted: Accepted, capturing: bool):
 # -- the default check ---------------------------------------------------------------------------
 
 def tolerances(dtype: str, state_dtype: str) -> tuple[float, float]:
-    """``(output, state)`` relative tolerances against float64 (ops.md "Tolerances")."""
+    """``(output, state)`` relative tolerances against float64 (docs/ops.md "Tolerances")."""
     if dtype in FULL_PRECISION and state_dtype in FULL_PRECISION:
         return 1e-5, 1e-5
     return 2e-2, 1e-2
@@ -272,7 +313,7 @@ def _f64(x):
 
 def _prefill_case(p: Problem, gen, device):
     dt, sdt = _DTYPES[p.dtype], _DTYPES[p.state_dtype]
-    kda = p.family == "kda"
+    kda = p.spec.per_channel_gates
     T = sum(PREFILL_LENS)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     args = dict(q=r(T, p.h, p.k).to(dt), k=r(T, p.h, p.k).to(dt), v=r(T, p.hv, p.v).to(dt),
@@ -291,7 +332,7 @@ def _prefill_case(p: Problem, gen, device):
 
 def _decode_case(p: Problem, gen, device):
     dt, sdt = _DTYPES[p.dtype], _DTYPES[p.state_dtype]
-    kda = p.family == "kda"
+    kda = p.spec.per_channel_gates
     T = min(max(p.t, 1), 3)
     N = len(DECODE_SLOTS)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
@@ -325,7 +366,7 @@ def _decode_case(p: Problem, gen, device):
 
 def _gating_case(p: Problem, gen, device):
     dt = _DTYPES[p.dtype]
-    kda = p.family == "kda"
+    kda = p.spec.per_channel_gates
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     args = dict(A_log=r(p.hv) * 0.5, a=r(*((GATING_ROWS, p.hv, p.k) if kda else (GATING_ROWS, p.hv))).to(dt),
                 b=r(GATING_ROWS, p.hv).to(dt), dt_bias=r(*((p.hv, p.k) if kda else (p.hv,))) * 0.5)
@@ -363,7 +404,7 @@ def check_against_reference(backend, p: Problem, device) -> Check:
         device: a ``torch.device`` (or string) to run the backend on.
     Returns:
         Check: passed with the measured relative errors, or failed (reason ``self_check_failed``)
-        naming every difference (errors beyond ops.md's tolerances, non-finite values, padding not
+        naming every difference (errors beyond docs/ops.md's tolerances, non-finite values, padding not
         zero, pool rows not owned by the case changed).
     Raises:
         whatever the backend raises (the caller records it as a failure).

@@ -4,7 +4,7 @@ Each rule is ``rule(args, dims) -> list of probes``; a probe is a 0-d "bad" flag
 device plus a zero-argument function that explains the failure by raising ``ValueError``.
 :func:`_run_value_rules` brings every flag to the host in a single sync, and only a failing rule pays
 for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
-``cu_seqlens`` contents and the sign of prefill log decays (/work/shared/spec/ops.md).
+``cu_seqlens`` contents and the sign of prefill log decays (docs/ops.md).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _v_cu_seqlens(args: dict, dims: Dims) -> list:
 
 
 def _v_log_decay(args: dict, dims: Dims) -> list:
-    """Prefill gates are log decays (ops.md): ``g <= 0`` and not NaN (a positive g grows the state)."""
+    """Prefill gates are log decays (docs/ops.md): ``g <= 0`` and not NaN (a positive g grows the state)."""
     g = args["g"]
     if g.numel() == 0:
         return []

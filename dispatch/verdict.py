@@ -2,9 +2,10 @@
 
 A verdict is a tagged union: :class:`Accepted` or :class:`Rejected` with a stable
 :class:`Reason` code, a message that names the field, the value and the supported set, and a
-hint saying what to do. A :class:`Decision` holds one verdict per registered backend and the
-chosen one, so every choice can be explained (``linattn explain``) and asked after
-(``linattn.last_decision()``).
+hint saying what to do; a rejection lists *every* predicate that failed (:attr:`Rejected.reasons`),
+not only the first. A :class:`Decision` holds one verdict per registered backend and the chosen
+one, so every choice can be explained (``linattn explain``) and asked after
+(``linattn.last_decision()``). :class:`Rank` names the rank tiers every built-in backend uses.
 """
 
 from __future__ import annotations
@@ -12,7 +13,25 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .problem import Problem
+
+
+class Rank(enum.IntEnum):
+    """The rank tiers (lower runs first among the accepted backends), named in one place.
+
+    A backend's ``rank(p, caps)`` returns one of these (a plugin may return any int; these are
+    the landmarks to place it against).
+    """
+
+    PREFERRED = 5  # measured ahead of the native kernels here (cutedsl on SM100/SM103, cpu-chunked long prefills)
+    CPU_DEFAULT = 10  # torch-ref on a CPU: the embedded default
+    NATIVE = 20  # a compiled-kernel backend on its native vendor (triton-split on NVIDIA, triton-folded on AMD/Intel)
+    BEHIND_NATIVE = 60  # eligible but measured slower than the native one (cutedsl on SM90, cpu-chunked short prefills)
+    DEFAULT = 100  # Backend.rank's default: a plugin that says nothing
+    GPU_REFERENCE = 1000  # torch-ref on a GPU: the token-serial last resort
+    FORCED_ONLY = 2000  # off its native vendor or in the Triton interpreter: eligible only when forced
 
 
 class Reason(str, enum.Enum):
@@ -59,7 +78,25 @@ class Accepted(BaseModel):
         return True
 
 
+class Failure(BaseModel):
+    """One failed predicate: a stable reason code, a message naming the field, the value and the
+    supported set, and a hint saying what to do."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: Reason
+    message: str
+    hint: str = ""
+
+    def line(self) -> str:
+        return f"[{self.reason.value}] {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
+
+
 class Rejected(BaseModel):
+    """The backend may not run the problem: ``reasons`` lists every predicate that failed, in
+    predicate order; ``reason``, ``message`` and ``hint`` are the first of them (kept for callers
+    that read one). Give either ``reasons`` or ``reason`` + ``message`` (+ ``hint``)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: Literal["rejected"] = "rejected"
@@ -67,6 +104,21 @@ class Rejected(BaseModel):
     reason: Reason
     message: str
     hint: str = ""
+    reasons: list[Failure] = Field(default_factory=list, description="every failing reason, the first one first")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_and_all(cls, data):
+        if not isinstance(data, dict):
+            return data
+        reasons = data.get("reasons")
+        if reasons and "reason" not in data:
+            first = reasons[0] if isinstance(reasons[0], Failure) else Failure.model_validate(reasons[0])
+            data = {**data, "reason": first.reason, "message": first.message, "hint": first.hint}
+        elif not reasons and "reason" in data:
+            data = {**data, "reasons": [Failure(reason=data["reason"], message=data.get("message", ""),
+                                                hint=data.get("hint", ""))]}
+        return data
 
     @property
     def ok(self) -> bool:
@@ -95,20 +147,30 @@ class Check(BaseModel):
         return cls(ok=False, reason=reason, message=message, hint=hint)
 
 
+class DecisionPolicy(BaseModel):
+    """The policy in force for a decision: forced backends by key, disabled names, and where they came from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    force: dict[str, str] = Field(default_factory=dict, description="key (phase, op or 'all') -> backend")
+    disable: list[str] = Field(default_factory=list, description="disabled backend names, sorted")
+    source: str = "default"
+
+
 class Decision(BaseModel):
     """One verdict per registered backend and the backend chosen (None when nothing fits)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     op: str
-    problem: dict
+    problem: Problem
     device: str
     profile: Optional[str] = None
     verdicts: list[Verdict]
     chosen: Optional[str]
     forced: Optional[str] = Field(None, description="the backend forced by a call, policy or env, if any")
     forced_by: Optional[str] = None
-    policy: dict = Field(default_factory=dict)
+    policy: DecisionPolicy = Field(default_factory=DecisionPolicy)
     capturing: bool = Field(False, description="decided during CUDA-graph capture (unchecked backends are "
                                                "not chosen then: a self-check needs a sync)")
 
@@ -133,7 +195,8 @@ class Decision(BaseModel):
         for v in self.verdicts:
             if v.backend == self.chosen:
                 continue
-            parts.append(f"{v.backend}={'rank ' + str(v.rank) if v.ok else v.reason.value}")
+            why = f"rank {v.rank}" if v.ok else "+".join(r.reason.value for r in v.reasons)
+            parts.append(f"{v.backend}={why}")
         return " ".join(parts)
 
 
@@ -148,7 +211,8 @@ class NoBackendError(RuntimeError):
         order = {Reason.SHAPE: 0, Reason.DTYPE: 0, Reason.LAYOUT: 0, Reason.FEATURE: 0, Reason.UNVERIFIED: 0,
                  Reason.GRID_LIMIT: 1}
         rejected.sort(key=lambda v: (v.backend != decision.forced, order.get(v.reason, 2)))
-        for v in rejected:
-            lines.append(f"  - {v.backend}: [{v.reason.value}] {v.message}" + (f" (hint: {v.hint})" if v.hint else ""))
-        lines.append(f"  problem: {decision.problem}")
+        for v in rejected:  # every failing reason of each backend, the first on its line
+            lines.append(f"  - {v.backend}: {v.reasons[0].line()}")
+            lines.extend(f"      also {r.line()}" for r in v.reasons[1:])
+        lines.append(f"  problem: {decision.problem.model_dump()}")
         super().__init__("\n".join(lines))

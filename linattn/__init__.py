@@ -1,6 +1,6 @@
 """linattn: the fastest correct linear-attention kernel on whatever hardware you run, and why.
 
-Public API (shapes in each docstring; the contract is ops.md):
+Public API (shapes in each docstring; the contract is docs/ops.md):
     ops:        gdn_gating, kda_gating, gdn_decode, kda_decode, gdn_prefill, kda_prefill,
                 silu_and_mul_clamp
     decisions:  explain(Problem | op, device=..., **shape), last_decision(), policy(...)
@@ -24,21 +24,40 @@ from linattn.presets import ModelPreset, preset, presets
 __version__ = "0.1.0"
 
 
-def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = None, **shape) -> Decision:
+def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = None, model: Optional[str] = None,
+            **shape) -> Decision:
     """The decision trace for a problem: a verdict for every backend, and the one chosen.
 
     Args:
-        problem: a :class:`Problem`, or an op name with the shape as keywords (``n=4096, h=16, ...``).
+        problem: a :class:`Problem`, or an op name with the shape as keywords (``n=4096, h=16, ...``,
+            the :class:`Problem` fields).
         device: a profile name (``"sm90"``, ``"sm100"``, ``"mi300x"``, ``"xpu-pvc"``, ``"cpu"``), a
             torch device, or None for the CPU.
         backend: force a backend by name.
+        model: with an op name: a model preset (``"qwen3-next"``, ``"kimi-linear"``, ...) whose head
+            counts and dims fill the problem, as ``linattn explain OP --model``; keywords override them.
+    Returns:
+        Decision.
+    Raises:
+        ValueError: an unknown op, model, field or value (the message names the allowed ones), a
+            model of another family, or ``model=`` / keywords given with a :class:`Problem`.
     Example:
         >>> import linattn
         >>> linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128).chosen
         'torch-ref'
+        >>> linattn.explain("gdn_decode", "cpu", model="qwen3-next", n=8).problem.hv
+        32
     """
-    if isinstance(problem, str):
-        problem = Problem(op=problem, **shape)
+    if isinstance(problem, Problem):
+        if model is not None or shape:
+            given = ", ".join([*(["model"] if model is not None else []), *shape])
+            raise ValueError(f"explain() got a Problem and also {given}: pass the Problem alone, or an op name "
+                             f"with model= and shape keywords")
+    else:
+        from linattn.report import make_problem, preset_shape
+
+        base = preset_shape(problem, model) if model is not None else {}
+        problem = make_problem(problem, **{**base, **shape})
     return _explain(problem, device, backend=backend)
 
 

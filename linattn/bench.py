@@ -13,16 +13,16 @@ reports, per backend and shape:
 - decode and clamp: the effective bandwidth, bytes the op must move over time, against the
   device's copy bandwidth measured in the same run (a large ``copy_``, read + write bytes over
   time). Decode bytes: state rows read and written (``2 N HV K V`` x state itemsize), q, k, v,
-  o, the raw gates a, b and the slot indices, each once (issue 3, item 7). Clamp bytes: ``x``
+  o, the raw gates a, b and the slot indices, each once. Clamp bytes: ``x``
   read and ``out`` written (``3 M D`` x itemsize);
 - prefill: tokens per second (``N x L`` packed tokens over time).
 
-Inputs (ops.md): bf16 q/k/v (and raw gates a/b for decode), fp32 ``A_log``/``dt_bias``; decode
+Inputs (docs/ops.md): bf16 q/k/v (and raw gates a/b for decode), fp32 ``A_log``/``dt_bias``; decode
 uses an fp32 pool ``[2N, HV, V, K]`` and ``N`` distinct random slots; prefill is varlen pool mode
 (``N`` sequences of ``L`` tokens, ``cu_seqlens`` int32, fp32 ``g``/``beta`` as the gating op
 returns them, the same kind of pool); the clamp uses the preset's ``D`` and ``limit``. Every call
 advances the pool it is given; that is fine for timing (the delta rule keeps the state bounded)
-and no measured call runs a pool-writing kernel twice (ops.md forbids re-runs inside one call).
+and no measured call runs a pool-writing kernel twice (docs/ops.md forbids re-runs inside one call).
 
 flash-linear-attention 0.6 (``fla``) runs on the same data with dense states when it imports and
 the device is CUDA: ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` for decode
@@ -31,22 +31,28 @@ gathered once outside the timing), ``chunk_gated_delta_rule`` / ``chunk_kda`` fo
 ``[N, HV, K, V]``), and for prefill also with the gather / scatter around it that an engine with
 a pool needs (``flash-linear-attention+gather-scatter``). Its bytes exclude the slot indices.
 
+``--plot PATH`` writes a PNG (``linattn/bench_plot.py``): decode and clamp GB/s over N against
+the copy ceiling, prefill Mtok/s per shape, each beside FLA when it ran. ``--from RESULTS.json``
+plots an earlier run (a ``--out`` file, or a file of ``benchmarks/results/``) without measuring.
+
 Exit codes: 0 done (rejected or failed backends are rows, not errors); 2 a bad argument (unknown
-op, model, backend or device, or ``--plot`` without matplotlib).
+op, model, backend or device, ``--plot`` without matplotlib, or a ``--from`` file without the op).
 
 Example:
     $ linattn bench gdn_decode --batch 1 --batch 8 --json
     $ linattn bench gdn_prefill --batch 16 --tokens 4096 --plot prefill.png   # on a GPU
+    $ linattn bench kda_decode --from results.json --plot kda_decode.png   # an earlier --out, no GPU
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -54,13 +60,12 @@ import torch
 import typer
 
 import linattn
+from linattn.bench_plot import FLA, FLA_GS
 from linattn.dispatch import NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
 
 BENCH_OPS = ("gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp")
-FLA = "flash-linear-attention"
-FLA_GS = "flash-linear-attention+gather-scatter"
 FLA_NAMES = (FLA, FLA_GS)
 ALIASES = {"fla": FLA, "fla+gather-scatter": FLA_GS}
 
@@ -106,7 +111,6 @@ class Case:
     nbytes: Optional[int] = None
     index_bytes: int = 0
     tokens: Optional[int] = None
-    extra: dict = field(default_factory=dict)
 
 
 def _gen(device: torch.device, seed: int) -> torch.Generator:
@@ -259,11 +263,11 @@ def copy_bandwidth(device: torch.device, nbytes: int, timer: Timer, repeats: int
         ``{"bytes": nbytes, "median_us": ..., "GBps": ...}`` (GB = 1e9 bytes, read + write counted).
     """
     src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    times = timer.measure(lambda: dst.copy_(src), max(repeats, 5), warmup, budget_s=30.0)
-    med = statistics.median(times)
     nb = src.numel() * 4
-    del src, dst
+    times = timer.measure(functools.partial(torch.empty_like(src).copy_, src), max(repeats, 5), warmup,
+                          budget_s=30.0)
+    med = statistics.median(times)
+    del src  # the measured call held the destination; both are freed before the largest shapes
     return {"bytes": nb, "median_us": med * 1e6, "GBps": 2 * nb / med / 1e9}
 
 
@@ -471,6 +475,72 @@ def _backend_names(names: Optional[list[str]]) -> Optional[list[str]]:
     return out
 
 
+def _preset_of(op: str, model: Optional[str]):
+    """``(model, preset)`` for ``op``; an unknown op or model, or one of another family, raises."""
+    if op not in BENCH_OPS:
+        raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
+    fam = _family(op)
+    model = model or FAMILY_PRESET[fam]
+    try:
+        p = linattn.preset(model)
+    except KeyError as e:
+        raise BenchUsageError(e.args[0]) from None
+    if p.family != fam:
+        raise BenchUsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
+                              f"such as {FAMILY_PRESET[fam]!r}")
+    return model, p
+
+
+def _make_case(op: str, size, sizes: Optional[tuple], p, dev: torch.device, seed: int) -> Case:
+    """The inputs of one shape: clamp rows M, decode rows N, or prefill ``(N, L)``."""
+    if op == "silu_and_mul_clamp":
+        return clamp_case(size, sizes[0] if sizes else p.D, p.limit, dev, seed)
+    hs = sizes or (p.H, p.HV, p.K, p.V)
+    if op.endswith("_decode"):
+        return decode_case(op, size, hs, dev, seed)
+    return prefill_case(op, size[0], size[1], hs, dev, seed)
+
+
+def _names_for(d, forced: Optional[list[str]], op: str, dev: torch.device, fla_ver: Optional[str]) -> list[str]:
+    """The backends to time on one shape: the forced ones, or every accepted one by rank (+ FLA on CUDA)."""
+    if forced is not None:
+        return forced
+    names = [v.backend for v in sorted((v for v in d.verdicts if v.ok), key=lambda v: (v.rank, v.backend))]
+    if dev.type == "cuda" and fla_ver is not None and op != "silu_and_mul_clamp":
+        names += [FLA] + ([FLA_GS] if op.endswith("_prefill") else [])
+    return names
+
+
+@dataclass(frozen=True)
+class _Session:
+    """What every row of one run shares: the device, its timer and settings, the copy bandwidth, FLA."""
+
+    dev: torch.device
+    caps: object
+    timer: Timer
+    repeats: int
+    warmup: int
+    copy_gbps: float
+    fla: Optional[str]
+
+
+def _time_shapes(op: str, shapes: list, make: Callable[[object], Case], forced: Optional[list[str]],
+                 run: _Session) -> tuple[list[dict], dict]:
+    """One row per shape x backend, and the dispatcher's default per shape label."""
+    rows, defaults = [], {}
+    for s in shapes:
+        case = make(s)
+        d = _explain(problem_of(case), run.caps)
+        defaults[case.label] = d.chosen
+        for name in _names_for(d, forced, op, run.dev, run.fla):
+            row = bench_row(case, name, run.dev, run.timer, run.repeats, run.warmup, run.copy_gbps)
+            rows.append(dict(row, default=name == d.chosen))
+        del case
+        if run.dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows, defaults
+
+
 def run_bench(op: str, *, model: Optional[str] = None, batch: Optional[list[int]] = None,
               tokens: Optional[list[int]] = None, backends: Optional[list[str]] = None, device: Optional[str] = None,
               repeats: Optional[int] = None, warmup: Optional[int] = None, shape: Optional[str] = None,
@@ -491,22 +561,12 @@ def run_bench(op: str, *, model: Optional[str] = None, batch: Optional[list[int]
         copy_bytes: size of the copy-bandwidth measurement.
         seed: input generator seed.
     Returns:
-        dict: ``op, model, preset, device, capabilities, copy_bandwidth, fla, repeats, warmup,
-        timing, defaults, rows`` (one row per shape x backend).
+        dict: ``command, op, model, preset, device, capabilities, copy_bandwidth, fla, repeats,
+        warmup, timing, defaults, rows`` (one row per shape x backend).
     Raises:
         BenchUsageError: unknown op, model, backend or device, or bad sizes.
     """
-    if op not in BENCH_OPS:
-        raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
-    fam = _family(op)
-    model = model or FAMILY_PRESET[fam]
-    try:
-        p = linattn.preset(model)
-    except KeyError as e:
-        raise BenchUsageError(e.args[0]) from None
-    if p.family != fam:
-        raise BenchUsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
-                              f"such as {FAMILY_PRESET[fam]!r}")
+    model, p = _preset_of(op, model)
     dev = _resolve_bench_device(device)
     sizes = _parse_shape(shape, op)
     shapes = _shapes(op, dev, batch, tokens)
@@ -523,33 +583,8 @@ def run_bench(op: str, *, model: Optional[str] = None, batch: Optional[list[int]
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # give the copy buffers back before the largest shapes
         fla_ver = fla_version() if dev.type == "cuda" or (forced and set(forced) & set(FLA_NAMES)) else None
-
-        def make(s):
-            if fam == "swiglu":
-                return clamp_case(s, sizes[0] if sizes else p.D, p.limit, dev, seed)
-            hs = sizes or (p.H, p.HV, p.K, p.V)
-            if op.endswith("_decode"):
-                return decode_case(op, s, hs, dev, seed)
-            return prefill_case(op, s[0], s[1], hs, dev, seed)
-
-        rows, defaults = [], {}
-        for s in shapes:
-            case = make(s)
-            d = _explain(problem_of(case), caps)
-            defaults[case.label] = d.chosen
-            names = forced
-            if names is None:
-                names = sorted((v for v in d.verdicts if v.ok), key=lambda v: (v.rank, v.backend))
-                names = [v.backend for v in names]
-                if dev.type == "cuda" and fla_ver is not None and fam != "swiglu":
-                    names += [FLA] + ([FLA_GS] if op.endswith("_prefill") else [])
-            for name in names:
-                row = bench_row(case, name, dev, timer, repeats, warmup, copy["GBps"])
-                row["default"] = name == d.chosen
-                rows.append(row)
-            del case
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+        run = _Session(dev, caps, timer, repeats, warmup, copy["GBps"], fla_ver)
+        rows, defaults = _time_shapes(op, shapes, lambda s: _make_case(op, s, sizes, p, dev, seed), forced, run)
     return {
         "command": "linattn bench", "op": op, "model": model,
         "preset": p.model_dump(mode="json"),
@@ -571,90 +606,59 @@ def _num(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _row_cells(r: dict, prefill: bool) -> tuple[list[str], object]:
+    """The median and rate cells of one row, and its status cell."""
+    from rich.text import Text
+
+    if r["status"] != "ok":
+        return ["-", "-"] + ([] if prefill else ["-"]), Text(f"{r['status']}: [{r['reason']}] {r['message']}",
+                                                              style="red")
+    us = r["median_us"]
+    med = f"{us:,.1f} us" if us < 10_000 else f"{us / 1e3:,.2f} ms"
+    if prefill:
+        tps = r["tokens_per_s"]
+        rate = f"{_num(tps / 1e6)} M" if tps >= 1e6 else f"{_num(tps / 1e3)} k" if tps >= 1e3 else _num(tps)
+        cells = [med, rate]
+    else:
+        frac = r["frac_of_copy"]
+        cells = [med, _num(r["GBps"]), f"{frac:.1%}" if frac is not None else "-"]
+    return cells, Text(f"ok ({r['repeats']} calls)", style="green")
+
+
 def render(doc: dict, console=None) -> None:
-    """The rich table of a bench document."""
-    from rich.console import Console
+    """The rich table of a bench document (on ``console``, default stdout: whole cells when piped)."""
     from rich.table import Table
     from rich.text import Text
 
-    con = console or Console(soft_wrap=False)
+    if console is None:
+        from linattn.cli import stdout_console
+
+        console = stdout_console()
     cb = doc["copy_bandwidth"]
-    con.print(Text.assemble(("bench ", "bold"), doc["op"], ("   model ", "bold"), doc["model"], ("   device ", "bold"),
-                            f"{doc['device']['name']} ({doc['device']['type']})", ("   copy ", "bold"),
-                            f"{_num(cb['GBps'])} GB/s", ("   timing ", "bold"),
-                            f"{doc['timing']}, median of <= {doc['repeats']}",
-                            ("   fla ", "bold"), str(doc["fla"] or "-")))
+    console.print(Text.assemble(("bench ", "bold"), doc["op"], ("   model ", "bold"), doc["model"],
+                                ("   device ", "bold"), f"{doc['device']['name']} ({doc['device']['type']})",
+                                ("   copy ", "bold"), f"{_num(cb['GBps'])} GB/s", ("   timing ", "bold"),
+                                f"{doc['timing']}, median of <= {doc['repeats']}",
+                                ("   fla ", "bold"), str(doc["fla"] or "-")))
     prefill = doc["op"].endswith("_prefill")
     t = Table(title=f"{doc['op']}: backends side by side (* = the dispatcher's default)", title_justify="left")
     for c in ("shape", "backend", "median", "tokens/s" if prefill else "GB/s", "" if prefill else "% copy", "status"):
         if c:
-            t.add_column(c, overflow="fold", justify="right" if c in ("median", "GB/s", "% copy", "tokens/s") else "left")
+            right = c in ("median", "GB/s", "% copy", "tokens/s")
+            t.add_column(c, overflow="fold", justify="right" if right else "left")
     for r in doc["rows"]:
         name = ("* " if r["default"] else "") + r["backend"]
-        if r["status"] != "ok":
-            status = Text(f"{r['status']}: [{r['reason']}] {r['message']}", style="red")
-            cells = ["-", "-"] + ([] if prefill else ["-"])
-        else:
-            us = r["median_us"]
-            med = f"{us:,.1f} us" if us < 10_000 else f"{us / 1e3:,.2f} ms"
-            if prefill:
-                tps = r["tokens_per_s"]
-                cells = [med, f"{_num(tps / 1e6)} M" if tps >= 1e6 else f"{_num(tps / 1e3)} k" if tps >= 1e3
-                         else _num(tps)]
-            else:
-                frac = r["frac_of_copy"]
-                cells = [med, _num(r["GBps"]), f"{frac:.1%}" if frac is not None else "-"]
-            status = Text(f"ok ({r['repeats']} calls)", style="green")
+        cells, status = _row_cells(r, prefill)
         t.add_row(r["label"], Text(name, style="bold" if r["default"] else ""), *cells, status)
-    con.print(t)
-
-
-def require_matplotlib():
-    """``matplotlib.pyplot`` with the Agg backend.
-
-    Raises:
-        BenchUsageError: matplotlib is not installed (the message says how to get it).
-    """
-    try:
-        import matplotlib
-    except ImportError:
-        raise BenchUsageError("--plot needs matplotlib, which is not installed: pip install matplotlib "
-                              "(or drop --plot; --json / --out keep the numbers)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_doc(doc: dict, path: Path) -> None:
-    """A PNG: GB/s (decode, clamp; dashed line at the copy bandwidth) or Mtok/s (prefill) per shape and backend."""
-    plt = require_matplotlib()
-    prefill = doc["op"].endswith("_prefill")
-    labels = list(dict.fromkeys(r["label"] for r in doc["rows"]))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name in dict.fromkeys(r["backend"] for r in doc["rows"]):
-        pts = [(labels.index(r["label"]), r["tokens_per_s"] / 1e6 if prefill else r["GBps"])
-               for r in doc["rows"] if r["backend"] == name and r["status"] == "ok"]
-        if pts:
-            ax.plot(*zip(*pts), marker="o", label=name)
-    if not prefill:
-        ax.axhline(doc["copy_bandwidth"]["GBps"], linestyle="--", color="grey", label="copy bandwidth")
-    ax.set_xticks(range(len(labels)), labels)
-    ax.set_xlabel("shape")
-    ax.set_ylabel("Mtok/s" if prefill else "effective GB/s")
-    ax.set_title(f"linattn bench {doc['op']} ({doc['model']}) on {doc['device']['name']}")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    console.print(t)
 
 
 # -- the command -----------------------------------------------------------------------------------
 
 def bench(
     op: str = typer.Argument(..., help=f"The op: {', '.join(BENCH_OPS)}."),
-    model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next "
-                                                              "for GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
+                                                              "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
     batch: Optional[list[int]] = typer.Option(None, "--batch", help="Decode rows N, prefill sequences N or clamp rows "
                                                                     "M; repeat for several shapes."),
     tokens: Optional[list[int]] = typer.Option(None, "--tokens", help="Prefill: tokens per sequence L, paired with "
@@ -667,7 +671,12 @@ def bench(
                                                                   "(default 25 on CUDA, 5 on the CPU)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG plot here (needs matplotlib)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG here (needs matplotlib): decode and clamp "
+                                                             "GB/s over N with the copy ceiling, prefill Mtok/s per "
+                                                             "shape, each against FLA when it ran."),
+    from_: Optional[Path] = typer.Option(None, "--from", help="Plot this results JSON instead of measuring (a "
+                                                              "--out file, or benchmarks/results/*.json, old or "
+                                                              "common schema); needs --plot."),
     warmup: Optional[int] = typer.Option(None, "--warmup", hidden=True, help="Warm-up calls per row."),
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (or D for the clamp)."),
     copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, help="MiB of the copy measurement."),
@@ -677,30 +686,68 @@ def bench(
 
     Decode and clamp report effective GB/s (bytes the op must move / median time) and the fraction
     of the device's copy bandwidth measured in the same run; prefill reports tokens/s. A forced
-    backend that is not eligible is a row with its rejection reason. Exit 2 on a bad argument.
+    backend that is not eligible is a row with its rejection reason. With --from, nothing is
+    measured: OP's rows of that results file are plotted. Exit 2 on a bad argument.
     """
-    from rich.console import Console
+    from linattn.bench_plot import PlotError, require_matplotlib
 
+    measuring = {"--batch": batch, "--tokens": tokens, "--backend": backend, "--device": device,
+                 "--repeats": repeats, "--out": out}
     try:
+        if from_ is not None:
+            return _plot_results(op, from_, plot, [k for k, v in measuring.items() if v], json_)
         if plot is not None:
             require_matplotlib()  # before minutes of measuring, not after
         doc = run_bench(op, model=model, batch=batch, tokens=tokens, backends=backend, device=device,
                         repeats=repeats, warmup=warmup, shape=shape,
                         copy_bytes=copy_mib << 20 if copy_mib else None, seed=seed)
-    except BenchUsageError as e:
-        if json_:
-            typer.echo(json.dumps({"error": str(e), "type": "UsageError"}, indent=2))
-        else:
-            Console(stderr=True).print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
-        raise typer.Exit(code=2)
+        _write_outputs(doc, out, plot, json_)
+    except (BenchUsageError, PlotError) as e:
+        _fail_usage(e, json_)
+
+
+def _fail_usage(err: Exception, json_: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    if json_:
+        typer.echo(json.dumps({"error": str(err), "type": "UsageError"}, indent=2))
+    else:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False)
+    raise typer.Exit(code=2)
+
+
+def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: bool) -> None:
+    """The JSON file, the PNG, and the document on stdout (JSON or the table)."""
+    from linattn.bench_plot import plot_data, render_png
+
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2, default=str))
     if plot is not None:
-        plot_doc(doc, plot)
+        render_png(plot_data(doc), plot)
     if json_:
         typer.echo(json.dumps(doc, indent=2, default=str))
+        return
+    render(doc)
+    if out is not None or plot is not None:
+        typer.echo("wrote " + ", ".join(str(x) for x in (out, plot) if x is not None))
+
+
+def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[str], json_: bool) -> None:
+    """``--from``: plot ``op``'s rows of an existing results file; nothing is measured."""
+    from linattn.bench_plot import load_plot_data, render_png
+
+    if op not in BENCH_OPS:
+        raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
+    if plot is None:
+        raise BenchUsageError("--from plots an existing results file: give --plot PATH for the PNG")
+    if measuring:
+        raise BenchUsageError(f"--from plots an existing results file without measuring; {', '.join(measuring)} "
+                              f"{'does' if len(measuring) == 1 else 'do'} not apply to it")
+    data = load_plot_data(results, op)
+    render_png(data, plot)
+    if json_:
+        typer.echo(json.dumps({"plot": str(plot), "source": str(results), **data.model_dump(mode="json")}, indent=2))
     else:
-        render(doc)
-        if out is not None or plot is not None:
-            Console().print("wrote " + ", ".join(str(x) for x in (out, plot) if x is not None))
+        typer.echo(f"wrote {plot} ({op} from {results}: {', '.join(data.series)})")

@@ -8,9 +8,12 @@ stdout (nothing else), so scripts can parse it::
     linattn backends / linattn plugins
     linattn demo --model qwen3-next                          # the main job (see linattn/demo.py)
 
+On a terminal, tables fit its width; piped or redirected, they are as wide as their cells, so no
+name is ever broken across lines (``linattn backends | grep torch-ref``).
+
 Exit codes: 0 success; 1 ``explain`` found no backend (or the forced one is not eligible), the
-demo's errors exceed the ops.md tolerances, or a demo call found no backend; 2 a bad argument (unknown op, model, profile or
-backend).
+demo's errors exceed the docs/ops.md tolerances, or a demo call found no backend; 2 a bad argument
+(unknown op, model, profile or backend, or an option that does not apply to the op).
 
 This module holds the typer commands and their rich rendering only; the documents they print
 (report, decision, backend and plugin rows, and the problems built from the model presets) are
@@ -25,8 +28,10 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperCommand, TyperGroup
 
 import linattn
 from linattn.demo import DEFAULTS as DEMO_DEFAULTS
@@ -37,9 +42,29 @@ from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_S
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
                             representative_problem, resolve_target, sweep_problems)
 
+
+class _FlagHelp:
+    """Help that shows no type for an on/off flag (``--json``, ``--help``): it takes no value."""
+
+    def format_help(self, ctx, formatter):
+        for param in self.get_params(ctx):
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return super().format_help(ctx, formatter)
+
+
+class Command(_FlagHelp, TyperCommand):
+    """The class of every ``linattn`` command (see :class:`_FlagHelp`)."""
+
+
+class Group(_FlagHelp, TyperGroup):
+    """The class of the ``linattn`` command group (see :class:`_FlagHelp`)."""
+
+
 app = typer.Typer(
     name="linattn",
     help="Explainable dispatch for linear-attention kernels (GDN, KDA) over a state pool.",
+    cls=Group,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -48,12 +73,20 @@ app = typer.Typer(
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document instead of tables.")
 PROFILE_OPT = typer.Option(None, "--profile", help="A device profile: sm100, sm90, sm103, sm120, mi300x, "
                                                    "xpu-pvc, cpu (default: the probed device).")
+#: Width of tables written to a pipe or file: wide enough that no cell is ever cut or folded.
+PIPE_WIDTH = 10_000
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
-def _console() -> Console:
-    return Console(soft_wrap=False)
+def stdout_console() -> Console:
+    """A console on stdout: the terminal's width on a terminal; when piped, :data:`PIPE_WIDTH`.
+
+    Tables fold long cells to fit a terminal; written to a pipe or a file they keep every cell
+    whole on its line (``linattn backends | grep torch-ref`` finds the whole row).
+    """
+    con = Console(soft_wrap=False)
+    return con if con.is_terminal else Console(soft_wrap=False, width=PIPE_WIDTH)
 
 
 def _emit_json(doc: Any) -> None:
@@ -65,28 +98,21 @@ def _fail_usage(err: Exception, as_json: bool) -> None:
     if as_json:
         _emit_json({"error": msg, "type": type(err).__name__})
     else:
-        Console(stderr=True).print(f"[bold red]error:[/] {msg}", markup=True, highlight=False, soft_wrap=True)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
 
-def _verdict_cells(v) -> tuple[str, str, str, str, str]:
-    if v.ok:
-        return ("accepted" if v.verified else "accepted, unverified"), "", v.message, "", str(v.rank)
-    return "rejected", v.reason.value, v.message, v.hint, ""
-
-
-def _caps_table(caps) -> Table:
-    t = Table(title="Device capabilities", show_header=False, title_justify="left")
-    t.add_column("field", style="bold")
-    t.add_column("value")
+def _caps_rows(caps) -> list[tuple[str, str]]:
     tc = caps.toolchain
-    rows = [
-        ("device", caps.name + " (" + ("" if caps.vendor in (caps.device_type, caps.name.split()[0].lower())
-                                       else f"{caps.vendor}, ")
-                   + f"{caps.device_type}{'' if caps.device_index is None else ':' + str(caps.device_index)})"),
+    vendor = "" if caps.vendor in (caps.device_type, caps.name.split()[0].lower()) else f"{caps.vendor}, "
+    index = "" if caps.device_index is None else f":{caps.device_index}"
+    cc = f"  cc {caps.compute_capability[0]}.{caps.compute_capability[1]}" if caps.compute_capability else ""
+    tools = ", ".join(f"{k}={getattr(tc, k)}" for k in ("torch", "triton", "cutlass_dsl", "cuda", "hip")
+                      if getattr(tc, k) is not None)
+    return [
+        ("device", f"{caps.name} ({vendor}{caps.device_type}{index})"),
         ("profile", caps.profile or "(probed)"),
-        ("arch", caps.arch + (f"  cc {caps.compute_capability[0]}.{caps.compute_capability[1]}"
-                              if caps.compute_capability else "")),
+        ("arch", caps.arch + cc),
         ("SMs / CUs / cores", str(caps.sm_count)),
         ("grid limits x / y / z", f"{caps.grid.x:,} / {caps.grid.y:,} / {caps.grid.z:,}"
                                   + (f"  total {caps.grid.total:,}" if caps.grid.total else "")),
@@ -95,84 +121,101 @@ def _caps_table(caps) -> Table:
         ("shared memory per block", f"{caps.shared_memory_per_block:,} B"),
         ("warp size", str(caps.warp_size)),
         ("memory", f"{caps.total_memory / 2**30:.1f} GiB" if caps.total_memory else "-"),
-        ("toolchain", ", ".join(f"{k}={getattr(tc, k)}" for k in ("torch", "triton", "cutlass_dsl", "cuda", "hip")
-                                if getattr(tc, k) is not None) or "-"),
+        ("toolchain", tools or "-"),
         ("Triton interpreter", "on" if tc.triton_interpreter else "off"),
     ]
-    for k, v in rows:
+
+
+def _caps_table(caps) -> Table:
+    t = Table(title="Device capabilities", show_header=False, title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    for k, v in _caps_rows(caps):
         t.add_row(k, v)
     return t
 
 
 # -- report --------------------------------------------------------------------------------------
 
-def _render_report(doc: dict, caps) -> None:
-    con = _console()
-    con.print(_caps_table(caps))
-    names = doc["backends"]
+def _report_cell(v: Optional[dict], chosen: bool) -> Text:
+    """One backend's verdict on one op: ``* rank N`` (chosen), ``rank N [unverified]`` or the reason code."""
+    if v is None:
+        return Text("-")
+    if v["status"] != "accepted":
+        return Text(v["reason"], style="red")
+    mark = "" if v.get("verified", True) else " unverified"
+    return Text(f"{'* ' if chosen else ''}rank {v['rank']}{mark}", style="bold green" if chosen else "green")
+
+
+def _verdicts_table(doc: dict) -> Table:
     t = Table(title="Verdict per op (representative problem; rank: lower runs first)", title_justify="left",
               caption="rank N: eligible (* chosen; unverified: never verified on this arch, self-checks "
                       "against torch-ref on its first eager call); otherwise the reason it is not (op, device, "
-                      "arch, toolchain, dtype, shape, not_forced, ...; `linattn explain OP` gives the message and hint)",
+                      "arch, toolchain, dtype, shape, not_forced, ...; `linattn explain OP` gives the message and "
+                      "hint)",
               caption_justify="left")
-    t.add_column("op", style="bold", overflow="fold")  # fold, not cut: names stay readable at 80 columns
+    t.add_column("op", style="bold", overflow="fold")  # on a terminal: fold, not cut
     t.add_column("problem", overflow="fold")
-    for n in names:
+    for n in doc["backends"]:
         t.add_column(n, overflow="fold")
     for op, row in doc["ops"].items():
-        cells = []
-        for n in names:
-            v = row["verdicts"].get(n)
-            if v is None:
-                cells.append(Text("-"))
-            elif v["status"] == "accepted":
-                style = "bold green" if n == row["chosen"] else "green"
-                mark = "" if v.get("verified", True) else " unverified"
-                cells.append(Text(f"{'* ' if n == row['chosen'] else ''}rank {v['rank']}{mark}", style=style))
-            else:
-                cells.append(Text(v["reason"], style="red"))
-        t.add_row(op, row["brief"], *cells)
-    con.print(t)
-    for phase, sizes, label in (("decode", SWEEP_BATCHES, "batch"), ("prefill", SWEEP_TOKENS, "tokens")):
-        st = Table(title=f"Sweep: backend chosen per {label} ({phase})", title_justify="left")
-        st.add_column("model", style="bold", overflow="fold")
-        st.add_column("op", overflow="fold")
-        for s in sizes:
-            st.add_column(f"{s:,}", justify="center", overflow="fold")
-        rows: dict[tuple, dict] = {}
-        for r in doc["sweep"]:
-            if r["phase"] == phase:
-                rows.setdefault((r["model"], r["op"]), {})[r[label]] = r
-        for (model, op), by in rows.items():
-            cells = []
-            for s in sizes:
-                r = by.get(s)
-                if r is None:
-                    cells.append(Text("-"))
-                elif r["chosen"]:
-                    cells.append(Text(r["chosen"] + ("" if r.get("verified", True) else " (unverified)"),
-                                      style="green" if r.get("verified", True) else "yellow"))
-                else:
-                    cells.append(Text("none: " + ",".join(sorted(set(r["rejected"].values()))), style="red"))
-            st.add_row(model, op, *cells)
-        con.print(st)
+        by = {v["backend"]: v for v in row["verdicts"]}
+        t.add_row(op, row["brief"], *(_report_cell(by.get(n), n == row["chosen"]) for n in doc["backends"]))
+    return t
+
+
+def _sweep_cell(r: Optional[dict]) -> Text:
+    if r is None:
+        return Text("-")
+    if r["chosen"]:
+        ok = r.get("verified", True)
+        return Text(r["chosen"] + ("" if ok else " (unverified)"), style="green" if ok else "yellow")
+    return Text("none: " + ",".join(sorted(set(r["rejected"].values()))), style="red")
+
+
+def _sweep_table(doc: dict, phase: str, sizes: tuple[int, ...], label: str) -> Table:
+    st = Table(title=f"Sweep: backend chosen per {label} ({phase})", title_justify="left")
+    st.add_column("model", style="bold", overflow="fold")
+    st.add_column("op", overflow="fold")
+    for s in sizes:
+        st.add_column(f"{s:,}", justify="center", overflow="fold")
+    rows: dict[tuple, dict] = {}
+    for r in doc["sweep"]:
+        if r["phase"] == phase:
+            rows.setdefault((r["model"], r["op"]), {})[r[label]] = r
+    for (model, op), by in rows.items():
+        st.add_row(model, op, *(_sweep_cell(by.get(s)) for s in sizes))
+    return st
+
+
+def _print_report_notes(doc: dict, con: Console) -> None:
+    """Unverified backends, self-checks run in this process, and plugin load failures."""
     for u in doc.get("unverified", []):
         con.print(Text(f"{u['backend']} for {u['op']}: {u['message']}", style="yellow"))
     for r in doc.get("self_checks", []):
         con.print(Text(f"self-check {'passed' if r['ok'] else 'FAILED'}: {r['backend']} {r['op']} on {r['arch']} "
                        f"({r['shape_class']}): {r['message']}", style="green" if r["ok"] else "bold red"))
-    if doc["plugin_failures"]:
-        ft = Table(title="Plugin load failures", title_justify="left")
-        for c in ("plugin", "distribution", "version", "status", "error"):
-            ft.add_column(c)
-        for p in doc["plugin_failures"]:
-            ft.add_row(p["name"], p["distribution"], p["version"], Text(p["status"], style="red"), p["error"])
-        con.print(ft)
-    else:
-        con.print(f"plugins: {', '.join(p['name'] for p in doc['plugins'])} (all loaded)")
+    if not doc["plugin_failures"]:
+        con.print(Text(f"plugins: {', '.join(p['name'] for p in doc['plugins'])} (all loaded)"))
+        return
+    ft = Table(title="Plugin load failures", title_justify="left")
+    for c in ("plugin", "distribution", "version", "status", "error"):
+        ft.add_column(c)
+    for p in doc["plugin_failures"]:
+        ft.add_row(p["name"], p["distribution"], p["version"], Text(p["status"], style="red"), p["error"])
+    con.print(ft)
 
 
-@app.command()
+def _render_report(doc: dict, caps) -> None:
+    con = stdout_console()
+    con.print(_caps_table(caps))
+    con.print(_verdicts_table(doc))
+    con.print(_sweep_table(doc, "decode", SWEEP_BATCHES, "batch"))
+    con.print(_sweep_table(doc, "prefill", SWEEP_TOKENS, "tokens"))
+    _print_report_notes(doc, con)
+
+
+@app.command(cls=Command)
 def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT) -> None:
     """Device capabilities, every backend's verdict per op, and a sweep of choices over the model presets."""
     try:
@@ -188,16 +231,13 @@ def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT) -> No
 
 # -- explain -------------------------------------------------------------------------------------
 
-def _render_decision(d, prob: Problem, model: str) -> None:
-    con = _console()
-    head = Text.assemble(("op ", "bold"), d.op, ("   model ", "bold"), model, ("   device ", "bold"),
-                         (f"{d.device.removesuffix(' (profile)')} (profile {d.profile})" if d.profile else f"{d.device}"))
-    con.print(head)
-    con.print(Text.assemble(("problem ", "bold"), prob.brief()))
-    forced = f"{d.forced} (by {d.forced_by})" if d.forced else "none"
-    pol = d.policy or {}
-    pol_txt = (f"force={pol.get('force') or {}} disable={pol.get('disable') or []} source={pol.get('source', '-')}")
-    con.print(Text.assemble(("forced ", "bold"), forced, ("   policy ", "bold"), pol_txt))
+def _verdict_cells(v) -> tuple[str, str, str, str, str]:
+    if v.ok:
+        return ("accepted" if v.verified else "accepted, unverified"), "", v.message, "", str(v.rank)
+    return "rejected", v.reason.value, v.message, v.hint, ""
+
+
+def _trace_table(d) -> Table:
     t = Table(title="Decision trace", title_justify="left")
     for c in ("backend", "verdict", "reason", "message", "hint", "rank"):
         t.add_column(c, overflow="fold")
@@ -205,42 +245,64 @@ def _render_decision(d, prob: Problem, model: str) -> None:
         verdict, reason, msg, hint, rank = _verdict_cells(v)
         chosen = v.backend == d.chosen
         style = "bold green" if chosen else ("green" if v.ok else "")
-        label = ("-> " if chosen else "") + v.backend
-        t.add_row(Text(label, style=style), Text(verdict + (" (chosen)" if chosen else ""),
-                                                 style="green" if v.ok else "red"),
+        t.add_row(Text(("-> " if chosen else "") + v.backend, style=style),
+                  Text(verdict + (" (chosen)" if chosen else ""), style="green" if v.ok else "red"),
                   reason, msg, hint, rank, style="on grey15" if chosen else None)
-    con.print(t)
+    return t
+
+
+def _outcome(d) -> list[Text]:
+    """The lines under the trace: the chosen backend (and a note if unverified), or why none runs."""
     if d.chosen:
-        con.print(Text.assemble(("chosen: ", "bold"), (d.chosen, "bold green")))
         v = d.verdict(d.chosen)
-        if not v.verified:
-            con.print(Text(f"note: {v.message}", style="yellow"))
-    elif d.forced:
+        note = [] if v.verified else [Text(f"note: {v.message}", style="yellow")]
+        return [Text.assemble(("chosen: ", "bold"), (d.chosen, "bold green")), *note]
+    if d.forced:
         v = d.verdict(d.forced)
         why = f"[{v.reason.value}] {v.message}" if not v.ok else ""
-        con.print(Text.assemble(("no backend: ", "bold red"), f"forced backend {d.forced!r} is not eligible {why}"))
-    else:
-        con.print(Text("no backend accepts this problem", style="bold red"))
+        return [Text.assemble(("no backend: ", "bold red"), f"forced backend {d.forced!r} is not eligible {why}")]
+    return [Text("no backend accepts this problem", style="bold red")]
 
 
-@app.command()
+def _render_decision(d, prob: Problem, model: str) -> None:
+    con = stdout_console()
+    device = f"{d.device.removesuffix(' (profile)')} (profile {d.profile})" if d.profile else d.device
+    con.print(Text.assemble(("op ", "bold"), d.op, ("   model ", "bold"), model, ("   device ", "bold"), device))
+    con.print(Text.assemble(("problem ", "bold"), prob.brief()))
+    forced = f"{d.forced} (by {d.forced_by})" if d.forced else "none"
+    pol = d.policy
+    pol_txt = f"force={pol.force} disable={pol.disable} source={pol.source}"
+    con.print(Text.assemble(("forced ", "bold"), forced, ("   policy ", "bold"), pol_txt))
+    con.print(_trace_table(d))
+    for line in _outcome(d):
+        con.print(line)
+
+
+@app.command(cls=Command)
 def explain(
     op: str = typer.Argument(..., help=f"The op: {', '.join(OPS)}."),
-    model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next "
-                                                              "for GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
+                                                              "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
     batch: int = typer.Option(1, "--batch", help="Decode rows N (gating / clamp rows when --tokens is not given)."),
     tokens: Optional[int] = typer.Option(None, "--tokens", help="Prefill: total packed tokens (default 4096). "
                                                                 "Decode: tokens per row (default 1; >1 = verify)."),
     seqs: Optional[int] = typer.Option(None, "--seqs", help="Prefill: number of sequences (default 1)."),
     profile: Optional[str] = PROFILE_OPT,
     dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
-    state_dtype: str = typer.Option("float32", "--state-dtype", help="Pool dtype: float32, bfloat16."),
-    layout: str = typer.Option("vk", "--layout", help="Pool layout: vk ([P, HV, V, K]) or kv."),
-    mode: str = typer.Option("pool", "--mode", help="Prefill: pool (state pool in place) or dense."),
+    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="Decode, prefill: pool dtype, float32 "
+                                                                          "(default) or bfloat16."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="Decode, prefill: pool layout, vk ([P, HV, V, K], "
+                                                                "default) or kv ([P, HV, K, V])."),
+    mode: Optional[str] = typer.Option(None, "--mode", help="Prefill only: pool (the state pool in place, default) "
+                                                            "or dense."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Force this backend (as a call's backend=)."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """The whole decision trace for one problem. Exit 0 when a backend was chosen, 1 otherwise."""
+    """The whole decision trace for one problem. Exit 0 when a backend was chosen, 1 otherwise.
+
+    An option that does not apply to the op (--mode on a decode, --seqs outside prefill, ...) is
+    an error (exit 2), never silently ignored.
+    """
     try:
         model = model or FAMILY_PRESET.get(op_family(op), "qwen3-next")
         prob = problem_for(op, model, batch=batch, tokens=tokens, seqs=seqs, dtype=dtype,
@@ -261,7 +323,7 @@ def explain(
 
 # -- inventory -------------------------------------------------------------------------------------
 
-@app.command()
+@app.command(cls=Command)
 def backends(as_json: bool = JSON_OPT) -> None:
     """Registered backends: where each comes from and what it declares."""
     rows = backend_rows()
@@ -272,15 +334,15 @@ def backends(as_json: bool = JSON_OPT) -> None:
     for c in ("name", "plugin", "distribution", "version", "ops", "vendors", "dtypes", "summary"):
         t.add_column(c, overflow="fold")
     for r in rows:
-        t.add_row(Text(r["name"], style="bold"), r["plugin"], r["distribution"], r["version"], "\n".join(r["ops"]),
-                  "\n".join(r["vendors"]), "\n".join(r["dtypes"]), r["summary"])
-    con = _console()
+        t.add_row(Text(r["name"], style="bold"), r["plugin"], r["distribution"], r["version"], ", ".join(r["ops"]),
+                  ", ".join(r["vendors"]), ", ".join(r["dtypes"]), r["summary"])
+    con = stdout_console()
     con.print(t)
     if not rows:
         con.print(Text("no backend is registered: see `linattn plugins`", style="bold red"))
 
 
-@app.command()
+@app.command(cls=Command)
 def plugins(as_json: bool = JSON_OPT) -> None:
     """Plugins seen (built-in, and external from the entry-point group linattn.backends) and their status."""
     rows = plugin_rows()
@@ -294,7 +356,7 @@ def plugins(as_json: bool = JSON_OPT) -> None:
         ok = r["status"] == "loaded"
         t.add_row(Text(r["name"], style="bold"), r["version"], r["distribution"], r["api_version"] or "-",
                   ", ".join(r["backends"]), Text(r["status"], style="green" if ok else "red"), r["error"])
-    _console().print(t)
+    stdout_console().print(t)
 
 
 # -- demo ------------------------------------------------------------------------------------------
@@ -321,14 +383,40 @@ def _parse_range(text: Optional[str], name: str) -> Optional[tuple[int, int]]:
     return lo, hi
 
 
-@app.command()
+def _demo_overrides(shape: Optional[str], prompt_len: Optional[str], output_len: Optional[str],
+                    check_every: Optional[int]) -> dict:
+    """The demo's hidden test options as :func:`linattn.demo.run_demo` keywords (only those given)."""
+    kw = {"check_every": check_every if check_every is not None else DEMO_DEFAULTS["check_every"]}
+    if (s := _parse_shape(shape)) is not None:
+        kw["shape"] = s
+    if (r := _parse_range(prompt_len, "prompt-len")) is not None:
+        kw["prompt_len"] = r
+    if (r := _parse_range(output_len, "output-len")) is not None:
+        kw["output_len"] = r
+    return kw
+
+
+def _fail_run(err: Exception, as_json: bool) -> None:
+    """A demo call found no backend, or a backend failed: the trace says why; exit 1, not a traceback."""
+    if as_json:
+        doc = {"error": str(err), "type": type(err).__name__}
+        if isinstance(err, linattn.NoBackendError):
+            doc["decision"] = err.decision.model_dump(mode="json")
+        _emit_json(doc)
+    else:
+        Console(stderr=True).print(Text(str(err), style="red"))
+    raise typer.Exit(code=1)
+
+
+@app.command(cls=Command)
 def demo(
-    model: str = typer.Option(DEMO_DEFAULTS["model"], "--model", help="qwen3-next (GDN) or kimi-linear (KDA), or any "
-                                                            "gdn/kda preset."),
+    model: str = typer.Option(DEMO_DEFAULTS["model"], "--model", help="qwen3-next (GDN) or kimi-linear (KDA), "
+                                                                      "or any gdn/kda preset."),
     requests: int = typer.Option(DEMO_DEFAULTS["requests"], "--requests", help="Requests in the stream."),
-    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", help="Fixed decode batch (CUDA-graph size); "
-                                                               "free rows are padding (-1)."),
-    steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps", help="Scheduler iterations (each: admit + prefill, one decode step)."),
+    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch",
+                                     help="Fixed decode batch (CUDA-graph size); free rows are padding (-1)."),
+    steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps",
+                              help="Scheduler iterations (each: admit + prefill, one decode step)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     seed: int = typer.Option(DEMO_DEFAULTS["seed"], "--seed", help="Seed of the request stream and the random inputs."),
     as_json: bool = JSON_OPT,
@@ -340,36 +428,22 @@ def demo(
 ) -> None:
     """The main job: serve a request stream through one linear-attention layer over a state pool.
 
-    Exit 1 when an error against the float64 reference exceeds the ops.md tolerance.
+    Exit 1 when an error against the float64 reference exceeds the docs/ops.md tolerance.
     """
     from linattn.demo import DemoConfigError, render_demo, run_demo
 
     try:
-        kw = {}
-        if (s := _parse_shape(shape)) is not None:
-            kw["shape"] = s
-        if (r := _parse_range(prompt_len, "prompt-len")) is not None:
-            kw["prompt_len"] = r
-        if (r := _parse_range(output_len, "output-len")) is not None:
-            kw["output_len"] = r
-        kw["check_every"] = check_every if check_every is not None else DEMO_DEFAULTS["check_every"]
+        kw = _demo_overrides(shape, prompt_len, output_len, check_every)
         rep = run_demo(model=model, requests=requests, decode_batch=decode_batch, steps=steps,
                        device=device, seed=seed, **kw)
     except (UsageError, DemoConfigError) as e:
         _fail_usage(e, as_json)
-    except (linattn.NoBackendError, linattn.BackendRunError) as e:  # the trace says why; exit 1, not a traceback
-        if as_json:
-            doc = {"error": str(e), "type": type(e).__name__}
-            if isinstance(e, linattn.NoBackendError):
-                doc["decision"] = e.decision.model_dump(mode="json")
-            _emit_json(doc)
-        else:
-            Console(stderr=True).print(Text(str(e), style="red"))
-        raise typer.Exit(code=1)
+    except (linattn.NoBackendError, linattn.BackendRunError) as e:
+        _fail_run(e, as_json)
     if as_json:
         _emit_json(rep.model_dump(mode="json"))
     else:
-        render_demo(rep, _console())
+        render_demo(rep, stdout_console())
     raise typer.Exit(code=0 if rep.passed else 1)
 
 
@@ -391,7 +465,7 @@ def register_optional(module: str, attr: str, name: str, into: Optional[typer.Ty
         if missing and (module == missing or module.startswith(missing + ".")):
             return False  # that module is not written yet
         raise
-    (into or app).command(name)(getattr(mod, attr))
+    (into or app).command(name, cls=Command)(getattr(mod, attr))
     return True
 
 

@@ -20,7 +20,7 @@ Correctness, on the same run: every call checks that rows of the pool it does no
 unchanged and every decode that padding rows gave zeros; sampled calls (the first prefill, every
 ``check_every``-th prefill and decode step) are recomputed with the float64 reference
 (``linattn.backends.torch_ref``) on copies of the involved pool rows, and the relative errors
-``||x - ref|| / ||ref||`` of outputs and states are held against the ops.md tolerances for bf16
+``||x - ref|| / ||ref||`` of outputs and states are held against the docs/ops.md tolerances for bf16
 inputs with an fp32 state (2e-2 outputs, 1e-2 states; gates are computed in fp32 from exact
 inputs and held to the fp32 tolerance 1e-5).
 
@@ -44,12 +44,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import linattn
 
-#: Defaults of :func:`run_demo` and ``linattn demo`` (chosen to finish in seconds on 2 CPU cores
-#: at Qwen3-Next shapes with the torch-ref backend).
+#: Defaults of :func:`run_demo` and ``linattn demo``: small enough for a CPU with the torch-ref
+#: backend at Qwen3-Next shapes (how long that takes: docs/performance.md#demo).
 DEFAULTS = dict(model="qwen3-next", requests=12, decode_batch=8, steps=24, prompt_len=(16, 256),
                 output_len=(2, 12), check_every=4, seed=0)
 
-#: ops.md tolerances against the float64 reference (relative): bf16 inputs with an fp32 state.
+#: docs/ops.md tolerances against the float64 reference (relative): bf16 inputs with an fp32 state.
 TOL_OUTPUT_BF16 = 2e-2
 TOL_STATE_BF16 = 1e-2
 #: Gates are computed in fp32 from exact inputs: the fp32 tolerance.
@@ -281,7 +281,246 @@ def _resolve_device(device: Optional[str]) -> torch.device:
     return dev
 
 
+# -- the layer and the request stream ---------------------------------------------------------------
+
+class _Layer:
+    """One GDN or KDA layer: its ops through the dispatcher, float64 references, fp32 parameters
+    and the seeded generator every random input comes from."""
+
+    def __init__(self, family: str, shape: tuple[int, int, int, int], dev: torch.device, seed: int):
+        from linattn.backends import torch_ref as ref
+
+        self.family, self.kda, self.dev = family, family == "kda", dev
+        self.H, self.HV, self.K, self.V = shape
+        self.op_g, self.op_p, self.op_d = f"{family}_gating", f"{family}_prefill", f"{family}_decode"
+        self.gating, self.prefill, self.decode = (getattr(linattn, op) for op in (self.op_g, self.op_p, self.op_d))
+        self.gating_ref, self.prefill_ref, self.decode_ref = (getattr(ref, f"{op}_ref")
+                                                               for op in (self.op_g, self.op_p, self.op_d))
+        self.gate_shape = (self.HV, self.K) if self.kda else (self.HV,)
+        self.gen = torch.Generator().manual_seed(seed)
+        # layer parameters (fp32), initialised as in Mamba-style layers: A in [1, 16], dt in [1e-3, 0.1]
+        self.A_log = torch.empty(self.HV).uniform_(1, 16, generator=self.gen).log().to(dev)
+        lo, hi = math.log(1e-3), math.log(0.1)
+        dt = torch.exp(torch.rand(self.gate_shape, generator=self.gen) * (hi - lo) + lo)
+        self.dt_bias = (dt + torch.log(-torch.expm1(-dt))).to(dev)  # inverse softplus: softplus(dt_bias) = dt
+
+    def randn(self, *s, dtype=torch.bfloat16) -> torch.Tensor:
+        return torch.randn(*s, generator=self.gen).to(device=self.dev, dtype=dtype)
+
+    def randint(self, lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=self.gen))
+
+    def tokens_in(self, *lead: int) -> tuple[torch.Tensor, ...]:
+        """Random bf16 ``q, k [*lead, H, K]``, ``v [*lead, HV, V]`` and raw gates ``a, b``."""
+        q, k = self.randn(*lead, self.H, self.K), self.randn(*lead, self.H, self.K)
+        v = self.randn(*lead, self.HV, self.V)
+        return q, k, v, self.randn(*lead, *self.gate_shape), self.randn(*lead, self.HV)
+
+
+def _cu_seqlens(lens: list[int], dev: torch.device) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
+
+
+def _request_stream(layer: _Layer, requests: int, steps: int, prompt_len: tuple[int, int],
+                    output_len: tuple[int, int]) -> list[_Request]:
+    """Requests arriving over the first half of the run with random prompt and output lengths."""
+    span = max(1, steps // 2)
+    arrivals = sorted([0] + [layer.randint(0, span - 1) for _ in range(requests - 1)])
+    return [_Request(i, arrivals[i], layer.randint(*prompt_len), layer.randint(*output_len)) for i in range(requests)]
+
+
+def _warm_up(layer: _Layer, decode_batch: int, prompt_len: tuple[int, int]) -> float:
+    """One untimed call per op on a scratch pool, as engines compile their kernels at start-up; seconds."""
+    t0 = time.perf_counter()
+    dev, HV, gate_shape = layer.dev, layer.HV, layer.gate_shape
+    scratch = torch.zeros(min(2, decode_batch), HV, layer.V, layer.K, device=dev)
+    lens = [prompt_len[0], min(prompt_len[1], 64)][:scratch.shape[0]]
+    T = sum(lens)
+    g, beta = layer.gating(layer.A_log, layer.randn(T, *gate_shape), layer.randn(T, HV), layer.dt_bias)
+    layer.prefill(layer.randn(T, layer.H, layer.K), layer.randn(T, layer.H, layer.K), layer.randn(T, HV, layer.V),
+                  g, beta, _cu_seqlens(lens, dev), state_pool=scratch,
+                  state_indices=torch.arange(len(lens), dtype=torch.int32, device=dev))
+    idx = torch.full((decode_batch,), -1, dtype=torch.int32, device=dev)
+    idx[0] = 0
+    layer.decode(*layer.tokens_in(decode_batch, 1), layer.A_log, layer.dt_bias, scratch, idx)
+    _sync(dev)
+    return time.perf_counter() - t0
+
+
+# -- the engine ---------------------------------------------------------------------------------------
+
+class _Engine:
+    """The serving loop: a state pool with stale values, a slot allocator, the request queues, and
+    what every call's checks saw (bitwise invariants on every call, float64 on sampled ones)."""
+
+    def __init__(self, layer: _Layer, stream: list[_Request], pool_slots: int, decode_batch: int, check_every: int):
+        self.layer, self.B, self.check_every = layer, decode_batch, check_every
+        # the state pool: stale values everywhere (earlier traffic); zeroed per slot on allocation
+        self.pool = layer.randn(pool_slots, layer.HV, layer.V, layer.K, dtype=torch.float32) * 0.1
+        self.alloc = SlotAllocator(pool_slots)
+        self.track = _Tracker()
+        self.waiting = collections.deque(stream)
+        self.running: list[_Request] = []
+        self.finished: list[_Request] = []
+        self.prefill_stats, self.decode_stats = PhaseStats(), PhaseStats()
+        self.pad_checks = self.idle_checks = 0
+        self.pad_ok = self.idle_ok = True
+        self.prefill_calls = 0
+
+    def step(self, it: int) -> None:
+        """One scheduler iteration: admit and prefill what arrived, then one decode step."""
+        new = self._admit(it)
+        if new:
+            self._prefill(new)
+        if self.running:
+            self._decode()
+
+    def _admit(self, it: int) -> list[_Request]:
+        new: list[_Request] = []
+        while (self.waiting and self.waiting[0].arrival <= it and len(self.running) + len(new) < self.B
+               and len(self.alloc)):
+            r = self.waiting.popleft()
+            r.slot = self.alloc.alloc()
+            self.pool[r.slot].zero_()  # a new request starts from a zero state
+            new.append(r)
+        return new
+
+    def _idle_unchanged(self, before: torch.Tensor, owned: list[int]) -> bool:
+        mask = torch.ones(self.pool.shape[0], dtype=torch.bool, device=self.layer.dev)
+        if owned:
+            mask[torch.tensor(owned, device=self.layer.dev)] = False
+        return torch.equal(self.pool[mask], before[mask])
+
+    def _timed(self, stats: PhaseStats, fn):
+        _sync(self.layer.dev)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(self.layer.dev)
+        stats.seconds += time.perf_counter() - t0
+        stats.calls += 1
+        return out
+
+    def _prefill(self, new: list[_Request]) -> None:
+        """Varlen chunked prefill of the new requests' prompts in pool mode (gating, then prefill)."""
+        L, dev = self.layer, self.layer.dev
+        lens = [r.prompt_len for r in new]
+        T, cu = sum(lens), _cu_seqlens(lens, dev)
+        slots = [r.slot for r in new]
+        idx = torch.tensor(slots, dtype=torch.int32, device=dev)
+        q, k, v, a, b = L.tokens_in(T)
+        before = self.pool.clone()
+
+        def call():
+            g, beta = L.gating(L.A_log, a, b, L.dt_bias)
+            self.track.record(L.op_g)
+            o = L.prefill(q, k, v, g, beta, cu, state_pool=self.pool, state_indices=idx)
+            self.track.record(L.op_p)
+            return g, beta, o
+
+        g, beta, o = self._timed(self.prefill_stats, call)
+        self.prefill_stats.tokens += T
+        self.idle_checks += 1
+        self.idle_ok &= self._idle_unchanged(before, slots)
+        if self.check_every and self.prefill_calls % self.check_every == 0:
+            self._check_prefill((q, k, v, a, b), g, beta, o, cu, idx, before)
+        self.prefill_calls += 1
+        self.running += new
+
+    def _check_prefill(self, inputs, g, beta, o, cu, idx, before) -> None:
+        """Gating and prefill recomputed in float64 on a copy of the involved pool rows."""
+        L, f64 = self.layer, torch.float64
+        q, k, v, a, b = inputs
+        g64, beta64 = L.gating_ref(L.A_log.to(f64), a.to(f64), b.to(f64), L.dt_bias.to(f64), compute_dtype=f64)
+        self.track.error(L.op_g, max(_rel(g, g64), _rel(beta, beta64)), TOL_FP32)
+        ref_pool = before[idx.long()].to(f64)
+        o64, _ = L.prefill_ref(q.to(f64), k.to(f64), v.to(f64), g64, beta64, cu, ref_pool,
+                               torch.arange(len(idx), device=L.dev), compute_dtype=f64)
+        self.track.error(L.op_p, _rel(o, o64), TOL_OUTPUT_BF16, _rel(self.pool[idx.long()], ref_pool), TOL_STATE_BF16)
+
+    def _decode(self) -> None:
+        """One decode step for every running request, padded with -1 rows to the fixed batch."""
+        L, B = self.layer, self.B
+        n = len(self.running)
+        slots = [r.slot for r in self.running]
+        idx = torch.full((B,), -1, dtype=torch.int32)
+        idx[:n] = torch.tensor(slots, dtype=torch.int32)
+        idx = idx.to(L.dev)
+        inputs = L.tokens_in(B, 1)
+        before = self.pool.clone()
+
+        def call():
+            o = L.decode(*inputs, L.A_log, L.dt_bias, self.pool, idx)
+            self.track.record(L.op_d)
+            return o
+
+        step = self.decode_stats.calls
+        o = self._timed(self.decode_stats, call)
+        self.decode_stats.tokens += n
+        self.decode_stats.padded_rows += B - n
+        self.pad_checks += 1
+        self.pad_ok &= bool((o[n:] == 0).all())
+        self.idle_checks += 1
+        self.idle_ok &= self._idle_unchanged(before, slots)
+        if self.check_every and step % self.check_every == 0:
+            self._check_decode(inputs, o, idx, n, before)
+        self._retire()
+
+    def _check_decode(self, inputs, o, idx, n: int, before) -> None:
+        """The decode step recomputed in float64 on a copy of the running rows of the pool."""
+        L, f64 = self.layer, torch.float64
+        ref_pool = before[idx[:n].long()].to(f64)
+        ref_idx = torch.full((self.B,), -1, dtype=torch.long, device=L.dev)
+        ref_idx[:n] = torch.arange(n, device=L.dev)
+        # float64 copies of the (exact) bf16 inputs: the reference output stays float64
+        o64 = L.decode_ref(*(x.to(f64) for x in inputs), L.A_log.to(f64), L.dt_bias.to(f64), ref_pool, ref_idx,
+                           compute_dtype=f64)
+        self.track.error(L.op_d, _rel(o[:n], o64[:n]), TOL_OUTPUT_BF16, _rel(self.pool[idx[:n].long()], ref_pool),
+                         TOL_STATE_BF16)
+
+    def _retire(self) -> None:
+        """Requests that decoded their last token finish and give their slot back."""
+        still = []
+        for r in self.running:
+            r.decoded += 1
+            if r.decoded >= r.output_len:
+                self.alloc.release(r.slot)
+                self.finished.append(r)
+            else:
+                still.append(r)
+        self.running = still
+
+    def request_stats(self, total: int) -> RequestStats:
+        return RequestStats(total=total, admitted=total - len(self.waiting), finished=len(self.finished),
+                            running_at_end=len(self.running), waiting_at_end=len(self.waiting),
+                            slot_allocations=self.alloc.allocations, slot_reuses=self.alloc.reuses)
+
+
 # -- the run ------------------------------------------------------------------------------------------
+
+def _checked_config(model: str, requests: int, decode_batch: int, steps: int,
+                    shape: Optional[tuple[int, int, int, int]], prompt_len: tuple[int, int],
+                    output_len: tuple[int, int], pool_slots: Optional[int]):
+    """The preset, the ``(H, HV, K, V)`` served and the pool slots P; a bad argument raises DemoConfigError."""
+    try:
+        pre = linattn.preset(model)
+    except KeyError as e:
+        raise DemoConfigError(e.args[0]) from None
+    if pre.family not in ("gdn", "kda"):
+        raise DemoConfigError(f"model {model!r} has a {pre.family!r} layer; the demo serves a linear-attention "
+                              f"layer: use a gdn or kda preset such as qwen3-next or kimi-linear")
+    for name, val in (("requests", requests), ("decode_batch", decode_batch), ("steps", steps)):
+        if val < 1:
+            raise DemoConfigError(f"{name} must be >= 1, got {val}")
+    if not (1 <= prompt_len[0] <= prompt_len[1]) or not (1 <= output_len[0] <= output_len[1]):
+        raise DemoConfigError(f"prompt_len {prompt_len} and output_len {output_len} must be ranges 1 <= lo <= hi")
+    H, HV, K, V = shape if shape is not None else (pre.H, pre.HV, pre.K, pre.V)
+    if HV % H:
+        raise DemoConfigError(f"HV={HV} must be a multiple of H={H} (GVA)")
+    P = pool_slots if pool_slots is not None else decode_batch + 2
+    if P < decode_batch:
+        raise DemoConfigError(f"pool_slots={P} must be >= decode_batch={decode_batch}")
+    return pre, (H, HV, K, V), P
+
 
 def run_demo(model: str = DEFAULTS["model"], requests: int = DEFAULTS["requests"],
              decode_batch: int = DEFAULTS["decode_batch"], steps: int = DEFAULTS["steps"],
@@ -315,216 +554,39 @@ def run_demo(model: str = DEFAULTS["model"], requests: int = DEFAULTS["requests"
         DemoConfigError: an unknown or non-linear-attention model, or a size out of range.
         NoBackendError: no backend accepts a call on this device (with every backend's reason).
     """
-    from linattn.backends import torch_ref as ref
-
-    try:
-        pre = linattn.preset(model)
-    except KeyError as e:
-        raise DemoConfigError(e.args[0]) from None
-    if pre.family not in ("gdn", "kda"):
-        raise DemoConfigError(f"model {model!r} has a {pre.family!r} layer; the demo serves a linear-attention "
-                              f"layer: use a gdn or kda preset such as qwen3-next or kimi-linear")
-    for name, val in (("requests", requests), ("decode_batch", decode_batch), ("steps", steps)):
-        if val < 1:
-            raise DemoConfigError(f"{name} must be >= 1, got {val}")
-    if not (1 <= prompt_len[0] <= prompt_len[1]) or not (1 <= output_len[0] <= output_len[1]):
-        raise DemoConfigError(f"prompt_len {prompt_len} and output_len {output_len} must be ranges 1 <= lo <= hi")
-    H, HV, K, V = shape if shape is not None else (pre.H, pre.HV, pre.K, pre.V)
-    if HV % H:
-        raise DemoConfigError(f"HV={HV} must be a multiple of H={H} (GVA)")
-    kda = pre.family == "kda"
+    pre, hs, P = _checked_config(model, requests, decode_batch, steps, shape, prompt_len, output_len, pool_slots)
     dev = _resolve_device(device)
-    P = pool_slots if pool_slots is not None else decode_batch + 2
-    if P < decode_batch:
-        raise DemoConfigError(f"pool_slots={P} must be >= decode_batch={decode_batch}")
-    gating, prefill, decode = ((linattn.kda_gating, linattn.kda_prefill, linattn.kda_decode) if kda else
-                               (linattn.gdn_gating, linattn.gdn_prefill, linattn.gdn_decode))
-    gating_ref, prefill_ref, decode_ref = ((ref.kda_gating_ref, ref.kda_prefill_ref, ref.kda_decode_ref) if kda else
-                                           (ref.gdn_gating_ref, ref.gdn_prefill_ref, ref.gdn_decode_ref))
-    fam = pre.family
-    op_g, op_p, op_d = f"{fam}_gating", f"{fam}_prefill", f"{fam}_decode"
-    f64, bf16 = torch.float64, torch.bfloat16
-
-    gen = torch.Generator().manual_seed(seed)
-
-    def randn(*s, dtype=bf16):
-        return torch.randn(*s, generator=gen).to(device=dev, dtype=dtype)
-
-    def randint(lo, hi):
-        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-    # layer parameters (fp32), initialised as in Mamba-style layers: A in [1, 16], dt in [1e-3, 0.1]
-    gate_shape = (HV, K) if kda else (HV,)
-    A_log = torch.empty(HV).uniform_(1, 16, generator=gen).log().to(dev)
-    dt = torch.exp(torch.rand(gate_shape, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-    dt_bias = (dt + torch.log(-torch.expm1(-dt))).to(dev)  # inverse softplus: softplus(dt_bias) = dt
-
-    # the request stream
-    span = max(1, steps // 2)
-    arrivals = sorted([0] + [randint(0, span - 1) for _ in range(requests - 1)])
-    stream = [_Request(i, arrivals[i], randint(*prompt_len), randint(*output_len)) for i in range(requests)]
-    waiting = collections.deque(stream)
-    running: list[_Request] = []
-    finished: list[_Request] = []
-
-    # the state pool: stale values everywhere (earlier traffic); zeroed per slot on allocation
-    pool = randn(P, HV, V, K, dtype=torch.float32) * 0.1
-    alloc = SlotAllocator(P)
-    track = _Tracker()
-    pre_stats, dec_stats = PhaseStats(), PhaseStats()
-    pad_checks = idle_checks = 0
-    pad_ok = idle_ok = True
-    prefill_calls = 0
-
-    def idle_unchanged(before: torch.Tensor, owned: list[int]) -> bool:
-        mask = torch.ones(P, dtype=torch.bool, device=dev)
-        if owned:
-            mask[torch.tensor(owned, device=dev)] = False
-        return torch.equal(pool[mask], before[mask])
-
-    # engines compile/capture their kernels at start-up: one untimed call per op on a scratch pool
-    warmup_s = 0.0
-    if warmup if warmup is not None else dev.type != "cpu":
-        t0 = time.perf_counter()
-        scratch = torch.zeros(min(2, decode_batch), HV, V, K, device=dev)
-        lens = [prompt_len[0], min(prompt_len[1], 64)][:scratch.shape[0]]
-        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
-        T = sum(lens)
-        g, beta = gating(A_log, randn(T, *gate_shape), randn(T, HV), dt_bias)
-        prefill(randn(T, H, K), randn(T, H, K), randn(T, HV, V), g, beta, cu, state_pool=scratch,
-                state_indices=torch.arange(len(lens), dtype=torch.int32, device=dev))
-        idx = torch.full((decode_batch,), -1, dtype=torch.int32, device=dev)
-        idx[0] = 0
-        B = decode_batch
-        decode(randn(B, 1, H, K), randn(B, 1, H, K), randn(B, 1, HV, V), randn(B, 1, *gate_shape), randn(B, 1, HV),
-               A_log, dt_bias, scratch, idx)
-        _sync(dev)
-        warmup_s = time.perf_counter() - t0
-
+    layer = _Layer(pre.family, hs, dev, seed)
+    eng = _Engine(layer, _request_stream(layer, requests, steps, prompt_len, output_len), P, decode_batch,
+                  check_every)
+    warmup_s = _warm_up(layer, decode_batch, prompt_len) if (warmup if warmup is not None else dev.type != "cpu") \
+        else 0.0
     t_start = time.perf_counter()
     for it in range(steps):
-        # -- admit and prefill ---------------------------------------------------------------------
-        new: list[_Request] = []
-        while waiting and waiting[0].arrival <= it and len(running) + len(new) < decode_batch and len(alloc):
-            r = waiting.popleft()
-            r.slot = alloc.alloc()
-            pool[r.slot].zero_()  # a new request starts from a zero state
-            new.append(r)
-        if new:
-            lens = [r.prompt_len for r in new]
-            T = sum(lens)
-            cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
-            slots = [r.slot for r in new]
-            idx = torch.tensor(slots, dtype=torch.int32, device=dev)
-            q, k, v = randn(T, H, K), randn(T, H, K), randn(T, HV, V)
-            a, b = randn(T, *gate_shape), randn(T, HV)
-            before = pool.clone()
-            _sync(dev)
-            t0 = time.perf_counter()
-            g, beta = gating(A_log, a, b, dt_bias)
-            track.record(op_g)
-            o = prefill(q, k, v, g, beta, cu, state_pool=pool, state_indices=idx)
-            track.record(op_p)
-            _sync(dev)
-            pre_stats.seconds += time.perf_counter() - t0
-            pre_stats.calls += 1
-            pre_stats.tokens += T
-            idle_checks += 1
-            idle_ok &= idle_unchanged(before, slots)
-            if check_every and prefill_calls % check_every == 0:
-                g64, beta64 = gating_ref(A_log.to(f64), a.to(f64), b.to(f64), dt_bias.to(f64), compute_dtype=f64)
-                track.error(op_g, max(_rel(g, g64), _rel(beta, beta64)), TOL_FP32)
-                ref_pool = before[idx.long()].to(f64)
-                o64, _ = prefill_ref(q.to(f64), k.to(f64), v.to(f64), g64, beta64, cu, ref_pool,
-                                     torch.arange(len(new), device=dev), compute_dtype=f64)
-                track.error(op_p, _rel(o, o64), TOL_OUTPUT_BF16, _rel(pool[idx.long()], ref_pool), TOL_STATE_BF16)
-            prefill_calls += 1
-            running += new
-
-        # -- one decode step, padded to the fixed batch ---------------------------------------------
-        if not running:
-            continue
-        n = len(running)
-        slots = [r.slot for r in running]
-        idx = torch.full((decode_batch,), -1, dtype=torch.int32)
-        idx[:n] = torch.tensor(slots, dtype=torch.int32)
-        idx = idx.to(dev)
-        B = decode_batch
-        q, k, v = randn(B, 1, H, K), randn(B, 1, H, K), randn(B, 1, HV, V)
-        a, b = randn(B, 1, *gate_shape), randn(B, 1, HV)
-        before = pool.clone()
-        _sync(dev)
-        t0 = time.perf_counter()
-        o = decode(q, k, v, a, b, A_log, dt_bias, pool, idx)
-        track.record(op_d)
-        _sync(dev)
-        dec_stats.seconds += time.perf_counter() - t0
-        step = dec_stats.calls
-        dec_stats.calls += 1
-        dec_stats.tokens += n
-        dec_stats.padded_rows += B - n
-        pad_checks += 1
-        pad_ok &= bool((o[n:] == 0).all())
-        idle_checks += 1
-        idle_ok &= idle_unchanged(before, slots)
-        if check_every and step % check_every == 0:
-            ref_pool = before[idx[:n].long()].to(f64)
-            ref_idx = torch.full((B,), -1, dtype=torch.long, device=dev)
-            ref_idx[:n] = torch.arange(n, device=dev)
-            # float64 copies of the (exact) bf16 inputs: the reference output stays float64
-            o64 = decode_ref(q.to(f64), k.to(f64), v.to(f64), a.to(f64), b.to(f64), A_log.to(f64),
-                             dt_bias.to(f64), ref_pool, ref_idx, compute_dtype=f64)
-            track.error(op_d, _rel(o[:n], o64[:n]), TOL_OUTPUT_BF16, _rel(pool[idx[:n].long()], ref_pool),
-                        TOL_STATE_BF16)
-        still = []
-        for r in running:
-            r.decoded += 1
-            if r.decoded >= r.output_len:
-                alloc.release(r.slot)
-                finished.append(r)
-            else:
-                still.append(r)
-        running = still
+        eng.step(it)
     wall = time.perf_counter() - t_start
-
-    for st in (pre_stats, dec_stats):
+    for st in (eng.prefill_stats, eng.decode_stats):
         st.tokens_per_s = st.tokens / st.seconds if st.seconds > 0 else 0.0
-    errors = track.error_stats()
-    passed = all(e.passed for e in errors) and pad_ok and idle_ok
+    errors = eng.track.error_stats()
     from linattn.dispatch import resolve_device
 
-    caps = resolve_device(dev)
     return DemoReport(
-        model=model, title=pre.title, family=fam, device=str(dev), device_name=caps.name,
-        shape=dict(H=H, HV=HV, K=K, V=V), pool=dict(slots=P, dtype="float32", layout="vk",
-                                                     shape=[P, HV, V, K]),
-        decode_batch=decode_batch, steps=steps, seed=seed,
-        requests=RequestStats(total=requests, admitted=requests - len(waiting), finished=len(finished),
-                              running_at_end=len(running), waiting_at_end=len(waiting),
-                              slot_allocations=alloc.allocations, slot_reuses=alloc.reuses),
-        prefill=pre_stats, decode=dec_stats, decisions=track.decision_summaries(), errors=errors,
-        padding_zero=InvariantStat(checks=pad_checks, ok=pad_ok),
-        idle_rows_unchanged=InvariantStat(checks=idle_checks, ok=idle_ok),
-        warmup_s=warmup_s, wall_s=wall, passed=passed,
+        model=model, title=pre.title, family=pre.family, device=str(dev), device_name=resolve_device(dev).name,
+        shape=dict(zip(("H", "HV", "K", "V"), hs)), pool=dict(slots=P, dtype="float32", layout="vk",
+                                                               shape=[P, hs[1], hs[3], hs[2]]),
+        decode_batch=decode_batch, steps=steps, seed=seed, requests=eng.request_stats(requests),
+        prefill=eng.prefill_stats, decode=eng.decode_stats, decisions=eng.track.decision_summaries(), errors=errors,
+        padding_zero=InvariantStat(checks=eng.pad_checks, ok=eng.pad_ok),
+        idle_rows_unchanged=InvariantStat(checks=eng.idle_checks, ok=eng.idle_ok),
+        warmup_s=warmup_s, wall_s=wall, passed=all(e.passed for e in errors) and eng.pad_ok and eng.idle_ok,
     )
 
 
 # -- rendering ----------------------------------------------------------------------------------------
 
-def render_demo(rep: DemoReport, console=None) -> None:
-    """Print a :class:`DemoReport` as rich tables."""
-    from rich.console import Console
+def _served_table(rep: DemoReport):
     from rich.table import Table
-    from rich.text import Text
 
-    con = console or Console()
-    s = rep.shape
-    con.print(Text.assemble(("linattn demo ", "bold"), f"{rep.title} ({rep.family.upper()} layer, H={s['H']} "
-                            f"HV={s['HV']} K={s['K']} V={s['V']}, bf16 q/k/v) on {rep.device} ({rep.device_name})"))
-    con.print(f"state pool [{', '.join(map(str, rep.pool['shape']))}] {rep.pool['dtype']} layout {rep.pool['layout']}, "
-              f"decode batch {rep.decode_batch} (padded with -1), {rep.steps} scheduler steps, seed {rep.seed}")
-
-    r = rep.requests
     t = Table(title="Served", title_justify="left")
     for c in ("phase", "calls", "tokens", "wall s", "tokens/s", "notes"):
         t.add_column(c, justify="right" if c not in ("phase", "notes") else "left")
@@ -532,12 +594,12 @@ def render_demo(rep: DemoReport, console=None) -> None:
               f"{rep.prefill.seconds:.3f}", f"{rep.prefill.tokens_per_s:,.0f}", "varlen, h0/ht in the pool")
     t.add_row("decode", str(rep.decode.calls), f"{rep.decode.tokens:,}", f"{rep.decode.seconds:.3f}",
               f"{rep.decode.tokens_per_s:,.0f}", f"{rep.decode.padded_rows} padding rows")
-    con.print(t)
-    con.print(f"requests: {r.total} in the stream, {r.admitted} admitted, {r.finished} finished, "
-              f"{r.running_at_end} still running, {r.waiting_at_end} waiting; "
-              f"{r.slot_allocations} slot allocations, {r.slot_reuses} reused a freed slot; "
-              f"wall {rep.wall_s:.2f} s (incl. checks)"
-              + (f", warm-up {rep.warmup_s:.2f} s before serving" if rep.warmup_s else ""))
+    return t
+
+
+def _decisions_table(rep: DemoReport):
+    from rich.table import Table
+    from rich.text import Text
 
     d = Table(title="Backends (through the dispatcher)", title_justify="left")
     for c in ("op", "calls", "chosen", "why not the others"):
@@ -547,7 +609,17 @@ def render_demo(rep: DemoReport, console=None) -> None:
         chosen = ", ".join(f"{b} x{x.chosen_calls[b]}" if len(x.chosen) > 1 else b for b in x.chosen)
         chosen += f" (forced: {x.forced})" if x.forced else ""
         d.add_row(x.op, str(x.calls), Text(chosen, style="bold green"), why)
-    con.print(d)
+    return d
+
+
+def _pass_fail(ok: bool):
+    from rich.text import Text
+
+    return Text("PASS" if ok else "FAIL", style="bold green" if ok else "bold red")
+
+
+def _errors_table(rep: DemoReport):
+    from rich.table import Table
 
     e = Table(title="Errors against the float64 reference (sampled calls; ||x-ref||/||ref||)", title_justify="left")
     for c in ("op", "checked", "output err", "tol", "state err", "tol", "result"):
@@ -555,12 +627,31 @@ def render_demo(rep: DemoReport, console=None) -> None:
     for x in rep.errors:
         e.add_row(x.op, str(x.checked_calls), f"{x.output_error:.2e}", f"{x.output_tol:.0e}",
                   "-" if x.state_error is None else f"{x.state_error:.2e}",
-                  "-" if x.state_tol is None else f"{x.state_tol:.0e}",
-                  Text("PASS" if x.passed else "FAIL", style="bold green" if x.passed else "bold red"))
+                  "-" if x.state_tol is None else f"{x.state_tol:.0e}", _pass_fail(x.passed))
     for label, inv in (("padding rows -> zero output", rep.padding_zero),
                        ("idle pool rows bitwise unchanged", rep.idle_rows_unchanged)):
-        e.add_row(label, str(inv.checks), "", "", "", "",
-                  Text("PASS" if inv.ok else "FAIL", style="bold green" if inv.ok else "bold red"))
-    con.print(e)
+        e.add_row(label, str(inv.checks), "", "", "", "", _pass_fail(inv.ok))
+    return e
+
+
+def render_demo(rep: DemoReport, console=None) -> None:
+    """Print a :class:`DemoReport` as rich tables."""
+    from rich.console import Console
+    from rich.text import Text
+
+    con = console or Console()
+    s, r = rep.shape, rep.requests
+    con.print(Text.assemble(("linattn demo ", "bold"), f"{rep.title} ({rep.family.upper()} layer, H={s['H']} "
+                            f"HV={s['HV']} K={s['K']} V={s['V']}, bf16 q/k/v) on {rep.device} ({rep.device_name})"))
+    con.print(f"state pool [{', '.join(map(str, rep.pool['shape']))}] {rep.pool['dtype']} layout {rep.pool['layout']}, "
+              f"decode batch {rep.decode_batch} (padded with -1), {rep.steps} scheduler steps, seed {rep.seed}")
+    con.print(_served_table(rep))
+    con.print(f"requests: {r.total} in the stream, {r.admitted} admitted, {r.finished} finished, "
+              f"{r.running_at_end} still running, {r.waiting_at_end} waiting; "
+              f"{r.slot_allocations} slot allocations, {r.slot_reuses} reused a freed slot; "
+              f"wall {rep.wall_s:.2f} s (incl. checks)"
+              + (f", warm-up {rep.warmup_s:.2f} s before serving" if rep.warmup_s else ""))
+    con.print(_decisions_table(rep))
+    con.print(_errors_table(rep))
     con.print(Text("PASS" if rep.passed else "FAIL: an error exceeds its tolerance",
                    style="bold green" if rep.passed else "bold red"))

@@ -5,7 +5,7 @@ as mutated and a fake implementation for shapes, so functions calling these ops 
 ``torch.compile(fullgraph=True)``. In eager mode the public functions call the implementation
 directly (no extra dispatcher hop); under ``torch.compile`` they go through the custom op.
 
-Maths and shapes: ``ops.md`` (symbols N, T, H, HV, K, V, P as in flash-linear-attention). Sources:
+Maths and shapes: ``docs/ops.md`` (symbols N, T, H, HV, K, V, P as in flash-linear-attention). Sources:
 Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (ICLR 2025); the Kimi Linear report (2025).
 """
 
@@ -16,9 +16,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from linattn.dispatch.selection import select as _select_backend
-from linattn.dispatch.layouts import conform_inputs as _conform_inputs
-from linattn.dispatch.validate import validate as _validate
+from linattn.dispatch import fast_path as _fast
+from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.verdict import NoBackendError
 
 
@@ -41,14 +40,18 @@ class GradModeError(RuntimeError):
         self.decision = decision
         super().__init__(
             f"{op}: grad mode is on and {', '.join(inputs)} require{'s' if len(inputs) == 1 else ''} grad, "
-            f"but linattn's ops are inference ops ({_WHY_NO_GRAD.get(op.split('_')[-1], _WHY_NO_GRAD['gating'])}; "
+            f"but linattn's ops are inference ops ({_WHY_NO_GRAD[OP_TABLE[op].writes_pool]}; "
             f"no backend that fits this call declares autograd support). Call under "
             f"torch.no_grad() or torch.inference_mode() (e.g. around generate), or pass detached tensors.")
 
 
-_WHY_NO_GRAD = {"decode": "they write the state pool in place and record no autograd graph",
-                "prefill": "they write the state pool in place and record no autograd graph",
-                "gating": "they record no autograd graph", "clamp": "they record no autograd graph"}
+_WHY_NO_GRAD = {True: "they write the state pool in place and record no autograd graph",
+                False: "they record no autograd graph"}  # by OpSpec.writes_pool
+
+
+def _custom_op(op: str, impl):
+    """``impl`` registered as the custom op ``linattn::<op>``, its mutated arguments from the op table."""
+    return torch.library.custom_op(f"linattn::{op}", mutates_args=OP_TABLE[op].mutates)(impl)
 
 
 def _grad_inputs(args: dict) -> list:
@@ -73,22 +76,38 @@ def _device_of(args: dict) -> torch.device:
 
 
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
-    nargs, signature = _validate(op, args, check_values=validate, check_finite=check_finite)
-    try:
-        impl, _decision = _select_backend(op, signature, _device_of(nargs), backend or None)
-    except NoBackendError as e:  # grad mode: one refusal, named after the inputs (docs/ops-decisions.md)
-        if dict(signature)["requires_grad"] and _grad_inputs(nargs):
-            raise GradModeError(op, _grad_inputs(nargs), e.decision) from e
-        raise
-    nargs = _conform_inputs(op, nargs, impl)  # strides the backend cannot read: contiguous copies
-    if impl.plugin == "linattn-builtin":
-        return impl.run(op, **nargs)
-    from linattn.dispatch.registry import error_text, get_registry
-    from linattn.dispatch.results import ResultError, check_result
+    """Validate, select and run one call: through its cached call plan when one exists for the
+    call's key (``dispatch/fast_path.py``: the same checks, the derivable ones done once)."""
+    key = _fast.call_key(op, args, backend, validate, check_finite)
+    plan = _fast.lookup(key)
+    nargs = _fast.prepare_hit(plan, args) if plan is not None else None
+    if nargs is None:  # first call with this key, or an address overlap: the full validation
+        plan, nargs = _fast.plan_call(op, args, backend, validate, check_finite, _no_backend_error(op))
+        _fast.store(key, plan)
+    if plan.builtin:
+        return _fast.run_plan(plan, nargs)
+    return _run_plugin(plan, nargs)
 
-    try:  # a plugin's result is checked against the op contract before the caller sees it
-        return check_result(op, nargs, impl.run(op, **nargs))
-    except BaseException as e:  # a plugin's failure is named and remembered, never retried silently
+
+def _no_backend_error(op: str):
+    def convert(e: NoBackendError, nargs: dict, signature: tuple) -> Exception:
+        if dict(signature)["requires_grad"] and _grad_inputs(nargs):  # one refusal, named after the inputs
+            return GradModeError(op, _grad_inputs(nargs), e.decision)
+        return e
+    return convert
+
+
+def _run_plugin(plan, nargs: dict):
+    """A plugin backend's run, its result checked against the op contract before the caller sees it;
+    a failure is named and remembered (the backend is rejected from then on), never retried silently."""
+    from linattn.dispatch.registry import error_text
+    from linattn.dispatch.results import ResultError, check_result
+    from linattn.dispatch.selection import get_registry
+
+    op, impl = plan.op, plan.impl
+    try:
+        return check_result(op, nargs, _fast.run_plan(plan, nargs))
+    except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
         get_registry().mark_broken(impl.name, e, where=not isinstance(e, ResultError))
@@ -119,7 +138,7 @@ def _gdn_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softp
                                     softplus_threshold=softplus_threshold), backend, validate, check_finite)
 
 
-_gdn_gating_op = torch.library.custom_op("linattn::gdn_gating", mutates_args=())(_gdn_gating_impl)
+_gdn_gating_op = _custom_op("gdn_gating", _gdn_gating_impl)
 
 
 @_gdn_gating_op.register_fake
@@ -130,7 +149,7 @@ def _(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend, validate
 def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus_beta: float = 1.0,
                softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
                check_finite: bool = False):
-    """GDN gates: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` (ops.md "Gating").
+    """GDN gates: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)`` (docs/ops.md "Gating").
 
     Args:
         A_log: ``[HV]`` fp32. a, b: ``[..., HV]`` (any float dtype). dt_bias: ``[HV]``.
@@ -162,7 +181,7 @@ def _kda_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower
                  backend, validate, check_finite)
 
 
-_kda_gating_op = torch.library.custom_op("linattn::kda_gating", mutates_args=())(_kda_gating_impl)
+_kda_gating_op = _custom_op("kda_gating", _kda_gating_impl)
 
 
 @_kda_gating_op.register_fake
@@ -173,7 +192,7 @@ def _(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, back
 def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bound: Optional[float] = None,
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
                validate: bool = True, check_finite: bool = False):
-    """KDA gates, one per key channel (ops.md "Gating"; Kimi Linear report).
+    """KDA gates, one per key channel (docs/ops.md "Gating"; Kimi Linear report).
 
     Args:
         A_log: ``[HV]`` fp32. a: ``[..., HV, K]``. b: ``[..., HV]``. dt_bias: ``[HV, K]``.
@@ -221,8 +240,7 @@ def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Op
     return _call("gdn_decode", args, backend, validate, check_finite)
 
 
-_gdn_decode_op = torch.library.custom_op("linattn::gdn_decode",
-                                         mutates_args=("state_pool", "intermediate_states"))(_gdn_decode_impl)
+_gdn_decode_op = _custom_op("gdn_decode", _gdn_decode_impl)
 
 
 @_gdn_decode_op.register_fake
@@ -239,7 +257,7 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
                softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
                check_finite: bool = False, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
                has_initial_state: Optional[Tensor] = None) -> Tensor:
-    """Gated DeltaNet decode over a state pool, in place (ops.md "Ops"; Yang et al., ICLR 2025).
+    """Gated DeltaNet decode over a state pool, in place (docs/ops.md "Ops"; Yang et al., ICLR 2025).
 
     Args:
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32. v: ``[N, T, HV, V]`` (``HV % H == 0``, GVA).
@@ -313,8 +331,7 @@ def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Op
     return _call("kda_decode", args, backend, validate, check_finite)
 
 
-_kda_decode_op = torch.library.custom_op("linattn::kda_decode",
-                                         mutates_args=("state_pool", "intermediate_states"))(_kda_decode_impl)
+_kda_decode_op = _custom_op("kda_decode", _kda_decode_impl)
 
 
 @_kda_decode_op.register_fake
@@ -331,7 +348,7 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
                validate: bool = True, check_finite: bool = False, g: Optional[Tensor] = None,
                beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None) -> Tensor:
-    """Kimi Delta Attention decode over a state pool, in place (ops.md; Kimi Linear report, 2025).
+    """Kimi Delta Attention decode over a state pool, in place (docs/ops.md; Kimi Linear report, 2025).
 
     As :func:`gdn_decode`, with per-key-channel gates: ``a [N, T, HV, K]``, ``dt_bias [HV, K]``,
     ``A_log [HV]``, and ``lower_bound`` (None, or e.g. -5.0 for the bounded gate). The
@@ -391,7 +408,7 @@ def _make_prefill(op: str):
         o, final = _call(op, args, backend, validate, check_finite)
         return o, (final if final is not None else q.new_empty((0,), dtype=torch.float32))
 
-    custom = torch.library.custom_op(f"linattn::{op}", mutates_args=("state_pool",))(impl)
+    custom = _custom_op(op, impl)
 
     @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
@@ -403,14 +420,15 @@ def _make_prefill(op: str):
 
 _gdn_prefill_impl, _gdn_prefill_op = _make_prefill("gdn_prefill")
 _kda_prefill_impl, _kda_prefill_op = _make_prefill("kda_prefill")
+_PREFILL = {"gdn_prefill": (_gdn_prefill_impl, _gdn_prefill_op), "kda_prefill": (_kda_prefill_impl, _kda_prefill_op)}
 
 
-def _prefill(impl, custom, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
+def _prefill(op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None):
+    impl, custom = _PREFILL[op]
     if _compiling():
-        _refuse_grad_while_tracing("gdn_prefill" if custom is _gdn_prefill_op else "kda_prefill",
-                                   dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
-                                        initial_state=initial_state))
+        _refuse_grad_while_tracing(op, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
+                                            initial_state=initial_state))
     fn = custom if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
                   use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state)
@@ -422,7 +440,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
                 check_finite: bool = False, has_initial_state: Optional[Tensor] = None):
-    """Gated DeltaNet chunked prefill over varlen sequences (ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
+    """Gated DeltaNet chunked prefill over varlen sequences (docs/ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
 
     Args:
         q, k: ``[T, H, K]``. v: ``[T, HV, V]``. g, beta: ``[T, HV]`` fp32 from :func:`gdn_gating`.
@@ -450,7 +468,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(ht.shape)
         (2, 1, 8, 8)
     """
-    return _prefill(_gdn_prefill_impl, _gdn_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+    return _prefill("gdn_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
                     has_initial_state)
 
@@ -475,7 +493,7 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(o.shape)
         (3, 1, 4)
     """
-    return _prefill(_kda_prefill_impl, _kda_prefill_op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
+    return _prefill("kda_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
                     has_initial_state)
 
@@ -487,8 +505,7 @@ def _silu_and_mul_clamp_impl(x: Tensor, limit: Optional[float], backend: str, va
     return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate, check_finite)
 
 
-_silu_and_mul_clamp_op = torch.library.custom_op("linattn::silu_and_mul_clamp",
-                                                 mutates_args=())(_silu_and_mul_clamp_impl)
+_silu_and_mul_clamp_op = _custom_op("silu_and_mul_clamp", _silu_and_mul_clamp_impl)
 
 
 @_silu_and_mul_clamp_op.register_fake
@@ -498,7 +515,7 @@ def _(x, limit, backend, validate, check_finite):
 
 def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Optional[str] = None,
                        validate: bool = True, check_finite: bool = False) -> Tensor:
-    """SwiGLU with a clamp: ``silu(min(gate, L)) * clamp(up, -L, L)`` (ops.md; DeepSeek-V4-class MoE).
+    """SwiGLU with a clamp: ``silu(min(gate, L)) * clamp(up, -L, L)`` (docs/ops.md; DeepSeek-V4-class MoE).
 
     Args:
         x: ``[M, 2D]`` = gate ‖ up, bf16/fp16/fp32; any ``M >= 0``, any ``D >= 1``.

@@ -17,6 +17,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from linattn.dispatch.ops_table import find_op, ops_of
+
 
 class ModelPreset(BaseModel):
     """One model's linear-attention (or SwiGLU-clamp) layer shapes at tensor-parallel rank 1."""
@@ -36,12 +38,34 @@ class ModelPreset(BaseModel):
     source: str
 
     @property
+    def ops(self) -> tuple[str, ...]:
+        """The ops of the preset's family (op table order): gating, decode and prefill for
+        ``gdn`` / ``kda``, the clamp for ``swiglu``."""
+        return ops_of(self.family)
+
+    def op_for(self, phase: str) -> str:
+        """The preset's op in ``phase`` (``decode``, ``prefill``, ``gating``, ``mlp``), from the op table.
+
+        Raises:
+            ValueError: the family has no op in that phase (the SwiGLU clamp has no decode).
+        """
+        op = find_op(self.family, phase)
+        if op is None:
+            raise ValueError(f"preset {self.name!r} (family {self.family!r}) has no {phase} op; its ops: "
+                             f"{', '.join(self.ops)}")
+        return op
+
+    @property
     def decode_op(self) -> str:
-        return f"{self.family}_decode"
+        return self.op_for("decode")
 
     @property
     def prefill_op(self) -> str:
-        return f"{self.family}_prefill"
+        return self.op_for("prefill")
+
+    @property
+    def gating_op(self) -> str:
+        return self.op_for("gating")
 
 
 @functools.lru_cache(maxsize=None)

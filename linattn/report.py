@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from pydantic import ValidationError
+
 import linattn
 from linattn.dispatch import resolve_device
 from linattn.dispatch.problem import OPS, Problem
@@ -36,7 +38,7 @@ REPORT_PREFILL_TOKENS = 8192
 REPORT_PREFILL_SEQS = 4
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """A bad argument: printed (as JSON with --json) and exit code 2."""
 
 
@@ -81,9 +83,113 @@ def resolve_target(profile: Optional[str]):
     return resolve_device(default_device())
 
 
+def _describe(err: dict) -> str:
+    """One pydantic error as ``field=value: what is allowed`` (or the unknown field and the known ones)."""
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    msg = err.get("msg", "").removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        known = ", ".join(f for f in Problem.model_fields if f != "op")
+        return f"unknown field {loc!r}; Problem fields: {known}"
+    return f"{loc}={err.get('input')!r}: {msg}" if loc else msg
+
+
+def make_problem(op: str, **fields) -> Problem:
+    """``Problem(op=op, **fields)``, with an error that names each bad field, its value and what is allowed.
+
+    Args:
+        op: an op name (see ``linattn.dispatch.OPS``).
+        fields: :class:`Problem` fields (``n``, ``t``, ``h``, ``hv``, ``k``, ``v``, ``d``, ``dtype``, ...).
+    Returns:
+        Problem.
+    Raises:
+        UsageError: (a ValueError) an unknown op or field, a bad value, or an impossible shape.
+    Example:
+        >>> make_problem("gdn_decode", n=2, h=1, hv=2, k=8, v=8).brief()
+        'N=2 T=1 H=1 HV=2 K=8 V=8 bfloat16 state=float32/vk mode=pool'
+    """
+    try:
+        return Problem(op=op, **fields)
+    except ValidationError as e:
+        raise UsageError(f"bad problem for {op}: " + "; ".join(_describe(err) for err in e.errors())) from None
+
+
+def _preset_for(op: str, model: str):
+    """The preset ``model``, checked against ``op``'s family."""
+    if op not in OPS:
+        raise UsageError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    try:
+        p = linattn.preset(model)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+    fam = op_family(op)
+    if p.family != fam:
+        ops = [o for o in OPS if op_family(o) == p.family]
+        raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
+                         f"such as {FAMILY_PRESET[fam]!r}. Ops for {model!r}: {', '.join(ops)}")
+    return p
+
+
+def preset_shape(op: str, model: str) -> dict:
+    """The :class:`Problem` fields a model preset fixes for ``op`` (head counts and dims, or ``D``).
+
+    Args:
+        op: an op name. model: a preset of the op's family (``qwen3-next`` for GDN ops, ...).
+    Returns:
+        dict: ``h, hv, k, v`` (decode, prefill); ``hv, k, mode`` (gating; ``k = 0`` for GDN);
+        ``d, clamp_limit, mode`` (``silu_and_mul_clamp``).
+    Raises:
+        UsageError: an unknown op or model, or a model of another family.
+    Example:
+        >>> preset_shape("gdn_decode", "qwen3-next")
+        {'h': 16, 'hv': 32, 'k': 128, 'v': 128}
+    """
+    p = _preset_for(op, model)
+    fam = op_family(op)
+    if fam == "swiglu":
+        return dict(d=p.D, clamp_limit=p.limit is not None, mode="none")
+    if op.endswith("_gating"):
+        return dict(hv=p.HV, k=p.K if fam == "kda" else 0, mode="none")
+    return dict(h=p.H, hv=p.HV, k=p.K, v=p.V)
+
+
+def _sizes(op: str, batch: int, tokens: Optional[int], seqs: Optional[int]) -> dict:
+    """``n``, ``t`` (and ``max_seqlen``) from the CLI's sizes; a size that does not apply is an error."""
+    for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
+        if val is not None and val < 0:
+            raise UsageError(f"--{name} must be >= 0, got {val}")
+    if op.endswith("_prefill"):
+        if batch != 1:
+            raise UsageError(f"{op} takes --seqs (sequences) and --tokens (packed tokens in all), not --batch "
+                             f"(decode rows, gating / clamp rows)")
+        t = tokens if tokens is not None else 4096
+        n = seqs if seqs is not None else 1
+        return dict(n=n, t=t, max_seqlen=t if n == 1 else 0)
+    if seqs is not None:
+        raise UsageError(f"{op} takes --batch (rows) and --tokens, not --seqs (prefill sequences)")
+    if op.endswith("_decode"):
+        return dict(n=batch, t=tokens if tokens is not None else 1)
+    return dict(n=tokens if tokens is not None else batch)
+
+
+def _state_options(op: str, state_dtype: Optional[str], layout: Optional[str], mode: Optional[str]) -> dict:
+    """Pool dtype, layout and prefill mode as Problem fields; an option the op does not take is an error."""
+    given = [f"--{name} {val}" for name, val in (("state-dtype", state_dtype), ("layout", layout), ("mode", mode))
+             if val is not None]
+    if op.endswith("_gating") or op == "silu_and_mul_clamp":
+        if given:
+            raise UsageError(f"{op} has no state: {', '.join(given)} does not apply to it "
+                             f"(--state-dtype and --layout are for decode and prefill, --mode for prefill)")
+        return {}
+    if op.endswith("_decode") and mode is not None:
+        raise UsageError(f"--mode {mode} does not apply to {op}: decode always updates the state pool in place; "
+                         f"--mode (pool or dense) is for gdn_prefill / kda_prefill")
+    return dict(state_dtype=state_dtype or "float32", state_layout=layout or "vk",
+                **({"mode": mode or "pool"} if op.endswith("_prefill") else {}))
+
+
 def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = None, seqs: Optional[int] = None,
-                dtype: str = "bfloat16", state_dtype: str = "float32", layout: str = "vk",
-                mode: str = "pool") -> Problem:
+                dtype: str = "bfloat16", state_dtype: Optional[str] = None, layout: Optional[str] = None,
+                mode: Optional[str] = None) -> Problem:
     """The :class:`Problem` a call of ``op`` at a model preset's shapes would produce.
 
     Fields follow the validation layer (``dispatch/validate.py``):
@@ -97,61 +203,22 @@ def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = 
         op: an op name (see ``linattn.dispatch.OPS``).
         model: a preset name whose family matches the op (``qwen3-next`` for GDN ops, ...).
         batch, tokens, seqs: sizes as above (``seqs`` defaults to 1).
-        dtype, state_dtype, layout, mode: q/k/v dtype, pool dtype, pool layout, prefill mode.
+        dtype: q/k/v dtype. state_dtype, layout: pool dtype (default float32) and layout (default
+            ``vk``), decode and prefill only. mode: ``pool`` (default) or ``dense``, prefill only.
     Returns:
         Problem.
     Raises:
-        UsageError: an unknown op or model, a model of another family, a bad size, or a size
-            that does not apply to the op (``batch`` other than 1 for a prefill, ``seqs`` for
-            anything else).
+        UsageError: an unknown op or model, a model of another family, a bad size or value, or a
+            size or option that does not apply to the op (``batch`` other than 1 for a prefill,
+            ``seqs`` for anything else, ``mode`` for a decode, state options for gating / clamp).
     Example:
         >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
         'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
     """
-    if op not in OPS:
-        raise UsageError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    try:
-        p = linattn.preset(model)
-    except KeyError as e:
-        raise UsageError(e.args[0]) from None
-    fam = op_family(op)
-    if p.family != fam:
-        ops = [o for o in OPS if op_family(o) == p.family]
-        raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
-                         f"such as {FAMILY_PRESET[fam]!r}. Ops for {model!r}: {', '.join(ops)}")
-    for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
-        if val is not None and val < 0:
-            raise UsageError(f"--{name} must be >= 0, got {val}")
-    # a size that does not apply to the op is an error, not silently ignored
-    if op.endswith("_prefill") and batch != 1:
-        raise UsageError(f"{op} takes --seqs (sequences) and --tokens (packed tokens in all), not --batch "
-                         f"(decode rows, gating / clamp rows)")
-    if not op.endswith("_prefill") and seqs is not None:
-        raise UsageError(f"{op} takes --batch (rows) and --tokens, not --seqs (prefill sequences)")
-    common = dict(op=op, dtype=dtype)
-    try:
-        if fam == "swiglu":
-            m = tokens if tokens is not None else batch
-            return Problem(**common, n=m, d=p.D, mode="none", clamp_limit=p.limit is not None)
-        if op.endswith("_gating"):
-            rows = tokens if tokens is not None else batch
-            return Problem(**common, n=rows, hv=p.HV, k=p.K if fam == "kda" else 0, mode="none")
-        shape = dict(h=p.H, hv=p.HV, k=p.K, v=p.V, state_dtype=state_dtype, state_layout=layout)
-        if op.endswith("_decode"):
-            return Problem(**common, **shape, n=batch, t=tokens if tokens is not None else 1, mode="pool")
-        t = tokens if tokens is not None else 4096
-        n = seqs if seqs is not None else 1
-        return Problem(**common, **shape, n=n, t=t, mode=mode, max_seqlen=t if n == 1 else 0)
-    except ValueError as e:  # pydantic: a bad dtype / layout / mode name, or an impossible shape
-        errors = getattr(e, "errors", None)
-        if callable(errors):  # a pydantic ValidationError: say which option, what was given, what is allowed
-            parts = []
-            for err in e.errors():
-                msg = err.get("msg", "").removeprefix("Value error, ")
-                loc = ".".join(str(x) for x in err.get("loc", ()))
-                parts.append(f"{loc}={err.get('input')!r}: {msg}" if loc else msg)
-            raise UsageError(f"bad problem for {op}: " + "; ".join(parts)) from None
-        raise UsageError(f"bad problem for {op}: {e}") from None
+    shape = preset_shape(op, model)
+    sizes = _sizes(op, batch, tokens, seqs)
+    options = _state_options(op, state_dtype, layout, mode)
+    return make_problem(op, dtype=dtype, **shape, **sizes, **options)
 
 
 # -- report ----------------------------------------------------------------------------------------
@@ -174,12 +241,11 @@ def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
     sequences of at most ``SWEEP_SEQ_TOKENS`` (and ``silu_and_mul_clamp`` with ``M = tokens``).
     """
     out = []
+    clamp = "silu_and_mul_clamp"
     for name, p in linattn.presets().items():
         if p.family == "swiglu":
-            for b in SWEEP_BATCHES:
-                out.append((name, "silu_and_mul_clamp", "decode", b, problem_for("silu_and_mul_clamp", name, batch=b)))
-            for t in SWEEP_TOKENS:
-                out.append((name, "silu_and_mul_clamp", "prefill", t, problem_for("silu_and_mul_clamp", name, tokens=t)))
+            out += [(name, clamp, "decode", b, problem_for(clamp, name, batch=b)) for b in SWEEP_BATCHES]
+            out += [(name, clamp, "prefill", t, problem_for(clamp, name, tokens=t)) for t in SWEEP_TOKENS]
             continue
         for b in SWEEP_BATCHES:
             out.append((name, p.decode_op, "decode", b, problem_for(p.decode_op, name, batch=b)))
@@ -190,6 +256,30 @@ def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
     return out
 
 
+def _op_rows(caps) -> tuple[dict, list[dict]]:
+    """Per op: the decision document of its representative problem; and the accepted-but-unverified rows."""
+    ops, unverified = {}, []
+    for op in OPS:
+        prob = representative_problem(op)
+        d = linattn.explain(prob, caps)
+        ops[op] = decision_doc(d, prob, FAMILY_PRESET[op_family(op)])
+        unverified += [{"op": op, "backend": v.backend, "arch": caps.arch, "chosen": v.backend == d.chosen,
+                        "message": v.message} for v in d.verdicts if v.ok and not v.verified]
+    return ops, unverified
+
+
+def _sweep_rows(caps) -> list[dict]:
+    """One row per :func:`sweep_problems` entry: the chosen backend, ``verified`` and rejection reasons."""
+    rows = []
+    for model, op, phase, size, prob in sweep_problems():
+        d = linattn.explain(prob, caps)
+        rows.append({"model": model, "op": op, "phase": phase,
+                     ("batch" if phase == "decode" else "tokens"): size, "n": prob.n, "t": prob.t,
+                     "chosen": d.chosen, "verified": d.chosen is None or d.verdict(d.chosen).verified,
+                     "rejected": {v.backend: v.reason.value for v in d.verdicts if not v.ok}})
+    return rows
+
+
 def build_report(profile: Optional[str] = None) -> dict:
     """The ``linattn report`` document.
 
@@ -197,7 +287,8 @@ def build_report(profile: Optional[str] = None) -> dict:
         profile: a device profile name, or None for the probed default device.
     Returns:
         dict with ``device`` (capabilities), ``probed``, ``profile``, ``backends`` (sorted names),
-        ``ops`` (op -> representative problem, chosen backend and every verdict), ``sweep`` (one row
+        ``ops`` (op -> the :func:`decision_doc` of its representative problem: the same document
+        as ``linattn explain OP --json`` for that problem, verdicts as a list), ``sweep`` (one row
         per :func:`sweep_problems` entry: chosen backend, whether it is ``verified`` on this arch,
         and rejection reasons), ``unverified`` (one row per op and accepted backend whose kernels
         were never verified on this arch: it self-checks against torch-ref on its first eager
@@ -206,51 +297,38 @@ def build_report(profile: Optional[str] = None) -> dict:
     Raises:
         UsageError: an unknown profile.
     """
-    caps = resolve_target(profile)
-    names = sorted(registered_backends())
-    ops, unverified = {}, []
-    for op in OPS:
-        prob = representative_problem(op)
-        d = linattn.explain(prob, caps)
-        ops[op] = {"problem": prob.model_dump(mode="json"), "brief": prob.brief(), "chosen": d.chosen,
-                   "verdicts": {v.backend: v.model_dump(mode="json") for v in d.verdicts}}
-        unverified += [{"op": op, "backend": v.backend, "arch": caps.arch, "chosen": v.backend == d.chosen,
-                        "message": v.message} for v in d.verdicts if v.ok and not v.verified]
-    sweep = []
-    for model, op, phase, size, prob in sweep_problems():
-        d = linattn.explain(prob, caps)
-        sweep.append({"model": model, "op": op, "phase": phase,
-                      ("batch" if phase == "decode" else "tokens"): size, "n": prob.n, "t": prob.t,
-                      "chosen": d.chosen, "verified": d.chosen is None or d.verdict(d.chosen).verified,
-                      "rejected": {v.backend: v.reason.value for v in d.verdicts if not v.ok}})
     from linattn.dispatch.self_check import results as self_check_results
 
+    caps = resolve_target(profile)
+    ops, unverified = _op_rows(caps)
     plugins = plugin_rows()
     return {
         "device": caps.model_dump(mode="json"),
         "probed": profile is None,
         "profile": profile,
-        "backends": names,
+        "backends": sorted(registered_backends()),
         "ops": ops,
-        "sweep": sweep,
+        "sweep": _sweep_rows(caps),
         "unverified": unverified,
         "self_checks": [r.model_dump(mode="json") for r in self_check_results()],
         "plugins": plugins,
-        "plugin_failures": [p for p in plugins if p["status"] not in ("loaded",)],
+        "plugin_failures": [p for p in plugins if p["status"] != "loaded"],
     }
 
 
 # -- explain ---------------------------------------------------------------------------------------
 
 def decision_doc(decision, prob: Problem, model: str) -> dict:
-    """The ``linattn explain --json`` document: the decision's fields plus ``model`` and ``brief``.
+    """The ``linattn explain --json`` document (also each op of ``report --json``).
 
     Args:
         decision: the :class:`~linattn.dispatch.verdict.Decision` for ``prob``.
         prob: the problem that was explained.
         model: the preset name the problem was built from.
     Returns:
-        dict.
+        dict: the decision's fields (``op, problem, device, profile, verdicts`` as a list of
+        ``{status, backend, ...}``, ``chosen, forced, forced_by, policy, capturing``) plus
+        ``model`` and ``brief`` (the problem in one line).
     """
     doc = decision.model_dump(mode="json")
     doc["model"] = model

@@ -6,7 +6,7 @@ columns) and walks the sequence's chunks of ``C = 64`` rows in order. The state 
 transposed, ``S^T [BV, K]`` (rows: value channels, columns: key channels), in fp32 registers as
 the accumulator of a warp-level MMA (``mma.sync`` m16n8k16, bf16 operands, fp32 accumulation;
 present on SM80, SM90 and SM100 alike). Warps split the ``BV`` rows, so every MMA operand that
-comes from registers stays in the warp that produced it. Per chunk (maths: ops.md "Chunked
+comes from registers stays in the warp that produced it. Per chunk (maths: docs/ops.md "Chunked
 form"; maths layout ``S [K, V]``)::
 
     hbuf[c] = bf16(S)                                   (via shared memory, coalesced)
@@ -24,7 +24,7 @@ the end of the sequence are zero-filled, never read.
 Initial state: pool mode reads ``state_pool[state_indices[n]]`` (unless ``has_initial_state[n]`` is
 False: then a zero state, the slot not read) and stores the final state to the same row; a
 negative index reads nothing (zero state), stores nothing, and writes zero ``vn`` and ``hbuf`` for
-the sequence, so the output stage gives the zero output ops.md asks of padding. Dense mode reads
+the sequence, so the output stage gives the zero output docs/ops.md asks of padding. Dense mode reads
 ``initial_state[n]`` (or zeros) and writes ``final_state[n]``. Both modes run the same
 instructions on the same data, so they agree bitwise. All token-row, chunk and pool offsets are
 64-bit.

@@ -44,9 +44,9 @@ class KernelKey(NamedTuple):
 
 
 def block_v(V: int, kda: bool = False) -> int:
-    """Value columns per CTA (16 per warp), as measured on the H200 (benchmarks/prefill_cutedsl.py):
-    GDN 64 (4 warps, 2 CTAs per SM); KDA 128 (8 warps: the per-channel key decays are computed
-    once per head instead of once per value block)."""
+    """Value columns per CTA (16 per warp): GDN 64 (4 warps); KDA 128 (8 warps: the per-channel key
+    decays are computed once per head instead of once per value block). Chosen by measurement:
+    docs/performance.md#cutedsl-block-v."""
     if kda and V % 128 == 0:
         return 128
     return 64 if V % 64 == 0 else 32
@@ -72,12 +72,11 @@ def _dummy_args(key: KernelKey):
     def P(dt, align):
         return make_ptr(dt, 1 << 20, cute.AddressSpace.gmem, assumed_align=align)
 
-    st = T[key.state_dtype]
-    s0 = T[key.h0_dtype]
+    st, s0, cu, ix = T[key.state_dtype], T[key.h0_dtype], T[key.cu_dtype], T[key.index_dtype]
     return [
         P(cutlass.BFloat16, 16), P(cutlass.Float32, 16 if key.kda else 4), P(cutlass.BFloat16, 16),
-        P(cutlass.BFloat16, 16), P(cutlass.Float32, 4), P(T[key.cu_dtype], T[key.cu_dtype].width // 8), P(cutlass.Int64, 8),
-        P(T[key.index_dtype], T[key.index_dtype].width // 8), P(s0, s0.width // 8), P(st, st.width // 8), P(cutlass.BFloat16, 16),
+        P(cutlass.BFloat16, 16), P(cutlass.Float32, 4), P(cu, cu.width // 8), P(cutlass.Int64, 8),
+        P(ix, ix.width // 8), P(s0, s0.width // 8), P(st, st.width // 8), P(cutlass.BFloat16, 16),
         P(cutlass.BFloat16, 16), P(cutlass.Uint8, 1),
         *[cutlass.Int64(8)] * 4, cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
         cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
@@ -148,7 +147,7 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
                         has_initial_state: Optional[torch.Tensor] = None) -> None:
     """The chunked-prefill state stage on a CUDA GPU (SM90 / SM100), in CuTe DSL.
 
-    Maths: ops.md "Chunked form" (Yang et al., NeurIPS 2024; Yang, Kautz, Hatamizadeh, ICLR 2025;
+    Maths: docs/ops.md "Chunked form" (Yang et al., NeurIPS 2024; Yang, Kautz, Hatamizadeh, ICLR 2025;
     Kimi Linear 2025): per sequence, per chunk ``c``: ``hbuf[c] = S``, ``Vn = U - W S``,
     ``S = exp(G_C) S + (K * exp(G_C - G))^T Vn`` (KDA: per key channel).
 
@@ -175,20 +174,10 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         ValueError: a dtype, head dim or buffer layout the kernel does not take.
         ImportError: nvidia-cutlass-dsl is not installed.
     """
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
-
     T_, H, K = k.shape
     HV, V = u.shape[1], u.shape[2]
     N = cu_seqlens.numel() - 1
-    if K not in SUPPORTED_K or V not in SUPPORTED_V:
-        raise ValueError(f"cutedsl state kernel: unsupported head dims K={K}, V={V}; "
-                         f"supported: K in {SUPPORTED_K}, V in {SUPPORTED_V}")
-    for name, x in (("k", k), ("w", w), ("u", u), ("hbuf", hbuf), ("vn", vn)):
-        if x.dtype != torch.bfloat16:
-            raise ValueError(f"cutedsl state kernel: {name} must be bfloat16, got {x.dtype}")
+    _check_buffers(k, w, u, hbuf, vn, K, V)
     if N == 0:
         return
     pool = state_indices is not None
@@ -198,8 +187,9 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         has_initial_state = has_initial_state.contiguous().view(torch.uint8)
     if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
         raise ValueError("cutedsl state kernel: pool mode needs h0 and ht to be the same pool")
-    if ht.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"cutedsl state kernel: state dtype {ht.dtype}; supported: float32, bfloat16")
+    for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"cutedsl state kernel: {name} dtype {x.dtype}; supported: float32, bfloat16")
     if not _aligned(k, 8, (k.stride(0), k.stride(1))) or k.stride(2) != 1:
         k = k.contiguous()
     g = g.clamp_min(G_MIN)  # the kernel reads g raw: floored here as the Triton stages floor it on load
@@ -214,29 +204,53 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         raise ValueError("cutedsl state kernel: state strides inside one head exceed 32 bits")
 
     from . import device_arch
+
     h0_dt = h0.dtype if h0 is not None else ht.dtype
-    if h0_dt not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"cutedsl state kernel: initial state dtype {h0_dt}; supported: float32, bfloat16")
-    key = KernelKey(K, V, block_v(V, kda) if bv is None else bv, bool(kda), pool, h0 is not None, _dt(ht.dtype), _dt(h0_dt),
-                    _dt(state_indices.dtype) if pool else "int64", _dt(cu_seqlens.dtype),
+    key = KernelKey(K, V, block_v(V, kda) if bv is None else bv, bool(kda), pool, h0 is not None, _dt(ht.dtype),
+                    _dt(h0_dt), _dt(state_indices.dtype) if pool else "int64", _dt(cu_seqlens.dtype),
                     device_arch(k.device), has_initial_state is not None)
-    fn = compile_state_kernel(key)
+    sidx = state_indices if pool else chunk_off
+    _launch(compile_state_kernel(key), key, (k, g, w, u, rk, cu_seqlens, chunk_off, sidx,
+                                             h0 if h0 is not None else ht, ht, hbuf, vn,
+                                             has_initial_state if has_initial_state is not None else sidx),
+            s0, st, N, HV, H)
+
+
+def _check_buffers(k, w, u, hbuf, vn, K: int, V: int) -> None:
+    """Head dims the kernel is built for, and bf16 key / W / U / hbuf / vn buffers."""
+    if K not in SUPPORTED_K or V not in SUPPORTED_V:
+        raise ValueError(f"cutedsl state kernel: unsupported head dims K={K}, V={V}; "
+                         f"supported: K in {SUPPORTED_K}, V in {SUPPORTED_V}")
+    for name, x in (("k", k), ("w", w), ("u", u), ("hbuf", hbuf), ("vn", vn)):
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"cutedsl state kernel: {name} must be bfloat16, got {x.dtype}")
+
+
+def _launch(fn, key: KernelKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV: int, H: int) -> None:
+    """Call the compiled kernel on the current stream of ``k``'s device: pointers, strides, sizes.
+
+    ``tensors`` are ``(k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, h0, ht, hbuf, vn,
+    has_initial_state)`` (dense mode: ``chunk_off`` for the indices, ``ht`` for a missing ``h0``,
+    and the indices for a missing mask; the kernel reads neither then).
+    """
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    k, g, w, u, rk, cu_seqlens, chunk_off, sidx, h0t, ht, hbuf, vn, mask = tensors
     T = _cutlass_types()
 
     def P(x, dt, align):
         return make_ptr(dt, x.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
 
-    F32, BF16 = cutlass.Float32, cutlass.BFloat16
-    sdt, s0dt = T[key.state_dtype], T[key.h0_dtype]
-    sidx = state_indices if pool else chunk_off
-    h0t = h0 if h0 is not None else ht
+    F32, BF16, I64, I32 = cutlass.Float32, cutlass.BFloat16, cutlass.Int64, cutlass.Int32
     stream = cuda.CUstream(torch.cuda.current_stream(k.device).cuda_stream)
-    I64, I32 = cutlass.Int64, cutlass.Int32
-    fn(P(k, BF16, 16), P(g, F32, 16 if kda else 4), P(w, BF16, 16), P(u, BF16, 16), P(rk, F32, 4),
+    fn(P(k, BF16, 16), P(g, F32, 16 if key.kda else 4), P(w, BF16, 16), P(u, BF16, 16), P(rk, F32, 4),
        P(cu_seqlens, T[key.cu_dtype], cu_seqlens.element_size()), P(chunk_off, cutlass.Int64, 8),
        P(sidx, T[key.index_dtype], sidx.element_size()),
-       P(h0t, s0dt, h0t.element_size()), P(ht, sdt, ht.element_size()), P(hbuf, BF16, 16), P(vn, BF16, 16),
-       P(has_initial_state if has_initial_state is not None else sidx, cutlass.Uint8, 1),
+       P(h0t, T[key.h0_dtype], h0t.element_size()), P(ht, T[key.state_dtype], ht.element_size()),
+       P(hbuf, BF16, 16), P(vn, BF16, 16), P(mask, cutlass.Uint8, 1),
        I64(k.stride(0)), I64(k.stride(1)), I64(g.stride(0)), I64(g.stride(1)),
        I64(s0[0]), I64(s0[1]), I32(s0[2]), I32(s0[3]), I64(st[0]), I64(st[1]), I32(st[2]), I32(st[3]),
        I32(N), I32(HV), I32(HV // H), stream)

@@ -27,7 +27,7 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
                     initial_state: Optional[torch.Tensor], scale: float, use_qk_l2norm: bool,
                     state_layout: str,
                     has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``) on SM90 / SM100.
+    """GDN / KDA chunked prefill (docs/ops.md ``gdn_prefill`` / ``kda_prefill``) on SM90 / SM100.
 
     Args:
         family: ``"gdn"`` or ``"kda"``.
@@ -37,7 +37,7 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
         state_pool / state_indices: pool mode (``[P, HV, V, K]`` "vk" or ``[P, HV, K, V]`` "kv", fp32
             or bf16; ``[N]`` slots, negative = padding: zero h0, no store).
         initial_state: dense mode initial state or None.
-        scale, use_qk_l2norm, state_layout: as in ops.md.
+        scale, use_qk_l2norm, state_layout: as in docs/ops.md.
         has_initial_state: pool mode, ``[N]`` bool or None: False starts that sequence from a zero
             state (the state kernel does not read its slot) and stores its final state as usual.
     Returns:
@@ -45,7 +45,7 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
         ``[N, HV, K, V]``) tensor in dense mode, None in pool mode (the pool was updated in place).
     Raises:
         ValueError: unsupported dtype or head dims.
-    Source: ops.md "Chunked form".
+    Source: docs/ops.md "Chunked form".
     """
     from linattn.kernels.triton import prefill as tp
 

@@ -1,7 +1,7 @@
 """Float64 reference of the chunked-prefill state stage alone (the contract of the state kernels).
 
 Given the intra stage's outputs (``w``, ``u``, key norms ``rk``) and the raw keys and gates, it
-walks every sequence's chunks exactly as ops.md "Chunked form" says (maths layout ``S [K, V]``)::
+walks every sequence's chunks exactly as docs/ops.md "Chunked form" says (maths layout ``S [K, V]``)::
 
     hbuf[c] = S;  Vn = U - W S;  S = exp(G_C) S + (K * rk * exp(G_C - G))^T Vn   (KDA: per channel)
 
@@ -36,7 +36,7 @@ def state_stage_ref(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch.Ten
         ``[K, V]`` for the states; ``NT`` counts the real chunks (sequence order). Rows of
         ``final`` for negative slots are the zero initial state advanced (the kernels store
         nothing for them).
-    Source: ops.md "Chunked form" (Yang et al. 2024; Yang, Kautz, Hatamizadeh 2025; Kimi Linear 2025).
+    Source: docs/ops.md "Chunked form" (Yang et al. 2024; Yang, Kautz, Hatamizadeh 2025; Kimi Linear 2025).
     """
     f = torch.float64
     T, H, K = k.shape

@@ -4,7 +4,7 @@ Shared by ``tests/gpu/test_cutedsl_gpu.py`` (one test per check) and
 ``benchmarks/prefill_cutedsl.py`` (all checks, recorded in the committed JSON). The oracle is the
 float64 token-serial reference (``backends/torch_ref.py``) for whole prefills and
 :func:`linattn.kernels.cutedsl.reference.state_stage_ref` for the state stage alone. Tolerances
-are ops.md's for bf16 inputs with fp32 state (2e-2 outputs, 1e-2 states); the state stage alone,
+are docs/ops.md's for bf16 inputs with fp32 state (2e-2 outputs, 1e-2 states); the state stage alone,
 whose GEMM operands are bf16, is held to 2e-2. Every check that touches a pool also asserts that
 the rows not owned by the call are bitwise unchanged.
 

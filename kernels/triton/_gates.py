@@ -4,7 +4,7 @@ A plain fp32 prefix sum ``G_r = g_1 + ... + g_r`` rounds every partial sum at th
 reached: after a floor gate (-1000) early in a chunk, fp32's spacing there is 6e-5, and the later
 differences ``G_r - G_s`` of mild gates (-0.02 per token) carry that rounding, one-signed, as a
 relative error of up to ~1e-4 in ``exp(G_r - G_s)``: outputs 3e-4 off the float64 reference, 30x
-ops.md's 1e-5 for fp32 inputs.
+docs/ops.md's 1e-5 for fp32 inputs.
 
 :func:`cumsum2` splits each gate into a coarse part on the grid of ``2**-7`` and the remainder
 (``|rem| <= 2**-8``, exact in fp32). The coarse parts of a chunk sum exactly in any order: the

@@ -338,7 +338,7 @@ def _solve(sA, sT, NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constex
 
 @triton.jit
 def _intra_chunk(
-    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT, i_c, i_hv,
+    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, tm_beta, rk, abuf, sA, sT, i_c, i_hv,
     skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     KDA: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
@@ -373,8 +373,8 @@ def _intra_chunk(
         tl.debug_barrier()
         blk = (r[:, None] // 16) >= (r[None, :] // 16)
         tmf = tl.load(sT + r[:, None] * 64 + r[None, :], mask=blk, other=0.0)
-        if TMOUT:  # Tm diag(beta) [T, HV, 64] in u: the state stage forms U itself
-            _st(u + (t0 * HV + i_hv) * 64, r, m, HV * 64, 0, tmf * bv[None, :], 64)
+        if TMOUT:  # Tm diag(beta) [T, HV, 64]: the state stage forms U itself
+            _st(tm_beta + (t0 * HV + i_hv) * 64, r, m, HV * 64, 0, tmf * bv[None, :], 64)
         tm = tmf.to(DT)
         # ---- W = Tm diag(beta rk) (K * exp(G)),  U = Tm diag(beta) V ----------------------------
         for ik in range(K // BK):
@@ -395,7 +395,7 @@ def _intra_chunk(
 
 @triton.jit
 def chunk_intra_kernel(
-    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, scratch,
+    k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, tm_beta, rk, abuf, scratch,
     skt, skh, svt, svh, sgt, sgh, sbt, sbh,
     N, GROUP, HV, ITEMS,
     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -406,11 +406,12 @@ def chunk_intra_kernel(
     ``ITEMS = NT_max * HV`` items (chunk-major, value head fastest, so the value heads sharing a key
     head run side by side); items of chunks past the real count do nothing.
 
-    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT; with ``TMOUT``, GDN only, ``u`` gets
-    ``Tm diag(beta)`` ``[T, HV, 64]`` instead and the state stage forms ``U``); GDN also
+    Writes ``w [T, HV, K]`` and ``u [T, HV, V]`` (dtype DT; with ``TMOUT``, GDN only,
+    ``tm_beta`` gets ``Tm diag(beta)`` ``[T, HV, 64]`` instead, ``u`` is None and the state stage
+    forms ``U``; otherwise ``tm_beta`` is None); GDN also
     ``rk [T, HV]`` fp32. KDA solves the matrices ``abuf [NT_max, HV, 64, 64]`` of :func:`chunk_kda_system_kernel` (launched
     first; it also left the operand of ``W`` in ``w`` and wrote ``rk``); GDN builds ``A`` itself
-    (:func:`_gdn_system`). ``scratch`` is fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` (GDN)
+    (:func:`_gdn_system`; KDA passes ``g`` as None, GDN ``abuf``). ``scratch`` is fp32 ``[P, 2, 64, 64]``: program ``p``'s own ``A`` (GDN)
     and ``Tm`` (``P`` is about the number of resident CTAs, so the scratch stays in L2).
     """
     tl.static_assert(not (KDA and TMOUT), "TMOUT is GDN's")
@@ -418,7 +419,7 @@ def chunk_intra_kernel(
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
     for item in range(pid, ITEMS, tl.num_programs(0)):
-        _intra_chunk(k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, rk, abuf, sA, sT,
+        _intra_chunk(k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, tm_beta, rk, abuf, sA, sT,
                      item // HV, (item % HV).to(tl.int64),
                      skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
                      K, V, BK, BV, KDA, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC, TMOUT)

@@ -34,7 +34,8 @@ def chunk_output_kernel(
     PREC: tl.constexpr,
 ):
     """Writes ``o [T, HV, V]`` rows of one chunk. Buffers as in the state stage. In pool mode a
-    sequence with a negative slot is padding: its output rows are zeros."""
+    sequence with a negative slot is padding: its output rows are zeros. Operands a build does not
+    read are None: ``aqk`` for GDN, ``rk`` for KDA, ``state_indices`` in dense mode."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1).to(tl.int64)
     i_v = tl.program_id(2)
@@ -111,12 +112,11 @@ def chunk_output_grouped_kernel(
     norms) formed once, then per value head ``q h`` and its decays, as :func:`chunk_output_kernel`
     does for one head (same maths, same order per head). bf16/fp16 only (the launcher: bf16 at
     GROUP = 2). The shared dot and key loads make it faster than one program per value head at
-    GROUP = 2 (H200, 16x4096 bf16: 1.01 ms, benchmarks/results/prefill_h200_s6_final.json, against
-    1.10, the baselines of _s6_exp_group.json); at one head per program the single K loop of
-    :func:`chunk_output_kernel` is faster than this form's two (1.10 against 1.25 ms,
-    _s6_exp_output.json). The per-head decays are written out here rather than shared with
-    :func:`chunk_output_kernel` through a helper: that changed both kernels' sm_90 code, and the
-    builds shipped are the ones measured and GPU-tested.
+    GROUP = 2; at one head per program the single K loop of :func:`chunk_output_kernel` is faster
+    than this form's two (docs/performance.md#prefill-grouped-output). The per-head decays are
+    written out here rather than shared with :func:`chunk_output_kernel` through a helper: that
+    changed both kernels' sm_90 code, and the builds shipped are the ones measured and GPU-tested
+    (tools/sm90_digests.py holds them).
 
     ``HALF`` (the launcher: with the state stage's ``HSTEP = 2``): ``hbuf`` holds the state
     entering every second chunk of each sequence only; for the others (odd chunk ``c`` within its
@@ -124,7 +124,8 @@ def chunk_output_grouped_kernel(
     (``'``; full, since only a sequence's last chunk is partial), with ``kf = rk exp(G_C - G)``
     ``[T, HV]`` and ``ec = exp(G_C)`` ``[NT_max, HV]`` fp32 from
     :func:`.chunk_state.chunk_gdn_gates_kernel`: the state stage's own update, applied to ``q``.
-    All factors are exponentials of numbers <= 0. Otherwise ``kf`` and ``ec`` are not read."""
+    All factors are exponentials of numbers <= 0. Otherwise ``kf`` and ``ec`` are None. In dense
+    mode (not ``POOL``) ``state_indices`` is None."""
     tl.static_assert(PREC != "ieee", "fp32 inputs run chunk_output_kernel (its two-float gates)")
     i_c = tl.program_id(0)
     i_h = tl.program_id(1).to(tl.int64)
@@ -181,7 +182,7 @@ def chunk_output_grouped_kernel(
                 kfp = tl.load(kf + (t0 - 64) * HV + i_hv + r * HV)
                 vp = tl.load(vn + ((t0 - 64) * HV + i_hv) * V + (r[:, None] * (HV * V) + cv[None, :]))
                 acc = tl.dot((qkp * kfp[None, :]).to(DT), vp.to(DT), input_precision=PREC)
-                # int32 offset, as measured: (c - 1) * HV + hv < NT_max * HV, far below 2**31 for any
+                # int32 offset, as shipped: (c - 1) * HV + hv < NT_max * HV, far below 2**31 for any
                 # o [T, HV, V] that fits in memory (the 64-bit form changed this build's sm_90 code)
                 sc = tl.load(ec + (i_c - 1) * HV + i_hv)
             for ik in range(K // BK):

@@ -47,8 +47,8 @@ def _gate_factors(g):
 @triton.jit
 def chunk_state_kernel(
     k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, has_init,
-    h0, ht, hbuf, vn, q, aqk, o,
-    skt, skh, sgt, sgh, sqt, sqh,
+    h0, ht, hbuf, vn, q, aqk, o, v, tm_beta,
+    skt, skh, sgt, sgh, sxt, sxh,
     s0_p, s0_h, s0_k, s0_v,
     st_p, st_h, st_k, st_v,
     GROUP, HV,
@@ -62,7 +62,7 @@ def chunk_state_kernel(
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
     ``kd = k rk exp(G_C - G)`` as ``k`` (``[T, HV, K]``, dtype DT, launched with ``GROUP = 1``) and
     its per-chunk total log decays ``G_C`` as ``g`` (``[NT, HV, K]`` fp32, chunk stride ``sgt``).
-    Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32,
+    Buffers: ``w [T, HV, K]``, ``u, vn [T, HV, V]`` (dtype DT), ``rk [T, HV]`` fp32 (GDN),
     ``hbuf [NT, HV, K, V]`` (dtype DT).
     ``h0``/``ht``: the pool (both) in pool mode, else the initial and final state; strides
     ``(slot, head, k, v)`` in elements. ``HAS_INIT`` (pool mode): ``has_init [N]`` (bytes; 0 = the
@@ -71,16 +71,22 @@ def chunk_state_kernel(
     ``FUSE_O`` (KDA only; the launcher sets it on the bf16 path at K <= 128): the program also writes its chunks' output rows ``o [T, HV, V]``,
     ``o = qg h + Aqk Vn`` (the output stage's maths, :func:`.chunk_output.chunk_output_kernel`, on
     the state and ``Vn`` it holds, in the same dtypes), from stage 1's ``qg [T, HV, K]`` (as
-    ``q``, token stride ``sqt``) and ``aqk [T, HV, 64]``; ``hbuf`` and ``vn`` are then not written.
-    Otherwise ``q``, ``aqk`` and ``o`` are not touched (the output kernel reads ``hbuf``, ``vn``).
-    GDN keeps the output kernel: fused, its serial loop took longer than the two stages apart
-    (H200, 16x4096: 4.06 against 3.73 ms, benchmarks/results/prefill_h200_s5_run3_state_sweep.json).
+    ``q``, strides ``sxt``, ``sxh``) and ``aqk [T, HV, 64]``; ``hbuf`` and ``vn`` are then not written.
+    Otherwise ``q``, ``aqk`` and ``o`` are None (the output kernel reads ``hbuf``, ``vn``).
+    GDN keeps the output kernel: fused, its serial loop measured slower than the two stages apart
+    (docs/performance.md#prefill-kda-fused-output).
 
     GDN only: ``HOIST``: ``rk`` holds ``kf = rk exp(G_C - G)`` ``[T, HV]`` and ``g`` holds
     ``exp(G_C)`` ``[NT, HV]`` (chunk stride ``sgt``), from :func:`chunk_gdn_gates_kernel`.
     ``HSTEP = 2``: ``hbuf`` gets the state entering chunks 0, 2, 4, ... of each sequence only.
-    ``UTM``: ``U = M V`` with stage 1's ``M = Tm diag(beta)`` ``[T, HV, 64]`` (dtype DT, as ``aqk``)
-    and ``v [T, HV, V]`` (as ``q``, strides ``sqt``, ``sqh``); ``u`` is not read."""
+    ``UTM``: ``U = tm_beta v`` with stage 1's ``tm_beta = Tm diag(beta)`` ``[T, HV, 64]`` (dtype DT) and
+    ``v [T, HV, V]`` (strides ``sxt``, ``sxh``); ``u`` is None. Otherwise ``v`` and ``tm_beta`` are None.
+    ``sxt, sxh``: the token and head strides of the one of ``q`` (``FUSE_O``, KDA) and ``v``
+    (``UTM``, GDN) a build reads (0 when neither: one pair, so the parameters keep the layout of
+    the shipped builds). An operand a build does not read comes as None (KDA: ``rk``; dense mode:
+    ``state_indices``, and ``h0`` without ``HAS_H0``; ``has_init`` without ``HAS_INIT``), except with
+    ``FUSE_O``, where ``rk`` is the key norms and ``has_init``, ``hbuf``, ``vn`` may be zero-size (the
+    launcher keeps that build's code)."""
     tl.static_assert(HSTEP == 1 or HSTEP == 2, "HSTEP: every chunk's state (1) or every second one (2)")
     tl.static_assert(not KDA or not (HOIST or UTM or HSTEP != 1), "HOIST, UTM and HSTEP = 2 are GDN's")
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
@@ -125,10 +131,10 @@ def chunk_state_kernel(
                 tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
         vo = (t0 * HV + i_hv) * V + v0
-        if UTM:  # GDN: U = (Tm diag(beta)) V here, from stage 1's matrix (as aqk) and v (as q)
-            tmt = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None],
+        if UTM:  # GDN: U = (Tm diag(beta)) V here, from stage 1's matrix and v
+            tmt = tl.load(tm_beta + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None],
                           other=0.0)
-            vt = tl.load(q + t0 * sqt + i_hv * sqh + v0 + (r[:, None] * sqt + cv[None, :]), mask=m[:, None], other=0.0)
+            vt = tl.load(v + t0 * sxt + i_hv * sxh + v0 + (r[:, None] * sxt + cv[None, :]), mask=m[:, None], other=0.0)
             vnew = tl.dot(tmt.to(DT), vt.to(DT), input_precision=PREC) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
         else:
             ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
@@ -139,7 +145,7 @@ def chunk_state_kernel(
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
         if KDA:
             if FUSE_O:  # o = qg h + Aqk Vn
-                qt = tl.load(q + t0 * sqt + i_hv * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
+                qt = tl.load(q + t0 * sxt + i_hv * sxh + (r[:, None] * sxt + kk[None, :]), mask=m[:, None], other=0.0)
                 A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
                             mask=m[:, None] & incl, other=0.0)
                 acc = tl.dot(qt.to(DT), Sd, input_precision=PREC)

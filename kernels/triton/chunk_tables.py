@@ -26,10 +26,7 @@ shared-memory integer adds inside a program: exact and order-free), no host sync
 a pure function of ``cu_seqlens``, bitwise equal to
 :func:`linattn.kernels.triton.prefill.chunk_tables`.
 
-H200, triton 3.6, measured 2026-11-30 (CUDA graph replay, int32 cu_seqlens; the torch version
-26-40 us): 16 x 4096 or 256 x 256 tokens 4-5 us, 3,000 sequences of 0-40 tokens 7 us, 8,192 of
-0-300 11 us, 16,384 of one token 9 us; 65,536 sequences (a program's skipped sum grows with N)
-90 us, and all 65,536 of length 0 (no skip: the bound is loose for empty sequences) 180 us.
+Its cost against the torch version's, by batch shape: docs/performance.md#prefill-chunk-tables.
 """
 
 from __future__ import annotations
@@ -37,6 +34,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .launch import launch
 
 CHUNK = 64
 _CHUNK: tl.constexpr = tl.constexpr(CHUNK)  # the kernel's copy (jit code reads constexpr globals only)
@@ -161,6 +160,6 @@ def chunk_tables_triton(cu_seqlens: torch.Tensor, T: int):
     chunk_seq = torch.empty(nt_max, dtype=torch.int32, device=dev)
     chunk_start = torch.empty(nt_max, dtype=torch.int64, device=dev)
     grid = (max(1, triton.cdiv(nt_max, BC)),)  # program 0 writes chunk_off even when NT_max = 0
-    chunk_tables_kernel[grid](cu, chunk_off, chunk_seq, chunk_start, N, max(N - 1, 0), nt_max,
-                              BC=BC, BNO=BNO, NSKIP=NSKIP, BSUM=BSUM, num_warps=NUM_WARPS)
+    launch(chunk_tables_kernel, grid, (cu, chunk_off, chunk_seq, chunk_start, N, max(N - 1, 0), nt_max),
+           dict(BC=BC, BNO=BNO, NSKIP=NSKIP, BSUM=BSUM), num_warps=NUM_WARPS)
     return chunk_off, chunk_seq, chunk_start, nt_max

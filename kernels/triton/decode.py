@@ -1,6 +1,6 @@
 """Triton recurrent decode for GDN and KDA over a state pool: one kernel source for both.
 
-Maths (ops.md, "Gating" and "Recurrence"; Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
+Maths (docs/ops.md, "Gating" and "Recurrence"; Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
 ICLR 2025; the Kimi Linear report for KDA's per-channel gates), per token, per value head, with
 the state held as a ``[BV, K]`` tile of ``S^T`` in fp32 registers:
 
@@ -14,7 +14,7 @@ Work items are (value block, sequence, value head); program ids are decoded by t
 :func:`decode_pid` helper for the ``split`` and ``folded`` layouts, so both layouts run the same
 instructions on the same data and agree bitwise.
 
-Pool rules (ops.md): ``state_indices [N]`` or a per-token slot table ``[N, T]`` (int32/int64),
+Pool rules (docs/ops.md): ``state_indices [N]`` or a per-token slot table ``[N, T]`` (int32/int64),
 offsets in int64, a negative slot is padding (zero output, the pool neither read nor written),
 layouts ``"vk"`` (``[P, HV, V, K]``) and ``"kv"`` (``[P, HV, K, V]``), pool dtype preserved,
 slot pitch ``stride(0)``. ``has_initial_state [N]`` (``HAS_INITIAL_STATE``): False masks the
@@ -35,6 +35,7 @@ import triton.language as tl
 from linattn.kernels.grid import plan_grid
 from linattn.kernels.triton._pid import decode_pid
 from linattn.kernels.triton import limits
+from linattn.kernels.triton.launch import PreparedLaunch
 from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy, Triton-free)
 
 #: Floor of the log decay g (limits.G_MIN, as the kernels see it): exp(G_MIN) is 0 in fp32.
@@ -231,18 +232,35 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def recurrent_decode(*, gate: str, q, k, v, a=None, b=None, A_log=None, dt_bias=None, state_pool, state_indices,
-                     scale: Optional[float], use_qk_l2norm: bool = True, state_layout: str = "vk",
-                     intermediate_states=None, intermediate_state_indices=None,
-                     disable_state_update: bool = False, num_accepted_tokens=None,
-                     softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                     lower_bound: Optional[float] = None, g=None, beta=None, has_initial_state=None,
-                     caps, layout: str,
-                     block_v: Optional[int] = None, num_warps: Optional[int] = None) -> torch.Tensor:
+def recurrent_decode(*, gate: str, caps, layout: str, block_v: Optional[int] = None,
+                     num_warps: Optional[int] = None, **tensors_and_options) -> torch.Tensor:
     """Launch the GDN/KDA recurrent decode kernel on a state pool (in place).
 
     Args:
         gate: ``"gdn"`` (scalar gate per head) or ``"kda"`` (one gate per key channel).
+        caps: DeviceCapabilities of the tensors' device (grid limits). layout: ``split``/``folded``.
+        block_v, num_warps: override the pinned tile config (tests, tuning).
+        tensors_and_options: the op's arguments, as :class:`DecodeLaunch` takes them.
+    Returns:
+        o: ``[N, T, HV, V]`` in q's dtype.
+    Raises:
+        GridLimitError, ValueError: as :class:`DecodeLaunch`.
+    """
+    plan = DecodeLaunch(gate=gate, caps=caps, layout=layout, block_v=block_v, num_warps=num_warps,
+                        **tensors_and_options)
+    return plan(tensors_and_options)
+
+
+class DecodeLaunch:
+    """One decode launch planned from a call's metadata; calling it launches on the call's tensors.
+
+    Everything but the data pointers is derived here, once: the tile config, the grid, the
+    constexprs, which inputs need a copy of their rows and the integer arguments (strides, ``T``).
+    A later call whose tensors have the same shapes, strides and dtypes and whose scalars are
+    equal (the dispatcher's call key, ``dispatch/fast_path.py``) launches with ``plan(tensors)``.
+
+    Args (keyword; shapes as the public ``gdn_decode`` / ``kda_decode``):
+        gate: ``"gdn"`` or ``"kda"``.
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32 (last dim contiguous, else copied).
         v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
         A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, num_accepted_tokens and
@@ -261,82 +279,102 @@ def recurrent_decode(*, gate: str, q, k, v, a=None, b=None, A_log=None, dt_bias=
         disable_state_update: leave the pool untouched.
         num_accepted_tokens: ``[N]`` (with a ``[N, T]`` table): load from the slot of token
             ``num_accepted - 1``; 0 = start from a zero state.
-        softplus_beta, softplus_threshold, lower_bound: gate parameters (ops.md).
+        softplus_beta, softplus_threshold, lower_bound: gate parameters (docs/ops.md).
         g, beta: the precomputed-gate form instead of ``a, b, A_log, dt_bias`` (None then): ``g``
             fp32 log decay shaped as ``a`` (floored at ``G_MIN`` in the kernel), ``beta`` shaped as
             ``b`` (already sigmoided); read through their strides as ``a`` and ``b`` are.
         has_initial_state: ``[N]`` bool or None: False starts the row from a zero state; the
             kernel's state load is masked (the slot is never read), stores are as usual.
-        caps: DeviceCapabilities of the tensors' device (grid limits). layout: ``split``/``folded``.
-        block_v, num_warps: override the pinned tile config (tests, tuning).
-    Returns:
-        o: ``[N, T, HV, V]`` in q's dtype.
+        caps: DeviceCapabilities of the tensors' device. layout: ``split`` / ``folded``.
+        block_v, num_warps: override the pinned tile config.
     Raises:
         GridLimitError: the grid does not fit the device (before launch).
         ValueError: a head dim above 256, or state tiles that are not dense (the dispatcher's
             ``layout`` predicate rejects those first, so through the public ops this never fires).
     """
-    N, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if scale is None:
-        scale = K ** -0.5
-    o = torch.empty((N, T, HV, V), dtype=q.dtype, device=q.device)
-    BK, BV, warps = decode_config(K, V, N, caps, gate)
-    if block_v is not None:
-        BV = block_v
-    if num_warps is not None:
-        warps = num_warps
-    plan = plan_grid(N, HV, -(-V // BV), caps, layout)
-    if plan.empty or T == 0:
-        return o
-    ps = state_pool.stride()
-    inner = (V, K) if state_layout == "vk" else (K, V)
-    if ps[3] != 1 or ps[2] != inner[1]:
-        raise ValueError(f"state_pool slots must be contiguous in layout {state_layout!r} "
-                         f"(shape {tuple(state_pool.shape)}, strides {tuple(ps)}); "
-                         "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        q, k, v = (_inner_contiguous(t) for t in (q, k, v))
-    ready = g is not None
-    if ready:  # the kernel reads g where it reads a, beta where b; no A_log / dt_bias
-        a, b = g, beta
-    if gate == "kda" and a.stride(-1) != 1:
-        a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
-    if ready:
-        A_log = dt_bias = a  # not read (GATES_PRECOMPUTED)
-    else:
-        dt_bias = dt_bias.contiguous()  # read as an [HV] / [HV, K] array
-    if has_initial_state is not None:  # read as an [N] byte array
-        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
-    per_token = state_indices.dim() == 2
-    if intermediate_states is not None:
-        s_inter = intermediate_states.stride()
-        if s_inter[3:] != (inner[1], 1):
+
+    def __init__(self, *, gate: str, caps, layout: str, block_v: Optional[int] = None,
+                 num_warps: Optional[int] = None, q, k, v, state_pool, state_indices, scale: Optional[float] = None,
+                 use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states=None,
+                 disable_state_update: bool = False, num_accepted_tokens=None, softplus_beta: float = 1.0,
+                 softplus_threshold: float = 20.0, lower_bound: Optional[float] = None, g=None,
+                 has_initial_state=None, **other_tensors):
+        N, T, H, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        self.out_shape, self.out_dtype = (N, T, HV, V), q.dtype
+        BK, BV, warps = decode_config(K, V, N, caps, gate)
+        self.num_warps = num_warps if num_warps is not None else warps
+        BV = block_v if block_v is not None else BV
+        plan = plan_grid(N, HV, -(-V // BV), caps, layout)
+        self.grid, self.skip = plan.grid, plan.empty or T == 0
+        self._check_state_tiles(state_pool, intermediate_states, state_layout, V, K)
+        self.copy_qkv = q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
+        self.precomputed = g is not None
+        self.copy_a = gate == "kda" and (g if self.precomputed else other_tensors["a"]).stride(-1) != 1
+        self.per_token = state_indices.dim() == 2
+        self.has_na = num_accepted_tokens is not None and self.per_token
+        self.has_inter, self.has_init = intermediate_states is not None, has_initial_state is not None
+        self.has_inter_idx = self.has_inter and other_tensors.get("intermediate_state_indices") is not None
+        self.update_state = not disable_state_update
+        self.scalars = (float(K ** -0.5 if scale is None else scale), float(softplus_beta),
+                        float(softplus_threshold), float(lower_bound) if lower_bound is not None else 0.0, T)
+        self.constexprs = dict(
+            H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, GATE=gate, HAS_LOWER_BOUND=lower_bound is not None,
+            USE_QK_L2NORM=bool(use_qk_l2norm), STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=self.per_token,
+            HAS_NUM_ACCEPTED=self.has_na, HAS_INTER=self.has_inter, HAS_INTER_IDX=self.has_inter_idx,
+            UPDATE_STATE=self.update_state, GATES_PRECOMPUTED=self.precomputed,
+            HAS_INITIAL_STATE=self.has_init, **plan.constexprs)
+        self.launch: Optional[PreparedLaunch] = None
+        if not self.skip:  # the strides of the tensors as the kernel gets them (after the row copies)
+            strides = self._strides(self._operands(dict(other_tensors, q=q, k=k, v=v, g=g,
+                                                        state_pool=state_pool, state_indices=state_indices,
+                                                        intermediate_states=intermediate_states,
+                                                        num_accepted_tokens=num_accepted_tokens,
+                                                        has_initial_state=has_initial_state), o=None))
+            self.launch = PreparedLaunch(_recurrent_decode_kernel, self.grid, self.constexprs,
+                                         (*self.scalars, *strides), num_warps=self.num_warps)
+
+    @staticmethod
+    def _check_state_tiles(state_pool, intermediate_states, state_layout: str, V: int, K: int) -> None:
+        ps = state_pool.stride()
+        inner = (V, K) if state_layout == "vk" else (K, V)
+        if ps[3] != 1 or ps[2] != inner[1]:
+            raise ValueError(f"state_pool slots must be contiguous in layout {state_layout!r} "
+                             f"(shape {tuple(state_pool.shape)}, strides {tuple(ps)}); "
+                             "pass a pool whose last two dims are contiguous (slot and head pitch may be any)")
+        if intermediate_states is not None and intermediate_states.stride()[3:] != (inner[1], 1):
             raise ValueError("intermediate_states must be contiguous in its last two dims "
-                             f"(strides {tuple(s_inter)})")
-        inter, inter_idx, s_inter = intermediate_states, intermediate_state_indices, s_inter[:3]
-    else:
-        inter, inter_idx, s_inter = state_pool, None, (0, 0, 0)
-    has_na = num_accepted_tokens is not None and per_token
-    qs, ks, vs, as_, bs, ss = q.stride(), k.stride(), v.stride(), a.stride(), b.stride(), state_indices.stride()
-    _recurrent_decode_kernel[plan.grid](
-        q, k, v, a, b, A_log, dt_bias, o, state_pool, state_indices,
-        num_accepted_tokens if has_na else state_indices, inter,
-        inter_idx if inter_idx is not None else state_indices,
-        has_initial_state if has_initial_state is not None else state_indices,
-        float(scale), float(softplus_beta), float(softplus_threshold),
-        float(lower_bound) if lower_bound is not None else 0.0,
-        T,
-        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-        as_[0], as_[1], as_[2], bs[0], bs[1], bs[2],
-        ps[0], ps[1], ss[0], ss[1] if per_token else 0,
-        *s_inter,
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV,
-        GATE=gate, HAS_LOWER_BOUND=lower_bound is not None, USE_QK_L2NORM=bool(use_qk_l2norm),
-        STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=per_token, HAS_NUM_ACCEPTED=has_na,
-        HAS_INTER=intermediate_states is not None, HAS_INTER_IDX=inter_idx is not None,
-        UPDATE_STATE=not disable_state_update,
-        GATES_PRECOMPUTED=ready, HAS_INITIAL_STATE=has_initial_state is not None,
-        **plan.constexprs, num_warps=warps,
-    )
-    return o
+                             f"(strides {tuple(intermediate_states.stride())})")
+
+    def _operands(self, t: dict, o) -> tuple:
+        """The kernel's 14 tensor operands, in its parameter order (operands a flag turns off get
+        ``state_indices`` as an unread placeholder pointer)."""
+        q, k, v = t["q"], t["k"], t["v"]
+        if self.copy_qkv:
+            q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
+        a, b = (t["g"], t["beta"]) if self.precomputed else (t["a"], t["b"])
+        if self.copy_a:
+            a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
+        A_log, dt_bias = (a, a) if self.precomputed else (t["A_log"], t["dt_bias"].contiguous())
+        idx = t["state_indices"]
+        init = t["has_initial_state"].contiguous().view(torch.uint8) if self.has_init else idx  # [N] bytes
+        pool = t["state_pool"]
+        inter = t["intermediate_states"] if self.has_inter else pool
+        inter_idx = t["intermediate_state_indices"] if self.has_inter_idx else idx
+        accepted = t["num_accepted_tokens"] if self.has_na else idx
+        return (q, k, v, a, b, A_log, dt_bias, o, pool, idx, accepted, inter, inter_idx, init)
+
+    def _strides(self, ops: tuple) -> tuple:
+        q, k, v, a, b, _, _, _, pool, idx, _, inter, _, _ = ops
+        qs, ks, vs, as_, bs, ss, ps = q.stride(), k.stride(), v.stride(), a.stride(), b.stride(), idx.stride(), pool.stride()
+        s_inter = inter.stride()[:3] if self.has_inter else (0, 0, 0)
+        return (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], as_[0], as_[1], as_[2],
+                bs[0], bs[1], bs[2], ps[0], ps[1], ss[0], ss[1] if self.per_token else 0, *s_inter)
+
+    def __call__(self, tensors: dict) -> torch.Tensor:
+        """Launch on ``tensors`` (the op's tensor arguments by name; more keys are ignored)."""
+        q = tensors["q"]
+        o = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        if self.launch is not None:
+            self.launch(self._operands(tensors, o))
+        return o

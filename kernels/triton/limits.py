@@ -22,12 +22,11 @@ MAX_HEAD_DIM = 256
 #: Chunked prefill: head dims and q/k/v dtypes.
 HEAD_DIMS = (64, 128, 256)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Shared memory per block (measured on sm_90 builds, tests/prefill/test_prefill_compile.py pins
-# them): the state kernel is the largest. Software-pipelined (2 stages, K <= 128) it needs up to
-# 113 KiB (bf16: GDN's, which also loads Tm diag(beta) and V to form U since session 7; KDA's
-# bf16 state kernel writes the output and runs unpipelined at 64 KiB) or 145 KiB (KDA, fp32);
-# unpipelined (K = 256, or a device with less shared memory) at most 80 KiB. Devices below
-# _MIN_SMEM are rejected up front.
+# Shared memory per block of the sm_90 builds (tests/prefill/test_prefill_compile.py pins them):
+# the state kernel is the largest. Software-pipelined (2 stages, K <= 128) it needs up to 113 KiB
+# (bf16: GDN's, which also loads Tm diag(beta) and V to form U; KDA's bf16 state kernel writes the
+# output and runs unpipelined at 64 KiB) or 145 KiB (KDA, fp32); unpipelined (K = 256, or a device
+# with less shared memory) at most 80 KiB. Devices below _MIN_SMEM are rejected up front.
 _PIPELINED_SMEM = {torch.bfloat16: 116 * 1024}
 _PIPELINED_SMEM_OTHER = 148 * 1024
 _MIN_SMEM = 96 * 1024

@@ -1,25 +1,29 @@
 """Chunked prefill for GDN and KDA in Triton, with the state pool read and written in place.
 
-Launches per call (C = 64 rows per chunk; chunks never cross sequences):
+The host side reads as typed stages: a frozen :class:`PrefillConfig` (per shape class, from
+:func:`prefill_config`), a :class:`PrefillPlan` built from host-known facts only
+(:func:`plan_prefill`: shapes, dtypes, flags; never a tensor's values, no device sync) and one
+launch function per stage, which :func:`run_prefill` calls in order:
 
-0. :mod:`.chunk_tables` — the chunk index tables (one launch; torch ops past
-   :data:`TABLES_TRITON_MAX_N` sequences).
-1. :mod:`.chunk_intra` — per (chunk, value head), on a persistent grid: chunk-local cumulative
-   gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and, for KDA, the intra-chunk
-   query-key matrix, the decayed queries and keys and the chunks' total decays, which stages 2 and
-   3 read). KDA builds its ``A`` and those operands in a launch before it (one program per
-   (chunk, value head)); the persistent kernel then solves and forms ``W`` and ``U``. GDN's bf16
-   path writes ``Tm diag(beta)`` instead of ``U`` (pinned ``gdn_state_u``): stage 2 forms ``U``.
-   GDN's bf16 path then forms the state loop's gate factors in a small launch
-   (:func:`.chunk_state.chunk_gdn_gates_kernel`, pinned ``gdn_hoist``).
-2. :mod:`.chunk_state` — per (value block, sequence, value head), grid from the launch-grid
-   planner: the sequential pass over the sequence's chunks; pool mode loads ``h0`` from
-   ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the kernel.
-3. :mod:`.chunk_output` — per (chunk, value head, value block): the output rows (GDN's bf16 path at
-   GROUP = 2: per (chunk, key head, value block), both value heads from one ``q k^T``; stage 2
-   stores the state entering every second chunk only and this stage rebuilds the others' share
-   from the chunk before: pinned ``gdn_half_hbuf``). KDA's bf16 path at K <= 128 writes the output
-   in stage 2 instead.
+0. :func:`launch_tables` (:mod:`.chunk_tables`): the chunk index tables (one launch; torch ops
+   past :data:`TABLES_TRITON_MAX_N` sequences).
+1. :func:`launch_intra` (:mod:`.chunk_intra`): per (chunk, value head), on a persistent grid:
+   chunk-local cumulative gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and,
+   for KDA, the intra-chunk query-key matrix, the decayed queries and keys and the chunks' total
+   decays, which stages 2 and 3 read). KDA builds its ``A`` and those operands in a launch before
+   it (one program per (chunk, value head)); the persistent kernel then solves and forms ``W`` and
+   ``U``. GDN's bf16 path writes ``Tm diag(beta)`` instead of ``U``
+   (:attr:`GdnStageSplit.u_in_state`): stage 2 forms ``U``.
+2. :func:`launch_gates` (GDN's bf16 path, :attr:`GdnStageSplit.gates_kernel`): the state loop's
+   gate factors (:func:`.chunk_state.chunk_gdn_gates_kernel`).
+3. :func:`launch_state` (:mod:`.chunk_state`): per (value block, sequence, value head), grid from
+   the launch-grid planner: the sequential pass over the sequence's chunks; pool mode loads ``h0``
+   from ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the
+   kernel. KDA's bf16 path at K <= 128 writes the output here (:attr:`StateConfig.writes_output`).
+4. :func:`launch_output` (:mod:`.chunk_output`): per (chunk, value head, value block): the output
+   rows (GDN's bf16 path at GROUP = 2: per (chunk, key head, value block), both value heads from
+   one ``q k^T``; the state stage stores the state entering every second chunk only and this stage
+   rebuilds the others' share from the chunk before: :attr:`GdnStageSplit.every_second_state`).
 
 The chunk index table (sequence and first token of every chunk) is built on the device from
 ``cu_seqlens`` with no host sync: the intra and output stages cover the upper bound
@@ -27,74 +31,744 @@ The chunk index table (sequence and first token of every chunk) is built on the 
 captured in a CUDA graph (the validation layer's own checks aside).
 
 Configurations are pinned per shape class (K, V, dtype): nothing is autotuned, so the kernel that
-writes the pool runs exactly once per call (ops.md: the pool is advanced exactly once).
+writes the pool runs exactly once per call (ops.md: the pool is advanced exactly once). Why each
+pinned value won: docs/performance.md#prefill.
 
 Precision: fp32 inputs use ``input_precision="ieee"`` dots everywhere (tf32 would miss ops.md's
 1e-5 against float64); bf16 inputs run the dots that touch W, U, the states and the outputs on
 bf16 operands with fp32 accumulation (state kept in fp32, stored per chunk in bf16 as the
-reference implementations do; GDN's grouped path: every second chunk); fp16 inputs run those dots in fp32 (tf32), since an fp16 copy of a
-state holding values past 65,504 would overflow (field case F17). The triangular solve is fp32:
-ieee dots for fp32 inputs; for bf16/fp16, 3xTF32 dots for the diagonal blocks (the Neumann
-product) and tf32 dots for the blocks below them. Under ``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the
-interpreter's bf16 dot is wrong).
+reference implementations do; GDN's grouped path: every second chunk); fp16 inputs run those dots
+in fp32 (tf32), since an fp16 copy of a state holding values past 65,504 would overflow (field
+case F17). The triangular solve is fp32: ieee dots for fp32 inputs; for bf16/fp16, 3xTF32 dots for
+the diagonal blocks (the Neumann product) and tf32 dots for the blocks below them. Under
+``TRITON_INTERPRET=1`` every dot runs on fp32 operands (the interpreter's bf16 dot is wrong).
+
+Unused kernel operands go in as None (each kernel's constexprs say which it reads), so a kernel
+parameter always holds what its name says. One exception keeps a shipped build's code: where KDA's
+state kernel writes the output, its unread ``rk``, ``has_init``, ``hbuf`` and ``vn`` are the real key
+norms and zero-size tensors (:func:`launch_state`).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Optional
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable, Literal, NamedTuple, Optional
 
 import torch
 import triton
 import triton.language as tl
 
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
-from linattn.kernels.grid import plan_grid
+from linattn.kernels.grid import GridPlan, plan_grid
 
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_state_kernel
 from .chunk_tables import chunk_tables_triton
-
+from .launch import launch
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 CHUNK = 64
 #: up to this many sequences the chunk tables come from one Triton launch
-#: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`chunk_tables` (torch ops)
+#: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`chunk_tables` (torch ops;
+#: docs/performance.md#prefill-chunk-tables)
 TABLES_TRITON_MAX_N = 16384
 
 
-def _tl_dtype(dt: torch.dtype):
-    return {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dt]
+# -- configuration -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Triton launch options of one kernel: warps, software-pipelining stages and an optional
+    register cap per thread (None: the compiler's choice)."""
+
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int] = None
+
+    def __post_init__(self):
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1; got {self}")
 
 
-def _row_major(x: torch.Tensor) -> torch.Tensor:
-    return x if x.stride(-1) == 1 else x.contiguous()
+_PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
-def chunk_tables(cu_seqlens: torch.Tensor, T: int):
-    """Chunk index tables, built on the device with no host sync.
+@dataclass(frozen=True)
+class SolveConfig:
+    """How stage 1 inverts ``I + A`` (:func:`.chunk_intra._solve`): the diagonal 16 x 16 blocks by
+    the Neumann product (``neumann``; else forward substitution) on dots at ``diag_precision``,
+    the blocks below them on dots at ``below_precision`` (``"ieee"``, ``"tf32"``, ``"tf32x3"``)."""
+
+    neumann: bool
+    diag_precision: str
+    below_precision: str
+
+    def __post_init__(self):
+        if {self.diag_precision, self.below_precision} - set(_PRECISIONS):
+            raise ValueError(f"dot precisions must be among {_PRECISIONS}; got {self}")
+
+
+@dataclass(frozen=True)
+class IntraConfig:
+    """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`), a persistent grid of ``ctas_per_sm``
+    programs per SM. ``tm_launch`` / ``tm_ctas_per_sm``: the same where it writes
+    ``Tm diag(beta)`` instead of ``U`` (:attr:`GdnStageSplit.u_in_state`). ``block``: key and
+    value columns per step."""
+
+    launch: LaunchOptions
+    ctas_per_sm: int
+    tm_launch: LaunchOptions
+    tm_ctas_per_sm: int
+    block: int
+    solve: SolveConfig
+
+
+@dataclass(frozen=True)
+class KdaSystemConfig:
+    """KDA's stage 1a (:func:`.chunk_intra.chunk_kda_system_kernel`): channels per block, dots on
+    bf16 operands (``bf16_operands``; else fp32) and the one-reference-row fast path where its
+    bound holds (``fast_path``)."""
+
+    launch: LaunchOptions
+    block_k: int
+    bf16_operands: bool
+    fast_path: bool
+
+
+@dataclass(frozen=True)
+class StateConfig:
+    """The state stage (:func:`.chunk_state.chunk_state_kernel`): value columns per program and its
+    launch; ``writes_output`` (KDA): the state kernel also writes the output (``fused_launch``) and
+    no output stage runs."""
+
+    block_v: int
+    launch: LaunchOptions
+    writes_output: bool
+    fused_launch: LaunchOptions
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """The output stage (:mod:`.chunk_output`): the per-value-head kernel's launch, value columns
+    per program, the GVA group sizes at which one program per key head runs instead
+    (``grouped_at``) and that kernel's launch."""
+
+    launch: LaunchOptions
+    block_v: int
+    grouped_at: tuple[int, ...]
+    grouped_launch: LaunchOptions
+
+
+@dataclass(frozen=True)
+class GdnStageSplit:
+    """How GDN's stages split the work (:func:`stage_options` applies them together):
+    ``gates_kernel``: the state loop's gate factors from :func:`.chunk_state.chunk_gdn_gates_kernel`;
+    ``every_second_state``: with the grouped output, the state stage stores the state entering
+    every second chunk only; ``u_in_state``: stage 1 writes ``Tm diag(beta)`` and the state stage
+    forms ``U``."""
+
+    gates_kernel: bool
+    every_second_state: bool
+    u_in_state: bool
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """The pinned launch configuration of one shape class (:func:`prefill_config`). Override a
+    field with :func:`dataclasses.replace` on the part, e.g.
+    ``replace(cfg, state=replace(cfg.state, block_v=32))``."""
+
+    intra: IntraConfig
+    kda_system: KdaSystemConfig
+    state: StateConfig
+    output: OutputConfig
+    gdn: GdnStageSplit
+
+    def to_legacy(self) -> dict:
+        """The string-keyed form :func:`pinned_config` returns (for callers not yet moved)."""
+        i, s, st, o, d = self.intra, self.kda_system, self.state, self.output, self.gdn
+        return {
+            "intra": _opts_dict(i.launch), "intra_ctas_per_sm": i.ctas_per_sm,
+            "intra_tm": _opts_dict(i.tm_launch), "intra_tm_ctas_per_sm": i.tm_ctas_per_sm,
+            "intra_bk": i.block, "intra_solve": dict(NEUMANN=i.solve.neumann, DPREC=i.solve.diag_precision,
+                                                     IPREC=i.solve.below_precision),
+            "kda_system": _opts_dict(s.launch), "kda_system_bk": s.block_k,
+            "kda_system_bf16": s.bf16_operands, "kda_system_fast": s.fast_path,
+            "state_bv": st.block_v, "state": _opts_dict(st.launch), "state_fuse_o": st.writes_output,
+            "state_fused": _opts_dict(st.fused_launch), "output": _opts_dict(o.launch), "output_bv": o.block_v,
+            "output_group": o.grouped_at, "output_grouped": _opts_dict(o.grouped_launch),
+            "gdn_hoist": d.gates_kernel, "gdn_half_hbuf": d.every_second_state, "gdn_state_u": d.u_in_state,
+        }
+
+    @classmethod
+    def from_legacy(cls, c: Mapping) -> "PrefillConfig":
+        """The inverse of :meth:`to_legacy` (a string-keyed override, e.g. a benchmark sweep's)."""
+        s = c["intra_solve"]
+        return cls(
+            intra=IntraConfig(LaunchOptions(**c["intra"]), c["intra_ctas_per_sm"], LaunchOptions(**c["intra_tm"]),
+                              c["intra_tm_ctas_per_sm"], c["intra_bk"],
+                              SolveConfig(s["NEUMANN"], s["DPREC"], s["IPREC"])),
+            kda_system=KdaSystemConfig(LaunchOptions(**c["kda_system"]), c["kda_system_bk"],
+                                       bool(c["kda_system_bf16"]), bool(c["kda_system_fast"])),
+            state=StateConfig(c["state_bv"], LaunchOptions(**c["state"]), bool(c["state_fuse_o"]),
+                              LaunchOptions(**c["state_fused"])),
+            output=OutputConfig(LaunchOptions(**c["output"]), c["output_bv"], tuple(c["output_group"]),
+                                LaunchOptions(**c["output_grouped"])),
+            gdn=GdnStageSplit(bool(c["gdn_hoist"]), bool(c["gdn_half_hbuf"]), bool(c["gdn_state_u"])),
+        )
+
+
+def _opts_dict(o: LaunchOptions) -> dict:
+    return {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
+
+
+def prefill_config(family: str, K: int, V: int, dtype: torch.dtype,
+                   smem_per_block: Optional[int] = None) -> PrefillConfig:
+    """The pinned launch configuration of a shape class (no autotuning: the state kernel writes
+    the pool, so it must run exactly once per call).
+
+    Chosen from H200 sweeps (benchmarks/prefill.py ``--sweep``, ``--intra-sweep``) and sm_90 builds
+    (registers, spills and shared memory per CTA: tests/prefill/test_prefill_compile.py,
+    tests/contract/test_compile.py); what was measured against what: docs/performance.md#prefill.
 
     Args:
-        cu_seqlens: ``[N+1]`` int32/int64 prefix sums of the sequence lengths.
-        T: total tokens (``cu_seqlens[-1]``, known from the shapes).
+        family: ``"gdn"`` or ``"kda"``. K, V: head dims (:data:`HEAD_DIMS`).
+        dtype: q/k/v dtype (:data:`DTYPES`).
+        smem_per_block: the device's shared memory per block in bytes: the state kernel is
+            software-pipelined (2 stages) where it holds it (None: assume it does), never at
+            K = 256 (227 KiB would not hold it).
     Returns:
-        ``(chunk_off [N+1] int64, chunk_seq [NT_max] int32, chunk_start [NT_max] int64, NT_max)``:
-        sequence ``n`` owns chunks ``chunk_off[n] .. chunk_off[n+1]-1``; chunk ``c`` starts at token
-        ``chunk_start[c]`` of sequence ``chunk_seq[c]``; entries past the real count hold
-        ``chunk_seq = N`` (the kernels skip them). ``NT_max = T // 64 + N`` bounds the count.
+        A frozen :class:`PrefillConfig`.
+    Example:
+        >>> prefill_config("gdn", 128, 128, torch.bfloat16).state.block_v
+        64
     """
-    cu = cu_seqlens.to(torch.int64)
-    N = cu.numel() - 1
-    nck = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
-    chunk_off = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
-    torch.cumsum(nck, 0, out=chunk_off[1:])
-    nt_max = T // CHUNK + N
-    c = torch.arange(nt_max, dtype=torch.int64, device=cu.device)
-    seq = torch.searchsorted(chunk_off[1:], c, right=True)  # N for c >= real count
-    seq_c = seq.clamp(max=max(N - 1, 0))
-    start = cu[seq_c] + CHUNK * (c - chunk_off[seq_c])
-    return chunk_off, seq.to(torch.int32), start, nt_max
+    kda, bf16 = family == "kda", dtype == torch.bfloat16
+    gdn_bf16 = not kda and bf16
+    pipelined = K != 256 and (smem_per_block is None
+                              or smem_per_block >= _PIPELINED_SMEM.get(dtype, _PIPELINED_SMEM_OTHER))
+    fp32 = dtype == torch.float32
+    return PrefillConfig(
+        intra=IntraConfig(
+            launch=LaunchOptions(4, 1, maxnreg=128), ctas_per_sm=8,  # #prefill-intra-grid
+            tm_launch=LaunchOptions(4, 1, maxnreg=168), tm_ctas_per_sm=3,  # #prefill-intra-tm
+            block=32,
+            # fp32: forward substitution on ieee dots (ops.md's 1e-5); else #prefill-solve
+            solve=SolveConfig(False, "ieee", "ieee") if fp32 else SolveConfig(True, "tf32x3", "tf32")),
+        # fp32 operands (bf16 ones move W/U by 1e-3): #prefill-kda-system
+        kda_system=KdaSystemConfig(LaunchOptions(4, 1), block_k=32, bf16_operands=False, fast_path=True),
+        state=StateConfig(
+            block_v=64 if bf16 else 32,  # fp32 operand tiles spill at 64: #prefill-state-block
+            launch=LaunchOptions(8 if K == 256 else 4, 2 if pipelined else 1),
+            # bf16 KDA at K <= 128 only (the measured, GPU-tested build): #prefill-kda-fused-output
+            writes_output=kda and K <= 128 and bf16, fused_launch=LaunchOptions(4, 1)),
+        output=OutputConfig(
+            # GDN unpipelined at 8 warps: pipelined builds were not deterministic (#prefill-output-launch)
+            launch=LaunchOptions(4, 2) if kda else LaunchOptions(8, 1),
+            block_v=128 if V == 128 else 64,  # the whole value dim per program at 128: #prefill-output-block
+            grouped_at=(2,) if gdn_bf16 else (),  # only GROUP = 2 measured: #prefill-grouped-output
+            grouped_launch=LaunchOptions(4, 1)),
+        # the measured bf16 path only; the three go together: #prefill-gdn-stage-split
+        gdn=GdnStageSplit(gates_kernel=gdn_bf16, every_second_state=gdn_bf16, u_in_state=gdn_bf16),
+    )
 
+
+class StageOptions(NamedTuple):
+    """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`)."""
+
+    #: stage 3 runs one program per key head (``chunk_output_grouped_kernel``)
+    grouped_output: bool
+    #: the state loop's gate factors come from ``chunk_gdn_gates_kernel``
+    hoist: bool
+    #: the state stage stores the state entering every second chunk only (grouped output: HALF)
+    half_hbuf: bool
+    #: stage 1 writes ``Tm diag(beta)``; the state stage forms ``U``
+    state_u: bool
+
+
+def stage_options(family: str, group: int, cfg: PrefillConfig, replaced_state: bool = False) -> StageOptions:
+    """The stage split of a call at GVA group size ``group`` under ``cfg``.
+
+    The options go together as measured (docs/performance.md#prefill-gdn-stage-split): every
+    second chunk's state only with the grouped output (the kernel that rebuilds the others) and
+    the gates kernel's factors; ``U`` in the state stage only with that. A replacement state kernel
+    (``replaced_state``, e.g. cutedsl) takes none of them: it reads ``U`` and ``g`` and writes every
+    chunk's state. KDA takes none (it has its own stage split). ``cfg`` may still be the legacy
+    dict of :func:`pinned_config`."""
+    if isinstance(cfg, Mapping):
+        cfg = PrefillConfig.from_legacy(cfg)
+    gdn = family == "gdn" and not replaced_state
+    grouped = family == "gdn" and group in cfg.output.grouped_at
+    hoist = gdn and cfg.gdn.gates_kernel
+    half = hoist and grouped and cfg.gdn.every_second_state
+    return StageOptions(grouped_output=grouped, hoist=hoist, half_hbuf=half, state_u=half and cfg.gdn.u_in_state)
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
+class BufferSpec(NamedTuple):
+    """One buffer a call allocates: its :class:`PrefillBuffers` field, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class PrefillGrids(NamedTuple):
+    """The launch grids of one call (the stages that do not run hold None)."""
+
+    kda_system: Optional[tuple[int, int]]
+    intra: tuple[int]
+    gates: Optional[tuple[int, int]]
+    state: GridPlan
+    output: Optional[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Everything a chunked-prefill call decides before it touches a tensor's values (:func:`plan_prefill`).
+
+    A plan depends only on the call signature: ``family``, the shapes ``T, N, H, HV, K, V``, the
+    q/k/v ``dtype``, the device, pool or dense mode, whether an initial state (dense; and its
+    dtype) or ``has_initial_state`` flags (pool) come, ``state_layout``, ``use_qk_l2norm``, the
+    grid ``layout``, the device capabilities and the replacement state kernel. So a caller may
+    cache it per signature and :func:`run_prefill` it on new tensors.
+    """
+
+    family: str
+    T: int
+    N: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    dtype: torch.dtype
+    device: torch.device
+    pool_mode: bool
+    #: dense mode: an initial state is given (else the sequences start from zero)
+    has_h0: bool
+    #: pool mode: ``has_initial_state`` flags are given
+    has_init_flags: bool
+    #: dense mode: the final state's dtype (the initial state's, fp32 without one); pool: None
+    final_dtype: Optional[torch.dtype]
+    state_layout: str
+    use_qk_l2norm: bool
+    #: no token or no sequence: nothing launches (:func:`run_prefill` handles the states)
+    empty: bool
+    #: the buffers the call allocates, by :class:`PrefillBuffers` field
+    buffers: tuple[BufferSpec, ...]
+    config: Optional[PrefillConfig] = None
+    stages: Optional[StageOptions] = None
+    #: the state stage writes the output (:attr:`StateConfig.writes_output`); no output stage
+    output_in_state: bool = False
+    #: the dtype of the intermediate buffers and of the dots' operands (``buf_dtype`` as ``tl``)
+    buf_dtype: torch.dtype = torch.float32
+    DT: object = None
+    #: dot precision of the stages (``"ieee"`` for fp32 inputs, else ``"tf32"``)
+    PREC: str = "tf32"
+    #: the bound on the chunk count, ``T // 64 + N``
+    nt_max: int = 0
+    #: the chunk tables come from :func:`.chunk_tables.chunk_tables_triton` (else torch ops)
+    triton_tables: bool = True
+    grids: Optional[PrefillGrids] = None
+    intra_launch: Optional[LaunchOptions] = None
+    #: an alternative stage-2 implementation (``chunk_prefill``'s ``state_kernel``)
+    state_kernel: Optional[Callable] = None
+
+    @property
+    def kda(self) -> bool:
+        return self.family == "kda"
+
+    @property
+    def group(self) -> int:
+        """GVA group size ``HV // H``."""
+        return self.HV // self.H
+
+
+@dataclass
+class PrefillBuffers:
+    """The tensors one call allocates (:func:`allocate_buffers`); a field the call does not use is
+    None. Shapes: ``o [T, HV, V]`` (q's dtype); ``final`` (dense) ``[N, HV, V, K]`` (``"kv"``:
+    ``[N, HV, K, V]``); ``w [T, HV, K]`` (KDA: first the operand ``beta kn exp(G)``); ``u
+    [T, HV, V]``; ``tm_beta = Tm diag(beta) [T, HV, 64]`` (in place of ``u`` where the state stage
+    forms ``U``); ``rk [T, HV]`` fp32, the inverse key norms; ``intra_scratch [P, 2, 64, 64]`` fp32;
+    KDA: ``kda_a [NT, HV, 64, 64]`` fp32, ``kda_aqk [T, HV, 64]``, the decayed keys ``kda_kd`` and
+    queries ``kda_qg [T, HV, K]``, the chunks' total log decays ``kda_gl [NT, HV, K]`` fp32 (what
+    each holds: :func:`.chunk_intra.chunk_kda_system_kernel`); GDN's gates kernel: ``gdn_kf =
+    rk exp(G_C - G) [T, HV]``, ``gdn_ec = exp(G_C) [NT, HV]`` fp32; ``vn [T, HV, V]`` the corrected
+    values and ``hbuf [NT, HV, K, V]`` the states entering the chunks (zero-size where the state
+    stage writes the output). Intermediate buffers are in ``plan.buf_dtype`` unless said otherwise."""
+
+    o: torch.Tensor
+    final: Optional[torch.Tensor] = None
+    w: Optional[torch.Tensor] = None
+    u: Optional[torch.Tensor] = None
+    tm_beta: Optional[torch.Tensor] = None
+    rk: Optional[torch.Tensor] = None
+    intra_scratch: Optional[torch.Tensor] = None
+    kda_a: Optional[torch.Tensor] = None
+    kda_aqk: Optional[torch.Tensor] = None
+    kda_kd: Optional[torch.Tensor] = None
+    kda_qg: Optional[torch.Tensor] = None
+    kda_gl: Optional[torch.Tensor] = None
+    gdn_kf: Optional[torch.Tensor] = None
+    gdn_ec: Optional[torch.Tensor] = None
+    vn: Optional[torch.Tensor] = None
+    hbuf: Optional[torch.Tensor] = None
+
+
+class PrefillInputs(NamedTuple):
+    """The inputs as the kernels read them (:func:`conform_inputs`)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+
+class ChunkTables(NamedTuple):
+    """``chunk_off [N+1]`` int64, ``chunk_seq [NT_max]`` int32, ``chunk_start [NT_max]`` int64
+    (:func:`chunk_tables`)."""
+
+    chunk_off: torch.Tensor
+    chunk_seq: torch.Tensor
+    chunk_start: torch.Tensor
+
+
+class PrefillState(NamedTuple):
+    """Where the state stage reads ``h0`` and writes the final state: the pool (both) in pool mode,
+    else the initial state (None: zeros) and ``final``; ``state_indices`` and the
+    ``has_initial_state`` bytes in pool mode only."""
+
+    h0: Optional[torch.Tensor]
+    ht: torch.Tensor
+    state_indices: Optional[torch.Tensor]
+    has_initial_state: Optional[torch.Tensor]
+
+
+def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                 state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
+                 initial_state: Optional[torch.Tensor] = None, has_initial_state: Optional[torch.Tensor] = None,
+                 use_qk_l2norm: bool = True, state_layout: str = "vk", layout: str = "split",
+                 caps: Optional[DeviceCapabilities] = None, state_kernel: Optional[Callable] = None,
+                 config: Optional[PrefillConfig] = None) -> PrefillPlan:
+    """Plan a :func:`chunk_prefill` call from the shapes, dtypes and flags of its arguments.
+
+    Reads only metadata (``shape``, ``dtype``, ``device``, ``numel``; whether optional tensors are
+    given), never values: no device sync. Arguments as :func:`chunk_prefill`'s; ``config``
+    overrides the pinned configuration (:func:`prefill_config`).
+    Returns:
+        A frozen :class:`PrefillPlan`.
+    Raises:
+        ValueError: as :func:`chunk_prefill` (checked here, before anything is allocated).
+        linattn.kernels.grid.GridLimitError: the state kernel's grid does not fit the device.
+    Example:
+        >>> plan = plan_prefill("gdn", q=torch.zeros(100, 1, 64), v=torch.zeros(100, 2, 64),
+        ...                     cu_seqlens=torch.tensor([0, 30, 100]))
+        >>> plan.nt_max, plan.stages.grouped_output, [b.name for b in plan.buffers][:4]
+        (3, False, ['o', 'final', 'w', 'u'])
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    why = prefill_supported(family, K, V, q.dtype)
+    if why is not None:
+        raise ValueError(f"Triton chunked prefill: {why}")
+    pool_mode = state_pool is not None
+    if pool_mode and state_indices is None:
+        raise ValueError("pool mode (state_pool given) needs state_indices [N]: the slot of each "
+                         "sequence, read as h0 and overwritten with the final state")
+    N = cu_seqlens.numel() - 1
+    final_dtype = None if pool_mode else (initial_state.dtype if initial_state is not None else torch.float32)
+    facts = dict(family=family, T=T, N=N, H=H, HV=HV, K=K, V=V, dtype=q.dtype, device=q.device,
+                 pool_mode=pool_mode, has_h0=initial_state is not None,
+                 has_init_flags=has_initial_state is not None, final_dtype=final_dtype,
+                 state_layout=state_layout, use_qk_l2norm=bool(use_qk_l2norm))
+    if T == 0 or N == 0:
+        return PrefillPlan(**facts, empty=True, buffers=_output_specs(facts))
+    if has_initial_state is not None and not pool_mode:
+        raise ValueError("has_initial_state is for pool mode; in dense mode pass initial_state")
+    interp = interpreter_enabled()
+    buf_dtype = torch.float32 if interp or q.dtype != torch.bfloat16 else torch.bfloat16
+    if state_kernel is not None and buf_dtype != torch.bfloat16:
+        raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
+    caps = probe(q.device) if caps is None else caps
+    cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
+    return _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel)
+
+
+def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layout: str,
+                 buf_dtype: torch.dtype, state_kernel: Optional[Callable]) -> PrefillPlan:
+    """The stage split, grids and buffers of a non-empty call (:func:`plan_prefill`)."""
+    kda, T, N, H, HV, V = facts["family"] == "kda", facts["T"], facts["N"], facts["H"], facts["HV"], facts["V"]
+    opt = stage_options(facts["family"], HV // H, cfg, replaced_state=state_kernel is not None)
+    in_state = kda and state_kernel is None and cfg.state.writes_output
+    nt_max = T // CHUNK + N
+    items = nt_max * HV
+    intra_launch, ctas = ((cfg.intra.tm_launch, cfg.intra.tm_ctas_per_sm) if opt.state_u
+                          else (cfg.intra.launch, cfg.intra.ctas_per_sm))
+    progs = max(1, min(items, caps.sm_count * ctas))
+    obv = cfg.output.block_v
+    grids = PrefillGrids(
+        kda_system=(nt_max, HV) if kda else None, intra=(progs,),
+        gates=(nt_max, triton.cdiv(HV, _gates_block(HV))) if opt.hoist else None,
+        state=plan_grid(N, HV, V // cfg.state.block_v, caps, layout),
+        output=None if in_state else (nt_max, H if opt.grouped_output else HV, V // obv))
+    return PrefillPlan(
+        **facts, empty=False, config=cfg, stages=opt, output_in_state=in_state, buf_dtype=buf_dtype,
+        DT=tl.bfloat16 if buf_dtype == torch.bfloat16 else tl.float32,
+        PREC="ieee" if facts["dtype"] == torch.float32 else "tf32", nt_max=nt_max,
+        triton_tables=N <= TABLES_TRITON_MAX_N, grids=grids, intra_launch=intra_launch,
+        state_kernel=state_kernel,
+        buffers=_output_specs(facts) + _buffer_specs(facts, opt, in_state, nt_max, progs, buf_dtype))
+
+
+def _output_specs(facts: dict) -> tuple[BufferSpec, ...]:
+    """``o`` and, in dense mode, ``final`` (a new tensor in the initial state's dtype, as torch_ref)."""
+    T, N, HV, K, V = (facts[n] for n in ("T", "N", "HV", "K", "V"))
+    specs = (BufferSpec("o", (T, HV, V), facts["dtype"]),)
+    if not facts["pool_mode"]:
+        shape = (N, HV, V, K) if facts["state_layout"] == "vk" else (N, HV, K, V)
+        specs += (BufferSpec("final", shape, facts["final_dtype"]),)
+    return specs
+
+
+def _buffer_specs(facts: dict, opt: StageOptions, in_state: bool, nt_max: int, progs: int,
+                  bdt: torch.dtype) -> tuple[BufferSpec, ...]:
+    """The intermediate buffers of a non-empty call (:class:`PrefillBuffers` says what each holds)."""
+    T, HV, K, V = (facts[n] for n in ("T", "HV", "K", "V"))
+    f32 = torch.float32
+    specs = [BufferSpec("w", (T, HV, K), bdt),
+             BufferSpec("tm_beta", (T, HV, CHUNK), bdt) if opt.state_u else BufferSpec("u", (T, HV, V), bdt),
+             BufferSpec("rk", (T, HV), f32)]
+    if facts["family"] == "kda":
+        specs += [BufferSpec("kda_a", (nt_max, HV, CHUNK, CHUNK), f32), BufferSpec("kda_aqk", (T, HV, CHUNK), bdt),
+                  BufferSpec("kda_kd", (T, HV, K), bdt), BufferSpec("kda_qg", (T, HV, K), bdt),
+                  BufferSpec("kda_gl", (nt_max, HV, K), f32)]
+    if in_state:  # zero-size: no corrected values or states go through memory (launch_state)
+        specs += [BufferSpec("vn", (0,), bdt), BufferSpec("hbuf", (0,), bdt)]
+    else:
+        specs += [BufferSpec("vn", (T, HV, V), bdt), BufferSpec("hbuf", (nt_max, HV, K, V), bdt)]
+    specs.append(BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
+    if opt.hoist:
+        specs += [BufferSpec("gdn_kf", (T, HV), f32), BufferSpec("gdn_ec", (nt_max, HV), f32)]
+    return tuple(specs)
+
+
+def _gates_block(HV: int) -> int:
+    """Value heads per program of the gates kernel."""
+    return min(32, triton.next_power_of_2(HV))
+
+
+# -- running a plan ----------------------------------------------------------------------------
+
+def allocate_buffers(plan: PrefillPlan) -> PrefillBuffers:
+    """Fresh (uninitialised) tensors for every buffer of ``plan``."""
+    return PrefillBuffers(**{b.name: torch.empty(b.shape, dtype=b.dtype, device=plan.device) for b in plan.buffers})
+
+
+def conform_inputs(plan: PrefillPlan, q, k, v, g, beta, cu_seqlens) -> PrefillInputs:
+    """The inputs with their last dim contiguous (and KDA's ``g``'s), copied where a token stride
+    times 64 would overflow the kernels' int32 in-chunk offsets (field case F10)."""
+    q, k, v = _row_major(q), _row_major(k), _row_major(v)
+    g = _row_major(g) if plan.kda else g
+    q, k, v, g, beta = (x if x.stride(0) * CHUNK < 2**31 else x.contiguous() for x in (q, k, v, g, beta))
+    return PrefillInputs(q, k, v, g, beta, cu_seqlens)
+
+
+def prefill_state(plan: PrefillPlan, bufs: PrefillBuffers, state_pool, state_indices, initial_state,
+                  has_initial_state) -> PrefillState:
+    """Where the state stage reads and writes (:class:`PrefillState`)."""
+    if plan.pool_mode:
+        flags = None if has_initial_state is None else has_initial_state.contiguous().view(torch.uint8)
+        return PrefillState(state_pool, state_pool, state_indices, flags)  # flags read as [N] bytes
+    return PrefillState(initial_state, bufs.final, None, None)
+
+
+def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                beta: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+                state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
+                initial_state: Optional[torch.Tensor] = None,
+                has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Run a planned call on tensors of the plan's signature: the stages in order.
+
+    Args: the tensors of :func:`chunk_prefill` (with the shapes, dtypes and optional ones the plan
+    was made for) and ``scale``. Returns and Raises: as :func:`chunk_prefill`.
+    Example:
+        >>> inp = dict(q=torch.randn(100, 1, 64), k=torch.randn(100, 1, 64), v=torch.randn(100, 2, 64),
+        ...            g=-torch.rand(100, 2), beta=torch.rand(100, 2), cu_seqlens=torch.tensor([0, 30, 100]))
+        >>> plan = plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"])
+        >>> o, ht = run_prefill(plan, **inp, scale=0.125)
+    """
+    _check_signature(plan, q, v, cu_seqlens, state_pool, initial_state, has_initial_state)
+    bufs = allocate_buffers(plan)
+    if plan.empty:
+        _run_empty(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
+        return bufs.o, bufs.final
+    x = conform_inputs(plan, q, k, v, g, beta, cu_seqlens)
+    st = prefill_state(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
+    tables = launch_tables(plan, x.cu_seqlens)
+    launch_intra(plan, x, tables, bufs, scale)
+    if plan.stages.hoist:
+        launch_gates(plan, x, tables, bufs)
+    if plan.state_kernel is not None:
+        _run_state_kernel(plan, x, tables, bufs, st, state_pool, state_indices, initial_state)
+    else:
+        launch_state(plan, x, tables, bufs, st)
+    if not plan.output_in_state:
+        launch_output(plan, x, tables, bufs, st, scale)
+    return bufs.o, bufs.final
+
+
+def _check_signature(plan: PrefillPlan, q, v, cu_seqlens, state_pool, initial_state, has_initial_state) -> None:
+    got = (tuple(q.shape), tuple(v.shape[1:]), q.dtype, cu_seqlens.numel() - 1, state_pool is not None,
+           initial_state is not None, has_initial_state is not None)
+    want = ((plan.T, plan.H, plan.K), (plan.HV, plan.V), plan.dtype, plan.N, plan.pool_mode, plan.has_h0,
+            plan.has_init_flags)
+    if got != want:
+        raise ValueError(f"run_prefill: the tensors do not match the plan: got (q shape, v shape[1:], dtype, N, "
+                         f"pool, initial_state, has_initial_state) = {got}, the plan was made for {want}; "
+                         "plan the call again (plan_prefill)")
+
+
+def _run_empty(plan: PrefillPlan, bufs: PrefillBuffers, state_pool, state_indices, initial_state,
+               has_initial_state) -> None:
+    """No token or no sequence: the final state is the initial state (a fresh pool slot: zeros)."""
+    if plan.pool_mode and has_initial_state is not None and plan.N > 0:
+        idx = state_indices.to(torch.long)
+        fresh = (idx >= 0) & ~has_initial_state.to(device=plan.device, dtype=torch.bool)
+        state_pool[idx[fresh]] = 0  # no kernel runs at T = 0
+    if bufs.final is not None:
+        if initial_state is not None:
+            bufs.final.copy_(initial_state)
+        else:
+            bufs.final.zero_()
+
+
+def _run_state_kernel(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers,
+                      st: PrefillState, state_pool, state_indices, initial_state) -> None:
+    """Stage 2 by the replacement state kernel, on the same buffers (the raw k and g)."""
+    extra = {} if st.has_initial_state is None else {"has_initial_state": st.has_initial_state}
+    plan.state_kernel(kda=plan.kda, k=x.k, g=x.g, w=b.w, u=b.u, rk=b.rk, cu_seqlens=x.cu_seqlens,
+                      chunk_off=t.chunk_off, state_indices=state_indices if plan.pool_mode else None,
+                      h0=state_pool if plan.pool_mode else initial_state, ht=st.ht, hbuf=b.hbuf, vn=b.vn,
+                      state_layout=plan.state_layout, **extra)
+
+
+# -- the stages --------------------------------------------------------------------------------
+
+def _launch(kernel, grid: tuple, args: tuple, constexprs: dict, opts: LaunchOptions) -> None:
+    """:func:`.launch.launch` with ``opts``. A register cap goes among the keywords, which Triton
+    takes as a compile option (:func:`.launch.launch` has no ``maxnreg`` option of its own)."""
+    if opts.maxnreg is not None:
+        constexprs = {**constexprs, "maxnreg": opts.maxnreg}
+    launch(kernel, grid, args, constexprs, num_warps=opts.num_warps, num_stages=opts.num_stages)
+
+
+def launch_tables(plan: PrefillPlan, cu_seqlens: torch.Tensor) -> ChunkTables:
+    """Stage 0: the chunk index tables (:func:`.chunk_tables.chunk_tables_triton`, or torch ops past
+    :data:`TABLES_TRITON_MAX_N` sequences)."""
+    tables = chunk_tables_triton if plan.triton_tables else chunk_tables
+    chunk_off, chunk_seq, chunk_start, _ = tables(cu_seqlens, plan.T)
+    return ChunkTables(chunk_off, chunk_seq, chunk_start)
+
+
+def launch_intra(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, scale: float) -> None:
+    """Stage 1: KDA's system kernel (grid ``(NT_max, HV)``), then the persistent intra kernel
+    (``min(NT_max * HV, sm_count * ctas_per_sm)`` programs, each with its own 32 KiB fp32 scratch).
+    Writes ``w``, ``u`` (or ``tm_beta``), ``rk`` and KDA's operands; touches no state."""
+    cfg, kda, HV = plan.config, plan.kda, plan.HV
+    common = dict(K=plan.K, L2NORM=plan.use_qk_l2norm, DT=plan.DT, PREC=plan.PREC)
+    if kda:  # stage 1a: A, Aqk and the later stages' operands
+        s = cfg.kda_system
+        _launch(chunk_kda_system_kernel, plan.grids.kda_system,
+                (x.q, x.k, x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.kda_a, b.rk, b.kda_aqk, b.w,
+                 b.kda_kd, b.kda_qg, b.kda_gl, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],
+                 *x.beta.stride()[:2], plan.N, plan.group, HV, float(scale)),
+                dict(common, BK=s.block_k, OP=plan.DT if s.bf16_operands else tl.float32,
+                     SPAN=KDA_FAST_SPAN if s.fast_path else float("-inf")), s.launch)
+    solve = cfg.intra.solve
+    _launch(chunk_intra_kernel, plan.grids.intra,
+            (x.k, x.v, None if kda else x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.w, b.u,
+             b.tm_beta, b.rk, b.kda_a, b.intra_scratch, *x.k.stride()[:2], *x.v.stride()[:2],
+             *((0, 0) if kda else x.g.stride()[:2]), *x.beta.stride()[:2],
+             plan.N, plan.group, HV, plan.nt_max * HV),
+            dict(common, V=plan.V, BK=cfg.intra.block, BV=cfg.intra.block, KDA=kda, NEUMANN=solve.neumann,
+                 DPREC=solve.diag_precision, IPREC=solve.below_precision, TMOUT=plan.stages.state_u),
+            plan.intra_launch)
+
+
+def launch_gates(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers) -> None:
+    """GDN, between stages 1 and 2: ``gdn_kf`` and ``gdn_ec``, the state loop's gate factors
+    (:func:`.chunk_state.chunk_gdn_gates_kernel`)."""
+    launch(chunk_gdn_gates_kernel, plan.grids.gates,
+           (x.g, b.rk, b.gdn_kf, b.gdn_ec, x.cu_seqlens, t.chunk_seq, t.chunk_start, *x.g.stride()[:2],
+            plan.N, plan.HV), dict(BH=_gates_block(plan.HV)), num_warps=4)
+
+
+def launch_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState) -> None:
+    """Stage 2: the sequential state kernel (:func:`.chunk_state.chunk_state_kernel`), on the grid
+    planned for ``N x HV x V // block_v``; reads ``h0`` and writes the final state in place (pool)
+    or to ``final`` (dense); writes ``hbuf`` and ``vn``, or the output (``plan.output_in_state``)."""
+    grid, opt, kda = plan.grids.state, plan.stages, plan.kda
+    if grid.empty:
+        return
+    if kda:  # stage 1's decayed keys and per-chunk total log decays, per value head (GROUP 1)
+        keys, gate, row, group = b.kda_kd, b.kda_gl, None, 1
+    else:  # the gates kernel's factors, or the raw gates and the key norms
+        keys, group = x.k, plan.group
+        gate, row = (b.gdn_ec, b.gdn_kf) if opt.hoist else (x.g, b.rk)
+    fused = plan.output_in_state
+    q, aqk, o = (b.kda_qg, b.kda_aqk, b.o) if fused else (None, None, None)
+    v, tm = (x.v, b.tm_beta) if opt.state_u else (None, None)
+    flags = st.has_initial_state
+    if fused:  # unread, yet not None: None here moves a shipped build's sm_90 code (#prefill-none-operands)
+        row = b.rk
+        flags = flags if flags is not None else torch.empty(0, dtype=torch.uint8, device=plan.device)
+    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    _launch(chunk_state_kernel, grid.grid,
+            (keys, gate, b.w, b.u, row, x.cu_seqlens, t.chunk_off, st.state_indices, flags,
+             st.h0, st.ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
+             *(q.stride()[:2] if fused else v.stride()[:2] if opt.state_u else (0, 0)),  # q's or v's: one pair
+             *s0, *_state_strides(st.ht, plan.state_layout), group, plan.HV),
+            dict(K=plan.K, V=plan.V, BV=plan.config.state.block_v, **grid.constexprs, KDA=kda, POOL=plan.pool_mode,
+                 HAS_H0=plan.has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=fused, HOIST=opt.hoist,
+                 HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=plan.has_init_flags),
+            plan.config.state.fused_launch if fused else plan.config.state.launch)
+
+
+def launch_output(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
+                  scale: float) -> None:
+    """Stage 3: the output rows, one program per (chunk, value head, value block)
+    (:func:`.chunk_output.chunk_output_kernel`) or, at a grouped GVA size, per key head
+    (:func:`.chunk_output.chunk_output_grouped_kernel`)."""
+    opt, cfg = plan.stages, plan.config.output
+    common = dict(K=plan.K, V=plan.V, BK=64, BV=cfg.block_v, L2NORM=plan.use_qk_l2norm, POOL=plan.pool_mode,
+                  DT=plan.DT, PREC=plan.PREC)
+    tail = (x.cu_seqlens, t.chunk_seq, t.chunk_start, st.state_indices)
+    if opt.grouped_output:  # one program per key head: one q k^T
+        half = opt.half_hbuf
+        _launch(chunk_output_grouped_kernel, plan.grids.output,
+                (x.q, x.k, x.g, b.rk, b.hbuf, b.vn, b.o, *tail, b.gdn_kf if half else None,
+                 b.gdn_ec if half else None, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],
+                 plan.N, plan.HV, float(scale)),
+                dict(common, GROUP=plan.group, HALF=half), cfg.grouped_launch)
+        return
+    if plan.kda:  # stage 1's decayed queries and keys, per-chunk decays and Aqk (GROUP 1)
+        q, k, g, rk, aqk, group = b.kda_qg, b.kda_kd, b.kda_gl, None, b.kda_aqk, 1
+    else:
+        q, k, g, rk, aqk, group = x.q, x.k, x.g, b.rk, None, plan.group
+    _launch(chunk_output_kernel, plan.grids.output,
+            (q, k, g, rk, aqk, b.hbuf, b.vn, b.o, *tail, *q.stride()[:2], *k.stride()[:2], *g.stride()[:2],
+             plan.N, group, plan.HV, float(scale)),
+            dict(common, KDA=plan.kda), cfg.launch)
+
+
+# -- the public entry --------------------------------------------------------------------------
 
 def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   g: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -104,7 +778,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   caps: Optional[DeviceCapabilities] = None,
                   state_kernel=None,
                   has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode.
+    """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode:
+    :func:`plan_prefill` then :func:`run_prefill`.
 
     Args:
         family: ``"gdn"`` (scalar gate per value head) or ``"kda"`` (one gate per key channel).
@@ -151,336 +826,42 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         ...     cu_seqlens=torch.tensor([0, 30, 100]), state_pool=None, state_indices=None,
         ...     initial_state=None, scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk")
     """
-    T, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    kda = family == "kda"
-    why = prefill_supported(family, K, V, q.dtype)
-    if why is not None:
-        raise ValueError(f"Triton chunked prefill: {why}")
-    dev = q.device
-    N = cu_seqlens.numel() - 1
-    pool_mode = state_pool is not None
-    if pool_mode and state_indices is None:
-        raise ValueError("pool mode (state_pool given) needs state_indices [N]: the slot of each "
-                         "sequence, read as h0 and overwritten with the final state")
-    o = torch.empty(T, HV, V, dtype=q.dtype, device=dev)
-    final = None
-    if not pool_mode:  # a new tensor in initial_state's dtype (fp32 without one), as torch_ref
-        shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
-        fdt = initial_state.dtype if initial_state is not None else torch.float32
-        final = torch.empty(shape, dtype=fdt, device=dev)
-    if T == 0 or N == 0:  # nothing to compute: the final state is the initial state
-        if pool_mode and has_initial_state is not None and N > 0:  # fresh ones: the zero state
-            fresh = (state_indices.to(torch.long) >= 0) & ~has_initial_state.to(device=dev, dtype=torch.bool)
-            state_pool[state_indices.to(torch.long)[fresh]] = 0  # no kernel runs at T = 0
-        if final is not None:
-            if initial_state is not None:
-                final.copy_(initial_state)
-            else:
-                final.zero_()
-        return o, final
-    if caps is None:
-        caps = probe(dev)
-
-    q, k, v = _row_major(q), _row_major(k), _row_major(v)
-    g = _row_major(g) if kda else g
-    if has_initial_state is not None:
-        if not pool_mode:
-            raise ValueError("has_initial_state is for pool mode; in dense mode pass initial_state")
-        has_initial_state = has_initial_state.contiguous().view(torch.uint8)  # read as [N] bytes
-    # In-chunk offsets are int32 (row * token stride for 64 rows); a view whose token stride is so
-    # large that this would overflow (field case F10) is copied first.
-    q, k, v, g, beta = (x if x.stride(0) * CHUNK < 2**31 else x.contiguous() for x in (q, k, v, g, beta))
-    interp = interpreter_enabled()
-    if interp or q.dtype != torch.bfloat16:
-        buf_dt, DT = torch.float32, tl.float32
-    else:
-        buf_dt, DT = torch.bfloat16, tl.bfloat16
-    PREC = "ieee" if q.dtype == torch.float32 else "tf32"
-    GROUP = HV // H
-
-    # one launch; at tens of thousands of sequences the torch ops are faster (H200, CUDA graph:
-    # 65,536 sequences 92 against 40 us; 8,192: 11 against 36 us)
-    tables = chunk_tables_triton if N <= TABLES_TRITON_MAX_N else chunk_tables
-    chunk_off, chunk_seq, chunk_start, nt_max = tables(cu_seqlens, T)
-    cfg = pinned_config(family, K, V, q.dtype,
-                        None if caps.device_type == "cpu" else caps.shared_memory_per_block)
-    opt = stage_options(family, GROUP, cfg, replaced_state=state_kernel is not None)
-    bufs = intra_buffers(kda, T, HV, K, V, nt_max, buf_dt, dev, u_width=CHUNK if opt.state_u else V)
-    # KDA: the state kernel writes the output itself (cfg "state_fuse_o"), unless a replacement
-    # state kernel runs: then that hands over the per-chunk states and Vn to the output kernel
-    fuse_o = kda and state_kernel is None and cfg["state_fuse_o"]
-    if fuse_o:
-        vn = hbuf = torch.empty(0, dtype=buf_dt, device=dev)  # not touched
-    else:
-        vn = torch.empty(T, HV, V, dtype=buf_dt, device=dev)
-        hbuf = torch.empty(nt_max, HV, K, V, dtype=buf_dt, device=dev)
-    launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs, scale=scale,
-                 kda=kda, use_qk_l2norm=use_qk_l2norm, DT=DT, PREC=PREC, cfg=cfg, caps=caps,
-                 tmout=opt.state_u)
-    w, u, rk = bufs["w"], bufs["u"], bufs["rk"]
-    if opt.hoist:  # GDN: the state loop's gate factors, formed before it
-        bufs["kf"] = torch.empty(T, HV, dtype=torch.float32, device=dev)
-        bufs["ec"] = torch.empty(nt_max, HV, dtype=torch.float32, device=dev)
-        BH = min(32, triton.next_power_of_2(HV))
-        chunk_gdn_gates_kernel[(nt_max, triton.cdiv(HV, BH))](
-            g, rk, bufs["kf"], bufs["ec"], cu_seqlens, chunk_seq, chunk_start, g.stride(0), g.stride(1),
-            N, HV, BH=BH, num_warps=4)
-    # what stages 2 and 3 read for q, k and g: GDN the inputs themselves; KDA stage 1's decayed
-    # queries and keys (per value head: GROUP 1) and per-chunk total decays (a replacement state
-    # kernel gets the raw k and g either way)
-    if kda:
-        qs, ks, gs, grp = bufs["qg"], bufs["kd"], bufs["gl"], 1
-    else:
-        qs, ks, gs, grp = q, k, g, GROUP
-    srk, sg = (bufs["kf"], bufs["ec"]) if opt.hoist else (rk, gs)
-
-    BV = cfg["state_bv"]
-    plan = plan_grid(N, HV, V // BV, caps, layout)
-    if pool_mode:
-        h0 = ht = state_pool
-        s0 = st = _state_strides(state_pool, state_layout)
-        sidx = state_indices
-    else:
-        h0 = initial_state if initial_state is not None else final
-        s0 = _state_strides(h0, state_layout)
-        ht = final
-        st = _state_strides(final, state_layout)
-        sidx = chunk_off  # unused in dense mode
-    if state_kernel is not None:
-        if buf_dt != torch.bfloat16:
-            raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
-        extra = {} if has_initial_state is None else {"has_initial_state": has_initial_state}
-        state_kernel(kda=kda, k=k, g=g, w=w, u=u, rk=rk, cu_seqlens=cu_seqlens, chunk_off=chunk_off,
-                     state_indices=state_indices if pool_mode else None,
-                     h0=state_pool if pool_mode else initial_state, ht=ht, hbuf=hbuf, vn=vn,
-                     state_layout=state_layout, **extra)
-    elif not plan.empty:
-        sq, sa = (v, u) if opt.state_u else (qs, bufs.get("aqk", rk))  # UTM: v as q, Tm diag(beta) as aqk
-        chunk_state_kernel[plan.grid](
-            ks, sg, w, u, srk, cu_seqlens, chunk_off, sidx,
-            has_initial_state if has_initial_state is not None else sidx, h0, ht, hbuf, vn, sq, sa, o,
-            ks.stride(0), ks.stride(1), sg.stride(0), sg.stride(1), sq.stride(0), sq.stride(1), *s0, *st,
-            grp, HV, K=K, V=V, BV=BV, **plan.constexprs, KDA=kda, POOL=pool_mode,
-            HAS_H0=initial_state is not None, DT=DT, PREC=PREC, FUSE_O=fuse_o, HOIST=opt.hoist,
-            HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_initial_state is not None,
-            **cfg["state_fused" if fuse_o else "state"],
-        )
-    if fuse_o:
-        return o, final
-
-    OBV = cfg["output_bv"]
-    if opt.grouped_output:  # one program per key head: one q k^T
-        chunk_output_grouped_kernel[(nt_max, H, V // OBV)](
-            q, k, g, rk, hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-            bufs["kf"] if opt.half_hbuf else rk, bufs["ec"] if opt.half_hbuf else rk,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
-            N, HV, float(scale), K=K, V=V, BK=64, BV=OBV, GROUP=GROUP, L2NORM=use_qk_l2norm,
-            POOL=pool_mode, DT=DT, PREC=PREC, HALF=opt.half_hbuf, **cfg["output_grouped"],
-        )
-        return o, final
-    chunk_output_kernel[(nt_max, HV, V // OBV)](
-        qs, ks, gs, rk, bufs.get("aqk", rk), hbuf, vn, o, cu_seqlens, chunk_seq, chunk_start, sidx,
-        qs.stride(0), qs.stride(1), ks.stride(0), ks.stride(1), gs.stride(0), gs.stride(1),
-        N, grp, HV, float(scale),
-        K=K, V=V, BK=64, BV=OBV, KDA=kda, L2NORM=use_qk_l2norm, POOL=pool_mode, DT=DT, PREC=PREC,
-        **cfg["output"],
-    )
-    return o, final
+    states = dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
+                  has_initial_state=has_initial_state)
+    plan = plan_prefill(family, q=q, v=v, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                        state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel, **states)
+    return run_prefill(plan, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, scale=scale, **states)
 
 
-class StageOptions(NamedTuple):
-    """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`)."""
+# -- helpers -----------------------------------------------------------------------------------
 
-    #: stage 3 runs one program per key head (``chunk_output_grouped_kernel``)
-    grouped_output: bool
-    #: the state loop's gate factors come from ``chunk_gdn_gates_kernel``
-    hoist: bool
-    #: the state stage stores the state entering every second chunk only (grouped output: HALF)
-    half_hbuf: bool
-    #: stage 1 writes ``Tm diag(beta)``; the state stage forms ``U``
-    state_u: bool
+def chunk_tables(cu_seqlens: torch.Tensor, T: int):
+    """Chunk index tables, built on the device with no host sync (torch ops).
 
-
-def stage_options(family: str, group: int, cfg: dict, replaced_state: bool = False) -> StageOptions:
-    """Resolve the pinned options (:func:`pinned_config`) for a call at GVA group size ``group``.
-
-    The options go together as they were measured: every second chunk's state only with the
-    grouped output (the kernel that rebuilds the others) and the gate factors of the gates kernel;
-    ``U`` in the state stage only with that (with every chunk's state stored, the state kernel needs
-    121 KiB of shared memory and measured slower: ``prefill_h200_s7_final_half_off.json``). A
-    replacement state kernel (``replaced_state``, e.g. cutedsl) takes none of them: it reads ``U``
-    and ``g`` and writes every chunk's state. KDA takes none (it has its own stage split)."""
-    gdn = family == "gdn" and not replaced_state
-    grouped = family == "gdn" and group in cfg["output_group"]
-    hoist = gdn and bool(cfg["gdn_hoist"])
-    half = hoist and grouped and bool(cfg["gdn_half_hbuf"])
-    return StageOptions(grouped_output=grouped, hoist=hoist, half_hbuf=half,
-                        state_u=half and bool(cfg["gdn_state_u"]))
-
-
-def intra_buffers(kda: bool, T: int, HV: int, K: int, V: int, nt_max: int, buf_dt: torch.dtype,
-                  device, u_width: Optional[int] = None) -> dict:
-    """The buffers stage 1 writes, by name: ``w [T, HV, K]`` and ``u [T, HV, u_width]`` in ``buf_dt``
-    (``u_width``: V, the default, for ``U``; 64 for GDN's ``Tm diag(beta)``, :func:`stage_options`),
-    ``rk [T, HV]`` fp32 and, for KDA, the matrices ``abuf [nt_max, HV, 64, 64]`` fp32,
-    ``aqk [T, HV, 64]``, the decayed keys ``kd`` and queries ``qg [T, HV, K]`` (all ``buf_dt``)
-    and the chunks' total log decays ``gl [nt_max, HV, K]`` fp32
-    (:func:`.chunk_intra.chunk_kda_system_kernel` says what each holds)."""
-    bufs = dict(w=torch.empty(T, HV, K, dtype=buf_dt, device=device),
-                u=torch.empty(T, HV, u_width or V, dtype=buf_dt, device=device),
-                rk=torch.empty(T, HV, dtype=torch.float32, device=device))
-    if kda:
-        bufs.update(abuf=torch.empty(nt_max, HV, CHUNK, CHUNK, dtype=torch.float32, device=device),
-                    aqk=torch.empty(T, HV, CHUNK, dtype=buf_dt, device=device),
-                    kd=torch.empty(T, HV, K, dtype=buf_dt, device=device),
-                    qg=torch.empty(T, HV, K, dtype=buf_dt, device=device),
-                    gl=torch.empty(nt_max, HV, K, dtype=torch.float32, device=device))
-    return bufs
-
-
-def launch_intra(q, k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, nt_max, bufs: dict, *, scale: float,
-                 kda: bool, use_qk_l2norm: bool, DT, PREC: str, cfg: dict, caps: DeviceCapabilities,
-                 tmout: bool = False) -> None:
-    """Stage 1 (:func:`.chunk_intra.chunk_intra_kernel`) on the buffers of :func:`intra_buffers`:
-    a persistent grid of ``min(NT_max * HV, sm_count * cfg["intra_ctas_per_sm"])`` programs, each
-    with its own 32 KiB fp32 scratch; KDA first runs
-    :func:`.chunk_intra.chunk_kda_system_kernel` (grid ``(NT_max, HV)``). ``tmout`` (GDN,
-    :func:`stage_options`): ``u`` gets ``Tm diag(beta)`` ``[T, HV, 64]`` instead of ``U``, launched
-    with ``cfg["intra_tm"]`` and ``cfg["intra_tm_ctas_per_sm"]``. Touches no state."""
-    HV = v.shape[1]
-    N = cu_seqlens.numel() - 1
-    K = q.shape[2]
-    items = nt_max * HV
-    key = "intra_tm" if tmout else "intra"  # GDN's stage 1 writing Tm diag(beta) has its own launch
-    progs = max(1, min(items, caps.sm_count * cfg[key + "_ctas_per_sm"]))
-    scratch = torch.empty(progs, 2, CHUNK, CHUNK, dtype=torch.float32, device=q.device)
-    rk = bufs["rk"]
-    if kda:  # stage 1a: A, Aqk and the later stages' operands
-        chunk_kda_system_kernel[(nt_max, HV)](
-            q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["abuf"], rk, bufs["aqk"], bufs["w"],
-            bufs["kd"], bufs["qg"], bufs["gl"],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), g.stride(1),
-            beta.stride(0), beta.stride(1), N, HV // q.shape[1], HV, float(scale),
-            K=K, BK=cfg["kda_system_bk"], L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-            OP=DT if cfg["kda_system_bf16"] else tl.float32, SPAN=KDA_FAST_SPAN if cfg["kda_system_fast"] else float("-inf"), **cfg["kda_system"],
-        )
-    chunk_intra_kernel[(progs,)](
-        k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, bufs["w"], bufs["u"], rk,
-        bufs.get("abuf", rk), scratch,  # GDN: no abuf (rk stands in, never touched)
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-        N, HV // q.shape[1], HV, items, K=K, V=v.shape[2],
-        BK=cfg["intra_bk"], BV=cfg["intra_bk"], KDA=kda, L2NORM=use_qk_l2norm, DT=DT, PREC=PREC,
-        TMOUT=tmout, **cfg["intra_solve"], **cfg[key],
-    )
-
-
-def pinned_config(family: str, K: int, V: int, dtype: torch.dtype,
-                  smem_per_block: Optional[int] = None) -> dict:
-    """Launch configuration per shape class (no autotuning: the state kernel writes the pool).
-
-    Chosen from H200 sweeps (benchmarks/prefill.py --sweep --intra-sweep) and sm_90 builds
-    (registers, spills and shared memory per CTA, pinned by tests/prefill/test_prefill_compile.py
-    and tests/contract/test_compile.py). The state kernel's loads are software-pipelined (2 stages) where the device's shared memory
-    per block holds it (``smem_per_block``; None = assume it does), else it runs unpipelined
-    (K = 256 always: 227 KiB would not hold it).
+    Args:
+        cu_seqlens: ``[N+1]`` int32/int64 prefix sums of the sequence lengths.
+        T: total tokens (``cu_seqlens[-1]``, known from the shapes).
+    Returns:
+        ``(chunk_off [N+1] int64, chunk_seq [NT_max] int32, chunk_start [NT_max] int64, NT_max)``:
+        sequence ``n`` owns chunks ``chunk_off[n] .. chunk_off[n+1]-1``; chunk ``c`` starts at token
+        ``chunk_start[c]`` of sequence ``chunk_seq[c]``; entries past the real count hold
+        ``chunk_seq = N`` (the kernels skip them). ``NT_max = T // 64 + N`` bounds the count.
     """
-    kda = family == "kda"
-    gdn_bf16 = not kda and dtype == torch.bfloat16
-    full = _PIPELINED_SMEM.get(dtype, _PIPELINED_SMEM_OTHER)
-    pipelined = K != 256 and (smem_per_block is None or smem_per_block >= full)
-    return {
-        # the intra stage is persistent: "intra_ctas_per_sm" programs per SM (each with a 32 KiB
-        # fp32 scratch for A and Tm, so the scratch of all of them stays in L2). H200, 16x4096,
-        # with the 128-register cap and 8 per SM against no cap and 4 per SM: GDN 2.24 against
-        # 3.60 ms, KDA (then building A itself) 16.1 against 22.1 ms (benchmarks/results/
-        # prefill_h200_run3.json, _run2_sweeps.json)
-        "intra": dict(num_warps=4, num_stages=1, maxnreg=128),
-        "intra_ctas_per_sm": 8,
-        # GDN's stage 1 where it leaves U to the state stage (stage_options().state_u): a
-        # 168-register cap, 3 per SM: 1.32 ms against 1.46 at 128 / 8, 1.40 at 144 / 3 and 1.56
-        # uncapped at 2 (H200, 16x4096, prefill_h200_s7_exp4.json)
-        "intra_tm": dict(num_warps=4, num_stages=1, maxnreg=168),
-        "intra_tm_ctas_per_sm": 3,
-        "intra_bk": 32,
-        # Tm = (I + A)^-1 (chunk_intra._solve). fp32 inputs: forward substitution and ieee dots
-        # (ops.md's 1e-5). bf16/fp16: the diagonal blocks by the Neumann product on 3xTF32 dots
-        # (fp32-level accuracy) and the blocks below them on tf32 dots (W/U move by 5.3e-4
-        # relative, against bf16's own 3.9e-3 rounding and the 2e-2 tolerance). H200, 16x4096,
-        # stage 1 alone: GDN 2.22 -> 1.61 ms, KDA 9.28 -> 8.39 ms with its system kernel
-        # (benchmarks/results/prefill_h200_s4_run4_intra.json; all-tf32x3 1.83 / 8.59 ms)
-        "intra_solve": (dict(NEUMANN=False, DPREC="ieee", IPREC="ieee") if dtype == torch.float32
-                        else dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32")),
-        # KDA's system kernel: 4 warps, channel blocks of 32, the fast path where its bound holds
-        # (H200, 16x4096, stage 1 in all: 4.91 ms; level path everywhere 7.40, a 168-register cap
-        # 5.17, channel blocks of 64: 5.48, of 16: 6.45; benchmarks/results/
-        # prefill_h200_s5_run2_kda_sweep.json; 8 warps: 11.6 in _s5_run1_kda_sweep.json). Its
-        # A/Aqk dots run on fp32 operands (tf32); bf16 operands measured 4.80 ms but move W/U by
-        # 1.1e-3 relative, so they are not the default
-        "kda_system": dict(num_warps=4, num_stages=1),
-        "kda_system_bk": 32,
-        "kda_system_bf16": False,
-        "kda_system_fast": True,
-        # bf16: value blocks of 64, 4 warps (H200, 16x4096, whole prefill: GDN 4.72 against 5.10 ms
-        # with 32; benchmarks/results/prefill_h200_run4.json); fp32 operand tiles (fp32 and fp16
-        # inputs) spill far more at 64, so they keep 32
-        "state_bv": 64 if dtype == torch.bfloat16 else 32,
-        "state": dict(num_warps=8 if K == 256 else 4, num_stages=2 if pipelined else 1),
-        # KDA: the state kernel also writes the output (no per-chunk states or Vn through memory,
-        # no output kernel), unpipelined (H200, whole prefill, 16x4096 / 256x256: 6.46 / 6.74 ms
-        # against 6.68 / 6.96 apart and 6.84 / 7.17 pipelined; benchmarks/results/
-        # prefill_h200_s5_run3_state_sweep.json). GDN: slower fused (4.06 against 3.73 ms), apart.
-        # Fused GDN builds also gave wrong outputs at value blocks of 32 unpipelined (rel 16.7
-        # against the others in that sweep: a miscompile, as far as we could tell), one more
-        # reason to keep it apart. Only bf16 is fused: the measured and GPU-tested build (fp16
-        # runs fp32 tiles at value blocks of 32, a build never run on a GPU fused; it spills
-        # 272 B fused, 16 B apart); K = 256 keeps it apart (the fused build needs 112 KiB of
-        # shared memory; limits: 96), and so do fp32 inputs (ieee dots on FMA: the fused build
-        # spills 7.9 KB at K = 64)
-        "state_fuse_o": kda and K <= 128 and dtype == torch.bfloat16,
-        "state_fused": dict(num_warps=4, num_stages=1),
-        # GDN's output stage has two dots in its K loop; with software pipelining (2 stages, 4
-        # warps) its bf16 build gave run-to-run different outputs on the H200 (triton 3.6), so it
-        # runs unpipelined at 8 warps, the configuration that measured correct and deterministic
-        "output": dict(num_warps=4, num_stages=2) if kda else dict(num_warps=8, num_stages=1),
-        # the whole value dim per program at V = 128 (the q k^T product is formed once): GDN 4.74
-        # against 5.10 ms with 64 (prefill_h200_run4.json)
-        "output_bv": 128 if V == 128 else 64,
-        # GDN, bf16: at these GVA group sizes (HV / H) one output program per key head writes its
-        # value heads from one q k^T (chunk_output_grouped_kernel), 4 warps unpipelined. H200,
-        # 16x4096, output stage 1.01 ms (prefill_h200_s6_final.json) against 1.10 per value head
-        # (the baselines of prefill_h200_s6_exp_group.json); 8 warps 1.60; pipelined (2 stages)
-        # gave run-to-run different, wrong outputs (rel 0.03; _s6_exp_output.json), as the
-        # per-head kernel did. Only GROUP = 2 was measured: GROUP 4-16 builds spill 40-48 B and
-        # keep the per-head kernel, as do fp32 (the grouped build spills 11 KB) and fp16 (160 B,
-        # never measured)
-        "output_group": (2,) if not kda and dtype == torch.bfloat16 else (),
-        "output_grouped": dict(num_warps=4, num_stages=1),
-        # GDN bf16 (H200, whole prefill, prefill_h200_s7_exp2.json / _exp4.json; 16x4096, from
-        # 3.60 ms with the one-launch chunk tables, against 3.64 with torch's):
-        # - "gdn_hoist": the state loop's gate factors rk exp(G_C - G) and exp(G_C) from their own
-        #   small launch (chunk_state.chunk_gdn_gates_kernel, 11 us), not a scan per chunk on the
-        #   state loop's serial path: 3.60 -> 3.55 ms (state stage 0.98 -> 0.92);
-        # - "gdn_half_hbuf": with the grouped output, the state stage stores the state entering
-        #   every second chunk only and the output rebuilds the others' share from the chunk
-        #   before (chunk_output_grouped_kernel, HALF): 3.55 -> 3.54 (state 0.92 -> 0.79-0.86,
-        #   output 1.01 -> 1.11); forming q k'^T once for both heads (it spills) measured 3.58.
-        #   With "gdn_state_u" it is what keeps the state stage fast: without it the state kernel
-        #   stores every chunk's state on top of the U operands (121 KiB of shared memory) and the
-        #   whole prefill measured 1.02 / 1.05 / 1.13x FLA (prefill_h200_s7_final_half_off.json)
-        #   against 1.16 / 1.16 / 1.16x with it (prefill_h200_s7_final.json);
-        # - "gdn_state_u": stage 1 writes Tm diag(beta) [T, HV, 64] instead of U and the state
-        #   stage forms U = Tm diag(beta) V itself (U is not rounded to bf16 on the way: against
-        #   float64, 4 x 1024 tokens, output 3.7e-3 and state 2.4e-3 relative, from 4.0e-3 and
-        #   2.9e-3): 3.52 -> 3.45 in one run (_exp3.json), 3.31 with stage 1's 168-register cap (_exp4.json).
-        # On the worst-conditioned input (every key the same, beta 1, no decay; a documented limit
-        # of the bf16 pipeline, docs/ops-decisions.md) the output moves from 1.9e-2 to 3.3e-2 off
-        # float64 with these options (state 2.5e-2 -> 1.8e-2; prefill_h200_s7_worst_case.json)
-        "gdn_hoist": gdn_bf16,
-        "gdn_half_hbuf": gdn_bf16,
-        "gdn_state_u": gdn_bf16,
-    }
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    nck = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    chunk_off = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(nck, 0, out=chunk_off[1:])
+    nt_max = T // CHUNK + N
+    c = torch.arange(nt_max, dtype=torch.int64, device=cu.device)
+    seq = torch.searchsorted(chunk_off[1:], c, right=True)  # N for c >= real count
+    seq_c = seq.clamp(max=max(N - 1, 0))
+    start = cu[seq_c] + CHUNK * (c - chunk_off[seq_c])
+    return chunk_off, seq.to(torch.int32), start, nt_max
+
+
+def _row_major(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, int]:
@@ -488,3 +869,26 @@ def _state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, i
     if state_layout == "vk":
         return x.stride(0), x.stride(1), x.stride(3), x.stride(2)
     return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
+
+
+# -- the string-keyed configuration, for callers not yet moved to PrefillConfig ----------------
+
+def pinned_config(family: str, K: int, V: int, dtype: torch.dtype, smem_per_block: Optional[int] = None) -> dict:
+    """:func:`prefill_config` as the string-keyed dict it used to be (:meth:`PrefillConfig.to_legacy`).
+
+    Kept for callers that still read or override it (backends/triton.py, kernels/cutedsl/selfcheck.py,
+    tests/contract, tests/gpu, benchmarks): while this function is replaced (an old-style override,
+    e.g. ``monkeypatch.setattr(prefill, "pinned_config", ...)``), :func:`plan_prefill` takes its
+    dict; new code overrides :func:`prefill_config` or passes ``config`` to :func:`plan_prefill`."""
+    return prefill_config(family, K, V, dtype, smem_per_block).to_legacy()
+
+
+_LEGACY_PINNED_CONFIG = pinned_config
+
+
+def _config_for(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities) -> PrefillConfig:
+    """The pinned configuration for ``caps`` (a replaced :func:`pinned_config` wins: its docstring)."""
+    smem = None if caps.device_type == "cpu" else caps.shared_memory_per_block
+    if pinned_config is not _LEGACY_PINNED_CONFIG:
+        return PrefillConfig.from_legacy(pinned_config(family, K, V, dtype, smem))
+    return prefill_config(family, K, V, dtype, smem)

@@ -15,7 +15,9 @@ prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=(
 launcher gives them the same grid.
 
 The chunked prefill (``kernels/triton/prefill.py``) is three to five launches after the one that builds
-its chunk index tables (:mod:`.chunk_tables`; the module docstring of ``prefill.py`` lists them): only its state stage
+its chunk index tables (:mod:`.chunk_tables`), one launch function per stage (``prefill.launch_tables``,
+``launch_intra``, ``launch_gates``, ``launch_state``, ``launch_output``; the module docstring of
+``prefill.py`` lists them): only its state stage
 (:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
 entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
@@ -88,14 +90,14 @@ KERNELS: tuple[KernelEntry, ...] = (
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
         notes=("KDA=False; stage 2 of the chunked prefill, reads and writes the pool in place; on GDN's bf16 "
                "path with the gates kernel's factors (HOIST) and, at GVA group size 2, U formed here (UTM) "
-               "and every second chunk's state stored (HSTEP=2): prefill.stage_options"),
+               "and every second chunk's state stored (HSTEP=2): prefill.stage_options, prefill.GdnStageSplit"),
     ),
     KernelEntry(
         name="kda_prefill_state", op="kda_prefill", layouts=("split", "folded"),
         kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_state_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
         notes=("KDA=True (same source as gdn_prefill_state); on the bf16 path at K <= 128 it also "
-               "writes the output (FUSE_O)"),
+               "writes the output (FUSE_O; prefill.StateConfig.writes_output)"),
     ),
     KernelEntry(
         name="chunk_tables", op="gdn_prefill", layouts=(),
@@ -113,8 +115,8 @@ KERNELS: tuple[KernelEntry, ...] = (
         name="chunk_intra", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
-        why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c = 8, or 3 where GDN's stage "
-                       "1 writes Tm diag(beta)): each program loops over "
+        why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c: prefill.IntraConfig.ctas_per_sm, "
+                       "or tm_ctas_per_sm where GDN's stage 1 writes Tm diag(beta)): each program loops over "
                        "the (chunk, value head) items p, p + P, ... of the (T // 64 + N) * HV items, so "
                        "no axis carries N * HV, no device limit is at stake and there is nothing to "
                        "plan; items past the real chunk count do nothing"),

@@ -1,6 +1,6 @@
 """Triton SwiGLU with an optional clamp: ``silu(min(gate, L)) * clamp(up, -L, L)``.
 
-ops.md, ``silu_and_mul_clamp``: ``x [M, 2D]`` is ``gate || up``; the output ``[M, D]`` has x's
+docs/ops.md, ``silu_and_mul_clamp``: ``x [M, 2D]`` is ``gate || up``; the output ``[M, D]`` has x's
 dtype. ``limit=None`` runs the plain ``silu(gate) * up`` (the clamp code is compiled out, so the
 result is bitwise the unclamped kernel's). The maths is done in fp32:
 ``silu(g) = g / (1 + exp(-g))``.

@@ -82,7 +82,7 @@ class _Options:
 
 
 _OPTIONS: contextvars.ContextVar[_Options] = contextvars.ContextVar("linattn_compat_fla_options",
-                                                                   default=_Options())
+                                                                   default=_Options())  # noqa: B039 - frozen
 
 
 @contextlib.contextmanager

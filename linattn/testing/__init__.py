@@ -8,7 +8,7 @@ Run it as ``linattn check --backend NAME [--op OP] [--xfail FILE] [--json]``, as
     assert report.ok, [r.message for r in report.failures()]
 
 Cases are generated from the backend's declared capabilities (:mod:`linattn.testing.cases`) and
-compared with the float64 reference at ops.md's tolerances (:mod:`linattn.testing.execute`).
+compared with the float64 reference at docs/ops.md's tolerances (:mod:`linattn.testing.execute`).
 """
 
 from .cases import KINDS, Case, base_spec, generate_cases, head_dim_pairs, problem_of

@@ -11,7 +11,7 @@ A backend declares its capabilities as data (``ops``, ``dtypes``, ``state_dtypes
   tail chunk, decode with padding rows, speculative verify, intermediate states and
   ``num_accepted_tokens``, strongly negative gates, mild gates after a gate at the floor (fp32,
   F28), ``T = 0``. Each is run through the public op with the backend forced
-  and compared with the float64 reference at ops.md's tolerances.
+  and compared with the float64 reference at docs/ops.md's tolerances.
 - ``pool``: the pool rules on their own: a real request in slot 0 beside padding rows, a batch of
   nothing but padding, a strided view of a larger pool (slot pitch ``stride(0)``).
 - ``negative``: what the backend does not declare (a dtype, state dtype, head dim, layout, op or
@@ -32,7 +32,8 @@ from typing import Iterable, Literal, Optional, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from linattn.capabilities import PROFILES, DeviceCapabilities
-from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.ops_table import OP_TABLE, OPS
+from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Reason
 
 Kind = Literal["accuracy", "pool", "negative", "contract"]
@@ -143,10 +144,11 @@ def _shape_accepted(backend, op: str, kv: tuple[int, int], caps: DeviceCapabilit
 
 
 def _label(op: str, s: dict) -> str:
-    if op == "silu_and_mul_clamp":
+    spec = OP_TABLE[op]
+    if spec.method == "clamp":
         return f"{s['dtype']},M{s['m']}D{s['d']},limit={s['limit']}"
-    if op.endswith("gating"):
-        return f"{s['dtype']},HV{s['hv']}" + (f"K{s['k']}" if op.startswith("kda") else "")
+    if spec.method == "gating":
+        return f"{s['dtype']},HV{s['hv']}" + (f"K{s['k']}" if spec.per_channel_gates else "")
     parts = [s["dtype"], f"state={s['state_dtype']}", s["layout"], s["mode"], f"K{s['k']}V{s['v']}",
              f"H{s['h']}HV{s['hv']}"]
     if "t" in s:
@@ -182,15 +184,16 @@ def base_spec(op: str, backend, pairs=None) -> dict:
     sets = _declared_sets(backend)
     dtype = _preferred(sets["D"], "float32") if sets["D"] else "float32"
     k, v = pairs[0]
-    if op == "silu_and_mul_clamp":
+    method = OP_TABLE[op].method
+    if method == "clamp":
         return dict(m=5, d=7, limit=10.0, dtype=dtype)
-    if op.endswith("_gating"):
+    if method == "gating":
         return dict(lead=(3, 2), hv=4, k=16, dtype=dtype, gates="normal")
     state = dict(h=2, hv=4, k=k, v=v, dtype=dtype,
                  state_dtype=_preferred(sets["SD"], "float32") if sets["SD"] else "float32",
                  layout=_preferred(sets["L"], "vk") if sets["L"] else "vk", mode="pool", gates="normal",
                  index_dtype="int32")
-    if op.endswith("_prefill"):
+    if method == "prefill":
         return dict(lens=PREFILL_LENS, slots=PREFILL_SLOTS, p=PREFILL_P, **state)
     return dict(n=len(DECODE_SLOTS), t=1, slots=DECODE_SLOTS, p=DECODE_P, **state)
 
@@ -203,17 +206,17 @@ def problem_of(op: str, spec: dict) -> Problem:
         >>> problem_of("gdn_decode", base_spec("gdn_decode", Backend)).brief()
         'N=5 T=1 H=2 HV=4 K=32 V=16 float32 state=float32/vk mode=pool'
     """
-    s = spec
-    if op == "silu_and_mul_clamp":
+    s, row = spec, OP_TABLE[op]
+    if row.method == "clamp":
         return Problem(op=op, n=s["m"], d=s["d"], dtype=s["dtype"], mode="none", clamp_limit=s["limit"] is not None)
-    if op.endswith("_gating"):
+    if row.method == "gating":
         n = 1
         for x in s["lead"]:
             n *= x
-        return Problem(op=op, n=n, hv=s["hv"], k=s["k"] if op.startswith("kda") else 0, dtype=s["dtype"],
+        return Problem(op=op, n=n, hv=s["hv"], k=s["k"] if row.per_channel_gates else 0, dtype=s["dtype"],
                        mode="none", lower_bound=s.get("lower_bound") is not None)
     common = dict(op=op, h=s["h"], hv=s["hv"], k=s["k"], v=s["v"], dtype=s["dtype"], state_layout=s["layout"])
-    if op.endswith("_prefill"):
+    if row.method == "prefill":
         lens = s["lens"]
         return Problem(n=len(lens), t=sum(lens), mode="pool" if s["mode"] == "pool" else "dense",
                        state_dtype="float32" if s["mode"] == "dense-zero" else s["state_dtype"],
@@ -238,9 +241,10 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
           "strongly negative gates (g = -20 per token) stay finite and match")
     B.add(op, "accuracy", "strided-inputs", {**base, "strided": True},
           "q, k, v sliced from one fused projection, gates as strided views (F11): read through their strides")
-    B.add(op, "pool", "slot0-padding", {**base, **_SLOT0[op.split("_")[1]]},
+    phase = OP_TABLE[op].phase
+    B.add(op, "pool", "slot0-padding", {**base, **_SLOT0[phase]},
           "slot 0 is a real request; padding gives zero output and leaves the pool alone (F07)")
-    B.add(op, "pool", "all-padding", {**base, **_ALL_PADDING[op.split("_")[1]]},
+    B.add(op, "pool", "all-padding", {**base, **_ALL_PADDING[phase]},
           "a call of nothing but padding leaves the whole pool bitwise unchanged")
     B.add(op, "pool", "strided-view", {**base, "pool_view": "strided"},
           "a strided view of a larger pool (slot pitch stride(0)); rows outside the view untouched")
@@ -291,7 +295,7 @@ def _decode_cases(B: _Builder, op: str, pairs) -> None:
           {**base, "t": 3, "p": 10, "table": ((4, 1, 2), (-1, -1, -1), (0, 3, 3), (6, 5, 7), (-1, -1, -1)),
            "num_accepted": (2, 0, 3, 1, 0)},
           "per-token slot table with num_accepted_tokens over 0..T")
-    if op == "kda_decode":
+    if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "KDA bounded gate (lower_bound=-5)")
 
 
@@ -304,7 +308,7 @@ def _gating_cases(B: _Builder, op: str) -> None:
         B.add(op, "accuracy", "dtype", {**base, "dtype": dt}, f"declared input dtype {dt}")
     B.add(op, "accuracy", "extreme", {**base, "gates": "extreme"},
           "F18: no NaN or inf for A_log=100 / a=-200, a=+100, A_log=100 / a=1")
-    if op == "kda_gating":
+    if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "bounded gate (lower_bound=-5)")
 
 
@@ -332,7 +336,7 @@ def _negative_cases(B: _Builder, ops: Sequence[str], pairs: dict) -> None:
             if dt not in b.dtypes:
                 B.add(op, "negative", "dtype", dict(inputs={**base, "dtype": dt}, expect="dtype", run=True),
                       f"dtype {dt} is not declared: rejected, never computed", label=dt)
-        if not op.endswith(("_decode", "_prefill")):
+        if not OP_TABLE[op].has_state:
             continue
         for sd in STATE_DTYPES:
             if sd not in b.state_dtypes:
@@ -370,7 +374,7 @@ def _undeclared_dims(declared) -> list[int]:
 
 
 def _contract_cases(B: _Builder) -> None:
-    for entry in getattr(B.backend, "triton_kernels", None) or ():
+    for entry in B.backend.triton_kernels or ():
         name = entry if isinstance(entry, str) else getattr(entry, "name", str(entry))
         B.add("contract", "contract", "program-id", dict(kernel=name),
               f"Triton kernel {name}: every work item visited exactly once in each launch layout", label=name)
@@ -406,18 +410,19 @@ def generate_cases(backend, ops: Optional[Iterable[str]] = None, kinds: Optional
     if kinds - set(KINDS):
         raise ValueError(f"unknown case kinds {sorted(kinds - set(KINDS))}; kinds: {', '.join(KINDS)}")
     B = _Builder(backend)
-    pairs = {op: head_dim_pairs(backend, op, caps) if op.endswith(("_decode", "_prefill")) else head_dim_pairs(backend)
+    pairs = {op: head_dim_pairs(backend, op, caps) if OP_TABLE[op].has_state else head_dim_pairs(backend)
              for op in ops}
     for op in ops:
         if op not in backend.ops:
             continue
-        if op.endswith("_prefill"):
+        method = OP_TABLE[op].method
+        if method == "prefill":
             _prefill_cases(B, op, pairs[op])
-        elif op.endswith("_decode"):
+        elif method == "decode":
             _decode_cases(B, op, pairs[op])
-        elif op.endswith("_gating"):
+        elif method == "gating":
             _gating_cases(B, op)
-        elif op == "silu_and_mul_clamp":
+        else:
             _silu_cases(B, op)
     _negative_cases(B, ops, pairs)
     _contract_cases(B)

@@ -108,66 +108,92 @@ def _check_device(device: str) -> str:
     return device
 
 
+def _prepare(backend: Optional[str], op: Optional[str], xfail: Optional[Path], device: str):
+    """The xfail rules, the backends to check and notes on the others; a bad argument raises.
+
+    Raises:
+        ValueError: an unknown backend or op, or a device the suite cannot run on.
+        FileNotFoundError: the xfail file does not exist.
+    """
+    _check_device(device)
+    if op is not None and op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    rules = load_xfail(xfail)
+    plan(backend or "torch-ref", device=device, kinds=())  # unknown backend or unusable device: ValueError
+    names, notes = _targets(backend, op, device)
+    return rules, names, notes
+
+
+def _run_with_progress(names: list[str], ops: Optional[list[str]], device: str, rules,
+                       console: Console) -> list[SuiteReport]:
+    """Run each backend's suite under a progress bar (one task per backend)."""
+    reports: list[SuiteReport] = []
+    columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[backend]}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=console, transient=False) as progress:
+        for name in names:
+            task = progress.add_task("", backend=name, total=None)
+
+            def on_result(res, i, total, task=task):
+                mark = "" if res.status == "passed" else f" [{_STATUS_STYLE[res.status]}]{res.status}[/]"
+                progress.update(task, completed=i + 1, total=total, description=f"{escape(res.id)}{mark}")
+
+            reports.append(run_suite(name, ops=ops, device=device, xfail=rules, on_result=on_result))
+            progress.update(task, description="done")
+    return reports
+
+
+def _run_text(names: list[str], ops: Optional[list[str]], device: str, rules, notes: list[str]) -> list[SuiteReport]:
+    """Run with progress, then print each report, the notes, or that nothing could be checked."""
+    from linattn.cli import stdout_console
+
+    console = stdout_console()
+    reports = _run_with_progress(names, ops, device, rules, console)
+    for rep in reports:
+        _render(rep, console)
+    for note in notes:
+        console.print(f"[dim]{escape(note)}[/]", highlight=False)
+    if not reports:
+        console.print("[yellow]no backend to check on this device[/]")
+    return reports
+
+
+def _run_json(names: list[str], ops: Optional[list[str]], device: str, rules, notes: list[str]) -> list[SuiteReport]:
+    """Run every suite quietly, then print one JSON document."""
+    reports = [run_suite(name, ops=ops, device=device, xfail=rules) for name in names]
+    doc = {"device": device, "ok": all(r.status == "passed" for r in reports), "status": _status(reports),
+           "notes": notes, "backends": [r.to_dict() for r in reports]}
+    typer.echo(json.dumps(doc, indent=2, default=str))
+    return reports
+
+
 def check(
     backend: Optional[str] = typer.Option(None, "--backend", help="The backend to check (default: every "
                                                                  "registered backend available on the device)."),
     op: Optional[str] = typer.Option(None, "--op", help=f"Only this op: {', '.join(OPS)}."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
-    xfail: Optional[Path] = typer.Option(None, "--xfail", help="A TOML file of known gaps ([[xfail]] case = "
-                                                              "'<id pattern>', reason = '...')."),
+    xfail: Optional[Path] = typer.Option(None, "--xfail", help=escape("A TOML file of known gaps: [[xfail]] tables "
+                                                                      "of case = '<id pattern>', reason = '...'.")),
     device: Optional[str] = typer.Option(None, "--device", help="A torch device: cpu (default), cuda, cuda:1, ..."),
 ) -> None:
     """Run the conformance suite: cases from each backend's declared capabilities, compared with the
-    float64 reference at the ops.md tolerances, negative cases, the pool rules.
+    float64 reference at the docs/ops.md tolerances, negative cases, the pool rules.
 
     Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument
     (an unknown backend or op, an unreadable xfail file, a device that cannot hold data such as
-    ``meta``); 3 the backend named with --backend does not run on this device (not a pass).
+    meta); 3 the backend named with --backend does not run on this device (not a pass).
     """
-    err = Console(stderr=True)
     dev = device or "cpu"
     try:
-        _check_device(dev)
-        if op is not None and op not in OPS:
-            raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-        rules = load_xfail(xfail)
-        plan(backend or "torch-ref", device=dev, kinds=())  # unknown backend or unusable device: ValueError
-        names, notes = _targets(backend, op, dev)
+        rules, names, notes = _prepare(backend, op, xfail, dev)
     except (ValueError, FileNotFoundError) as e:
         if json_:
             typer.echo(json.dumps({"error": str(e), "type": type(e).__name__}))
         else:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=2)
-
-    reports: list[SuiteReport] = []
+            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=2) from None
     ops = [op] if op else None
-    if json_:
-        for name in names:
-            reports.append(run_suite(name, ops=ops, device=dev, xfail=rules))
-        doc = {"device": dev, "ok": all(r.status == "passed" for r in reports), "status": _status(reports),
-               "notes": notes, "backends": [r.to_dict() for r in reports]}
-        typer.echo(json.dumps(doc, indent=2, default=str))
-    else:
-        console = Console(soft_wrap=False)
-        columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[backend]}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.description}"))
-        with Progress(*columns, console=console, transient=False) as progress:
-            for name in names:
-                task = progress.add_task("", backend=name, total=None)
-
-                def on_result(res, i, total, task=task):
-                    mark = "" if res.status == "passed" else f" [{_STATUS_STYLE[res.status]}]{res.status}[/]"
-                    progress.update(task, completed=i + 1, total=total, description=f"{escape(res.id)}{mark}")
-
-                reports.append(run_suite(name, ops=ops, device=dev, xfail=rules, on_result=on_result))
-                progress.update(task, description="done")
-        for rep in reports:
-            _render(rep, console)
-        for note in notes:
-            console.print(f"[dim]{escape(note)}[/]", highlight=False)
-        if not reports:
-            console.print("[yellow]no backend to check on this device[/]")
+    reports = (_run_json if json_ else _run_text)(names, ops, dev, rules, notes)
     status = _status(reports)
     if status != "passed":
         raise typer.Exit(code=1 if status == "failed" else 3)

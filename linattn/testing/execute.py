@@ -6,7 +6,7 @@ replayed), moves them to the device, calls ``linattn.<op>(..., backend=NAME)`` a
 reference (``linattn.backends.torch_ref.<op>_ref``, ``compute_dtype=torch.float64``) on float64
 copies. Checks, each named in the failure message:
 
-- outputs and written states within ops.md's tolerance of the reference (relative Frobenius
+- outputs and written states within docs/ops.md's tolerance of the reference (relative Frobenius
   error; fp32 inputs and state 1e-5; 16-bit inputs or state 2e-2 on outputs, 1e-2 on states);
   everything finite;
 - padding rows / sequences: output exactly zero;
@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 import linattn
+from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.verdict import NoBackendError, Reason
 
 from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, problem_of
@@ -52,7 +53,7 @@ class _Declined(Exception):
 
 
 def tolerances(dtype: str, state_dtype: str = "float32") -> tuple[float, float]:
-    """``(output, state)`` relative tolerances against the float64 reference (ops.md).
+    """``(output, state)`` relative tolerances against the float64 reference (docs/ops.md).
 
     Example:
         >>> tolerances("float32"), tolerances("bfloat16")
@@ -216,7 +217,7 @@ def _reference(op: str):
 
 def _prefill_inputs(case: Case, s: dict, device):
     gen = _generator(case.id)
-    kda = case.op.startswith("kda")
+    kda = OP_TABLE[case.op].per_channel_gates
     lens = tuple(s["lens"])
     T, H, HV, K, V = sum(lens), s["h"], s["hv"], s["k"], s["v"]
     dt = DTYPES[s["dtype"]]
@@ -295,7 +296,7 @@ def _run_prefill(case: Case, device) -> Outcome:
 
 def _decode_inputs(case: Case, s: dict, device):
     gen = _generator(case.id)
-    kda = case.op.startswith("kda")
+    kda = OP_TABLE[case.op].per_channel_gates
     N, T, H, HV, K, V = s["n"], s["t"], s["h"], s["hv"], s["k"], s["v"]
     dt = DTYPES[s["dtype"]]
     q, k, v = _qkv(gen, (N, T), H, HV, K, V, dt, s.get("strided", False))
@@ -387,7 +388,7 @@ def _run_decode(case: Case, device) -> Outcome:
 
 def _gating_inputs(case: Case, s: dict, device):
     gen = _generator(case.id)
-    kda = case.op.startswith("kda")
+    kda = OP_TABLE[case.op].per_channel_gates
     lead, HV, K = tuple(s["lead"]), s["hv"], s["k"]
     ashape = (*lead, HV, K) if kda else (*lead, HV)
     dshape = (HV, K) if kda else (HV,)
@@ -447,17 +448,14 @@ def _run_silu(case: Case, device) -> Outcome:
     return c.outcome()
 
 
-_RUNNERS: dict[str, Callable] = {
-    "gdn_prefill": _run_prefill, "kda_prefill": _run_prefill, "gdn_decode": _run_decode, "kda_decode": _run_decode,
-    "gdn_gating": _run_gating, "kda_gating": _run_gating, "silu_and_mul_clamp": _run_silu,
-}
-_BUILDERS = {"gdn_prefill": lambda c, s, d: _prefill_inputs(c, s, d)[0],
-             "kda_prefill": lambda c, s, d: _prefill_inputs(c, s, d)[0],
-             "gdn_decode": lambda c, s, d: _decode_inputs(c, s, d)[0],
-             "kda_decode": lambda c, s, d: _decode_inputs(c, s, d)[0],
-             "gdn_gating": _gating_inputs, "kda_gating": _gating_inputs,
-             "silu_and_mul_clamp": lambda c, s, d: dict(x=torch.zeros(s["m"], 2 * s["d"], dtype=DTYPES[s["dtype"]],
-                                                                     device=d), limit=s["limit"])}
+#: by the op's backend method (the op table): how a case of that op runs, and how its inputs are built
+_RUNNERS: dict[str, Callable] = {"prefill": _run_prefill, "decode": _run_decode, "gating": _run_gating,
+                                 "clamp": _run_silu}
+_BUILDERS = {"prefill": lambda c, s, d: _prefill_inputs(c, s, d)[0],
+             "decode": lambda c, s, d: _decode_inputs(c, s, d)[0],
+             "gating": _gating_inputs,
+             "clamp": lambda c, s, d: dict(x=torch.zeros(s["m"], 2 * s["d"], dtype=DTYPES[s["dtype"]], device=d),
+                                           limit=s["limit"])}
 
 
 # -- negative and contract cases ---------------------------------------------------------------------
@@ -477,7 +475,7 @@ def _run_negative(case: Case, device) -> Outcome:
         return Outcome("failed", f"a predicate raised instead of rejecting: {verdict.message}")
     if not s.get("run"):
         return Outcome("passed", note)
-    args = _BUILDERS[case.op](case, s["inputs"], device)
+    args = _BUILDERS[OP_TABLE[case.op].method](case, s["inputs"], device)
     snaps = _snapshots(args)
     try:
         getattr(linattn, case.op)(**args, backend=case.backend)
@@ -545,7 +543,7 @@ def execute(case: Case, device="cpu") -> Outcome:
     if case.kind == "contract":
         return _run_contract(case, device)
     try:
-        return _RUNNERS[case.op](case, device)
+        return _RUNNERS[OP_TABLE[case.op].method](case, device)
     except _Declined as d:
         if d.reason == Reason.BACKEND_ERROR.value:
             return Outcome("failed", f"declined with backend_error: {d.message}")

@@ -105,19 +105,21 @@ _FP32 = ("fp32 inputs run every dot with input_precision='ieee' (FMA, no tensor 
          "registers. The production path is bf16 (tensor cores, no spills: checked below).")
 _INTRA_CAP = ("the intra stage is capped at 128 registers (maxnreg) so that 4 CTAs are resident per SM: "
               "on the H200 (16x4096) GDN's stage 1 took 2.24 ms capped against 3.60 ms uncapped "
-              "(benchmarks/results/prefill_h200_run3.json, _run5.json); the spill is the price of that "
+              "(benchmarks/results/prefill_h200_run3.json@e6e43f8, _run5.json@2242719); the spill is the price of that "
               "occupancy. With the Neumann-product solve (session 4) the bf16 builds spill up to 136 B "
               "and still measured fastest at the cap: GDN 1.61 ms against 1.68 at 96 registers and 10 "
-              "CTAs per SM (prefill_h200_s4_run4_intra.json). GDN's bf16 stage 1 runs at a 168-register "
+              "CTAs per SM (prefill_h200_s4_run4_intra.json@640e82f). GDN's bf16 stage 1 runs at a 168-register "
               "cap and 3 CTAs per SM since session 7 (it no longer forms U): 1.32 ms against 1.46 at 128 "
-              "(prefill_h200_s7_exp4.json)")
+              "(prefill_h200_s7_exp4.json@a74032d)")
 _KDA_FUSED = ("KDA's state kernel also writes the output (session 5): at 4 warps, unpipelined, it spills 64 B "
               "and still measured fastest on the H200: whole prefill 6.46 ms at 16x4096 against 6.68 with a "
-              "separate output kernel, 7.42 at 8 warps (benchmarks/results/prefill_h200_s5_run3_state_sweep.json)")
+              "separate output kernel, 7.42 at 8 warps "
+              "(benchmarks/results/prefill_h200_s5_run3_state_sweep.json@5d61313)")
 _GDN_S7 = ("GDN's bf16 state kernel forms U = Tm diag(beta) V itself and the grouped output kernel rebuilds "
            "every second chunk's state (session 7): at 255 registers they spill up to 40 and 8 B and "
            "measured fastest on the H200, whole prefill 3.31 ms at 16x4096 against 3.54 without the U "
-           "split and 3.60 without any of it (benchmarks/results/prefill_h200_s7_exp2.json, _exp4.json)")
+           "split and 3.60 without any of it "
+           "(benchmarks/results/prefill_h200_s7_exp2.json@a74032d, _exp4.json@a74032d)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
     ("chunk_state_kernel", "False", "bf16", "128"): (40, _GDN_S7),
     ("chunk_output_grouped_kernel", "", "bf16", "128"): (8, _GDN_S7),

@@ -238,7 +238,7 @@ def test_cli_report_sm100_routes_prefill_to_cutedsl_and_says_why_not_elsewhere(r
     doc = json.loads(res.stdout)
     assert "cutedsl" in doc["backends"]
     for op, row in doc["ops"].items():
-        v = row["verdicts"]["cutedsl"]
+        v = {x["backend"]: x for x in row["verdicts"]}["cutedsl"]
         if op in ("gdn_prefill", "kda_prefill"):
             assert row["chosen"] == "cutedsl" and v["status"] == "accepted", op
         else:
@@ -251,7 +251,7 @@ def test_cli_report_cpu_shows_cutedsl_rejected_for_the_device(registry_with_cute
     res = runner.invoke(cli.app, ["report", "--profile", "cpu", "--json"])
     doc = json.loads(res.stdout)
     for op in ("gdn_prefill", "kda_prefill"):
-        v = doc["ops"][op]["verdicts"]["cutedsl"]
+        v = {x["backend"]: x for x in doc["ops"][op]["verdicts"]}["cutedsl"]
         assert v["status"] == "rejected" and v["reason"] == "device"
     text = runner.invoke(cli.app, ["report", "--profile", "cpu"], env={"COLUMNS": "250"})
     assert text.exit_code == 0 and "cutedsl" in text.stdout

@@ -217,7 +217,7 @@ def test_toolchain_missing_is_a_toolchain_rejection(fresh_registry):
 
 def test_public_explain_accepts_an_op_name_and_shape():
     d = linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128)
-    assert d.chosen is not None and d.problem["n"] == 8
+    assert d.chosen is not None and d.problem.n == 8
 
 
 def test_problem_rejects_missing_or_impossible_shapes():

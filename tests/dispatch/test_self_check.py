@@ -312,8 +312,8 @@ def test_the_capture_state_is_part_of_the_decision_cache_key(sim, monkeypatch):
     assert (impl_c.name, d_c.capturing) == ("torch-ref", True)  # unchecked in capture
     assert (impl_e.name, d_e.capturing) == ("claims-sm90", False)  # the capture decision was not reused
     assert (impl_c2.name, d_c2.capturing) == ("claims-sm90", True)  # nor the stale one after the check
-    keys = [k for k in selection._cache if k[2] == sig]
-    assert sorted(k[-1] for k in keys) == [False, True]
+    entries = [e for e in selection.dispatcher().cached_decisions() if e.signature == sig]
+    assert sorted(e.capturing for e in entries) == [False, True]
 
 
 def test_a_forced_backend_that_fails_its_check_raises_with_the_reason(sim):

@@ -12,7 +12,6 @@ fp32 path and now the plugin carry the sum as two floats (``kernels/triton/_gate
 
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import linattn
 import linattn.cli as cli
-import linattn.ops as ops_module
+from linattn.dispatch import fast_path
 from linattn.dispatch import Problem, explain, resolve_device
 
 N, T, H, HV, K, V, P, TP = 3, 1, 2, 4, 16, 8, 6, 7
@@ -63,7 +63,7 @@ def test_every_op_refuses_meta_tensors_with_a_value_error_naming_the_device(op, 
     def no_selection(*a, **k):
         raise AssertionError("selection was reached with meta tensors")
 
-    monkeypatch.setattr(ops_module, "_select_backend", no_selection)
+    monkeypatch.setattr(fast_path, "select", no_selection)
     with pytest.raises(ValueError) as e:
         getattr(linattn, op)(**_inputs(op, "meta"))
     msg = str(e.value)

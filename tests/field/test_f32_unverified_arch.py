@@ -90,7 +90,7 @@ def test_cli_report_json_and_text_mark_cutedsl_unverified_on_sm100(builtins):
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     for op in ("gdn_prefill", "kda_prefill"):
-        assert doc["ops"][op]["verdicts"]["cutedsl"]["verified"] is False
+        assert {v["backend"]: v for v in doc["ops"][op]["verdicts"]}["cutedsl"]["verified"] is False
         row = next(u for u in doc["unverified"] if u["op"] == op and u["backend"] == "cutedsl")
         assert row["arch"] == "sm_100" and row["chosen"] is True and "first eager call" in row["message"]
     prefill = [r for r in doc["sweep"] if r["op"].endswith("_prefill")]

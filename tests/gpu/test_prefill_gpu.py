@@ -128,11 +128,11 @@ def test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve(family, monkeypa
     # The Neumann product on 3xTF32 with terms up to 6435 that cancel (prefill_cases), and the tf32
     # blocks below it, against the all-fp32 (ieee) forward substitution on the same input. On this
     # input the bf16 pipeline misses ops.md's 2e-2 / 1e-2 even with the fp32 solve (H200: GDN o 1.5e-2,
-    # state 2.0e-2; the bf16 W, U and per-chunk states; benchmarks/results/prefill_h200_s4_worst_case.json),
+    # state 2.0e-2; the bf16 W, U and per-chunk states; benchmarks/results/prefill_h200_s4_worst_case.json@2a79cf3),
     # a known limit (docs/ops-decisions.md); the shipped solve may add at most a third to it.
     # Since session 7 GDN's bf16 path forms U in the state stage and rebuilds every second chunk's
     # state in the output stage: output 3.3e-2 (from 1.9e-2), state 1.8e-2 (from 2.5e-2) on this
-    # input (benchmarks/results/prefill_h200_s7_worst_case.json), hence 3.5e-2 below (was 3e-2).
+    # input (benchmarks/results/prefill_worst_case_h200.json), hence 3.5e-2 below (was 3e-2).
     inp = worst_conditioned(make_inputs(family, [64, 130, 1000], H=16, HV=32, K=128, V=128,
                                         dtype=torch.bfloat16, seed=43, device="cuda"))
     ro, rht = reference(family, inp)

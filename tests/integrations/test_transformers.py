@@ -98,7 +98,7 @@ def test_packed_varlen_prefill(name):
         ref = torch.cat([layer(x[:, s:e]) for s, e in zip(cu[:-1].tolist(), cu[1:].tolist())], dim=1)
         lt.enable(m)
         got = layer(x, cu_seq_lens_q=cu)
-    assert linattn.last_decision().op == "gdn_prefill" and linattn.last_decision().problem["n"] == 3
+    assert linattn.last_decision().op == "gdn_prefill" and linattn.last_decision().problem.n == 3
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
     lt.disable(m)
 
@@ -109,7 +109,7 @@ def test_enable_is_idempotent_and_disable_restores():
     originals = {n: getattr(mod, n) for n in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}
     assert lt.enable(m) is m and lt.enable(m) is m
     assert lt.is_enabled(m) and len(lt.enabled_layers(m)) == 3
-    router = getattr(mod, "torch_chunk_gated_delta_rule")
+    router = mod.torch_chunk_gated_delta_rule
     assert isinstance(router, lt._Router) and router.users == 3 and router.original is originals[
         "torch_chunk_gated_delta_rule"]
     lt.disable(m)

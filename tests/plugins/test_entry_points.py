@@ -66,14 +66,14 @@ def test_example_plugin_runs_a_long_prefill_chosen_by_the_dispatcher(registry):
 
 def test_plugin_for_another_api_version_is_rejected_with_reason_api_version(site):
     make_distribution(site, "vendor-future", {"future": "future_plugin"},
-                      {"future_plugin": backend_module("future-backend", api="2")})
+                      {"future_plugin": backend_module("future-backend", api="3")})
     reset_registry()
     rec = _record("future")
-    assert rec.status == "api_version" and rec.distribution == "vendor-future" and rec.api_version == "2"
+    assert rec.status == "api_version" and rec.distribution == "vendor-future" and rec.api_version == "3"
     assert "future-backend" not in get_registry().backends
     d = explain(CLAMP, "cpu")
     v = d.verdict("plugin:future")
-    assert v.reason == Reason.API_VERSION and "'2'" in v.message and "['1']" in v.message
+    assert v.reason == Reason.API_VERSION and "'3'" in v.message and "['1', '2']" in v.message
     assert d.chosen == "torch-ref"
 
 

@@ -17,9 +17,9 @@ import torch
 import linattn
 from linattn.backends.torch_ref import TorchRefBackend, gdn_decode_ref
 from linattn.capabilities import profile
-from linattn.dispatch import Problem, Reason, explain, get_registry
+from linattn.dispatch import Problem, Reason, explain, get_registry, reset_registry
 from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.registry import BUILTIN_PLUGIN, Registry, reset_registry
+from linattn.dispatch.registry import BUILTIN_PLUGIN, Registry
 from linattn.dispatch.verdict import Check
 
 from plugin_fakes import Plugin, RaisesInRun, make_distribution, mangling
@@ -499,7 +499,7 @@ def test_adding_and_removing_a_plugin_while_another_thread_dispatches_new_shapes
             o = linattn.gdn_decode(**args)
             d = linattn.last_decision("gdn_decode")
             assert d.chosen in ("flappy", "torch-ref") and d.verdict(d.chosen).ok
-            assert d.problem["n"] == N and d.problem["t"] == T
+            assert d.problem.n == N and d.problem.t == T
             assert o.shape == (N, T, HV, V) and torch.equal(o, expected)
             assert torch.equal(args["state_pool"], expected_pool)
             _assert_unowned_unchanged(snap)

@@ -1,11 +1,11 @@
-"""GDN's bf16 chunked prefill: the three ways its stages split the work since session 7, each
-against the way it replaced (pinned_config "gdn_hoist", "gdn_half_hbuf", "gdn_state_u").
+"""GDN's bf16 chunked prefill: the three ways its stages split the work, each against the way it
+replaced (``prefill_config(...).gdn``, a :class:`~linattn.kernels.triton.prefill.GdnStageSplit`).
 
-- ``gdn_hoist``: the state loop's gate factors ``rk exp(G_C - G)`` and ``exp(G_C)`` come from
+- ``gates_kernel``: the state loop's gate factors ``rk exp(G_C - G)`` and ``exp(G_C)`` come from
   their own launch (``chunk_gdn_gates_kernel``) instead of a scan per chunk in the state loop.
-- ``gdn_half_hbuf``: the state stage stores the state entering every second chunk only; the grouped
-  output kernel rebuilds the others' share from the chunk before.
-- ``gdn_state_u``: stage 1 writes ``Tm diag(beta)`` and the state stage forms ``U`` itself.
+- ``every_second_state``: the state stage stores the state entering every second chunk only; the
+  grouped output kernel rebuilds the others' share from the chunk before.
+- ``u_in_state``: stage 1 writes ``Tm diag(beta)`` and the state stage forms ``U`` itself.
 
 Each test runs one call twice in pool mode (a padding sequence, an empty one, odd and even chunk
 counts, foreign rows, two value blocks: V = 128), once with the option and once without, every
@@ -17,6 +17,8 @@ operands round differently: 1e-2).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -60,7 +62,8 @@ def _nan_run(monkeypatch, inp, **kw):
 
 
 def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, pinned_on=True, dense=False):
-    """The call with the pinned configuration (updated with ``fixed``) with ``option`` on and off;
+    """The call with the pinned configuration (its GDN stage split updated with ``fixed``) with the
+    split's field ``option`` on and off;
     returns the inputs, the pool before, the (output, pool) pairs and the launches of each run.
     With ``dense``, the first run is repeated in dense mode, which must give the same bits."""
     from linattn.kernels.triton import prefill as pm
@@ -68,14 +71,16 @@ def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, p
     inp = make_inputs("gdn", LENS, H=H, HV=HV, K=K, V=V, dtype=torch.bfloat16, seed=91, device=DEV)
     idx = torch.tensor(SLOTS, dtype=torch.int32, device=DEV)
     before = random_states(P, HV, K, V, seed=92, device=DEV)
-    pinned = pm.pinned_config
+    pinned = pm.prefill_config
     if pinned_on:
-        assert pinned("gdn", K, V, torch.bfloat16)[option], f"{option} is not pinned on for bf16 GDN"
+        assert getattr(pinned("gdn", K, V, torch.bfloat16).gdn, option), f"{option} is not pinned on for bf16 GDN"
     seen = _launches(monkeypatch, pm)
     runs, launches = [], []
     for on in (True, False):
-        monkeypatch.setattr(pm, "pinned_config",
-                            lambda *a, _on=on, **kw: {**pinned(*a, **kw), **(fixed or {}), option: _on})
+        def config(*a, _on=on, **kw):
+            cfg = pinned(*a, **kw)
+            return replace(cfg, gdn=replace(cfg.gdn, **(fixed or {}), **{option: _on}))
+        monkeypatch.setattr(pm, "prefill_config", config)
         pool = before.clone()
         o, _ = _nan_run(monkeypatch, inp, state_pool=pool, state_indices=idx)
         runs.append((o, pool))
@@ -114,7 +119,7 @@ def _bound(state: float = 1e-5) -> tuple:
 
 def test_gdn_gate_factors_from_their_own_launch_match_the_scan_in_the_state_loop(monkeypatch):
     # every chunk's state stored in both runs (the rebuild needs the gates kernel's factors)
-    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gdn_hoist", fixed={"gdn_half_hbuf": False})
+    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gates_kernel", fixed={"every_second_state": False})
     nt_max = sum(LENS) // 64 + len(LENS)
     assert [(n, g) for n, g, _ in on if n == "chunk_gdn_gates_kernel"] == [("chunk_gdn_gates_kernel", (nt_max, 1))]
     assert [c["HOIST"] for n, _, c in on if n == "chunk_state_kernel"] == [True]
@@ -128,7 +133,7 @@ def test_gdn_gate_factors_from_their_own_launch_match_the_scan_in_the_state_loop
 def test_gdn_output_rebuilds_every_second_chunk_state_and_reads_no_unwritten_one(monkeypatch):
     """Every buffer starts as NaN, so a state the state stage did not store, read by the output
     stage, would show in the output. (Without it, ``U`` stays in stage 1: ``stage_options``.)"""
-    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gdn_half_hbuf", dense=True)
+    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "every_second_state", dense=True)
     assert [c["HSTEP"] for n, _, c in on if n == "chunk_state_kernel"] == [2]
     assert [c["HALF"] for n, _, c in on if n == "chunk_output_grouped_kernel"] == [True]
     assert [c["HSTEP"] for n, _, c in off if n == "chunk_state_kernel"] == [1]
@@ -138,7 +143,7 @@ def test_gdn_output_rebuilds_every_second_chunk_state_and_reads_no_unwritten_one
 
 
 def test_gdn_state_stage_forms_u_from_stage_one_matrix(monkeypatch):
-    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gdn_state_u", dense=True)
+    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "u_in_state", dense=True)
     assert [c["TMOUT"] for n, _, c in on if n == "chunk_intra_kernel"] == [True]
     assert [c["UTM"] for n, _, c in on if n == "chunk_state_kernel"] == [True]
     assert [c["TMOUT"] for n, _, c in off if n == "chunk_intra_kernel"] == [False]
@@ -150,12 +155,11 @@ def test_gdn_state_stage_forms_u_from_stage_one_matrix(monkeypatch):
 def test_gdn_other_dtypes_keep_u_in_stage_one_and_every_chunk_state(dtype):
     """Only the measured bf16 path splits the stages this way (fp16 runs fp32 tiles, fp32 ieee
     dots: builds never measured with these options)."""
-    from linattn.kernels.triton.prefill import pinned_config
+    from linattn.kernels.triton.prefill import GdnStageSplit, prefill_config
 
-    cfg = pinned_config("gdn", 128, 128, dtype)
-    assert not cfg["gdn_hoist"] and not cfg["gdn_half_hbuf"] and not cfg["gdn_state_u"]
-    assert not any(pinned_config("kda", 128, 128, dt)[o] for dt in (torch.bfloat16, dtype)
-                   for o in ("gdn_hoist", "gdn_half_hbuf", "gdn_state_u"))
+    off = GdnStageSplit(gates_kernel=False, every_second_state=False, u_in_state=False)
+    assert prefill_config("gdn", 128, 128, dtype).gdn == off
+    assert all(prefill_config("kda", 128, 128, dt).gdn == off for dt in (torch.bfloat16, dtype))
 
 
 @pytest.mark.parametrize("H_,HV_", [(1, 1), (1, 4)], ids=["group1", "group4"])
@@ -165,13 +169,15 @@ def test_gdn_other_group_sizes_take_the_gate_launch_only(monkeypatch, H_, HV_):
     measured slower): only the gate factors' launch applies."""
     from linattn.kernels.triton import prefill as pm
 
-    cfg = pm.pinned_config("gdn", K, V, torch.bfloat16)
+    cfg = pm.prefill_config("gdn", K, V, torch.bfloat16)
     opt = pm.stage_options("gdn", HV_ // H_, cfg)
     assert (opt.grouped_output, opt.hoist, opt.half_hbuf, opt.state_u) == (False, True, False, False)
     assert pm.stage_options("gdn", 2, cfg) == (True, True, True, True)
     assert pm.stage_options("gdn", 2, cfg, replaced_state=True) == (True, False, False, False)
-    assert not any(pm.stage_options("kda", 2, pm.pinned_config("kda", K, V, torch.bfloat16))[1:])
-    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gdn_hoist", H=H_, HV=HV_)
+    assert not any(pm.stage_options("kda", 2, pm.prefill_config("kda", K, V, torch.bfloat16))[1:])
+    # the legacy string-keyed view still resolves to the same options
+    assert pm.stage_options("gdn", 2, pm.pinned_config("gdn", K, V, torch.bfloat16)) == (True, True, True, True)
+    inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gates_kernel", H=H_, HV=HV_)
     assert [(c["HOIST"], c["HSTEP"], c["UTM"]) for n, _, c in on if n == "chunk_state_kernel"] == [(True, 1, False)]
     assert [c["TMOUT"] for n, _, c in on if n == "chunk_intra_kernel"] == [False]
     assert any(n == "chunk_output_kernel" for n, _, _ in on)

@@ -9,6 +9,8 @@ Tolerances (ops.md): fp32 inputs 1e-5 on outputs and states; bf16/fp16 inputs 2e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -205,7 +207,7 @@ def test_negative_index_is_padding_zero_output_and_pool_untouched():
 
 def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch):
     """GDN's bf16 output stage runs one program per key head that writes its GROUP value heads
-    from one ``q k^T`` (pinned ``output_group``, ``chunk_output_grouped_kernel``). Against one
+    from one ``q k^T`` (pinned ``OutputConfig.grouped_at``, ``chunk_output_grouped_kernel``). Against one
     program per value head (``chunk_output_kernel``), pool mode
     with a padding sequence, an empty one and foreign rows, GROUP = 2: the grids differ on axis 1
     (key heads against value heads), the outputs agree to bf16 rounding (same maths per head; the
@@ -220,17 +222,20 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     inp = make_inputs("gdn", lens, H=H, HV=HV, K=K, V=V, dtype=torch.bfloat16, seed=81, device=DEV)
     idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
     before = random_states(P, HV, K, V, seed=82, device=DEV)
-    assert pm.pinned_config("gdn", K, V, torch.bfloat16)["output_group"] == (HV // H,)
-    assert pm.pinned_config("gdn", K, V, torch.float32)["output_group"] == ()
-    pinned, grids = pm.pinned_config, []
+    assert pm.prefill_config("gdn", K, V, torch.bfloat16).output.grouped_at == (HV // H,)
+    assert pm.prefill_config("gdn", K, V, torch.float32).output.grouped_at == ()
+    pinned, grids = pm.prefill_config, []
     for kernel in (pm.chunk_output_kernel, pm.chunk_output_grouped_kernel):
         monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _k=kernel, **kw:
                             grids.append((_k.fn.__name__, kw["grid"][1])) or _run(*a, **kw))
     outs, pools = [], []
     for grouped in (True, False):
         pool = before.clone()
-        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw), "gdn_half_hbuf": False,
-                                                                   "output_group": (2,) if grouped else ()})
+        def config(*a, _grouped=grouped, **kw):
+            cfg = pinned(*a, **kw)
+            return replace(cfg, gdn=replace(cfg.gdn, every_second_state=False),
+                           output=replace(cfg.output, grouped_at=(2,) if _grouped else ()))
+        monkeypatch.setattr(pm, "prefill_config", config)
         o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
         outs.append(o)
         pools.append(pool)
@@ -348,13 +353,13 @@ def test_prefill_supported_rejects_a_device_with_too_little_shared_memory():
     # a 99 KiB device (sm_120) is accepted and gets the unpipelined state kernel (GDN; KDA's bf16
     # state kernel writes the output and is unpipelined everywhere)
     assert prefill_supported("kda", 128, 128, torch.bfloat16, profile("sm120")) is None
-    from linattn.kernels.triton.prefill import pinned_config
+    from linattn.kernels.triton.prefill import prefill_config
 
     for caps, stages in (("sm120", 1), ("sm90", 2)):
         smem = profile(caps).shared_memory_per_block
-        assert pinned_config("gdn", 128, 128, torch.bfloat16, smem)["state"]["num_stages"] == stages
-        kda = pinned_config("kda", 128, 128, torch.bfloat16, smem)
-        assert kda["state_fuse_o"] and kda["state_fused"]["num_stages"] == 1
+        assert prefill_config("gdn", 128, 128, torch.bfloat16, smem).state.launch.num_stages == stages
+        kda = prefill_config("kda", 128, 128, torch.bfloat16, smem)
+        assert kda.state.writes_output and kda.state.fused_launch.num_stages == 1
 
 
 def test_pool_mode_without_state_indices_is_a_clear_error():

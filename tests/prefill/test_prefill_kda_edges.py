@@ -21,6 +21,8 @@ reference; bf16 inputs 2e-2 on outputs, 1e-2 on states.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -46,23 +48,23 @@ def _per_sequence(o, ro, ht, rht, lens, cu, tol):
 def _stage1(inp, scale, l2norm, fast):
     """Stage 1 of KDA (fp32, ieee dots) on ``inp``; ``fast``: the system kernel's fast path allowed
     (the pinned configuration) or turned off. Returns the buffers on the CPU and the chunk tables."""
-    import triton.language as tl
-
     from linattn.capabilities import probe
-    from linattn.kernels.triton.prefill import chunk_tables, intra_buffers, launch_intra, pinned_config
+    from linattn.kernels.triton import prefill as pm
 
     q, k, v, g, beta, cu = (inp[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
-    T, HV, K, V = q.shape[0], v.shape[1], q.shape[2], v.shape[2]
-    off, seq, start, nt = chunk_tables(cu, T)
-    bufs = intra_buffers(True, T, HV, K, V, nt, torch.float32, DEV)
-    for b in bufs.values():
+    cfg = pm.prefill_config("kda", q.shape[2], v.shape[2], torch.float32)
+    assert cfg.kda_system.fast_path  # the shipped configuration takes the fast path where it may
+    cfg = replace(cfg, kda_system=replace(cfg.kda_system, fast_path=fast))
+    plan = pm.plan_prefill("kda", q=q, v=v, cu_seqlens=cu, use_qk_l2norm=l2norm, caps=probe(DEV), config=cfg)
+    assert (plan.DT, plan.PREC) == (pm.tl.float32, "ieee")
+    bufs = pm.allocate_buffers(plan)
+    stage1 = dict(abuf=bufs.kda_a, aqk=bufs.kda_aqk, kd=bufs.kda_kd, qg=bufs.kda_qg, gl=bufs.kda_gl, w=bufs.w,
+                  u=bufs.u, rk=bufs.rk)
+    for b in stage1.values():
         b.fill_(float("nan"))  # anything the kernels should write and do not shows up
-    cfg = pinned_config("kda", K, V, torch.float32)
-    assert cfg["kda_system_fast"]  # the shipped configuration takes the fast path where it may
-    cfg["kda_system_fast"] = fast
-    launch_intra(q, k, v, g, beta, cu, seq, start, nt, bufs, scale=scale, kda=True, use_qk_l2norm=l2norm,
-                 DT=tl.float32, PREC="ieee", cfg=cfg, caps=probe(DEV))
-    return {name: b.cpu() for name, b in bufs.items()}, (off, seq, start)
+    tables = pm.launch_tables(plan, cu)
+    pm.launch_intra(plan, pm.conform_inputs(plan, q, k, v, g, beta, cu), tables, bufs, scale)
+    return {name: b.cpu() for name, b in stage1.items()}, tables
 
 
 #: Gates of stage 1's entrywise test, by the system kernel's path they take per channel block
@@ -298,7 +300,7 @@ def test_strided_views_of_q_k_g_and_beta_give_the_same_bits_as_contiguous():
 
 
 def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_the_state_bits_alone(monkeypatch):
-    """KDA's bf16 path writes the output from the state kernel (pinned ``state_fuse_o``; the
+    """KDA's bf16 path writes the output from the state kernel (pinned ``StateConfig.writes_output``; the
     per-chunk states and Vn never go through memory). Against the same prefill with the output
     kernel (``state_fuse_o`` off), pool mode with a padding sequence, an empty one and foreign
     rows: the final pool rows are the same bits (the state update is the same instructions), the
@@ -311,15 +313,16 @@ def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_th
     inp = make_inputs("kda", lens, H=H, HV=HV, K=K, V=V, dtype=torch.bfloat16, seed=71, device=DEV)
     idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
     before = random_states(P, HV, K, V, seed=72, device=DEV)
-    assert pm.pinned_config("kda", K, V, torch.bfloat16)["state_fuse_o"]
-    assert not pm.pinned_config("gdn", K, V, torch.bfloat16)["state_fuse_o"]
-    pinned, run_output = pm.pinned_config, pm.chunk_output_kernel.run
+    assert pm.prefill_config("kda", K, V, torch.bfloat16).state.writes_output
+    assert not pm.prefill_config("gdn", K, V, torch.bfloat16).state.writes_output
+    pinned, run_output = pm.prefill_config, pm.chunk_output_kernel.run
     calls = []
     monkeypatch.setattr(pm.chunk_output_kernel, "run", lambda *a, **kw: calls.append(1) or run_output(*a, **kw))
     outs, pools, output_launches = [], [], []
     for fuse in (True, False):
         pool = before.clone()
-        monkeypatch.setattr(pm, "pinned_config", lambda *a, **kw: {**pinned(*a, **kw), "state_fuse_o": fuse})
+        monkeypatch.setattr(pm, "prefill_config", lambda *a, _fuse=fuse, **kw: replace(
+            pinned(*a, **kw), state=replace(pinned(*a, **kw).state, writes_output=_fuse)))
         calls.clear()
         o, _ = run("kda", inp, state_pool=pool, state_indices=idx)
         outs.append(o)

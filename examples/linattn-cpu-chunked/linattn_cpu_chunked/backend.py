@@ -1,33 +1,34 @@
-"""The ``cpu-chunked`` backend: chunked-form GDN and KDA prefill for CPUs.
+"""The ``cpu-chunked`` backend: chunked-form GDN and KDA prefill for CPUs (plugin API 2).
 
 A backend is a class: capabilities as data, predicates inherited from
 :class:`linattn.backends.base.Backend` (each returns the verdict and its reason together), a
-rank, and one method per op taking the validated keyword arguments of the op contract.
+rank, and one method per phase taking a typed call object (``linattn.dispatch.calls``) whose
+fields are the validated arguments of the op contract. This one implements ``prefill`` only.
 """
 
 from __future__ import annotations
 
-from linattn.backends.base import Backend
+from linattn.backends.base import Backend, PrefillCall, Rank
 
 from .chunked import CHUNK, chunked_prefill
 
 LONG_SEQUENCE = {"gdn": 128, "kda": 256}
 """Average tokens per sequence from which the chunked form beats the token-serial reference on
-CPUs (measured with ``benchmarks/cpu_chunked.py`` at 4 sequences, Qwen3-Next / Kimi-Linear
-heads, 2 threads: GDN breaks even near 100 tokens, KDA near 200; at 2,048 tokens GDN runs about
-2x and KDA 1.5x faster)."""
+CPUs (``benchmarks/cpu_chunked.py``; the measurements: docs/performance.md#cpu-chunked-crossover)."""
 
 
 class CpuChunkedBackend(Backend):
     """Vectorised chunked-form prefill (``C = 64``) in PyTorch, for CPUs.
 
-    Ranked 5 (ahead of ``torch-ref``'s 10 on CPUs) when a prefill averages at least
-    :data:`LONG_SEQUENCE` tokens per sequence, else 50 (short sequences are mostly tail chunk, and
-    the token-serial reference wins there). Computes in float32 (bf16 / fp16 inputs upcast once).
+    Ranked ``Rank.PREFERRED`` (5, ahead of ``torch-ref``'s ``Rank.CPU_DEFAULT``, 10, on CPUs) when a
+    prefill averages at least :data:`LONG_SEQUENCE` tokens per sequence, else ``Rank.BEHIND_NATIVE``
+    (60: short sequences are mostly tail chunk, and the token-serial reference wins there).
+    Computes in float32 (bf16 / fp16 inputs upcast once).
     """
 
     name = "cpu-chunked"
     summary = f"chunked-form (C={CHUNK}) GDN/KDA prefill, vectorised PyTorch for CPUs (example plugin)"
+    api_version = "2"
     ops = frozenset({"gdn_prefill", "kda_prefill"})
     vendors = frozenset({"cpu"})
     dtypes = frozenset({"float32", "bfloat16", "float16"})
@@ -37,16 +38,12 @@ class CpuChunkedBackend(Backend):
     state_layouts = frozenset({"vk", "kv"})
 
     def rank(self, p, caps) -> int:
-        return 5 if p.t / max(p.n, 1) >= LONG_SEQUENCE[p.family] else 50
+        return Rank.PREFERRED if p.t / max(p.n, 1) >= LONG_SEQUENCE[p.family] else Rank.BEHIND_NATIVE
 
-    def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
-        return chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=state_pool,
-                               state_indices=state_indices, initial_state=initial_state, scale=scale,
-                               use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
-
-    def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                    initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
-        return chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=state_pool,
-                               state_indices=state_indices, initial_state=initial_state, scale=scale,
-                               use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+    def prefill(self, call: PrefillCall):
+        """GDN and KDA alike: one chunked form, g's shape (``[T, HV]`` or ``[T, HV, K]``) tells them
+        apart. Returns ``(o, None)`` in pool mode, ``(o, final_state)`` in dense mode."""
+        return chunked_prefill(call.q, call.k, call.v, call.g, call.beta, call.cu_seqlens,
+                               state_pool=call.state_pool, state_indices=call.state_indices,
+                               initial_state=call.initial_state, scale=call.scale,
+                               use_qk_l2norm=call.use_qk_l2norm, state_layout=call.state_layout)

@@ -1,6 +1,6 @@
 """Chunked-form GDN and KDA prefill, vectorised PyTorch for CPUs.
 
-The maths is linattn's ops.md "Chunked form" (Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
+The maths is linattn's docs/ops.md "Chunked form" (Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
 ICLR 2025; Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
 Length", NeurIPS 2024, the WY representation; the Kimi Linear report, 2025, for KDA). Within one
 chunk of ``C`` rows, with ``q`` already scaled, ``S0 [K, V]`` the state entering the chunk and
@@ -21,9 +21,8 @@ The cumulative gates are two-float sums ``G + Gl`` (:func:`cumsum2`, the same sp
 Triton fp32 path's ``kernels/triton/_gates.py``; docs/ops-decisions.md, "Chunked prefill,
 state-update weights"), and every decay is taken from ``G_r - G_s + Gl_r - Gl_s``. A plain
 fp32 prefix sum after a floor gate (-1000) sits where fp32's spacing is 6e-5, and every later
-difference of mild gates carries that rounding: field case F28 (fp32, g = -0.05 with one token in
-50 at -1000, 300 tokens, one head, K = V = 16) was 2.2e-5 off float64 on outputs and 3.3e-5 on
-states, over ops.md's 1e-5; with the two-float sums 1.7e-7 and 1.4e-7.
+difference of mild gates carries that rounding, past docs/ops.md's fp32 tolerance of 1e-5 (field case
+F28, measured: docs/performance.md#cpu-chunked-two-float-gates).
 
 How the work is laid out: every sequence is cut into chunks of ``C`` tokens. The last one is
 padded with copies of a real token whose ``g`` and ``beta`` are set to 0: a row with ``beta = 0``
@@ -43,18 +42,18 @@ All arithmetic is float32 (bf16 / fp16 inputs are upcast once, the output is cas
 
 from __future__ import annotations
 
-
 import torch
 
 CHUNK = 64
-"""Chunk size ``C`` (ops.md)."""
+"""Chunk size ``C`` (docs/ops.md)."""
 SUB = 16
 """Sub-block size: the blocked inverse of ``I + A`` and the KDA Gram matrices work on
 ``SUB x SUB`` blocks of the chunk."""
 EXP_FLOOR = 80.0
 """Log decays are floored at -80 before ``exp`` (``e^-80`` ~ 2e-35, a decay that is zero at
 float32 precision): ``exp`` of anything below about -87 lands in float32's denormal range,
-which CPUs compute about ten times slower, and strongly decaying gates produce plenty of them."""
+which CPUs compute far more slowly (docs/performance.md#cpu-chunked-denormals), and strongly
+decaying gates produce plenty of them."""
 SAFE_HALF = 40.0
 """KDA Gram matrices: a block is factorised around the midpoint of its decay range when that
 range is at most ``2 * SAFE_HALF`` nats, so every factor lies in ``[e^-40, e^40]`` (normal
@@ -344,49 +343,58 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, *, state_pool=None, state_indi
     """
     T, _, K = q.shape
     HV, V = v.shape[1], v.shape[2]
-    kda = g.dim() == 3
     dev = q.device
     cu = [int(c) for c in cu_seqlens.tolist()]
-    N = len(cu) - 1
-    lens = [cu[n + 1] - cu[n] for n in range(N)]
-    pool_mode = state_pool is not None
-    final = None
-    if pool_mode:
-        slots = [int(s) for s in state_indices.tolist()]
-        valid = [s >= 0 for s in slots]
-    else:
-        valid = [True] * N
-        if initial_state is not None:
-            final = initial_state.clone(memory_format=torch.contiguous_format)
-        else:
-            shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
-            final = torch.zeros(shape, dtype=torch.float32, device=dev)
-    o_dtype = q.dtype
-    active = sorted((n for n in range(N) if valid[n] and lens[n] > 0), key=lambda n: -lens[n])
+    lens = [cu[n + 1] - cu[n] for n in range(len(cu) - 1)]
+    slots = [int(s) for s in state_indices.tolist()] if state_pool is not None else None
+    final = None if state_pool is not None else _dense_final(initial_state, len(lens), HV, K, V, state_layout, dev)
+    # padding (negative slot) and empty sequences are not batched; the rest longest first
+    active = sorted((n for n in range(len(lens)) if lens[n] > 0 and (slots is None or slots[n] >= 0)),
+                    key=lambda n: -lens[n])
     if not active:
-        return torch.zeros(T, HV, V, dtype=o_dtype, device=dev), final
-
-    scale = K ** -0.5 if scale is None else scale
+        return torch.zeros(T, HV, V, dtype=q.dtype, device=dev), final
     act = torch.tensor(active, dtype=torch.long, device=dev)
-    if pool_mode:
+    if state_pool is not None:
         act_slots = torch.tensor([slots[n] for n in active], dtype=torch.long, device=dev)
         src = state_pool[act_slots]
-    elif initial_state is not None:
-        src = initial_state[act]
     else:
-        src = None
+        src = initial_state[act] if initial_state is not None else None
     if src is None:
         S = torch.zeros(HV, len(active), K, V, dtype=torch.float32, device=dev)
     else:  # [Nact, HV, ., .] -> [HV, Nact, K, V] float32
         S = _to_kv(src, state_layout).to(torch.float32).transpose(0, 1).contiguous()
+    scale = K ** -0.5 if scale is None else scale
+    o = _run_chunks((q, k, v, g, beta), S, [cu[n] for n in active], [lens[n] for n in active], scale,
+                    use_qk_l2norm, g.dim() == 3)
+    out_state = _to_kv(S.transpose(0, 1), state_layout)  # back to the stored layout: [Nact, HV, ., .]
+    if state_pool is not None:
+        state_pool[act_slots] = out_state.to(state_pool.dtype)
+    else:
+        final[act] = out_state.to(final.dtype)
+    return o.to(q.dtype), final
 
+
+def _dense_final(initial_state, N: int, HV: int, K: int, V: int, state_layout: str, dev) -> torch.Tensor:
+    """Dense mode's final state before the run: a copy of ``initial_state``, or float32 zeros."""
+    if initial_state is not None:
+        return initial_state.clone(memory_format=torch.contiguous_format)
+    shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
+    return torch.zeros(shape, dtype=torch.float32, device=dev)
+
+
+def _run_chunks(inputs, S: torch.Tensor, starts: list[int], lens: list[int], scale: float, l2norm: bool,
+                kda: bool) -> torch.Tensor:
+    """Every chunk of the active sequences (``lens`` non-increasing), states ``S [HV, Nact, K, V]``
+    updated in place; returns float32 ``o [T, HV, V]`` (rows of sequences not run stay zero)."""
+    q, k, v, g, beta = inputs
+    T, HV, V = v.shape
+    K, dev = S.shape[2], q.device
     # rows of inactive sequences (padding, empty) stay zero; row T takes the padded rows' output
-    covered = sum(lens[n] for n in active) == T
-    o = (torch.empty if covered else torch.zeros)(T + 1, HV, V, dtype=torch.float32, device=dev)
-    starts = torch.tensor([cu[n] for n in active], dtype=torch.long, device=dev)
-    left = torch.tensor([lens[n] for n in active], dtype=torch.long, device=dev)
+    o = (torch.empty if sum(lens) == T else torch.zeros)(T + 1, HV, V, dtype=torch.float32, device=dev)
+    start_t = torch.tensor(starts, dtype=torch.long, device=dev)
+    left = torch.tensor(lens, dtype=torch.long, device=dev)
     rows = torch.arange(CHUNK, device=dev)
-    chunks = [-(-lens[n] // CHUNK) for n in active]  # non-increasing
+    chunks = [-(-n // CHUNK) for n in lens]  # non-increasing
     group = max(1, MAX_CHUNK_HEADS // HV)
     for j in range(chunks[0]):
         running = sum(1 for c in chunks if c > j)
@@ -395,16 +403,9 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, *, state_pool=None, state_indi
             n = b - a
             off = rows[None, :] + j * CHUNK
             real = off < left[a:b, None]  # [n, C]
-            tok = torch.where(real, starts[a:b, None] + off, starts[a:b, None])  # pad: a real row
-            inputs = _load_chunk(q, k, v, g, beta, tok, real.to(torch.float32), HV, scale, use_qk_l2norm)
-            O, S1 = _chunk_step(*inputs, S[:, a:b].reshape(HV * n, K, V), kda)
+            tok = torch.where(real, start_t[a:b, None] + off, start_t[a:b, None])  # pad: a real row
+            chunk = _load_chunk(q, k, v, g, beta, tok, real.to(torch.float32), HV, scale, l2norm)
+            O, S1 = _chunk_step(*chunk, S[:, a:b].reshape(HV * n, K, V), kda)
             S[:, a:b] = S1.view(HV, n, K, V)
             o[torch.where(real, tok, T)] = O.view(HV, n, CHUNK, V).permute(1, 2, 0, 3)
-    o = o[:T].to(o_dtype)
-
-    out_state = _to_kv(S.transpose(0, 1), state_layout)  # back to the stored layout: [Nact, HV, ., .]
-    if pool_mode:
-        state_pool[act_slots] = out_state.to(state_pool.dtype)
-    else:
-        final[act] = out_state.to(final.dtype)
-    return o, final
+    return o[:T]

@@ -1,0 +1,247 @@
+"""Host time per call: linattn (validate on and off), FLA, and bare launches of the same kernels.
+
+Tiny problems (Qwen3-Next heads: H = 16, HV = 32, K = V = 128; decode N = 1; prefill one
+sequence of T = 64 tokens), so the GPU work per call is a few microseconds and the wall clock of
+a loop of eager calls is the host's cost. Per variant: ``--calls`` eager calls after a warm-up,
+the host wall clock divided by the calls (no sync inside the loop), the median of ``--repeats``
+loops. The floor is the bare launches of the same compiled kernels: the launches one linattn call
+made, recorded (``kernels/triton/launch.py`` ``direct_launch_log``) and replayed through the
+compiled kernels' launchers with the arguments already built.
+
+Also checked in the same run: fast and ordinary launches (``LINATTN_FAST_LAUNCH=0``) give
+bitwise equal outputs and pools, for both families, decode and prefill.
+
+    python benchmarks/host_overhead.py                 # on a CUDA device; writes host_overhead_<dev>.json
+    python benchmarks/host_overhead.py --device cpu    # the CPU: dispatch cost of the torch-ref path only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import results_path, write_results  # noqa: E402
+
+import linattn  # noqa: E402
+from linattn.kernels.triton import launch as launch_mod  # noqa: E402
+
+H, HV, K, V = 16, 32, 128, 128
+
+
+def host_us(fn, calls: int, repeats: int, sync) -> float:
+    """Median over ``repeats`` of the host wall clock per call of ``calls`` calls (no sync inside)."""
+    for _ in range(20):
+        fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        sync()
+    return statistics.median(samples)
+
+
+def decode_inputs(family: str, dev: str, n: int = 1) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def r(*s, dtype=torch.bfloat16):
+        return torch.randn(*s, generator=g).to(dev, dtype)
+
+    kda = family == "kda"
+    return dict(q=r(n, 1, H, K), k=r(n, 1, H, K), v=r(n, 1, HV, V),
+                a=r(n, 1, HV, K) if kda else r(n, 1, HV), b=r(n, 1, HV),
+                A_log=r(HV, dtype=torch.float32), dt_bias=r(HV, K, dtype=torch.float32) if kda else r(HV, dtype=torch.float32),
+                state_pool=torch.zeros(8, HV, V, K, device=dev), state_indices=torch.arange(n, dtype=torch.int32, device=dev))
+
+
+def prefill_inputs(family: str, dev: str, t: int = 64) -> dict:
+    g = torch.Generator(device="cpu").manual_seed(1)
+
+    def r(*s, dtype=torch.bfloat16):
+        return torch.randn(*s, generator=g).to(dev, dtype)
+
+    kda = family == "kda"
+    gate = -torch.rand(t, HV, K, generator=g) * 0.1 if kda else -torch.rand(t, HV, generator=g) * 0.1
+    return dict(q=r(t, H, K), k=r(t, H, K), v=r(t, HV, V), g=gate.to(dev), beta=torch.rand(t, HV, generator=g).to(dev),
+                cu_seqlens=torch.tensor([0, t], dtype=torch.int32, device=dev),
+                state_pool=torch.zeros(4, HV, V, K, device=dev), state_indices=torch.tensor([1], dtype=torch.int32, device=dev))
+
+
+def _op(family: str, phase: str):
+    return getattr(linattn, f"{family}_{phase}")
+
+
+def linattn_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
+    rows = []
+    with torch.inference_mode():
+        for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
+            for family in ("gdn", "kda"):
+                x, op = make(family, dev), _op(family, phase)
+                for validate in (False, True):
+                    us = host_us(lambda: op(**x, validate=validate), calls, repeats, sync)
+                    d = linattn.last_decision(f"{family}_{phase}")
+                    rows.append(dict(kind="linattn", op=f"{family}_{phase}", validate=validate, host_us=round(us, 2),
+                                     backend=d.chosen if d else None))
+    return rows
+
+
+def _captured_call_args(call) -> tuple:
+    """What a public op hands to the dispatcher (``linattn.ops._call``): op, args, backend, validate, check_finite."""
+    import linattn.ops as ops
+
+    seen, real = [], ops._call
+
+    def spy(op, args, *rest):
+        seen.append((op, args, *rest))
+        return real(op, args, *rest)
+    ops._call = spy
+    try:
+        call()
+    finally:
+        ops._call = real
+    return seen[-1]
+
+
+def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
+    """The dispatcher's share alone: a cached call plan's key, lookup and checks (no backend run)."""
+    from linattn.dispatch import fast_path
+
+    rows = []
+    with torch.inference_mode():
+        for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
+            for family in ("gdn", "kda"):
+                name, x = f"{family}_{phase}", make(family, dev)
+                call = _captured_call_args(lambda: _op(family, phase)(**x, validate=False))
+
+                def hit(call=call):
+                    plan = fast_path.lookup(fast_path.call_key(*call))
+                    return fast_path.prepare_hit(plan, call[1])
+                rows.append(dict(kind="dispatch", op=name, validate=False, host_us=round(host_us(hit, calls, repeats, sync), 2)))
+                plan = fast_path.lookup(fast_path.call_key(*call))
+                if plan is not None and plan.prepared is not None:
+                    nargs = fast_path.prepare_hit(plan, call[1])
+                    us = host_us(lambda: plan.prepared(nargs), calls, repeats, sync)
+                    rows.append(dict(kind="prepared_launch", op=name, host_us=round(us, 2),
+                                     what="the backend's prepared launch called directly (no dispatcher)"))
+    return rows
+
+
+def floor_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
+    """Bare launches: replay the compiled-kernel launches one call made, arguments prebuilt."""
+    rows = []
+    with torch.inference_mode():
+        for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
+            for family in ("gdn", "kda"):
+                x, op = make(family, dev), _op(family, phase)
+                for _ in range(3):
+                    op(**x, validate=False)  # known keys: the next call launches directly
+                launch_mod.direct_launch_log = log = []
+                op(**x, validate=False)
+                launch_mod.direct_launch_log = None
+                if not log:
+                    rows.append(dict(kind="floor", op=f"{family}_{phase}", host_us=None,
+                                     why="no direct launches recorded (fast path off?)"))
+                    continue
+
+                def replay(log=log):
+                    for ck, (g0, g1, g2), device, full in log:
+                        ck.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), ck.function,
+                               ck.packed_metadata, None, None, None, *full)
+                us = host_us(replay, calls, repeats, sync)
+                rows.append(dict(kind="floor", op=f"{family}_{phase}", launches=len(log), host_us=round(us, 2),
+                                 kernels=[ck.name for ck, *_ in log]))
+    return rows
+
+
+def fla_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    except ImportError as e:
+        return [dict(kind="fla", op=None, host_us=None, why=f"fla not importable: {e}")]
+    rows = []
+    with torch.inference_mode():
+        for family, rec, chunk in (("gdn", fused_recurrent_gated_delta_rule, chunk_gated_delta_rule),
+                                   ("kda", fused_recurrent_kda, chunk_kda)):
+            gk = (1, 1, HV, K) if family == "kda" else (1, 1, HV)
+            for phase, t, fn in (("decode", 1, rec), ("prefill", 64, chunk)):
+                q = torch.randn(1, t, H, K, device=dev, dtype=torch.bfloat16)
+                k = torch.randn(1, t, H, K, device=dev, dtype=torch.bfloat16)
+                v = torch.randn(1, t, HV, V, device=dev, dtype=torch.bfloat16)
+                g = -torch.rand(gk[0], t, *gk[2:], device=dev) * 0.1
+                beta = torch.rand(1, t, HV, device=dev)
+                h0 = torch.zeros(1, HV, K, V, device=dev)
+                kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+                us = host_us(lambda: fn(q, k, v, g, beta, **kw), calls, repeats, sync)
+                rows.append(dict(kind="fla", op=f"{family}_{phase}", host_us=round(us, 2), function=fn.__name__))
+    return rows
+
+
+def _snapshot(out) -> list:
+    return [t.clone() for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+
+
+def bitwise_rows(dev: str) -> list[dict]:
+    """Fast and ordinary launches (``LINATTN_FAST_LAUNCH=0``) on the same inputs: bitwise equal?"""
+    rows = []
+    with torch.inference_mode():
+        for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
+            for family in ("gdn", "kda"):
+                results = {}
+                for mode in ("fast", "ordinary"):
+                    os.environ["LINATTN_FAST_LAUNCH"] = "1" if mode == "fast" else "0"
+                    launch_mod.reset_fast_launch()
+                    x = make(family, dev)
+                    x["state_pool"].normal_(generator=torch.Generator(device=dev).manual_seed(5))
+                    op = _op(family, phase)
+                    for _ in range(3):
+                        pool = x["state_pool"]
+                        x["state_pool"] = pool.clone()
+                        out = op(**x, validate=False)  # the third call is a direct launch when fast
+                    results[mode] = (_snapshot(out), x["state_pool"].clone())
+                os.environ.pop("LINATTN_FAST_LAUNCH")
+                launch_mod.reset_fast_launch()
+                (fo, fp), (oo, op_) = results["fast"], results["ordinary"]
+                rows.append(dict(kind="fast_vs_ordinary", op=f"{family}_{phase}",
+                                 bitwise_equal=all(torch.equal(a, b) for a, b in zip(fo, oo)) and torch.equal(fp, op_)))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/host_overhead_<dev>.json)")
+    args = ap.parse_args(argv)
+    dev = args.device
+    sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    rows = [dict(kind="fast_launch", enabled=launch_mod.fast_launch_status()[0], why=launch_mod.fast_launch_status()[1])]
+    rows += linattn_rows(dev, args.calls, args.repeats, sync)
+    rows += dispatch_rows(dev, args.calls, args.repeats, sync)
+    if dev.startswith("cuda"):
+        rows += floor_rows(dev, args.calls, args.repeats, sync)
+        rows += fla_rows(dev, args.calls, args.repeats, sync)
+        rows += bitwise_rows(dev)
+    for r in rows:
+        print({k: v for k, v in r.items() if k != "kernels"})
+    notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1, prefill one sequence T=64; bf16 q/k/v, "
+             f"fp32 pool; host wall clock per eager call over {args.calls} calls, median of {args.repeats} loops, "
+             "after a warm-up; GPU work per call is a few microseconds, so this is the host's cost.",
+             "floor: the compiled-kernel launches of one linattn call replayed with prebuilt arguments.",
+             "fla: fla-core's functions with a dense initial state [1, HV, K, V] and output_final_state=True."]
+    write_results(args.out or results_path("host_overhead"), rows, notes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

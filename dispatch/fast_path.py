@@ -1,0 +1,205 @@
+"""The per-call fast path: everything a call's metadata determines, derived once and cached.
+
+A public op call is described, for everything validation and selection look at, by its
+*call key*: the op, the per-call ``backend`` / ``validate`` / ``check_finite`` options, grad
+mode, the current policy, the registry generation, the CUDA-graph capture state and, for every
+argument, its value (scalars) or its dtype, shape, strides, device and ``requires_grad``
+(tensors). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
+that key except one: address overlap between a written buffer and the other arguments, which
+depends on the data pointers. So the first call with a key runs the whole validation layer and
+the selection and keeps the result here (:class:`CallPlan`): the normalised scalar arguments,
+the chosen backend and its decision, the value rules to run, the byte extents of the tensors,
+and the backend's prepared launch (``Backend.prepare``) if it has one. A later call with the
+same key:
+
+1. rebuilds the keyword arguments from the cached scalars and the caller's tensors;
+2. checks the written buffers' address ranges against the other tensors' (the one host rule that
+   reads pointers; an overlap sends the call through the full validation, which refuses it
+   unless the two are provably disjoint);
+3. runs the value rules (``validate=True``) in their single sync, as the full path does;
+4. copies the read-only views the backend cannot read (``dispatch/layouts.py``);
+5. runs the prepared launch (or the backend's op method).
+
+So a key hit is exactly the call the full path would have validated and dispatched the same
+way; nothing is skipped that could differ. Calls that raise are never cached.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from .layouts import byte_range, conform_inputs, interleaved_disjoint
+from .policy import current_policy
+from .registry import get_registry
+from . import selection
+from .selection import note_decision, select
+from .validate import validate_call, value_rules_of, written_arguments
+from .value_rules import _run_value_rules
+
+_Tensor = torch.Tensor
+_SCALARS = frozenset({type(None), bool, int, float, str})
+_plans: dict = {}
+_PLANS_MAX = 4096
+
+
+def clear() -> None:
+    """Forget every cached call plan (the decision cache's ``clear_cache`` calls this)."""
+    _plans.clear()
+
+
+def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> tuple:
+    """The hashable description of a call that validation and selection depend on (module docstring)."""
+    grad = torch.is_grad_enabled()  # with grad off, requires_grad changes no rule (host_rules._grad_mode)
+    key = [op, backend, validate, check_finite, grad, current_policy(), get_registry().generation]
+    append = key.append
+    device = None
+    for x in args.values():
+        cls = x.__class__
+        if cls in _SCALARS:
+            append(x)
+            append(None)  # keeps the positions of a tensor's and a scalar's facts apart
+        elif cls is _Tensor or isinstance(x, _Tensor):
+            if device is None:
+                device = x.device
+            append(x.dtype)
+            append(x.shape)
+            append(x.stride())
+            append(x.device)
+            if grad:
+                append(x.requires_grad)
+        else:
+            append(x)
+            append(None)
+    append(device is not None and selection.stream_capturing(device))
+    return tuple(key)
+
+
+class CallPlan:
+    """What the first call with a key derived, to run later calls with the same key.
+
+    Fields: ``op``; ``impl`` the chosen backend instance and ``decision`` its trace; ``scalars``
+    the normalised non-tensor keyword arguments; ``tensors`` the names of the caller's tensor
+    arguments passed through; ``dims`` the validation layer's derived facts (for the value rules);
+    ``rules`` the value rules to run per call; ``written`` the written tensor arguments and
+    ``others`` the other tensor arguments, each with its byte extent from its data pointer;
+    ``prepared`` the backend's prepared launch (or None: its op method runs).
+    """
+
+    __slots__ = ("op", "impl", "decision", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
+                 "written", "others", "prepare", "prepared", "builtin", "copies")
+
+    def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool):
+        self.op, self.impl, self.decision, self.dims, self.rules = op, impl, decision, dims, rules
+        self.refuse_in_capture = "check_finite=True" if check_finite else None
+        self.scalars = {n: x for n, x in nargs.items() if not isinstance(x, _Tensor)}
+        self.tensors = tuple(n for n, x in nargs.items() if isinstance(x, _Tensor))
+        written = set(written_arguments(op)) if dims.get("writes_pool", True) else \
+            set(written_arguments(op)) - {"state_pool"}  # a read-only pool may alias (host_rules)
+        self.written = tuple((n, _extent(nargs[n])) for n in self.tensors if n in written)
+        self.others = tuple((n, _extent(nargs[n])) for n in self.tensors)
+        self.builtin = impl.plugin == "linattn-builtin"
+        self.prepare = getattr(impl, "prepare", None) if self.builtin else None
+        self.prepared: Optional[Callable] = None  # built by the first run, from the conformed arguments
+        self.copies: Optional[tuple] = None  # the arguments the backend gets contiguous copies of (first run)
+
+    def arguments(self, args: dict) -> dict:
+        nargs = dict(self.scalars)
+        for n in self.tensors:
+            nargs[n] = args[n]
+        return nargs
+
+    def overlaps(self, nargs: dict) -> bool:
+        """True when a written buffer's address range meets another tensor argument's and the two
+        are not provably disjoint (the full validation then decides, and refuses)."""
+        for name, (wlo, whi) in self.written:
+            if wlo == whi:
+                continue
+            x = nargs[name]
+            base = x.data_ptr()
+            lo, hi = base + wlo, base + whi
+            for other, (olo, ohi) in self.others:
+                if other == name or olo == ohi:
+                    continue
+                y = nargs[other]
+                p = y.data_ptr()
+                if p + olo < hi and lo < p + ohi and not interleaved_disjoint(x, y):
+                    return True
+        return False
+
+    def check_values(self, nargs: dict) -> None:
+        if self.rules:
+            _run_value_rules(self.rules, nargs, self.dims, refuse_in_capture=self.refuse_in_capture)
+
+
+def _extent(x: _Tensor) -> tuple[int, int]:
+    """Byte offsets ``[lo, hi)`` of ``x``'s elements from its data pointer (``(0, 0)`` if empty)."""
+    lo, hi = byte_range(x)
+    return (0, hi - lo) if hi > lo else (0, 0)
+
+
+def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool,
+              on_no_backend: Callable) -> tuple[CallPlan, dict]:
+    """Run the full validation and selection for a call; return its plan and its validated
+    arguments (the value rules already ran on them). ``on_no_backend(exc, nargs, signature)`` turns
+    a :class:`NoBackendError` into the error to raise."""
+    from .verdict import NoBackendError
+
+    nargs, signature, dims = validate_call(op, args, check_values=validate, check_finite=check_finite)
+    try:
+        impl, decision = select(op, signature, _device_of(nargs), backend or None)
+    except NoBackendError as e:
+        raise on_no_backend(e, nargs, signature) from e
+    rules = value_rules_of(op, check_values=validate, check_finite=check_finite)
+    return CallPlan(op, nargs, dims, impl, decision, rules, check_finite), nargs
+
+
+def lookup(key: tuple) -> Optional[CallPlan]:
+    return _plans.get(key)
+
+
+def store(key: tuple, plan: CallPlan) -> None:
+    if len(_plans) >= _PLANS_MAX:
+        _plans.clear()
+    _plans[key] = plan
+
+
+def prepare_hit(plan: CallPlan, args: dict) -> Optional[dict]:
+    """The keyword arguments of a key hit, checked (steps 1 to 3 of the module docstring), or None
+    when an address overlap needs the full validation."""
+    nargs = plan.arguments(args)
+    if plan.written and plan.overlaps(nargs):
+        return None
+    plan.check_values(nargs)
+    note_decision(plan.op, plan.decision)
+    return nargs
+
+
+def _device_of(args: dict) -> torch.device:
+    for v in args.values():
+        if isinstance(v, _Tensor):
+            return v.device
+    return torch.device("cpu")
+
+
+def run_plan(plan: CallPlan, nargs: dict):
+    """Steps 4 and 5: the backend's view copies, then the prepared launch or the op method.
+    (Plugins' results are checked by the caller, ``linattn/ops.py``.)"""
+    copies = plan.copies
+    if copies is None:  # the first run: which views this backend gets copied (fixed by the key's strides)
+        conformed = conform_inputs(plan.op, nargs, plan.impl)
+        plan.copies = tuple(n for n, x in conformed.items() if x is not nargs[n])
+        nargs = conformed
+    elif copies:
+        nargs = dict(nargs)
+        for n in copies:
+            nargs[n] = nargs[n].contiguous()
+    prepared = plan.prepared
+    if prepared is None and plan.prepare is not None:
+        prepared = plan.prepared = plan.prepare(plan.op, nargs)  # None: the backend has no plan for the op
+        if prepared is None:
+            plan.prepare = None
+    if prepared is not None:
+        return prepared(nargs)
+    return plan.impl.run(plan.op, **nargs)

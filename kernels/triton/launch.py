@@ -1,0 +1,209 @@
+"""One way to launch a ``@triton.jit`` kernel: :func:`launch`, with a fast path.
+
+Every launcher in ``kernels/triton/`` goes through :func:`launch` with the kernel's runtime
+arguments positional (in the kernel's parameter order) and its constexprs by keyword.
+
+The fast path. A call through ``kernel[grid](...)`` binds the arguments, computes Triton's
+specialization key (dtype and 16-byte alignment of every pointer, ``== 1`` and divisibility by 16
+of every integer), looks the compiled kernel up and builds launch metadata: host work of the
+order of the kernel launch itself. :func:`launch` does that once per *launch key* and keeps the
+:class:`triton.compiler.CompiledKernel` Triton returned; later calls with the same key call the
+compiled kernel's launcher directly. The launch key holds every fact Triton specializes on, and
+more: the constexprs and launch options, each pointer argument's dtype and alignment class, each
+integer's exact value and each other scalar's type, so a key hit is exactly a case in which
+Triton would have picked the same compiled kernel.
+
+It touches Triton internals (``CompiledKernel.run``, ``function``, ``packed_metadata``, the launch
+hook chains), which change between Triton versions, so it is taken only on the versions in
+:data:`FAST_LAUNCH_TRITON_VERSIONS` (the ones it is tested on, compiled on an H200), on a CUDA
+device, outside the interpreter, with no launch hooks or pre-run hooks installed and
+``TRITON_DEBUG`` off, and unless ``LINATTN_FAST_LAUNCH=0``. Everywhere else it is the ordinary
+launch. :func:`fast_launch_status` says which, and why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+#: Triton versions whose launcher internals the fast path was written against and tested on.
+FAST_LAUNCH_TRITON_VERSIONS = frozenset({"3.6.0"})
+
+_compiled: dict = {}  # launch key -> (CompiledKernel, order of the full argument tuple)
+_COMPILED_MAX = 4096
+_status: Optional[tuple[bool, str]] = None
+#: When a list: every direct launch appends ``(compiled kernel, grid, device, full arguments)``
+#: (``benchmarks/host_overhead.py`` replays them as the bare-launch floor; the contract tests count them).
+direct_launch_log: Optional[list] = None
+
+
+def fast_launch_status() -> tuple[bool, str]:
+    """``(enabled, why)``: whether :func:`launch` may take the fast path in this process.
+
+    Decided once per process from the Triton version, the interpreter setting and
+    ``LINATTN_FAST_LAUNCH``; launch hooks and ``TRITON_DEBUG`` are checked on every call.
+    """
+    global _status
+    if _status is None:
+        _status = _decide_status()
+    return _status
+
+
+def _decide_status() -> tuple[bool, str]:
+    if os.environ.get("LINATTN_FAST_LAUNCH", "1") == "0":
+        return False, "LINATTN_FAST_LAUNCH=0"
+    try:
+        import triton
+    except ImportError:
+        return False, "triton is not installed"
+    if triton.__version__ not in FAST_LAUNCH_TRITON_VERSIONS:
+        return False, (f"triton {triton.__version__} is not among the versions the fast path is tested on "
+                       f"({', '.join(sorted(FAST_LAUNCH_TRITON_VERSIONS))}): ordinary launches")
+    from linattn.capabilities import interpreter_enabled
+
+    if interpreter_enabled():
+        return False, "TRITON_INTERPRET=1: the interpreter runs kernels in Python (ordinary launches)"
+    if not torch.cuda.is_available():
+        return False, "no CUDA device visible to torch: ordinary launches"
+    return True, f"triton {triton.__version__}: compiled kernels are launched directly once their key is known"
+
+
+def reset_fast_launch() -> None:
+    """Forget the cached compiled kernels and re-decide :func:`fast_launch_status` (tests)."""
+    global _status
+    _compiled.clear()
+    _status = None
+
+
+def _hooks_installed(kernel) -> bool:
+    from triton import knobs  # a module attribute lookup once imported
+
+    rt = knobs.runtime
+    return bool(rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or kernel.pre_run_hooks)
+
+
+def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:
+    key = [kernel, device, options]
+    append = key.append
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            append(a.dtype)
+            append(a.data_ptr() & 15 == 0)
+        elif isinstance(a, int):  # bool and int: the exact value (Triton specializes on 1, % 16, width)
+            append(a)
+        else:  # float (never specialized), None (a constexpr None)
+            append(type(a) if a is not None else None)
+    for item in constexprs.items():
+        append(item)
+    return tuple(key)
+
+
+def _argument_order(kernel, n_args: int, constexprs: dict) -> Optional[tuple]:
+    """Positions of the full argument tuple Triton's launcher takes (all parameters in order):
+    an int is an index into ``args``, a 1-tuple a constant. None if a parameter is neither
+    given nor defaulted (the ordinary launch then raises Triton's own error)."""
+    order, pos = [], 0
+    for p in kernel.params:
+        if p.name in constexprs:
+            order.append((constexprs[p.name],))
+        elif pos < n_args and not p.is_constexpr:
+            order.append(pos)
+            pos += 1
+        elif p.has_default:
+            order.append((p.default,))
+        else:
+            return None
+    return tuple(order) if pos == n_args else None
+
+
+def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int,
+           num_stages: Optional[int] = None) -> None:
+    """Launch ``kernel`` on ``grid`` (fast path when :func:`fast_launch_status` allows; module docstring).
+
+    Args:
+        kernel: a ``@triton.jit`` function.
+        grid: the launch grid, 1 to 3 ints.
+        args: the runtime (non-constexpr) arguments, in the kernel's parameter order.
+        constexprs: the constexpr arguments by name.
+        num_warps, num_stages: Triton launch options (``num_stages=None``: Triton's default).
+    """
+    options = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    if not fast_launch_status()[0] or _hooks_installed(kernel):
+        kernel[grid](*args, **constexprs, **options)
+        return
+    device = torch.cuda.current_device()
+    key = _launch_key(kernel, args, constexprs, (num_warps, num_stages), device)
+    hit = _compiled.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **constexprs, **options)  # ordinary launch; Triton compiles or looks up
+        order = _argument_order(kernel, len(args), constexprs)
+        if compiled is not None and order is not None and hasattr(compiled, "packed_metadata"):
+            if len(_compiled) >= _COMPILED_MAX:
+                _compiled.clear()
+            _compiled[key] = (compiled, order)
+        return
+    compiled, order = hit
+    full = [args[i] if i.__class__ is int else i[0] for i in order]
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    if direct_launch_log is not None:
+        direct_launch_log.append((compiled, (grid[0], g1, g2), device, tuple(full)))
+    compiled.run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                 compiled.packed_metadata, None, None, None, *full)
+
+
+class PreparedLaunch:
+    """A launch of one kernel whose grid, constexprs, options and trailing scalar arguments are
+    fixed, so that only the leading tensor arguments change from call to call (a launch planned
+    from a call's metadata, e.g. :class:`~linattn.kernels.triton.decode.DecodeLaunch`).
+
+    Its compiled kernels are keyed by the device and the tensors' dtypes and 16-byte alignment,
+    the only facts Triton specializes on that may still change; the rest of the full argument
+    tuple is built once. The conditions of :func:`fast_launch_status` apply as to :func:`launch`.
+
+    Args:
+        kernel: a ``@triton.jit`` function whose runtime parameters come first: the tensors, then
+            the scalars, then the constexprs.
+        grid: the launch grid. constexprs: by name. scalars: the non-tensor runtime arguments.
+        num_warps, num_stages: launch options.
+    """
+
+    __slots__ = ("kernel", "grid", "constexprs", "scalars", "options", "_compiled", "_tail", "_grid3")
+
+    def __init__(self, kernel, grid: tuple, constexprs: dict, scalars: tuple, *, num_warps: int,
+                 num_stages: Optional[int] = None):
+        self.kernel, self.grid, self.constexprs, self.scalars = kernel, grid, constexprs, scalars
+        self.options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+        self._compiled: dict = {}
+        self._tail: Optional[tuple] = None  # the full argument tuple after the tensors; None until known
+        self._grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+
+    def _full_tail(self, n_tensors: int) -> Optional[tuple]:
+        order = _argument_order(self.kernel, n_tensors + len(self.scalars), self.constexprs)
+        if order is None or order[:n_tensors + len(self.scalars)] != tuple(range(n_tensors + len(self.scalars))):
+            return None
+        return self.scalars + tuple(c[0] for c in order[n_tensors + len(self.scalars):])
+
+    def __call__(self, tensors: tuple) -> None:
+        if not fast_launch_status()[0] or _hooks_installed(self.kernel):
+            self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)
+            return
+        device = torch.cuda.current_device()
+        key = (device, *[(t.dtype, t.data_ptr() & 15 == 0) for t in tensors])
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)
+            if self._tail is None:
+                self._tail = self._full_tail(len(tensors))
+            if compiled is not None and self._tail is not None and hasattr(compiled, "packed_metadata"):
+                self._compiled[key] = compiled
+            return
+        g0, g1, g2 = self._grid3
+        if direct_launch_log is not None:
+            direct_launch_log.append((compiled, self._grid3, device, (*tensors, *self._tail)))
+        compiled.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *tensors, *self._tail)

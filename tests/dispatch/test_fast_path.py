@@ -1,0 +1,118 @@
+"""The per-call fast path (dispatch/fast_path.py): a call whose key was seen reuses its plan, and
+the plan never lets through what the full validation would refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import linattn
+import linattn.dispatch
+from linattn.dispatch import fast_path, policy
+from linattn.dispatch import validate as validate_module
+
+N, H, HV, K, V, P = 2, 1, 2, 8, 8, 4
+
+
+def _inputs(seed=0, n=N):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return dict(q=r(n, 1, H, K), k=r(n, 1, H, K), v=r(n, 1, HV, V), a=r(n, 1, HV), b=r(n, 1, HV),
+                A_log=r(HV), dt_bias=r(HV), state_pool=r(P, HV, V, K), state_indices=torch.arange(n, dtype=torch.int32))
+
+
+@pytest.fixture
+def count_validations(monkeypatch):
+    """How often the full validation ran (the slow path), from a spy on validate_call."""
+    calls = []
+    real = validate_module.validate_call
+
+    def spy(*a, **k):
+        calls.append(a[0])
+        return real(*a, **k)
+    monkeypatch.setattr(fast_path, "validate_call", spy)
+    fast_path.clear()
+    return calls
+
+
+def test_a_repeated_call_reuses_its_plan_and_gives_the_same_result(count_validations):
+    x = _inputs()
+    pool0 = x["state_pool"].clone()
+    first = linattn.gdn_decode(**x)
+    pool1 = x["state_pool"].clone()
+    x["state_pool"].copy_(pool0)
+    second = linattn.gdn_decode(**x)
+    assert count_validations == ["gdn_decode"]  # the second call was a key hit
+    assert torch.equal(first, second) and torch.equal(pool1, x["state_pool"])
+    assert linattn.last_decision("gdn_decode").chosen == "torch-ref"
+
+
+@pytest.mark.parametrize("change", ["stride", "dtype", "scalar", "shape", "grad"])
+def test_any_change_of_metadata_or_scalars_is_a_new_key(count_validations, change):
+    x = _inputs()
+    linattn.gdn_decode(**x)
+    if change == "stride":
+        x["q"] = torch.randn(N, 1, H, 2 * K)[..., ::2]
+    elif change == "dtype":
+        x["state_indices"] = x["state_indices"].long()
+    elif change == "shape":
+        x["state_pool"] = torch.randn(P + 1, HV, V, K)
+    if change == "scalar":
+        linattn.gdn_decode(**x, scale=0.3)
+    elif change == "grad":
+        x["q"].requires_grad_(True)
+        with pytest.raises(linattn.GradModeError):
+            linattn.gdn_decode(**x)
+    else:
+        linattn.gdn_decode(**x)
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+def test_an_aliasing_pool_is_refused_on_a_cached_key_and_nothing_is_written(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x)
+    # the same metadata, but v now lies inside the pool (a view of its first slot's memory)
+    pool = torch.randn(P, HV, V, K)
+    x["state_pool"] = pool
+    x["v"] = pool.view(-1)[: N * HV * V].view(N, 1, HV, V)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="overlaps"):
+        linattn.gdn_decode(**x)
+    assert torch.equal(pool, before)
+
+
+def test_value_rules_run_on_a_cached_key(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x)
+    x["state_indices"] = torch.tensor([0, P], dtype=torch.int32)  # same metadata, slot P out of range
+    before = x["state_pool"].clone()
+    with pytest.raises(ValueError, match="out of range"):
+        linattn.gdn_decode(**x)
+    assert torch.equal(x["state_pool"], before)
+    assert count_validations == ["gdn_decode"]  # refused by the plan's own value rules
+
+
+def test_validate_off_is_its_own_key_and_skips_the_value_rules(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x, validate=False)
+    linattn.gdn_decode(**x, validate=False)
+    linattn.gdn_decode(**x)
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+def test_a_policy_change_is_a_new_key(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x)
+    with policy(disable=("torch-ref",)):
+        with pytest.raises(linattn.NoBackendError):
+            linattn.gdn_decode(**x)
+    assert linattn.gdn_decode(**x) is not None
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+def test_clear_cache_forgets_the_plans(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x)
+    linattn.dispatch.clear_cache()
+    linattn.gdn_decode(**x)
+    assert count_validations == ["gdn_decode", "gdn_decode"]
