@@ -194,34 +194,30 @@ INTRA_SWEEP = [
 def run_intra_sweep(family, d):
     """Median time of stage 1 alone per configuration of :data:`INTRA_SWEEP`, and the relative
     difference of its ``w``/``u`` from the first configuration's."""
-    import triton.language as tl
-
     from linattn.capabilities import probe
     from linattn.kernels.triton import prefill as pm
 
     q, k, v, g, beta, cu = (d[n] for n in ("q", "k", "v", "g", "beta", "cu_seqlens"))
-    T, HV = v.shape[0], v.shape[1]
     kda = family == "kda"
-    _, seq, start, nt = pm.chunk_tables(cu, T)
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
         if not kda and alt and all(key.startswith("kda_") for key in alt):
             continue  # a KDA-only knob: GDN would time its pinned config again
-        cfg = pm.pinned_config(family, K, V, torch.bfloat16)
-        cfg.update(alt)
-        # stage 1 as the pipeline runs it (GDN: Tm diag(beta) in place of U where the state stage
-        # forms U)
-        tmout = pm.stage_options(family, HV // q.shape[1], cfg).state_u
-        bufs = pm.intra_buffers(kda, T, HV, K, V, nt, torch.bfloat16, q.device, u_width=64 if tmout else V)
+        cfg = pm.PrefillConfig.from_legacy({**pm.pinned_config(family, K, V, torch.bfloat16), **alt})
+        # stage 1 as the pipeline runs it (GDN: Tm diag(beta) in place of U where the state stage forms U)
+        plan = pm.plan_prefill(family, q=q, v=v, cu_seqlens=cu, caps=caps, config=cfg)
+        bufs = pm.allocate_buffers(plan)
+        x = pm.conform_inputs(plan, q, k, v, g, beta, cu)
+        tables = pm.launch_tables(plan, cu)
 
         def fn():
-            pm.launch_intra(q, k, v, g, beta, cu, seq, start, nt, bufs, scale=K ** -0.5, kda=kda,
-                            use_qk_l2norm=True, DT=tl.bfloat16, PREC="tf32", cfg=cfg, caps=caps, tmout=tmout)
+            pm.launch_intra(plan, x, tables, bufs, K ** -0.5)
         try:
             ms = bench_ms(fn, warmup=10, rep=60)
             fn()
-            out = torch.cat([bufs["w"].float().flatten(), bufs["u"].float().flatten()])
+            second = bufs.u if bufs.u is not None else bufs.tm_beta
+            out = torch.cat([bufs.w.float().flatten(), second.float().flatten()])
             if ref is None:
                 ref = out.clone()
             res.append(dict(config=repr(alt), ms=round(ms, 4),  # None: u holds another matrix (tmout)

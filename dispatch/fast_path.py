@@ -59,7 +59,7 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
         cls = x.__class__
         if cls in _SCALARS:
             append(x)
-            append(None)  # keeps the positions of a tensor's and a scalar's facts apart
+            append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
         elif cls is _Tensor or isinstance(x, _Tensor):
             if device is None:
                 device = x.device
@@ -71,7 +71,7 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
                 append(x.requires_grad)
         else:
             append(x)
-            append(None)
+            append(cls)
     append(device is not None and selection.stream_capturing(device))
     return tuple(key)
 

@@ -146,11 +146,12 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
             grp = 1
         chunk_state_kernel[plan.grid](
             k, g, inp["w"], inp["u"], inp["rk"], cu, chunk_off, slots if slots is not None else chunk_off,
-            chunk_off, hh0, ht, hbuf, vn, k, k, k, k.stride(0), k.stride(1), g.stride(0), g.stride(1), 0, 0,
+            chunk_off, hh0, ht, hbuf, vn, None, None, None, None, None,
+            k.stride(0), k.stride(1), g.stride(0), g.stride(1), 0, 0,
             *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
             grp, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
             HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_O=False,
-            **cfg["state"])  # q, aqk, o: not touched without FUSE_O
+            **cfg["state"])  # q, aqk, o, v, tm_beta: not read without FUSE_O / UTM
     return hbuf, vn, final
 
 

@@ -10,7 +10,8 @@ chunk, ``Vn`` the corrected values from the state stage)::
 GDN: the query norm and the scale are row factors, applied once at the end; the key norms ``rk``
 come from stage 1. KDA: stage 1 (``chunk_kda_system_kernel``) hands over ``Q * exp(G)`` (normalised and scaled,
 as ``q`` with ``GROUP = 1``) and the matrix, so only the two dots remain; on its bf16 path at
-K <= 128 the state kernel does those itself (``FUSE_O``) and this kernel does not run. Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
+K <= 128 the state kernel does those itself (``FUSE_O``) and this kernel does not run.
+Grid ``(NT_max, HV, V // BV)``: chunks on axis x (up to 2**31-1 programs),
 so no axis carries ``N * HV``. GDN's bf16 path at GVA group size 2 runs
 :func:`chunk_output_grouped_kernel` instead: one program per key head writes its ``GROUP`` value
 heads from one ``q k^T``.

@@ -31,6 +31,7 @@ import torch
 #: Triton versions whose launcher internals the fast path was written against and tested on.
 FAST_LAUNCH_TRITON_VERSIONS = frozenset({"3.6.0"})
 
+_Tensor = torch.Tensor
 _compiled: dict = {}  # launch key -> (CompiledKernel, order of the full argument tuple)
 _COMPILED_MAX = 4096
 _status: Optional[tuple[bool, str]] = None
@@ -88,13 +89,20 @@ def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: i
     key = [kernel, device, options]
     append = key.append
     for a in args:
-        if isinstance(a, torch.Tensor):
+        cls = a.__class__
+        if cls is int:  # the exact value (Triton specializes on 1, % 16 and width)
+            append(a)
+        elif cls is bool:  # typed i1, not as the int of the same value (True == 1 in a tuple)
+            append((bool, a))
+        elif cls is _Tensor or isinstance(a, _Tensor):
             append(a.dtype)
             append(a.data_ptr() & 15 == 0)
-        elif isinstance(a, int):  # bool and int: the exact value (Triton specializes on 1, % 16, width)
-            append(a)
-        else:  # float (never specialized), None (a constexpr None)
-            append(type(a) if a is not None else None)
+        elif a is None:  # a constexpr None
+            append(None)
+        elif isinstance(a, int):  # an int subclass: by value, as Triton binds it
+            append(int(a))
+        else:  # float (never specialized) and other scalars: by type
+            append(cls)
     for item in constexprs.items():
         append(item)
     return tuple(key)

@@ -116,3 +116,20 @@ def test_clear_cache_forgets_the_plans(count_validations):
     linattn.dispatch.clear_cache()
     linattn.gdn_decode(**x)
     assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+def test_shared_gate_parameters_are_rechecked_after_an_in_place_write():
+    x = _inputs()
+    linattn.gdn_decode(**x)  # A_log found finite and remembered
+    x["A_log"][0] = float("nan")  # an in-place write bumps its version counter
+    before = x["state_pool"].clone()
+    with pytest.raises(ValueError, match="A_log"):
+        linattn.gdn_decode(**x)
+    assert torch.equal(x["state_pool"], before)
+
+
+def test_a_scalar_of_another_type_is_a_new_key_and_validated(count_validations):
+    x = _inputs()
+    linattn.gdn_decode(**x, use_qk_l2norm=True)
+    with pytest.raises(TypeError, match="bool"):
+        linattn.gdn_decode(**x, use_qk_l2norm=1)  # equal to True as a value, refused as a type

@@ -116,7 +116,6 @@ def test_stage1_A_Aqk_and_operands_match_float64_entrywise_on_every_split_level(
         return x.repeat_interleave(HV // H, 1)
 
     qn, kn, gg = prep(q) * scale, prep(k), g.to(d).clamp_min(-1000.0)
-    T = q.shape[0]
     seen = 0
     for c in range(int(off[-1])):
         t0, n = int(start[c]), int(seq[c])
