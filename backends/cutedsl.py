@@ -41,13 +41,7 @@ RANK_BEHIND = Rank.BEHIND_NATIVE  # 60: behind triton-split, ahead of the refere
 
 #: Shape classes (see :func:`shape_class`) where cutedsl measured faster than triton-split on the
 #: H200 (SM90), per family: none. The cutedsl prefill runs the Triton intra and output stages with
-#: its own state stage, so the state stages decide. Session 1 (benchmarks/results/
-#: prefill_cutedsl_h200.json, whole prefill): GDN 0.97x / 1.00x / 0.97x, KDA 1.11x / 1.11x / 1.13x
-#: of triton-split, when the Triton KDA state stage took 6.9 ms. Since KDA's stage 1 hands the
-#: state stage ready decayed keys, that Triton stage takes 0.99 / 1.06 / 1.27 ms at 16x4096 /
-#: 64x1024 / 256x256 (prefill_h200_run5.json) against cutedsl's 2.1 ms (cutedsl_device_h200.json),
-#: so triton-split is ahead on SM90 for both families (an inference from the stage times; the
-#: whole cutedsl pipeline was not re-measured).
+#: its own state stage, so the state stages decide (docs/performance.md#cutedsl-rank-on-sm90).
 SM90_FASTER: dict[str, frozenset[str]] = {"gdn": frozenset(), "kda": frozenset()}
 
 

@@ -6,9 +6,8 @@ heads (``head``). The planner places them on the launch grid's axes (x, y, z) ac
 
 - ``split`` (CUDA): each dimension on its own axis. The preferred placement is value blocks on
   x, heads on y, sequences on z: the hardware dispatches x fastest, so programs running at the
-  same time then walk one state slot contiguously (measured on the H200: GDN decode 3.97 TB/s
-  against 3.75 TB/s with sequences on x, where concurrent programs hit random slots at the same
-  offset; benchmarks/results/). When a count does not fit there (CUDA's y and z take 65,535
+  same time then walk one state slot contiguously (docs/performance.md#decode-grid-placement).
+  When a count does not fit there (CUDA's y and z take 65,535
   programs), the planner moves sequences to x (2**31-1 programs) and then tries every other
   placement, so the sequence count is not capped at 65,535 on CUDA.
 - ``folded`` (ROCm, XPU): the legacy ``(NK, NV, N*HV)`` mapping, with sequences and heads folded

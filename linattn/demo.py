@@ -43,6 +43,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import linattn
+from linattn.dispatch import find_op
 
 #: Defaults of :func:`run_demo` and ``linattn demo``: small enough for a CPU with the torch-ref
 #: backend at Qwen3-Next shapes (how long that takes: docs/performance.md#demo).
@@ -292,7 +293,7 @@ class _Layer:
 
         self.family, self.kda, self.dev = family, family == "kda", dev
         self.H, self.HV, self.K, self.V = shape
-        self.op_g, self.op_p, self.op_d = f"{family}_gating", f"{family}_prefill", f"{family}_decode"
+        self.op_g, self.op_p, self.op_d = (find_op(family, phase) for phase in ("gating", "prefill", "decode"))
         self.gating, self.prefill, self.decode = (getattr(linattn, op) for op in (self.op_g, self.op_p, self.op_d))
         self.gating_ref, self.prefill_ref, self.decode_ref = (getattr(ref, f"{op}_ref")
                                                                for op in (self.op_g, self.op_p, self.op_d))

@@ -23,10 +23,12 @@ from pydantic import ValidationError
 
 import linattn
 from linattn.dispatch import resolve_device
+from linattn.dispatch.ops_table import OP_TABLE, ops_of, op_spec
 from linattn.dispatch.problem import OPS, Problem
 
 #: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
-FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}
+#: From the op table's ``default_preset`` (``{"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}``).
+FAMILY_PRESET = {s.family: s.default_preset for s in OP_TABLE.values()}
 #: Decode batch sizes and prefill token counts of the ``report`` sweep.
 SWEEP_BATCHES = (1, 16, 256, 4096, 65536)
 SWEEP_TOKENS = (256, 1024, 4096, 16384, 65536)
@@ -44,9 +46,11 @@ class UsageError(ValueError):
 
 # -- targets and problems --------------------------------------------------------------------------
 
-def op_family(op: str) -> str:
-    """``gdn``, ``kda`` or ``swiglu`` (the preset family an op belongs to)."""
-    return "swiglu" if op == "silu_and_mul_clamp" else op.split("_")[0]
+def op_family(op: str) -> Optional[str]:
+    """``gdn``, ``kda`` or ``swiglu`` (the preset family an op belongs to, from the op table); None
+    for a name that is not an op."""
+    spec = OP_TABLE.get(op)
+    return spec.family if spec is not None else None
 
 
 def registered_backends() -> dict:
@@ -121,9 +125,9 @@ def _preset_for(op: str, model: str):
         p = linattn.preset(model)
     except KeyError as e:
         raise UsageError(e.args[0]) from None
-    fam = op_family(op)
+    fam = OP_TABLE[op].family
     if p.family != fam:
-        ops = [o for o in OPS if op_family(o) == p.family]
+        ops = ops_of(p.family)
         raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
                          f"such as {FAMILY_PRESET[fam]!r}. Ops for {model!r}: {', '.join(ops)}")
     return p
@@ -144,11 +148,11 @@ def preset_shape(op: str, model: str) -> dict:
         {'h': 16, 'hv': 32, 'k': 128, 'v': 128}
     """
     p = _preset_for(op, model)
-    fam = op_family(op)
-    if fam == "swiglu":
+    spec = OP_TABLE[op]
+    if spec.method == "clamp":
         return dict(d=p.D, clamp_limit=p.limit is not None, mode="none")
-    if op.endswith("_gating"):
-        return dict(hv=p.HV, k=p.K if fam == "kda" else 0, mode="none")
+    if spec.phase == "gating":
+        return dict(hv=p.HV, k=p.K if spec.per_channel_gates else 0, mode="none")
     return dict(h=p.H, hv=p.HV, k=p.K, v=p.V)
 
 
@@ -157,7 +161,8 @@ def _sizes(op: str, batch: int, tokens: Optional[int], seqs: Optional[int]) -> d
     for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
         if val is not None and val < 0:
             raise UsageError(f"--{name} must be >= 0, got {val}")
-    if op.endswith("_prefill"):
+    phase = op_spec(op).phase
+    if phase == "prefill":
         if batch != 1:
             raise UsageError(f"{op} takes --seqs (sequences) and --tokens (packed tokens in all), not --batch "
                              f"(decode rows, gating / clamp rows)")
@@ -166,7 +171,7 @@ def _sizes(op: str, batch: int, tokens: Optional[int], seqs: Optional[int]) -> d
         return dict(n=n, t=t, max_seqlen=t if n == 1 else 0)
     if seqs is not None:
         raise UsageError(f"{op} takes --batch (rows) and --tokens, not --seqs (prefill sequences)")
-    if op.endswith("_decode"):
+    if phase == "decode":
         return dict(n=batch, t=tokens if tokens is not None else 1)
     return dict(n=tokens if tokens is not None else batch)
 
@@ -175,16 +180,17 @@ def _state_options(op: str, state_dtype: Optional[str], layout: Optional[str], m
     """Pool dtype, layout and prefill mode as Problem fields; an option the op does not take is an error."""
     given = [f"--{name} {val}" for name, val in (("state-dtype", state_dtype), ("layout", layout), ("mode", mode))
              if val is not None]
-    if op.endswith("_gating") or op == "silu_and_mul_clamp":
+    spec = op_spec(op)
+    if not spec.has_state:  # gating and the clamp
         if given:
             raise UsageError(f"{op} has no state: {', '.join(given)} does not apply to it "
                              f"(--state-dtype and --layout are for decode and prefill, --mode for prefill)")
         return {}
-    if op.endswith("_decode") and mode is not None:
+    if spec.phase == "decode" and mode is not None:
         raise UsageError(f"--mode {mode} does not apply to {op}: decode always updates the state pool in place; "
                          f"--mode (pool or dense) is for gdn_prefill / kda_prefill")
     return dict(state_dtype=state_dtype or "float32", state_layout=layout or "vk",
-                **({"mode": mode or "pool"} if op.endswith("_prefill") else {}))
+                **({"mode": mode or "pool"} if spec.phase == "prefill" else {}))
 
 
 def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = None, seqs: Optional[int] = None,
@@ -225,10 +231,11 @@ def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = 
 
 def representative_problem(op: str) -> Problem:
     """The problem ``report`` asks every backend about for ``op`` (model by op family)."""
-    model = FAMILY_PRESET[op_family(op)]
-    if op.endswith("_decode"):
+    spec = op_spec(op)
+    model = FAMILY_PRESET[spec.family]
+    if spec.phase == "decode":
         return problem_for(op, model, batch=REPORT_DECODE_BATCH)
-    if op.endswith("_prefill"):
+    if spec.phase == "prefill":
         return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS, seqs=REPORT_PREFILL_SEQS)
     return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS)
 
@@ -251,7 +258,7 @@ def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
             out.append((name, p.decode_op, "decode", b, problem_for(p.decode_op, name, batch=b)))
         for t in SWEEP_TOKENS:
             seqs = max(1, -(-t // SWEEP_SEQ_TOKENS))
-            out.append((name, f"{p.family}_gating", "prefill", t, problem_for(f"{p.family}_gating", name, tokens=t)))
+            out.append((name, p.gating_op, "prefill", t, problem_for(p.gating_op, name, tokens=t)))
             out.append((name, p.prefill_op, "prefill", t, problem_for(p.prefill_op, name, tokens=t, seqs=seqs)))
     return out
 
@@ -262,7 +269,7 @@ def _op_rows(caps) -> tuple[dict, list[dict]]:
     for op in OPS:
         prob = representative_problem(op)
         d = linattn.explain(prob, caps)
-        ops[op] = decision_doc(d, prob, FAMILY_PRESET[op_family(op)])
+        ops[op] = decision_doc(d, prob, FAMILY_PRESET[OP_TABLE[op].family])
         unverified += [{"op": op, "backend": v.backend, "arch": caps.arch, "chosen": v.backend == d.chosen,
                         "message": v.message} for v in d.verdicts if v.ok and not v.verified]
     return ops, unverified

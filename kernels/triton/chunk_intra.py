@@ -194,7 +194,7 @@ def chunk_kda_system_kernel(
       rows), ordered by CTA barriers.
 
     The dots run on ``OP`` operands (the launcher's choice: fp32, i.e. tf32 on the bf16 path and
-    ieee for fp32 inputs; bf16 is a measured alternative).
+    ieee for fp32 inputs; docs/performance.md#kda-system-kernel).
 
     Writes: ``abuf [NT_max, HV, 64, 64]`` fp32 (the whole matrix, zeros on and above the
     diagonal: the intra kernel solves it in place of its scratch), ``rk [T, HV]`` fp32,

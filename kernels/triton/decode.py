@@ -179,12 +179,9 @@ def _recurrent_decode_kernel(
 
 # --- host side -------------------------------------------------------------------------------
 
-#: Pinned tile configs ``(block_v, num_warps)`` per ``(gate, K, V, batch class)``, measured on the
-#: H200 (benchmarks/results/decode_h200.json, section ``explore`` and ``tune_partial``). No
+#: Pinned tile configs ``(block_v, num_warps)`` per ``(gate, K, V, batch class)``
+#: (docs/performance.md#decode-tile-configs). No
 #: autotuning: the kernel writes the pool in place, so it must run exactly once per call.
-#: - GDN: BV=8 / 1 warp everywhere: 2.83 us at N=1 (graph replay), 4.06 TB/s at N=1024 with value
-#:   blocks on x (95% of the 4.28 TB/s copy; BV=64 / 8 warps: 3.96 TB/s, measured at every N).
-#: - KDA: BV=8 / 1 warp at N < 16 (2.73 us at N=1); BV=64 / 4 warps above (3.65-3.75 TB/s).
 PINNED: dict[tuple[str, int, int, str], tuple[int, int]] = {
     ("gdn", 128, 128, "small"): (8, 1),
     ("gdn", 128, 128, "large"): (8, 1),

@@ -44,9 +44,8 @@ def _silu_and_mul_clamp_kernel(
 
 @functools.lru_cache(maxsize=1024)
 def silu_config(D: int) -> tuple[int, int]:
-    """Column block and warps for width ``D``. Pinned on the H200 (benchmarks/results/): at
-    M=8,192, D=18,432 bf16, BD=2048 / 8 warps reaches 4.37 TB/s (102% of the 4.28 TB/s copy,
-    which moves as many bytes each way; BD 1024 and 4096 within 1%)."""
+    """Column block and warps for width ``D``, pinned where measured
+    (docs/performance.md#swiglu-clamp-tile-config)."""
     BD = min(1 << max(0, (max(D, 1) - 1).bit_length()), 2048)
     num_warps = 8 if BD >= 2048 else (4 if BD >= 512 else (2 if BD >= 128 else 1))
     return BD, num_warps
