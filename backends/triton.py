@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import ClassVar, Optional
 
 from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Rank, Reason
 from linattn.kernels.triton.limits import MAX_HEAD_DIM
@@ -234,12 +235,15 @@ class TritonBackend(Backend):
         """A launch planned from the call's metadata, to call with later calls' tensors whose
         shapes, strides, dtypes and scalars are the same (``dispatch/fast_path.py``); None for an
         op without a plan (its op method runs)."""
-        if op in ("gdn_decode", "kda_decode"):
+        spec = OP_TABLE.get(op)
+        if spec is None:
+            return None
+        if spec.method == "decode":
             from linattn.kernels.triton.decode import DecodeLaunch
 
-            return DecodeLaunch(gate=op[:3], caps=self._caps(args["q"]), layout=self.layout, **args)
-        if op in ("gdn_prefill", "kda_prefill"):
-            return _PreparedPrefill(op[:3], args, self._caps(args["q"]), self.layout)
+            return DecodeLaunch(gate=spec.family, caps=self._caps(args["q"]), layout=self.layout, **args)
+        if spec.method == "prefill":
+            return _PreparedPrefill(spec.family, args, self._caps(args["q"]), self.layout)
         return None
 
 

@@ -33,6 +33,7 @@ import time
 import torch
 
 import linattn
+from linattn.dispatch import find_op
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import RESULTS, make_results, write_results  # noqa: E402
@@ -93,10 +94,11 @@ def bench(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:
               file=sys.stderr, flush=True)
     med = {b: statistics.median(t) for b, t in times.items()}
     s = SHAPES[family]
-    problem = linattn.Problem(op=f"{family}_prefill", n=n_seq, t=n_seq * seq_len, h=s["H"], hv=s["HV"], k=s["K"],
+    op = find_op(family, "prefill")
+    problem = linattn.Problem(op=op, n=n_seq, t=n_seq * seq_len, h=s["H"], hv=s["HV"], k=s["K"],
                               v=s["V"], dtype="bfloat16", state_dtype="float32", mode="pool")
     return {
-        "op": f"{family}_prefill", "model": s["model"], "sequences": n_seq, "tokens_per_sequence": seq_len,
+        "op": op, "model": s["model"], "sequences": n_seq, "tokens_per_sequence": seq_len,
         "shape": {k: s[k] for k in ("H", "HV", "K", "V")}, "dtype": "bfloat16", "state": "float32 pool",
         "seconds": {b: [round(t, 4) for t in ts] for b, ts in times.items()},
         "median_seconds": {b: round(m, 4) for b, m in med.items()},

@@ -61,7 +61,7 @@ import typer
 
 import linattn
 from linattn.bench_plot import FLA, FLA_GS
-from linattn.dispatch import NoBackendError, Problem
+from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
 
@@ -129,7 +129,7 @@ def decode_case(op: str, n: int, shape: tuple[int, int, int, int], device: torch
         ``[HV, K]``) fp32, ``state_pool [2N, HV, V, K]`` fp32, ``state_indices [N]`` int32.
     """
     H, HV, K, V = shape
-    kda = op.startswith("kda")
+    kda = OP_TABLE[op].per_channel_gates
     g = _gen(device, seed)
     bf = torch.bfloat16
     P = 2 * n
@@ -164,7 +164,7 @@ def prefill_case(op: str, n: int, L: int, shape: tuple[int, int, int, int], devi
         ``cu_seqlens [N + 1]`` int32, ``state_pool``, ``state_indices [N]`` int32.
     """
     H, HV, K, V = shape
-    kda = op.startswith("kda")
+    kda = OP_TABLE[op].per_channel_gates
     g = _gen(device, seed)
     T = n * L
     bf = torch.bfloat16
@@ -303,7 +303,8 @@ def fla_runner(case: Case, name: str, device: torch.device) -> Callable[[], obje
     Raises:
         Unavailable: not a CUDA device, ``fla`` does not import, or no FLA counterpart of the op.
     """
-    if case.op == "silu_and_mul_clamp" or (name == FLA_GS and not case.op.endswith("_prefill")):
+    spec = OP_TABLE[case.op]
+    if spec.method == "clamp" or (name == FLA_GS and spec.phase != "prefill"):
         raise Unavailable("op", f"{name} has no counterpart of {case.op} in this bench",
                           "drop it from --backend")
     if device.type != "cuda":
@@ -313,10 +314,10 @@ def fla_runner(case: Case, name: str, device: torch.device) -> Callable[[], obje
         raise Unavailable("toolchain", "flash-linear-attention does not import (package fla-core)",
                           "pip install fla-core==0.6.0")
     a = case.args
-    kda = case.op.startswith("kda")
+    kda = spec.per_channel_gates
     scale = a["q"].shape[-1] ** -0.5
     idx = a["state_indices"].long()
-    if case.op.endswith("_decode"):
+    if spec.phase == "decode":
         if kda:
             from fla.ops.kda import fused_recurrent_kda as f
         else:
@@ -392,14 +393,6 @@ def bench_row(case: Case, name: str, device: torch.device, timer: Timer, repeats
 
 # -- the whole run ---------------------------------------------------------------------------------
 
-def _family(op: str) -> str:
-    return "swiglu" if op == "silu_and_mul_clamp" else op.split("_")[0]
-
-
-def _phase(op: str) -> str:
-    return "mlp" if op == "silu_and_mul_clamp" else op.split("_")[1]
-
-
 def _resolve_bench_device(device: Optional[str]) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -422,7 +415,7 @@ def _resolve_bench_device(device: Optional[str]) -> torch.device:
 def _parse_shape(text: Optional[str], op: str) -> Optional[tuple]:
     if not text:
         return None
-    want = 1 if op == "silu_and_mul_clamp" else 4
+    want = 1 if OP_TABLE[op].method == "clamp" else 4
     try:
         parts = tuple(int(x) for x in text.split(","))
     except ValueError:
@@ -434,7 +427,7 @@ def _parse_shape(text: Optional[str], op: str) -> Optional[tuple]:
 
 
 def _shapes(op: str, dev: torch.device, batch: Optional[list[int]], tokens: Optional[list[int]]) -> list:
-    phase = _phase(op)
+    phase = OP_TABLE[op].phase
     defaults = CUDA_DEFAULTS if dev.type == "cuda" else CPU_DEFAULTS
     for name, vals in (("batch", batch), ("tokens", tokens)):
         if vals and min(vals) < 1:
@@ -479,7 +472,7 @@ def _preset_of(op: str, model: Optional[str]):
     """``(model, preset)`` for ``op``; an unknown op or model, or one of another family, raises."""
     if op not in BENCH_OPS:
         raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
-    fam = _family(op)
+    fam = OP_TABLE[op].family
     model = model or FAMILY_PRESET[fam]
     try:
         p = linattn.preset(model)
@@ -493,10 +486,11 @@ def _preset_of(op: str, model: Optional[str]):
 
 def _make_case(op: str, size, sizes: Optional[tuple], p, dev: torch.device, seed: int) -> Case:
     """The inputs of one shape: clamp rows M, decode rows N, or prefill ``(N, L)``."""
-    if op == "silu_and_mul_clamp":
+    spec = OP_TABLE[op]
+    if spec.method == "clamp":
         return clamp_case(size, sizes[0] if sizes else p.D, p.limit, dev, seed)
     hs = sizes or (p.H, p.HV, p.K, p.V)
-    if op.endswith("_decode"):
+    if spec.phase == "decode":
         return decode_case(op, size, hs, dev, seed)
     return prefill_case(op, size[0], size[1], hs, dev, seed)
 
@@ -506,8 +500,9 @@ def _names_for(d, forced: Optional[list[str]], op: str, dev: torch.device, fla_v
     if forced is not None:
         return forced
     names = [v.backend for v in sorted((v for v in d.verdicts if v.ok), key=lambda v: (v.rank, v.backend))]
-    if dev.type == "cuda" and fla_ver is not None and op != "silu_and_mul_clamp":
-        names += [FLA] + ([FLA_GS] if op.endswith("_prefill") else [])
+    spec = OP_TABLE[op]
+    if dev.type == "cuda" and fla_ver is not None and spec.method != "clamp":
+        names += [FLA] + ([FLA_GS] if spec.phase == "prefill" else [])
     return names
 
 
@@ -640,7 +635,7 @@ def render(doc: dict, console=None) -> None:
                                 ("   copy ", "bold"), f"{_num(cb['GBps'])} GB/s", ("   timing ", "bold"),
                                 f"{doc['timing']}, median of <= {doc['repeats']}",
                                 ("   fla ", "bold"), str(doc["fla"] or "-")))
-    prefill = doc["op"].endswith("_prefill")
+    prefill = OP_TABLE[doc["op"]].phase == "prefill"
     t = Table(title=f"{doc['op']}: backends side by side (* = the dispatcher's default)", title_justify="left")
     for c in ("shape", "backend", "median", "tokens/s" if prefill else "GB/s", "" if prefill else "% copy", "status"):
         if c:

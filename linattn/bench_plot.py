@@ -36,6 +36,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from linattn.dispatch.ops_table import OP_TABLE, find_op
+
 FLA = "flash-linear-attention"
 FLA_GS = "flash-linear-attention+gather-scatter"
 #: Column prefixes of the results files and the names their series are drawn under.
@@ -69,7 +71,11 @@ class PlotData(BaseModel):
 
 
 def _phase(op: str) -> str:
-    return "mlp" if op == "silu_and_mul_clamp" else op.split("_")[-1]
+    """The op's phase, from the op table; a name that is not an op raises :class:`PlotError`."""
+    spec = OP_TABLE.get(op)
+    if spec is None:
+        raise PlotError(f"unknown op {op!r}; ops: {', '.join(OP_TABLE)}")
+    return spec.phase
 
 
 def _device_name(doc: dict) -> str:
@@ -120,7 +126,7 @@ def _row_op(row: dict, phase: str) -> Optional[str]:
     if row.get("kind") == "silu_and_mul_clamp":
         return "silu_and_mul_clamp"
     if row.get("family") and phase != "mlp":
-        return f"{row['family']}_{phase}"
+        return find_op(row["family"], phase)
     return None
 
 

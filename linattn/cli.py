@@ -35,6 +35,7 @@ from typer.core import TyperCommand, TyperGroup
 
 import linattn
 from linattn.demo import DEFAULTS as DEMO_DEFAULTS
+from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import OPS, Problem
 # The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
 from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
@@ -304,7 +305,7 @@ def explain(
     an error (exit 2), never silently ignored.
     """
     try:
-        model = model or FAMILY_PRESET.get(op_family(op), "qwen3-next")
+        model = model or (OP_TABLE[op].default_preset if op in OP_TABLE else "qwen3-next")
         prob = problem_for(op, model, batch=batch, tokens=tokens, seqs=seqs, dtype=dtype,
                            state_dtype=state_dtype, layout=layout, mode=mode)
         caps = resolve_target(profile)

@@ -1,6 +1,6 @@
 """The op table is the one source of op facts: validation, problems, policies, custom ops, results,
-presets and the conformance suite read it, and no shipped module of the dispatch layer parses an
-op's name."""
+presets and the conformance suite read it, and no shipped module (linattn, dispatch, backends,
+kernels, capabilities, examples) parses an op's name."""
 
 import re
 from pathlib import Path
@@ -90,33 +90,52 @@ def test_conformance_cases_follow_the_table_lower_bound_only_where_the_op_takes_
         assert problem_of(op, base_spec(op, TorchRefBackend)).op == op
 
 
-# Op-name parsing: ``op.split("_")``, ``op.startswith("gdn")``, ``op.endswith("_decode")``, ``op ==
-# "silu_and_mul_clamp"`` and the like. The modules below read the op table instead.
-PARSING = re.compile(r"""(\bop\w*|\.op)\.(split|rsplit|partition)\(\s*['"]_['"]|"""
-                     r"""(\bop\w*|\.op)\.(startswith|endswith)\(|"""
-                     r"""(\bop\w*|\.op)\s*(==|!=)\s*['"]silu_and_mul_clamp['"]|"""
-                     r"""\.op\s+(not\s+)?in\s+\(\s*['"]silu""")
-TABLE_READERS = ("dispatch", "backends", "capabilities", "linattn/ops.py", "linattn/presets.py",
-                 "linattn/testing/cases.py", "linattn/testing/execute.py", "linattn/testing/runner.py",
-                 "examples/linattn-cpu-chunked/linattn_cpu_chunked/backend.py")
+# Op-name parsing: ``op.split("_")``, ``op.startswith("gdn")``, ``op.endswith("_decode")``, ``op[:3]``,
+# ``"prefill" in op``, ``op in ("gdn_decode", ...)``, ``op == "silu_and_mul_clamp"`` and the like. The
+# shipped tree reads the op table instead (``op_spec(op).family``, ``.phase``, ``.method``).
+_SUBJECT = r"""(?:\bop\w*|\.op|\[['"]op['"]\])"""
+PARSING = re.compile(rf"""{_SUBJECT}\.(split|rsplit|partition|rpartition)\(\s*['"]_['"]|"""
+                     rf"""{_SUBJECT}\.(startswith|endswith|removeprefix|removesuffix)\(|"""
+                     rf"""{_SUBJECT}\s*(==|!=)\s*['"]silu_and_mul_clamp['"]|"""
+                     r"""(?:\bop(?:_?name)?|\.op|\[['"]op['"]\])\[\s*-?\d*\s*:|"""
+                     rf"""['"]_?(gdn|kda|swiglu|silu|decode|prefill|gating|clamp)_?['"]\s+(not\s+)?in\s+{_SUBJECT}|"""
+                     r"""(?<!for\s)(?:\bop|\.op|\[['"]op['"]\])\s+(not\s+)?in\s+[(\[{]\s*['"](gdn|kda|silu)""")
+# Op names built from a family (``f"{family}_{phase}"``, ``f"{p.family}_gating"``) where
+# ``find_op(family, phase)`` gives them; only the table's own rows make them.
+BUILDING = re.compile(r"""\{[^{}]*\b(family|fam|gate)\b[^{}]*\}_(\{|gating\b|decode\b|prefill\b)""")
+NAMES_ARE_MADE_IN = "dispatch/ops_table.py"
+#: The shipped tree: the package (``pyproject.toml``'s package-dir) and the examples.
+SHIPPED = ("linattn", "dispatch", "backends", "kernels", "capabilities", "examples")
 
 
 def _sources():
-    for entry in TABLE_READERS:
-        path = ROOT / entry
-        yield from (sorted(path.rglob("*.py")) if path.is_dir() else [path])
+    for entry in SHIPPED:
+        yield from sorted((ROOT / entry).rglob("*.py"))
+
+
+def _parsing_sites(path: Path, text: str) -> list[str]:
+    building = path.relative_to(ROOT).as_posix() != NAMES_ARE_MADE_IN
+    return [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
+            if PARSING.search(line) or (building and BUILDING.search(line))]
 
 
 def test_the_parsing_pattern_catches_what_it_is_for():
     for line in ('op.split("_")[0]', "case.op.startswith('kda')", 'if p.op == "silu_and_mul_clamp":',
-                 'op.endswith(("_decode", "_prefill"))', 'p.op in ("silu_and_mul_clamp",)'):
+                 'op.endswith(("_decode", "_prefill"))', 'p.op in ("silu_and_mul_clamp",)', 'gate=op[:3]',
+                 'doc["op"].endswith("_prefill")', "if 'prefill' in op:", 'if op in ("gdn_decode", "kda_decode"):',
+                 'op_name[4:]', 'return "mlp" if x else op.split("_")[-1]'):
         assert PARSING.search(line), line
-    assert not PARSING.search('spec = OP_TABLE[p.op]') and not PARSING.search('name.startswith("plugin:")')
+    for line in ('f"{family}_prefill"', 'name = f"{p.family}_gating"', 'getattr(linattn, f"{family}_{phase}")',
+                 'return f"{row[\'family\']}_{phase}"'):
+        assert BUILDING.search(line), line
+    for line in ('spec = OP_TABLE[p.op]', 'name.startswith("plugin:")', 'for op in ("gdn_prefill", "kda_prefill")',
+                 'options[:3]', 'ops[:3]', 'find_op(family, "prefill")', 'getattr(ref, f"{op}_ref")'):
+        assert not PARSING.search(line) and not BUILDING.search(line), line
 
 
-def test_no_op_name_parsing_in_the_modules_that_read_the_table():
-    hits = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}" for path in _sources()
-            for n, line in enumerate(path.read_text().splitlines(), 1) if PARSING.search(line)]
+def test_no_op_name_parsing_in_the_shipped_tree():
+    assert {p.relative_to(ROOT).parts[0] for p in _sources()} == set(SHIPPED)
+    hits = [hit for path in _sources() for hit in _parsing_sites(path, path.read_text())]
     assert not hits, "\n".join(hits)
 
 
