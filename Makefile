@@ -1,11 +1,22 @@
 # Two entry points, each creating .venv when missing:
 #   make demo   set up and run the main job (linattn demo on the CPU's embedded default)
-#   make test   set up, lint (ruff check) and run the whole test suite
+#   make test   set up, lint (ruff check) and run the whole test suite; then the Triton kernels'
+#               interpreter and sm_90 compile tests again under the newest Triton (a second venv)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.linattn-installed
+# The newest Triton release tested (pyproject.toml's triton range ends there), in its own venv;
+# its interpreter works with numpy 2.4.
+VENV_LATEST ?= .venv-triton-latest
+TRITON_LATEST := 3.9.0
+PY_LATEST := $(VENV_LATEST)/bin/python
+STAMP_LATEST := $(VENV_LATEST)/.linattn-installed-triton-$(TRITON_LATEST)
+# What runs under it: the sm_90 builds of every kernel and the interpreter tests of the prefill
+# kernels and of the shared contract (decode, clamp, probe, both grid layouts).
+TESTS_LATEST := tests/contract/test_compile.py tests/prefill/test_prefill_compile.py \
+	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py
 
-.PHONY: demo test setup
+.PHONY: demo test setup test-triton-latest
 
 $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +30,14 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,cutedsl,plot,transformers]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
 	touch $(STAMP)
 
+$(STAMP_LATEST): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
+	test -x $(PY_LATEST) || python3 -m venv $(VENV_LATEST)
+	$(PY_LATEST) -m pip install -q --upgrade pip
+	$(PY_LATEST) -c "import torch" 2>/dev/null || $(PY_LATEST) -m pip install -q torch==2.13.0
+	$(PY_LATEST) -m pip install -q triton==$(TRITON_LATEST) "numpy>=2.4,<2.5"
+	$(PY_LATEST) -m pip install -q -e ".[dev]" -e examples/linattn-cpu-chunked
+	touch $(STAMP_LATEST)
+
 setup: $(STAMP)
 
 demo: $(STAMP)
@@ -27,3 +46,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+	$(MAKE) test-triton-latest
+
+test-triton-latest: $(STAMP_LATEST)
+	$(PY_LATEST) -m pytest -q -p no:cacheprovider $(TESTS_LATEST)

@@ -10,7 +10,7 @@ import importlib
 
 from linattn.dispatch.hookspecs import hookimpl
 
-LINATTN_API_VERSION = "1"
+LINATTN_API_VERSION = "2"
 
 BUILTIN = (
     "linattn.backends.torch_ref:TorchRefBackend",

@@ -99,7 +99,8 @@ def chunk_state_kernel(
     cv = tl.arange(0, BV)  # value columns of this block, relative to v0 (int32 tile offsets)
     v0 = i_v * BV
     r = tl.arange(0, 64)
-    all_k = kk[:, None] >= 0
+    all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0` below: bool masks for Triton 3.9's interpreter, where a
+    # scalar compare ANDed into a tile is int data ('mask has unsupported dtype'); the same sm_90 code
 
     if POOL:
         slot = tl.load(state_indices + i_n).to(tl.int64)
@@ -109,7 +110,7 @@ def chunk_state_kernel(
         else:
             carry = live
         row0 = slot * s0_p + i_hv * s0_h + v0 * s0_v
-        S = tl.load(h0 + row0 + (kk[:, None] * s0_k + cv[None, :] * s0_v), mask=all_k & carry,
+        S = tl.load(h0 + row0 + (kk[:, None] * s0_k + cv[None, :] * s0_v), mask=(all_k & carry) != 0,
                     other=0.0).to(tl.float32)
     elif HAS_H0:
         S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)).to(tl.float32)
@@ -169,7 +170,7 @@ def chunk_state_kernel(
     if POOL:  # same row as the load; the store strides come in separately so that the compiler
         # does not keep the load's address tensor alive across the loop
         tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty), mask=all_k & live)
+                 S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
     else:
         tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
                  S.to(ht.dtype.element_ty))

@@ -84,7 +84,8 @@ def _recurrent_decode_kernel(
     offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
     mask_k = offs_k < K
-    mask_s = mask_v[:, None] & mask_k[None, :]
+    mask_s = mask_v[:, None] & mask_k[None, :]  # `(mask_s & scalar) != 0` below: bool masks for Triton 3.9's
+    # interpreter, where a scalar compare ANDed into a tile is int data; the same sm_90 code
     if STATE_LAYOUT == "vk":
         offs_s = offs_v[:, None] * K + offs_k[None, :]
     else:
@@ -108,7 +109,7 @@ def _recurrent_decode_kernel(
         do_load = do_load & (tl.load(has_init + i_n) != 0)
     valid = load_slot >= 0
     p_state = pool + i_hv * s_pool_h + offs_s
-    h = tl.load(p_state + load_slot * s_pool_slot, mask=mask_s & do_load, other=0.0).to(tl.float32)
+    h = tl.load(p_state + load_slot * s_pool_slot, mask=(mask_s & do_load) != 0, other=0.0).to(tl.float32)
 
     if not GATES_PRECOMPUTED:
         exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
@@ -122,7 +123,7 @@ def _recurrent_decode_kernel(
         else:
             i_slot = i_n
         p_inter = inter + i_slot * s_inter_slot + i_hv * s_inter_h + offs_s
-        inter_mask = mask_s & valid & (i_slot >= 0)
+        inter_mask = (mask_s & valid & (i_slot >= 0)) != 0
 
     p_q = q + i_n * s_qn + i_h * s_qh + offs_k
     p_k = k + i_n * s_kn + i_h * s_kh + offs_k
@@ -172,9 +173,9 @@ def _recurrent_decode_kernel(
             tl.store(p_inter + t64 * s_inter_t, h.to(inter.dtype.element_ty), mask=inter_mask)
         if PER_TOKEN_SLOTS and UPDATE_STATE:
             st = tl.load(idx_row + t64 * s_idx_t).to(tl.int64)
-            tl.store(p_state + st * s_pool_slot, h.to(pool.dtype.element_ty), mask=mask_s & valid & (st >= 0))
+            tl.store(p_state + st * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid & (st >= 0)) != 0)
     if UPDATE_STATE and not PER_TOKEN_SLOTS:
-        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=mask_s & valid)
+        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid) != 0)
 
 
 # --- host side -------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ launch must build. It also reads each build's stack and local memory (``cuobjdum
 kernel that spills to local memory is a defect, except the builds listed in
 :data:`SPILL_EXCEPTIONS`, each with the reason and the stack measured when it was entered (a build
 that spills more than that fails, and so does an exception that no longer spills: remove it then).
+The spills are Triton 3.6's (the H200's); under Triton 3.9 (``make test``'s second venv) they are
+held against :data:`SPILL_EXCEPTIONS_3_9`, and under any other version only the builds are checked.
 """
 
 import json
@@ -17,7 +19,7 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent(r'''
     import json, os, re, subprocess, sys, tempfile, torch, triton
@@ -138,6 +140,35 @@ SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
 }
 
 
+_TRITON_3_9 = ("Triton 3.9 allocates these builds differently from 3.6 (the H200's, whose code is the one "
+               "measured and shipped): the same kernels spill up to the stack bytes listed, none of it measured on "
+               "hardware. Recorded so that a change that makes 3.9's builds spill more still fails")
+#: The same for Triton 3.9.0 (the newest release tested, on the CPU only: ``make test``'s second venv),
+#: measured there over the same launches; its own stacks, the 3.6 reasons, and the KDA system kernel's
+#: bf16 builds, which spill under 3.9 only.
+SPILL_EXCEPTIONS_3_9: dict[tuple[str, str, str, str], tuple[int, str]] = {
+    ("chunk_state_kernel", "False", "bf16", "128"): (80, _GDN_S7),
+    ("chunk_output_grouped_kernel", "", "bf16", "128"): (96, _GDN_S7),
+    ("chunk_state_kernel", "True", "bf16", "128"): (64, _KDA_FUSED),
+    ("chunk_intra_kernel", "False", "fp32", "64"): (856, _FP32),
+    ("chunk_intra_kernel", "True", "fp32", "64"): (760, _FP32),
+    ("chunk_kda_system_kernel", "", "fp32", "64"): (1712, _FP32),
+    ("chunk_state_kernel", "False", "fp32", "64"): (768, _FP32),
+    ("chunk_state_kernel", "True", "fp32", "64"): (648, _FP32),
+    ("chunk_output_kernel", "False", "fp32", "64"): (104, _FP32),
+    ("chunk_output_kernel", "True", "fp32", "64"): (1464, _FP32),
+    ("chunk_intra_kernel", "False", "bf16", "128"): (296, _INTRA_CAP),
+    ("chunk_intra_kernel", "False", "bf16", "64"): (312, _INTRA_CAP),
+    ("chunk_intra_kernel", "True", "bf16", "128"): (64, _INTRA_CAP),
+    ("chunk_intra_kernel", "True", "bf16", "64"): (24, _INTRA_CAP),
+    ("chunk_kda_system_kernel", "", "bf16", "128"): (24, _TRITON_3_9),
+    ("chunk_kda_system_kernel", "", "bf16", "64"): (16, _TRITON_3_9),
+}
+#: The spill tables by the Triton version they were measured with. Under any other version the test
+#: checks that every launch builds (and fits 255 registers), not how much it spills.
+SPILLS_BY_TRITON = {"3.6.0": SPILL_EXCEPTIONS, "3.9.0": SPILL_EXCEPTIONS_3_9}
+
+
 def _key(b: dict) -> tuple[str, str, str, str]:
     return (b["kernel"], b.get("KDA", ""), b.get("DT", ""), b.get("K", ""))
 
@@ -154,14 +185,17 @@ def test_every_contract_launch_compiles_for_sm90_and_only_the_listed_builds_spil
             "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel"} <= kernels
     if not any("REG" in b for b in built):
         pytest.skip("cuobjdump not found next to triton: spills not measurable (every launch compiled)")
+    assert max(b.get("REG", 0) for b in built) <= 255
+    exceptions = SPILLS_BY_TRITON.get(triton.__version__)
+    if exceptions is None:  # spills of an unmeasured Triton are not held against the tables
+        return
     spilled = [b for b in built if b.get("LOCAL") or b.get("STACK")]
-    unexpected = [b for b in spilled if _key(b) not in SPILL_EXCEPTIONS]
-    assert not unexpected, f"kernels using local memory (spills): {unexpected}"
-    worse = [(b, SPILL_EXCEPTIONS[_key(b)][0]) for b in spilled
-             if b.get("LOCAL") or b.get("STACK", 0) > SPILL_EXCEPTIONS[_key(b)][0]]
+    unexpected = [b for b in spilled if _key(b) not in exceptions]
+    assert not unexpected, f"kernels using local memory (spills, triton {triton.__version__}): {unexpected}"
+    worse = [(b, exceptions[_key(b)][0]) for b in spilled
+             if b.get("LOCAL") or b.get("STACK", 0) > exceptions[_key(b)][0]]
     assert not worse, f"listed builds spilling more than recorded (build, recorded stack bytes): {worse}"
     seen_keys = {_key(b) for b in built}
-    stale = [key for key in SPILL_EXCEPTIONS if key in seen_keys and key not in {_key(b) for b in spilled}]
-    assert not stale, f"SPILL_EXCEPTIONS entries that no longer spill (remove them): {stale}"
-    assert set(SPILL_EXCEPTIONS) <= seen_keys, "every listed exception must be among the builds checked"
-    assert max(b.get("REG", 0) for b in built) <= 255
+    stale = [key for key in exceptions if key in seen_keys and key not in {_key(b) for b in spilled}]
+    assert not stale, f"spill exceptions (triton {triton.__version__}) that no longer spill (remove them): {stale}"
+    assert set(exceptions) <= seen_keys, "every listed exception must be among the builds checked"

@@ -35,7 +35,7 @@ needs_example = pytest.mark.skipif(
 @needs_example
 def test_example_plugin_is_discovered_through_its_real_entry_point(registry):
     rec = _record("cpu-chunked")
-    assert rec.status == "loaded" and rec.api_version == "1"
+    assert rec.status == "loaded" and rec.api_version == "2"
     assert rec.distribution == "linattn-cpu-chunked" and rec.backends == ("cpu-chunked",)
     b = linattn.list_backends()["cpu-chunked"]
     assert (b.plugin, b.distribution) == ("cpu-chunked", "linattn-cpu-chunked")

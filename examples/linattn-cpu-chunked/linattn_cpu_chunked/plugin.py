@@ -6,7 +6,7 @@ plugin API is reported with reason ``api_version`` and never enters dispatch.
 
 from linattn.dispatch.hookspecs import hookimpl
 
-LINATTN_API_VERSION = "1"
+LINATTN_API_VERSION = "2"
 
 
 @hookimpl
