@@ -14,7 +14,7 @@ STAMP_LATEST := $(VENV_LATEST)/.linattn-installed-triton-$(TRITON_LATEST)
 # What runs under it: the sm_90 builds of every kernel and the interpreter tests of the prefill
 # kernels and of the shared contract (decode, clamp, probe, both grid layouts).
 TESTS_LATEST := tests/contract/test_compile.py tests/prefill/test_prefill_compile.py \
-	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py
+	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py tests/kernels
 
 .PHONY: demo test setup test-triton-latest
 
