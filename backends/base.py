@@ -169,7 +169,8 @@ class Backend:
         subclasses torch-ref and rewrote ``gdn_decode`` with the first release's arguments does not
         inherit torch-ref's features for it."""
         mro = type(self).__mro__
-        names = (op, OP_TABLE[op].method) if op in OP_TABLE else (op,)
+        v2 = op in OP_TABLE and self.effective_api_version() != "1"  # a v1 class's `decode` is not a phase method
+        names = (op, OP_TABLE[op].method) if v2 else (op,)
         owner = next((i for i, c in enumerate(mro) if c is not Backend and any(n in c.__dict__ for n in names)),
                      None)
         if owner is None:

@@ -21,7 +21,9 @@ same key:
 5. runs the prepared launch (or the backend's op method).
 
 So a key hit is exactly the call the full path would have validated and dispatched the same
-way; nothing is skipped that could differ. Calls that raise are never cached.
+way; nothing is skipped that could differ. A call refused by validation or selection leaves no
+plan; a plan is kept once selection succeeded, whether or not the backend's run then raises (a
+plugin that raises is marked broken, which changes the registry generation, hence the key).
 """
 
 from __future__ import annotations
@@ -51,8 +53,7 @@ def clear() -> None:
 
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> tuple:
     """The hashable description of a call that validation and selection depend on (module docstring)."""
-    grad = torch.is_grad_enabled()  # with grad off, requires_grad changes no rule (host_rules._grad_mode)
-    key = [op, backend, validate, check_finite, grad, current_policy(), get_registry().generation]
+    key = [op, backend, validate, check_finite, torch.is_grad_enabled(), current_policy(), get_registry().generation]
     append = key.append
     device = None
     for x in args.values():
@@ -67,8 +68,7 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
             append(x.shape)
             append(x.stride())
             append(x.device)
-            if grad:
-                append(x.requires_grad)
+            append(x.requires_grad)  # a pool that requires grad is refused in every grad mode
         else:
             append(x)
             append(cls)
@@ -156,13 +156,21 @@ def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check
 
 
 def lookup(key: tuple) -> Optional[CallPlan]:
-    return _plans.get(key)
+    """The plan of ``key``, or None (also for a key that cannot be hashed, e.g. a list passed as a
+    tensor argument: the full validation then refuses the call with its own message)."""
+    try:
+        return _plans.get(key)
+    except TypeError:
+        return None
 
 
 def store(key: tuple, plan: CallPlan) -> None:
-    if len(_plans) >= _PLANS_MAX:
+    if len(_plans) >= _PLANS_MAX:  # all at once: a plan is rebuilt by one full validation
         _plans.clear()
-    _plans[key] = plan
+    try:
+        _plans[key] = plan
+    except TypeError:
+        pass
 
 
 def prepare_hit(plan: CallPlan, args: dict) -> Optional[dict]:

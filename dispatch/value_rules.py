@@ -9,7 +9,6 @@ for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepte
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable
 
 import torch
@@ -165,39 +164,7 @@ def _v_shared_gate_params(args: dict, dims: Dims) -> list:
         return []
     why = ("A_log and dt_bias are shared by every sequence of the call, so a non-finite value would "
            "poison every slot it updates; fix the model's parameters (they are never refused per row)")
-    probes = []
-    for name in ("A_log", "dt_bias"):
-        x = args[name]
-        if not _known_finite(x):  # remembered once the call's single sync finds every flag clear
-            probes += [(flag, explain, lambda x=x: _remember_finite(x)) for flag, explain in _finite_probe(x, name, why)]
-    return probes
-
-
-#: Tensors found finite, by id: (a weak reference to the tensor, its data pointer, version counter,
-#: shape, strides, dtype). A model's A_log and dt_bias are the same parameters at every step, so
-#: they are checked once and again only after a write (every in-place write bumps ``_version``)
-#: or a move; at most 64 are kept.
-_FINITE: dict = {}
-
-
-def _fingerprint(x: torch.Tensor):
-    try:
-        return x.data_ptr(), x._version, x.shape, x.stride(), x.dtype
-    except RuntimeError:  # an inference tensor keeps no version counter: check it every call
-        return None
-
-
-def _known_finite(x: torch.Tensor) -> bool:
-    seen = _FINITE.get(id(x))
-    return seen is not None and seen[0]() is x and seen[1] == _fingerprint(x)
-
-
-def _remember_finite(x: torch.Tensor) -> None:
-    fp = _fingerprint(x)
-    if fp is not None:
-        if len(_FINITE) >= 64:
-            _FINITE.clear()
-        _FINITE[id(x)] = (weakref.ref(x), fp)
+    return _finite_probe(args["A_log"], "A_log", why) + _finite_probe(args["dt_bias"], "dt_bias", why)
 
 
 def _v_finite_inputs(written: tuple) -> ValueRule:
@@ -243,7 +210,4 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
     for bad, probe in zip(flags, probes):
         if bad:
             probe[1]()
-    for probe in probes:  # a probe's third item runs once every flag is clear (e.g. remember a check)
-        if len(probe) > 2:
-            probe[2]()
 

@@ -82,7 +82,8 @@ def _hooks_installed(kernel) -> bool:
     from triton import knobs  # a module attribute lookup once imported
 
     rt = knobs.runtime
-    return bool(rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or kernel.pre_run_hooks)
+    return bool(rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or kernel.pre_run_hooks
+                or knobs.compilation.instrumentation_mode)
 
 
 def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:

@@ -118,10 +118,10 @@ def test_clear_cache_forgets_the_plans(count_validations):
     assert count_validations == ["gdn_decode", "gdn_decode"]
 
 
-def test_shared_gate_parameters_are_rechecked_after_an_in_place_write():
+def test_shared_gate_parameters_are_checked_on_every_call_of_a_cached_key():
     x = _inputs()
-    linattn.gdn_decode(**x)  # A_log found finite and remembered
-    x["A_log"][0] = float("nan")  # an in-place write bumps its version counter
+    linattn.gdn_decode(**x)
+    x["A_log"].data[0] = float("nan")  # a write through .data bumps no version counter
     before = x["state_pool"].clone()
     with pytest.raises(ValueError, match="A_log"):
         linattn.gdn_decode(**x)
@@ -133,3 +133,19 @@ def test_a_scalar_of_another_type_is_a_new_key_and_validated(count_validations):
     linattn.gdn_decode(**x, use_qk_l2norm=True)
     with pytest.raises(TypeError, match="bool"):
         linattn.gdn_decode(**x, use_qk_l2norm=1)  # equal to True as a value, refused as a type
+
+
+def test_a_pool_that_requires_grad_is_refused_on_a_cached_key_under_no_grad(count_validations):
+    x = _inputs()
+    with torch.no_grad():
+        linattn.gdn_decode(**x)
+        x["state_pool"] = x["state_pool"].clone().requires_grad_(True)
+        with pytest.raises(ValueError):
+            linattn.gdn_decode(**x)
+
+
+def test_an_unhashable_argument_gets_the_validation_error():
+    x = _inputs()
+    x["state_indices"] = [0, 1]
+    with pytest.raises(TypeError, match="state_indices"):
+        linattn.gdn_decode(**x)
