@@ -68,13 +68,6 @@ def _refuse_grad_while_tracing(op: str, args: dict) -> None:
         raise GradModeError(op, names)
 
 
-def _device_of(args: dict) -> torch.device:
-    for v in args.values():
-        if isinstance(v, Tensor):
-            return v.device
-    return torch.device("cpu")
-
-
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
     """Validate, select and run one call: through its cached call plan when one exists for the
     call's key (``dispatch/fast_path.py``: the same checks, the derivable ones done once)."""

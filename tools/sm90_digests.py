@@ -25,7 +25,7 @@ Usage (from the repository root)::
 
     .venv/bin/python tools/sm90_digests.py              # compare against tools/sm90_digests.json
     .venv/bin/python tools/sm90_digests.py --write      # record the digests of this tree
-    .venv/bin/python tools/sm90_digests.py --tree /tmp/other-checkout --write  # of another tree
+    .venv/bin/python tools/sm90_digests.py --tree /tmp/other-checkout --write  # of another tree (one that has registry.compile_inputs)
     .venv/bin/python tools/sm90_digests.py --dump /tmp/sass   # also write each normalised build
 
 Exit status: 0 when every digest equals the recorded one; 1 with the changed, missing and new
@@ -230,24 +230,11 @@ class Build(NamedTuple):
 
 
 def _build_of(launch) -> Build:
-    """The compile inputs of a captured launch, as ``registry.compile_launch`` derives them."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend
+    """The compile inputs of a captured launch (``registry.compile_inputs``)."""
+    from linattn.kernels.triton.registry import compile_inputs
 
     fn = launch.fn
-    signature, constexprs, attrs = {}, {}, {}
-    for i, p in enumerate(fn.params):
-        val = launch.arguments[p.name]
-        if p.is_constexpr:
-            signature[p.name] = "constexpr"
-            constexprs[(i,)] = val
-            continue
-        ty, spec = native_specialize_impl(BaseBackend, val, False, True, True)
-        signature[p.name] = ty
-        if ty == "constexpr":
-            constexprs[(i,)] = spec
-        elif isinstance(spec, str) and "D" in spec:
-            attrs[(i,)] = [["tt.divisibility", 16]]
+    signature, constexprs, attrs = compile_inputs(launch)
     options = {k: v for k, v in launch.options.items() if v is not None}
     return Build(f"{fn.fn.__module__}:{fn.fn.__name__}", signature, constexprs, attrs, options)
 

@@ -288,12 +288,11 @@ class capture_launches:
         return False
 
 
-def compile_launch(launch: Launch, arch: int = 90, warp_size: int = 32):
-    """Compile a captured launch for ``cuda:<arch>`` (no GPU needed); returns the CompiledKernel."""
-    import triton
+def compile_inputs(launch: Launch) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` of a captured launch, specialized as Triton's own binder
+    does (types, constexprs, 16-divisibility), for ``triton.compiler.ASTSource``."""
     from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import BaseBackend, GPUTarget
-    from triton.compiler import ASTSource
+    from triton.backends.compiler import BaseBackend
 
     fn = launch.fn
     signature, constexprs, attrs = {}, {}, {}
@@ -309,5 +308,14 @@ def compile_launch(launch: Launch, arch: int = 90, warp_size: int = 32):
             constexprs[(i,)] = spec
         elif isinstance(spec, str) and "D" in spec:
             attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn, signature, constexprs, attrs)
+    return signature, constexprs, attrs
+
+
+def compile_launch(launch: Launch, arch: int = 90, warp_size: int = 32):
+    """Compile a captured launch for ``cuda:<arch>`` (no GPU needed); returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(launch.fn, *compile_inputs(launch))
     return triton.compile(src, target=GPUTarget("cuda", arch, warp_size), options=dict(launch.options))

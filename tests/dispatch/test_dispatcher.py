@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import linattn
-from linattn.backends.base import Backend
 from linattn.capabilities import PROFILES
 from linattn.dispatch import (Dispatcher, NoBackendError, Problem, Rank, Reason, Rejected, dispatcher, explain,
                               get_registry, last_decision, reset_registry, select)
@@ -19,27 +18,14 @@ from linattn.dispatch.hookspecs import BackendPlugin
 from linattn.dispatch.registry import Registry
 from linattn.dispatch.verdict import Decision
 
+from dispatch_backends import FastCpuDecode  # noqa: E402
+
 DISPATCH = Path(__file__).resolve().parents[2] / "dispatch"
 DECODE = Problem(op="gdn_decode", n=4, t=1, h=2, hv=4, k=16, v=16, dtype="float32")
 
 
-class Fp32K16(Backend):
-    """CPU, fp32 and K = V = 16 only, ranked first: two of its predicates fail for a bf16 K=32 call."""
-
+class Fp32K16(FastCpuDecode):
     name = "fp32-k16"
-    ops = frozenset({"gdn_decode"})
-    vendors = frozenset({"cpu"})
-    dtypes = frozenset({"float32"})
-    head_dims_k = frozenset({16})
-    head_dims_v = frozenset({16})
-
-    def rank(self, p, caps):
-        return 1
-
-    def gdn_decode(self, **kw):
-        from linattn.backends.torch_ref import TorchRefBackend
-
-        return TorchRefBackend().gdn_decode(**kw)
 
 
 def _sig(p: Problem) -> tuple:

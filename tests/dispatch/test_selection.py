@@ -16,23 +16,7 @@ from linattn.dispatch.verdict import Check
 DECODE = Problem(op="gdn_decode", n=4, t=1, h=2, hv=4, k=16, v=16, dtype="float32")
 
 
-class FastCpuDecode(Backend):
-    """A test backend: CPU only, fp32 only, K=V=16 only, ranked before torch-ref."""
-
-    name = "test-fast"
-    ops = frozenset({"gdn_decode"})
-    vendors = frozenset({"cpu"})
-    dtypes = frozenset({"float32"})
-    head_dims_k = frozenset({16})
-    head_dims_v = frozenset({16})
-
-    def rank(self, p, caps):
-        return 1
-
-    def gdn_decode(self, **kw):
-        from linattn.backends.torch_ref import TorchRefBackend
-
-        return TorchRefBackend().gdn_decode(**kw)
+from dispatch_backends import FastCpuDecode  # noqa: E402
 
 
 class RaisingPredicate(Backend):
