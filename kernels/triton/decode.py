@@ -261,8 +261,8 @@ class DecodeLaunch:
         gate: ``"gdn"`` or ``"kda"``.
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32 (last dim contiguous, else copied).
         v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
-        A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, num_accepted_tokens and
-            intermediate_state_indices: contiguous, as the public ops hand them over
+        A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, has_initial_state, num_accepted_tokens
+            and intermediate_state_indices: contiguous, as the public ops hand them over
             (``dispatch/layouts.py`` copies views the backend does not declare in
             ``TritonBackend.input_strides``).
         state_pool: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or bf16,
@@ -353,9 +353,9 @@ class DecodeLaunch:
         a, b = (t["g"], t["beta"]) if self.precomputed else (t["a"], t["b"])
         if self.copy_a:
             a = a.contiguous()  # [N, T, HV, K]: key channels contiguous (GDN a is strided freely)
-        A_log, dt_bias = (a, a) if self.precomputed else (t["A_log"], t["dt_bias"].contiguous())
+        A_log, dt_bias = (a, a) if self.precomputed else (t["A_log"], t["dt_bias"])  # contiguous (class docstring)
         idx = t["state_indices"]
-        init = t["has_initial_state"].contiguous().view(torch.uint8) if self.has_init else idx  # [N] bytes
+        init = t["has_initial_state"].view(torch.uint8) if self.has_init else idx  # [N] bytes, contiguous
         pool = t["state_pool"]
         inter = t["intermediate_states"] if self.has_inter else pool
         inter_idx = t["intermediate_state_indices"] if self.has_inter_idx else idx
