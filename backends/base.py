@@ -268,6 +268,13 @@ class Backend:
         default): it may be chosen."""
         return None
 
+    def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
+        """What the backend would launch for ``p`` on ``caps`` and why, for ``explain`` (the
+        accepted verdict's message), from the problem's shapes alone. "" (the default): nothing to
+        say. A backend whose plan depends on the shape (e.g. the Triton prefill's segment-parallel
+        state pass) says it here."""
+        return ""
+
     def prepare(self, op: str, kwargs: dict) -> Optional[Callable[[dict], Any]]:
         """An optional cached launch for calls like this one (``dispatch/fast_path.py``): given the
         validated keyword arguments of the first call with a call key, return a function of a

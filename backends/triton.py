@@ -149,6 +149,25 @@ class TritonBackend(Backend):
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
         return Rank.NATIVE if caps.vendor in self.native else Rank.FORCED_ONLY
 
+    def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
+        """Prefill: the state stage's plan (one pass per sequence, or the segment-parallel pass
+        with its segment length), from ``kernels.triton.prefill.plan_segments`` on the problem's
+        shapes; "" for the other ops or without Triton."""
+        if p.phase != "prefill" or not p.k or not p.v:
+            return ""
+        try:
+            import torch
+
+            from linattn.kernels.triton.prefill import CHUNK, plan_segments, prefill_config, stage_options
+        except ImportError:
+            return ""
+        family = OP_TABLE[p.op].family
+        cfg = prefill_config(family, p.k, p.v, getattr(torch, p.dtype))
+        even = stage_options(family, p.hv // max(p.h, 1), cfg).half_hbuf
+        L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
+                               block_v=cfg.state.block_v, caps=caps, even=even)
+        return f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
+
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------
 
     @staticmethod

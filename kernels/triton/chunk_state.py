@@ -57,6 +57,7 @@ def chunk_state_kernel(
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr, HOIST: tl.constexpr = False,
     HSTEP: tl.constexpr = 1, UTM: tl.constexpr = False, HAS_INIT: tl.constexpr = False,
+    SEGMENT: tl.constexpr = 0,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
@@ -86,9 +87,20 @@ def chunk_state_kernel(
     the shipped builds). An operand a build does not read comes as None (KDA: ``rk``; dense mode:
     ``state_indices``, and ``h0`` without ``HAS_H0``; ``has_init`` without ``HAS_INIT``), except with
     ``FUSE_O``, where ``rk`` is the key norms and ``has_init``, ``hbuf``, ``vn`` may be zero-size (the
-    launcher keeps that build's code)."""
+    launcher keeps that build's code).
+
+    ``SEGMENT`` (the segment-parallel state pass, ops.md "Segment-parallel state pass"; 0: off):
+    the programs' "sequences" are the segments of the segment tables (``cu_seqlens`` and
+    ``chunk_off`` are the segments' bounds and first chunks). ``1``, the summary pass: the value
+    blocks cover ``V + K`` columns; the first ``V`` start from zero, the last ``K`` from the
+    identity and read no ``U``, so the final store (dense, ``ht [NSEG, HV, K, V + K]`` fp32) is the
+    segment's ``[B | M]``; nothing else is written. ``2``, the rerun: ``h0 [NSEG, HV, K, V]`` holds
+    each segment's entering state (from :func:`chunk_segment_combine_kernel`), the final store is
+    dense (``ht``, scratch) and with ``POOL`` ``state_indices`` holds each segment's slot (negative:
+    padding, zero output rows where ``FUSE_O``)."""
     tl.static_assert(HSTEP == 1 or HSTEP == 2, "HSTEP: every chunk's state (1) or every second one (2)")
     tl.static_assert(not KDA or not (HOIST or UTM or HSTEP != 1), "HOIST, UTM and HSTEP = 2 are GDN's")
+    tl.static_assert(SEGMENT != 1 or not (FUSE_O or POOL or HAS_H0), "the summary pass starts from [I | 0], dense")
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // GROUP
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -102,7 +114,11 @@ def chunk_state_kernel(
     all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0` below: bool masks for Triton 3.9's interpreter, where a
     # scalar compare ANDed into a tile is int data ('mask has unsupported dtype'); the same sm_90 code
 
-    if POOL:
+    if SEGMENT == 1:  # columns [0, V): B from a zero state; [V, V + K): the transition, from I
+        S = (kk[:, None] == (v0 - V + cv)[None, :]).to(tl.float32)
+    elif SEGMENT == 2:  # the segment's entering state from the combine (dense, by segment)
+        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v))
+    elif POOL:
         slot = tl.load(state_indices + i_n).to(tl.int64)
         live = slot >= 0
         if HAS_INIT:  # has_initial_state False: a zero h0, the slot never read (the final state is stored)
@@ -127,7 +143,7 @@ def chunk_state_kernel(
         t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
         m = r < eos - t0
         Sd = S.to(DT)  # the state entering chunk c, as the output stage reads it
-        if not FUSE_O:
+        if not FUSE_O and SEGMENT != 1:
             if t % HSTEP == 0:  # HSTEP = 2: the output stage rebuilds the others' share from the chunk before
                 tl.store(hbuf + (c * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), Sd)
         wt = tl.load(w + (t0 * HV + i_hv) * K + (r[:, None] * (HV * K) + kk[None, :]), mask=m[:, None], other=0.0)
@@ -135,13 +151,22 @@ def chunk_state_kernel(
         if UTM:  # GDN: U = (Tm diag(beta)) V here, from stage 1's matrix and v
             tmt = tl.load(tm_beta + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None],
                           other=0.0)
-            vt = tl.load(v + t0 * sxt + i_hv * sxh + v0 + (r[:, None] * sxt + cv[None, :]), mask=m[:, None], other=0.0)
+            if SEGMENT == 1:  # the transition's columns read no values
+                vt = tl.load(v + t0 * sxt + i_hv * sxh + v0 + (r[:, None] * sxt + cv[None, :]),
+                             mask=m[:, None] & (v0 + cv < V)[None, :], other=0.0)
+            else:
+                vt = tl.load(v + t0 * sxt + i_hv * sxh + v0 + (r[:, None] * sxt + cv[None, :]), mask=m[:, None],
+                             other=0.0)
             vnew = tl.dot(tmt.to(DT), vt.to(DT), input_precision=PREC) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
         else:
-            ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
+            if SEGMENT == 1:
+                ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None] & (v0 + cv < V)[None, :],
+                             other=0.0)
+            else:
+                ut = tl.load(u + vo + (r[:, None] * (HV * V) + cv[None, :]), mask=m[:, None], other=0.0)
             vnew = ut.to(tl.float32) - tl.dot(wt.to(DT), Sd, input_precision=PREC)
         vd = vnew.to(DT)
-        if not FUSE_O:
+        if not FUSE_O and SEGMENT != 1:
             tl.store(vn + vo + (r[:, None] * (HV * V) + cv[None, :]), vd, mask=m[:, None])
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
         if KDA:
@@ -167,8 +192,61 @@ def chunk_state_kernel(
                 vs = vnew * (tl.exp(suf) * rkv)[:, None]
             S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * egl, input_precision=PREC)
 
-    if POOL:  # same row as the load; the store strides come in separately so that the compiler
+    if POOL and SEGMENT == 0:  # same row as the load; the store strides come in separately so that the compiler
         # does not keep the load's address tensor alive across the loop
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
+    else:
+        tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty))
+
+
+@triton.jit
+def chunk_segment_combine_kernel(
+    summary, seg_first, seg_init, h0, ht, state_indices, has_init,
+    sm_s, sm_h, s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, HV,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+    POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr, PREC: tl.constexpr,
+):
+    """The segment-parallel state pass's sequential combine (ops.md "Segment-parallel state
+    pass"), one program per (value block, sequence, value head): ``S = h0``; for the sequence's
+    segments ``j = seg_first[n] .. seg_first[n+1] - 1`` in order: ``seg_init[j] = S``,
+    ``S = M_j S + B_j``; then the final ``S`` goes to the pool row (``POOL``; not for a negative
+    slot) or to ``ht[n]`` (dense). ``h0``: as the state kernel's (pool, dense initial state, or
+    zeros; ``has_init`` bytes with ``HAS_INIT``). ``summary [NSEG, HV, K, V + K]`` fp32 (strides
+    ``sm_s, sm_h``; row pitch ``V + K``): ``[B_j | M_j]`` from the summary pass; ``seg_init
+    [NSEG, HV, K, V]`` fp32, contiguous. ``S [K, BV]`` and one ``M_j [K, K]`` tile are held in
+    registers (K <= 128: the planner's bound); the loads of ``M_j``, ``B_j`` do not depend on
+    ``S``, so the software pipeline fetches them ahead."""
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    v0 = i_v * BV
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    all_k = kk[:, None] >= 0
+    j0 = tl.load(seg_first + i_n).to(tl.int64)
+    j1 = tl.load(seg_first + i_n + 1).to(tl.int64)
+    if POOL:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        live = slot >= 0
+        if HAS_INIT:
+            carry = live & (tl.load(has_init + i_n) != 0)
+        else:
+            carry = live
+        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
+                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
+    elif HAS_H0:
+        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v))
+        S = S.to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    for j in range(j0, j1):
+        tl.store(seg_init + (j * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S)
+        base = summary + j * sm_s + i_hv * sm_h + kk[:, None] * (V + K)
+        m_j = tl.load(base + V + kk[None, :])
+        b_j = tl.load(base + v0 + cv[None, :])
+        S = tl.dot(m_j, S, acc=b_j, input_precision=PREC)
+    if POOL:
         tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
                  S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
     else:

@@ -65,7 +65,7 @@ from linattn.kernels.grid import GridPlan, plan_grid
 
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
-from .chunk_state import chunk_gdn_gates_kernel, chunk_state_kernel
+from .chunk_state import chunk_gdn_gates_kernel, chunk_segment_combine_kernel, chunk_state_kernel
 from .chunk_tables import chunk_tables_triton
 from .launch import launch
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
@@ -75,6 +75,16 @@ CHUNK = 64
 #: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`chunk_tables` (torch ops;
 #: docs/performance.md#prefill-chunk-tables)
 TABLES_TRITON_MAX_N = 16384
+#: the segment-parallel state pass (ops.md "Segment-parallel state pass"): segments hold at least
+#: this many chunks, and the planner aims the rerun at this many programs per SM
+#: (docs/performance.md#prefill-segments)
+SEGMENT_MIN_CHUNKS = 64
+SEGMENT_PROGRAMS_PER_SM = 2
+#: the combine's value columns per program (a [K, K] fp32 tile in registers, K <= 128); its launch
+#: (SEGMENT_COMBINE_LAUNCH) is below LaunchOptions
+SEGMENT_COMBINE_BLOCK_V = 32
+#: the largest key head dim of the segment-parallel pass (the combine's register tile)
+SEGMENT_MAX_K = 128
 
 
 # -- configuration -----------------------------------------------------------------------------
@@ -92,6 +102,8 @@ class LaunchOptions:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1; got {self}")
 
+
+SEGMENT_COMBINE_LAUNCH = LaunchOptions(8, 2)
 
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -377,6 +389,13 @@ class PrefillPlan:
     intra_launch: Optional[LaunchOptions] = None
     #: an alternative stage-2 implementation (``chunk_prefill``'s ``state_kernel``)
     state_kernel: Optional[Callable] = None
+    #: the segment-parallel state pass: chunks per segment (0: one pass per sequence, as before)
+    segment_chunks: int = 0
+    #: the bound on the segment count, ``NT_max // segment_chunks + N`` (0 when off)
+    n_segments: int = 0
+    #: why the planner chose ``segment_chunks`` (``explain`` shows it)
+    segment_reason: str = ""
+    segment_grids: Optional["SegmentGrids"] = None
 
     @property
     def kda(self) -> bool:
@@ -418,6 +437,31 @@ class PrefillBuffers:
     gdn_ec: Optional[torch.Tensor] = None
     vn: Optional[torch.Tensor] = None
     hbuf: Optional[torch.Tensor] = None
+    seg_summary: Optional[torch.Tensor] = None
+    seg_init: Optional[torch.Tensor] = None
+
+
+class SegmentGrids(NamedTuple):
+    """The launch grids of the segment-parallel state pass: the summary pass (``NSEG x HV x
+    (V + K) // block_v``), the combine (``N x HV x V // block_v``) and the rerun (``NSEG x HV x
+    V // block_v``)."""
+
+    summary: GridPlan
+    combine: GridPlan
+    rerun: GridPlan
+
+
+class SegmentTables(NamedTuple):
+    """The segments of one call (:func:`segment_tables`): ``seg_cu [NSEG+1]`` int64, the segments'
+    token bounds as a prefix array (segments past the real count are empty, at ``T``);
+    ``seg_chunk_off [NSEG]`` int64, each segment's first chunk; ``seg_first [N+1]`` int64, sequence
+    ``n`` owns segments ``seg_first[n] .. seg_first[n+1] - 1``; ``seg_slot [NSEG]`` int64 (pool mode:
+    the segment's state index, -1 past the real count; else None)."""
+
+    seg_cu: torch.Tensor
+    seg_chunk_off: torch.Tensor
+    seg_first: torch.Tensor
+    seg_slot: Optional[torch.Tensor]
 
 
 class PrefillInputs(NamedTuple):
@@ -456,12 +500,13 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
                  initial_state: Optional[torch.Tensor] = None, has_initial_state: Optional[torch.Tensor] = None,
                  use_qk_l2norm: bool = True, state_layout: str = "vk", layout: str = "split",
                  caps: Optional[DeviceCapabilities] = None, state_kernel: Optional[Callable] = None,
-                 config: Optional[PrefillConfig] = None) -> PrefillPlan:
+                 config: Optional[PrefillConfig] = None, segment_chunks: Optional[int] = None) -> PrefillPlan:
     """Plan a :func:`chunk_prefill` call from the shapes, dtypes and flags of its arguments.
 
     Reads only metadata (``shape``, ``dtype``, ``device``, ``numel``; whether optional tensors are
     given), never values: no device sync. Arguments as :func:`chunk_prefill`'s; ``config``
-    overrides the pinned configuration (:func:`prefill_config`).
+    overrides the pinned configuration (:func:`prefill_config`); ``segment_chunks`` the planner's
+    choice of the segment-parallel state pass (:func:`plan_segments`; tests and sweeps).
     Returns:
         A frozen :class:`PrefillPlan`.
     Raises:
@@ -498,11 +543,65 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
         raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
     caps = probe(q.device) if caps is None else caps
     cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
-    return _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel)
+    return _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, segment_chunks)
+
+
+def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int, caps: DeviceCapabilities,
+                  even: bool, replaced_state: bool = False, forced: Optional[int] = None) -> tuple[int, str]:
+    """Chunks per segment of the segment-parallel state pass, from host-known facts only (no sync).
+
+    The state stage runs ``N x HV x V // block_v`` programs, each walking its sequence's chunks in
+    order; when they leave most SMs idle and the sequences are long, cutting them into segments of
+    ``L`` chunks runs the walk on ``NSEG x HV x ...`` programs (at the price of the summary pass,
+    ``V + K`` columns, the rerun and the combine: ops.md "Segment-parallel state pass"). ``L``
+    aims the rerun at :data:`SEGMENT_PROGRAMS_PER_SM` programs per SM (rounded down, so that no
+    partial extra wave runs), with at least :data:`SEGMENT_MIN_CHUNKS` chunks; the sequences' mean
+    chunk count ``nt_max / N`` must reach ``4 L`` (the lengths themselves are on the device). The
+    constants and the measurements behind them: docs/performance.md#prefill-segments.
+
+    Args:
+        N, HV, K, V: sequences, value heads, head dims (segments need ``K <=``
+            :data:`SEGMENT_MAX_K`). nt_max: the chunk bound ``T // 64 + N``.
+        block_v: the state kernel's value columns per program. caps: the device (its SM count).
+        even: ``L`` must be even (GDN's every-second-chunk state store counts chunks from the
+            segment's start). replaced_state: a replacement state kernel runs (no segments).
+        forced: a test's or sweep's choice (0: off; ``L >= 1``: segments of ``L`` chunks, rounded
+            up to even where ``even``).
+    Returns:
+        ``(L, reason)``, ``L = 0`` for one pass per sequence.
+    Raises:
+        ValueError: ``forced`` negative, or positive at ``K >`` :data:`SEGMENT_MAX_K`.
+    Example:
+        >>> from linattn.capabilities import profile
+        >>> plan_segments(N=1, HV=8, K=128, V=128, nt_max=1025, block_v=64, caps=profile("sm90"), even=True)[0]
+        64
+    """
+    if forced is not None:
+        if forced < 0 or (forced and K > SEGMENT_MAX_K):
+            raise ValueError(f"segment_chunks must be >= 0 (0: off), and 0 at K > {SEGMENT_MAX_K}; "
+                             f"got {forced} at K = {K}")
+        return (forced + (forced % 2 if even else 0), f"forced: segment_chunks={forced}") if forced else (0, "forced off")
+    if K > SEGMENT_MAX_K:
+        return 0, f"segments need K <= {SEGMENT_MAX_K} (the combine's register tile); K = {K}"
+    if replaced_state:
+        return 0, "a replacement state kernel runs the state stage"
+    per_seg = HV * (V // block_v)
+    programs = N * per_seg
+    if programs >= caps.sm_count:
+        return 0, f"the state stage's {programs} programs (N x HV x V/{block_v}) fill {caps.sm_count} SMs"
+    want = max(1, SEGMENT_PROGRAMS_PER_SM * caps.sm_count // per_seg)  # segments in all (no extra wave)
+    L = max(SEGMENT_MIN_CHUNKS, triton.cdiv(nt_max - N, want))
+    L += L % 2 if even else 0
+    if nt_max < 4 * L * N:
+        return 0, (f"sequences of {nt_max / N:.0f} chunks on average are too short to cut into segments "
+                   f"of {L}")
+    return L, (f"{programs} state programs on {caps.sm_count} SMs: segments of {L} chunks "
+               f"(up to {nt_max // L + N}), aiming at {SEGMENT_PROGRAMS_PER_SM} rerun programs per SM")
 
 
 def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layout: str,
-                 buf_dtype: torch.dtype, state_kernel: Optional[Callable]) -> PrefillPlan:
+                 buf_dtype: torch.dtype, state_kernel: Optional[Callable],
+                 segment_chunks: Optional[int] = None) -> PrefillPlan:
     """The stage split, grids and buffers of a non-empty call (:func:`plan_prefill`)."""
     kda, T, N, H, HV, V = facts["family"] == "kda", facts["T"], facts["N"], facts["H"], facts["HV"], facts["V"]
     opt = stage_options(facts["family"], HV // H, cfg, replaced_state=state_kernel is not None)
@@ -518,13 +617,23 @@ def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layo
         gates=(nt_max, triton.cdiv(HV, _gates_block(HV))) if opt.hoist else None,
         state=plan_grid(N, HV, V // cfg.state.block_v, caps, layout),
         output=None if in_state else (nt_max, H if opt.grouped_output else HV, V // obv))
+    bv = cfg.state.block_v
+    L, why = plan_segments(N=N, HV=HV, K=facts["K"], V=V, nt_max=nt_max, block_v=bv, caps=caps, even=opt.half_hbuf,
+                           replaced_state=state_kernel is not None, forced=segment_chunks)
+    nseg = nt_max // L + N if L else 0
+    seg_grids = None if not L else SegmentGrids(
+        summary=plan_grid(nseg, HV, (V + facts["K"]) // bv, caps, layout),
+        combine=plan_grid(N, HV, V // SEGMENT_COMBINE_BLOCK_V, caps, layout),
+        rerun=plan_grid(nseg, HV, V // bv, caps, layout))
     return PrefillPlan(
         **facts, empty=False, config=cfg, stages=opt, output_in_state=in_state, buf_dtype=buf_dtype,
         DT=tl.bfloat16 if buf_dtype == torch.bfloat16 else tl.float32,
         PREC="ieee" if facts["dtype"] == torch.float32 else "tf32", nt_max=nt_max,
         triton_tables=N <= TABLES_TRITON_MAX_N, grids=grids, intra_launch=intra_launch,
-        state_kernel=state_kernel,
-        buffers=_output_specs(facts) + _buffer_specs(facts, opt, in_state, nt_max, progs, buf_dtype))
+        state_kernel=state_kernel, segment_chunks=L, n_segments=nseg, segment_reason=why,
+        segment_grids=seg_grids,
+        buffers=(_output_specs(facts) + _buffer_specs(facts, opt, in_state, nt_max, progs, buf_dtype)
+                 + _segment_specs(facts, nseg)))
 
 
 def _output_specs(facts: dict) -> tuple[BufferSpec, ...]:
@@ -557,6 +666,17 @@ def _buffer_specs(facts: dict, opt: StageOptions, in_state: bool, nt_max: int, p
     if opt.hoist:
         specs += [BufferSpec("gdn_kf", (T, HV), f32), BufferSpec("gdn_ec", (nt_max, HV), f32)]
     return tuple(specs)
+
+
+def _segment_specs(facts: dict, nseg: int) -> tuple[BufferSpec, ...]:
+    """The segment-parallel pass's buffers (none when off): ``seg_summary [NSEG, HV, K, V + K]``
+    (each segment's ``[B | M]``; the rerun's scratch final states after the combine has read it) and
+    ``seg_init [NSEG, HV, K, V]`` (the segments' entering states), fp32, maths layout."""
+    if not nseg:
+        return ()
+    HV, K, V = facts["HV"], facts["K"], facts["V"]
+    return (BufferSpec("seg_summary", (nseg, HV, K, V + K), torch.float32),
+            BufferSpec("seg_init", (nseg, HV, K, V), torch.float32))
 
 
 def _gates_block(HV: int) -> int:
@@ -617,6 +737,8 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
         launch_gates(plan, x, tables, bufs)
     if plan.state_kernel is not None:
         _run_state_kernel(plan, x, tables, bufs, st, state_pool, state_indices, initial_state)
+    elif plan.segment_chunks:
+        launch_segmented_state(plan, x, tables, bufs, st)
     else:
         launch_state(plan, x, tables, bufs, st)
     if not plan.output_in_state:
@@ -714,31 +836,95 @@ def launch_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: Prefill
     """Stage 2: the sequential state kernel (:func:`.chunk_state.chunk_state_kernel`), on the grid
     planned for ``N x HV x V // block_v``; reads ``h0`` and writes the final state in place (pool)
     or to ``final`` (dense); writes ``hbuf`` and ``vn``, or the output (``plan.output_in_state``)."""
-    grid, opt, kda = plan.grids.state, plan.stages, plan.kda
-    if grid.empty:
+    if plan.grids.state.empty:
         return
+    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    _launch_state_kernel(plan, x, b, grid=plan.grids.state, cu=x.cu_seqlens, chunk_off=t.chunk_off,
+                         state_indices=st.state_indices, flags=st.has_initial_state, h0=st.h0, ht=st.ht,
+                         s0=s0, st=_state_strides(st.ht, plan.state_layout), pool=plan.pool_mode,
+                         has_h0=plan.has_h0, has_init=plan.has_init_flags, fused=plan.output_in_state)
+
+
+def _launch_state_kernel(plan: PrefillPlan, x: PrefillInputs, b: PrefillBuffers, *, grid: GridPlan, cu, chunk_off,
+                         state_indices, flags, h0, ht, s0: tuple, st: tuple, pool: bool, has_h0: bool,
+                         has_init: bool, fused: bool, segment: int = 0) -> None:
+    """One launch of the state kernel on ``grid`` with the given tables and state operands
+    (``s0``, ``st``: the ``(slot, head, k, v)`` element strides of ``h0`` and ``ht``)."""
+    opt, kda = plan.stages, plan.kda
     if kda:  # stage 1's decayed keys and per-chunk total log decays, per value head (GROUP 1)
         keys, gate, row, group = b.kda_kd, b.kda_gl, None, 1
     else:  # the gates kernel's factors, or the raw gates and the key norms
         keys, group = x.k, plan.group
         gate, row = (b.gdn_ec, b.gdn_kf) if opt.hoist else (x.g, b.rk)
-    fused = plan.output_in_state
     q, aqk, o = (b.kda_qg, b.kda_aqk, b.o) if fused else (None, None, None)
     v, tm = (x.v, b.tm_beta) if opt.state_u else (None, None)
-    flags = st.has_initial_state
     if fused:  # unread, yet not None: None here moves a shipped build's sm_90 code (#prefill-none-operands)
         row = b.rk
         flags = flags if flags is not None else torch.empty(0, dtype=torch.uint8, device=plan.device)
-    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    constexprs = dict(K=plan.K, V=plan.V, BV=plan.config.state.block_v, **grid.constexprs, KDA=kda, POOL=pool,
+                      HAS_H0=has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=fused, HOIST=opt.hoist,
+                      HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_init)
+    if segment:
+        constexprs["SEGMENT"] = segment
     _launch(chunk_state_kernel, grid.grid,
-            (keys, gate, b.w, b.u, row, x.cu_seqlens, t.chunk_off, st.state_indices, flags,
-             st.h0, st.ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
+            (keys, gate, b.w, b.u, row, cu, chunk_off, state_indices, flags,
+             h0, ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
              *(q.stride()[:2] if fused else v.stride()[:2] if opt.state_u else (0, 0)),  # q's or v's: one pair
-             *s0, *_state_strides(st.ht, plan.state_layout), group, plan.HV),
-            dict(K=plan.K, V=plan.V, BV=plan.config.state.block_v, **grid.constexprs, KDA=kda, POOL=plan.pool_mode,
-                 HAS_H0=plan.has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=fused, HOIST=opt.hoist,
-                 HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=plan.has_init_flags),
-            plan.config.state.fused_launch if fused else plan.config.state.launch)
+             *s0, *st, group, plan.HV),
+            constexprs, plan.config.state.fused_launch if fused else plan.config.state.launch)
+
+
+def segment_tables(plan: PrefillPlan, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
+                   state_indices: Optional[torch.Tensor]) -> SegmentTables:
+    """The segments of a call, on the device with no host sync (torch ops): sequence ``n`` of
+    ``nc_n`` chunks is cut into ``ceil(nc_n / L)`` segments of ``L = plan.segment_chunks`` chunks,
+    on its own chunk grid (the last one may be shorter, its last chunk short); a zero-length
+    sequence has none. Returns :class:`SegmentTables` over the bound ``plan.n_segments``."""
+    L, T, N, nseg = plan.segment_chunks, plan.T, plan.N, plan.n_segments
+    dev = cu_seqlens.device
+    cu = cu_seqlens.to(torch.int64)
+    per_seq = (chunk_off[1:] - chunk_off[:-1] + (L - 1)) // L
+    seg_first = torch.zeros(N + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(per_seq, 0, out=seg_first[1:])
+    j = torch.arange(nseg, dtype=torch.int64, device=dev)
+    n = torch.searchsorted(seg_first[1:], j, right=True)  # N past the real count
+    real = n < N
+    nc = n.clamp(max=N - 1)
+    i = j - seg_first[nc]
+    seg_cu = torch.full((nseg + 1,), T, dtype=torch.int64, device=dev)
+    seg_cu[:-1] = torch.where(real, cu[nc] + i * (L * CHUNK), T)
+    seg_chunk_off = chunk_off[nc] + i * L
+    slot = None
+    if state_indices is not None:
+        slot = torch.where(real, state_indices.to(torch.int64)[nc], -1)
+    return SegmentTables(seg_cu, seg_chunk_off, seg_first, slot)
+
+
+def launch_segmented_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers,
+                           st: PrefillState) -> None:
+    """Stage 2 as the segment-parallel state pass (ops.md "Segment-parallel state pass"): the
+    segment tables, the summary pass (each segment's ``[B | M]`` from ``[0 | I]``), the combine
+    (every segment's entering state; the final state to the pool row or ``final``) and the rerun
+    from the entering states (``hbuf`` and ``vn``, or the output)."""
+    seg = segment_tables(plan, x.cu_seqlens, t.chunk_off, st.state_indices if plan.pool_mode else None)
+    g, K, V, HV = plan.segment_grids, plan.K, plan.V, plan.HV
+    summary, init = b.seg_summary, b.seg_init
+    sm = (HV * K * (V + K), K * (V + K), V + K, 1)  # (segment, head, k, v) strides of [B | M]
+    si = (HV * K * V, K * V, V, 1)
+    common = dict(cu=seg.seg_cu, chunk_off=seg.seg_chunk_off)
+    _launch_state_kernel(plan, x, b, grid=g.summary, **common, state_indices=None, flags=None, h0=None,
+                         ht=summary, s0=sm, st=sm, pool=False, has_h0=False, has_init=False, fused=False,
+                         segment=1)
+    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    _launch(chunk_segment_combine_kernel, g.combine.grid,
+            (summary, seg.seg_first, init, st.h0, st.ht, st.state_indices, st.has_initial_state,
+             sm[0], sm[1], *s0, *_state_strides(st.ht, plan.state_layout), HV),
+            dict(K=K, V=V, BV=SEGMENT_COMBINE_BLOCK_V, **g.combine.constexprs, POOL=plan.pool_mode,
+                 HAS_H0=plan.has_h0, HAS_INIT=plan.has_init_flags,
+                 PREC="ieee" if plan.dtype == torch.float32 else "tf32x3"), SEGMENT_COMBINE_LAUNCH)
+    _launch_state_kernel(plan, x, b, grid=g.rerun, **common, state_indices=seg.seg_slot, flags=None, h0=init,
+                         ht=summary, s0=si, st=sm, pool=plan.pool_mode, has_h0=True, has_init=False,
+                         fused=plan.output_in_state, segment=2)
 
 
 def launch_output(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
@@ -777,7 +963,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   state_layout: str, layout: str = "split",
                   caps: Optional[DeviceCapabilities] = None,
                   state_kernel=None,
-                  has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  has_initial_state: Optional[torch.Tensor] = None,
+                  segment_chunks: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode:
     :func:`plan_prefill` then :func:`run_prefill`.
 
@@ -807,6 +994,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         has_initial_state: pool mode only: ``[N]`` bool or None. False starts that sequence from a
             zero state: the state kernel's h0 load is masked (the slot is never read, NaN there is
             harmless) and the final state is stored as usual. No extra launch.
+        segment_chunks: the segment-parallel state pass (:func:`plan_segments`): None the
+            planner's choice, 0 off, ``L >= 1`` segments of ``L`` chunks (tests, sweeps).
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
         ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
@@ -829,7 +1018,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     states = dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                   has_initial_state=has_initial_state)
     plan = plan_prefill(family, q=q, v=v, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
-                        state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel, **states)
+                        state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel,
+                        segment_chunks=segment_chunks, **states)
     return run_prefill(plan, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, scale=scale, **states)
 
 

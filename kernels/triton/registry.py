@@ -100,6 +100,14 @@ KERNELS: tuple[KernelEntry, ...] = (
                "writes the output (FUSE_O; prefill.StateConfig.writes_output)"),
     ),
     KernelEntry(
+        name="prefill_segment_combine", op="gdn_prefill", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_segment_combine_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        notes=("the segment-parallel state pass's sequential combine (both families; between the "
+               "state kernel's summary pass, SEGMENT=1, and its rerun, SEGMENT=2): reads h0 from and "
+               "writes the final state to the pool in place; run by the segmented contract cases"),
+    ),
+    KernelEntry(
         name="chunk_tables", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_tables:chunk_tables_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",

@@ -39,6 +39,12 @@ SCRIPT = textwrap.dedent(r'''
                 chunk_prefill(family, **inp, state_pool=pool, state_indices=torch.tensor([2, 0]),
                               initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
                               caps=profile(caps))
+            if K == 128 and caps == "sm90" and HV == 4:  # the segment-parallel state pass's builds
+                with registry.capture_launches() as more:
+                    chunk_prefill(family, **inp, state_pool=pool, state_indices=torch.tensor([2, 0]),
+                                  initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
+                                  caps=profile(caps), segment_chunks=1)
+                launches = launches + more
             for l in launches:
                 key = (l.name, repr(sorted((k, str(v)) for k, v in l.arguments.items()
                                            if not hasattr(v, "data_ptr"))), repr(l.options))
@@ -60,7 +66,8 @@ def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {b["kernel"] for b in built} == {"chunk_intra_kernel", "chunk_state_kernel", "chunk_output_kernel",
                                           "chunk_output_grouped_kernel", "chunk_kda_system_kernel",
-                                          "chunk_tables_kernel", "chunk_gdn_gates_kernel"}
+                                          "chunk_tables_kernel", "chunk_gdn_gates_kernel",
+                                          "chunk_segment_combine_kernel"}
     for b in built:
         limit = 116 if (b["K"] == 128 and b["caps"] == "sm90") else 96
         assert b["smem"] <= limit * 1024, b

@@ -1,0 +1,202 @@
+"""Long single prompts on few heads (GPU): linattn's Triton prefill, with and without the
+segment-parallel state pass, against flash-linear-attention.
+
+The low-parallelism shapes of issue 18: one sequence (or a few) of 8,192 to 131,072 tokens at the
+per-rank heads of tensor-parallel serving (Qwen3.5-397B at TP8 / TP4 / TP2, Qwen3-Next at TP1 /
+TP2, Kimi-Linear at TP1 / TP4); K = V = 128, bf16 q/k/v, fp32 state pool ``[P, HV, V, K]``. For
+each case, ``triton.testing.do_bench`` medians of:
+
+- ``linattn``: :func:`linattn.kernels.triton.prefill.chunk_prefill` in pool mode, the planner's
+  choice of segments (``plan_segments``; ``linattn_segment_chunks`` and ``..._reason`` record it);
+- ``segments_ms``: the same with the segment length forced (``0``: one pass per sequence, the
+  path before issue 18; ``L``: segments of ``L`` chunks);
+- ``fla``: FLA 0.6 ``chunk_gated_delta_rule`` / ``chunk_kda`` with dense states, l2norm in kernel,
+  ``cu_seqlens_cpu`` given.
+
+Also recorded: the planner's output against the one-pass output and against FLA's (relative
+norm of the difference; a cross-check, not a test).
+
+Usage:  python benchmarks/prefill_long.py [--out FILE] [--cases NAME,...] [--segments 0,16,32,64,128]
+Writes ``benchmarks/results/prefill_long_<device>.json`` (``benchmarks/_results.py`` schema) after
+every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
+
+K = V = 128
+#: (name, family, H, HV, sequence lengths)
+CASES = [
+    ("qwen35-tp8", "gdn", 2, 8, [65536]), ("qwen35-tp8", "gdn", 2, 8, [8192]),
+    ("qwen35-tp8", "gdn", 2, 8, [1024] * 8),
+    ("qwen3next-tp1", "gdn", 16, 32, [65536]), ("qwen3next-tp1", "gdn", 16, 32, [8192]),
+    ("kimi-tp1", "kda", 32, 32, [32768]),
+] + [(name, fam, h, hv, [t]) for name, fam, h, hv in (("qwen35-tp2", "gdn", 8, 32), ("qwen35-tp4", "gdn", 4, 16),
+                                                       ("qwen3next-tp2", "gdn", 8, 16), ("kimi-tp4", "kda", 8, 8))
+     for t in (32768, 65536, 131072)]
+
+
+def make(family, H, HV, lens, seed=0):
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    T, N = sum(lens), len(lens)
+    bf = torch.bfloat16
+    gshape = (T, HV, K) if family == "kda" else (T, HV)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=dev, dtype=torch.int32)
+    d = dict(q=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+             k=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+             v=torch.randn(T, HV, V, device=dev, generator=gen).to(bf),
+             g=torch.nn.functional.logsigmoid(torch.randn(*gshape, device=dev, generator=gen) + 3.0),
+             beta=torch.sigmoid(torch.randn(T, HV, device=dev, generator=gen)), cu_seqlens=cu)
+    idx = torch.randperm(2 * N, device=dev, generator=gen)[:N].to(torch.int32)
+    pool = torch.randn(2 * N, HV, V, K, device=dev, generator=gen) * 0.1
+    return d, pool, idx
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def bench_ms(fn):
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def linattn_call(family, d, pool, idx, segment_chunks=None):
+    from linattn.kernels.triton.prefill import chunk_prefill
+
+    return lambda: chunk_prefill(family, **d, state_pool=pool, state_indices=idx, initial_state=None,
+                                 scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk",
+                                 segment_chunks=segment_chunks)
+
+
+def fla_call(family, d, h0_kv):
+    if family == "gdn":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as op
+    else:
+        from fla.ops.kda import chunk_kda as op
+    cu = d["cu_seqlens"].long()
+    cu_cpu = cu.cpu()
+    args = [d[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")]
+    return lambda: op(*args, scale=K ** -0.5, initial_state=h0_kv, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
+
+
+@contextlib.contextmanager
+def state_block_v(bv):
+    """Within the block, the pinned configuration's state stage takes ``bv`` value columns per
+    program (None: unchanged). A sweep only: the shipped value is the planner's."""
+    import dataclasses
+
+    from linattn.kernels.triton import prefill as pm
+
+    pinned = pm.prefill_config
+    if bv:
+        def patched(*a, **k):
+            cfg = pinned(*a, **k)
+            return dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, block_v=bv))
+        pm.prefill_config = patched
+    try:
+        yield
+    finally:
+        pm.prefill_config = pinned
+
+
+def run_case(case, segments, have_fla, block_vs=()):
+    from linattn.kernels.triton.prefill import plan_prefill
+
+    name, family, H, HV, lens = case
+    d, pool, idx = make(family, H, HV, lens)
+    T = sum(lens)
+    plan = plan_prefill(family, q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool, state_indices=idx)
+    row = dict(case=name, family=family, H=H, HV=HV, shape=f"{len(lens)}x{lens[0]}", tokens=T,
+               linattn_segment_chunks=plan.segment_chunks, linattn_segment_reason=plan.segment_reason)
+    work = pool.clone()
+    row["linattn_ms"] = bench_ms(linattn_call(family, d, work, idx))
+    row["linattn_mtok_s"] = T / row["linattn_ms"] / 1e3
+    row["segments_ms"] = {str(L): bench_ms(linattn_call(family, d, work, idx, L)) for L in segments}
+    for bv in block_vs:  # the same under another state-stage block width
+        with state_block_v(bv):
+            row[f"segments_ms_block_v{bv}"] = {str(L): bench_ms(linattn_call(family, d, work, idx, L))
+                                               for L in segments}
+    p_plan, p_one = pool.clone(), pool.clone()
+    o_plan, _ = linattn_call(family, d, p_plan, idx)()
+    o_one, _ = linattn_call(family, d, p_one, idx, 0)()
+    rows = idx.long()
+    row["rel_o_vs_one_pass"] = rel(o_plan, o_one)
+    row["rel_state_vs_one_pass"] = rel(p_plan[rows], p_one[rows])
+    row["untouched_rows_equal"] = bool(torch.equal(p_plan[torch.tensor([i for i in range(pool.shape[0])
+                                                                        if i not in rows.tolist()])],
+                                                   pool[torch.tensor([i for i in range(pool.shape[0])
+                                                                      if i not in rows.tolist()])]))
+    if have_fla:
+        h0_kv = pool[rows].transpose(-1, -2).contiguous()
+        fla = fla_call(family, d, h0_kv)
+        row["fla_ms"] = bench_ms(fla)
+        row["fla_mtok_s"] = T / row["fla_ms"] / 1e3
+        row["speedup_vs_fla"] = row["fla_ms"] / row["linattn_ms"]
+        row["one_pass_speedup_vs_fla"] = row["fla_ms"] / row["segments_ms"]["0"] if "0" in row["segments_ms"] else None
+        o_f, ht_f = fla()
+        row["rel_o_vs_fla"] = rel(o_plan, o_f[0])
+        row["rel_state_vs_fla"] = rel(p_plan[rows], ht_f.transpose(-1, -2))
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="default: benchmarks/results/prefill_long_<device>.json")
+    ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="skip cases with more tokens")
+    ap.add_argument("--segments", default="0,16,32,64,128", help="forced segment lengths to time (chunks)")
+    ap.add_argument("--block-v", default="", help="also time the state stage at these block widths (sweep)")
+    args = ap.parse_args()
+    out = args.out or results_path("prefill_long")
+    try:
+        import fla  # noqa: F401
+        have_fla = True
+    except ImportError:
+        have_fla = False
+    segments = [int(s) for s in args.segments.split(",") if s != ""]
+    names = None if args.cases is None else set(args.cases.split(","))
+    notes = [
+        "Triton chunked prefill in pool mode on long prompts at per-rank heads (K = V = 128, bf16 q/k/v, fp32 pool "
+        "'vk'): linattn_* the planner's choice of the segment-parallel state pass, segments_ms the same with the "
+        "segment length forced (0: one pass per sequence, the path before the segment-parallel pass), fla_* FLA 0.6 "
+        "with dense states and cu_seqlens_cpu; triton do_bench medians (warmup 25 ms, rep 100 ms).",
+        "rel_*: relative norm of the difference of outputs / final states (cross-checks on the same data).",
+    ] + ([] if have_fla else ["flash-linear-attention not installed: no FLA columns."])
+    results = []
+    for case in CASES:
+        if (names and case[0] not in names) or (args.max_tokens and sum(case[4]) > args.max_tokens):
+            continue
+        t0 = time.time()
+        row = run_case(case, segments, have_fla, [int(b) for b in args.block_v.split(",") if b])
+        row["wall_s"] = round(time.time() - t0, 1)
+        results.append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+        write_results(out, results, notes)
+        torch.cuda.empty_cache()
+    print(f"\nwrote {out}")
+    for r in results:
+        print(f"{r['case']:14} {r['family']} {r['shape']:9} linattn {r['linattn_mtok_s']:6.2f} Mtok/s "
+              f"(L={r['linattn_segment_chunks']}) x FLA {r.get('speedup_vs_fla', float('nan')):5.2f} "
+              f"(one pass {r.get('one_pass_speedup_vs_fla') or float('nan'):5.2f})  "
+              + " ".join(f"{k}:{v:.3f}" for k, v in r["segments_ms"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
