@@ -163,3 +163,52 @@ def chunk_tables_triton(cu_seqlens: torch.Tensor, T: int):
     launch(chunk_tables_kernel, grid, (cu, chunk_off, chunk_seq, chunk_start, N, max(N - 1, 0), nt_max),
            dict(BC=BC, BNO=BNO, NSKIP=NSKIP, BSUM=BSUM), num_warps=NUM_WARPS)
     return chunk_off, chunk_seq, chunk_start, nt_max
+
+
+#: sequences and segments per step of :func:`segment_tables_kernel` (one program)
+SEG_BN, SEG_BS = 256, 256
+
+
+@triton.jit
+def segment_tables_kernel(cu_ptr, off_ptr, slot_ptr, seg_cu_ptr, seg_off_ptr, seg_first_ptr, seg_slot_ptr,
+                          N, T, L, NSEG, NITER, HAS_SLOT: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr):
+    """The segment-parallel state pass's tables in one program (the pass runs only where the
+    state grid is small, so ``N`` is small; any ``N`` is correct). Phase 1: ``seg_first [N+1]``
+    int64, the prefix sums of ``ceil(nc_n / L)`` with ``nc_n = chunk_off[n+1] - chunk_off[n]``.
+    Phase 2, per segment ``j < NSEG``: its sequence ``n = #{m : seg_first[m+1] <= j}`` by a binary
+    search of ``NITER = ceil(log2(N + 1))`` steps (``N`` past the real count), ``i = j -
+    seg_first[n]``; ``seg_cu[j] = cu[n] + 64 i L`` (``T`` past the real count; ``seg_cu[NSEG] =
+    T``), ``seg_off[j] = chunk_off[n] + i L``, ``seg_slot[j] = state_indices[n]`` (-1 past the real
+    count; ``HAS_SLOT``). Bitwise the tables of ``prefill.segment_tables_torch``."""
+    tl.store(seg_first_ptr + tl.arange(0, 1), tl.zeros([1], dtype=tl.int64))
+    carry = tl.zeros([1], dtype=tl.int64)
+    for n0 in range(0, N, BN):
+        n = n0 + tl.arange(0, BN)
+        m = n < N
+        nck = tl.load(off_ptr + n + 1, mask=m, other=0) - tl.load(off_ptr + n, mask=m, other=0)
+        cnt = (nck + (L - 1)) // L
+        incl = tl.cumsum(cnt, axis=0) + tl.sum(carry, axis=0)
+        tl.store(seg_first_ptr + n + 1, incl, mask=m)
+        carry += tl.sum(cnt, axis=0)
+    tl.debug_barrier()  # phase 2 reads seg_first back
+    n_last = tl.maximum(N - 1, 0)
+    for j0 in range(0, NSEG, BS):
+        j = (j0 + tl.arange(0, BS)).to(tl.int64)
+        lo = tl.zeros([BS], dtype=tl.int64)
+        hi = tl.zeros([BS], dtype=tl.int64) + N
+        for _ in range(NITER):  # smallest n in [0, N] with seg_first[n + 1] > j (N: none)
+            mid = (lo + hi) // 2
+            ends = tl.load(seg_first_ptr + mid + 1, mask=mid < N, other=0)
+            right = (mid < N) & (ends <= j)
+            lo = tl.where(right & (lo < hi), mid + 1, lo)
+            hi = tl.where(right | (lo >= hi), hi, mid)
+        real = lo < N
+        nc = tl.minimum(lo, n_last)
+        i = j - tl.load(seg_first_ptr + nc)
+        inside = j < NSEG
+        start = tl.load(cu_ptr + nc).to(tl.int64) + i * (L * 64)
+        tl.store(seg_cu_ptr + j, tl.where(real, start, T), mask=inside)
+        tl.store(seg_off_ptr + j, tl.load(off_ptr + nc) + i * L, mask=inside)
+        if HAS_SLOT:
+            tl.store(seg_slot_ptr + j, tl.where(real, tl.load(slot_ptr + nc).to(tl.int64), -1), mask=inside)
+    tl.store(seg_cu_ptr + NSEG + tl.arange(0, 1), tl.zeros([1], dtype=tl.int64) + T)

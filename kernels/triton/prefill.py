@@ -66,7 +66,7 @@ from linattn.kernels.grid import GridPlan, plan_grid
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_segment_combine_kernel, chunk_state_kernel
-from .chunk_tables import chunk_tables_triton
+from .chunk_tables import SEG_BN, SEG_BS, chunk_tables_triton, segment_tables_kernel
 from .launch import launch
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
@@ -876,10 +876,27 @@ def _launch_state_kernel(plan: PrefillPlan, x: PrefillInputs, b: PrefillBuffers,
 
 def segment_tables(plan: PrefillPlan, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
                    state_indices: Optional[torch.Tensor]) -> SegmentTables:
-    """The segments of a call, on the device with no host sync (torch ops): sequence ``n`` of
-    ``nc_n`` chunks is cut into ``ceil(nc_n / L)`` segments of ``L = plan.segment_chunks`` chunks,
-    on its own chunk grid (the last one may be shorter, its last chunk short); a zero-length
-    sequence has none. Returns :class:`SegmentTables` over the bound ``plan.n_segments``."""
+    """The segments of a call, on the device with no host sync, in one launch
+    (:func:`.chunk_tables.segment_tables_kernel`): sequence ``n`` of ``nc_n`` chunks is cut into
+    ``ceil(nc_n / L)`` segments of ``L = plan.segment_chunks`` chunks, on its own chunk grid (the
+    last one may be shorter, its last chunk short); a zero-length sequence has none. Returns
+    :class:`SegmentTables` over the bound ``plan.n_segments``, bitwise those of
+    :func:`segment_tables_torch`."""
+    N, nseg, dev = plan.N, plan.n_segments, cu_seqlens.device
+    seg_cu = torch.empty(nseg + 1, dtype=torch.int64, device=dev)
+    seg_off = torch.empty(nseg, dtype=torch.int64, device=dev)
+    seg_first = torch.empty(N + 1, dtype=torch.int64, device=dev)
+    seg_slot = None if state_indices is None else torch.empty(nseg, dtype=torch.int64, device=dev)
+    launch(segment_tables_kernel, (1,),
+           (cu_seqlens, chunk_off, state_indices, seg_cu, seg_off, seg_first, seg_slot, N, plan.T,
+            plan.segment_chunks, nseg, max(1, N.bit_length())),
+           dict(HAS_SLOT=state_indices is not None, BN=SEG_BN, BS=SEG_BS), num_warps=4)
+    return SegmentTables(seg_cu, seg_off, seg_first, seg_slot)
+
+
+def segment_tables_torch(plan: PrefillPlan, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
+                         state_indices: Optional[torch.Tensor]) -> SegmentTables:
+    """:func:`segment_tables` in torch ops (the tests' reference for the kernel)."""
     L, T, N, nseg = plan.segment_chunks, plan.T, plan.N, plan.n_segments
     dev = cu_seqlens.device
     cu = cu_seqlens.to(torch.int64)

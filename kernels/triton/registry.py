@@ -120,6 +120,16 @@ KERNELS: tuple[KernelEntry, ...] = (
                "prefill.TABLES_TRITON_MAX_N sequences: torch ops, prefill.chunk_tables)"),
     ),
     KernelEntry(
+        name="segment_tables", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_tables:segment_tables_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("grid (1,): one program scans the sequences' chunk counts and then the segments in "
+                       "blocks (the segment-parallel pass runs where the state grid is small, so N is small), "
+                       "so there is no work-item axis to plan"),
+        notes=("the segment-parallel state pass's tables (seg_cu, seg_chunk_off, seg_first, seg_slot) "
+               "from cu_seqlens and chunk_off in one launch; bitwise prefill.segment_tables_torch"),
+    ),
+    KernelEntry(
         name="chunk_intra", op="gdn_prefill", layouts=(),
         kernel=f"{KERNEL_PACKAGE}.chunk_intra:chunk_intra_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",

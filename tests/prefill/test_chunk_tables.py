@@ -9,6 +9,7 @@ blocks at small inputs). CPU: the Triton interpreter (the suite's conftest sets
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from unittest import mock
 
@@ -166,3 +167,38 @@ def test_rejects_a_cu_seqlens_that_is_not_a_1d_integer_tensor():
         chunk_tables_triton(torch.zeros(3, device=DEV), 0)
     with pytest.raises(ValueError, match=r"shape \(2, 2\)"):
         chunk_tables_triton(torch.zeros(2, 2, dtype=torch.int64, device=DEV), 0)
+
+
+# -- the segment-parallel state pass's tables ------------------------------------------------------
+
+def _segment_plan(lens, L):
+    from linattn.kernels.triton.prefill import plan_prefill
+
+    T = sum(lens)
+    q = torch.empty(T, 1, 64, device=DEV)
+    return plan_prefill("gdn", q=q, v=torch.empty(T, 1, 64, device=DEV), cu_seqlens=_cu(lens),
+                        segment_chunks=L)
+
+
+@pytest.mark.parametrize("small", [False, True], ids=["tiles", "small-tiles"])
+@pytest.mark.parametrize("lens,L", [
+    ([1], 1), ([64], 1), ([65], 1), ([0, 200, 0, 1, 333], 2), ([700, 3], 3), ([5000], 16),
+    ([0, 1, 64, 65, 0, 130] * 7, 1), ([129] * 40, 2),
+])
+def test_segment_tables_kernel_matches_torch_bitwise(lens, L, small):
+    from linattn.kernels.triton import prefill as pm
+
+    plan = _segment_plan(lens, L)
+    cu = _cu(lens)
+    off = chunk_tables(cu, plan.T)[0]
+    slots = torch.randperm(len(lens) + 3)[:len(lens)].to(DEV) - 1  # one may be -1 (padding)
+    want = pm.segment_tables_torch(plan, cu, off, slots)
+    empty = torch.empty
+    tiles = mock.patch.multiple(pm, SEG_BN=4, SEG_BS=8) if small else nullcontext()
+    with tiles, mock.patch.object(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(-7)):
+        got = pm.segment_tables(plan, cu, off, slots)
+    for name, w, g in zip(want._fields, want, got):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert torch.equal(g, w), f"{name}: {g.tolist()} != {w.tolist()}"
+    n_real = int(want.seg_first[-1])
+    assert n_real == sum(math.ceil(math.ceil(n / 64) / L) for n in lens)
