@@ -112,7 +112,8 @@ def _captured_call_args(call) -> tuple:
 
 
 def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
-    """The dispatcher's share alone: a cached call plan's key, lookup and checks (no backend run)."""
+    """The dispatcher's share alone: a cached call plan's key, lookup and checks (no backend run;
+    ``validate=True``: the value checks and their sync included)."""
     from linattn.dispatch import fast_path
 
     rows = []
@@ -120,18 +121,48 @@ def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
         for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
             for family in ("gdn", "kda"):
                 name, x = f"{family}_{phase}", make(family, dev)
-                call = _captured_call_args(lambda: _op(family, phase)(**x, validate=False))
+                for validate in (False, True):
+                    call = _captured_call_args(lambda: _op(family, phase)(**x, validate=validate))
 
-                def hit(call=call):
-                    plan = fast_path.lookup(fast_path.call_key(*call))
-                    return fast_path.prepare_hit(plan, call[1])
-                rows.append(dict(kind="dispatch", op=name, validate=False, host_us=round(host_us(hit, calls, repeats, sync), 2)))
+                    def hit(call=call):
+                        plan = fast_path.lookup(fast_path.call_key(*call))
+                        return fast_path.prepare_hit(plan, call[1])
+                    rows.append(dict(kind="dispatch", op=name, validate=validate,
+                                     host_us=round(host_us(hit, calls, repeats, sync), 2)))
                 plan = fast_path.lookup(fast_path.call_key(*call))
                 if plan is not None and plan.prepared is not None:
                     nargs = fast_path.prepare_hit(plan, call[1])
                     us = host_us(lambda: plan.prepared(nargs), calls, repeats, sync)
                     rows.append(dict(kind="prepared_launch", op=name, host_us=round(us, 2),
                                      what="the backend's prepared launch called directly (no dispatcher)"))
+    return rows
+
+
+def device_work_rows(dev: str, sync) -> list[dict]:
+    """What one eager decode call puts on the device (kernels and copies, ``torch.profiler``), after
+    warm-up: the decode kernel, and with ``validate=True`` the value checks and their copy."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    rows = []
+    with torch.inference_mode():
+        for family in ("gdn", "kda"):
+            x, op = decode_inputs(family, dev), _op(family, "decode")
+            for validate in (False, True):
+                for _ in range(3):
+                    op(**x, validate=validate)
+                sync()
+                try:
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        op(**x, validate=validate)
+                        sync()
+                    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+                except Exception as e:  # noqa: BLE001 - the other rows still get written
+                    rows.append(dict(kind="device_work", op=f"{family}_decode", validate=validate, launches=None,
+                                     why=f"torch.profiler failed: {type(e).__name__}: {e}"))
+                    continue
+                rows.append(dict(kind="device_work", op=f"{family}_decode", validate=validate, launches=len(names),
+                                 names=names))
     return rows
 
 
@@ -230,14 +261,17 @@ def main(argv=None) -> int:
     rows += dispatch_rows(dev, args.calls, args.repeats, sync)
     if dev.startswith("cuda"):
         rows += floor_rows(dev, args.calls, args.repeats, sync)
+        rows += device_work_rows(dev, sync)
         rows += fla_rows(dev, args.calls, args.repeats, sync)
         rows += bitwise_rows(dev)
     for r in rows:
-        print({k: v for k, v in r.items() if k != "kernels"})
+        print({k: v for k, v in r.items() if k not in ("kernels", "names")})
     notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1, prefill one sequence T=64; bf16 q/k/v, "
              f"fp32 pool; host wall clock per eager call over {args.calls} calls, median of {args.repeats} loops, "
              "after a warm-up; GPU work per call is a few microseconds, so this is the host's cost.",
              "floor: the compiled-kernel launches of one linattn call replayed with prebuilt arguments.",
+             "dispatch: a cached plan's key, lookup and checks alone (validate=True: the value checks and their sync); "
+             "device_work: the kernels and copies one eager decode call puts on the device (torch.profiler).",
              "fla: fla-core's functions with a dense initial state [1, HV, K, V] and output_final_state=True."]
     write_results(args.out or results_path("host_overhead"), rows, notes)
     return 0

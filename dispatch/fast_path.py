@@ -12,11 +12,13 @@ the chosen backend and its decision, the value rules to run, the byte extents of
 and the backend's prepared launch (``Backend.prepare``) if it has one. A later call with the
 same key:
 
-1. rebuilds the keyword arguments from the cached scalars and the caller's tensors;
-2. checks the written buffers' address ranges against the other tensors' (the one host rule that
+1. checks the written buffers' address ranges against the other tensors' (the one host rule that
    reads pointers; an overlap sends the call through the full validation, which refuses it
    unless the two are provably disjoint);
-3. runs the value rules (``validate=True``) in their single sync, as the full path does;
+2. runs the value rules (``validate=True``) in their single sync, as the full path does (the
+   decode rules as one kernel launch where ``value_rules.fused_value_check`` applies);
+3. rebuilds the keyword arguments from the cached scalars and the caller's tensors, unless a
+   prepared launch runs: it reads only the tensors, so it gets the caller's dict as is;
 4. copies the read-only views the backend cannot read (``dispatch/layouts.py``);
 5. runs the prepared launch (or the backend's op method).
 
@@ -38,10 +40,12 @@ from .registry import get_registry
 from . import selection
 from .selection import note_decision, select
 from .validate import validate_call, value_rules_of, written_arguments
-from .value_rules import _run_value_rules
+from .value_rules import _run_value_rules, fused_value_check
 
 _Tensor = torch.Tensor
-_SCALARS = frozenset({type(None), bool, int, float, str})
+_NoneType = type(None)
+_SCALARS = frozenset({_NoneType, bool, int, float, str})
+_grad_enabled = torch.is_grad_enabled
 _plans: dict = {}
 _PLANS_MAX = 4096
 
@@ -53,25 +57,21 @@ def clear() -> None:
 
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> tuple:
     """The hashable description of a call that validation and selection depend on (module docstring)."""
-    key = [op, backend, validate, check_finite, torch.is_grad_enabled(), current_policy(), get_registry().generation]
-    append = key.append
+    key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
+    append, extend = key.append, key.extend
     device = None
     for x in args.values():
         cls = x.__class__
-        if cls in _SCALARS:
+        if cls is _NoneType or cls is str:  # equal only to themselves (a str subclass takes the last branch)
             append(x)
-            append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
-        elif cls is _Tensor or isinstance(x, _Tensor):
+        elif cls is _Tensor or (cls not in _SCALARS and isinstance(x, _Tensor)):
             if device is None:
                 device = x.device
-            append(x.dtype)
-            append(x.shape)
-            append(x.stride())
-            append(x.device)
-            append(x.requires_grad)  # a pool that requires grad is refused in every grad mode
+            # a pool that requires grad is refused in every grad mode: requires_grad is part of the key
+            extend((x.dtype, x.shape, x.stride(), x.device, x.requires_grad))
         else:
             append(x)
-            append(cls)
+            append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
     append(device is not None and selection.stream_capturing(device))
     return tuple(key)
 
@@ -82,13 +82,14 @@ class CallPlan:
     Fields: ``op``; ``impl`` the chosen backend instance and ``decision`` its trace; ``scalars``
     the normalised non-tensor keyword arguments; ``tensors`` the names of the caller's tensor
     arguments passed through; ``dims`` the validation layer's derived facts (for the value rules);
-    ``rules`` the value rules to run per call; ``written`` the written tensor arguments and
-    ``others`` the other tensor arguments, each with its byte extent from its data pointer;
+    ``rules`` the value rules to run per call and ``value_check`` the same as one kernel launch
+    (or None: the torch rules run); ``written`` per written, non-empty tensor argument its name,
+    its byte span from its data pointer and the other non-empty tensor arguments' names and spans;
     ``prepared`` the backend's prepared launch (or None: its op method runs).
     """
 
     __slots__ = ("op", "impl", "decision", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
-                 "written", "others", "prepare", "prepared", "builtin", "copies")
+                 "written", "prepare", "prepared", "builtin", "copies", "value_check")
 
     def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool):
         self.op, self.impl, self.decision, self.dims, self.rules = op, impl, decision, dims, rules
@@ -97,12 +98,15 @@ class CallPlan:
         self.tensors = tuple(n for n, x in nargs.items() if isinstance(x, _Tensor))
         written = set(written_arguments(op)) if dims.get("writes_pool", True) else \
             set(written_arguments(op)) - {"state_pool"}  # a read-only pool may alias (host_rules)
-        self.written = tuple((n, _extent(nargs[n])) for n in self.tensors if n in written)
-        self.others = tuple((n, _extent(nargs[n])) for n in self.tensors)
+        spans = {n: _span(nargs[n]) for n in self.tensors}
+        #: per written buffer: its byte span and the other non-empty tensor arguments' (empty ones skipped)
+        self.written = tuple((n, spans[n], tuple((o, spans[o]) for o in self.tensors if o != n and spans[o]))
+                             for n in self.tensors if n in written and spans[n])
         self.builtin = impl.plugin == "linattn-builtin"
         self.prepare = getattr(impl, "prepare", None) if self.builtin else None
         self.prepared: Optional[Callable] = None  # built by the first run, from the conformed arguments
         self.copies: Optional[tuple] = None  # the arguments the backend gets contiguous copies of (first run)
+        self.value_check = fused_value_check(rules, nargs, dims) if rules else None
 
     def arguments(self, args: dict) -> dict:
         nargs = dict(self.scalars)
@@ -110,33 +114,31 @@ class CallPlan:
             nargs[n] = args[n]
         return nargs
 
-    def overlaps(self, nargs: dict) -> bool:
+    def overlaps(self, args: dict) -> bool:
         """True when a written buffer's address range meets another tensor argument's and the two
         are not provably disjoint (the full validation then decides, and refuses)."""
-        for name, (wlo, whi) in self.written:
-            if wlo == whi:
-                continue
-            x = nargs[name]
-            base = x.data_ptr()
-            lo, hi = base + wlo, base + whi
-            for other, (olo, ohi) in self.others:
-                if other == name or olo == ohi:
-                    continue
-                y = nargs[other]
+        for name, span, others in self.written:
+            x = args[name]
+            lo = x.data_ptr()
+            hi = lo + span
+            for other, ospan in others:
+                y = args[other]
                 p = y.data_ptr()
-                if p + olo < hi and lo < p + ohi and not interleaved_disjoint(x, y):
+                if p < hi and lo < p + ospan and not interleaved_disjoint(x, y):
                     return True
         return False
 
-    def check_values(self, nargs: dict) -> None:
-        if self.rules:
-            _run_value_rules(self.rules, nargs, self.dims, refuse_in_capture=self.refuse_in_capture)
+    def check_values(self, args: dict) -> None:
+        if self.value_check is not None:
+            self.value_check(args)
+        elif self.rules:
+            _run_value_rules(self.rules, args, self.dims, refuse_in_capture=self.refuse_in_capture)
 
 
-def _extent(x: _Tensor) -> tuple[int, int]:
-    """Byte offsets ``[lo, hi)`` of ``x``'s elements from its data pointer (``(0, 0)`` if empty)."""
+def _span(x: _Tensor) -> int:
+    """Bytes from ``x``'s data pointer to the end of its last element (0 if empty)."""
     lo, hi = byte_range(x)
-    return (0, hi - lo) if hi > lo else (0, 0)
+    return hi - lo
 
 
 def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool,
@@ -175,13 +177,14 @@ def store(key: tuple, plan: CallPlan) -> None:
 
 def prepare_hit(plan: CallPlan, args: dict) -> Optional[dict]:
     """The keyword arguments of a key hit, checked (steps 1 to 3 of the module docstring), or None
-    when an address overlap needs the full validation."""
-    nargs = plan.arguments(args)
-    if plan.written and plan.overlaps(nargs):
+    when an address overlap needs the full validation. A plan with a prepared launch reads only
+    the tensors, which the caller's dict holds under the same names: it is returned as is."""
+    if plan.written and plan.overlaps(args):
         return None
-    plan.check_values(nargs)
+    if plan.rules:
+        plan.check_values(args)
     note_decision(plan.op, plan.decision)
-    return nargs
+    return args if plan.prepared is not None else plan.arguments(args)
 
 
 def _device_of(args: dict) -> torch.device:

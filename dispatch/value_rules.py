@@ -5,6 +5,11 @@ device plus a zero-argument function that explains the failure by raising ``Valu
 :func:`_run_value_rules` brings every flag to the host in a single sync, and only a failing rule pays
 for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
 ``cu_seqlens`` contents and the sign of prefill log decays (docs/ops.md).
+
+On a GPU each flag is a few torch ops, each a kernel launch. For a cached call plan
+(``dispatch/fast_path.py``) the decode rules run instead as one Triton kernel that computes every
+flag (``kernels/triton/value_checks.py``) and one sync (:func:`fused_value_check`); a set flag
+runs the torch rules, so the error raised is always theirs.
 """
 
 from __future__ import annotations
@@ -211,3 +216,57 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
         if bad:
             probe[1]()
 
+
+
+# -- the decode rules in one launch ----------------------------------------------------------------
+
+#: The rules :func:`fused_value_check` computes in one kernel (``kernels/triton/value_checks.py``):
+#: the decode rules. A call with any other rule (``check_finite``'s, prefill's) keeps the torch rules.
+_FUSABLE = frozenset({_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params, _v_decode_log_decay})
+#: None: the fused kernel runs where the direct Triton launch does (``kernels/triton/launch.py``
+#: ``fast_launch_status``: CUDA, a tested Triton, no interpreter). True / False: always / never
+#: (tests run it in the Triton interpreter on the CPU).
+FUSED_VALUE_CHECKS: bool | None = None
+
+
+def _fusable_device(dev) -> bool:
+    if FUSED_VALUE_CHECKS is not None:
+        return FUSED_VALUE_CHECKS
+    if dev is None or dev.type != "cuda":
+        return False
+    from linattn.kernels.triton.launch import fast_launch_status
+
+    return fast_launch_status()[0]
+
+
+class _FusedCheck:
+    """The value rules of one call key as one kernel launch and one sync; on a failed check the
+    torch rules run, so the error (its rule order and message) is theirs."""
+
+    __slots__ = ("check", "rules", "dims", "cuda")
+
+    def __init__(self, check, rules: tuple, dims: Dims):
+        self.check, self.rules, self.dims = check, rules, dims
+        self.cuda = dims["device"].type == "cuda"
+
+    def __call__(self, args: dict) -> None:
+        if self.cuda and torch.cuda.is_current_stream_capturing():
+            return  # no sync inside CUDA graph capture (as _run_value_rules)
+        if self.check(args):
+            _run_value_rules(self.rules, args, self.dims)
+
+
+def fused_value_check(rules: tuple, args: dict, dims: Dims):
+    """``rules`` for calls with the metadata of ``args`` as one kernel launch (a callable
+    ``check(args)`` that raises as :func:`_run_value_rules` does), or None where the torch rules
+    stay: another rule among them, a device without the direct Triton launch, or a call outside
+    the kernel's limits (``value_checks.plan_decode_value_check``)."""
+    if not rules or not set(rules) <= _FUSABLE or not _fusable_device(dims.get("device")):
+        return None
+    try:
+        from linattn.kernels.triton.value_checks import plan_decode_value_check
+    except ImportError:  # no Triton
+        return None
+    check = plan_decode_value_check(args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"],
+                                    shared_slots=dims["writes_pool"])
+    return None if check is None else _FusedCheck(check, rules, dims)

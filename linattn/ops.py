@@ -73,7 +73,7 @@ def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_fin
     call's key (``dispatch/fast_path.py``: the same checks, the derivable ones done once)."""
     key = _fast.call_key(op, args, backend, validate, check_finite)
     plan = _fast.lookup(key)
-    nargs = _fast.prepare_hit(plan, args) if plan is not None else None
+    nargs = None if plan is None else _fast.prepare_hit(plan, args)
     if nargs is None:  # first call with this key, or an address overlap: the full validation
         plan, nargs = _fast.plan_call(op, args, backend, validate, check_finite, _no_backend_error(op))
         _fast.store(key, plan)
@@ -116,11 +116,14 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling() or _fake_mode_active()
 
 
+try:
+    _get_dispatch_mode, _FAKE = torch._C._get_dispatch_mode, torch._C._TorchDispatchModeKey.FAKE
+except AttributeError:  # a torch without the dispatch-mode query: no fake routing
+    _get_dispatch_mode = _FAKE = None
+
+
 def _fake_mode_active() -> bool:
-    try:
-        return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None
-    except AttributeError:  # a torch without the dispatch-mode query: no fake routing
-        return False
+    return _get_dispatch_mode is not None and _get_dispatch_mode(_FAKE) is not None
 
 # -- gating ------------------------------------------------------------------------------------------
 
@@ -299,7 +302,9 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         _refuse_grad_while_tracing("gdn_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                                    state_indices=state_indices, intermediate_states=intermediate_states,
                                    g=g, beta=beta))
-    fn = _gdn_decode_op if _compiling() else _gdn_decode_impl
+        fn = _gdn_decode_op
+    else:
+        fn = _gdn_decode_impl  # eager: no custom-op hop
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               softplus_beta, softplus_threshold, backend or "", validate,
@@ -365,7 +370,9 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         _refuse_grad_while_tracing("kda_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                                    state_indices=state_indices, intermediate_states=intermediate_states,
                                    g=g, beta=beta))
-    fn = _kda_decode_op if _compiling() else _kda_decode_impl
+        fn = _kda_decode_op
+    else:
+        fn = _kda_decode_impl  # eager: no custom-op hop
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               lower_bound, softplus_beta, softplus_threshold, backend or "", validate,

@@ -26,6 +26,7 @@ state load (a zero state, the slot never read) and stores as usual. Precomputed 
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Optional
 
 import torch
@@ -323,6 +324,7 @@ class DecodeLaunch:
             UPDATE_STATE=self.update_state, GATES_PRECOMPUTED=self.precomputed,
             HAS_INITIAL_STATE=self.has_init, **plan.constexprs)
         self.launch: Optional[PreparedLaunch] = None
+        self._pick = self._operand_picker()
         if not self.skip:  # the strides of the tensors as the kernel gets them (after the row copies)
             strides = self._strides(self._operands(dict(other_tensors, q=q, k=k, v=v, g=g,
                                                         state_pool=state_pool, state_indices=state_indices,
@@ -344,9 +346,25 @@ class DecodeLaunch:
             raise ValueError("intermediate_states must be contiguous in its last two dims "
                              f"(strides {tuple(intermediate_states.stride())})")
 
+    def _operand_picker(self) -> Optional[tuple]:
+        """``(before o, after o)`` item getters of the kernel's tensor operands by argument name, for a
+        call that needs no row copy and no byte view (the common case); None otherwise."""
+        if self.copy_qkv or self.copy_a or self.has_init:
+            return None
+        a, b = ("g", "beta") if self.precomputed else ("a", "b")
+        gates = (a, a) if self.precomputed else ("A_log", "dt_bias")
+        idx = "state_indices"
+        tail = ("state_pool", idx, "num_accepted_tokens" if self.has_na else idx,
+                "intermediate_states" if self.has_inter else "state_pool",
+                "intermediate_state_indices" if self.has_inter_idx else idx, idx)
+        return operator.itemgetter("q", "k", "v", a, b, *gates), operator.itemgetter(*tail)
+
     def _operands(self, t: dict, o) -> tuple:
         """The kernel's 14 tensor operands, in its parameter order (operands a flag turns off get
         ``state_indices`` as an unread placeholder pointer)."""
+        if self._pick is not None:
+            head, tail = self._pick
+            return (*head(t), o, *tail(t))
         q, k, v = t["q"], t["k"], t["v"]
         if self.copy_qkv:
             q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
@@ -371,8 +389,7 @@ class DecodeLaunch:
 
     def __call__(self, tensors: dict) -> torch.Tensor:
         """Launch on ``tensors`` (the op's tensor arguments by name; more keys are ignored)."""
-        q = tensors["q"]
-        o = torch.empty(self.out_shape, dtype=self.out_dtype, device=q.device)
+        o = tensors["q"].new_empty(self.out_shape)  # q's dtype and device
         if self.launch is not None:
             self.launch(self._operands(tensors, o))
         return o

@@ -79,11 +79,27 @@ def reset_fast_launch() -> None:
 
 
 def _hooks_installed(kernel) -> bool:
-    from triton import knobs  # a module attribute lookup once imported
-
+    knobs = _knobs or _import_knobs()
     rt = knobs.runtime
     return bool(rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or kernel.pre_run_hooks
                 or knobs.compilation.instrumentation_mode)
+
+
+_knobs = None  # triton.knobs, imported on the first launch
+
+
+def _import_knobs():
+    global _knobs
+    from triton import knobs
+
+    _knobs = knobs
+    return knobs
+
+
+def _current_device() -> int:
+    """``torch.cuda.current_device()`` without its Python wrapper (CUDA is initialised once a
+    kernel has been launched through the ordinary path)."""
+    return torch._C._cuda_getDevice()
 
 
 def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:
@@ -144,7 +160,7 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
     if not fast_launch_status()[0] or _hooks_installed(kernel):
         kernel[grid](*args, **constexprs, **options)
         return
-    device = torch.cuda.current_device()
+    device = _current_device()
     key = _launch_key(kernel, args, constexprs, (num_warps, num_stages), device)
     hit = _compiled.get(key)
     if hit is None:
@@ -170,9 +186,11 @@ class PreparedLaunch:
     fixed, so that only the leading tensor arguments change from call to call (a launch planned
     from a call's metadata, e.g. :class:`~linattn.kernels.triton.decode.DecodeLaunch`).
 
-    Its compiled kernels are keyed by the device and the tensors' dtypes and 16-byte alignment,
-    the only facts Triton specializes on that may still change; the rest of the full argument
-    tuple is built once. The conditions of :func:`fast_launch_status` apply as to :func:`launch`.
+    The tensors' dtypes, like the scalars, are those the launch was planned for (a
+    ``DecodeLaunch`` is planned per call key, which fixes them); its compiled kernels are keyed by
+    the device and whether each pointer is 16-byte aligned (which Triton
+    specializes on), the only facts that may still change. The rest of the full argument tuple
+    is built once. The conditions of :func:`fast_launch_status` apply as to :func:`launch`.
 
     Args:
         kernel: a ``@triton.jit`` function whose runtime parameters come first: the tensors, then
@@ -201,8 +219,8 @@ class PreparedLaunch:
         if not fast_launch_status()[0] or _hooks_installed(self.kernel):
             self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)
             return
-        device = torch.cuda.current_device()
-        key = (device, *[(t.dtype, t.data_ptr() & 15 == 0) for t in tensors])
+        device = _current_device()
+        key = (device, *[(t.data_ptr() & 15) == 0 for t in tensors])  # the dtypes are fixed (class docstring)
         compiled = self._compiled.get(key)
         if compiled is None:
             compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)

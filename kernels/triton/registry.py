@@ -183,6 +183,17 @@ KERNELS: tuple[KernelEntry, ...] = (
         notes=("between stages 1 and 2 of GDN's chunked prefill: the state loop's per-row key "
                "factor rk exp(G_C - G) and per-chunk exp(G_C)"),
     ),
+    KernelEntry(
+        name="decode_value_flags", op="gdn_decode", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.value_checks:decode_value_flags_kernel",
+        launcher=f"{KERNEL_PACKAGE}.value_checks:DecodeValueCheck",
+        why_unplanned=("grid (1,): one program reads a decode call's index and gate-parameter arrays "
+                       "(bounded by value_checks.MAX_PAIRWISE / MAX_ELEMENTS) and writes one int32 of "
+                       "flags, so there is no work-item axis to plan; launched by the dispatcher's value "
+                       "checks (dispatch/value_rules.py fused_value_check), not by the decode launcher"),
+        notes=("both decode ops' value rules in one launch; held against the torch rules by "
+               "tests/dispatch/test_fused_value_checks.py"),
+    ),
 )
 
 #: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
@@ -204,8 +215,12 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
     f"{KERNEL_PACKAGE}.chunk_state:_gate_factors",
+    f"{KERNEL_PACKAGE}.chunk_state:_combine_rows",
     f"{KERNEL_PACKAGE}._gates:cumsum2",
     f"{KERNEL_PACKAGE}.chunk_tables:_imax",
+    f"{KERNEL_PACKAGE}.value_checks:_outside",
+    f"{KERNEL_PACKAGE}.value_checks:_shared_slot",
+    f"{KERNEL_PACKAGE}.value_checks:_flagged",
 })
 
 

@@ -79,6 +79,17 @@ SCRIPT = textwrap.dedent(r'''
                                  state_indices=torch.zeros(N, dtype=torch.int32),
                                  has_initial_state=torch.ones(N, dtype=torch.bool),
                                  scale=None, caps=profile("sm90"), layout="split")
+        # the decode value checks (dispatch/value_rules.py fused_value_check): each check, both index dtypes
+        from linattn.kernels.triton.value_checks import DecodeValueCheck
+        i32, i64 = torch.int32, torch.int64
+        for idx, extra in ((torch.zeros(4, dtype=i32), dict(A_log=torch.zeros(32), dt_bias=torch.zeros(32))),
+                           (torch.zeros(4, 2, dtype=i64), dict(num_accepted_tokens=torch.zeros(4, dtype=i32),
+                                                               g=torch.zeros(4, 2, 32, 128))),
+                           (torch.zeros(4, dtype=i64), dict(intermediate_state_indices=torch.zeros(4, dtype=i32),
+                                                            A_log=torch.zeros(32, dtype=torch.bfloat16),
+                                                            dt_bias=torch.zeros(32, 128, dtype=torch.bfloat16)))):
+            args = dict(state_indices=idx, **extra)
+            DecodeValueCheck(args, slots=8, rows=3, tokens=2, shared_slots=True)(args)
     for l in launches:
         key = (l.name, repr(sorted((k, str(v)) for k, v in l.arguments.items() if not hasattr(v, "data_ptr"))),
                repr(sorted(l.options.items())))
@@ -182,7 +193,7 @@ def test_every_contract_launch_compiles_for_sm90_and_only_the_listed_builds_spil
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {b["kernel"] for b in built}
     assert {"_recurrent_decode_kernel", "_silu_and_mul_clamp_kernel", "_probe_kernel", "chunk_intra_kernel",
-            "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel"} <= kernels
+            "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel", "decode_value_flags_kernel"} <= kernels
     if not any("REG" in b for b in built):
         pytest.skip("cuobjdump not found next to triton: spills not measurable (every launch compiled)")
     assert max(b.get("REG", 0) for b in built) <= 255

@@ -34,12 +34,29 @@ LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's tables, stages 1 and 3).
-UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts}
+#: Kernels the dispatcher launches, not an op's launcher, each with the test that holds it to its oracle.
+DISPATCHER_KERNELS = {"decode_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)"}
+UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts and e.name not in DISPATCHER_KERNELS}
 UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
                  "chunk_kda_system": ("kda_prefill",),
-                 "chunk_output_grouped": ("gdn_prefill",), "chunk_gdn_gates": ("gdn_prefill",)}
-PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in CASES.get(e.op, [])
-          if c.op == e.op]
+                 "chunk_output_grouped": ("gdn_prefill",), "chunk_gdn_gates": ("gdn_prefill",),
+                 "segment_tables": PREFILL_OPS}
+#: Planned kernels that only the segment-parallel state pass launches (both prefill ops'
+#: segmented cases run them: ``launch={"segment_chunks": L}``)
+SEGMENT_KERNELS = {"prefill_segment_combine"}
+
+
+def _segmented(case: Case) -> bool:
+    return bool(case.launch.get("segment_chunks"))
+
+
+def _cases_of(e) -> list:
+    if e.name in SEGMENT_KERNELS:
+        return [c for op in PREFILL_OPS for c in CASES[op] if _segmented(c)]
+    return [c for c in CASES.get(e.op, []) if c.op == e.op]
+
+
+PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in _cases_of(e)]
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
@@ -68,6 +85,13 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
         return M, 1, -(-(D2 // 2) // launch_kwargs["BD"])
     if case.op in PREFILL_OPS:  # q is [T, H, K]: the sequences are cu_seqlens' intervals
         N, HV, V = case.args["cu_seqlens"].numel() - 1, case.args["v"].shape[1], case.args["v"].shape[2]
+        segment = launch_kwargs.get("SEGMENT", 0)
+        if segment:  # the state kernel on the segments: NT_max // L + N of them; the summary on V + K columns
+            T, K = case.args["q"].shape[0], case.args["q"].shape[2]
+            L = case.launch["segment_chunks"]
+            L += L % 2 if _prefill_plan(case)[1].half_hbuf else 0  # as prefill.plan_segments rounds it
+            N = (T // 64 + N) // L + N
+            V += K if segment == 1 else 0
         return N, HV, -(-V // launch_kwargs["BV"])
     N, HV, V = case.args["q"].shape[0], case.args["v"].shape[2], case.args["v"].shape[3]
     return N, HV, -(-V // launch_kwargs["BV"])
@@ -115,19 +139,25 @@ def _run_all_layouts(entry, case, device, monkeypatch):
         if case.op == "silu_and_mul_clamp" and case.args["x"].shape[0] == 0:
             assert launches == [], "M = 0 must launch nothing"
             continue
-        assert len(launches) == 1, f"{layout}: expected one launch, got {len(launches)}"
-        grid, cx, kw = launches[0]
-        assert cx["LAYOUT"] == layout
-        n_seq, n_heads, n_blocks = _work_counts(case, kw)
-        plan = GridPlan(grid=grid, layout=layout, axes=("?", "?", "?"), n_seq=n_seq, n_heads=n_heads,
-                        n_blocks=n_blocks, constexprs=cx)
-        counts, overflow = probe_visits(plan, device)
-        assert overflow == 0, f"{layout}: {overflow} programs decoded a work item outside the work"
-        assert bool((counts == 1).all()), f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
+        # the segment-parallel pass launches the state kernel twice (summary, rerun; SEGMENT = 1, 2)
+        want = 2 if _segmented(case) and entry.name not in SEGMENT_KERNELS else 1
+        assert len(launches) == want, f"{layout}: expected {want} launch(es), got {len(launches)}"
+        for grid, cx, kw in launches:
+            assert cx["LAYOUT"] == layout
+            n_seq, n_heads, n_blocks = _work_counts(case, kw)
+            plan = GridPlan(grid=grid, layout=layout, axes=("?", "?", "?"), n_seq=n_seq, n_heads=n_heads,
+                            n_blocks=n_blocks, constexprs=cx)
+            counts, overflow = probe_visits(plan, device)
+            assert overflow == 0, f"{layout}: {overflow} programs decoded a work item outside the work"
+            assert bool((counts == 1).all()), \
+                f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
     for name, r in others.items():  # outside the planner: once per call, the same grid in every layout
         grids = [g for g, _, _ in r.launches]
         if name in ("chunk_output", "chunk_output_grouped") and name != _output_kernel(case):
             assert grids == [], f"{name}: another kernel writes this case's output, yet it launched: {grids}"
+            continue
+        if name == "segment_tables" and not _segmented(case):
+            assert grids == [], f"{name}: launched without segments: {grids}"
             continue
         if name == "chunk_gdn_gates" and not _gdn_hoist(case):
             assert grids == [], f"{name}: the state loop scans its own gates in this case, yet it launched: {grids}"
@@ -188,6 +218,8 @@ def test_every_registry_kernel_has_contract_cases():
         assert set(e.layouts) <= {"split", "folded"}, f"{e.name}: unknown layout in {e.layouts}"
         if not e.layouts:
             assert e.why_unplanned, f"{e.name}: a kernel outside the planner must say why"
+            if e.name in DISPATCHER_KERNELS:
+                continue
             ops = UNPLANNED_OPS.get(e.name, ())
             assert e.op in ops and all(CASES.get(op) for op in ops), \
                 f"{e.name}: name the ops whose contract cases run it in UNPLANNED_OPS"
