@@ -165,7 +165,7 @@ class TritonBackend(Backend):
         cfg = prefill_config(family, p.k, p.v, getattr(torch, p.dtype))
         even = stage_options(family, p.hv // max(p.h, 1), cfg).half_hbuf
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
-                               block_v=cfg.state.block_v, caps=caps, even=even)
+                               block_v=cfg.state.block_v, caps=caps, even=even, fp32=p.dtype == "float32")
         return f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------

@@ -202,6 +202,16 @@ def chunk_state_kernel(
 
 
 @triton.jit
+def _combine_rows(h0_row, kh, cv, s0_k, s0_v, mask, LOADS: tl.constexpr, KH: tl.constexpr, BV: tl.constexpr):
+    """Rows ``kh`` of an entering state, ``[KH, BV]`` fp32 (zeros where nothing is loaded)."""
+    if LOADS:
+        x = tl.load(h0_row + (kh[:, None] * s0_k + cv[None, :] * s0_v), mask=mask, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros([KH, BV], dtype=tl.float32)
+    return x
+
+
+@triton.jit
 def chunk_segment_combine_kernel(
     summary, seg_first, seg_init, h0, ht, state_indices, has_init,
     sm_s, sm_h, s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, HV,
@@ -216,14 +226,16 @@ def chunk_segment_combine_kernel(
     slot) or to ``ht[n]`` (dense). ``h0``: as the state kernel's (pool, dense initial state, or
     zeros; ``has_init`` bytes with ``HAS_INIT``). ``summary [NSEG, HV, K, V + K]`` fp32 (strides
     ``sm_s, sm_h``; row pitch ``V + K``): ``[B_j | M_j]`` from the summary pass; ``seg_init
-    [NSEG, HV, K, V]`` fp32, contiguous. ``S [K, BV]`` and one ``M_j [K, K]`` tile are held in
-    registers (K <= 128: the planner's bound); the loads of ``M_j``, ``B_j`` do not depend on
-    ``S``, so the software pipeline fetches them ahead."""
+    [NSEG, HV, K, V]`` fp32, contiguous. ``S [K, BV]`` is held in registers as two row halves and
+    ``M_j`` read as four ``[K/2, K/2]`` tiles (K <= 128: the planner's bound); the loads of ``M_j``,
+    ``B_j`` do not depend on ``S``, so the software pipeline fetches them ahead."""
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     v0 = i_v * BV
-    kk = tl.arange(0, K)
+    KH: tl.constexpr = K // 2
+    ka = tl.arange(0, KH)
+    kb = KH + ka
     cv = tl.arange(0, BV)
-    all_k = kk[:, None] >= 0
+    all_k = ka[:, None] >= 0
     j0 = tl.load(seg_first + i_n).to(tl.int64)
     j1 = tl.load(seg_first + i_n + 1).to(tl.int64)
     if POOL:
@@ -233,25 +245,33 @@ def chunk_segment_combine_kernel(
             carry = live & (tl.load(has_init + i_n) != 0)
         else:
             carry = live
-        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
-                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
-    elif HAS_H0:
-        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v))
-        S = S.to(tl.float32)
+        row0 = h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v
+        dst = ht + slot * st_p + i_hv * st_h + v0 * st_v
     else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+        live = i_n >= 0
+        carry = live
+        row0 = h0
+        if HAS_H0:
+            row0 = h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v
+        dst = ht + i_n * st_p + i_hv * st_h + v0 * st_v
+    Sa = _combine_rows(row0, ka, cv, s0_k, s0_v, (all_k & carry) != 0, POOL or HAS_H0, KH, BV)
+    Sb = _combine_rows(row0, kb, cv, s0_k, s0_v, (all_k & carry) != 0, POOL or HAS_H0, KH, BV)
     for j in range(j0, j1):
-        tl.store(seg_init + (j * HV + i_hv) * (K * V) + v0 + (kk[:, None] * V + cv[None, :]), S)
-        base = summary + j * sm_s + i_hv * sm_h + kk[:, None] * (V + K)
-        m_j = tl.load(base + V + kk[None, :])
-        b_j = tl.load(base + v0 + cv[None, :])
-        S = tl.dot(m_j, S, acc=b_j, input_precision=PREC)
-    if POOL:
-        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
-    else:
-        tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty))
+        cur = seg_init + (j * HV + i_hv) * (K * V) + v0 + cv[None, :]
+        tl.store(cur + ka[:, None] * V, Sa)
+        tl.store(cur + kb[:, None] * V, Sb)
+        base = summary + j * sm_s + i_hv * sm_h
+        ra = base + ka[:, None] * (V + K)
+        rb = base + kb[:, None] * (V + K)
+        na = tl.dot(tl.load(ra + V + ka[None, :]), Sa, acc=tl.load(ra + v0 + cv[None, :]), input_precision=PREC)
+        na = tl.dot(tl.load(ra + V + kb[None, :]), Sb, acc=na, input_precision=PREC)
+        nb = tl.dot(tl.load(rb + V + ka[None, :]), Sa, acc=tl.load(rb + v0 + cv[None, :]), input_precision=PREC)
+        nb = tl.dot(tl.load(rb + V + kb[None, :]), Sb, acc=nb, input_precision=PREC)
+        Sa = na
+        Sb = nb
+    out = (all_k & live) != 0
+    tl.store(dst + (ka[:, None] * st_k + cv[None, :] * st_v), Sa.to(ht.dtype.element_ty), mask=out)
+    tl.store(dst + (kb[:, None] * st_k + cv[None, :] * st_v), Sb.to(ht.dtype.element_ty), mask=out)
 
 
 @triton.jit

@@ -103,7 +103,7 @@ class LaunchOptions:
             raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1; got {self}")
 
 
-SEGMENT_COMBINE_LAUNCH = LaunchOptions(8, 2)
+SEGMENT_COMBINE_LAUNCH = LaunchOptions(4, 2)  # 8 warps spill (sm_90, triton 3.6)
 
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -547,7 +547,8 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
 
 
 def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int, caps: DeviceCapabilities,
-                  even: bool, replaced_state: bool = False, forced: Optional[int] = None) -> tuple[int, str]:
+                  even: bool, replaced_state: bool = False, forced: Optional[int] = None,
+                  fp32: bool = False) -> tuple[int, str]:
     """Chunks per segment of the segment-parallel state pass, from host-known facts only (no sync).
 
     The state stage runs ``N x HV x V // block_v`` programs, each walking its sequence's chunks in
@@ -565,6 +566,7 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
         block_v: the state kernel's value columns per program. caps: the device (its SM count).
         even: ``L`` must be even (GDN's every-second-chunk state store counts chunks from the
             segment's start). replaced_state: a replacement state kernel runs (no segments).
+            fp32: fp32 inputs (ieee dots; the planner keeps one pass).
         forced: a test's or sweep's choice (0: off; ``L >= 1``: segments of ``L`` chunks, rounded
             up to even where ``even``).
     Returns:
@@ -576,6 +578,8 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
         >>> plan_segments(N=1, HV=8, K=128, V=128, nt_max=1025, block_v=64, caps=profile("sm90"), even=True)[0]
         64
     """
+    if replaced_state:  # its own single pass (run_prefill calls it, not the segmented stage)
+        return 0, "a replacement state kernel runs the state stage"
     if forced is not None:
         if forced < 0 or (forced and K > SEGMENT_MAX_K):
             raise ValueError(f"segment_chunks must be >= 0 (0: off), and 0 at K > {SEGMENT_MAX_K}; "
@@ -583,8 +587,9 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
         return (forced + (forced % 2 if even else 0), f"forced: segment_chunks={forced}") if forced else (0, "forced off")
     if K > SEGMENT_MAX_K:
         return 0, f"segments need K <= {SEGMENT_MAX_K} (the combine's register tile); K = {K}"
-    if replaced_state:
-        return 0, "a replacement state kernel runs the state stage"
+    if fp32:
+        return 0, ("fp32 inputs run ieee dots (no tensor cores): the segmented pass's triple state work "
+                   "would not pay (force segment_chunks to run it)")
     per_seg = HV * (V // block_v)
     programs = N * per_seg
     if programs >= caps.sm_count:
@@ -619,7 +624,8 @@ def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layo
         output=None if in_state else (nt_max, H if opt.grouped_output else HV, V // obv))
     bv = cfg.state.block_v
     L, why = plan_segments(N=N, HV=HV, K=facts["K"], V=V, nt_max=nt_max, block_v=bv, caps=caps, even=opt.half_hbuf,
-                           replaced_state=state_kernel is not None, forced=segment_chunks)
+                           replaced_state=state_kernel is not None, forced=segment_chunks,
+                           fp32=facts["dtype"] == torch.float32)
     nseg = nt_max // L + N if L else 0
     seg_grids = None if not L else SegmentGrids(
         summary=plan_grid(nseg, HV, (V + facts["K"]) // bv, caps, layout),

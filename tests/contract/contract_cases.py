@@ -128,9 +128,11 @@ def _prefill_cases(op: str, s: int) -> list[Case]:
         prefill_case(f"{kd}-prefill-bf16-kv-bf16pool-int64-nol2norm", op, seed=s + 2, lens=[0, 65, 2], pad=0,
                      dtype=torch.bfloat16, pool_dtype=torch.bfloat16, idx_dtype=torch.int64, layout="kv",
                      l2norm=False, scale=0.05),
-        # the segment-parallel state pass (segments of 1 chunk): summary, combine, rerun kernels
-        dataclasses.replace(prefill_case(f"{kd}-prefill-fp32-vk-segments-200-0-1-130", op, seed=s + 3,
-                                         lens=[200, 0, 1, 130], pad=2), launch=dict(segment_chunks=1)),
+        # the segment-parallel state pass (segments of 1 chunk): summary, combine, rerun kernels (bf16, the
+        # planner's path; on the GPU its tensor-core builds)
+        dataclasses.replace(prefill_case(f"{kd}-prefill-bf16-vk-segments-200-0-1-130", op, seed=s + 3,
+                                         lens=[200, 0, 1, 130], pad=2, dtype=torch.bfloat16),
+                            launch=dict(segment_chunks=1)),
     ]
 
 

@@ -67,7 +67,7 @@ def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
     assert {b["kernel"] for b in built} == {"chunk_intra_kernel", "chunk_state_kernel", "chunk_output_kernel",
                                           "chunk_output_grouped_kernel", "chunk_kda_system_kernel",
                                           "chunk_tables_kernel", "chunk_gdn_gates_kernel",
-                                          "chunk_segment_combine_kernel"}
+                                          "chunk_segment_combine_kernel", "segment_tables_kernel"}
     for b in built:
         limit = 116 if (b["K"] == 128 and b["caps"] == "sm90") else 96
         assert b["smem"] <= limit * 1024, b
