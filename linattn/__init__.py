@@ -2,7 +2,7 @@
 
 Public API (shapes in each docstring; the contract is docs/ops.md):
     ops:        gdn_gating, kda_gating, gdn_decode, kda_decode, gdn_prefill, kda_prefill,
-                silu_and_mul_clamp
+                silu_and_mul_clamp; context_parallel_prefill (docs/context-parallel.md)
     decisions:  explain(Problem | op, device=..., **shape), last_decision(), policy(...)
     inventory:  list_backends(), list_plugins(), device_capabilities(device), presets()
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from linattn.capabilities import DeviceCapabilities, probe
+from linattn.context_parallel import context_parallel_prefill
 from linattn.dispatch import Decision, NoBackendError, Problem, Reason, get_registry, last_decision, policy
 from linattn.dispatch import explain as _explain
 from linattn.ops import (BackendRunError, GradModeError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
@@ -80,6 +81,6 @@ def device_capabilities(device=None) -> DeviceCapabilities:
 
 __all__ = [
     "BackendRunError", "Decision", "GradModeError", "DeviceCapabilities", "ModelPreset", "NoBackendError", "Problem", "Reason",
-    "device_capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
+    "context_parallel_prefill", "device_capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
     "kda_prefill", "last_decision", "list_backends", "list_plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
 ]

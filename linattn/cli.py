@@ -426,6 +426,10 @@ def demo(
     output_len: Optional[str] = typer.Option(None, "--output-len", hidden=True, help="LO,HI decode steps."),
     check_every: Optional[int] = typer.Option(None, "--check-every", hidden=True,
                                               help="Check every k-th decode step against float64."),
+    context_parallel: Optional[int] = typer.Option(None, "--context-parallel", metavar="N",
+                                                   help="Instead: one long prompt across N ranks (gloo on the CPU, "
+                                                        "NCCL with >= N GPUs): per-rank time, agreement with one rank."),
+    cp_tokens: Optional[int] = typer.Option(None, "--cp-tokens", hidden=True, help="--context-parallel prompt tokens."),
 ) -> None:
     """The main job: serve a request stream through one linear-attention layer over a state pool.
 
@@ -433,6 +437,8 @@ def demo(
     """
     from linattn.demo import DemoConfigError, render_demo, run_demo
 
+    if context_parallel is not None:
+        _demo_context_parallel(context_parallel, model, seed, shape, cp_tokens, as_json)
     try:
         kw = _demo_overrides(shape, prompt_len, output_len, check_every)
         rep = run_demo(model=model, requests=requests, decode_batch=decode_batch, steps=steps,
@@ -445,6 +451,23 @@ def demo(
         _emit_json(rep.model_dump(mode="json"))
     else:
         render_demo(rep, stdout_console())
+    raise typer.Exit(code=0 if rep.passed else 1)
+
+
+def _demo_context_parallel(ranks: int, model: str, seed: int, shape: Optional[str], tokens: Optional[int],
+                           as_json: bool) -> None:
+    """``linattn demo --context-parallel N``: linattn/demo.py's run_context_parallel_demo; exit 0 / 1 / 2."""
+    from linattn.demo import CP_TOKENS, DemoConfigError, render_context_parallel_demo, run_context_parallel_demo
+
+    try:
+        rep = run_context_parallel_demo(ranks, model=model, tokens=tokens or CP_TOKENS, seed=seed,
+                                        shape=_parse_shape(shape))
+    except (UsageError, DemoConfigError) as e:
+        _fail_usage(e, as_json)
+    if as_json:
+        _emit_json(rep.model_dump(mode="json"))
+    else:
+        render_context_parallel_demo(rep, stdout_console())
     raise typer.Exit(code=0 if rep.passed else 1)
 
 

@@ -656,3 +656,126 @@ def render_demo(rep: DemoReport, console=None) -> None:
     con.print(_errors_table(rep))
     con.print(Text("PASS" if rep.passed else "FAIL: an error exceeds its tolerance",
                    style="bold green" if rep.passed else "bold red"))
+
+
+# -- one long prompt across N ranks (linattn demo --context-parallel N) -------------------------------
+
+#: Prompt tokens of the context-parallel demo (a few seconds on a CPU at Qwen3-Next heads).
+CP_TOKENS = 4096
+
+
+class ContextParallelReport(BaseModel):
+    """What ``linattn demo --context-parallel N`` prints: per-rank time, agreement with one rank."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    family: str
+    shape: dict[str, int]
+    tokens: int
+    ranks: int
+    process_group: str = Field(description="gloo (CPU) or nccl (one GPU per rank)")
+    backend: Optional[str] = Field(None, description="what the dispatcher chose for the ranks' prefill calls")
+    rank_tokens: list[int]
+    rank_seconds: list[float] = Field(description="wall time of the context-parallel call on each rank")
+    one_rank_seconds: float = Field(description="the ordinary call on the whole prompt, on rank 0 (on the CPU "
+                                    "with one rank's share of the cores)")
+    max_abs_diff_output: float
+    max_abs_diff_state: float
+    rel_diff_output: float
+    rel_diff_state: float
+    passed: bool
+
+
+def _cp_demo_rank(rank: int, world: int, family: str, shape: tuple, tokens: int, seed: int) -> dict:
+    """One rank of the demo: the same seeded prompt on every rank, this rank's slice timed, and on
+    rank 0 the ordinary call on the whole prompt afterwards (the agreement's reference)."""
+    import os
+
+    import torch.distributed as dist
+
+    from linattn.context_parallel import context_parallel_prefill
+
+    dev = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if dev.type == "cpu":  # one rank's share of the cores (the one-rank call below gets the same)
+        torch.set_num_threads(max(1, (os.cpu_count() or world) // world))
+    layer = _Layer(family, shape, dev, seed)
+    q, k, v, a, b = layer.tokens_in(tokens)
+    g, beta = layer.gating(layer.A_log, a, b, layer.dt_bias)
+    lo, hi = rank * tokens // world, (rank + 1) * tokens // world
+    pool = torch.zeros(2, layer.HV, layer.V, layer.K, device=dev)
+    kw = dict(cu_seqlens=_cu_seqlens([tokens], dev), state_indices=torch.zeros(1, dtype=torch.int32, device=dev))
+    x = [t[lo:hi] for t in (q, k, v, g, beta)]
+
+    def call():
+        context_parallel_prefill(family, *x, token_offset=lo, state_pool=pool, **kw)
+    if dev.type == "cuda":
+        call()  # untimed: compiles the kernels
+    dist.barrier()
+    t0 = time.perf_counter()
+    o = context_parallel_prefill(family, *x, token_offset=lo, state_pool=pool, **kw)
+    _sync(dev)
+    out = dict(seconds=time.perf_counter() - t0, o=o.float().cpu(), state=pool[0].cpu(), tokens=hi - lo,
+               backend=linattn.last_decision().chosen if linattn.last_decision() else None)
+    dist.barrier()
+    if rank == 0:
+        ref_pool = torch.zeros_like(pool)
+        t0 = time.perf_counter()
+        o1 = layer.prefill(q, k, v, g, beta, kw["cu_seqlens"], state_pool=ref_pool, state_indices=kw["state_indices"])
+        _sync(dev)
+        out.update(one_seconds=time.perf_counter() - t0, o1=o1.float().cpu(), state1=ref_pool[0].cpu())
+    return out
+
+
+def run_context_parallel_demo(ranks: int, model: str = DEFAULTS["model"], tokens: int = CP_TOKENS,
+                              seed: int = DEFAULTS["seed"], shape: Optional[tuple[int, int, int, int]] = None
+                              ) -> ContextParallelReport:
+    """One prompt of ``tokens`` tokens through one GDN / KDA layer's prefill, split over ``ranks`` spawned ranks.
+
+    Ranks get equal contiguous slices; rank ``r`` runs on ``cuda:r`` with NCCL when torch sees at
+    least ``ranks`` GPUs, else on the CPU with gloo. The prompt starts from a zeroed slot in pool
+    mode; the last rank writes the final state. Agreement: the outputs and that final
+    state against the ordinary call on the whole prompt (bf16 inputs: docs/ops.md's bf16 tolerances).
+
+    Raises:
+        DemoConfigError: an unknown model, fewer than 1 rank, or fewer tokens than ranks.
+    """
+    from linattn.context_parallel import spawn_ranks
+
+    pre, hs, _ = _checked_config(model, 1, 1, 1, shape, (1, 1), (1, 1), None)
+    if ranks < 1 or tokens < ranks:
+        raise DemoConfigError(f"--context-parallel {ranks} with {tokens} tokens: give 1 <= ranks <= tokens")
+    group = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= ranks else "gloo"
+    res = spawn_ranks(_cp_demo_rank, ranks, pre.family, hs, tokens, seed, backend=group)
+    o, o1 = torch.cat([r["o"] for r in res]), res[0]["o1"]
+    st, st1 = res[-1]["state"], res[0]["state1"]
+    rel_o, rel_s = _rel(o, o1), _rel(st, st1)
+    return ContextParallelReport(
+        model=model, family=pre.family, shape=dict(zip(("H", "HV", "K", "V"), hs)), tokens=tokens, ranks=ranks,
+        process_group=group, backend=res[0]["backend"], rank_tokens=[r["tokens"] for r in res],
+        rank_seconds=[r["seconds"] for r in res], one_rank_seconds=res[0]["one_seconds"],
+        max_abs_diff_output=float((o - o1).abs().max()), max_abs_diff_state=float((st - st1).abs().max()),
+        rel_diff_output=rel_o, rel_diff_state=rel_s, passed=rel_o <= TOL_OUTPUT_BF16 and rel_s <= TOL_STATE_BF16)
+
+
+def render_context_parallel_demo(rep: ContextParallelReport, console=None) -> None:
+    """Print a :class:`ContextParallelReport`: one row per rank, then the agreement with one rank."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = console or Console()
+    s = rep.shape
+    con.print(f"linattn demo --context-parallel {rep.ranks}: {rep.model} ({rep.family.upper()}, H={s['H']} HV={s['HV']} "
+              f"K={s['K']} V={s['V']}, bf16), one prompt of {rep.tokens:,} tokens, {rep.process_group}, prefill "
+              f"backend {rep.backend}")
+    t = Table(title="Per rank", title_justify="left")
+    for c in ("rank", "tokens", "seconds"):
+        t.add_column(c, justify="right")
+    for r, (n, sec) in enumerate(zip(rep.rank_tokens, rep.rank_seconds)):
+        t.add_row(str(r), f"{n:,}", f"{sec:.3f}")
+    con.print(t)
+    con.print(f"context parallel (max over ranks) {max(rep.rank_seconds):.3f} s; one rank {rep.one_rank_seconds:.3f} s")
+    con.print(f"against one rank: max |diff| output {rep.max_abs_diff_output:.2e}, final state {rep.max_abs_diff_state:.2e}"
+              f" (relative {rep.rel_diff_output:.2e} / {rep.rel_diff_state:.2e}; tolerances {TOL_OUTPUT_BF16:.0e} / "
+              f"{TOL_STATE_BF16:.0e})")
+    con.print(_pass_fail(rep.passed))
