@@ -1,7 +1,8 @@
-"""The decode value checks with validate=True on a CUDA GPU (the fused check kernel of
-kernels/triton/value_checks.py where the direct launch is on, the torch rules otherwise): bad
-state indices and non-finite shared gate parameters are refused with the torch rules' errors on the
-first call and on cached calls, and a good call gives the same bits as validate=False."""
+"""The decode value checks with validate=True on a CUDA GPU, by the torch rules (the default) and by
+the fused check kernel (kernels/triton/value_checks.py; opted in with LINATTN_FUSED_VALUE_CHECKS=1,
+forced here): bad state indices and non-finite shared gate parameters are refused with the torch
+rules' errors on a first call and on a cached call (a good call of the same signature first), with
+nothing written, and a good call gives the same bits as validate=False."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import linattn
+from linattn.dispatch import fast_path, value_rules
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -46,19 +48,32 @@ BAD = {
 }
 
 
+@pytest.fixture(params=[None, True], ids=["torch-rules", "fused-kernel"])
+def checks(request, monkeypatch):
+    monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", request.param)
+    monkeypatch.delenv("LINATTN_FUSED_VALUE_CHECKS", raising=False)
+    fast_path.clear()
+    yield request.param
+    fast_path.clear()
+
+
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_values_are_refused_on_first_and_cached_calls_and_nothing_is_written(name):
+def test_bad_values_are_refused_on_first_and_cached_calls_and_nothing_is_written(name, checks):
     over, msg = BAD[name]
     x = _args(**{k: v.to(DEV) for k, v in over.items()})
     before = x["state_pool"].clone()
-    for _ in range(3):  # the first call plans; the later ones take the cached path
+    with pytest.raises(ValueError, match=msg):  # a first call: full validation
+        linattn.gdn_decode(**x)
+    good = _args()
+    linattn.gdn_decode(**good)  # the same signature, now cached
+    for _ in range(2):  # the cached path meets the bad values
         with pytest.raises(ValueError, match=msg):
             linattn.gdn_decode(**x)
     torch.cuda.synchronize()
     assert torch.equal(x["state_pool"], before)
 
 
-def test_a_good_call_with_padding_equals_validate_off_bitwise():
+def test_a_good_call_with_padding_equals_validate_off_bitwise(checks):
     idx = torch.tensor([0, -1, 2, 3, 4, 5, 6, 7], dtype=torch.int32, device=DEV)
     x1, x2 = _args(state_indices=idx), _args(state_indices=idx.clone())
     for _ in range(3):
