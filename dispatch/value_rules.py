@@ -6,10 +6,12 @@ device plus a zero-argument function that explains the failure by raising ``Valu
 for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
 ``cu_seqlens`` contents and the sign of prefill log decays (docs/ops.md).
 
-On a GPU each flag is a few torch ops, each a kernel launch. For a cached call plan
-(``dispatch/fast_path.py``) the decode rules run instead as one Triton kernel that computes every
-flag (``kernels/triton/value_checks.py``) and one sync (:func:`fused_value_check`); a set flag
-runs the torch rules, so the error raised is always theirs.
+On a GPU each flag is a few torch ops, each a kernel launch. With ``LINATTN_FUSED_VALUE_CHECKS=1``
+(opt-in: see :data:`FUSED_VALUE_CHECKS`), a cached call plan (``dispatch/fast_path.py``) runs the
+decode rules instead as one Triton kernel that computes every flag
+(``kernels/triton/value_checks.py``) and one sync (:func:`fused_value_check`); a set flag runs the
+torch rules, so the error raised is always theirs. The choice is made when a call plan is made:
+changing the variable takes effect for new call keys (or after ``fast_path.clear()``).
 """
 
 from __future__ import annotations

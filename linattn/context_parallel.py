@@ -409,7 +409,9 @@ def _meta(family, x, cu_seqlens, cu_seqlens_cpu, offset, args, validate, check_f
     meta.update(cu=cu, slots=None if idx is None else [int(s) for s in idx.tolist()],
                 fresh=None if his is None else [not bool(h) for h in his.tolist()],
                 shape=(family, args["state_layout"], args["state_pool"] is None, *x[0].shape[1:], *x[2].shape[1:]),
-                entry_dtype=_dtype_name(_compute_dtype(x[0], args)), backend=decision.chosen)
+                entry_dtype=_dtype_name(_compute_dtype(x[0], args)), backend=decision.chosen,
+                scalars=(_dtype_name(x[0].dtype), None if args.get("scale") is None else float(args["scale"]),
+                         bool(args.get("use_qk_l2norm", True))))
     return meta, out
 
 
@@ -432,7 +434,8 @@ def _agree(metas: list[dict], rank: int) -> None:
         others = f" (also refused on ranks {[r for r, _ in bad if r != rank]})" if len(bad) > 1 else ""
         raise _ERRORS.get(cls, RuntimeError)(f"context_parallel_prefill refused on {where}{others}: {msg}")
     for key, what in (("cu", "cu_seqlens"), ("slots", "state_indices"), ("fresh", "has_initial_state"),
-                      ("shape", "family, state_layout, mode and head shapes"), ("entry_dtype", "state precision")):
+                      ("shape", "family, state_layout, mode and head shapes"), ("entry_dtype", "state precision"),
+                      ("scalars", "q/k/v dtype, scale and use_qk_l2norm")):
         values = [m[key] for m in metas]
         if any(v != values[0] for v in values):
             raise ValueError(f"context_parallel_prefill: the ranks disagree on {what} (rank 0: {str(values[0])[:80]}; "
@@ -607,8 +610,10 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
     Raises:
         ValueError / TypeError: on every rank, before any pool write, when any rank's call is invalid
             for the ordinary op, the slices are not contiguous or do not cover the stream, or the ranks
-            disagree on cu_seqlens, state_indices, has_initial_state, mode or shapes (the message names
-            the rank). RuntimeError: a rank found no backend (or grad mode refused it).
+            disagree on cu_seqlens, state_indices, has_initial_state, mode, shapes, q/k/v dtype, scale
+            or use_qk_l2norm (the message names the rank). RuntimeError: a rank found no backend (or
+            grad mode refused it). A rank that fails after that agreement (a kernel error, out of
+            memory) leaves the others in the next collective until the process group's timeout.
     Sources: docs/ops.md ("Recurrence", "Chunked form") for the affine map of a piece; FLA's
     ``cp_context`` and FlashInfer's context-parallel delta rule for the same decomposition.
     Example:

@@ -103,7 +103,7 @@ class LaunchOptions:
             raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1; got {self}")
 
 
-SEGMENT_COMBINE_LAUNCH = LaunchOptions(4, 2)  # 8 warps spill (sm_90, triton 3.6)
+SEGMENT_COMBINE_LAUNCH = LaunchOptions(4, 2)  # why: docs/performance.md#prefill-segments
 
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -572,19 +572,26 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
     Returns:
         ``(L, reason)``, ``L = 0`` for one pass per sequence.
     Raises:
-        ValueError: ``forced`` negative, or positive at ``K >`` :data:`SEGMENT_MAX_K`.
+        ValueError: ``forced`` negative, or positive at ``K >`` :data:`SEGMENT_MAX_K`, with a
+            replacement state kernel or where ``block_v`` does not divide ``K`` and ``V``.
     Example:
         >>> from linattn.capabilities import profile
         >>> plan_segments(N=1, HV=8, K=128, V=128, nt_max=1025, block_v=64, caps=profile("sm90"), even=True)[0]
         64
     """
+    if forced is not None:
+        if forced < 0 or (forced and (K > SEGMENT_MAX_K or replaced_state or V % block_v or K % block_v)):
+            raise ValueError(f"segment_chunks must be >= 0 (0: off), and 0 at K > {SEGMENT_MAX_K}, with a "
+                             f"replacement state kernel or where block_v = {block_v} does not divide K and V; "
+                             f"got {forced} at K = {K}, V = {V}")
+        if not forced:
+            return 0, "forced off"
+        L = forced + (forced % 2 if even else 0)
+        return L, f"forced: segments of {L} chunks" + (f" (segment_chunks={forced} rounded up to even)" if L != forced else "")
     if replaced_state:  # its own single pass (run_prefill calls it, not the segmented stage)
         return 0, "a replacement state kernel runs the state stage"
-    if forced is not None:
-        if forced < 0 or (forced and K > SEGMENT_MAX_K):
-            raise ValueError(f"segment_chunks must be >= 0 (0: off), and 0 at K > {SEGMENT_MAX_K}; "
-                             f"got {forced} at K = {K}")
-        return (forced + (forced % 2 if even else 0), f"forced: segment_chunks={forced}") if forced else (0, "forced off")
+    if V % block_v or K % block_v:  # the summary's column blocks must tile V and then K
+        return 0, f"block_v = {block_v} does not divide K = {K} and V = {V}"
     if K > SEGMENT_MAX_K:
         return 0, f"segments need K <= {SEGMENT_MAX_K} (the combine's register tile); K = {K}"
     if fp32:

@@ -158,13 +158,43 @@ def test_on_the_cpu_without_the_override_the_torch_rules_run():
 
 
 def test_a_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatch):
+    from linattn.kernels.triton.value_checks import DecodeValueCheck
+
     x = _decode_args()
     linattn.gdn_decode(**x)  # the plan (full validation: the torch rules)
-    ran = []
-    real = value_rules._run_value_rules
-    monkeypatch.setattr(value_rules, "_run_value_rules", lambda *a, **k: (ran.append(1), real(*a, **k))[1])
+    ran, kernel = [], []
+    real_rules, real_check = value_rules._run_value_rules, DecodeValueCheck.__call__
+    spy = lambda *a, **k: (ran.append(1), real_rules(*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(value_rules, "_run_value_rules", spy)
+    monkeypatch.setattr(fast_path, "_run_value_rules", spy)  # fast_path holds its own reference
+    monkeypatch.setattr(DecodeValueCheck, "__call__", lambda self, a: (kernel.append(1), real_check(self, a))[1])
     linattn.gdn_decode(**x)
+    assert kernel == [1]  # the cached call ran the check kernel once
     assert ran == []  # every check passed in the kernel: no torch rule ran
+
+
+@pytest.mark.parametrize("over,refused", [
+    (dict(state_indices=torch.cat([torch.arange(999), torch.tensor([5])]).to(torch.int32)), True),  # across tiles
+    (dict(state_indices=torch.arange(1000, dtype=torch.int32).flip(0)), False),
+    (dict(state_indices=torch.arange(1000, dtype=torch.int32).index_fill(0, torch.tensor([700]), 5000)), True),
+], ids=["shared-across-tiles", "valid-1000", "out-of-range-at-700"])
+def test_many_rows_cross_the_kernels_tiles_and_blocks(fused, over, refused):
+    n = over["state_indices"].shape[0]
+    args = _decode_args(n=n, state_pool=torch.zeros(1001, HV, V, K), A_log=torch.randn(HV), **over)
+    bits, error = _verdicts("gdn_decode", args)
+    assert (error is not None) == refused and (bits != 0) == refused, (bits, error)
+
+
+def test_a_gate_parameter_array_longer_than_a_block_is_read_whole(fused):
+    hv = 500  # KDA's dt_bias [HV, K]: 4,000 elements, many of the kernel's blocks
+    dt = torch.zeros(hv, K)
+    dt[450, 3] = INF
+    x = _decode_args("kda", n=2, v=torch.randn(2, 1, hv, V), a=torch.randn(2, 1, hv, K),
+                     b=torch.randn(2, 1, hv), A_log=torch.randn(hv), dt_bias=dt, state_pool=torch.zeros(3, hv, V, K))
+    bits, error = _verdicts("kda_decode", x)
+    assert error is not None and "dt_bias" in error and bits != 0, (bits, error)
+    dt[450, 3] = 0.0
+    assert _verdicts("kda_decode", x) == (0, None)
 
 
 @pytest.mark.parametrize("over,match", [(dict(state_indices=_idx(0, 1, P, 2)), "out of range"),

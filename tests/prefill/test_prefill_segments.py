@@ -317,9 +317,16 @@ def test_the_plan_records_the_segment_length_from_metadata_alone(family, dtype):
             assert plan.segment_chunks in (L, L + 1) and plan.segment_chunks % 2 == 0
         else:
             assert plan.segment_chunks == L
-    chosen = pm.plan_prefill(family, **kw).segment_chunks
-    assert isinstance(chosen, int) and chosen >= 0
-    assert pm.plan_prefill(family, **kw).segment_chunks == chosen  # metadata alone: the same every time
+    plan = pm.plan_prefill(family, **kw)  # 65 chunks per sequence on average: too short to cut
+    assert plan.segment_chunks == 0 and ("too short" in plan.segment_reason or "fp32" in plan.segment_reason)
+    long = dict(kw, q=torch.empty(200_000, H, K, dtype=dtype, **meta), v=torch.empty(200_000, hv, V, dtype=dtype, **meta),
+                cu_seqlens=torch.empty(2, dtype=torch.int32, **meta), state_indices=torch.empty(1, dtype=torch.int32, **meta))
+    chosen = pm.plan_prefill(family, **long)  # one long prompt on 2 value heads: cut, unless fp32
+    if dtype == torch.float32:
+        assert chosen.segment_chunks == 0 and "fp32" in chosen.segment_reason
+    else:
+        assert chosen.segment_chunks >= pm.SEGMENT_MIN_CHUNKS and "segments of" in chosen.segment_reason
+    assert pm.plan_prefill(family, **long).segment_chunks == chosen.segment_chunks  # metadata alone: the same
     with pytest.raises(ValueError, match="segment_chunks"):
         pm.plan_prefill(family, **kw, segment_chunks=-1)
     # K = 256: past the pass's key dim (SEGMENT_MAX_K = 128), the planner keeps one segment and a

@@ -12,11 +12,8 @@ segment from its entering state (pass 2) for the outputs. Everything is compared
 token-serial float64 reference (``backends/torch_ref.py``): outputs, final states, and the state
 entering every segment against the reference state after that many tokens.
 
-Measured on the cases below (relative Frobenius error, per sequence, the worst case of each
-family; GDN / KDA): outputs 1.7e-15 / 1.5e-15, final states 6.0e-16 / 5.6e-16, segment entering
-states 6.4e-16 / 6.1e-16; the augmented loop against the explicit products 5.4e-15 / 4.2e-15 (on
-``M_seg`` and ``B_seg``), segments against one segment 1.9e-16 / 1.9e-16. The bounds, 1e-12 and
-1e-13, keep margins of about 600x and 20x.
+The errors measured on these cases are in docs/ops.md ("Segment-parallel state pass"); the
+bounds asserted here, 1e-12 and 1e-13, keep a wide margin above them.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ SUMMARY_BOUND = 1e-13  #: the augmented loop against the explicit products; segm
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """One intra-op thread: the products here are 64 x 16, and on a busy two-core machine a second
-    OpenMP thread only waits (measured: 10x slower)."""
+    OpenMP thread only waits."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
