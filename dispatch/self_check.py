@@ -172,6 +172,11 @@ class SelfChecks:
         return _verdict(backend, p, caps, accepted, capturing, key, self._results.get(key))
 
 
+def _joined(note: str, plan_note: str) -> str:
+    """The verification note, then the backend's own plan note (``Backend.plan_note``) if any."""
+    return f"{note}; {plan_note}" if plan_note else note
+
+
 def _timed_check(backend, p: Problem, caps, device, key: tuple) -> SelfCheckResult:
     t0 = time.perf_counter()
     try:
@@ -240,12 +245,13 @@ def _verdict(backend, p: Problem, caps, accepted: Accepted, capturing: bool, key
                                  "self-checks then and is chosen in later captures")
         return accepted.model_copy(update={
             "verified": False,
-            "message": f"unverified on {arch}: self-checks against torch-ref on its first eager call "
-                       f"({p.op}, {cls}); verified on {_archs(backend)}"})
+            "message": _joined(f"unverified on {arch}: self-checks against torch-ref on its first eager call "
+                               f"({p.op}, {cls}); verified on {_archs(backend)}", accepted.message)})
     if res.ok:
         return accepted.model_copy(update={
             "verified": True,
-            "message": f"self-checked against torch-ref on {arch} in this process ({p.op}, {cls}): {res.message}"})
+            "message": _joined(f"self-checked against torch-ref on {arch} in this process ({p.op}, {cls}): "
+                               f"{res.message}", accepted.message)})
     return Rejected(backend=backend.name, reason=Reason.SELF_CHECK_FAILED,
                     message=f"its self-check against torch-ref failed on {arch} for {p.op} ({cls}): {res.message}",
                     hint=f"disabled for this shape class on {arch} until the process restarts; the dispatcher "

@@ -580,6 +580,8 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
         64
     """
     if forced is not None:
+        if not isinstance(forced, int) or isinstance(forced, bool):
+            raise TypeError(f"segment_chunks must be an int (None: the planner's choice); got {forced!r}")
         if forced < 0 or (forced and (K > SEGMENT_MAX_K or replaced_state or V % block_v or K % block_v)):
             raise ValueError(f"segment_chunks must be >= 0 (0: off), and 0 at K > {SEGMENT_MAX_K}, with a "
                              f"replacement state kernel or where block_v = {block_v} does not divide K and V; "
@@ -605,10 +607,11 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
     L = max(SEGMENT_MIN_CHUNKS, triton.cdiv(nt_max - N, want))
     L += L % 2 if even else 0
     if nt_max < 4 * L * N:
-        return 0, (f"sequences of {nt_max / N:.0f} chunks on average are too short to cut into segments "
-                   f"of {L}")
+        return 0, (f"{programs} state programs on {caps.sm_count} SMs leave room for {want} segments in all: "
+                   f"sequences of at most {nt_max // N} chunks on average would get fewer than 4 segments of "
+                   f"{L} chunks")
     return L, (f"{programs} state programs on {caps.sm_count} SMs: segments of {L} chunks "
-               f"(up to {nt_max // L + N}), aiming at {SEGMENT_PROGRAMS_PER_SM} rerun programs per SM")
+               f"(at most {nt_max // L + N}), aiming at {SEGMENT_PROGRAMS_PER_SM} rerun programs per SM")
 
 
 def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layout: str,

@@ -317,8 +317,8 @@ def test_the_plan_records_the_segment_length_from_metadata_alone(family, dtype):
             assert plan.segment_chunks in (L, L + 1) and plan.segment_chunks % 2 == 0
         else:
             assert plan.segment_chunks == L
-    plan = pm.plan_prefill(family, **kw)  # 65 chunks per sequence on average: too short to cut
-    assert plan.segment_chunks == 0 and ("too short" in plan.segment_reason or "fp32" in plan.segment_reason)
+    plan = pm.plan_prefill(family, **kw)  # 65 chunks per sequence on average: fewer than 4 segments
+    assert plan.segment_chunks == 0 and ("fewer than 4 segments" in plan.segment_reason or "fp32" in plan.segment_reason)
     long = dict(kw, q=torch.empty(200_000, H, K, dtype=dtype, **meta), v=torch.empty(200_000, hv, V, dtype=dtype, **meta),
                 cu_seqlens=torch.empty(2, dtype=torch.int32, **meta), state_indices=torch.empty(1, dtype=torch.int32, **meta))
     chosen = pm.plan_prefill(family, **long)  # one long prompt on 2 value heads: cut, unless fp32
