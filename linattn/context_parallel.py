@@ -218,6 +218,16 @@ def make_plan(cu_seqlens: Sequence[int], slices: Sequence[tuple[int, int]],
 
 # -- the piece summary (M, B) through the ordinary op ----------------------------------------------
 
+def _prefill_op(family: str) -> str:
+    """The family's prefill op name, from the op table."""
+    from linattn.dispatch.ops_table import find_op
+
+    op = find_op(family, "prefill")
+    if op is None:
+        raise ValueError(f"family must be one of {', '.join(FAMILIES)}; got {family!r}")
+    return op
+
+
 def _prefill_fn(family: str):
     import linattn
 
@@ -245,7 +255,7 @@ def summary_mode(family: str, q: Tensor, v: Tensor, *, compute_dtype: torch.dtyp
     HV, V = v.shape[1], v.shape[2]
 
     def chosen(width: int) -> Optional[str]:
-        p = Problem(op=f"{family}_prefill", n=1, t=T, h=H, hv=HV, k=K, v=width, dtype=_dtype_name(q.dtype),
+        p = Problem(op=_prefill_op(family), n=1, t=T, h=H, hv=HV, k=K, v=width, dtype=_dtype_name(q.dtype),
                     state_dtype=_dtype_name(compute_dtype), mode="dense", max_seqlen=T)
         return explain(p, q.device, backend=backend).chosen
 
@@ -380,7 +390,7 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
     q, k, v, g, beta = x
     T = q.shape[0] if isinstance(q, Tensor) and q.dim() == 3 else 0
     cu_t = torch.tensor(_local_cu(cu, offset, T), dtype=torch.int64, device=getattr(q, "device", None))
-    op = f"{family}_prefill"
+    op = _prefill_op(family)
     op_args = {key: val for key, val in args.items() if key != "backend"}
     out, sig = validate_call(op, dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_t, **op_args),
                              check_values=validate, check_finite=check_finite)
