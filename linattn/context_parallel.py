@@ -447,9 +447,10 @@ def _agree(metas: list[dict], rank: int) -> None:
                       ("shape", "family, state_layout, mode and head shapes"), ("entry_dtype", "state precision"),
                       ("scalars", "q/k/v dtype, scale and use_qk_l2norm")):
         values = [m[key] for m in metas]
-        if any(v != values[0] for v in values):
+        odd = [r for r, v in enumerate(values) if v != values[0]]
+        if odd:
             raise ValueError(f"context_parallel_prefill: the ranks disagree on {what} (rank 0: {str(values[0])[:80]}; "
-                             f"every rank must pass the same global {what}")
+                             f"rank {odd[0]}: {str(values[odd[0]])[:80]}); every rank must pass the same global {what}")
 
 
 # -- execution ---------------------------------------------------------------------------------------
