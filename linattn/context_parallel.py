@@ -40,6 +40,7 @@ import datetime
 import os
 import pickle
 import queue
+import shutil
 import tempfile
 import time
 from typing import Callable, Literal, Optional, Sequence
@@ -671,7 +672,9 @@ def spawn_ranks(fn: Callable, world_size: int, *args, backend: Optional[str] = N
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined in a default process group.
 
     Args:
-        fn: a module-level function (it is pickled by name); its return value must pickle.
+        fn: a module-level function (it is pickled by name); its return value must pickle. The
+            ranks are started with the ``spawn`` method, which re-imports the caller's main module:
+            a script that calls this needs the usual ``if __name__ == "__main__":`` guard.
         world_size: processes to start (>= 1).
         args: passed to ``fn`` after ``rank, world_size``.
         backend: ``"gloo"`` (CPU), ``"nccl"`` (rank r on ``cuda:r``), or None: nccl when torch sees at
@@ -706,6 +709,7 @@ def spawn_ranks(fn: Callable, world_size: int, *args, backend: Optional[str] = N
         for p in ctx.processes:
             if p.is_alive():
                 p.terminate()
+        shutil.rmtree(folder, ignore_errors=True)  # the rendezvous file's folder
     missing = [r for r in range(world_size) if r not in got]
     if missing:
         raise RuntimeError(f"spawn_ranks: ranks {missing} exited without a result")
