@@ -438,6 +438,15 @@ def demo(
     from linattn.demo import DemoConfigError, render_demo, run_demo
 
     if context_parallel is not None:
+        stream = dict(requests=requests, decode_batch=decode_batch, steps=steps)
+        given = [f"--{k.replace('_', '-')}" for k, val in stream.items() if val != DEMO_DEFAULTS[k]]
+        given += [f"--{k.replace('_', '-')}" for k, val in dict(device=device, prompt_len=prompt_len,
+                                                               output_len=output_len, check_every=check_every).items()
+                  if val is not None]
+        if given:  # the request-stream options do not apply to the one-prompt demo
+            _fail_usage(UsageError(f"--context-parallel runs one long prompt across ranks; {', '.join(given)}: "
+                                   "options of the request-stream demo only (the device follows the ranks: NCCL "
+                                   "when torch sees N GPUs, else gloo on the CPU)"), as_json)
         _demo_context_parallel(context_parallel, model, seed, shape, cp_tokens, as_json)
     try:
         kw = _demo_overrides(shape, prompt_len, output_len, check_every)
