@@ -138,10 +138,8 @@ def run_case(case, segments, have_fla, block_vs=()):
     rows = idx.long()
     row["rel_o_vs_one_pass"] = rel(o_plan, o_one)
     row["rel_state_vs_one_pass"] = rel(p_plan[rows], p_one[rows])
-    row["untouched_rows_equal"] = bool(torch.equal(p_plan[torch.tensor([i for i in range(pool.shape[0])
-                                                                        if i not in rows.tolist()])],
-                                                   pool[torch.tensor([i for i in range(pool.shape[0])
-                                                                      if i not in rows.tolist()])]))
+    others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device).index_fill_(0, rows, False)
+    row["untouched_rows_equal"] = bool(torch.equal(p_plan[others], pool[others]))
     if have_fla:
         h0_kv = pool[rows].transpose(-1, -2).contiguous()
         fla = fla_call(family, d, h0_kv)

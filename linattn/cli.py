@@ -456,10 +456,15 @@ def demo(
         _fail_usage(e, as_json)
     except (linattn.NoBackendError, linattn.BackendRunError) as e:
         _fail_run(e, as_json)
+    _finish_demo(rep, render_demo, as_json)
+
+
+def _finish_demo(rep, render, as_json: bool) -> None:
+    """Print a demo report (``--json`` or ``render``'s text) and exit 0 when it passed, else 1."""
     if as_json:
         _emit_json(rep.model_dump(mode="json"))
     else:
-        render_demo(rep, stdout_console())
+        render(rep, stdout_console())
     raise typer.Exit(code=0 if rep.passed else 1)
 
 
@@ -473,11 +478,7 @@ def _demo_context_parallel(ranks: int, model: str, seed: int, shape: Optional[st
                                         shape=_parse_shape(shape))
     except (UsageError, DemoConfigError) as e:
         _fail_usage(e, as_json)
-    if as_json:
-        _emit_json(rep.model_dump(mode="json"))
-    else:
-        render_context_parallel_demo(rep, stdout_console())
-    raise typer.Exit(code=0 if rep.passed else 1)
+    _finish_demo(rep, render_context_parallel_demo, as_json)
 
 
 # -- commands other modules contribute --------------------------------------------------------------

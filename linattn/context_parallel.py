@@ -230,11 +230,10 @@ def _prefill_op(family: str) -> str:
 
 
 def _prefill_fn(family: str):
+    """The family's public prefill op (``linattn.gdn_prefill`` / ``linattn.kda_prefill``)."""
     import linattn
 
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {', '.join(FAMILIES)}; got {family!r}")
-    return linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
+    return getattr(linattn, _prefill_op(family))
 
 
 def _dtype_name(dt: torch.dtype) -> str:

@@ -74,6 +74,21 @@ def reference(family: str, inp: dict, *, state_pool=None, state_indices=None, in
               compute_dtype=torch.float64)
 
 
+def nan_run(monkeypatch, family: str, inp: dict, **kw):
+    """:func:`run` with every floating-point buffer the call allocates starting as NaN, so that an
+    entry read before it is written shows in the results."""
+    empty = torch.empty
+
+    def nan_empty(*a, **k):
+        x = empty(*a, **k)
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    try:
+        return run(family, inp, **kw)
+    finally:
+        monkeypatch.setattr(torch, "empty", empty)
+
+
 def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
     x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
     return float((x - ref).norm() / ref.norm().clamp_min(1e-30))

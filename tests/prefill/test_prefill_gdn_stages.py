@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled  # noqa: E402
 
-from prefill_cases import check_two_bf16_pool_runs, make_inputs, random_states, rel, run  # noqa: E402
+from prefill_cases import check_two_bf16_pool_runs, make_inputs, nan_run, random_states, rel, run  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 LENS, SLOTS = [70, 0, 5, 130, 64], [3, 1, -1, 0, 5]  # chunk counts 2, 0, 1 (padding), 3, 1
@@ -45,20 +45,6 @@ def _launches(monkeypatch, pm) -> list:
             return _run(*a, **kw)
         monkeypatch.setattr(kernel, "run", spy)
     return seen
-
-
-def _nan_run(monkeypatch, inp, **kw):
-    """``run`` with every buffer the call allocates starting as NaN."""
-    empty = torch.empty
-
-    def nan_empty(*a, **k):
-        x = empty(*a, **k)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-    monkeypatch.setattr(torch, "empty", nan_empty)
-    try:
-        return run("gdn", inp, **kw)
-    finally:
-        monkeypatch.setattr(torch, "empty", empty)
 
 
 def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, pinned_on=True, dense=False):
@@ -82,7 +68,7 @@ def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, p
             return replace(cfg, gdn=replace(cfg.gdn, **(fixed or {}), **{option: _on}))
         monkeypatch.setattr(pm, "prefill_config", config)
         pool = before.clone()
-        o, _ = _nan_run(monkeypatch, inp, state_pool=pool, state_indices=idx)
+        o, _ = nan_run(monkeypatch, "gdn", inp, state_pool=pool, state_indices=idx)
         runs.append((o, pool))
         launches.append(list(seen))
         seen.clear()
@@ -91,7 +77,7 @@ def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, p
             sub = torch.tensor(live, device=DEV)
             h0 = torch.zeros(len(SLOTS), HV, V, K, device=DEV)
             h0[sub] = before[idx.long()[sub]]
-            od, hd = _nan_run(monkeypatch, inp, initial_state=h0)
+            od, hd = nan_run(monkeypatch, "gdn", inp, initial_state=h0)
             seen.clear()
             pad = [i for i, s in enumerate(SLOTS) if s < 0]
             cu = inp["cu_seqlens"].tolist()

@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 from linattn.capabilities import profile  # noqa: E402
 from linattn.kernels.triton import prefill as pm  # noqa: E402
 
-from prefill_cases import check_two_bf16_pool_runs, make_inputs, random_states, reference, rel, run  # noqa: E402
+from prefill_cases import check_two_bf16_pool_runs, make_inputs, nan_run, random_states, reference, rel, run  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FAMILIES = ("gdn", "kda")
@@ -77,21 +77,6 @@ def _plan(family: str, inp: dict, **kw) -> pm.PrefillPlan:
     return pm.plan_prefill(family, q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], **kw)
 
 
-def _nan_run(monkeypatch, family: str, inp: dict, **kw):
-    """``run`` with every floating-point buffer the call allocates starting as NaN: an entry of the
-    summaries, the entering states or the per-chunk states read before it is written shows."""
-    empty = torch.empty
-
-    def nan_empty(*a, **k):
-        x = empty(*a, **k)
-        return x.fill_(float("nan")) if x.is_floating_point() else x
-    monkeypatch.setattr(torch, "empty", nan_empty)
-    try:
-        return run(family, inp, **kw)
-    finally:
-        monkeypatch.setattr(torch, "empty", empty)
-
-
 @functools.lru_cache(maxsize=None)
 def _dense_case(family: str):
     """The inputs, initial states, float64 reference and single-segment run of the main test."""
@@ -117,7 +102,7 @@ def test_segmented_path_matches_the_reference_and_the_single_segment_path(monkey
     inp, h0, ro, rht, (o1, ht1) = _dense_case(family)
     assert _plan(family, inp, initial_state=h0, segment_chunks=L).segment_chunks == L
     assert _plan(family, inp, initial_state=h0, segment_chunks=0).segment_chunks == 0
-    o, ht = _nan_run(monkeypatch, family, inp, initial_state=h0, segment_chunks=L)
+    o, ht = nan_run(monkeypatch, family, inp, initial_state=h0, segment_chunks=L)
     assert torch.isfinite(o).all() and torch.isfinite(ht).all()
     _per_sequence(o, ro, ht, rht, LENS, FP32_TOL, f"L={L}")
     _per_sequence(o1, ro, ht1, rht, LENS, FP32_TOL, "single segment")
