@@ -19,12 +19,12 @@ gaps do not count. The kernels write the pool in place; repeating them is fine f
 state stays bounded), never for correctness checks, which run first on fresh copies.
 
 Writes the ``benchmarks/_results.py`` schema; rows of ``kind`` copy, decode, latency_n1,
-silu_and_mul_clamp (and explore, tune_decode, tune_silu in those modes).
+silu_and_mul_clamp (and explore, tune_decode in those modes).
 
 Usage:
     python benchmarks/decode.py                    # benchmark -> benchmarks/results/decode_<device>.json
     python benchmarks/decode.py --explore          # also the placement / tile experiment at N=1024
-    python benchmarks/decode.py --tune             # sweep BV / num_warps, BD / num_warps -> ./decode_tune_<device>.json
+    python benchmarks/decode.py --tune             # decode tiles x slot order, cache hints -> ./decode_tune_<device>.json
     python benchmarks/decode.py --sanitize         # small calls, for compute-sanitizer (F22)
 """
 
@@ -283,27 +283,48 @@ def bench_silu(caps, copy_tbps, configs=None) -> list[dict]:
     return rows
 
 
-def tune_decode(caps, ns=(1, 256, 4096)) -> list[dict]:
+#: tile configs ``(block_v, num_warps)`` the sweep tries per family (value blocks on grid x, the shipped placement)
+TUNE_TILES = {"gdn": ((4, 1), (8, 1), (16, 1), (16, 2), (32, 2), (32, 4)),
+              "kda": ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4))}
+#: cache hints on the state tile the sweep tries at the pinned tile ("": none, as shipped)
+TUNE_EVICTION = ("", "evict_first")
+
+
+def tune_decode(caps, ns=(32, 256, 1024), have_fla=True) -> list[dict]:
+    """The decode sweep: every tile of :data:`TUNE_TILES` on random slots (the pool as the
+    benchmark fills it) and on identity slots (slot n for sequence n, a dense state as FLA is
+    given), the cache hints of :data:`TUNE_EVICTION` at the pinned tile, and FLA on the same data."""
+    from linattn.kernels.triton.decode import decode_config
+
     rows = []
     for gate in ("gdn", "kda"):
         for N in ns:
             d = make_inputs(gate, N)
+            ident = dict(d, state_indices=torch.arange(N, device=_dev(), dtype=torch.int32))
             nbytes = decode_bytes(gate, N)
-            grid = [(bv, w) for bv in (8, 16, 32) for w in (1, 2, 4)] if N < 64 else \
-                [(bv, w) for bv in (16, 32, 64) for w in (2, 4, 8)]
-            for bv, w in grid:
-                if True:
-                    try:
-                        ms, _ = _time(_ours(gate, d, caps, block_v=bv, num_warps=w))
-                    except Exception as e:  # noqa: BLE001
-                        print(f"  {gate} N={N} BV={bv} w={w}: {type(e).__name__}: {e}")
-                        continue
-                    rows.append(dict(op=gate, N=N, BV=bv, num_warps=w, us=ms * 1e3,
-                                     TBps=nbytes / (ms * 1e-3) / 1e12))
-            best = sorted((r for r in rows if r["op"] == gate and r["N"] == N), key=lambda r: r["us"])[:3]
-            print(f"  {gate} N={N}: best " + "; ".join(f"BV={r['BV']} w={r['num_warps']} {r['us']:.2f}us "
-                                                      f"{r['TBps']:.2f}TB/s" for r in best), flush=True)
-            del d
+            _, bv0, w0 = decode_config(128, 128, N, caps, gate)
+            variants = [(bv, w, slots, "") for bv, w in TUNE_TILES[gate] for slots in ("random", "identity")]
+            variants += [(bv0, w0, slots, ev) for ev in TUNE_EVICTION if ev for slots in ("random", "identity")]
+            for bv, w, slots, ev in variants:
+                inp = d if slots == "random" else ident
+                try:
+                    ms, _ = _time(_ours(gate, inp, caps, block_v=bv, num_warps=w, state_eviction_policy=ev))
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {gate} N={N} BV={bv} w={w} {slots} {ev}: {type(e).__name__}: {e}")
+                    continue
+                rows.append(dict(op=gate, N=N, BV=bv, num_warps=w, slots=slots, eviction=ev or "none",
+                                 pinned=(bv, w) == (bv0, w0), us=ms * 1e3, TBps=nbytes / (ms * 1e-3) / 1e12))
+            if have_fla:
+                ms, _ = _time(_fla(gate, d))
+                rows.append(dict(op=gate, N=N, variant="fla", us=ms * 1e3,
+                                 TBps=(nbytes - 4 * N) / (ms * 1e-3) / 1e12))
+            mine = [r for r in rows if r["op"] == gate and r["N"] == N]
+            for slots in ("random", "identity"):
+                best = sorted((r for r in mine if r.get("slots") == slots), key=lambda r: r["us"])[:3]
+                print(f"  {gate} N={N} {slots}: best " + "; ".join(
+                    f"BV={r['BV']} w={r['num_warps']} {r['eviction']} {r['TBps']:.2f}TB/s" for r in best)
+                    + "".join(f" | fla {r['TBps']:.2f}" for r in mine if r.get("variant") == "fla"), flush=True)
+            del d, ident
             torch.cuda.empty_cache()
     return rows
 
@@ -389,7 +410,7 @@ NOTES = [
     "clamp at M=8,192, D=18,432 bf16; the copy ceiling (4 GiB device copy, bytes read + written).",
     "kind: copy | decode (ours_* = the planner's placement at the pinned tile configs, ours_blk_on_x_* = value blocks "
     "on x forced; *_frac_of_copy against the copy row) | latency_n1 (N=1, microseconds per call) | silu_and_mul_clamp "
-    "(order = grid placement) | explore | tune_decode | tune_silu.",
+    "(order = grid placement) | explore | tune_decode.",
     "Times: medians of CUDA-graph replays (timing 'cudagraph'); eager do_bench at N >= 4,096.",
 ]
 
@@ -398,7 +419,8 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/decode_<device>.json; "
                                                 "with --tune: ./decode_tune_<device>.json, an experiment, not committed)")
-    ap.add_argument("--tune", action="store_true", help="sweep tile configs instead of benchmarking")
+    ap.add_argument("--tune", action="store_true", help="sweep decode tile configs, slot orders and cache hints "
+                                                        "instead of benchmarking")
     ap.add_argument("--sanitize", action="store_true", help="small calls for compute-sanitizer")
     ap.add_argument("--ns", default=",".join(map(str, NS)))
     ap.add_argument("--no-fla", action="store_true")
@@ -424,10 +446,7 @@ def main(argv=None) -> list[dict]:
     print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
     save()
     if args.tune:
-        rows += [dict(kind="tune_decode", **r) for r in tune_decode(caps)]
-        save()
-        rows += [dict(kind="tune_silu", **r) for r in bench_silu(caps, copy_tbps, [(bd, w) for bd in (1024, 2048, 4096)
-                                                                                   for w in (4, 8, 16)])]
+        rows += [dict(kind="tune_decode", **r) for r in tune_decode(caps, have_fla=have_fla)]
         save()
         return rows
     if args.explore:

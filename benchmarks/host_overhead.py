@@ -13,6 +13,7 @@ bitwise equal outputs and pools, for both families, decode and prefill.
 
     python benchmarks/host_overhead.py                 # on a CUDA device; writes host_overhead_<dev>.json
     python benchmarks/host_overhead.py --device cpu    # the CPU: dispatch cost of the torch-ref path only
+    python benchmarks/host_overhead.py --profile gdn_decode   # a cProfile of eager calls instead
 """
 
 from __future__ import annotations
@@ -80,16 +81,50 @@ def _op(family: str, phase: str):
     return getattr(linattn, f"{family}_{phase}")
 
 
+class value_checks:
+    """Context manager: validate=True's device value rules as the torch rules (``"torch"``) or as
+    the one fused kernel (``"fused"``, ``dispatch/value_rules.py``); cached call plans are dropped
+    on entry and exit, since a plan holds its checks."""
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def __enter__(self):
+        from linattn.dispatch import fast_path, value_rules
+
+        self._old = value_rules.FUSED_VALUE_CHECKS
+        value_rules.FUSED_VALUE_CHECKS = self.how == "fused"
+        fast_path.clear()
+
+    def __exit__(self, *exc):
+        from linattn.dispatch import fast_path, value_rules
+
+        value_rules.FUSED_VALUE_CHECKS = self._old
+        fast_path.clear()
+        return False
+
+
+#: (validate, how the value rules run) per measured variant
+VARIANTS = ((False, "torch"), (True, "torch"), (True, "fused"))
+
+
+def variants(dev: str) -> tuple:
+    """:data:`VARIANTS` that run on ``dev`` (the fused value checks are a CUDA kernel)."""
+    return VARIANTS if dev.startswith("cuda") else tuple(v for v in VARIANTS if v[1] != "fused")
+
+
 def linattn_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
     rows = []
     with torch.inference_mode():
         for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
             for family in ("gdn", "kda"):
                 x, op = make(family, dev), _op(family, phase)
-                for validate in (False, True):
-                    us = host_us(lambda: op(**x, validate=validate), calls, repeats, sync)
+                for validate, how in variants(dev):
+                    with value_checks(how):
+                        us = host_us(lambda: op(**x, validate=validate), calls, repeats, sync)
                     d = linattn.last_decision(f"{family}_{phase}")
-                    rows.append(dict(kind="linattn", op=f"{family}_{phase}", validate=validate, host_us=round(us, 2),
+                    rows.append(dict(kind="linattn", op=f"{family}_{phase}", validate=validate,
+                                     value_checks=how if validate else None, host_us=round(us, 2),
                                      backend=d.chosen if d else None))
     return rows
 
@@ -121,21 +156,32 @@ def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
         for phase, make in (("decode", decode_inputs), ("prefill", prefill_inputs)):
             for family in ("gdn", "kda"):
                 name, x = f"{family}_{phase}", make(family, dev)
-                for validate in (False, True):
-                    call = _captured_call_args(lambda: _op(family, phase)(**x, validate=validate))
+                for validate, how in variants(dev):
+                    with value_checks(how):
+                        call = _captured_call_args(lambda: _op(family, phase)(**x, validate=validate))
 
-                    def hit(call=call):
-                        plan = fast_path.lookup(fast_path.call_key(*call))
-                        return fast_path.prepare_hit(plan, call[1])
-                    rows.append(dict(kind="dispatch", op=name, validate=validate,
-                                     host_us=round(host_us(hit, calls, repeats, sync), 2)))
-                plan = fast_path.lookup(fast_path.call_key(*call))
-                if plan is not None and plan.prepared is not None:
-                    nargs = fast_path.prepare_hit(plan, call[1])
-                    us = host_us(lambda: plan.prepared(nargs), calls, repeats, sync)
-                    rows.append(dict(kind="prepared_launch", op=name, host_us=round(us, 2),
-                                     what="the backend's prepared launch called directly (no dispatcher)"))
+                        def hit(call=call):
+                            plan = fast_path.lookup(fast_path.call_key(*call))
+                            return fast_path.prepare_hit(plan, call[1])
+                        rows.append(dict(kind="dispatch", op=name, validate=validate,
+                                         value_checks=how if validate else None,
+                                         host_us=round(host_us(hit, calls, repeats, sync), 2)))
+                        if not validate:
+                            rows += _prepared_rows(name, call, calls, repeats, sync)
     return rows
+
+
+def _prepared_rows(name: str, call: tuple, calls: int, repeats: int, sync) -> list[dict]:
+    """The backend's prepared launch of the cached plan of ``call``, called directly."""
+    from linattn.dispatch import fast_path
+
+    plan = fast_path.lookup(fast_path.call_key(*call))
+    if plan is None or plan.prepared is None:
+        return []
+    nargs = fast_path.prepare_hit(plan, call[1])
+    us = host_us(lambda: plan.prepared(nargs), calls, repeats, sync)
+    return [dict(kind="prepared_launch", op=name, host_us=round(us, 2),
+                 what="the backend's prepared launch called directly (no dispatcher)")]
 
 
 def device_work_rows(dev: str, sync) -> list[dict]:
@@ -148,21 +194,22 @@ def device_work_rows(dev: str, sync) -> list[dict]:
     with torch.inference_mode():
         for family in ("gdn", "kda"):
             x, op = decode_inputs(family, dev), _op(family, "decode")
-            for validate in (False, True):
-                for _ in range(3):
-                    op(**x, validate=validate)
-                sync()
-                try:
-                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for validate, how in variants(dev):
+                row = dict(kind="device_work", op=f"{family}_decode", validate=validate,
+                           value_checks=how if validate else None)
+                with value_checks(how):
+                    for _ in range(3):
                         op(**x, validate=validate)
-                        sync()
-                    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
-                except Exception as e:  # noqa: BLE001 - the other rows still get written
-                    rows.append(dict(kind="device_work", op=f"{family}_decode", validate=validate, launches=None,
-                                     why=f"torch.profiler failed: {type(e).__name__}: {e}"))
-                    continue
-                rows.append(dict(kind="device_work", op=f"{family}_decode", validate=validate, launches=len(names),
-                                 names=names))
+                    sync()
+                    try:
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            op(**x, validate=validate)
+                            sync()
+                        names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+                    except Exception as e:  # noqa: BLE001 - the other rows still get written
+                        rows.append(dict(row, launches=None, why=f"torch.profiler failed: {type(e).__name__}: {e}"))
+                        continue
+                rows.append(dict(row, launches=len(names), names=names))
     return rows
 
 
@@ -247,15 +294,38 @@ def bitwise_rows(dev: str) -> list[dict]:
     return rows
 
 
+def profile_op(name: str, dev: str, sync, calls: int = 5000) -> int:
+    """Print a cProfile of ``calls`` eager calls of the public op ``name`` (validate off)."""
+    import cProfile
+    import pstats
+
+    family, phase = name.split("_")
+    x, op = (decode_inputs if phase == "decode" else prefill_inputs)(family, dev), _op(family, phase)
+    with torch.inference_mode():
+        host_us(lambda: op(**x, validate=False), 200, 1, sync)  # warm: compiled, plan cached
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            op(**x, validate=False)
+        prof.disable()
+        sync()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/host_overhead_<dev>.json)")
+    ap.add_argument("--profile", metavar="OP", help="instead: a cProfile of 5,000 eager calls of OP (e.g. gdn_decode, "
+                                                    "validate off), the top functions by own time, to stdout")
     args = ap.parse_args(argv)
     dev = args.device
     sync = torch.cuda.synchronize if dev.startswith("cuda") else (lambda: None)
+    if args.profile:
+        return profile_op(args.profile, dev, sync)
     rows = [dict(kind="fast_launch", enabled=launch_mod.fast_launch_status()[0], why=launch_mod.fast_launch_status()[1])]
     rows += linattn_rows(dev, args.calls, args.repeats, sync)
     rows += dispatch_rows(dev, args.calls, args.repeats, sync)

@@ -77,6 +77,7 @@ def _recurrent_decode_kernel(
     HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
     GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+    STATE_EVICTION: tl.constexpr = "",
 ):
     i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
     i_h = i_hv // (HV // H)
@@ -110,7 +111,8 @@ def _recurrent_decode_kernel(
         do_load = do_load & (tl.load(has_init + i_n) != 0)
     valid = load_slot >= 0
     p_state = pool + i_hv * s_pool_h + offs_s
-    h = tl.load(p_state + load_slot * s_pool_slot, mask=(mask_s & do_load) != 0, other=0.0).to(tl.float32)
+    h = tl.load(p_state + load_slot * s_pool_slot, mask=(mask_s & do_load) != 0, other=0.0,
+                eviction_policy=STATE_EVICTION).to(tl.float32)
 
     if not GATES_PRECOMPUTED:
         exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
@@ -176,7 +178,8 @@ def _recurrent_decode_kernel(
             st = tl.load(idx_row + t64 * s_idx_t).to(tl.int64)
             tl.store(p_state + st * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid & (st >= 0)) != 0)
     if UPDATE_STATE and not PER_TOKEN_SLOTS:
-        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid) != 0)
+        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid) != 0,
+                 eviction_policy=STATE_EVICTION)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -188,7 +191,7 @@ PINNED: dict[tuple[str, int, int, str], tuple[int, int]] = {
     ("gdn", 128, 128, "small"): (8, 1),
     ("gdn", 128, 128, "large"): (8, 1),
     ("kda", 128, 128, "small"): (8, 1),
-    ("kda", 128, 128, "large"): (64, 4),
+    ("kda", 128, 128, "large"): (8, 1),
 }
 
 
@@ -286,6 +289,8 @@ class DecodeLaunch:
             kernel's state load is masked (the slot is never read), stores are as usual.
         caps: DeviceCapabilities of the tensors' device. layout: ``split`` / ``folded``.
         block_v, num_warps: override the pinned tile config.
+        state_eviction_policy: Triton's cache hint on the state tile's load and store (``""``: none,
+            as shipped; ``"evict_first"`` / ``"evict_last"``: benchmarks' experiments).
     Raises:
         GridLimitError: the grid does not fit the device (before launch).
         ValueError: a head dim above 256, or state tiles that are not dense (the dispatcher's
@@ -297,7 +302,7 @@ class DecodeLaunch:
                  use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states=None,
                  disable_state_update: bool = False, num_accepted_tokens=None, softplus_beta: float = 1.0,
                  softplus_threshold: float = 20.0, lower_bound: Optional[float] = None, g=None,
-                 has_initial_state=None, **other_tensors):
+                 has_initial_state=None, state_eviction_policy: str = "", **other_tensors):
         N, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         self.out_shape, self.out_dtype = (N, T, HV, V), q.dtype
@@ -323,6 +328,8 @@ class DecodeLaunch:
             HAS_NUM_ACCEPTED=self.has_na, HAS_INTER=self.has_inter, HAS_INTER_IDX=self.has_inter_idx,
             UPDATE_STATE=self.update_state, GATES_PRECOMPUTED=self.precomputed,
             HAS_INITIAL_STATE=self.has_init, **plan.constexprs)
+        if state_eviction_policy:  # an experiment's cache hint on the state tile; shipped builds pass none
+            self.constexprs["STATE_EVICTION"] = state_eviction_policy
         self.launch: Optional[PreparedLaunch] = None
         self._pick = self._operand_picker()
         if not self.skip:  # the strides of the tensors as the kernel gets them (after the row copies)
