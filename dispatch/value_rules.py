@@ -6,12 +6,13 @@ device plus a zero-argument function that explains the failure by raising ``Valu
 for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
 ``cu_seqlens`` contents and the sign of prefill log decays (docs/ops.md).
 
-On a GPU each flag is a few torch ops, each a kernel launch. With ``LINATTN_FUSED_VALUE_CHECKS=1``
-(opt-in: see :data:`FUSED_VALUE_CHECKS`), a cached call plan (``dispatch/fast_path.py``) runs the
-decode rules instead as one Triton kernel that computes every flag
-(``kernels/triton/value_checks.py``) and one sync (:func:`fused_value_check`); a set flag runs the
-torch rules, so the error raised is always theirs. The choice is made when a call plan is made:
-changing the variable takes effect for new call keys (or after ``fast_path.clear()``).
+On a GPU each flag is a few torch ops, each a kernel launch. So on CUDA (unless
+``LINATTN_FUSED_VALUE_CHECKS=0``: see :data:`FUSED_VALUE_CHECKS`), a cached call plan
+(``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``, ``kda_prefill``), instead as one Triton kernel
+that computes every flag (``kernels/triton/value_checks.py``) and one sync
+(:func:`fused_value_check`); a set flag runs the torch rules, so the error raised is always theirs.
+The choice is made when a call plan is made: changing the variable takes effect for new call keys
+(or after ``fast_path.clear()``).
 """
 
 from __future__ import annotations
@@ -222,23 +223,26 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 
 
 
-# -- the decode rules in one launch ----------------------------------------------------------------
+# -- the decode or prefill rules in one launch ---------------------------------------------------
 
 #: The rules :func:`fused_value_check` computes in one kernel (``kernels/triton/value_checks.py``):
-#: the decode rules. A call with any other rule (``check_finite``'s, prefill's) keeps the torch rules.
+#: the decode rules, and the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with
+#: value rules, ``dispatch/ops_table.py``). A call with any other rule (``check_finite``'s) keeps the
+#: torch rules.
 _FUSABLE = frozenset({_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params, _v_decode_log_decay})
+_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_log_decay})
 #: None: the fused kernel runs where the direct Triton launch does (``kernels/triton/launch.py``
-#: ``fast_launch_status``: CUDA, a tested Triton, no interpreter) and only when
-#: ``LINATTN_FUSED_VALUE_CHECKS=1`` opts in: its compiled refusals of cached calls with bad values
-#: are not yet verified on the H200 (tests/gpu/test_value_checks_gpu.py is to run there first).
-#: True / False: always / never (tests run it in the Triton interpreter on the CPU).
+#: ``fast_launch_status``: CUDA, a tested Triton, no interpreter), unless
+#: ``LINATTN_FUSED_VALUE_CHECKS=0`` opts out (its refusals are held against the torch rules on the
+#: H200 by tests/gpu/test_value_checks_gpu.py). True / False: always / never (tests run it in the
+#: Triton interpreter on the CPU).
 FUSED_VALUE_CHECKS: bool | None = None
 
 
 def _fusable_device(dev) -> bool:
     if FUSED_VALUE_CHECKS is not None:
         return FUSED_VALUE_CHECKS
-    if dev is None or dev.type != "cuda" or os.environ.get("LINATTN_FUSED_VALUE_CHECKS") != "1":
+    if dev is None or dev.type != "cuda" or os.environ.get("LINATTN_FUSED_VALUE_CHECKS") == "0":
         return False
     from linattn.kernels.triton.launch import fast_launch_status
 
@@ -262,17 +266,41 @@ class _FusedCheck:
             _run_value_rules(self.rules, args, self.dims)
 
 
+def _plan_check(rules: frozenset, args: dict, dims: Dims):
+    """The kernel's planned check for ``rules`` (decode's or prefill's), or None."""
+    from linattn.kernels.triton import value_checks
+
+    if _v_cu_seqlens in rules and rules <= _FUSABLE_PREFILL:
+        return value_checks.plan_prefill_value_check(args, slots=dims.get("p"), tokens=dims["t"],
+                                                     shared_slots=dims["writes_pool"])
+    if rules <= _FUSABLE:
+        return value_checks.plan_decode_value_check(args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"],
+                                                    shared_slots=dims["writes_pool"])
+    return None
+
+
 def fused_value_check(rules: tuple, args: dict, dims: Dims):
     """``rules`` for calls with the metadata of ``args`` as one kernel launch (a callable
     ``check(args)`` that raises as :func:`_run_value_rules` does), or None where the torch rules
     stay: another rule among them, a device without the direct Triton launch, or a call outside
-    the kernel's limits (``value_checks.plan_decode_value_check``)."""
-    if not rules or not set(rules) <= _FUSABLE or not _fusable_device(dims.get("device")):
+    the kernel's limits (``value_checks.plan_decode_value_check``, ``plan_prefill_value_check``).
+
+    Args:
+        rules: the value rules of the call (``validate.value_rules_of``): decode's or prefill's.
+        args: the call's normalised arguments (``validate_call``); only metadata is read (shapes,
+            strides, which optional tensors are given), no values, no sync.
+        dims: the facts the host rules derived (``p``, ``t``, ``writes_pool``, ``device``, ...).
+
+    Returns:
+        A callable ``check(args)``: one launch and one device->host sync; it raises the torch
+        rules' ``ValueError`` on a bad value (nothing is written before), and returns None otherwise.
+        Or None (the caller runs :func:`_run_value_rules`).
+    """
+    kinds = frozenset(rules)
+    if not rules or not (kinds <= _FUSABLE or kinds <= _FUSABLE_PREFILL) or not _fusable_device(dims.get("device")):
         return None
     try:
-        from linattn.kernels.triton.value_checks import plan_decode_value_check
+        check = _plan_check(kinds, args, dims)
     except ImportError:  # no Triton
         return None
-    check = plan_decode_value_check(args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"],
-                                    shared_slots=dims["writes_pool"])
     return None if check is None else _FusedCheck(check, rules, dims)

@@ -194,6 +194,18 @@ KERNELS: tuple[KernelEntry, ...] = (
         notes=("both decode ops' value rules in one launch; held against the torch rules by "
                "tests/dispatch/test_fused_value_checks.py"),
     ),
+    KernelEntry(
+        name="prefill_value_flags", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.value_checks:prefill_value_flags_kernel",
+        launcher=f"{KERNEL_PACKAGE}.value_checks:PrefillValueCheck",
+        why_unplanned=("grid (G,), G <= value_checks.MAX_PROGRAMS: program p reads blocks p, p + G, ... of a "
+                       "prefill call's cu_seqlens, state_indices and g and writes its own int32 of flags, a "
+                       "1-D stream far below any grid limit, so there is nothing to plan; launched by the "
+                       "dispatcher's value checks (dispatch/value_rules.py fused_value_check), not by the "
+                       "prefill launcher"),
+        notes=("both prefill ops' value rules in one launch; held against the torch rules by "
+               "tests/dispatch/test_fused_value_checks.py"),
+    ),
 )
 
 #: ``@triton.jit`` functions that are called from kernels, never launched: ``"module:attribute"``.
@@ -221,6 +233,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.value_checks:_outside",
     f"{KERNEL_PACKAGE}.value_checks:_shared_slot",
     f"{KERNEL_PACKAGE}.value_checks:_flagged",
+    f"{KERNEL_PACKAGE}.value_checks:_decreasing",
 })
 
 

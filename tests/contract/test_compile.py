@@ -90,6 +90,13 @@ SCRIPT = textwrap.dedent(r'''
                                                             dt_bias=torch.zeros(32, 128, dtype=torch.bfloat16)))):
             args = dict(state_indices=idx, **extra)
             DecodeValueCheck(args, slots=8, rows=3, tokens=2, shared_slots=True)(args)
+        # the prefill value checks: pool mode (GDN gates, int32) and dense mode (KDA gates, int64)
+        from linattn.kernels.triton.value_checks import plan_prefill_value_check
+        for cu, idx, g in ((torch.tensor([0, 2, 5], dtype=i32), torch.zeros(2, dtype=i32), torch.zeros(5, 4)),
+                           (torch.tensor([0, 5], dtype=i64), None, torch.zeros(5, 4, 128))):
+            args = dict(cu_seqlens=cu, state_indices=idx, g=g)
+            plan_prefill_value_check(args, slots=8 if idx is not None else None, tokens=5,
+                                     shared_slots=idx is not None)(args)
     for l in launches:
         key = (l.name, repr(sorted((k, str(v)) for k, v in l.arguments.items() if not hasattr(v, "data_ptr"))),
                repr(sorted(l.options.items())))
@@ -193,7 +200,8 @@ def test_every_contract_launch_compiles_for_sm90_and_only_the_listed_builds_spil
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {b["kernel"] for b in built}
     assert {"_recurrent_decode_kernel", "_silu_and_mul_clamp_kernel", "_probe_kernel", "chunk_intra_kernel",
-            "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel", "decode_value_flags_kernel"} <= kernels
+            "chunk_state_kernel", "chunk_output_kernel", "chunk_tables_kernel", "decode_value_flags_kernel",
+            "prefill_value_flags_kernel"} <= kernels
     if not any("REG" in b for b in built):
         pytest.skip("cuobjdump not found next to triton: spills not measurable (every launch compiled)")
     assert max(b.get("REG", 0) for b in built) <= 255

@@ -35,7 +35,8 @@ LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's tables, stages 1 and 3).
 #: Kernels the dispatcher launches, not an op's launcher, each with the test that holds it to its oracle.
-DISPATCHER_KERNELS = {"decode_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)"}
+DISPATCHER_KERNELS = {"decode_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)",
+                      "prefill_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)"}
 UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts and e.name not in DISPATCHER_KERNELS}
 UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
                  "chunk_kda_system": ("kda_prefill",),

@@ -1,6 +1,7 @@
-"""The decode value checks as one kernel (kernels/triton/value_checks.py, dispatch/value_rules.py
-``fused_value_check``): it flags exactly the calls the torch rules refuse, and a refused call
-raises the torch rules' error before anything is written. Run in the Triton interpreter."""
+"""The decode and prefill value checks as one kernel each (kernels/triton/value_checks.py,
+dispatch/value_rules.py ``fused_value_check``): each flags exactly the calls the torch rules refuse
+(prefill: exactly the checks they refuse), and a refused call raises the torch rules' error before
+anything is written. Run in the Triton interpreter."""
 
 from __future__ import annotations
 
@@ -228,4 +229,247 @@ def test_random_tables_agree_with_the_torch_rules(fused):
         x = _decode_args(n=n, t=t, state_indices=idx, disable_state_update=frozen)
         bits, error = _verdicts("gdn_decode", x)
         assert (bits != 0) == (error is not None), (table, frozen, bits, error)
+    agree()
+
+
+
+# -- prefill (gdn_prefill, kda_prefill) ------------------------------------------------------------
+
+#: a fragment of each prefill check's torch-rule message -> the check's name (value_checks.PREFILL_CHECKS)
+_PREFILL_MESSAGES = {"it must be 0": "cu_seqlens[0] == 0", "non-decreasing": "cu_seqlens non-decreasing",
+                     "must equal the total token count": "cu_seqlens[-1] == T", "out of range": "state_indices range",
+                     "write race": "state_indices shared slot", "log-space decay": "g <= 0"}
+
+
+def _prefill_args(family="gdn", lens=(2, 0, 3, 1), seed=0, pool=True, **over):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    cu = torch.tensor([0, *torch.tensor(lens, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32)
+    t, n = int(cu[-1]), len(lens)
+    gk = (K,) if family == "kda" else ()
+    x = dict(q=r(t, H, K), k=r(t, H, K), v=r(t, HV, V), g=-torch.rand(t, HV, *gk, generator=g),
+             beta=torch.rand(t, HV, generator=g), cu_seqlens=cu)
+    if pool:
+        x.update(state_pool=r(P, HV, V, K), state_indices=torch.arange(n, dtype=torch.int32).flip(0))
+    x.update(over)
+    return x
+
+
+def _prefill_failures(op: str, args: dict) -> tuple:
+    """(the checks the fused kernel flags, the checks the torch rules refuse, the first torch error or
+    None) for one call: every torch probe is evaluated and each failing one explained."""
+    from linattn.kernels.triton.value_checks import PREFILL_CHECKS
+
+    nargs, _, dims = validate_call(op, args, check_values=False)
+    rules = value_rules_of(op, check_values=True, check_finite=False)
+    check = value_rules.fused_value_check(rules, nargs, dims)
+    assert check is not None, "the fused check should apply to this call"
+    bits = check.check(nargs)
+    flagged = {name for i, name in enumerate(PREFILL_CHECKS) if bits >> i & 1}
+    refused, first = set(), None
+    for rule in rules:
+        for bad, explain in rule(nargs, dims):
+            if bool(bad):
+                with pytest.raises(ValueError) as info:
+                    explain()
+                first = first or str(info.value)
+                refused |= {c for m, c in _PREFILL_MESSAGES.items() if m in str(info.value)}
+    return flagged, refused, first
+
+
+def _cu(*v, dtype=torch.int32):
+    return torch.tensor(v, dtype=dtype)
+
+
+#: case -> (arguments changed, the checks the torch rules refuse); the default call: lens 2, 0, 3, 1
+#: (T = 6, N = 4) in slots 3, 2, 1, 0 of P = 6
+PREFILL_CASES = {
+    "valid": ({}, set()),
+    "one sequence": (dict(lens=(6,)), set()),
+    "only empty sequences, T = 0": (dict(lens=(0, 0, 0)), set()),
+    "no sequence, T = 0": (dict(lens=()), set()),
+    "slots at the bounds": (dict(state_indices=_idx(0, P - 1, -1, 1)), set()),
+    "negative indices other than -1, repeated": (dict(state_indices=_idx(-5, -2, -5, 4)), set()),
+    "slot out of range": (dict(state_indices=_idx(0, P, 1, 2)), {"state_indices range"}),
+    "slot far out of range, int64": (dict(state_indices=_idx(0, 2 ** 40, 1, 2, dtype=torch.int64)),
+                                     {"state_indices range"}),
+    "shared slot": (dict(state_indices=_idx(0, 3, 5, 3)), {"state_indices shared slot"}),
+    "shared slot, out of range too": (dict(state_indices=_idx(P, 2, P, 2)),
+                                      {"state_indices range", "state_indices shared slot"}),
+    "cu_seqlens starts at 1": (dict(cu_seqlens=_cu(1, 2, 2, 5, 6)), {"cu_seqlens[0] == 0"}),
+    "cu_seqlens decreasing": (dict(cu_seqlens=_cu(0, 4, 2, 5, 6)), {"cu_seqlens non-decreasing"}),
+    "cu_seqlens decreasing at the end": (dict(cu_seqlens=_cu(0, 2, 2, 7, 6)), {"cu_seqlens non-decreasing"}),
+    "cu_seqlens beyond T": (dict(cu_seqlens=_cu(0, 2, 2, 5, 7)), {"cu_seqlens[-1] == T"}),
+    "cu_seqlens short of T": (dict(cu_seqlens=_cu(0, 2, 2, 5, 5)), {"cu_seqlens[-1] == T"}),
+    "cu_seqlens negative start, int64 huge": (dict(cu_seqlens=_cu(-1, 2, 2 ** 40, 5, 6, dtype=torch.int64)),
+                                              {"cu_seqlens[0] == 0", "cu_seqlens non-decreasing"}),
+    "strided cu_seqlens and indices": (dict(cu_seqlens=_cu(0, 9, 2, 9, 2, 9, 5, 9, 6, 9)[::2],
+                                            state_indices=_idx(0, 9, 1, 9, 2, 9, 4, 9)[::2]), set()),
+    "strided indices, shared": (dict(state_indices=_idx(0, 9, 1, 9, 1, 9, 4, 9)[::2]), {"state_indices shared slot"}),
+    "strided cu_seqlens, decreasing": (dict(cu_seqlens=_cu(0, 9, 3, 9, 2, 9, 5, 9, 6, 9)[::2]),
+                                       {"cu_seqlens non-decreasing"}),
+}
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=list(PREFILL_CASES))
+def test_prefill_kernel_flags_exactly_the_checks_the_torch_rules_refuse(fused, case):
+    over, refused = dict(PREFILL_CASES[case][0]), PREFILL_CASES[case][1]
+    lens = over.pop("lens", (2, 0, 3, 1))
+    x = _prefill_args(lens=lens, **{"state_indices": torch.arange(len(lens), dtype=torch.int32), **over})
+    flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
+    assert torch_refused == refused and flagged == refused, (flagged, torch_refused)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("g0,refused", [(-0.5, False), (0.0, False), (-float("inf"), False), (0.25, True),
+                                        (NAN, True), (INF, True)],
+                         ids=["negative", "zero", "-inf", "positive", "nan", "inf"])
+def test_prefill_gates_must_be_log_decays(fused, family, g0, refused):
+    x = _prefill_args(family)
+    x["g"][4, 1, ...] = g0  # KDA: every channel of the head; the next test sets one channel
+    flagged, torch_refused, _ = _prefill_failures(f"{family}_prefill", x)
+    assert flagged == torch_refused == ({"g <= 0"} if refused else set()), (flagged, torch_refused)
+
+
+def test_prefill_kda_one_bad_key_channel_is_found(fused):
+    x = _prefill_args("kda")
+    x["g"][5, HV - 1, K - 1] = 1.0
+    flagged, torch_refused, first = _prefill_failures("kda_prefill", x)
+    assert flagged == torch_refused == {"g <= 0"} and "g[5, 1, 7]" in first
+
+
+def test_prefill_dense_mode_checks_cu_seqlens_and_gates(fused):
+    x = _prefill_args(pool=False, cu_seqlens=_cu(0, 2, 2, 1, 6))
+    x["g"][0, 0] = NAN
+    flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
+    assert flagged == torch_refused == {"cu_seqlens non-decreasing", "g <= 0"}
+    assert _prefill_failures("gdn_prefill", _prefill_args(pool=False))[:2] == (set(), set())
+
+
+def test_prefill_with_has_initial_state_keeps_the_fused_check(fused):
+    x = _prefill_args(has_initial_state=torch.tensor([True, False, True, False]), state_indices=_idx(2, 0, 2, 1))
+    flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
+    assert flagged == torch_refused == {"state_indices shared slot"}
+
+
+@pytest.mark.parametrize("over", [dict(g=torch.zeros(HV, 6).T),
+                                  dict(state_indices=torch.arange(8, dtype=torch.int32).view(4, 2)[:, 0])],
+                         ids=["strided g", "strided indices"])
+def test_prefill_strided_g_keeps_the_torch_rules_strided_indices_do_not(fused, over):
+    nargs, _, dims = validate_call("gdn_prefill", _prefill_args(**over), check_values=False)
+    rules = value_rules_of("gdn_prefill", check_values=True, check_finite=False)
+    assert (value_rules.fused_value_check(rules, nargs, dims) is None) == ("g" in over)
+
+
+def test_prefill_above_the_pairwise_limit_keeps_the_torch_rules(fused, monkeypatch):
+    from linattn.kernels.triton import value_checks
+
+    monkeypatch.setattr(value_checks, "PREFILL_MAX_PAIRWISE", 3)
+    nargs, _, dims = validate_call("gdn_prefill", _prefill_args(), check_values=False)
+    rules = value_rules_of("gdn_prefill", check_values=True, check_finite=False)
+    assert value_rules.fused_value_check(rules, nargs, dims) is None
+    nargs, _, dims = validate_call("gdn_prefill", _prefill_args(pool=False), check_values=False)
+    assert value_rules.fused_value_check(rules, nargs, dims) is not None  # no indices: no pairwise check
+
+
+def test_prefill_check_finite_and_the_cpu_default_keep_the_torch_rules(fused, monkeypatch):
+    nargs, _, dims = validate_call("gdn_prefill", _prefill_args(), check_values=False)
+    assert value_rules.fused_value_check(value_rules_of("gdn_prefill", check_values=True, check_finite=True),
+                                         nargs, dims) is None
+    monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", None)
+    monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", "1")  # the switch is CUDA-only: CPU tensors keep the rules
+    assert value_rules.fused_value_check(value_rules_of("gdn_prefill", check_values=True, check_finite=False),
+                                         nargs, dims) is None
+
+
+@pytest.mark.parametrize("where", ["first program", "last program"])
+def test_prefill_work_spread_over_programs_is_read_whole(fused, monkeypatch, where):
+    """With a few elements per program the grid has many programs; a bad value in any one's share,
+    and a slot shared between the tile rows of two programs, is found; the words are ORed."""
+    from linattn.kernels.triton import value_checks
+
+    monkeypatch.setattr(value_checks, "STREAM_PER_PROGRAM", 16)
+    monkeypatch.setattr(value_checks, "PREFILL_BLOCK", 16)  # block b of g, cu_seqlens, ... in program b % 8
+    n = 2 * value_checks.TILE + 3  # three rows of tiles: three programs for the pairwise check at least
+    lens = [0] * (n - 2) + [40, 24]
+    slots = torch.arange(n, dtype=torch.int32)
+    x = _prefill_args(lens=lens, state_pool=torch.zeros(n + 1, HV, V, K), state_indices=slots)
+    nargs, _, dims = validate_call("gdn_prefill", x, check_values=False)
+    rules = value_rules_of("gdn_prefill", check_values=True, check_finite=False)
+    check = value_rules.fused_value_check(rules, nargs, dims)
+    assert check.check.programs == 8 and check.check(nargs) == 0  # g: 128 elements, 16 per program
+    at = 0 if where == "first program" else -1
+    x["g"].view(-1)[at] = 0.5
+    x["state_indices"] = slots.index_fill(0, torch.tensor([n - 1 if at else 0]), n - 2 if at else 2 * value_checks.TILE)
+    x["cu_seqlens"] = x["cu_seqlens"].index_fill(0, torch.tensor([n - 1 if at else 1]), 65 if at else 1)
+    flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
+    assert flagged == torch_refused == {"state_indices shared slot", "g <= 0", "cu_seqlens non-decreasing"}, \
+        (flagged, torch_refused)
+
+
+def test_prefill_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatch):
+    from linattn.kernels.triton.value_checks import PrefillValueCheck
+
+    x = _prefill_args()
+    linattn.gdn_prefill(**x)  # the plan (full validation: the torch rules)
+    ran, kernel = [], []
+    real_rules, real_check = value_rules._run_value_rules, PrefillValueCheck.__call__
+    spy = lambda *a, **k: (ran.append(1), real_rules(*a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(value_rules, "_run_value_rules", spy)
+    monkeypatch.setattr(fast_path, "_run_value_rules", spy)  # fast_path holds its own reference
+    monkeypatch.setattr(PrefillValueCheck, "__call__", lambda self, a: (kernel.append(1), real_check(self, a))[1])
+    linattn.gdn_prefill(**x)
+    assert kernel == [1] and ran == []  # the kernel ran once, passed: no torch rule ran
+
+
+_REFUSED_CALLS = {
+    "slot out of range": (dict(state_indices=_idx(0, 1, P, 2)), "out of range"),
+    "shared slot": (dict(state_indices=_idx(0, 1, 1, 2)), "write race"),
+    "cu_seqlens decreasing": (dict(cu_seqlens=_cu(0, 4, 2, 5, 6)), "non-decreasing"),
+    "cu_seqlens beyond T": (dict(cu_seqlens=_cu(0, 2, 2, 5, 7)), "total token count"),
+    "cu_seqlens start": (dict(cu_seqlens=_cu(1, 2, 2, 5, 6)), "must be 0"),
+    "g NaN": (dict(g=torch.full((6, HV), NAN)), "log-space decay"),
+}
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("case", _REFUSED_CALLS, ids=list(_REFUSED_CALLS))
+def test_prefill_cached_call_with_bad_values_raises_the_rules_error_and_writes_nothing(fused, family, case):
+    over, match = _REFUSED_CALLS[case]
+    if family == "kda" and "g" in over:
+        over = dict(g=torch.full((6, HV, K), NAN))
+    x = _prefill_args(family)
+    op = getattr(linattn, f"{family}_prefill")
+    op(**x)  # the plan
+    assert fast_path._plans and all(p.value_check is not None for p in fast_path._plans.values())
+    x.update(over)
+    before = x["state_pool"].clone()
+    with pytest.raises(ValueError, match=match):
+        op(**x)
+    assert torch.equal(x["state_pool"], before)
+
+
+def test_prefill_random_tables_agree_with_the_torch_rules(fused):
+    """cu_seqlens, slots and gates drawn at random: empty sequences, padding, repeats, slots out of
+    range, broken prefix sums and bad gates included; the kernel flags exactly the checks the
+    torch rules refuse."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+    @hypothesis.given(lens=st.lists(st.integers(0, 3), min_size=0, max_size=5), data=st.data(), wide=st.booleans())
+    def agree(lens, data, wide):
+        x = _prefill_args(lens=lens)
+        itype = torch.int64 if wide else torch.int32
+        slots = data.draw(st.lists(st.integers(-3, P + 1), min_size=len(lens), max_size=len(lens)))
+        x["state_indices"] = torch.tensor(slots, dtype=itype)
+        cu = x["cu_seqlens"].to(itype)
+        if data.draw(st.booleans()):  # one prefix sum moved
+            cu[data.draw(st.integers(0, len(lens)))] += data.draw(st.integers(-2, 2))
+        x["cu_seqlens"] = cu
+        if x["g"].numel() and data.draw(st.booleans()):
+            x["g"].view(-1)[data.draw(st.integers(0, x["g"].numel() - 1))] = data.draw(
+                st.sampled_from([0.0, -INF, 1e-30, INF, NAN]))
+        flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
+        assert flagged == torch_refused, (lens, slots, cu.tolist(), flagged, torch_refused)
     agree()
