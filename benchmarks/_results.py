@@ -3,8 +3,8 @@
 A results file is one JSON object with exactly these keys (:class:`Results`):
 
 - ``command``: the command line that produced the rows (as typed, wrappers included);
-- ``commit``: the git commit of the code that ran (``abc1234``; ``abc1234-dirty`` with uncommitted
-  changes; ``unknown ...`` where neither ``.git`` nor ``LINATTN_COMMIT`` was there);
+- ``commit``: the git commit of the code that ran (``$LINATTN_COMMIT`` where set, else ``abc1234``;
+  ``abc1234-dirty`` with uncommitted changes; ``unknown ...`` where neither was there);
 - ``device``: what it ran on, at least ``name`` (``kind`` ``cuda`` / ``cpu``; ``arch``, memory, count);
 - ``toolchain``: versions of python and the packages that matter (None: not installed);
 - ``rows``: the measurements, one flat-ish object per row (a ``kind`` field where a file mixes kinds);
@@ -85,7 +85,11 @@ def _git(*args: str) -> str:
 
 
 def current_commit() -> str:
-    """``abc1234`` (``-dirty`` when tracked files differ), else ``$LINATTN_COMMIT``, else ``unknown``."""
+    """``$LINATTN_COMMIT`` where set (a copy of the tree whose ``.git`` is not the one the code came
+    from, as on the GPU machine), else ``abc1234`` (``-dirty`` when tracked files differ), else
+    ``unknown``."""
+    if os.environ.get("LINATTN_COMMIT"):
+        return os.environ["LINATTN_COMMIT"]
     head = _git("rev-parse", "--short=7", "HEAD")
     if head:
         dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
