@@ -1,21 +1,30 @@
-"""The host path of a decode call on the CPU, with the kernel launches stubbed: a micro-benchmark.
+"""The host path of a decode or prefill call on the CPU, with the kernel launches stubbed: a micro-benchmark.
 
-What ``benchmarks/host_overhead.py`` measures on the GPU, minus the GPU: a public decode call
-(``linattn.gdn_decode`` / ``linattn.kda_decode``) with ``backend="triton-split"`` forced goes through
-the dispatcher's fast path, the prepared ``DecodeLaunch`` and the ``PreparedLaunch`` direct launch
-as on the H200, except that the compiled kernels' ``run`` does nothing (CPU tensors; the Triton
-interpreter is set only to make the backend eligible on the CPU). With ``validate=True`` the
-decode value checks take the path they take on CUDA, one stubbed kernel launch and one read of its
-flags (``HOST_BENCH_FUSED=0``: the torch rules instead, CPU torch ops). So a row's time is the
+What ``benchmarks/host_overhead.py`` measures on the GPU, minus the GPU: a public call
+(``linattn.gdn_decode`` / ``kda_decode`` / ``gdn_prefill`` / ``kda_prefill``) with
+``backend="triton-split"`` forced goes through the dispatcher's fast path, the backend's prepared
+launch (decode's ``DecodeLaunch``; the prefill's planned ``run_prefill``) and the direct launches of
+``kernels/triton/launch.py`` as on the H200, except that the compiled kernels' ``run`` does nothing
+(CPU tensors; the Triton interpreter is set only to make the backend eligible on the CPU, which
+also makes the prefill's intermediate buffers fp32 instead of bf16: same count, same launches).
+With ``validate=True`` the value checks take the path they take on CUDA: one stubbed kernel
+launch and one read of its flags where ``kernels/triton/value_checks.py`` has the op's kernel
+(decode; prefill where ``prefill_value_flags_kernel`` exists), else the torch rules as CPU torch ops
+(``HOST_BENCH_FUSED=0``: the torch rules everywhere). So a row's time is the
 Python host cost of linattn's own code plus the torch ops the call runs. Each row also lists the
 Triton launches of one call and its top-level ``aten::`` ops (``torch.profiler``): on a GPU every
-one of those is a launch or a copy, except ``aten::empty`` (an allocation).
+one of those is a launch or a copy, except ``aten::empty`` and ``aten::new_empty`` (allocations). ``prepared_stubbed``
+rows time the prefill's prepared launch alone (``CallPlan.prepared``, no dispatcher), the share
+``host_overhead.py``'s ``prepared_launch`` rows measure on the GPU.
+
+Prefill: one sequence of 64 tokens, pool mode (as ``host_overhead.py``).
 
 Not a timed test: absolute numbers depend on the machine and its load (the fastest of several
 loops is reported); compare rows of one run.
 
     .venv/bin/python benchmarks/host_overhead_cpu.py                 # writes results/host_dispatch_cpu.json
-    .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn   # a cProfile of 20,000 calls instead
+    .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn   # a cProfile of 20,000 decode calls instead
+    .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn_prefill   # ... of prefill calls
 """
 
 from __future__ import annotations
@@ -37,13 +46,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import results_path, write_results  # noqa: E402
 
 import linattn  # noqa: E402
+from linattn.kernels.triton import chunk_tables as tables_mod  # noqa: E402
 from linattn.kernels.triton import decode as decode_mod  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
+from linattn.kernels.triton import prefill as prefill_mod  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128
 BACKEND = "triton-split"
 #: the decode value checks as one kernel (as on CUDA); False: the torch rules (as before the fused kernel)
 FUSED = os.environ.get("HOST_BENCH_FUSED", "1") != "0"
+PREFILL_T = 64
+#: the prefill's kernels, by the module whose globals its launchers read them from
+PREFILL_KERNELS = ((prefill_mod, ("chunk_intra_kernel", "chunk_kda_system_kernel", "chunk_gdn_gates_kernel",
+                                  "chunk_state_kernel", "chunk_output_kernel", "chunk_output_grouped_kernel",
+                                  "chunk_segment_combine_kernel", "segment_tables_kernel")),
+                   (tables_mod, ("chunk_tables_kernel",)))
 
 
 class _StubCompiled:
@@ -58,7 +75,8 @@ class _StubCompiled:
     def run(self, *args):
         self.runs += 1
         if self.flags_at is not None:
-            ctypes.memset(args[9 + self.flags_at].data_ptr(), 0, 4)
+            flags = args[9 + self.flags_at]
+            ctypes.memset(flags.data_ptr(), 0, flags.numel() * flags.element_size())
 
 
 class _StubKernel:
@@ -80,14 +98,21 @@ class _StubKernel:
 @contextlib.contextmanager
 def stubbed_launch():
     """The fast launch path taken as on CUDA, with kernels whose launch does nothing; the decode
-    value checks as one kernel launch (as on CUDA). Yields the two stub kernels."""
+    value checks as one kernel launch (as on CUDA). Yields the stub kernels: decode's first, the
+    value checks' second, then the prefill's (:data:`PREFILL_KERNELS`)."""
     from linattn.dispatch import value_rules
     from linattn.kernels.triton import value_checks
 
-    saved = (decode_mod._recurrent_decode_kernel, value_checks.decode_value_flags_kernel, launch_mod.fast_launch_status,
-             launch_mod._current_device, value_rules.FUSED_VALUE_CHECKS, getattr(torch._C, "_cuda_getCurrentRawStream", None))
-    stubs = (_StubKernel(decode_mod._recurrent_decode_kernel), _StubKernel(value_checks.decode_value_flags_kernel, 6))
-    decode_mod._recurrent_decode_kernel, value_checks.decode_value_flags_kernel = stubs
+    targets = [(decode_mod, "_recurrent_decode_kernel", None), (value_checks, "decode_value_flags_kernel", 6)]
+    if hasattr(value_checks, "prefill_value_flags_kernel"):  # the prefill value checks as one kernel
+        targets.append((value_checks, "prefill_value_flags_kernel", 3))
+    targets += [(mod, name, None) for mod, names in PREFILL_KERNELS for name in names]
+    kernels = [(mod, name, getattr(mod, name)) for mod, name, _ in targets]
+    saved = (launch_mod.fast_launch_status, launch_mod._current_device, value_rules.FUSED_VALUE_CHECKS,
+             getattr(torch._C, "_cuda_getCurrentRawStream", None))
+    stubs = [_StubKernel(real, flags_at) for (_, _, real), (_, _, flags_at) in zip(kernels, targets)]
+    for (mod, name, _), stub in zip(kernels, stubs):
+        setattr(mod, name, stub)
     launch_mod.fast_launch_status = lambda: (True, "stubbed (benchmarks/host_overhead_cpu.py)")
     launch_mod._current_device = lambda: 0
     value_rules.FUSED_VALUE_CHECKS = FUSED
@@ -96,12 +121,13 @@ def stubbed_launch():
     try:
         yield stubs
     finally:
-        (decode_mod._recurrent_decode_kernel, value_checks.decode_value_flags_kernel, launch_mod.fast_launch_status,
-         launch_mod._current_device, value_rules.FUSED_VALUE_CHECKS) = saved[:5]
-        if saved[5] is None:
+        for mod, name, real in kernels:
+            setattr(mod, name, real)
+        launch_mod.fast_launch_status, launch_mod._current_device, value_rules.FUSED_VALUE_CHECKS = saved[:3]
+        if saved[3] is None:
             del torch._C._cuda_getCurrentRawStream
         else:
-            torch._C._cuda_getCurrentRawStream = saved[5]
+            torch._C._cuda_getCurrentRawStream = saved[3]
         linattn.dispatch.clear_cache()
 
 
@@ -116,6 +142,30 @@ def decode_inputs(family: str, n: int = 1) -> dict:
                 a=r(n, 1, HV, K) if kda else r(n, 1, HV), b=r(n, 1, HV),
                 A_log=r(HV, dtype=torch.float32), dt_bias=r(HV, K, dtype=torch.float32) if kda else r(HV, dtype=torch.float32),
                 state_pool=torch.zeros(8, HV, V, K), state_indices=torch.arange(n, dtype=torch.int32))
+
+
+def prefill_inputs(family: str, t: int = PREFILL_T) -> dict:
+    """One sequence of ``t`` tokens in pool mode (slot 1 of 4), as ``host_overhead.py``'s."""
+    g = torch.Generator().manual_seed(1)
+
+    def r(*s, dtype=torch.bfloat16):
+        return torch.randn(*s, generator=g).to(dtype)
+
+    gate = -torch.rand(t, HV, K, generator=g) * 0.1 if family == "kda" else -torch.rand(t, HV, generator=g) * 0.1
+    return dict(q=r(t, H, K), k=r(t, H, K), v=r(t, HV, V), g=gate, beta=torch.rand(t, HV, generator=g),
+                cu_seqlens=torch.tensor([0, t], dtype=torch.int32),
+                state_pool=torch.zeros(4, HV, V, K), state_indices=torch.tensor([1], dtype=torch.int32))
+
+
+#: per op: its inputs, and the kernels one call must launch directly
+OPS = {
+    "gdn_decode": (decode_inputs, {"_recurrent_decode_kernel": 1}),
+    "kda_decode": (decode_inputs, {"_recurrent_decode_kernel": 1}),
+    "gdn_prefill": (prefill_inputs, {"chunk_tables_kernel": 1, "chunk_intra_kernel": 1, "chunk_gdn_gates_kernel": 1,
+                                     "chunk_state_kernel": 1, "chunk_output_grouped_kernel": 1}),
+    "kda_prefill": (prefill_inputs, {"chunk_tables_kernel": 1, "chunk_kda_system_kernel": 1, "chunk_intra_kernel": 1,
+                                     "chunk_state_kernel": 1}),
+}
 
 
 def per_call_us(fn, calls: int, repeats: int) -> float:
@@ -150,24 +200,51 @@ def _parents(e):
         p = p.cpu_parent
 
 
+def _op_row(op_name: str, validate: bool, stubs, calls: int, repeats: int) -> dict:
+    """One public call's row: time per call, its direct launches and its top-level torch ops."""
+    make, want = OPS[op_name]
+    op, x = getattr(linattn, op_name), make(op_name.split("_")[0])
+
+    def call():
+        return op(**x, validate=validate, backend=BACKEND)
+    call()
+    call()
+    before = [s.compiled.runs for s in stubs]
+    ops = torch_ops(call)
+    launches = {s.compiled.name: s.compiled.runs - b for s, b in zip(stubs, before) if s.compiled.runs > b}
+    checks = {n for n in launches if n.endswith("_value_flags_kernel")}
+    assert {n: c for n, c in launches.items() if n not in checks} == want, f"{op_name}: not every launch was direct: {launches}"
+    us = per_call_us(call, calls, repeats)
+    return dict(kind="linattn_stubbed", op=op_name, validate=validate, fused_checks=FUSED, host_us=round(us, 2),
+                triton_launches=launches, torch_ops=len(ops), ops=ops, backend=linattn.last_decision(op_name).chosen)
+
+
+def _prepared_row(op_name: str, calls: int, repeats: int) -> dict:
+    """The backend's prepared launch of a cached call alone (no dispatcher): ``host_overhead.py``'s
+    ``prepared_launch`` rows on the GPU."""
+    from linattn.dispatch import fast_path
+
+    make, _ = OPS[op_name]
+    x = make(op_name.split("_")[0])
+    args = dict(x, backend=BACKEND, validate=False)
+    getattr(linattn, op_name)(**args)
+    plan = [p for k, p in fast_path._plans.items() if k[0] == op_name][-1]
+    nargs = fast_path.prepare_hit(plan, x)
+    assert plan.prepared is not None, f"{op_name}: the backend prepared no launch"
+    us = per_call_us(lambda: plan.prepared(nargs), calls, repeats)
+    ops = torch_ops(lambda: plan.prepared(nargs))
+    return dict(kind="prepared_stubbed", op=op_name, host_us=round(us, 2), torch_ops=len(ops), ops=ops,
+                what="the backend's prepared launch called directly (no dispatcher)")
+
+
 def rows(calls: int, repeats: int) -> list[dict]:
     out = []
     with torch.inference_mode(), stubbed_launch() as stubs:
-        for family in ("gdn", "kda"):
-            op, x = getattr(linattn, f"{family}_decode"), decode_inputs(family)
+        for op_name in OPS:
             for validate in (False, True):
-                def call(op=op, x=x, validate=validate):
-                    return op(**x, validate=validate, backend=BACKEND)
-                call()
-                call()
-                before = [s.compiled.runs for s in stubs]
-                ops = torch_ops(call)
-                launches = {s.compiled.name: s.compiled.runs - b for s, b in zip(stubs, before) if s.compiled.runs > b}
-                assert launches.get("_recurrent_decode_kernel") == 1, "the call did not take the direct launch"
-                us = per_call_us(call, calls, repeats)
-                out.append(dict(kind="linattn_stubbed", op=f"{family}_decode", validate=validate, fused_checks=FUSED,
-                                host_us=round(us, 2), triton_launches=launches, torch_ops=len(ops), ops=ops,
-                                backend=linattn.last_decision(f"{family}_decode").chosen))
+                out.append(_op_row(op_name, validate, stubs, calls, repeats))
+        for op_name in ("gdn_prefill", "kda_prefill"):
+            out.append(_prepared_row(op_name, calls, repeats))
         stub_call = stubs[0].compiled.run
         out.append(dict(kind="floor_stubbed", op="decode", what="the stubbed CompiledKernel.run alone",
                         host_us=round(per_call_us(lambda: stub_call(1, 1, 1, 0, 0, None, None, None, None), calls,
@@ -175,12 +252,13 @@ def rows(calls: int, repeats: int) -> list[dict]:
     return out
 
 
-def profile_calls(family: str, validate: bool, calls: int) -> None:
+def profile_calls(op_name: str, validate: bool, calls: int) -> None:
     import cProfile
     import pstats
 
     with torch.inference_mode(), stubbed_launch():
-        op, x = getattr(linattn, f"{family}_decode"), decode_inputs(family)
+        make, _ = OPS[op_name]
+        op, x = getattr(linattn, op_name), make(op_name.split("_")[0])
         for _ in range(10):
             op(**x, validate=validate, backend=BACKEND)
         pr = cProfile.Profile()
@@ -188,29 +266,37 @@ def profile_calls(family: str, validate: bool, calls: int) -> None:
         for _ in range(calls):
             op(**x, validate=validate, backend=BACKEND)
         pr.disable()
-    pstats.Stats(pr).sort_stats("tottime").print_stats(25)
+    pstats.Stats(pr).sort_stats("tottime").print_stats(30)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--profile", choices=("gdn", "kda"), default=None, help="print a cProfile instead")
+    ap.add_argument("--profile", choices=("gdn", "kda", *OPS), default=None,
+                    help="print a cProfile instead (gdn, kda: the decode ops)")
     ap.add_argument("--validate", action="store_true", help="with --profile: validate=True")
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/host_dispatch_cpu.json)")
     args = ap.parse_args(argv)
     if args.profile:
-        profile_calls(args.profile, args.validate, 20000)
+        op_name = args.profile if "_" in args.profile else f"{args.profile}_decode"
+        profile_calls(op_name, args.validate, 20000 if op_name.endswith("decode") else 5000)
         return 0
     got = rows(args.calls, args.repeats)
     for r in got:
         print({k: v for k, v in r.items() if k != "ops"})
-    notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1; bf16 q/k/v, fp32 pool; CPU tensors; "
+    notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1; prefill one sequence of T={PREFILL_T} tokens "
+             f"in pool mode; bf16 q/k/v, fp32 pool; CPU tensors; "
              f"backend={BACKEND} forced; the compiled kernels' run stubbed to a no-op; wall clock per call over "
              f"{args.calls} calls, fastest of {args.repeats} loops, after a warm-up.",
              "triton_launches: the stubbed Triton launches of one call; torch_ops / ops: its top-level aten ops "
-             "(torch.profiler); on a GPU each is a launch or a device-to-host copy, except aten::empty.",
-             f"fused_checks={FUSED}: the decode value checks as one kernel (HOST_BENCH_FUSED=0: the torch rules)."]
+             "(torch.profiler); on a GPU each is a launch or a device-to-host copy, except aten::empty and aten::new_empty.",
+             f"fused_checks={FUSED}: the value checks as one kernel where value_checks.py has the op's kernel "
+             "(triton_launches names it; HOST_BENCH_FUSED=0: the torch rules).",
+             "ops of a prefill call in pool mode include the public op's zero-size placeholder for the final state "
+             "(aten::new_empty, linattn/ops.py).",
+             "prepared_stubbed: the prefill's prepared launch (the backend's plan of the cached call) called directly, "
+             "without the dispatcher; under the interpreter setting its intermediate buffers are fp32 (bf16 on the GPU)."]
     write_results(args.out or results_path("host_dispatch", tag="cpu"), got, notes)
     return 0
 

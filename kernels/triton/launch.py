@@ -19,12 +19,21 @@ hook chains), which change between Triton versions, so it is taken only on the v
 device, outside the interpreter, with no launch hooks or pre-run hooks installed and
 ``TRITON_DEBUG`` off, and unless ``LINATTN_FAST_LAUNCH=0``. Everywhere else it is the ordinary
 launch. :func:`fast_launch_status` says which, and why.
+
+Recorded launches. Inside :func:`recording`, :func:`launch` on that thread records each launch
+(:class:`LaunchRecord`) instead of making it; a :class:`LaunchSequence` replays the launches of
+one recorded call on a later call's tensors, with every argument that is not one of the call's
+tensors (integers, floats, None, constexprs, launch options) kept as recorded. The chunked
+prefill (:mod:`.prefill`) records its stages once per call signature and replays them so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import operator
 import os
-from typing import Optional
+import threading
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
@@ -38,6 +47,11 @@ _status: Optional[tuple[bool, str]] = None
 #: When a list: every direct launch appends ``(compiled kernel, grid, device, full arguments)``
 #: (``benchmarks/host_overhead.py`` replays them as the bare-launch floor; the contract tests count them).
 direct_launch_log: Optional[list] = None
+_log_kept: list = []  # buffers whose addresses the entries of _log_kept_for hold (LaunchSequence)
+_log_kept_for: Optional[list] = None
+_recording = threading.local()  # .records: the list :func:`launch` appends to on this thread, or None
+_recordings = 0  # how many recording() blocks are open (any thread): launch() looks no further when 0
+_recordings_lock = threading.Lock()
 
 
 def fast_launch_status() -> tuple[bool, str]:
@@ -157,6 +171,9 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
     options = {"num_warps": num_warps}
     if num_stages is not None:
         options["num_stages"] = num_stages
+    if _recordings and getattr(_recording, "records", None) is not None:
+        _recording.records.append(LaunchRecord(kernel, tuple(grid), tuple(args), dict(constexprs), options))
+        return
     if not fast_launch_status()[0] or _hooks_installed(kernel):
         kernel[grid](*args, **constexprs, **options)
         return
@@ -234,3 +251,185 @@ class PreparedLaunch:
             direct_launch_log.append((compiled, self._grid3, device, (*tensors, *self._tail)))
         compiled.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(device), compiled.function,
                      compiled.packed_metadata, None, None, None, *tensors, *self._tail)
+
+
+# -- recorded launches -------------------------------------------------------------------------
+
+class NotReplayable(ValueError):
+    """A recorded call that a :class:`LaunchSequence` cannot replay (its message says why)."""
+
+
+class LaunchRecord(NamedTuple):
+    """One launch :func:`launch` recorded instead of made (:func:`recording`): the kernel, its grid,
+    its runtime arguments in parameter order, its constexprs by name and its launch options
+    (``num_warps``, and ``num_stages`` where given)."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    constexprs: dict
+    options: dict
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, :func:`launch` on this thread appends a :class:`LaunchRecord` to the list
+    it yields and launches nothing (other threads launch as usual). Blocks may nest: the inner
+    one records, the outer one resumes after it.
+
+    Example:
+        >>> with recording() as records:
+        ...     pass  # a launcher's launch() calls land in records
+        >>> records
+        []
+    """
+    global _recordings
+    outer = getattr(_recording, "records", None)
+    _recording.records = records = []
+    with _recordings_lock:
+        _recordings += 1
+    try:
+        yield records
+    finally:
+        with _recordings_lock:
+            _recordings -= 1
+        _recording.records = outer
+
+
+def _picker(positions: list) -> Callable[[tuple], tuple]:
+    """A function that returns ``tuple(t[i] for i in positions)`` (one C call for two or more)."""
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda t: (t[i],)
+    if not positions:
+        return lambda t: ()
+    return operator.itemgetter(*positions)
+
+
+def _hooks_installed_any(kernels: tuple) -> bool:
+    """:func:`_hooks_installed` for several kernels, the process-wide knobs read once."""
+    knobs = _knobs or _import_knobs()
+    rt = knobs.runtime
+    if rt.debug or rt.launch_enter_hook.calls or rt.launch_exit_hook.calls or knobs.compilation.instrumentation_mode:
+        return True
+    return any(k.pre_run_hooks for k in kernels)
+
+
+def _keep_while_logged(buffer) -> None:
+    """Keep ``buffer`` alive as long as :data:`direct_launch_log` is the list whose entries point into it."""
+    global _log_kept_for
+    if _log_kept_for is not direct_launch_log:
+        _log_kept.clear()
+        _log_kept_for = direct_launch_log
+    _log_kept.append(buffer)
+
+
+class LaunchSequence:
+    """The launches of one recorded call (:func:`recording`), replayed on a later call's tensors.
+
+    A recorded tensor argument must be one of ``sources`` (by identity), and is then taken from the
+    same position of the later call's sources; or it must hold no element (nothing is read through
+    it), and is then kept as recorded, as is every other argument (integers, floats, None), the
+    constexprs and the launch options. So the later call's kernels, integer arguments and
+    constexprs are the recorded ones: equal only where the later call's signature (dtypes, shapes,
+    strides, scalars) is the recorded call's, which the caller keys on.
+
+    Launches: the conditions of :func:`fast_launch_status` as in :func:`launch`. Fast, and once the
+    compiled kernels of the call's ``key`` are known, each kernel's launcher is called directly with
+    the argument tuple picked from the sources; else every launch is Triton's ordinary
+    ``kernel[grid](...)``, whose compiled kernels are kept under ``(device, key)``.
+
+    Args:
+        records: the recorded launches of one call, in order.
+        sources: the tensors that call launched on, in a fixed order (None where absent).
+    Raises:
+        NotReplayable: a recorded tensor argument is neither among ``sources`` nor empty (a tensor
+            the launcher made itself, which a replay would not make), or one tensor is at two
+            positions of ``sources`` (a later call may pass two there).
+    """
+
+    __slots__ = ("records", "kernels", "_n", "_consts", "_positions", "_args", "_full", "_grids", "_compiled")
+
+    def __init__(self, records: list, sources: tuple):
+        tensors = [s for s in sources if isinstance(s, _Tensor)]
+        if len({id(t) for t in tensors}) != len(tensors):
+            raise NotReplayable("one tensor at two source positions: a replay could not tell them apart")
+        where = {id(s): i for i, s in enumerate(sources) if isinstance(s, _Tensor)}
+        self._n, self._consts = len(sources), ()
+
+        def pick(a) -> int:
+            if isinstance(a, _Tensor):
+                i = where.get(id(a))
+                if i is not None:
+                    return i
+                if a.numel() or a.device.type == "meta":
+                    raise NotReplayable(f"a launch argument of shape {tuple(a.shape)} is none of the call's tensors")
+            return self._const(a)
+
+        self.records, self.kernels = tuple(records), tuple(r.kernel for r in records)
+        self._positions = tuple([pick(a) for a in r.args] for r in records)
+        self._args = tuple(_picker(p) for p in self._positions)
+        self._full: Optional[tuple] = None  # the launchers' argument pickers, made on the first direct launch
+        self._grids = tuple((g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
+                            for g in (r.grid for r in records))
+        self._compiled: dict = {}
+
+    def _const(self, x) -> int:
+        """The source position of a constant argument (after the per-call sources)."""
+        self._consts += (x,)
+        return self._n + len(self._consts) - 1
+
+    def _full_pickers(self) -> Optional[tuple]:
+        """Per launch, the picker of the full argument tuple the compiled kernel's launcher takes
+        (every parameter in order, the constexprs included); None where a kernel's parameters do
+        not match its recorded arguments (its launches stay ordinary)."""
+        if self._full is None:
+            full = []
+            for r, positions in zip(self.records, self._positions):
+                order = _argument_order(r.kernel, len(r.args), r.constexprs)
+                if order is None:
+                    return None
+                full.append(_picker([positions[o] if o.__class__ is int else self._const(o[0]) for o in order]))
+            self._full = tuple(full)
+        return self._full
+
+    def __call__(self, key: tuple, sources: tuple, views: Optional[Callable[[], tuple]] = None,
+                 keep=None) -> None:
+        """Launch on ``sources`` (in the constructor's order).
+
+        Args:
+            key: the facts of the sources Triton specializes on besides the recorded ones: the
+                16-byte alignment of each tensor's address (the caller's job).
+            sources: the tensors, or, for the direct launch, a buffer's address (an int) in place
+                of a tensor the caller allocated itself (its device is known).
+            views: where ``sources`` holds addresses: returns them with the tensors instead, for
+                Triton's ordinary launch (which types an argument by its dtype).
+            keep: what must stay alive while :data:`direct_launch_log` holds the addresses.
+        """
+        fast = fast_launch_status()[0] and not _hooks_installed_any(self.kernels)
+        if fast:
+            device = _current_device()
+            compiled = self._compiled.get((device, key))
+            if compiled is not None:
+                self._direct(compiled, sources + self._consts, device, keep)
+                return
+        got = self._ordinary((views() if views is not None else sources) + self._consts)
+        if fast and all(hasattr(c, "packed_metadata") for c in got) and self._full_pickers() is not None:
+            self._compiled[(device, key)] = tuple(got)
+
+    def _ordinary(self, sources: tuple) -> list:
+        out = []
+        for r, args in zip(self.records, self._args):
+            out.append(r.kernel[r.grid](*args(sources), **r.constexprs, **r.options))
+        return out
+
+    def _direct(self, compiled: tuple, sources: tuple, device: int, keep) -> None:
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        log = direct_launch_log
+        for ck, grid, full in zip(compiled, self._grids, self._full):
+            args = full(sources)
+            if log is not None:
+                log.append((ck, grid, device, args))
+            ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
+        if log is not None and keep is not None:
+            _keep_while_logged(keep)

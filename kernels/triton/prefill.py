@@ -30,6 +30,13 @@ The chunk index table (sequence and first token of every chunk) is built on the 
 ``T // 64 + N`` chunks, and work past the real count is skipped at once. So a prefill call can be
 captured in a CUDA graph (the validation layer's own checks aside).
 
+Host cost. :func:`run_prefill` records the launches of a plan's second call of a tensor
+signature (:class:`PrefillLaunch`: grids, scalar arguments, constexprs and launch options, derived
+once by the stage functions themselves) and replays them on later calls of that signature: one
+workspace allocation for every intermediate buffer and the chunk tables, no input copy where the
+strides need none, and on CUDA each compiled kernel's launcher called directly
+(:class:`.launch.LaunchSequence`).
+
 Configurations are pinned per shape class (K, V, dtype): nothing is autotuned, so the kernel that
 writes the pool runs exactly once per call (ops.md: the pool is advanced exactly once). Why each
 pinned value won: docs/performance.md#prefill.
@@ -52,8 +59,9 @@ norms and zero-size tensors (:func:`launch_state`).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Literal, NamedTuple, Optional
 
 import torch
@@ -67,7 +75,7 @@ from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_ker
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_segment_combine_kernel, chunk_state_kernel
 from .chunk_tables import SEG_BN, SEG_BS, chunk_tables_triton, segment_tables_kernel
-from .launch import launch
+from .launch import LaunchSequence, NotReplayable, launch, recording
 from .limits import _MIN_SMEM, _PIPELINED_SMEM, _PIPELINED_SMEM_OTHER, DTYPES, HEAD_DIMS, prefill_supported  # noqa: F401
 
 CHUNK = 64
@@ -396,10 +404,21 @@ class PrefillPlan:
     #: why the planner chose ``segment_chunks`` (``explain`` shows it)
     segment_reason: str = ""
     segment_grids: Optional["SegmentGrids"] = None
+    #: the recorded launches of this plan's calls, per signature of their tensors (:func:`run_prefill`:
+    #: a :class:`PrefillLaunch`, None where it cannot be replayed, or a mark of a first call); not part
+    #: of the plan's value
+    launches: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def kda(self) -> bool:
         return self.family == "kda"
+
+    @property
+    def replayable(self) -> bool:
+        """Its stages make Triton launches only, so :class:`PrefillLaunch` can record and replay
+        them: a non-empty call with the Triton chunk tables (up to :data:`TABLES_TRITON_MAX_N`
+        sequences), one pass of the state stage and no replacement state kernel."""
+        return not self.empty and self.triton_tables and not self.segment_chunks and self.state_kernel is None
 
     @property
     def group(self) -> int:
@@ -732,6 +751,14 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
                 has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run a planned call on tensors of the plan's signature: the stages in order.
 
+    A :attr:`~PrefillPlan.replayable` plan notes, per signature of the tensors (which are given,
+    their dtypes and strides, q's, v's and ``cu_seqlens``' shapes) and ``scale``, its first call
+    (run stage by stage), records the launches of its second (:class:`PrefillLaunch`, in
+    ``plan.launches``) and replays them from then on: the same kernels with the same arguments on
+    each call's own tensors, so bitwise the same results, without redoing the host work (buffers,
+    grids, argument lists). Other plans, and signatures that cannot be replayed, run the stages one
+    by one.
+
     Args: the tensors of :func:`chunk_prefill` (with the shapes, dtypes and optional ones the plan
     was made for) and ``scale``. Returns and Raises: as :func:`chunk_prefill`.
     Example:
@@ -740,6 +767,16 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
         >>> plan = plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"])
         >>> o, ht = run_prefill(plan, **inp, scale=0.125)
     """
+    tensors = (q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, has_initial_state)
+    first = None  # the signature of a replayable plan's first call of it
+    if plan.replayable:
+        key = _call_signature(tensors, scale)
+        run = plan.launches.get(key, _UNKNOWN)
+        if run is _SEEN_ONCE:
+            run = _prepare_launch(plan, key, tensors, scale)
+        if run.__class__ is PrefillLaunch:
+            return run(*tensors)
+        first = key if run is _UNKNOWN else None
     _check_signature(plan, q, v, cu_seqlens, state_pool, initial_state, has_initial_state)
     bufs = allocate_buffers(plan)
     if plan.empty:
@@ -747,19 +784,164 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
         return bufs.o, bufs.final
     x = conform_inputs(plan, q, k, v, g, beta, cu_seqlens)
     st = prefill_state(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
+    launch_stages(plan, x, bufs, st, scale)
+    if first is not None:
+        _keep_launch(plan, first, _SEEN_ONCE)
+    return bufs.o, bufs.final
+
+
+def launch_stages(plan: PrefillPlan, x: PrefillInputs, bufs: PrefillBuffers, st: PrefillState,
+                  scale: float) -> ChunkTables:
+    """The stages of a non-empty call in order, on conformed inputs (:func:`conform_inputs`), its
+    buffers (:func:`allocate_buffers`) and states (:func:`prefill_state`); returns the chunk tables."""
     tables = launch_tables(plan, x.cu_seqlens)
     launch_intra(plan, x, tables, bufs, scale)
     if plan.stages.hoist:
         launch_gates(plan, x, tables, bufs)
     if plan.state_kernel is not None:
-        _run_state_kernel(plan, x, tables, bufs, st, state_pool, state_indices, initial_state)
+        _run_state_kernel(plan, x, tables, bufs, st)
     elif plan.segment_chunks:
         launch_segmented_state(plan, x, tables, bufs, st)
     else:
         launch_state(plan, x, tables, bufs, st)
     if not plan.output_in_state:
         launch_output(plan, x, tables, bufs, st, scale)
-    return bufs.o, bufs.final
+    return tables
+
+
+_UNKNOWN = object()
+#: ``plan.launches`` entry of a signature run once (one by one): its next call records the launches,
+#: so that a plan run once (:func:`chunk_prefill`) pays for no recording
+_SEEN_ONCE = "seen once"
+#: signatures kept per plan; past this many they are all forgotten (each is recorded again)
+_LAUNCHES_PER_PLAN = 64
+
+
+def _call_signature(tensors: tuple, scale) -> tuple:
+    """What a recorded call's launches depend on besides the plan: ``scale``, each tensor's dtype
+    and strides (None for one not given), and the shapes :func:`_check_signature` and the stages
+    read (q, v, ``cu_seqlens`` and ``has_initial_state``'s; the others' are the plan's, and their
+    strides are what the kernels take). Addresses are not in it: the replay keys its compiled
+    kernels on their alignment (:class:`.launch.LaunchSequence`)."""
+    flags = tensors[9]
+    key = [scale, tensors[0].shape, tensors[2].shape, tensors[5].shape, None if flags is None else flags.shape]
+    for x in tensors:
+        if x is None:
+            key.append(None)
+        else:
+            key += (x.dtype, x.stride())
+    return tuple(key)
+
+
+def _prepare_launch(plan: PrefillPlan, key: tuple, tensors: tuple, scale) -> Optional["PrefillLaunch"]:
+    """Record the launches of a call of a signature run once (None where it cannot be replayed: one
+    tensor passed as two arguments, or a launcher copying an input, e.g. a strided ``cu_seqlens``)
+    and keep them in ``plan.launches``. Raises as :func:`_check_signature`, keeping nothing."""
+    q, v, cu, pool, h0, flags = tensors[0], tensors[2], tensors[5], tensors[6], tensors[8], tensors[9]
+    _check_signature(plan, q, v, cu, pool, h0, flags)
+    try:
+        run = PrefillLaunch(plan, tensors, scale)
+    except NotReplayable:
+        run = None
+    _keep_launch(plan, key, run)
+    return run
+
+
+def _keep_launch(plan: PrefillPlan, key: tuple, entry) -> None:
+    if len(plan.launches) >= _LAUNCHES_PER_PLAN:
+        plan.launches.clear()
+    plan.launches[key] = entry
+
+
+#: byte alignment of each buffer in a :class:`PrefillLaunch` workspace (that of a fresh CUDA allocation)
+WORKSPACE_ALIGN = 512
+
+
+class PrefillLaunch:
+    """The launches of a planned call, recorded once per signature of its tensors and replayed on
+    later calls of that signature (:func:`run_prefill` keeps one per signature in ``plan.launches``).
+
+    Recording runs :func:`launch_stages` with the launches recorded, not made
+    (:func:`.launch.recording`), on the call's conformed inputs and on stand-in buffers without
+    storage (``meta`` tensors of the plan's buffer specs). A replay
+    (:class:`.launch.LaunchSequence`) makes the same launches, with the same kernels, scalar
+    arguments, constexprs and launch options, on a later call's tensors. Per call it copies only the
+    inputs whose strides need it (:func:`conform_inputs`, :func:`prefill_state`), allocates the
+    output ``o``, in dense mode the final state, and one workspace holding every non-empty
+    intermediate buffer (:class:`PrefillBuffers`) and the chunk tables, each at a
+    :data:`WORKSPACE_ALIGN`-byte offset; the direct launch passes the workspace's buffers as
+    addresses. So a replay computes bitwise what :func:`launch_stages` computes on the same tensors.
+
+    Args:
+        plan: a :attr:`~PrefillPlan.replayable` plan.
+        tensors: ``(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state,
+            has_initial_state)`` of one call, as :func:`run_prefill` takes them (None where not given).
+        scale: the query scale (> 0).
+    Raises:
+        linattn.kernels.triton.launch.NotReplayable: one tensor passed as two arguments, or a
+            launch on a tensor the stages made themselves (a copy of ``cu_seqlens``).
+    """
+
+    __slots__ = ("sequence", "copies", "copy_flags", "device", "o_spec", "final_spec", "workspace", "offsets",
+                 "ws_bytes", "_present")
+
+    def __init__(self, plan: PrefillPlan, tensors: tuple, scale: float):
+        q, k, v, g, beta, cu, pool, idx, h0, flags = tensors
+        x = conform_inputs(plan, q, k, v, g, beta, cu)
+        self.copies = tuple(a is not b for a, b in zip(tensors[:5], x[:5]))
+        self.copy_flags = flags is not None and not flags.is_contiguous()
+        # no storage; an empty buffer (KDA's unread vn, hbuf) is a real one, kept as a constant of the replay
+        stand_in = PrefillBuffers(**{b.name: torch.empty(b.shape, dtype=b.dtype, device=plan.device if 0 in b.shape
+                                                         else "meta") for b in plan.buffers})
+        st = prefill_state(plan, stand_in, pool, idx, h0, flags)
+        with recording() as records:
+            tables = launch_stages(plan, x, stand_in, st, scale)
+        carved = [t for t in (getattr(stand_in, b.name) for b in plan.buffers if b.name not in ("o", "final"))
+                  if t.numel()] + list(tables)
+        self.workspace, self.offsets, self.ws_bytes = _workspace_layout(carved)
+        sources = (*x, pool, idx, h0, st.has_initial_state, stand_in.o, stand_in.final, *carved)
+        self.sequence = LaunchSequence(records, sources)
+        self.device = plan.device
+        specs = {b.name: b for b in plan.buffers}
+        self.o_spec, self.final_spec = specs["o"], specs.get("final")
+        present = [i for i, t in enumerate(tensors[:10] + (stand_in.o, stand_in.final)) if t is not None]
+        self._present = operator.itemgetter(*present)
+
+    def __call__(self, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state,
+                 has_initial_state) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Launch on a call's tensors (:func:`run_prefill`'s, of the recorded signature); returns
+        ``(o, final_state)`` as :func:`chunk_prefill`."""
+        if True in self.copies:
+            q, k, v, g, beta = (a.contiguous() if c else a for a, c in zip((q, k, v, g, beta), self.copies))
+        if self.copy_flags:
+            has_initial_state = has_initial_state.contiguous()
+        o = torch.empty(self.o_spec.shape, dtype=self.o_spec.dtype, device=self.device)
+        f = self.final_spec
+        final = None if f is None else torch.empty(f.shape, dtype=f.dtype, device=self.device)
+        ws = torch.empty(self.ws_bytes, dtype=torch.uint8, device=self.device)
+        base = ws.data_ptr()
+        tensors = (q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, has_initial_state, o, final)
+        key = (base & 15 == 0, *[t.data_ptr() & 15 == 0 for t in self._present(tensors)])
+        self.sequence(key, tensors + tuple(map(base.__add__, self.offsets)), lambda: self._views(tensors, ws), ws)
+        return o, final
+
+    def _views(self, tensors: tuple, ws: torch.Tensor) -> tuple:
+        """The sources with the workspace's buffers as tensors, and the ``has_initial_state`` bytes
+        as :func:`prefill_state` views them (Triton's ordinary launch types pointers by dtype)."""
+        flags = tensors[9]
+        head = tensors[:9] + (None if flags is None else flags.view(torch.uint8),) + tensors[10:]
+        return head + tuple(ws[o:o + n].view(dt).view(shape) for o, n, dt, shape in self.workspace)
+
+
+def _workspace_layout(buffers: list) -> tuple[tuple, tuple, int]:
+    """``(layout, offsets, total bytes)`` of a workspace holding tensors shaped as ``buffers``:
+    per buffer ``(byte offset, bytes, dtype, shape)``, each offset a multiple of :data:`WORKSPACE_ALIGN`."""
+    layout, at = [], 0
+    for b in buffers:
+        n = b.numel() * b.element_size()
+        layout.append((at, n, b.dtype, tuple(b.shape)))
+        at += -(-n // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+    return tuple(layout), tuple(o for o, *_ in layout), at
 
 
 def _check_signature(plan: PrefillPlan, q, v, cu_seqlens, state_pool, initial_state, has_initial_state) -> None:
@@ -788,13 +970,12 @@ def _run_empty(plan: PrefillPlan, bufs: PrefillBuffers, state_pool, state_indice
 
 
 def _run_state_kernel(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers,
-                      st: PrefillState, state_pool, state_indices, initial_state) -> None:
+                      st: PrefillState) -> None:
     """Stage 2 by the replacement state kernel, on the same buffers (the raw k and g)."""
     extra = {} if st.has_initial_state is None else {"has_initial_state": st.has_initial_state}
     plan.state_kernel(kda=plan.kda, k=x.k, g=x.g, w=b.w, u=b.u, rk=b.rk, cu_seqlens=x.cu_seqlens,
-                      chunk_off=t.chunk_off, state_indices=state_indices if plan.pool_mode else None,
-                      h0=state_pool if plan.pool_mode else initial_state, ht=st.ht, hbuf=b.hbuf, vn=b.vn,
-                      state_layout=plan.state_layout, **extra)
+                      chunk_off=t.chunk_off, state_indices=st.state_indices, h0=st.h0, ht=st.ht, hbuf=b.hbuf,
+                      vn=b.vn, state_layout=plan.state_layout, **extra)
 
 
 # -- the stages --------------------------------------------------------------------------------
