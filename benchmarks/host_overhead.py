@@ -81,7 +81,7 @@ def _op(family: str, phase: str):
     return getattr(linattn, f"{family}_{phase}")
 
 
-class value_checks:
+class value_rules_as:
     """Context manager: validate=True's device value rules as the torch rules (``"torch"``) or as
     the one fused kernel (``"fused"``, ``dispatch/value_rules.py``); cached call plans are dropped
     on entry and exit, since a plan holds its checks."""
@@ -120,7 +120,7 @@ def linattn_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
             for family in ("gdn", "kda"):
                 x, op = make(family, dev), _op(family, phase)
                 for validate, how in variants(dev):
-                    with value_checks(how):
+                    with value_rules_as(how):
                         us = host_us(lambda: op(**x, validate=validate), calls, repeats, sync)
                     d = linattn.last_decision(f"{family}_{phase}")
                     rows.append(dict(kind="linattn", op=f"{family}_{phase}", validate=validate,
@@ -157,7 +157,7 @@ def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
             for family in ("gdn", "kda"):
                 name, x = f"{family}_{phase}", make(family, dev)
                 for validate, how in variants(dev):
-                    with value_checks(how):
+                    with value_rules_as(how):
                         call = _captured_call_args(lambda: _op(family, phase)(**x, validate=validate))
 
                         def hit(call=call):
@@ -197,7 +197,7 @@ def device_work_rows(dev: str, sync) -> list[dict]:
             for validate, how in variants(dev):
                 row = dict(kind="device_work", op=f"{family}_decode", validate=validate,
                            value_checks=how if validate else None)
-                with value_checks(how):
+                with value_rules_as(how):
                     for _ in range(3):
                         op(**x, validate=validate)
                     sync()
@@ -338,7 +338,8 @@ def main(argv=None) -> int:
         print({k: v for k, v in r.items() if k not in ("kernels", "names")})
     notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1, prefill one sequence T=64; bf16 q/k/v, "
              f"fp32 pool; host wall clock per eager call over {args.calls} calls, median of {args.repeats} loops, "
-             "after a warm-up; GPU work per call is a few microseconds, so this is the host's cost.",
+             "after a warm-up; " + ("GPU work per call is a few microseconds, so this is the host's cost." if
+                                    dev.startswith("cuda") else "on the CPU the call's compute (torch-ref) is included."),
              "floor: the compiled-kernel launches of one linattn call replayed with prebuilt arguments.",
              "dispatch: a cached plan's key, lookup and checks alone (validate=True: the value checks and their sync); "
              "device_work: the kernels and copies one eager decode call puts on the device (torch.profiler).",

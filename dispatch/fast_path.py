@@ -16,7 +16,7 @@ same key:
    reads pointers; an overlap sends the call through the full validation, which refuses it
    unless the two are provably disjoint);
 2. runs the value rules (``validate=True``) in their single sync, as the full path does (the
-   decode rules as one kernel launch where ``value_rules.fused_value_check`` applies);
+   decode or prefill rules as one kernel launch where ``value_rules.fused_value_check`` applies);
 3. rebuilds the keyword arguments from the cached scalars and the caller's tensors, unless a
    prepared launch runs: it reads only the tensors, so it gets the caller's dict as is;
 4. copies the read-only views the backend cannot read (``dispatch/layouts.py``);

@@ -8,8 +8,8 @@ for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepte
 
 On a GPU each flag is a few torch ops, each a kernel launch. So on CUDA (unless
 ``LINATTN_FUSED_VALUE_CHECKS=0``: see :data:`FUSED_VALUE_CHECKS`), a cached call plan
-(``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``, ``kda_prefill``), instead as one Triton kernel
-that computes every flag (``kernels/triton/value_checks.py``) and one sync
+(``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``,
+``kda_prefill``), instead as one Triton kernel that computes every flag (``kernels/triton/value_checks.py``) and one sync
 (:func:`fused_value_check`); a set flag runs the torch rules, so the error raised is always theirs.
 The choice is made when a call plan is made: changing the variable takes effect for new call keys
 (or after ``fast_path.clear()``).

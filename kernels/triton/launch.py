@@ -324,6 +324,16 @@ def _keep_while_logged(buffer) -> None:
     _log_kept.append(buffer)
 
 
+class _ReplayedLaunch(NamedTuple):
+    """One launch of a :class:`LaunchSequence`: a :class:`LaunchRecord` without its arguments."""
+
+    kernel: object
+    grid: tuple
+    constexprs: dict
+    options: dict
+    n_args: int
+
+
 class LaunchSequence:
     """The launches of one recorded call (:func:`recording`), replayed on a later call's tensors.
 
@@ -348,7 +358,7 @@ class LaunchSequence:
             positions of ``sources`` (a later call may pass two there).
     """
 
-    __slots__ = ("records", "kernels", "_n", "_consts", "_positions", "_args", "_full", "_grids", "_compiled")
+    __slots__ = ("launches", "kernels", "_n", "_consts", "_positions", "_args", "_full", "_grids", "_compiled")
 
     def __init__(self, records: list, sources: tuple):
         tensors = [s for s in sources if isinstance(s, _Tensor)]
@@ -366,8 +376,12 @@ class LaunchSequence:
                     raise NotReplayable(f"a launch argument of shape {tuple(a.shape)} is none of the call's tensors")
             return self._const(a)
 
-        self.records, self.kernels = tuple(records), tuple(r.kernel for r in records)
         self._positions = tuple([pick(a) for a in r.args] for r in records)
+        #: per launch ``(kernel, grid, constexprs, options, number of runtime arguments)``: the records
+        #: without their arguments, so that the recorded call's tensors are not kept alive
+        self.launches = tuple(_ReplayedLaunch(r.kernel, r.grid, r.constexprs, r.options, len(r.args))
+                              for r in records)
+        self.kernels = tuple(r.kernel for r in records)
         self._args = tuple(_picker(p) for p in self._positions)
         self._full: Optional[tuple] = None  # the launchers' argument pickers, made on the first direct launch
         self._grids = tuple((g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1)
@@ -384,12 +398,17 @@ class LaunchSequence:
         (every parameter in order, the constexprs included); None where a kernel's parameters do
         not match its recorded arguments (its launches stay ordinary)."""
         if self._full is None:
-            full = []
-            for r, positions in zip(self.records, self._positions):
-                order = _argument_order(r.kernel, len(r.args), r.constexprs)
+            full, consts = [], list(self._consts)  # the constants are kept only if every launch matches
+
+            def const(x) -> int:
+                consts.append(x)
+                return self._n + len(consts) - 1
+            for r, positions in zip(self.launches, self._positions):
+                order = _argument_order(r.kernel, r.n_args, r.constexprs)
                 if order is None:
                     return None
-                full.append(_picker([positions[o] if o.__class__ is int else self._const(o[0]) for o in order]))
+                full.append(_picker([positions[o] if o.__class__ is int else const(o[0]) for o in order]))
+            self._consts = tuple(consts)  # before _full: a reader that sees _full sees these
             self._full = tuple(full)
         return self._full
 
@@ -419,7 +438,7 @@ class LaunchSequence:
 
     def _ordinary(self, sources: tuple) -> list:
         out = []
-        for r, args in zip(self.records, self._args):
+        for r, args in zip(self.launches, self._args):
             out.append(r.kernel[r.grid](*args(sources), **r.constexprs, **r.options))
         return out
 

@@ -377,7 +377,7 @@ def test_prefill_check_finite_and_the_cpu_default_keep_the_torch_rules(fused, mo
     assert value_rules.fused_value_check(value_rules_of("gdn_prefill", check_values=True, check_finite=True),
                                          nargs, dims) is None
     monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", None)
-    monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", "1")  # the switch is CUDA-only: CPU tensors keep the rules
+    monkeypatch.delenv("LINATTN_FUSED_VALUE_CHECKS", raising=False)  # the default is CUDA-only: CPU keeps the rules
     assert value_rules.fused_value_check(value_rules_of("gdn_prefill", check_values=True, check_finite=False),
                                          nargs, dims) is None
 
@@ -473,3 +473,20 @@ def test_prefill_random_tables_agree_with_the_torch_rules(fused):
         flagged, torch_refused, _ = _prefill_failures("gdn_prefill", x)
         assert flagged == torch_refused, (lens, slots, cu.tolist(), flagged, torch_refused)
     agree()
+
+
+@pytest.mark.parametrize("env, fast, want", [(None, True, True), ("1", True, True), ("0", True, False),
+                                             (None, False, False)])
+def test_the_fused_checks_are_the_cuda_default_where_the_direct_launch_runs(monkeypatch, env, fast, want):
+    """On CUDA the fused checks run where the direct Triton launch does, unless
+    LINATTN_FUSED_VALUE_CHECKS=0 opts out; on the CPU never (FUSED_VALUE_CHECKS unset)."""
+    from linattn.kernels.triton import launch as launch_mod
+
+    monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", None)
+    monkeypatch.setattr(launch_mod, "fast_launch_status", lambda: (fast, "patched"))
+    if env is None:
+        monkeypatch.delenv("LINATTN_FUSED_VALUE_CHECKS", raising=False)
+    else:
+        monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", env)
+    assert value_rules._fusable_device(torch.device("cuda", 0)) is want
+    assert value_rules._fusable_device(torch.device("cpu")) is False

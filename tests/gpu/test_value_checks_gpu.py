@@ -1,6 +1,6 @@
-"""The decode and prefill value checks with validate=True on a CUDA GPU, by the torch rules (the
-default) and by the fused check kernels (kernels/triton/value_checks.py; opted in with
-LINATTN_FUSED_VALUE_CHECKS=1, forced here): bad state indices, non-finite shared gate parameters
+"""The decode and prefill value checks with validate=True on a CUDA GPU, by the torch rules
+(``LINATTN_FUSED_VALUE_CHECKS=0``) and by the fused check kernels (kernels/triton/value_checks.py,
+the default on CUDA), each forced here: bad state indices, non-finite shared gate parameters
 (decode), bad cu_seqlens and gates that are no log decays (prefill) are refused with the torch rules'
 errors on a first call and on a cached call (a good call of the same signature first), with nothing
 written, and a good call gives the same bits as validate=False. The compiled prefill kernel flags

@@ -143,6 +143,23 @@ def test_one_tensor_passed_as_two_arguments_runs_the_stages_one_by_one(monkeypat
     _assert_same(_replay(plan, later), _one_by_one(monkeypatch, plan, later), later)
 
 
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_a_recorded_launch_keeps_none_of_the_recording_calls_tensors(family):
+    """A replay holds the launches' kernels, grids and constants, not the recording call's inputs or
+    pool: a plan cached per call key must not keep an earlier call's device memory alive."""
+    import gc
+    import weakref
+
+    kw = _call(family, "pool+has_init", seed=6, state_indices=SLOTS.clone())  # SLOTS itself is module-held
+    plan = _plan(family, kw)
+    run = pm.PrefillLaunch(plan, _tensors(kw), kw["scale"])  # records; launches nothing
+    refs = {n: weakref.ref(t) for n, t in kw.items() if isinstance(t, torch.Tensor)}
+    del kw
+    gc.collect()
+    assert [n for n, r in refs.items() if r() is not None] == []
+    assert len(run.sequence.launches) >= 3
+
+
 def test_a_plan_of_segments_or_of_no_token_is_not_replayed():
     kw = _call("gdn", "pool", seed=6)
     keys = dict(q=kw["q"], v=kw["v"], cu_seqlens=kw["cu_seqlens"], state_pool=kw["state_pool"],
