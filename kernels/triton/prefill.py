@@ -812,7 +812,7 @@ def launch_stages(plan: PrefillPlan, x: PrefillInputs, bufs: PrefillBuffers, st:
 _UNKNOWN = object()
 #: ``plan.launches`` entry of a signature run once (one by one): its next call records the launches,
 #: so that a plan run once (:func:`chunk_prefill`) pays for no recording
-_SEEN_ONCE = "seen once"
+_SEEN_ONCE = object()
 #: signatures kept per plan; past this many they are all forgotten (each is recorded again)
 _LAUNCHES_PER_PLAN = 64
 

@@ -20,6 +20,8 @@ import linattn  # noqa: E402
 from linattn.dispatch import fast_path, value_rules  # noqa: E402
 from linattn.dispatch.validate import validate_call, value_rules_of  # noqa: E402
 
+from value_check_cases import verdicts  # noqa: E402
+
 N, H, HV, K, V, P, T = 4, 1, 2, 8, 8, 6, 2
 NAN, INF = float("nan"), float("inf")
 
@@ -41,20 +43,6 @@ def _decode_args(family="gdn", n=N, t=1, seed=0, **over):
              state_indices=torch.arange(n, dtype=torch.int32))
     x.update(over)
     return x
-
-
-def _verdicts(op: str, args: dict):
-    """(fused bits, the torch rules' error or None) for one call's arguments."""
-    nargs, _, dims = validate_call(op, args, check_values=False)
-    rules = value_rules_of(op, check_values=True, check_finite=False)
-    check = value_rules.fused_value_check(rules, nargs, dims)
-    assert check is not None, "the fused check should apply to this call"
-    try:
-        value_rules._run_value_rules(rules, nargs, dims)
-        error = None
-    except ValueError as e:
-        error = str(e)
-    return check.check(nargs), error
 
 
 def _idx(*v, dtype=torch.int32):
@@ -83,7 +71,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_the_kernel_flags_exactly_the_calls_the_torch_rules_refuse(fused, case):
     over, refused = CASES[case]
-    bits, error = _verdicts("gdn_decode", _decode_args(**over))
+    bits, error = verdicts("gdn_decode", _decode_args(**over))
     assert (error is not None) == refused and (bits != 0) == refused, (bits, error)
 
 
@@ -109,7 +97,7 @@ TABLE_CASES = {
 @pytest.mark.parametrize("case", TABLE_CASES, ids=list(TABLE_CASES))
 def test_per_token_tables_and_accepted_counts(fused, case):
     table, accepted, refused = TABLE_CASES[case]
-    bits, error = _verdicts("gdn_decode", _table_args(table, accepted))
+    bits, error = verdicts("gdn_decode", _table_args(table, accepted))
     assert (error is not None) == refused and (bits != 0) == refused, (bits, error)
 
 
@@ -117,7 +105,7 @@ def test_per_token_tables_and_accepted_counts(fused, case):
                          ids=["valid", "out of range", "shared"])
 def test_intermediate_state_indices(fused, rows, expect_error):
     x = _decode_args(intermediate_states=torch.zeros(3, 1, HV, V, K), intermediate_state_indices=_idx(*rows))
-    bits, error = _verdicts("gdn_decode", x)
+    bits, error = verdicts("gdn_decode", x)
     assert (error is not None) == expect_error and (bits != 0) == expect_error, (bits, error)
 
 
@@ -126,14 +114,14 @@ def test_intermediate_state_indices(fused, rows, expect_error):
 def test_precomputed_gates_must_be_log_decays(fused, g0, expect_error):
     x = _decode_args(a=None, b=None, A_log=None, dt_bias=None, g=-torch.rand(N, 1, HV), beta=torch.rand(N, 1, HV))
     x["g"][2, 0, 1] = g0
-    bits, error = _verdicts("gdn_decode", x)
+    bits, error = verdicts("gdn_decode", x)
     assert (error is not None) == expect_error and (bits != 0) == expect_error, (bits, error)
 
 
 def test_kda_per_channel_dt_bias_is_checked_whole(fused):
     x = _decode_args("kda")
     x["dt_bias"][1, K - 1] = NAN
-    bits, error = _verdicts("kda_decode", x)
+    bits, error = verdicts("kda_decode", x)
     assert bits != 0 and "dt_bias" in error
 
 
@@ -158,22 +146,6 @@ def test_on_the_cpu_without_the_override_the_torch_rules_run():
     assert value_rules.fused_value_check(rules, nargs, dims) is None
 
 
-def test_a_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatch):
-    from linattn.kernels.triton.value_checks import DecodeValueCheck
-
-    x = _decode_args()
-    linattn.gdn_decode(**x)  # the plan (full validation: the torch rules)
-    ran, kernel = [], []
-    real_rules, real_check = value_rules._run_value_rules, DecodeValueCheck.__call__
-    spy = lambda *a, **k: (ran.append(1), real_rules(*a, **k))[1]  # noqa: E731
-    monkeypatch.setattr(value_rules, "_run_value_rules", spy)
-    monkeypatch.setattr(fast_path, "_run_value_rules", spy)  # fast_path holds its own reference
-    monkeypatch.setattr(DecodeValueCheck, "__call__", lambda self, a: (kernel.append(1), real_check(self, a))[1])
-    linattn.gdn_decode(**x)
-    assert kernel == [1]  # the cached call ran the check kernel once
-    assert ran == []  # every check passed in the kernel: no torch rule ran
-
-
 @pytest.mark.parametrize("over,refused", [
     (dict(state_indices=torch.cat([torch.arange(999), torch.tensor([5])]).to(torch.int32)), True),  # across tiles
     (dict(state_indices=torch.arange(1000, dtype=torch.int32).flip(0)), False),
@@ -182,7 +154,7 @@ def test_a_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatc
 def test_many_rows_cross_the_kernels_tiles_and_blocks(fused, over, refused):
     n = over["state_indices"].shape[0]
     args = _decode_args(n=n, state_pool=torch.zeros(1001, HV, V, K), A_log=torch.randn(HV), **over)
-    bits, error = _verdicts("gdn_decode", args)
+    bits, error = verdicts("gdn_decode", args)
     assert (error is not None) == refused and (bits != 0) == refused, (bits, error)
 
 
@@ -192,10 +164,10 @@ def test_a_gate_parameter_array_longer_than_a_block_is_read_whole(fused):
     dt[450, 3] = INF
     x = _decode_args("kda", n=2, v=torch.randn(2, 1, hv, V), a=torch.randn(2, 1, hv, K),
                      b=torch.randn(2, 1, hv), A_log=torch.randn(hv), dt_bias=dt, state_pool=torch.zeros(3, hv, V, K))
-    bits, error = _verdicts("kda_decode", x)
+    bits, error = verdicts("kda_decode", x)
     assert error is not None and "dt_bias" in error and bits != 0, (bits, error)
     dt[450, 3] = 0.0
-    assert _verdicts("kda_decode", x) == (0, None)
+    assert verdicts("kda_decode", x) == (0, None)
 
 
 @pytest.mark.parametrize("over,match", [(dict(state_indices=_idx(0, 1, P, 2)), "out of range"),
@@ -227,7 +199,7 @@ def test_random_tables_agree_with_the_torch_rules(fused):
         if t == 1 and data.draw(st.booleans()):
             idx = idx[:, 0]
         x = _decode_args(n=n, t=t, state_indices=idx, disable_state_update=frozen)
-        bits, error = _verdicts("gdn_decode", x)
+        bits, error = verdicts("gdn_decode", x)
         assert (bits != 0) == (error is not None), (table, frozen, bits, error)
     agree()
 
@@ -407,19 +379,23 @@ def test_prefill_work_spread_over_programs_is_read_whole(fused, monkeypatch, whe
         (flagged, torch_refused)
 
 
-def test_prefill_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatch):
-    from linattn.kernels.triton.value_checks import PrefillValueCheck
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_a_cached_call_runs_the_kernel_and_not_the_torch_rules(fused, monkeypatch, phase):
+    from linattn.kernels.triton import value_checks
 
-    x = _prefill_args()
-    linattn.gdn_prefill(**x)  # the plan (full validation: the torch rules)
+    x = _decode_args() if phase == "decode" else _prefill_args()
+    op = getattr(linattn, f"gdn_{phase}")
+    check_cls = value_checks.DecodeValueCheck if phase == "decode" else value_checks.PrefillValueCheck
+    op(**x)  # the plan (full validation: the torch rules)
     ran, kernel = [], []
-    real_rules, real_check = value_rules._run_value_rules, PrefillValueCheck.__call__
+    real_rules, real_check = value_rules._run_value_rules, check_cls.__call__
     spy = lambda *a, **k: (ran.append(1), real_rules(*a, **k))[1]  # noqa: E731
     monkeypatch.setattr(value_rules, "_run_value_rules", spy)
     monkeypatch.setattr(fast_path, "_run_value_rules", spy)  # fast_path holds its own reference
-    monkeypatch.setattr(PrefillValueCheck, "__call__", lambda self, a: (kernel.append(1), real_check(self, a))[1])
-    linattn.gdn_prefill(**x)
-    assert kernel == [1] and ran == []  # the kernel ran once, passed: no torch rule ran
+    monkeypatch.setattr(check_cls, "__call__", lambda self, a: (kernel.append(1), real_check(self, a))[1])
+    op(**x)
+    assert kernel == [1]  # the cached call ran the check kernel once
+    assert ran == []  # every check passed in the kernel: no torch rule ran
 
 
 _REFUSED_CALLS = {

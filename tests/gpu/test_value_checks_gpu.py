@@ -9,6 +9,9 @@ spread over many programs."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 
@@ -18,6 +21,9 @@ from linattn.dispatch import fast_path, value_rules
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run on the H200 through the device tool)", allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dispatch"))
+from value_check_cases import verdicts  # noqa: E402
 
 DEV = "cuda"
 H, HV, K, V, N, P = 16, 32, 128, 128, 8, 20
@@ -161,22 +167,6 @@ def test_prefill_good_call_with_padding_equals_validate_off_bitwise(family, chec
     assert torch.equal(o1, o2) and torch.equal(x1["state_pool"], x2["state_pool"])
 
 
-def _fused_and_torch(op: str, args: dict):
-    """(the fused kernel's bits, the torch rules' error or None) for one call, on the GPU."""
-    from linattn.dispatch.validate import validate_call, value_rules_of
-
-    nargs, _, dims = validate_call(op, args, check_values=False)
-    rules = value_rules_of(op, check_values=True, check_finite=False)
-    check = value_rules.fused_value_check(rules, nargs, dims)
-    assert check is not None, "the fused check should apply to this call"
-    try:
-        value_rules._run_value_rules(rules, nargs, dims)
-        error = None
-    except ValueError as e:
-        error = str(e)
-    return check.check(nargs), error
-
-
 @pytest.fixture
 def fused(monkeypatch):
     monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", True)
@@ -202,7 +192,7 @@ def test_prefill_compiled_kernel_agrees_with_the_torch_rules_on_random_tables(fu
                           state_indices=torch.randint(-3, P + 2, (n,), generator=gen).to(DEV, itype))
         if x["g"].numel() and case % 4 == 0:
             x["g"].view(-1)[int(torch.randint(0, x["g"].numel(), (1,), generator=gen))] = (0.5, float("nan"))[case % 8 // 4]
-        bits, error = _fused_and_torch("gdn_prefill", x)
+        bits, error = verdicts("gdn_prefill", x)
         assert (bits != 0) == (error is not None), (lens, cu.tolist(), x["state_indices"].tolist(), bits, error)
         assert bits < 1 << len(PREFILL_CHECKS)
         refused += error is not None
@@ -217,13 +207,13 @@ def test_prefill_checks_spread_over_many_programs_find_one_bad_value(fused, wher
 
     lens = (4096, 4096) + (0,) * 298
     x = _prefill_args("kda", lens=lens, p=320, state_indices=torch.arange(300, dtype=torch.int32, device=DEV))
-    assert _fused_and_torch("kda_prefill", x) == (0, None)
+    assert verdicts("kda_prefill", x) == (0, None)
     nargs, _, dims = validate_call("kda_prefill", x, check_values=False)
     rules = value_rules_of("kda_prefill", check_values=True, check_finite=False)
     assert value_rules.fused_value_check(rules, nargs, dims).check.programs > 100
     g = x["g"].clone()
     g.view(-1)[where] = 0.5
-    assert _fused_and_torch("kda_prefill", dict(x, g=g))[0] == 1 << 5
+    assert verdicts("kda_prefill", dict(x, g=g))[0] == 1 << 5
     idx = x["state_indices"].clone()
     idx[where] = 150  # sequence 150's slot too
-    assert _fused_and_torch("kda_prefill", dict(x, state_indices=idx))[0] == 1 << 4
+    assert verdicts("kda_prefill", dict(x, state_indices=idx))[0] == 1 << 4

@@ -87,7 +87,7 @@ def _replay(plan: pm.PrefillPlan, kw: dict):
 def _first_then_replayed(plan: pm.PrefillPlan, kw: dict):
     """A new signature's first call (stage by stage) and its second (recorded, replayed), on ``kw``."""
     first = _replay(plan, kw)
-    assert plan.launches[pm._call_signature(_tensors(kw), kw["scale"])] == pm._SEEN_ONCE
+    assert plan.launches[pm._call_signature(_tensors(kw), kw["scale"])] is pm._SEEN_ONCE
     return _replay(plan, kw), first
 
 
