@@ -85,6 +85,12 @@ def relmax(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def untouched_rows_equal(after, before, rows):
+    """Whether the pool rows not in ``rows`` (int64 slots) are bitwise as they were."""
+    others = torch.ones(before.shape[0], dtype=torch.bool, device=before.device).index_fill_(0, rows, False)
+    return bool(torch.equal(after[others], before[others]))
+
+
 def bench_ms(fn):
     from triton.testing import do_bench
 
@@ -201,10 +207,9 @@ def flashinfer_columns(d, pool, idx, lens, linattn_ms, o_plan, p_plan, fla_out, 
             p_fi = pool.clone()
             o_fi, _ = flashinfer_call(d, alpha, lens, pool=p_fi, idx=idx)()
             torch.cuda.synchronize()
-            others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device).index_fill_(0, rows, False)
             row["rel_o_flashinfer_pool_vs_linattn"] = rel(o_fi, o_plan)
             row["rel_state_flashinfer_pool_vs_linattn"] = rel(p_fi[rows], p_plan[rows])
-            row["flashinfer_pool_untouched_rows_equal"] = bool(torch.equal(p_fi[others], pool[others]))
+            row["flashinfer_pool_untouched_rows_equal"] = untouched_rows_equal(p_fi, pool, rows)
             row["flashinfer_pool_ms"] = bench_ms(flashinfer_call(d, alpha, lens, pool=p_fi, idx=idx))
             row["x_flashinfer_pool"] = row["flashinfer_pool_ms"] / linattn_ms
         except Exception as e:  # noqa: BLE001
@@ -255,8 +260,7 @@ def run_case(case, segments, have_fla, block_vs=(), flashinfer=()):
     rows = idx.long()
     row["rel_o_vs_one_pass"] = rel(o_plan, o_one)
     row["rel_state_vs_one_pass"] = rel(p_plan[rows], p_one[rows])
-    others = torch.ones(pool.shape[0], dtype=torch.bool, device=pool.device).index_fill_(0, rows, False)
-    row["untouched_rows_equal"] = bool(torch.equal(p_plan[others], pool[others]))
+    row["untouched_rows_equal"] = untouched_rows_equal(p_plan, pool, rows)
     fla_out = None
     if have_fla:
         h0_kv = pool[rows].transpose(-1, -2).contiguous()

@@ -296,11 +296,10 @@ def fused_value_check(rules: tuple, args: dict, dims: Dims):
         rules' ``ValueError`` on a bad value (nothing is written before), and returns None otherwise.
         Or None (the caller runs :func:`_run_value_rules`).
     """
-    kinds = frozenset(rules)
-    if not rules or not (kinds <= _FUSABLE or kinds <= _FUSABLE_PREFILL) or not _fusable_device(dims.get("device")):
+    if not rules or not _fusable_device(dims.get("device")):
         return None
     try:
-        check = _plan_check(kinds, args, dims)
+        check = _plan_check(frozenset(rules), args, dims)  # None for rules neither kernel computes
     except ImportError:  # no Triton
         return None
     return None if check is None else _FusedCheck(check, rules, dims)
