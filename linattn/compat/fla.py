@@ -227,10 +227,10 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         extra = {}
         if initial_state is not None:
             pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
-        elif _DECODE_HAS_INIT[family]:  # fresh sequences: no zeroing pass, the slots are not read
+        elif _DECODE_HAS_INIT[family] and T > 0:  # fresh sequences: no zeroing pass; every slot is written
             pool = q.new_empty(shape, dtype=sdtype)
             extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
-        else:
+        else:  # T = 0 stores nothing (docs/ops.md): the final state is the zero state it starts from
             pool = q.new_zeros(shape, dtype=sdtype)
         idx = torch.arange(N, device=q.device, dtype=torch.int64)
         o = decode(q, k, v, None, None, None, None, pool, idx, g=g, beta=beta, **extra, **common)
