@@ -62,6 +62,7 @@ import torch.nn.functional as F
 
 from linattn.dispatch.problem import OPS
 from linattn.kernels.triton.limits import G_MIN  # floor of g: exp(G_MIN) is 0 in fp32 and fp64
+from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
 
 from .base import ALL_VENDORS, FLOAT_DTYPES, Backend, Rank
 
@@ -236,6 +237,7 @@ def _blocks(n: int, hv: int, v: int, k: int, cd) -> range:
 
 # -- decode -------------------------------------------------------------------------------------
 
+@pinned_fp32_matmul
 def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
             state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
             num_accepted_tokens, softplus_beta, softplus_threshold, lower_bound, per_channel, cd,
@@ -392,6 +394,7 @@ kda_decode_ref.__doc__ = ("KDA decode / speculative verify: as :func:`gdn_decode
 
 # -- prefill ------------------------------------------------------------------------------------
 
+@pinned_fp32_matmul
 def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, cd, has_initial_state=None):
     T, _, K = q.shape

@@ -50,6 +50,8 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor
 
+from linattn.precision import pinned_fp32_matmul
+
 FAMILIES = ("gdn", "kda")
 PieceKind = Literal["whole", "first", "middle", "last"]
 
@@ -539,8 +541,10 @@ def _exchange(c: _Call, entry: Optional[Tensor], group, world: int) -> Optional[
     return out
 
 
+@pinned_fp32_matmul
 def _combine(entries: list[Tensor], chain: tuple[int, ...], K: int) -> Tensor:
-    """``S_{j+1} = M_j S_j + B_j`` over the chain (its first entry is absolute: an exit state); ``[HV, K, V]``."""
+    """``S_{j+1} = M_j S_j + B_j`` over the chain (its first entry is absolute: an exit state); ``[HV, K, V]``.
+    IEEE fp32 whatever the caller's matmul precision flags (linattn/precision.py)."""
     S = entries[chain[0]][..., K:]
     for j in chain[1:]:
         S = torch.baddbmm(entries[j][..., K:], entries[j][..., :K], S)

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import torch
 
+from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
+
 CHUNK = 64
 """Chunk size ``C`` (docs/ops.md)."""
 SUB = 16
@@ -316,6 +318,7 @@ def _load_chunk(q, k, v, g, beta, idx, real, hv: int, scale: float, l2norm: bool
             _heads_first(bc[..., None], hv).squeeze(-1))
 
 
+@pinned_fp32_matmul
 def chunked_prefill(q, k, v, g, beta, cu_seqlens, *, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk"):
     """GDN (``g [T, HV]``) or KDA (``g [T, HV, K]``) varlen prefill in chunked form.
