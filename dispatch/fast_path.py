@@ -34,7 +34,9 @@ from typing import Callable, Optional
 
 import torch
 
+from .host_rules import any_unwritable
 from .layouts import byte_range, conform_inputs, interleaved_disjoint
+from .lru import CALL_PLANS_MAX, LRUCache
 from .policy import current_policy
 from .registry import get_registry
 from . import selection
@@ -46,8 +48,8 @@ _Tensor = torch.Tensor
 _NoneType = type(None)
 _SCALARS = frozenset({_NoneType, bool, int, float, str})
 _grad_enabled = torch.is_grad_enabled
-_plans: dict = {}
-_PLANS_MAX = 4096
+#: the call plans, least recently used dropped first (dispatch/lru.py)
+_plans: LRUCache = LRUCache(CALL_PLANS_MAX)
 
 
 def clear() -> None:
@@ -55,8 +57,9 @@ def clear() -> None:
     _plans.clear()
 
 
-def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> tuple:
-    """The hashable description of a call that validation and selection depend on (module docstring)."""
+def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
+    """The hashable description of a call that validation and selection depend on (module docstring);
+    None for a call with a tensor that has no strides (never stored: validation refuses it)."""
     key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
     append, extend = key.append, key.extend
     device = None
@@ -67,8 +70,12 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
         elif cls is _Tensor or (cls not in _SCALARS and isinstance(x, _Tensor)):
             if device is None:
                 device = x.device
+            try:
+                stride = x.stride()
+            except RuntimeError:  # sparse CSR/CSC/BSR/BSC: no strides, no key; validation refuses it (F47)
+                return None
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key
-            extend((x.dtype, x.shape, x.stride(), x.device, x.requires_grad))
+            extend((x.dtype, x.shape, stride, x.device, x.requires_grad))
         else:
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
@@ -167,10 +174,10 @@ def lookup(key: tuple) -> Optional[CallPlan]:
 
 
 def store(key: tuple, plan: CallPlan) -> None:
-    if len(_plans) >= _PLANS_MAX:  # all at once: a plan is rebuilt by one full validation
-        _plans.clear()
+    """Keep ``plan`` under ``key``; beyond :data:`~linattn.dispatch.lru.CALL_PLANS_MAX` plans the least
+    recently used one is dropped (one full validation rebuilds it)."""
     try:
-        _plans[key] = plan
+        _plans.put(key, plan)
     except TypeError:
         pass
 
@@ -179,8 +186,8 @@ def prepare_hit(plan: CallPlan, args: dict) -> Optional[dict]:
     """The keyword arguments of a key hit, checked (steps 1 to 3 of the module docstring), or None
     when an address overlap needs the full validation. A plan with a prepared launch reads only
     the tensors, which the caller's dict holds under the same names: it is returned as is."""
-    if plan.written and plan.overlaps(args):
-        return None
+    if plan.written and (plan.overlaps(args) or any_unwritable(args, plan.written)):
+        return None  # the full validation decides (and refuses an unwritable buffer: F33)
     if plan.rules:
         plan.check_values(args)
     note_decision(plan.op, plan.decision)

@@ -7,14 +7,15 @@ never read tensor values, so they cost no host-device sync and are safe inside C
 
 ``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype. Source of the rules:
 docs/ops.md and the field reports F05 (clamp limit), F11 (strided gate views),
-F23 (in-place without indices).
+F23 (in-place without indices), F33 (written buffers torch would refuse to write, e.g. an inference
+tensor outside inference mode: refused before the first write), F47 (non-strided layouts).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -500,10 +501,99 @@ def _same_device(args: dict, dims: Dims) -> None:
 
 
 
-# -- host rules run for every op: written buffers and grad mode ------------------------------------
+# -- host rules run for every op: tensor layouts and storage (F47, F33) ---------------------------
 
 def _is_fake(x: torch.Tensor) -> bool:
     return isinstance(x, FakeTensor) or x.device.type == "meta"
+
+
+def _dense_tensors(args: dict, dims: Dims) -> None:
+    """Every tensor argument is a strided (dense) tensor whose memory is what its strides say.
+
+    Refused here, naming the argument, before any other rule reads strides or data pointers:
+
+    - a non-strided layout (sparse COO / CSR / CSC / BSR / BSC, mkldnn): no backend reads such a
+      tensor, and torch's own error would be "Cannot access data pointer" (field case F47);
+      ``TypeError``, pass ``x.to_dense()``;
+    - a lazily negated or conjugated view (``x.is_neg()`` / ``x.is_conj()``): its memory holds the
+      un-negated values, which a kernel reading or writing memory would use as they are;
+    - a storage smaller than the elements the shape and strides address (freed or shrunk with
+      ``untyped_storage().resize_(...)``, as FSDP does): a kernel would read or write past it, and
+      torch itself crashes on such a tensor.
+    """
+    for name, x in args.items():
+        if isinstance(x, torch.Tensor):
+            _dense_tensor(x, name)
+
+
+def _dense_tensor(x: torch.Tensor, name: str) -> None:
+    if x.layout is not torch.strided:
+        raise TypeError(f"{name} has layout {x.layout}; allowed: torch.strided (dense) tensors only, since every "
+                        f"backend reads and writes memory through strides. Pass {name}.to_dense() (for a buffer "
+                        f"written in place, keep the dense tensor and use it from then on).")
+    if x.is_neg() or x.is_conj():
+        raise ValueError(f"{name} is a lazily {'negated' if x.is_neg() else 'conjugated'} view (its memory holds "
+                         f"the values before the sign change, which a kernel would read or write as they are); "
+                         f"pass {name}.resolve_neg().resolve_conj() (a copy), or build it without the view.")
+    if x.numel() == 0 or _is_fake(x) or not (type(x) is torch.Tensor or isinstance(x, torch.nn.Parameter)):
+        return
+    need = (x.storage_offset() + sum((n - 1) * st for n, st in zip(x.shape, x.stride())) + 1) * x.element_size()
+    have = x.untyped_storage().nbytes()
+    if have < need:
+        raise ValueError(f"{name} (shape {_shape(x.shape)}, strides {_shape(x.stride())}, storage offset "
+                         f"{x.storage_offset()}) addresses {need} bytes but its storage holds {have} (it was freed "
+                         f"or shrunk, e.g. with untyped_storage().resize_(), as FSDP does to unsharded "
+                         f"parameters); pass a tensor whose storage is allocated.")
+
+
+# -- host rules run for every op: written buffers and grad mode ------------------------------------
+
+def write_refusal(x: torch.Tensor) -> Optional[str]:
+    """Why an in-place write into ``x`` fails now, or None (field case F33: torch would raise after
+    the first rows were written, or a kernel would write memory torch does not expect to change).
+
+    - an inference tensor (created under ``torch.inference_mode()``) outside inference mode:
+      torch refuses every in-place update of it there ("Inplace update to inference tensor
+      outside InferenceMode"), so ``torch-ref`` would raise after writing the first slots;
+    - a tensor that requires grad (a leaf, or a view of one, even a view made under no_grad):
+      an in-place write is refused by autograd or corrupts the graph;
+    - a lazily negated or conjugated view (also refused for every argument by ``_dense_tensor``).
+
+    Not detectable from the tensor and therefore not refused: memory that is read-only outside
+    torch (``torch.from_numpy`` of a non-writable array, ``torch.frombuffer`` of ``bytes``, a
+    read-only ``mmap``); torch warns when such a tensor is made.
+    """
+    if x.is_inference() and not torch.is_inference_mode_enabled():
+        return ("is an inference tensor (it was allocated under torch.inference_mode()) and the call runs "
+                "outside inference mode, where torch refuses in-place updates of inference tensors")
+    if x.requires_grad:
+        return "requires grad: it is updated in place and is no autograd leaf or graph node"
+    if x.is_neg() or x.is_conj():
+        return "is a lazily negated or conjugated view: its memory holds other values than it shows"
+    return None
+
+
+def any_unwritable(args: dict, written: tuple) -> bool:
+    """The per-call recheck of the fast path (``dispatch/fast_path.py``), whose call key holds
+    neither inference mode nor ``is_inference``: True when a buffer of ``written`` (rows whose
+    first item is a written argument's name, ``CallPlan.written``) cannot be written now."""
+    outside = not torch.is_inference_mode_enabled()
+    for row in written:
+        x = args[row[0]]
+        if (outside and x.is_inference()) or x.is_neg():
+            return True
+    return False
+
+
+def _refuse_unwritable(x: torch.Tensor, name: str) -> None:
+    why = None if x.numel() == 0 else write_refusal(x)
+    if why is None:
+        return
+    fix = ("allocate it outside inference mode (torch.no_grad() suffices for inference), or run the call "
+           "under torch.inference_mode() as well" if x.is_inference() else
+           f"pass {name}.detach() and keep using that tensor" if x.requires_grad else
+           f"pass {name}.resolve_neg().resolve_conj() and keep using that tensor")
+    raise ValueError(f"{name} is written in place but {why}; nothing was written. To fix: {fix}.")
 
 
 def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
@@ -524,6 +614,7 @@ def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
         return  # no addresses to compare (shape-only tracing)
     writes = [(n, x) for n, x in present if n != "state_pool" or dims["writes_pool"]]
     for name, x in writes:
+        _refuse_unwritable(x, name)
         _no_self_overlap(x, name)
     checked = set()
     for name, x in writes:

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .ops_table import OP_TABLE
 
-__all__ = ["Expect", "RESULTS", "ResultError", "check_result"]
+__all__ = ["Expect", "RESULTS", "ResultError", "check_result", "input_versions", "check_untouched"]
 
 
 class ResultError(RuntimeError):
@@ -127,6 +127,56 @@ def check_result(op: str, args: dict, result):
     _check_arity(op, expected, result)
     for exp, item in zip(expected, result):
         _check_item(op, exp, item)
+    return result
+
+
+def input_versions(op: str, args: dict) -> tuple:
+    """``(name, tensor, version)`` of every read-only tensor argument of ``op`` whose version counter
+    torch keeps (not inference tensors, which have none), taken before a plugin runs; see
+    :func:`check_untouched`. Metadata only: no sync."""
+    out = []
+    for name in OP_TABLE[op].reads:
+        x = args.get(name)
+        if isinstance(x, Tensor) and not x.is_inference():
+            out.append((name, x, x._version))
+    return tuple(out)
+
+
+def check_untouched(op: str, args: dict, result, versions: tuple):
+    """Refuse a plugin's result that shares memory with the call's arguments, or a run that
+    modified a read-only argument (field case F43); return ``result`` when neither happened.
+
+    Args:
+        op: the op name.
+        args: the validated, normalised keyword arguments the backend ran with.
+        result: what the backend returned (already through :func:`check_result`).
+        versions: :func:`input_versions` of ``args``, taken before the run.
+    Returns:
+        ``result``.
+    Raises:
+        ResultError: a returned tensor shares its storage with an argument (the pool included:
+            every output must be a new tensor), or a read-only argument's version counter moved
+            (it was written in place through torch; a write through a raw pointer, or into an
+            inference tensor, leaves no trace and is not seen).
+    """
+    for name, x, version in versions:
+        if x._version != version:
+            raise ResultError(f"{op} modified its read-only input {name} in place (its version counter went "
+                              f"from {version} to {x._version}); inputs are never modified (docs/ops.md), so "
+                              f"write the output into a new tensor")
+    storages = {}
+    for name, x in args.items():
+        if isinstance(x, Tensor) and x.numel():
+            storages.setdefault(x.untyped_storage().data_ptr(), name)
+    for i, item in enumerate(result if isinstance(result, tuple) else (result,)):
+        if isinstance(item, Tensor) and item.numel():
+            name = storages.get(item.untyped_storage().data_ptr())
+            if name is not None:
+                expected = RESULTS[op](args)
+                what = (expected if isinstance(expected, Expect) else expected[i]).name
+                raise ResultError(f"{op} returned {what} sharing memory with its argument {name} (the same "
+                                  f"storage); every output must be a new tensor and inputs are never modified "
+                                  f"(docs/ops.md)")
     return result
 
 

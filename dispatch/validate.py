@@ -19,12 +19,17 @@ Every error is raised before any kernel runs, so a rejected call never touches a
 never modified. ``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype.
 
 Source of the rules: docs/ops.md (shapes, pool and padding rules) and the field
-reports F05 (clamp limit sentinels), F11 (strided gate views), F23 (in-place without indices).
+reports F05 (clamp limit sentinels), F11 (strided gate views), F23 (in-place without indices),
+F33 (written buffers torch would refuse to write: refused before the first write), F47 (sparse and
+other non-strided layouts).
 """
 
 from __future__ import annotations
 
-from .host_rules import FLOAT_DTYPES, INDEX_DTYPES, STATE_DTYPES, STATE_LAYOUTS, Dims, _grad_mode, _written_buffers
+from typing import Optional
+
+from .host_rules import (FLOAT_DTYPES, INDEX_DTYPES, STATE_DTYPES, STATE_LAYOUTS, Dims, _dense_tensors, _grad_mode,
+                         _written_buffers)
 from .ops_table import OP_TABLE, OpSpec, op_spec
 from .value_rules import _run_value_rules, _v_finite_inputs
 
@@ -138,6 +143,7 @@ def validate_call(op: str, args: dict, *, check_values: bool = True,
     dims = {"n": 1, "t": 1, "h": 1, "hv": 1, "k": 0, "v": 0, "d": 0, "dtype": "float32",
             "state_dtype": "float32", "mode": spec.mode, "max_seqlen": 0, "writes_pool": True,
             "state_tiles_contiguous": True, "requires_grad": False}
+    _dense_tensors(out, dims)
     for rule in spec.host_rules:
         rule(out, dims)
     _written_buffers(out, dims, spec.mutates)
@@ -149,6 +155,23 @@ def validate_call(op: str, args: dict, *, check_values: bool = True,
         if out[key] is None:
             del out[key]
     return out, _signature(op, out, dims), dims
+
+
+def caller_fault(op: str, args: dict) -> Optional[Exception]:
+    """After a plugin backend raised: the refusal the call itself earns (every host rule and every
+    value rule, whatever ``validate`` the caller passed), or None when the call is valid and the
+    backend is at fault. A caller's fault never marks a backend broken (field case F33).
+
+    Args:
+        op: the op name. args: the validated, normalised keyword arguments the backend ran with.
+    Returns:
+        the ``ValueError`` / ``TypeError`` validation raises for ``args``, or None.
+    """
+    try:
+        validate_call(op, args, check_values=True)
+    except (ValueError, TypeError) as e:
+        return e
+    return None
 
 
 def value_rules_of(op: str, *, check_values: bool, check_finite: bool) -> tuple:

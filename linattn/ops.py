@@ -92,17 +92,25 @@ def _no_backend_error(op: str):
 
 def _run_plugin(plan, nargs: dict):
     """A plugin backend's run, its result checked against the op contract before the caller sees it;
-    a failure is named and remembered (the backend is rejected from then on), never retried silently."""
+    a failure is named and remembered (the backend is rejected from then on), never retried silently.
+    A result sharing memory with an argument, or a read-only argument modified, is a wrong result
+    (F43). A raise that the call's own inputs explain (a validation rule the call breaks, e.g. with
+    ``validate=False``) is the caller's: that refusal is raised and the backend not marked (F33)."""
     from linattn.dispatch.registry import error_text
-    from linattn.dispatch.results import ResultError, check_result
+    from linattn.dispatch.results import ResultError, check_result, check_untouched, input_versions
     from linattn.dispatch.selection import get_registry
+    from linattn.dispatch.validate import caller_fault
 
     op, impl = plan.op, plan.impl
+    versions = input_versions(op, nargs)
     try:
-        return check_result(op, nargs, _fast.run_plan(plan, nargs))
+        return check_untouched(op, nargs, check_result(op, nargs, _fast.run_plan(plan, nargs)), versions)
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt):
             raise
+        fault = None if isinstance(e, ResultError) else caller_fault(op, nargs)
+        if fault is not None:
+            raise fault from e
         get_registry().mark_broken(impl.name, e, where=not isinstance(e, ResultError))
         what, detail = ("returned a wrong result", str(e)) if isinstance(e, ResultError) else ("raised", error_text(e))
         raise BackendRunError(f"backend {impl.name!r} (plugin {impl.plugin!r}) {what} in {op}: {detail}. It is "
