@@ -30,6 +30,11 @@ Mapping details:
   fp32 too); an ``initial_state`` in 16 bits is read as float32 (FLA loads it that way).
 - ``beta`` may be in ``(0, 2)`` (the negative-eigenvalue form, e.g. OLMo-hybrid's ``2 * sigmoid``):
   it is used as given.
+- Errors speak the caller's shapes: every input's shape is checked here in FLA's ``[B, T, ...]``
+  vocabulary before the inputs are flattened for linattn's ``[T, ...]`` ops, and a position quoted by
+  linattn's value checks is given back as ``name[b, t, ...]``. A ``beta [B, T, HV, 1]`` is refused
+  with ``beta.squeeze(-1)`` as the fix (fla-core 0.6.0's ``chunk_kda`` asserts ``[B, T, HV]`` and its
+  recurrent kernel reads a 4-d beta per value channel).
 
 Arguments linattn does not implement are refused with ``NotImplementedError`` (FLA feature) or
 ``TypeError`` (unknown keyword) naming the argument, never ignored: ``use_gate_in_kernel=True`` (and
@@ -57,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -186,31 +192,83 @@ def _gate_dtype(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float32)
 
 
-def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
-         use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
-         out_dtype: torch.dtype):
-    for name, x, rank in (("q", q, 4), ("k", k, 4), ("v", v, 4)):
-        if not isinstance(x, torch.Tensor) or x.dim() != rank:
+def _shape_error(func: str, name: str, want: str, dims: tuple, got: torch.Tensor, hint: str) -> ValueError:
+    return ValueError(f"linattn.compat.fla.{func}: {name} must be {want} = {list(dims)}, got "
+                      f"{list(got.shape)}; {hint}")
+
+
+def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_seqlens,
+                  state_v_first: bool) -> tuple[int, int, int]:
+    """Every input's shape against the caller's own ``[B, T, ...]`` vocabulary (F47), before anything
+    is flattened for linattn's ``[T, ...]`` ops. Returns ``(B, T, N)``."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"linattn.compat.fla.{func}: {name} must be a [B, T, H, D] tensor, got "
                              f"{getattr(x, 'shape', type(x).__name__)}.")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} "
                          f"and k.shape[2]={k.shape[2]}")
-    H, HV = q.shape[2], v.shape[2]
+    (B, T, H, K), HV, V = q.shape, v.shape[2], v.shape[3]
     if HV % H != 0:
         raise ValueError(f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), "
                          f"but got HV % H = {HV % H}")
-    B, T = q.shape[0], q.shape[1]
-    if cu_seqlens is not None:
-        if B != 1:
-            raise ValueError(f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`. "
-                             f"Please flatten variable-length inputs before processing.")
-        N = cu_seqlens.shape[0] - 1
-    else:
-        N = B
-    if initial_state is not None and initial_state.shape[0] != N:
-        raise ValueError(f"The number of initial states is expected to be equal to the number of input "
-                         f"sequences, i.e., {N} rather than {initial_state.shape[0]}.")
+    if k.shape != q.shape:
+        raise _shape_error(func, "k", "[B, T, H, K] (q's shape)", q.shape, k, "pass q and k of one shape.")
+    if v.shape[:2] != q.shape[:2]:
+        raise _shape_error(func, "v", "[B, T, HV, V] (q's B and T)", (B, T, HV, V), v,
+                           "v needs one row per token of q.")
+    gdims, gwant = ((B, T, HV, K), "[B, T, HV, K]") if family == "kda" else ((B, T, HV), "[B, T, HV]")
+    if g.shape != gdims:
+        raise _shape_error(func, "g", gwant, gdims, g, "one log decay per token and value head"
+                           + (" and key channel." if family == "kda" else "."))
+    if beta.shape != (B, T, HV):
+        squeeze = beta.shape == (B, T, HV, 1)
+        raise _shape_error(func, "beta", "[B, T, HV]", (B, T, HV), beta,
+                           "pass beta.squeeze(-1): flash-linear-attention reads a 4-d beta as one value "
+                           "per value channel, not per head." if squeeze else "one beta per token and value head.")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"The batch size is expected to be 1 rather than {B} when using `cu_seqlens`. "
+                         f"Please flatten variable-length inputs before processing.")
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        if initial_state.shape[0] != N:
+            raise ValueError(f"The number of initial states is expected to be equal to the number of input "
+                             f"sequences, i.e., {N} rather than {initial_state.shape[0]}.")
+        sdims = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if initial_state.shape != sdims:
+            raise _shape_error(func, "initial_state", f"[N, HV, {'V, K' if state_v_first else 'K, V'}] "
+                               f"(state_v_first={state_v_first})", sdims, initial_state,
+                               "N sequences, v's heads HV, q's K and v's V.")
+    return B, T, N
+
+
+#: A position in a flattened ``[T, ...]`` input as linattn's checks quote it: ``g[7, 1]``.
+_FLAT_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
+
+
+@contextlib.contextmanager
+def _in_caller_shapes(func: str, T: int, flattened: bool):
+    """Re-raise linattn's ValueError / TypeError in the caller's terms: a flattened position
+    ``name[b * T + t, ...]`` becomes ``name[b, t, ...]`` and the pool the recurrent route builds
+    from ``initial_state`` is named so."""
+    try:
+        yield
+    except (ValueError, TypeError) as err:
+        msg = str(err)
+        if flattened:
+            msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // max(T, 1)}, {int(m[2]) % max(T, 1)}{m[3]}]",
+                                     msg)
+        msg = msg.replace("state_pool", "initial_state")
+        if msg == str(err) or type(err) not in (ValueError, TypeError):
+            raise
+        raise type(err)(f"linattn.compat.fla.{func}: {msg}") from err
+
+
+def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
+         use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
+         out_dtype: torch.dtype):
+    B, T, N = _check_shapes(func, family, q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
+    HV = v.shape[2]
     g, beta = _gate_dtype(g), _gate_dtype(beta)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
         initial_state = initial_state.to(torch.float32)
@@ -233,7 +291,8 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         else:  # T = 0 stores nothing (docs/ops.md): the final state is the zero state it starts from
             pool = q.new_zeros(shape, dtype=sdtype)
         idx = torch.arange(N, device=q.device, dtype=torch.int64)
-        o = decode(q, k, v, None, None, None, None, pool, idx, g=g, beta=beta, **extra, **common)
+        with _in_caller_shapes(func, T, flattened=False):
+            o = decode(q, k, v, None, None, None, None, pool, idx, g=g, beta=beta, **extra, **common)
         final = pool if output_final_state else None
         return o.to(out_dtype), final
 
@@ -246,7 +305,9 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
     def flat(x):
         return x.reshape(B * T, *x.shape[2:])
 
-    o, final = prefill(flat(q), flat(k), flat(v), flat(g), flat(beta), cu, initial_state=initial_state, **common)
+    with _in_caller_shapes(func, T, flattened=True):
+        o, final = prefill(flat(q), flat(k), flat(v), flat(g), flat(beta), cu, initial_state=initial_state,
+                           **common)
     o = o.reshape(B, T, *o.shape[1:]).to(out_dtype)
     if not output_final_state:
         return o, None
@@ -356,7 +417,7 @@ def fused_recurrent_gated_delta_rule(
         raise _unsupported(f, "gv", "per-value-channel decay")
     _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if beta is not None and beta.dim() == v.dim():
+    if beta is not None and beta.shape == v.shape:
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
     if g is None:
         g = q.new_zeros(v.shape[:3], dtype=torch.float32)
@@ -468,7 +529,7 @@ def fused_recurrent_kda(
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
     _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if beta is not None and beta.dim() == v.dim():
+    if beta is not None and beta.shape == v.shape:
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
     return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
