@@ -44,7 +44,7 @@ and only a backend that declares them in :attr:`Backend.features` is chosen for 
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterable, Optional
+from typing import Any, Callable, ClassVar, Hashable, Iterable, Optional
 
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.calls import ClampCall, DecodeCall, GatingCall, OpCall, PrefillCall, make_call
@@ -274,6 +274,23 @@ class Backend:
         say. A backend whose plan depends on the shape (e.g. the Triton prefill's segment-parallel
         state pass) says it here."""
         return ""
+
+    def size_class(self, p: Problem, caps: DeviceCapabilities) -> Hashable:
+        """What this backend's predicates, :meth:`rank` and :meth:`needs_forcing` read of the sizes
+        that change from call to call (``p.n``, ``p.t``, ``p.max_seqlen``), as a hashable value.
+
+        The dispatcher caches a decision per shape class: the problem without those sizes plus
+        every backend's ``size_class`` (``dispatch/selection.py`` ``shape_class``). Two problems
+        with equal values here must get the same verdict from this backend (ok or not, reason
+        codes, rank); messages (a rejection's numbers, :meth:`plan_note`) may be the class's first
+        call's. Return the outcome of each size-reading rule, e.g. ``p.t / max(p.n, 1) >= 128`` for
+        a rank with that threshold, or ``()`` when nothing reads the sizes.
+
+        Default: the exact ``(p.n, p.t, p.max_seqlen)``, right for any backend but deciding again
+        for every new prefill length or decode batch. A backend (or a subclass of one) whose rules
+        read the sizes must return at least what they read. Raising counts as the default.
+        """
+        return (p.n, p.t, p.max_seqlen)
 
     def prepare(self, op: str, kwargs: dict) -> Optional[Callable[[dict], Any]]:
         """An optional cached launch for calls like this one (``dispatch/fast_path.py``): given the

@@ -116,6 +116,10 @@ class CuteDSLBackend(Backend):
                                     f"{err}", "reinstall it: pip install -U 'linattn[cutedsl]'")
         return Check.passed()
 
+    def size_class(self, p: Problem, caps: DeviceCapabilities) -> str:
+        """:meth:`rank` reads the sizes through :func:`shape_class`, on SM90 only (no predicate does)."""
+        return shape_class(p) if caps.arch == "sm_90" else ""
+
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
         if caps.arch in ("sm_100", "sm_103"):
             return RANK_FIRST

@@ -573,6 +573,10 @@ class TorchRefBackend(Backend):
     def rank(self, p, caps) -> int:
         return Rank.CPU_DEFAULT if caps.vendor == "cpu" else Rank.GPU_REFERENCE
 
+    def size_class(self, p, caps) -> tuple:
+        """Nothing here reads the sizes: every N and T is one class."""
+        return ()
+
     def gdn_gating(self, *, A_log, a, b, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):
         return gdn_gating_ref(A_log, a, b, dt_bias, softplus_beta, softplus_threshold,
                               compute_dtype=_cd(A_log, a, b, dt_bias))

@@ -16,6 +16,7 @@ both backends are then eligible only when forced (``needs_forcing``).
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar, Optional
 
 from linattn.capabilities import DeviceCapabilities
@@ -137,6 +138,11 @@ class TritonBackend(Backend):
                                 "use triton-split on CUDA" if self.layout == "folded" else "split the batch")
         return Check.passed()
 
+    def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
+        """Only :meth:`supports_grid` reads the sizes (N, through the grid and decode's block
+        width): its outcome. :meth:`plan_note` reads T and N for its message only."""
+        return (self.supports_grid(p, caps).ok,)
+
     def needs_forcing(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
         """A message when this backend may run only when forced (None: it may be chosen)."""
         if caps.vendor in self.native:
@@ -196,12 +202,7 @@ class TritonBackend(Backend):
             _, bv, _ = decode_config(p.k, p.v, p.n, caps=None, gate=p.family)
             return p.n, p.hv, -(-p.v // bv)
         if p.phase == "prefill" and p.k in (64, 128, 256) and p.v in (64, 128, 256):
-            import torch
-
-            from linattn.kernels.triton.prefill import pinned_config
-
-            bv = pinned_config(p.family, p.k, p.v, getattr(torch, p.dtype))["state_bv"]
-            return p.n, p.hv, p.v // bv
+            return p.n, p.hv, p.v // _prefill_state_bv(p.family, p.k, p.v, p.dtype)
         return p.n, p.hv, 1
 
     # -- ops --------------------------------------------------------------------------------------
@@ -264,6 +265,17 @@ class TritonBackend(Backend):
         if spec.method == "prefill":
             return _PreparedPrefill(spec.family, args, self._caps(args["q"]), self.layout)
         return None
+
+
+@functools.lru_cache(maxsize=64)
+def _prefill_state_bv(family: str, k: int, v: int, dtype: str) -> int:
+    """The prefill state stage's value columns per program (its pinned configuration; building
+    one costs about 0.1 ms, and the grid predicate asks on every decision)."""
+    import torch
+
+    from linattn.kernels.triton.prefill import pinned_config
+
+    return pinned_config(family, k, v, getattr(torch, dtype))["state_bv"]
 
 
 class _PreparedPrefill:

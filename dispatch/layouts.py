@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from .lru import LAYOUT_PLANS_MAX, LRUCache
+
 #: How a backend reads one read-only tensor argument: ``"any"`` through every stride;
 #: ``"inner"`` through every stride but the last, which must be 1 (rows of contiguous elements).
 #: An argument a backend does not name is read as a contiguous tensor.
@@ -47,7 +49,8 @@ def conform_inputs(op: str, args: dict, backend) -> dict:
     key = (op, type(backend))
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _plan(op, backend)
+        plan = _plan(op, backend)
+        _PLANS.put(key, plan)
     out = args
     for name, how in plan:
         x = args.get(name)
@@ -60,7 +63,8 @@ def conform_inputs(op: str, args: dict, backend) -> dict:
 
 
 #: per (op, backend class): the read-only arguments to look at and how the backend reads each
-_PLANS: dict = {}
+#: (bounded: a registry reloaded again and again brings new classes; dispatch/lru.py)
+_PLANS: LRUCache = LRUCache(LAYOUT_PLANS_MAX)
 
 
 def _plan(op: str, backend) -> tuple:

@@ -8,9 +8,14 @@ process has one, :func:`dispatcher`; the module functions (:func:`explain`, :fun
 thin wrappers over it, and nothing else in linattn keeps selection state.
 
 ``explain(problem, device)`` is the pure, uncached form used by the CLI; ``select()`` is the
-cached form every op call goes through. The cache key is (device, problem signature, policy,
-forced backend, registry generation, CUDA-graph capture state); a hit is one tuple build and one
-dict lookup. Selection never touches device memory, so it never syncs and decode stays
+cached form every op call goes through (on a call-plan miss: ``dispatch/fast_path.py``). The cache
+key is (device, shape class, policy, forced backend, registry generation, CUDA-graph capture
+state): the shape class is the signature without its sizes (``n``, ``t``, ``max_seqlen``) and,
+per registered backend, :meth:`~linattn.backends.base.Backend.size_class`, what that backend's
+predicates and rank read of the sizes. So a new prefill length or decode batch in a class already
+decided costs one size-class evaluation per backend, not a verdict from each (issue 28). The
+cached decision is returned with the call's own :class:`Problem`; its verdicts' messages are
+those of the class's first call. The cache is a bounded LRU (``dispatch/lru.py``). Selection never touches device memory, so it never syncs and decode stays
 capturable in a CUDA graph. A rejection lists every predicate that failed (``Rejected.reasons``).
 
 One exception, eager calls only: before a backend first runs an (op, shape class) on a GPU
@@ -31,6 +36,7 @@ import torch
 
 from linattn.capabilities import DeviceCapabilities, probe, profile
 
+from .lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache
 from .policy import Policy, current_policy
 from .problem import Problem
 from .registry import Registry
@@ -42,7 +48,8 @@ log = logging.getLogger("linattn")
 DeviceLike = Union[DeviceCapabilities, torch.device, str, None]
 
 __all__ = ["CachedDecision", "Dispatcher", "backend_verdict", "clear_cache", "dispatcher", "explain", "get_registry",
-           "last_decision", "note_decision", "reset_registry", "resolve_device", "select", "stream_capturing"]
+           "last_decision", "note_decision", "reset_registry", "resolve_device", "select", "shape_class",
+           "stream_capturing"]
 
 
 # -- devices and capture ---------------------------------------------------------------------------
@@ -151,6 +158,29 @@ def _choose(verdicts: list, forced: Optional[str]) -> Optional[str]:
     return accepted[0].backend if accepted else None
 
 
+#: the Problem fields that vary from call to call of one model: read by selection only through
+#: each backend's Backend.size_class
+SIZE_FIELDS = frozenset({"n", "t", "max_seqlen"})
+
+
+def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, registry: Registry) -> tuple:
+    """The key under which a decision for ``problem`` is cached: ``signature`` without the sizes
+    (:data:`SIZE_FIELDS`), then each registered backend's name and
+    :meth:`~linattn.backends.base.Backend.size_class` (a backend whose ``size_class`` raises is keyed
+    by the exact sizes; one that does not implement the op is not asked). Two problems with one shape class get the same verdict from every backend:
+    ok or not, reason codes, rank (``tests/dispatch/test_shape_class.py``)."""
+    fixed = tuple(kv for kv in signature if kv[0] not in SIZE_FIELDS)
+    sizes = []
+    for name, b in registry.backends.items():
+        if problem.op not in b.ops:  # rejected for the op whatever the sizes (reason ``op``)
+            continue
+        try:
+            sizes.append((name, b.size_class(problem, caps)))
+        except Exception:  # noqa: BLE001 - a plugin's size class must not break dispatch: exact sizes then
+            sizes.append((name, (problem.n, problem.t, problem.max_seqlen)))
+    return fixed, tuple(sizes)
+
+
 class CachedDecision(NamedTuple):
     """One entry of the decision cache, as :meth:`Dispatcher.cached_decisions` lists it."""
 
@@ -172,7 +202,8 @@ class Dispatcher:
     Args:
         registry: the backend registry to use (default: the built-ins and the installed plugins,
             loaded on first use).
-        cache_size: decisions kept before the cache starts afresh.
+        cache_size: decisions kept (least recently used dropped first; default
+            :data:`~linattn.dispatch.lru.DECISIONS_MAX`).
 
     Example:
         >>> from linattn.dispatch import Problem, dispatcher
@@ -180,15 +211,14 @@ class Dispatcher:
         'torch-ref'
     """
 
-    def __init__(self, registry: Optional[Registry] = None, *, cache_size: int = 4096) -> None:
+    def __init__(self, registry: Optional[Registry] = None, *, cache_size: int = DECISIONS_MAX) -> None:
         self._lock = threading.RLock()  # re-entrant: a plugin may ask for the registry while it loads
         self._registry: Optional[Registry] = registry
         self._loading: Optional[Registry] = None
-        self._cache: dict[tuple, tuple[object, Decision]] = {}
-        self._cache_size = cache_size
+        self._cache: LRUCache = LRUCache(cache_size)  # shape-class key -> (backend, Decision)
         self._local = threading.local()
         self._last_by_op: dict[str, Decision] = {}
-        self._logged: set[tuple] = set()
+        self._logged: LRUCache = LRUCache(FIRST_CHOICE_LOG_MAX)  # (device, op, backend, reason) already logged
         self._warned_disabled: set[str] = set()
         self.self_checks = SelfChecks()
 
@@ -229,10 +259,11 @@ class Dispatcher:
         caps = resolve_device(device)
         pol = policy if policy is not None else current_policy()
         reg = self.registry
-        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.source)
+        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.forced_by(problem.op))
         if forced is not None and forced not in reg.backends:
             known = ", ".join(sorted(reg.backends))
-            raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
+            by = "LINATTN_BACKEND (env)" if forced_by == "env" else forced_by
+            raise ValueError(f"{by} forces backend {forced!r} for {problem.op}, which is not registered; "
                              f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
         self._warn_unknown_disabled(pol, reg)
         verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
@@ -250,18 +281,19 @@ class Dispatcher:
         pol = current_policy()
         reg = self.registry
         capturing = stream_capturing(device)
-        key = (device.type, device.index, signature, pol, backend, reg.generation, capturing)
+        problem = Problem(**dict(signature))
+        key = (device.type, device.index, shape_class(problem, signature, resolve_device(device), reg), pol,
+               backend, reg.generation, capturing)
         hit = self._cache.get(key)
         if hit is None:
-            problem = Problem(**dict(signature))
             decision = self._decide(problem, device, backend, pol, capturing)
             if decision.chosen is None:
                 raise _no_backend(op, problem, decision)
             hit = (reg.backends[decision.chosen], decision)
-            if len(self._cache) >= self._cache_size:
-                self._cache.clear()
-            self._cache[key] = hit
-            self._log_first(op, device, signature, decision)
+            self._cache.put(key, hit)
+            self._log_first(op, device, decision)
+        elif hit[1].problem != problem:  # another call of the class: its own problem, the class's verdicts
+            hit = (hit[0], hit[1].model_copy(update={"problem": problem}))
         self._local.last = hit[1]
         self._last_by_op[op] = hit[1]
         return hit
@@ -284,13 +316,15 @@ class Dispatcher:
             decision = self.explain(problem, device, backend=backend, policy=pol, capturing=capturing)
         return decision
 
-    def _log_first(self, op: str, device: torch.device, signature: tuple, decision: Decision) -> None:
-        """The first choice for a signature, once at INFO with the runners-up (and a warning when a
-        GPU falls back to the reference without being told to)."""
-        logkey = (device.type, device.index, signature, decision.chosen)
-        if logkey in self._logged:
+    def _log_first(self, op: str, device: torch.device, decision: Decision) -> None:
+        """The first choice of a backend for an op on a device, for each reason (ranked first, or
+        forced and by whom), once at INFO with the runners-up (and a warning when a GPU falls back
+        to the reference without being told to). Not once per signature: an engine's ever new
+        shapes would log a line each and keep a key each (F41)."""
+        logkey = (device.type, device.index, op, decision.chosen, decision.forced_by or "ranked first")
+        if self._logged.get(logkey) is not None:
             return
-        self._logged.add(logkey)
+        self._logged.put(logkey, True)
         log.info("linattn: %s on %s -> %s (runners-up: %s)", op, decision.device, decision.chosen,
                  ", ".join(decision.runners_up) or "none")
         if device.type != "cpu" and decision.chosen == "torch-ref" and not decision.forced:
@@ -318,7 +352,8 @@ class Dispatcher:
         return getattr(self._local, "last", None)
 
     def cached_decisions(self) -> list[CachedDecision]:
-        """The decision cache's entries, each with the parts of its key (a snapshot)."""
+        """The decision cache's entries, each with the parts of its key (a snapshot; ``signature`` is
+        the shape class, :func:`shape_class`)."""
         return [CachedDecision(*key, decision) for key, (_, decision) in list(self._cache.items())]
 
     def clear_cache(self) -> None:

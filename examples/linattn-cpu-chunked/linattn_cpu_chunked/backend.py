@@ -38,7 +38,12 @@ class CpuChunkedBackend(Backend):
     state_layouts = frozenset({"vk", "kv"})
 
     def rank(self, p, caps) -> int:
-        return Rank.PREFERRED if p.t / max(p.n, 1) >= LONG_SEQUENCE[p.family] else Rank.BEHIND_NATIVE
+        return Rank.PREFERRED if self.size_class(p, caps) else Rank.BEHIND_NATIVE
+
+    def size_class(self, p, caps) -> bool:
+        """What :meth:`rank` reads of the sizes (the dispatcher caches one decision per value):
+        whether the prefill averages at least :data:`LONG_SEQUENCE` tokens per sequence."""
+        return p.t / max(p.n, 1) >= LONG_SEQUENCE[p.family]
 
     def prefill(self, call: PrefillCall):
         """GDN and KDA alike: one chunked form, g's shape (``[T, HV]`` or ``[T, HV, K]``) tells them

@@ -1,0 +1,74 @@
+"""The bounded, least-recently-used caches of the call path, and their sizes (issue 28, fault F41).
+
+Every per-process cache an op call can add to is one :class:`LRUCache` with its size from a
+constant here, so that a stream of calls with ever new shapes (an engine's packed prefill length,
+its decode batch) keeps the process's memory bounded: the entry used longest ago is dropped, one at
+a time, never the whole cache at once (which used to drop hot decode plans with the cold ones).
+
+| cache | owner | key | size |
+|---|---|---|---|
+| call plans | ``dispatch/fast_path.py`` ``_plans`` | the call key (exact shapes) | :data:`CALL_PLANS_MAX` |
+| decisions | ``Dispatcher._cache`` (``dispatch/selection.py``) | the shape class (``Backend.size_class``) | :data:`DECISIONS_MAX` |
+| first-choice log keys | ``Dispatcher._logged`` | (device, op, backend, reason) | :data:`FIRST_CHOICE_LOG_MAX` |
+| input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Hashable
+
+#: Call plans kept (``dispatch/fast_path.py``): one per distinct call key. A plan holds the prepared
+#: launch and its recorded launch sequences, about 20 KB for a prefill.
+CALL_PLANS_MAX = 1024
+#: Decisions kept (``Dispatcher``): one per shape class, device, policy, forced backend, registry
+#: generation and capture state; a decision with every verdict is a few KB.
+DECISIONS_MAX = 1024
+#: First-choice log keys kept: one per (device, op, chosen backend, reason): bounded by the ops and
+#: backends, the cap only guards against a registry that keeps adding backends.
+FIRST_CHOICE_LOG_MAX = 256
+#: Input-copy plans kept (``dispatch/layouts.py``): one per (op, backend class).
+LAYOUT_PLANS_MAX = 256
+
+
+class LRUCache(OrderedDict):
+    """A dict that keeps at most ``maxsize`` entries, dropping the least recently used.
+
+    :meth:`get` counts as a use (the entry moves to the recent end); :meth:`put` stores and drops the
+    oldest entry beyond ``maxsize``. Plain ``[]`` reads and ``in`` do not reorder. Thread-safe as
+    far as the callers need it: a concurrent eviction of the entry being read makes :meth:`get`
+    return the default (a miss), never raise ``KeyError``; an unhashable key raises ``TypeError``
+    as a dict does.
+
+    Args:
+        maxsize: entries kept, >= 1.
+    Raises:
+        ValueError: ``maxsize < 1``.
+
+    Example:
+        >>> c = LRUCache(2); c.put("a", 1); c.put("b", 2); c.get("a"); c.put("c", 3); list(c)
+        1
+        ['a', 'c']
+    """
+
+    def __init__(self, maxsize: int):
+        if not isinstance(maxsize, int) or maxsize < 1:
+            raise ValueError(f"an LRU cache needs maxsize >= 1 (an int); got {maxsize!r}")
+        super().__init__()
+        self.maxsize = maxsize
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        try:
+            self.move_to_end(key)
+            return self[key]
+        except KeyError:
+            return default
+
+    def put(self, key: Hashable, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            try:
+                self.popitem(last=False)
+            except KeyError:  # emptied by another thread meanwhile
+                break
