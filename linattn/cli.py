@@ -190,7 +190,9 @@ def _sweep_table(doc: dict, phase: str, sizes: tuple[int, ...], label: str) -> T
 
 
 def _print_report_notes(doc: dict, con: Console) -> None:
-    """Unverified backends, self-checks run in this process, and plugin load failures."""
+    """Unverified backends, self-checks run in this process, preset file problems and plugin load failures."""
+    for line in doc.get("preset_problems", []):
+        con.print(Text(f"preset left out: {line}", style="bold red"))
     for u in doc.get("unverified", []):
         con.print(Text(f"{u['backend']} for {u['op']}: {u['message']}", style="yellow"))
     for r in doc.get("self_checks", []):

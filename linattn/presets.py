@@ -1,5 +1,19 @@
 """Model presets as data (``presets.toml``), each with its source.
 
+Users add their own with ``LINATTN_PRESETS=/path/to/more.toml`` (the same schema: one ``[name]``
+table per preset). That file is checked as it is read (field fault F46; docs/ops-decisions.md):
+
+- a problem is one line naming the file and what is wrong: the file is missing or unreadable,
+  not valid TOML (with the line and column), an entry that is not a ``[table]``, a preset with
+  an unknown or missing field or a bad value (``H=-4``, ``HV`` not a multiple of ``H``);
+- a user preset named like a shipped one is refused (a problem), never a silent replacement;
+- a bad preset is left out and the good ones kept (:func:`preset_table`); :func:`presets` raises
+  :class:`PresetFileError` when the file has any problem, :func:`preset` only when the name
+  asked for is missing (a shipped preset stays usable beside a broken file, with a logged
+  warning); ``linattn report`` lists each problem and reports the rest.
+
+A blank ``LINATTN_PRESETS`` is unset.
+
 Example:
     >>> from linattn.presets import preset
     >>> preset("qwen3-next").HV
@@ -9,15 +23,26 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from linattn.dispatch.ops_table import find_op, ops_of
+
+log = logging.getLogger("linattn")
+
+
+class PresetFileError(KeyError, ValueError):
+    """The ``LINATTN_PRESETS`` file cannot give the presets asked for: the message is one line that
+    names the file and the problem. A ``KeyError`` (as an unknown preset name is) and a ``ValueError``."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class ModelPreset(BaseModel):
@@ -28,14 +53,24 @@ class ModelPreset(BaseModel):
     name: str
     title: str
     family: Literal["gdn", "kda", "swiglu"]
-    H: int = 0
-    HV: int = 0
-    K: int = 0
-    V: int = 0
-    D: int = 0
+    H: int = Field(0, ge=0)
+    HV: int = Field(0, ge=0)
+    K: int = Field(0, ge=0)
+    V: int = Field(0, ge=0)
+    D: int = Field(0, ge=0)
     limit: Optional[float] = None
     layers: str = ""
     source: str
+
+    @model_validator(mode="after")
+    def _shape_of_family(self) -> "ModelPreset":
+        if self.family == "swiglu":
+            if self.D <= 0:
+                raise ValueError(f"a swiglu preset needs D > 0 (got D={self.D})")
+        elif min(self.H, self.HV, self.K, self.V) <= 0 or self.HV % self.H:
+            raise ValueError(f"a {self.family} preset needs H, HV, K, V > 0 and HV a multiple of H (got H={self.H} "
+                             f"HV={self.HV} K={self.K} V={self.V})")
+        return self
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -68,28 +103,114 @@ class ModelPreset(BaseModel):
         return self.op_for("gating")
 
 
+class PresetTable(BaseModel):
+    """The presets that loaded, and one line per problem of the ``LINATTN_PRESETS`` file."""
+
+    model_config = ConfigDict(frozen=True)
+
+    presets: dict[str, ModelPreset]
+    problems: tuple[str, ...] = ()
+
+
+def _describe(err: dict) -> str:
+    field = ".".join(str(x) for x in err["loc"]) or "its shape"
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(f for f in ModelPreset.model_fields if f != "name")
+        return f"unknown field {field!r} (fields: {allowed})"
+    if err["type"] == "missing":
+        return f"missing field {field!r}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{field}={err['input']!r}: {msg}" if err["loc"] else msg
+
+
+def _read_tables(path: str) -> dict:
+    """The TOML tables of the user's file.
+
+    Raises:
+        PresetFileError: missing, unreadable, not UTF-8 or not valid TOML.
+    """
+    where = f"LINATTN_PRESETS={path}"
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PresetFileError(f"{where}: no such file; point it at a TOML file of [name] tables "
+                              f"(the schema of linattn/presets.toml) or unset it") from None
+    except IsADirectoryError:
+        raise PresetFileError(f"{where}: is a folder, not a TOML file") from None
+    except OSError as e:
+        raise PresetFileError(f"{where}: cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise PresetFileError(f"{where}: not UTF-8 text (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PresetFileError(f"{where}: not valid TOML: {e}") from None
+
+
+def _user_presets(path: str, shipped: dict[str, ModelPreset]) -> tuple[dict[str, ModelPreset], list[str]]:
+    """The good presets of the user's file and one line per problem (module docstring)."""
+    try:
+        tables = _read_tables(path)
+    except PresetFileError as e:
+        return {}, [str(e)]
+    good, problems = {}, []
+    for name, body in tables.items():
+        where = f"LINATTN_PRESETS={path}: preset {name!r}"
+        if name in shipped:
+            problems.append(f"{where} is already a shipped preset ({shipped[name].title}); a user preset "
+                            "cannot replace one: give yours another name")
+        elif not isinstance(body, dict):
+            problems.append(f"{where} is not a [table] (got {type(body).__name__} {body!r})")
+        else:
+            try:
+                good[name] = ModelPreset(name=name, **body)
+            except ValidationError as e:
+                problems.append(f"{where}: " + "; ".join(_describe(err) for err in e.errors()))
+    return good, problems
+
+
 @functools.lru_cache(maxsize=None)
-def _load(extra: Optional[str]) -> dict[str, ModelPreset]:
+def _load(extra: Optional[str]) -> PresetTable:
     text = resources.files("linattn").joinpath("presets.toml").read_text()
-    tables = tomllib.loads(text)
-    if extra:
-        tables.update(tomllib.loads(Path(extra).read_text()))
-    return {name: ModelPreset(name=name, **body) for name, body in tables.items()}
+    shipped = {name: ModelPreset(name=name, **body) for name, body in tomllib.loads(text).items()}
+    if not extra:
+        return PresetTable(presets=shipped)
+    good, problems = _user_presets(extra, shipped)
+    for line in problems:
+        log.warning("linattn: %s", line)
+    return PresetTable(presets={**shipped, **good}, problems=tuple(problems))
+
+
+def preset_table() -> PresetTable:
+    """The shipped presets plus the good ones of ``$LINATTN_PRESETS``, and that file's problems
+    (one line each, naming the file). Never raises for the user's file (``linattn report`` uses it)."""
+    return _load(os.environ.get("LINATTN_PRESETS", "").strip() or None)
 
 
 def presets() -> dict[str, ModelPreset]:
-    """All presets: the shipped ones plus those in ``$LINATTN_PRESETS`` (a TOML file), if set."""
-    return _load(os.environ.get("LINATTN_PRESETS"))
+    """All presets: the shipped ones plus those in ``$LINATTN_PRESETS`` (a TOML file), if set.
+
+    Raises:
+        PresetFileError: the file has a problem (the first one named, and how many more).
+    """
+    table = preset_table()
+    if table.problems:
+        more = f" (and {len(table.problems) - 1} more problems)" if len(table.problems) > 1 else ""
+        raise PresetFileError(table.problems[0] + more)
+    return table.presets
 
 
 def preset(name: str) -> ModelPreset:
-    """The preset called ``name``.
+    """The preset called ``name`` (a shipped one stays usable beside a broken ``LINATTN_PRESETS``).
 
     Raises:
+        PresetFileError: ``name`` is not known and the ``LINATTN_PRESETS`` file has problems (named).
         KeyError: unknown name; the message lists the known ones.
     """
-    table = presets()
-    if name not in table:
-        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(table))} "
-                       f"(add your own with LINATTN_PRESETS=/path/to/presets.toml)")
-    return table[name]
+    table = preset_table()
+    if name in table.presets:
+        return table.presets[name]
+    known = ", ".join(sorted(table.presets))
+    if table.problems:
+        raise PresetFileError(f"unknown model preset {name!r} (known: {known}); the LINATTN_PRESETS file has "
+                              f"problems: {' | '.join(table.problems)}")
+    raise KeyError(f"unknown model preset {name!r}; known: {known} "
+                   f"(add your own with LINATTN_PRESETS=/path/to/presets.toml)")

@@ -25,6 +25,7 @@ import linattn
 from linattn.dispatch import resolve_device
 from linattn.dispatch.ops_table import OP_TABLE, ops_of, op_spec
 from linattn.dispatch.problem import OPS, Problem
+from linattn.presets import preset_table
 
 #: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
 #: From the op table's ``default_preset`` (``{"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}``).
@@ -246,10 +247,11 @@ def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
     Decode rows: the preset's decode op at ``SWEEP_BATCHES`` (and ``silu_and_mul_clamp`` with
     ``M = batch``). Prefill rows: gating and prefill at ``SWEEP_TOKENS`` packed tokens, in
     sequences of at most ``SWEEP_SEQ_TOKENS`` (and ``silu_and_mul_clamp`` with ``M = tokens``).
+    Presets the ``LINATTN_PRESETS`` file got wrong are left out (``build_report`` lists them).
     """
     out = []
     clamp = "silu_and_mul_clamp"
-    for name, p in linattn.presets().items():
+    for name, p in preset_table().presets.items():
         if p.family == "swiglu":
             out += [(name, clamp, "decode", b, problem_for(clamp, name, batch=b)) for b in SWEEP_BATCHES]
             out += [(name, clamp, "prefill", t, problem_for(clamp, name, tokens=t)) for t in SWEEP_TOKENS]
@@ -300,7 +302,9 @@ def build_report(profile: Optional[str] = None) -> dict:
         and rejection reasons), ``unverified`` (one row per op and accepted backend whose kernels
         were never verified on this arch: it self-checks against torch-ref on its first eager
         call), ``self_checks`` (the self-checks run in this process), ``plugins`` and
-        ``plugin_failures`` (the plugin rows whose status is not ``loaded``).
+        ``plugin_failures`` (the plugin rows whose status is not ``loaded``), ``preset_problems``
+        (one line per problem of the ``LINATTN_PRESETS`` file, naming it: those presets are left
+        out of the sweep, the rest reported).
     Raises:
         UsageError: an unknown profile.
     """
@@ -320,6 +324,7 @@ def build_report(profile: Optional[str] = None) -> dict:
         "self_checks": [r.model_dump(mode="json") for r in self_check_results()],
         "plugins": plugins,
         "plugin_failures": [p for p in plugins if p["status"] != "loaded"],
+        "preset_problems": list(preset_table().problems),
     }
 
 

@@ -1,0 +1,85 @@
+"""Field case F48 (issue 26): ``LINATTN_BACKEND="decode="`` forced nothing, silently.
+
+The rule (dispatch/policy.py, docs/ops-decisions.md): every entry of ``LINATTN_BACKEND`` /
+``LINATTN_DISABLE`` is well formed or the call is refused with a ``ValueError`` naming the
+variable and the entry (an empty backend name or key, an empty entry, an unknown key, ``key=`` in
+the disable list); a blank variable is unset; ``policy()`` refuses an empty backend name too.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import linattn
+from linattn.dispatch import policy
+from linattn.dispatch.policy import env_policy
+
+BAD_BACKEND = [
+    ("decode=", "'decode=' names no backend"),
+    ("all=torch-ref,decode=", "'decode=' names no backend"),
+    ("=torch-ref", "'=torch-ref' has no key"),
+    ("decode=torch-ref,", "is empty"),
+    ("decode=torch-ref,,prefill=torch-ref", "is empty"),
+    ("decoder=torch-ref", "unknown key 'decoder'"),
+    ("decode=torch ref", "malformed backend name"),
+    ("decode=a=b", "malformed backend name"),
+]
+BAD_DISABLE = [("triton-split,", "is empty"), ("decode=triton-split", "not a backend name")]
+
+
+def _decode():
+    pool = torch.randn(3, 1, 4, 4)
+    before = pool.clone()
+    q = torch.randn(1, 1, 1, 4)
+    try:
+        linattn.gdn_decode(q, q, torch.randn(1, 1, 1, 4), torch.zeros(1, 1, 1), torch.zeros(1, 1, 1), torch.zeros(1),
+                           torch.zeros(1), pool, torch.tensor([1]))
+    finally:
+        assert torch.equal(pool[0], before[0]) and torch.equal(pool[2], before[2])
+
+
+@pytest.mark.parametrize("var, value, match", [("LINATTN_BACKEND", v, m) for v, m in BAD_BACKEND]
+                         + [("LINATTN_DISABLE", v, m) for v, m in BAD_DISABLE])
+def test_f48_a_malformed_entry_refuses_the_call_naming_the_variable_and_entry(registry, monkeypatch, var, value,
+                                                                              match):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=f"{var}=.*{match}"):
+        _decode()
+    with pytest.raises(ValueError, match=var):
+        linattn.explain("gdn_decode", "cpu", h=1, hv=1, k=4, v=4)
+
+
+def test_f48_blank_variables_are_unset_and_well_formed_ones_force(registry, monkeypatch):
+    monkeypatch.setenv("LINATTN_BACKEND", "  ")
+    monkeypatch.setenv("LINATTN_DISABLE", "")
+    assert env_policy().force == () and env_policy().source == "default"
+    monkeypatch.setenv("LINATTN_BACKEND", " decode = torch-ref ")
+    _decode()
+    assert linattn.last_decision().forced == "torch-ref" and linattn.last_decision().forced_by == "env"
+
+
+def test_f48_an_unregistered_backend_from_the_environment_names_the_variable(registry, monkeypatch):
+    monkeypatch.setenv("LINATTN_BACKEND", "decode=no-such-backend")
+    with pytest.raises(ValueError, match="LINATTN_BACKEND .*'no-such-backend'.*not registered"):
+        _decode()
+
+
+@pytest.mark.parametrize("value", ["", "  ", None, 3])
+def test_f48_policy_refuses_a_force_that_is_not_a_backend_name(value):
+    with pytest.raises(ValueError, match="not a backend name"):
+        with policy(decode=value):
+            pass
+    with pytest.raises(ValueError, match="not a backend name"):
+        with policy(disable=["torch-ref", value]):
+            pass
+
+
+def test_f48_the_cli_prints_one_line_and_exits_2():
+    env = {"LINATTN_BACKEND": "decode=", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-m", "linattn", "explain", "gdn_decode"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "LINATTN_BACKEND='decode='" in lines[0] and "Traceback" not in out.stderr
