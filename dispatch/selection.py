@@ -259,11 +259,10 @@ class Dispatcher:
         caps = resolve_device(device)
         pol = policy if policy is not None else current_policy()
         reg = self.registry
-        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.forced_by(problem.op))
+        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.source)
         if forced is not None and forced not in reg.backends:
             known = ", ".join(sorted(reg.backends))
-            by = "LINATTN_BACKEND (env)" if forced_by == "env" else forced_by
-            raise ValueError(f"{by} forces backend {forced!r} for {problem.op}, which is not registered; "
+            raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
                              f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
         self._warn_unknown_disabled(pol, reg)
         verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
