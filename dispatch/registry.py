@@ -28,7 +28,6 @@ the dispatcher's (``linattn.dispatch.get_registry``).
 
 from __future__ import annotations
 
-import os
 import threading
 import traceback
 from importlib import metadata
@@ -37,6 +36,7 @@ from typing import Literal, Optional
 import pluggy
 from pydantic import BaseModel, ConfigDict
 
+from .env import env_names
 from .hookspecs import PROJECT, SUPPORTED_API_VERSIONS, LinattnSpec
 
 ENTRY_POINT_GROUP = "linattn.backends"
@@ -82,10 +82,8 @@ class BackendTable(dict):
 
 
 def _split_env(var: str) -> Optional[set[str]]:
-    raw = os.environ.get(var)
-    if raw is None or not raw.strip():
-        return None
-    return {x.strip() for x in raw.split(",") if x.strip()}
+    """``var``'s names, None when blank; an empty entry is a ``ValueError`` (``dispatch/env.py``)."""
+    return env_names(var)
 
 
 class Registry:

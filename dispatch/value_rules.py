@@ -17,12 +17,11 @@ The choice is made when a call plan is made: changing the variable takes effect 
 
 from __future__ import annotations
 
-import os
-
 from typing import Callable
 
 import torch
 
+from .env import env_switch
 from .host_rules import Dims
 
 Probe = tuple  # (0-d bool tensor: "this rule is violated", zero-arg function that raises)
@@ -242,7 +241,7 @@ FUSED_VALUE_CHECKS: bool | None = None
 def _fusable_device(dev) -> bool:
     if FUSED_VALUE_CHECKS is not None:
         return FUSED_VALUE_CHECKS
-    if dev is None or dev.type != "cuda" or os.environ.get("LINATTN_FUSED_VALUE_CHECKS") == "0":
+    if dev is None or dev.type != "cuda" or not env_switch("LINATTN_FUSED_VALUE_CHECKS", True):
         return False
     from linattn.kernels.triton.launch import fast_launch_status
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import threading
 from typing import Callable, NamedTuple, Optional
 
@@ -67,7 +66,9 @@ def fast_launch_status() -> tuple[bool, str]:
 
 
 def _decide_status() -> tuple[bool, str]:
-    if os.environ.get("LINATTN_FAST_LAUNCH", "1") == "0":
+    from linattn.dispatch.env import env_switch
+
+    if not env_switch("LINATTN_FAST_LAUNCH", True):
         return False, "LINATTN_FAST_LAUNCH=0"
     try:
         import triton

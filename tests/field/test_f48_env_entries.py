@@ -83,3 +83,36 @@ def test_f48_the_cli_prints_one_line_and_exits_2():
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "LINATTN_BACKEND='decode='" in lines[0] and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("value, expected", [("", True), (" ", True), ("1", True), ("0", False), ("off", False),
+                                             ("False", False), ("yes", True), ("ON", True)])
+def test_f48_switches_take_one_or_zero_and_their_words(monkeypatch, value, expected):
+    from linattn.dispatch.env import env_switch
+
+    monkeypatch.setenv("LINATTN_FAST_LAUNCH", value)
+    assert env_switch("LINATTN_FAST_LAUNCH", True) is expected
+
+
+@pytest.mark.parametrize("value", ["fasle", "2", "disabled"])
+def test_f48_a_malformed_switch_is_refused_naming_the_variable(monkeypatch, value):
+    from linattn.dispatch.env import env_switch
+    from linattn.dispatch import value_rules
+
+    monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", None)  # the environment decides
+    monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", value)
+    with pytest.raises(ValueError, match=f"LINATTN_FUSED_VALUE_CHECKS='{value}' is not a switch"):
+        env_switch("LINATTN_FUSED_VALUE_CHECKS", True)
+    with pytest.raises(ValueError, match="LINATTN_FUSED_VALUE_CHECKS"):
+        value_rules._fusable_device(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("var", ["LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS"])
+def test_f48_an_empty_plugin_name_is_refused_when_the_registry_loads(registry, monkeypatch, var):
+    from linattn.dispatch.registry import Registry
+
+    monkeypatch.setenv(var, "cpu-chunked,")
+    with pytest.raises(ValueError, match=f"{var}='cpu-chunked,': entry 2 is empty"):
+        Registry().load()
+    monkeypatch.setenv(var, " ")  # blank: unset
+    Registry().load()
