@@ -71,6 +71,7 @@ import triton.language as tl
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import GridPlan, plan_grid
 
+from .chunk_fused import FusedConfig, fused_config, fused_refusal, launch_fused, launch_fused_prep
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_segment_combine_kernel, chunk_state_kernel
@@ -404,6 +405,12 @@ class PrefillPlan:
     #: why the planner chose ``segment_chunks`` (``explain`` shows it)
     segment_reason: str = ""
     segment_grids: Optional["SegmentGrids"] = None
+    #: the fused GDN prefill (:mod:`.chunk_fused`) runs in place of stages 1-4 (None: the pipeline)
+    fused: Optional[FusedConfig] = None
+    #: why the planner chose the fused prefill or the pipeline (``explain`` shows it)
+    fused_reason: str = ""
+    #: the fused kernel's grid (``N x HV x V // block_v``) and its prep kernel's persistent programs
+    fused_grid: Optional[GridPlan] = None
     #: the recorded launches of this plan's calls, per signature of their tensors (:func:`run_prefill`:
     #: a :class:`PrefillLaunch`, None where it cannot be replayed, or a mark of a first call); not part
     #: of the plan's value
@@ -458,6 +465,9 @@ class PrefillBuffers:
     hbuf: Optional[torch.Tensor] = None
     seg_summary: Optional[torch.Tensor] = None
     seg_init: Optional[torch.Tensor] = None
+    fused_tmb: Optional[torch.Tensor] = None
+    fused_aqk: Optional[torch.Tensor] = None
+    fused_qs: Optional[torch.Tensor] = None
 
 
 class SegmentGrids(NamedTuple):
@@ -519,13 +529,16 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
                  initial_state: Optional[torch.Tensor] = None, has_initial_state: Optional[torch.Tensor] = None,
                  use_qk_l2norm: bool = True, state_layout: str = "vk", layout: str = "split",
                  caps: Optional[DeviceCapabilities] = None, state_kernel: Optional[Callable] = None,
-                 config: Optional[PrefillConfig] = None, segment_chunks: Optional[int] = None) -> PrefillPlan:
+                 config: Optional[PrefillConfig] = None, segment_chunks: Optional[int] = None,
+                 fused: Optional[bool] = None, fused_cfg: Optional[FusedConfig] = None) -> PrefillPlan:
     """Plan a :func:`chunk_prefill` call from the shapes, dtypes and flags of its arguments.
 
     Reads only metadata (``shape``, ``dtype``, ``device``, ``numel``; whether optional tensors are
     given), never values: no device sync. Arguments as :func:`chunk_prefill`'s; ``config``
     overrides the pinned configuration (:func:`prefill_config`); ``segment_chunks`` the planner's
-    choice of the segment-parallel state pass (:func:`plan_segments`; tests and sweeps).
+    choice of the segment-parallel state pass (:func:`plan_segments`; tests and sweeps); ``fused``
+    the planner's choice of the fused GDN prefill (:func:`plan_fused`: None the planner's, True
+    forced (a ``ValueError`` where it cannot run), False off) and ``fused_cfg`` its configuration.
     Returns:
         A frozen :class:`PrefillPlan`.
     Raises:
@@ -562,7 +575,8 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
         raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
     caps = probe(q.device) if caps is None else caps
     cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
-    return _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, segment_chunks)
+    plan = _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, segment_chunks)
+    return _with_fused(plan, caps, layout, fused, fused_cfg, segment_chunks)
 
 
 def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int, caps: DeviceCapabilities,
@@ -631,6 +645,77 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
                    f"{L} chunks")
     return L, (f"{programs} state programs on {caps.sm_count} SMs: segments of {L} chunks "
                f"(at most {nt_max // L + N}), aiming at {SEGMENT_PROGRAMS_PER_SM} rerun programs per SM")
+
+
+#: the fused GDN prefill runs where its grid (``N x HV x V // block_v`` programs, one per sequence,
+#: value head and value block) holds at least this many programs per SM; below it the pipeline
+#: (with its segment-parallel state pass) fills the device better (docs/performance.md#prefill-fused)
+FUSED_MIN_PROGRAMS_PER_SM = 1.0
+
+
+def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities,
+               cfg: FusedConfig, replaced_state: bool = False, forced_segments: bool = False,
+               forced: Optional[bool] = None) -> tuple[bool, str]:
+    """Whether the fused GDN prefill (:mod:`.chunk_fused`) runs a call, from host-known facts only.
+
+    Args:
+        family, N, HV, K, V, dtype: the call's. caps: the device (its SM count). cfg: the fused
+            configuration (its ``block_v``). replaced_state: a replacement state kernel is given.
+            forced_segments: the caller forced the segment-parallel pass on.
+        forced: None the planner's choice, True forced on, False off.
+    Returns:
+        ``(fused, reason)``.
+    Raises:
+        ValueError: forced on where the fused prefill cannot run (the reason says why).
+    Example:
+        >>> from linattn.capabilities import profile
+        >>> plan_fused(family="gdn", N=16, HV=32, K=128, V=128, dtype=torch.bfloat16, caps=profile("sm90"),
+        ...            cfg=fused_config(128, 128, torch.bfloat16))[0]
+        True
+    """
+    why = fused_refusal(family, K, V, dtype, replaced_state=replaced_state, forced_segments=forced_segments)
+    if forced is not None:
+        if forced and why:
+            raise ValueError(f"fused=True: {why}; pass fused=None (the planner's choice) or False")
+        return bool(forced), "forced " + ("on" if forced else "off")
+    if why:
+        return False, why
+    if caps.device_type != "cuda" or dtype != torch.bfloat16:
+        return False, (f"the fused prefill is chosen where it was measured faster: bf16 on CUDA (H200); here "
+                       f"{str(dtype).removeprefix('torch.')} on {caps.device_type} (fused=True forces it)")
+    programs = N * HV * triton.cdiv(V, cfg.block_v)
+    if programs < FUSED_MIN_PROGRAMS_PER_SM * caps.sm_count:
+        return False, (f"the fused grid's {programs} programs (N x HV x V/{cfg.block_v}) would leave SMs of "
+                       f"{caps.sm_count} idle for the whole sequence: the pipeline (segment-parallel state pass) "
+                       "fills them")
+    return True, (f"fused: {programs} programs (N x HV x V/{cfg.block_v}) fill {caps.sm_count} SMs; the state stays "
+                  "on chip (no per-chunk states, w, u or new values in memory)")
+
+
+def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced: Optional[bool],
+                cfg: Optional[FusedConfig], segment_chunks: Optional[int]) -> PrefillPlan:
+    """``plan`` (the pipeline's) turned into the fused prefill's where :func:`plan_fused` says so:
+    its grids, buffers and reason; the pipeline's stages, segments and buffers dropped."""
+    if plan.empty:
+        return plan
+    cfg = cfg if cfg is not None else fused_config(plan.K, plan.V, plan.dtype)
+    on, why = plan_fused(family=plan.family, N=plan.N, HV=plan.HV, K=plan.K, V=plan.V, dtype=plan.dtype, caps=caps,
+                         cfg=cfg, replaced_state=plan.state_kernel is not None,
+                         forced_segments=bool(segment_chunks), forced=forced)
+    if not on:
+        return dataclasses.replace(plan, fused_reason=why)
+    T, HV, f32 = plan.T, plan.HV, torch.float32
+    progs = max(1, min(plan.nt_max * HV, caps.sm_count * cfg.prep_ctas_per_sm))
+    facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
+                                            "final_dtype")}
+    specs = _output_specs(facts) + (
+        BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV), f32),
+        BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
+        BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
+    return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
+                               segment_grids=None, segment_reason="the fused prefill runs (no state stage)",
+                               fused_grid=plan_grid(plan.N, HV, plan.V // cfg.block_v, caps, layout),
+                               grids=plan.grids._replace(intra=(progs,)))
 
 
 def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layout: str,
@@ -795,6 +880,9 @@ def launch_stages(plan: PrefillPlan, x: PrefillInputs, bufs: PrefillBuffers, st:
     """The stages of a non-empty call in order, on conformed inputs (:func:`conform_inputs`), its
     buffers (:func:`allocate_buffers`) and states (:func:`prefill_state`); returns the chunk tables."""
     tables = launch_tables(plan, x.cu_seqlens)
+    if plan.fused is not None:
+        launch_fused_stages(plan, x, tables, bufs, st, scale)
+        return tables
     launch_intra(plan, x, tables, bufs, scale)
     if plan.stages.hoist:
         launch_gates(plan, x, tables, bufs)
@@ -1141,6 +1229,31 @@ def launch_segmented_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, 
                          fused=plan.output_in_state, segment=2)
 
 
+def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
+                        scale: float) -> None:
+    """The fused GDN prefill (:mod:`.chunk_fused`) in place of stages 1-4: the prep kernel (``Tm
+    diag(beta)``, ``Aqk``, the norms; persistent grid) and the fused kernel (state on chip; ``h0``
+    and the final state in place, as the state stage)."""
+    cfg = plan.fused
+    launch_fused_prep(_launch_plain, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
+                      chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
+                      rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
+                      items=plan.nt_max * plan.HV, scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm, DT=plan.DT,
+                      PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg)
+    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    launch_fused(_launch_plain, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk,
+                 rk=b.rk, qs=b.fused_qs, o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
+                 has_init=st.has_initial_state, h0=st.h0, ht=st.ht, s0=s0,
+                 st=_state_strides(st.ht, plan.state_layout), group=plan.group, HV=plan.HV, K=plan.K, V=plan.V,
+                 pool=plan.pool_mode, has_h0=plan.has_h0, has_init_flags=plan.has_init_flags, DT=plan.DT,
+                 PREC=plan.PREC, cfg=cfg)
+
+
+def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):
+    """:func:`.launch.launch` looked up at call time (tests may wrap it)."""
+    launch(kernel, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)
+
+
 def launch_output(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
                   scale: float) -> None:
     """Stage 3: the output rows, one program per (chunk, value head, value block)
@@ -1178,7 +1291,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   caps: Optional[DeviceCapabilities] = None,
                   state_kernel=None,
                   has_initial_state: Optional[torch.Tensor] = None,
-                  segment_chunks: Optional[int] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  segment_chunks: Optional[int] = None,
+                  fused: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode:
     :func:`plan_prefill` then :func:`run_prefill`.
 
@@ -1210,6 +1324,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
             harmless) and the final state is stored as usual. No extra launch.
         segment_chunks: the segment-parallel state pass (:func:`plan_segments`): None the
             planner's choice, 0 off, ``L >= 1`` segments of ``L`` chunks (tests, sweeps).
+        fused: the fused GDN prefill (:func:`plan_fused`): None the planner's choice, True forced
+            on, False off (tests, sweeps).
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
         ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
@@ -1233,7 +1349,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   has_initial_state=has_initial_state)
     plan = plan_prefill(family, q=q, v=v, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
                         state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel,
-                        segment_chunks=segment_chunks, **states)
+                        segment_chunks=segment_chunks, fused=fused, **states)
     return run_prefill(plan, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, scale=scale, **states)
 
 

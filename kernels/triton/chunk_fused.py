@@ -1,0 +1,287 @@
+"""GDN chunked prefill, fused: the state stays on chip for the whole sequence (issue 27, step 1).
+
+Two launches (after the chunk tables) in place of the pipeline's intra, gates, state and output
+stages (:mod:`.prefill`), and nothing of size ``O(K V)`` or ``O(C K)`` per chunk goes through HBM:
+
+1. :func:`chunk_gdn_fused_prep_kernel`, fully parallel over (chunk, value head) on a persistent
+   grid (as :func:`.chunk_intra.chunk_intra_kernel`, whose block solve :func:`.chunk_intra._solve`
+   it reuses, with a per-program fp32 scratch): per chunk of ``C = 64`` rows, with ``G`` the
+   chunk-local cumulative log decay (gates floored at -1000), ``rk``/``rq`` the inverse key/query
+   l2 norms (1 without l2norm)::
+
+       A    = strictly_lower( beta_r rk_r rk_s (k_r . k_s) exp(G_r - G_s) )
+       Tb   = (I + A)^-1 diag(beta)                                         -> tmb [T, HV, 64]
+       Aqk  = lower_incl( scale rq_r rk_s (q_r . k_s) exp(G_r - G_s) )      -> aqk [T, HV, 64]
+       rk, qs = scale rq                                                    -> [T, HV] fp32
+
+   (``O(C^2)`` per chunk and value head; the norms scale by the row's largest magnitude before
+   squaring, so no square overflows.)
+2. :func:`chunk_gdn_fused_kernel`, one program per (value block, sequence, value head) on the grid
+   of :func:`linattn.kernels.grid.plan_grid` (ids by :func:`._pid.decode_pid`), walking the
+   sequence's chunks in order with the state ``S [K, BV]`` fp32 in registers::
+
+       kw   = k rk exp(G)                        (the rows of W before the inverse)
+       Vn   = Tb (v - kw S)                      (= U - W S: no W and no U in memory)
+       O    = (qs exp(G)) * (q S) + Aqk Vn
+       S    = exp(G_C) S + (k rk exp(G_C - G))^T Vn
+
+   ``h0`` comes from the pool row ``state_pool[state_indices[n]]`` (or the dense initial state)
+   inside the kernel, and the final state goes back to the same row; a negative slot is padding
+   (zero output rows, the pool neither read nor written), ``has_initial_state`` False a zero
+   ``h0`` whose slot is not read. Dense and pool mode run the same instructions.
+
+Precision as the pipeline (:mod:`.prefill` docstring): bf16 inputs run the dots on bf16
+operands with fp32 accumulation (the state rounded to bf16 as a dot operand, as the pipeline's
+stored per-chunk states), fp16 and fp32 inputs on fp32 operands (``DT`` fp32; ``PREC`` tf32 /
+ieee), and under ``TRITON_INTERPRET=1`` every dot on fp32 operands. fp32 inputs form the
+pairwise decays from two-float cumulative gates (:mod:`._gates`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from ._gates import cumsum2
+from ._pid import chunk_span, decode_pid
+from .chunk_intra import _ld, _solve
+from .decode import G_MIN
+
+#: the largest key and value head dims of the fused kernel (the state tile ``[K, BV]`` fp32 lives in
+#: registers; K = 256 would spill it)
+FUSED_MAX_DIM = 128
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """The fused GDN prefill's launch configuration (:func:`fused_config`): the fused kernel's value
+    columns per program ``block_v``, warps and pipelining stages; the prep kernel's warps and
+    persistent programs per SM."""
+
+    block_v: int
+    num_warps: int
+    num_stages: int
+    prep_warps: int
+    prep_ctas_per_sm: int
+
+
+@triton.jit
+def _rnorm(ptr, r, m, stride_t, K: tl.constexpr, BK: tl.constexpr):
+    """Inverse l2 norms ``1 / sqrt(sum x^2 + 1e-6)`` of the chunk's rows (``[64]`` fp32), computed
+    as ``1 / (mx sqrt(sum (x / mx)^2 + 1e-6 / mx^2))`` with ``mx`` the row's largest magnitude
+    (at least 1e-18, so that ``1e-6 / mx^2`` stays finite): no square overflows for any finite input."""
+    mx = tl.zeros([64], dtype=tl.float32)
+    for ik in range(K // BK):
+        mx = tl.maximum(mx, tl.max(tl.abs(_ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32)), axis=1))
+    mx = tl.maximum(mx, 1e-18)
+    ss = tl.zeros([64], dtype=tl.float32)
+    for ik in range(K // BK):
+        y = _ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32) / mx[:, None]
+        ss += tl.sum(y * y, axis=1)
+    return 1.0 / (mx * tl.sqrt(ss + 1e-6 / (mx * mx)))
+
+
+@triton.jit
+def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv,
+                sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
+                K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+                NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr):
+    """The prep work of chunk ``i_c`` and value head ``i_hv`` (:func:`chunk_gdn_fused_prep_kernel`)."""
+    n = tl.load(chunk_seq + i_c)
+    if n < N:
+        i_h = i_hv // GROUP
+        t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
+        k_ptr = k + t0 * skt + i_h * skh
+        q_ptr = q + t0 * sqt + i_h * sqh
+        r = tl.arange(0, 64)
+        m = r < L
+        if L2NORM:
+            rkv = tl.where(m, _rnorm(k_ptr, r, m, skt, K, BK), 0.0)
+            rqv = _rnorm(q_ptr, r, m, sqt, K, BK)
+        else:
+            rkv = tl.where(m, 1.0, 0.0)
+            rqv = tl.full([64], 1.0, tl.float32)
+        kk = tl.zeros([64, 64], dtype=tl.float32)
+        qk = tl.zeros([64, 64], dtype=tl.float32)
+        for ik in range(K // BK):
+            kt = _ld(k_ptr, r, m, skt, ik * BK, BK).to(DT)
+            qt = _ld(q_ptr, r, m, sqt, ik * BK, BK).to(DT)
+            kk = tl.dot(kt, tl.trans(kt), acc=kk, input_precision=PREC)
+            qk = tl.dot(qt, tl.trans(kt), acc=qk, input_precision=PREC)
+        gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+        if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
+            G, Gl = cumsum2(gt, 0)
+            D = (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :])
+        else:
+            G = tl.cumsum(gt, axis=0)
+            D = G[:, None] - G[None, :]
+        b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
+        tl.debug_barrier()  # the CTA's previous item is done with the scratch
+        a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
+        tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * rkv)[:, None] * rkv[None, :])
+        tl.debug_barrier()
+        _solve(sA, sT, NEUMANN, DPREC, IPREC)
+        tl.debug_barrier()
+        tmf = tl.load(sT + r[:, None] * 64 + r[None, :], mask=(r[:, None] // 16) >= (r[None, :] // 16), other=0.0)
+        row = (t0 * HV + i_hv) * 64
+        tl.store(tmb + row + r[:, None] * (HV * 64) + r[None, :], (tmf * b[None, :]).to(tmb.dtype.element_ty),
+                 mask=m[:, None])
+        qsv = rqv * scale
+        aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * rkv[None, :] * qsv[:, None]
+        tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
+        tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
+        tl.store(qs + t0 * HV + i_hv + r * HV, qsv, mask=m)
+
+
+@triton.jit
+def chunk_gdn_fused_prep_kernel(
+    q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
+    sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, ITEMS, scale,
+    K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
+):
+    """The fused prefill's state-independent part (module docstring, 1). Persistent grid ``(P,)``:
+    program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS = NT_max * HV`` (chunk, value head)
+    items (value head fastest); chunks past the real count do nothing. ``q, k [T, H, K]``,
+    ``g, beta [T, HV]`` (strides in elements). Writes ``tmb = Tm diag(beta)`` and ``aqk``
+    ``[T, HV, 64]`` (dtype DT; row ``t``: its chunk row, zeros above the diagonal), ``rk`` and
+    ``qs = scale rq`` ``[T, HV]`` fp32. ``scratch [P, 2, 64, 64]`` fp32: each program's ``A`` and
+    ``Tm`` (:func:`.chunk_intra._solve`, with its precisions ``NEUMANN``, ``DPREC``, ``IPREC``)."""
+    pid = tl.program_id(0)
+    sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
+    sT = sA + 64 * 64
+    for item in range(pid, ITEMS, tl.num_programs(0)):
+        _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT,
+                    item // HV, (item % HV).to(tl.int64), sqt, sqh, skt, skh, sgt, sgh, sbt, sbh,
+                    N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)
+
+
+@triton.jit
+def chunk_gdn_fused_kernel(
+    q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
+    sqt, sqh, skt, skh, svt, svh, sgt, sgh,
+    s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, GROUP, HV,
+    K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+    POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+):
+    """The fused prefill's sequential part (module docstring, 2): one program per (value block,
+    sequence, value head). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (raw log
+    decays) and the prep kernel's ``tmb, aqk [T, HV, 64]``, ``rk, qs [T, HV]``; writes
+    ``o [T, HV, V]``. ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
+    negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
+    state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    i_h = i_hv // GROUP
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    nc = (eos - bos + 63) // 64
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    v0 = i_v * BV
+    r = tl.arange(0, 64)
+    all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0`: bool masks for the interpreter (chunk_state)
+    if POOL:
+        slot = tl.load(state_indices + i_n).to(tl.int64)
+        live = slot >= 0
+        if HAS_INIT:  # has_initial_state False: a zero h0, the slot never read (the final state is stored)
+            carry = live & (tl.load(has_init + i_n) != 0)
+        else:
+            carry = live
+        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
+                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
+    elif HAS_H0:
+        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    if POOL:
+        keep_o = live
+    else:
+        keep_o = True
+    for t in range(nc):
+        t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
+        m = r < eos - t0
+        gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+        eg = tl.exp(tl.cumsum(gt, axis=0))
+        esuf = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)  # exp(G_C - G_r): the suffix sum, 1 at the last row
+        egl = tl.exp(tl.sum(gt, axis=0))
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        qsv = tl.load(qs + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        row = (t0 * HV + i_hv) * 64
+        kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
+        qt = tl.load(q + t0 * sqt + i_h * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
+        vt = tl.load(v + t0 * svt + i_hv * svh + v0 + (r[:, None] * svt + cv[None, :]), mask=m[:, None], other=0.0)
+        tm = tl.load(tmb + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
+        A = tl.load(aqk + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
+        kf = kt.to(tl.float32)
+        Sd = S.to(DT)
+        x = vt.to(tl.float32) - tl.dot((kf * (rkv * eg)[:, None]).to(DT), Sd, input_precision=PREC)
+        vd = tl.dot(tm.to(DT), x.to(DT), input_precision=PREC).to(DT)
+        acc = tl.dot(qt.to(DT), Sd, input_precision=PREC) * (qsv * eg)[:, None]
+        acc = tl.dot(A.to(DT), vd, acc=acc, input_precision=PREC)
+        tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[:, None] * (HV * V) + cv[None, :]),
+                 tl.where(keep_o, acc, 0.0).to(o.dtype.element_ty), mask=m[:, None])
+        S = tl.dot(tl.trans((kf * (rkv * esuf)[:, None]).to(DT)), vd, acc=S * egl, input_precision=PREC)
+    if POOL:  # same row as the load
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
+    else:
+        tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty))
+
+
+def fused_config(K: int, V: int, dtype) -> FusedConfig:
+    """The fused prefill's pinned configuration for head dims ``K, V`` and the q/k/v ``dtype``
+    (H200 sweep: docs/performance.md#prefill-fused). bf16: ``BV = 64`` at 4 warps; fp32 operand
+    tiles (fp16/fp32 inputs) at ``BV = 32``."""
+    import torch
+
+    bf16 = dtype == torch.bfloat16
+    return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=4, num_stages=2, prep_warps=4,
+                       prep_ctas_per_sm=4)
+
+
+def fused_refusal(family: str, K: int, V: int, dtype, *, replaced_state: bool, forced_segments: bool) -> str:
+    """Why the fused prefill cannot run a call ('' where it can): GDN only, ``K, V <=``
+    :data:`FUSED_MAX_DIM`, no replacement state kernel, no forced segment-parallel pass."""
+    if family != "gdn":
+        return "the fused prefill is GDN's (KDA's per-channel decays: not built yet)"
+    if K > FUSED_MAX_DIM or V > FUSED_MAX_DIM:
+        return (f"the fused prefill holds the [K, block_v] fp32 state in registers: K, V <= {FUSED_MAX_DIM}; "
+                f"got K = {K}, V = {V}")
+    if replaced_state:
+        return "a replacement state kernel runs the pipeline's state stage"
+    if forced_segments:
+        return "a forced segment-parallel state pass runs the pipeline"
+    return ""
+
+
+def launch_fused_prep(launch, *, q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
+                      N: int, group: int, HV: int, items: int, scale: float, K: int, l2norm: bool, DT, PREC: str,
+                      solve, cfg: FusedConfig) -> None:
+    """Launch :func:`chunk_gdn_fused_prep_kernel` on ``scratch.shape[0]`` persistent programs
+    (``launch``: :func:`.launch.launch`; ``solve``: the pipeline's :class:`.prefill.SolveConfig`)."""
+    launch(chunk_gdn_fused_prep_kernel, (scratch.shape[0],),
+           (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
+            *q.stride()[:2], *k.stride()[:2], *g.stride()[:2], *beta.stride()[:2], N, group, HV, items,
+            float(scale)),
+           dict(K=K, BK=min(K, 64), L2NORM=l2norm, DT=DT, PREC=PREC, NEUMANN=solve.neumann,
+                DPREC=solve.diag_precision, IPREC=solve.below_precision),
+           num_warps=cfg.prep_warps, num_stages=1)
+
+
+def launch_fused(launch, grid, *, q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
+                 s0: tuple, st: tuple, group: int, HV: int, K: int, V: int, pool: bool, has_h0: bool,
+                 has_init_flags: bool, DT, PREC: str, cfg: FusedConfig) -> None:
+    """Launch :func:`chunk_gdn_fused_kernel` on ``grid`` (a :class:`linattn.kernels.grid.GridPlan` of
+    ``N x HV x V // cfg.block_v``); ``s0``, ``st``: the ``(slot, head, k, v)`` strides of ``h0`` and ``ht``."""
+    if grid.empty:
+        return
+    launch(chunk_gdn_fused_kernel, grid.grid,
+           (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
+            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *s0, *st, group, HV),
+           dict(K=K, V=V, BV=cfg.block_v, **grid.constexprs, POOL=pool, HAS_H0=has_h0, HAS_INIT=has_init_flags,
+                DT=DT, PREC=PREC),
+           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
