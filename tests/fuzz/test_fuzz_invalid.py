@@ -61,6 +61,14 @@ def _q_in_pool(kw):
     kw["q"] = flat[:q.numel()].view(q.shape)
 
 
+def _inference(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` made under ``torch.inference_mode()`` (an inference tensor, as an engine that
+    allocates its cache there gets), same strides where ``clone`` keeps them. The calls run outside
+    inference mode, where torch refuses to write it: a host rule must refuse it first (F33)."""
+    with torch.inference_mode():
+        return x.clone()
+
+
 def _decode_gva(kw):
     """HV = 3 value heads over H = 2 query heads (every per-head argument follows HV)."""
     for n in ("v", "a", "b"):
@@ -179,6 +187,9 @@ DECODE_MUTATIONS = {
                                                         d.draw(st.sampled_from((0.0, -1.0, NAN, INF)))), V_, True),
     "pool_requires_grad": ({}, _set("state_pool", lambda kw, s, d: kw["state_pool"].detach().clone()
                                     .to(torch.float32).requires_grad_(True)), REFUSALS, True),
+    "pool_inference": ({"disable": False}, _set("state_pool", lambda kw, s, d: _inference(kw["state_pool"])), V_, True),
+    "inter_inference": ({"inter": True, "extra": 1, "T": 1}, _set("intermediate_states", lambda kw, s, d:
+                                              _inference(kw["intermediate_states"])), V_, True),
 }
 def _both_gate_forms(kw, s, d):
     N, T, HV = kw["q"].shape[0], kw["q"].shape[1], kw["v"].shape[2]
@@ -307,6 +318,7 @@ PREFILL_MUTATIONS = {
     "layout_name": ({}, _set("state_layout", "VK"), V_, True),
     "pool_requires_grad": ({"mode": "pool"}, _set("state_pool", lambda kw, s, d: kw["state_pool"].detach().clone()
                                                   .to(torch.float32).requires_grad_(True)), REFUSALS, True),
+    "pool_inference": ({"mode": "pool"}, _set("state_pool", lambda kw, s, d: _inference(kw["state_pool"])), V_, True),
 }
 PREFILL_MUTATIONS.update({
     "his_dense_mode": ({"mode": "dense"}, _his("ok"), V_, False),
