@@ -24,7 +24,8 @@ from torch import Tensor
 
 from .ops_table import OP_TABLE
 
-__all__ = ["Expect", "RESULTS", "ResultError", "check_result", "input_versions", "check_untouched"]
+__all__ = ["Expect", "RESULTS", "ResultError", "check_result", "input_versions", "check_untouched",
+           "final_state_dtype", "gate_dtype"]
 
 
 class ResultError(RuntimeError):
@@ -54,12 +55,35 @@ class Expect(NamedTuple):
 Expected = Union[Expect, tuple]  # one tensor, or a tuple of items
 
 
+# -- the dtype rules the op returns (F39: ops.py's fakes and its real path both read these) ------------
+
+def gate_dtype(*tensors: Optional[Tensor]) -> torch.dtype:
+    """The dtype of the gating ops' ``(g, beta)``: float64 when any given input is float64 (the
+    oracle mode, as the reference computes then), else float32. None entries are skipped.
+
+    ``linattn.ops`` casts a backend's gates to it and its fake implementations return it, so an op
+    traced by ``torch.compile`` has the dtype it has in eager mode (F39).
+
+    Example:
+        >>> gate_dtype(torch.zeros(2), torch.zeros(2, dtype=torch.float64)), gate_dtype(torch.zeros(2), None)
+        (torch.float64, torch.float32)
+    """
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def final_state_dtype(q: Tensor, initial_state: Optional[Tensor]) -> torch.dtype:
+    """The dtype of a dense prefill's ``final_state``: ``initial_state``'s; without one float32,
+    float64 when q is float64 (as :func:`gate_dtype`). Read by the real path and the fake (F39)."""
+    return initial_state.dtype if initial_state is not None else gate_dtype(q)
+
+
 # -- the table: what each op returns, from its validated arguments ------------------------------------
 
 def _fp32_unless_fp64(*tensors) -> tuple[tuple, str]:
-    """(dtypes, rule): fp32; fp64 as well when an input is fp64 (the reference computes in fp64 then)."""
-    if any(t is not None and t.dtype == torch.float64 for t in tensors):
-        return (torch.float32, torch.float64), "float64 as the reference gives for float64 inputs"
+    """(dtypes, rule): fp32; fp64 as well when an input is fp64 (the reference computes in fp64 then;
+    ``linattn.ops`` casts a plugin's fp32 to the op's dtype, :func:`gate_dtype`)."""
+    if gate_dtype(*tensors) == torch.float64:
+        return (torch.float64, torch.float32), "float64 as the reference gives for float64 inputs"
     return (torch.float32,), ""
 
 

@@ -204,7 +204,7 @@ class NoBackendError(RuntimeError):
     """No registered backend accepts the problem (or a forced one does not). Carries the trace."""
 
     def __init__(self, decision: Decision, headline: str):
-        self.decision = decision
+        self.decision, self.headline = decision, headline
         lines = [headline]
         rejected = [v for v in decision.verdicts if not v.ok]
         # actionable reasons first: the forced backend's, then shape/dtype/layout, then the rest
@@ -216,3 +216,7 @@ class NoBackendError(RuntimeError):
             lines.extend(f"      also {r.line()}" for r in v.reasons[1:])
         lines.append(f"  problem: {decision.problem.model_dump()}")
         super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        """Pickles as its constructor's arguments (F40: crosses a process boundary as itself)."""
+        return type(self), (self.decision, self.headline)

@@ -280,6 +280,9 @@ class Unavailable(Exception):
         super().__init__(message)
         self.reason, self.message, self.hint = reason, message, hint
 
+    def __reduce__(self):
+        return type(self), (self.reason, self.message, self.hint)  # pickles as itself (F40)
+
 
 def linattn_runner(case: Case, backend: str) -> Callable[[], object]:
     """``linattn.<op>(**args, backend=backend, validate=False)`` as a zero-argument callable."""

@@ -11,13 +11,16 @@ Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (ICLR 2025); the Kimi Linear re
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
+import torch.fx
 from torch import Tensor
 
 from linattn.dispatch import fast_path as _fast
 from linattn.dispatch.ops_table import OP_TABLE
+from linattn.dispatch.results import final_state_dtype, gate_dtype
 from linattn.dispatch.verdict import NoBackendError
 
 
@@ -37,12 +40,16 @@ class GradModeError(RuntimeError):
     """
 
     def __init__(self, op: str, inputs: list, decision=None):
-        self.decision = decision
+        self.op, self.inputs, self.decision = op, list(inputs), decision
         super().__init__(
             f"{op}: grad mode is on and {', '.join(inputs)} require{'s' if len(inputs) == 1 else ''} grad, "
             f"but linattn's ops are inference ops ({_WHY_NO_GRAD[OP_TABLE[op].writes_pool]}; "
             f"no backend that fits this call declares autograd support). Call under "
             f"torch.no_grad() or torch.inference_mode() (e.g. around generate), or pass detached tensors.")
+
+    def __reduce__(self):
+        """Pickles as its constructor's arguments (F40: crosses a process boundary as itself)."""
+        return type(self), (self.op, self.inputs, self.decision)
 
 
 _WHY_NO_GRAD = {True: "they write the state pool in place and record no autograd graph",
@@ -60,12 +67,44 @@ def _grad_inputs(args: dict) -> list:
     return [name for name, x in args.items() if isinstance(x, Tensor) and x.requires_grad]
 
 
-def _refuse_grad_while_tracing(op: str, args: dict) -> None:
-    """Under ``torch.compile`` the custom op has no autograd formula: refuse as eager mode does.
-    (With ``fullgraph=True`` Dynamo reports a raised exception as ``Unsupported``, at compile time.)"""
+def _traced(op: str, custom, args: dict):
+    """The custom op to call while tracing (``torch.compile``, ``FakeTensorMode``), refusing grad as
+    eager mode does (F40): the custom op has no autograd formula.
+
+    Under a fake mode alone the refusal is raised here. While Dynamo traces it cannot be: Dynamo
+    turns any exception raised in traced code into a graph break, an ``Unsupported`` error under
+    ``fullgraph=True``. So the refusal becomes part of the graph instead: the call's tensors are
+    detached and its first tensor passes through ``linattn::grad_refused``, which raises the same
+    :class:`GradModeError` when the compiled code runs, before the op (which depends on it) and
+    whatever follows it; it is marked side-effecting, so it runs even when the op's result is unused.
+    """
     names = _grad_inputs(args)
-    if names:
+    if not names:
+        return custom
+    if not torch.compiler.is_dynamo_compiling():
         raise GradModeError(op, names)
+    return functools.partial(_refused_call, custom, op, names)
+
+
+def _refused_call(custom, op: str, names: list, *args):
+    args = [x.detach() if isinstance(x, Tensor) else x for x in args]
+    first = next(i for i, x in enumerate(args) if isinstance(x, Tensor))
+    args[first] = _grad_refused_op(args[first], op, ",".join(names))
+    return custom(*args)
+
+
+@torch.library.custom_op("linattn::grad_refused", mutates_args=())
+def _grad_refused_op(x: Tensor, op: str, inputs: str) -> Tensor:
+    """Raises ``GradModeError(op, inputs)`` when a compiled graph reaches it (see :func:`_traced`)."""
+    raise GradModeError(op, inputs.split(","))
+
+
+@_grad_refused_op.register_fake
+def _(x, op, inputs):
+    return torch.empty_like(x)
+
+
+torch.fx.node.has_side_effect(torch.ops.linattn.grad_refused.default)  # never removed as dead code
 
 
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
@@ -134,12 +173,33 @@ def _fake_mode_active() -> bool:
     return _get_dispatch_mode is not None and _get_dispatch_mode(_FAKE) is not None
 
 # -- gating ------------------------------------------------------------------------------------------
+# F39: every op's fake gives its real output's shape, dtype, device and strides (contiguous). The
+# dtypes come from dispatch/results.py (gate_dtype, final_state_dtype), read by both sides; the
+# real side casts a backend's gates or final state to them (a no-op on the built-in backends,
+# except Triton's fp32 gates when only b or A_log is fp64), so the two cannot drift.
+
+
+def _as_declared(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x`` as the op declares it: ``dtype``, contiguous (no copy when it already is)."""
+    return x if x.dtype == dtype and x.is_contiguous() else x.to(dtype).contiguous()
+
+
+def _gates_as_declared(g: Tensor, beta: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor]:
+    dtype = gate_dtype(*inputs)
+    return _as_declared(g, dtype), _as_declared(beta, dtype)
+
+
+def _gating_fake(A_log, a, b, dt_bias) -> tuple[Tensor, Tensor]:
+    dtype = gate_dtype(A_log, a, b, dt_bias)
+    return a.new_empty(a.shape, dtype=dtype), b.new_empty(b.shape, dtype=dtype)
+
 
 
 def _gdn_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softplus_beta: float,
                      softplus_threshold: float, backend: str, validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
-    return _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
-                                    softplus_threshold=softplus_threshold), backend, validate, check_finite)
+    g, beta = _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
+                                       softplus_threshold=softplus_threshold), backend, validate, check_finite)
+    return _gates_as_declared(g, beta, A_log, a, b, dt_bias)
 
 
 _gdn_gating_op = _custom_op("gdn_gating", _gdn_gating_impl)
@@ -147,7 +207,7 @@ _gdn_gating_op = _custom_op("gdn_gating", _gdn_gating_impl)
 
 @_gdn_gating_op.register_fake
 def _(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend, validate, check_finite):
-    return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
+    return _gating_fake(A_log, a, b, dt_bias)
 
 
 def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus_beta: float = 1.0,
@@ -161,7 +221,8 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         backend: force a backend by name. validate: run the value checks.
         check_finite: refuse NaN / inf inputs before computing (one device sync).
     Returns:
-        ``(g, beta)``: fp32, shapes of ``a`` and ``b``; ``g <= 0`` is a log-space decay.
+        ``(g, beta)``: fp32 (fp64 when any input is fp64: the oracle mode; ``dispatch/results.py``
+        ``gate_dtype``), contiguous, shapes of ``a`` and ``b``; ``g <= 0`` is a log-space decay.
     Raises:
         ValueError / TypeError: bad shapes, dtypes or devices (before anything runs).
     Example:
@@ -170,9 +231,8 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         >>> round(float(beta[0, 0]), 2)
         0.5
     """
-    if _compiling():
-        _refuse_grad_while_tracing("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias))
-    fn = _gdn_gating_op if _compiling() else _gdn_gating_impl
+    fn = _traced("gdn_gating", _gdn_gating_op, dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias)) if _compiling() \
+        else _gdn_gating_impl
     return fn(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate,
               check_finite)
 
@@ -180,9 +240,10 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
 def _kda_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower_bound: Optional[float],
                      softplus_beta: float, softplus_threshold: float, backend: str,
                      validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
-    return _call("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound,
-                                    softplus_beta=softplus_beta, softplus_threshold=softplus_threshold),
-                 backend, validate, check_finite)
+    g, beta = _call("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound,
+                                       softplus_beta=softplus_beta, softplus_threshold=softplus_threshold),
+                    backend, validate, check_finite)
+    return _gates_as_declared(g, beta, A_log, a, b, dt_bias)
 
 
 _kda_gating_op = _custom_op("kda_gating", _kda_gating_impl)
@@ -190,7 +251,7 @@ _kda_gating_op = _custom_op("kda_gating", _kda_gating_impl)
 
 @_kda_gating_op.register_fake
 def _(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend, validate, check_finite):
-    return torch.empty_like(a, dtype=torch.float32), torch.empty_like(b, dtype=torch.float32)
+    return _gating_fake(A_log, a, b, dt_bias)
 
 
 def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bound: Optional[float] = None,
@@ -203,7 +264,7 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
         lower_bound: None for ``g = -exp(A_log) * softplus(a + dt_bias)``; a negative float (e.g.
             -5.0) for the bounded gate ``g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))``.
     Returns:
-        ``(g [..., HV, K], beta [..., HV])``, fp32.
+        ``(g [..., HV, K], beta [..., HV])``, fp32 (fp64 when any input is fp64), contiguous.
     Raises:
         ValueError / TypeError: bad inputs.
     Example:
@@ -212,9 +273,8 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
         >>> tuple(g.shape)
         (3, 2, 8)
     """
-    if _compiling():
-        _refuse_grad_while_tracing("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias))
-    fn = _kda_gating_op if _compiling() else _kda_gating_impl
+    fn = _traced("kda_gating", _kda_gating_op, dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias)) if _compiling() \
+        else _kda_gating_impl
     return fn(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
               check_finite)
 
@@ -307,10 +367,9 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         ((2, 1, 2, 8), True)
     """
     if _compiling():
-        _refuse_grad_while_tracing("gdn_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                                   state_indices=state_indices, intermediate_states=intermediate_states,
-                                   g=g, beta=beta))
-        fn = _gdn_decode_op
+        fn = _traced("gdn_decode", _gdn_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                     state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,
+                     g=g, beta=beta))
     else:
         fn = _gdn_decode_impl  # eager: no custom-op hop
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
@@ -375,10 +434,9 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         True
     """
     if _compiling():
-        _refuse_grad_while_tracing("kda_decode", dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                                   state_indices=state_indices, intermediate_states=intermediate_states,
-                                   g=g, beta=beta))
-        fn = _kda_decode_op
+        fn = _traced("kda_decode", _kda_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
+                     state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,
+                     g=g, beta=beta))
     else:
         fn = _kda_decode_impl  # eager: no custom-op hop
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
@@ -396,8 +454,7 @@ def _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout):
         return o, q.new_empty((0,), dtype=torch.float32)
     N, HV, K, V = cu_seqlens.shape[0] - 1, v.shape[1], q.shape[2], v.shape[2]
     shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
-    dtype = initial_state.dtype if initial_state is not None else torch.float32
-    return o, q.new_empty(shape, dtype=dtype)
+    return o, q.new_empty(shape, dtype=final_state_dtype(q, initial_state))
 
 
 def _make_prefill(op: str):
@@ -414,7 +471,9 @@ def _make_prefill(op: str):
                     use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                     has_initial_state=has_initial_state)
         o, final = _call(op, args, backend, validate, check_finite)
-        return o, (final if final is not None else q.new_empty((0,), dtype=torch.float32))
+        if final is None:  # pool mode
+            return o, q.new_empty((0,), dtype=torch.float32)
+        return o, _as_declared(final, final_state_dtype(q, initial_state))
 
     custom = _custom_op(op, impl)
 
@@ -434,10 +493,8 @@ _PREFILL = {"gdn_prefill": (_gdn_prefill_impl, _gdn_prefill_op), "kda_prefill": 
 def _prefill(op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None):
     impl, custom = _PREFILL[op]
-    if _compiling():
-        _refuse_grad_while_tracing(op, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
-                                            initial_state=initial_state))
-    fn = custom if _compiling() else impl
+    fn = _traced(op, custom, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
+                                  initial_state=initial_state)) if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
                   use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state)
     return o if state_pool is not None else (o, final)
@@ -539,7 +596,6 @@ def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Opt
         >>> linattn.silu_and_mul_clamp(torch.tensor([[100.0, -100.0]]), 10.0)
         tensor([[-99.9955]])
     """
-    if _compiling():
-        _refuse_grad_while_tracing("silu_and_mul_clamp", dict(x=x))
-    fn = _silu_and_mul_clamp_op if _compiling() else _silu_and_mul_clamp_impl
+    fn = _traced("silu_and_mul_clamp", _silu_and_mul_clamp_op, dict(x=x)) if _compiling() \
+        else _silu_and_mul_clamp_impl
     return fn(x, limit, backend or "", validate, check_finite)

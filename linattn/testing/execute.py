@@ -51,6 +51,9 @@ class _Declined(Exception):
         super().__init__(message)
         self.reason, self.message = reason, message
 
+    def __reduce__(self):
+        return type(self), (self.reason, self.message)  # pickles as itself (F40)
+
 
 def tolerances(dtype: str, state_dtype: str = "float32") -> tuple[float, float]:
     """``(output, state)`` relative tolerances against the float64 reference (docs/ops.md).
