@@ -31,9 +31,9 @@ from prefill import bench_ms, rel, stage_times  # noqa: E402
 SHAPES = [(16, 4096, 16, 32), (64, 1024, 16, 32), (8, 1024, 16, 32), (4, 8192, 16, 64), (1, 65536, 2, 8),
           (8, 1024, 2, 8)]
 K = V = 128
-#: (block_v, num_warps, num_stages, prep_ctas_per_sm)
-VARIANTS = [(64, 4, 2, 4), (64, 4, 1, 4), (64, 8, 2, 4), (32, 4, 2, 4), (128, 8, 2, 4), (128, 8, 1, 4),
-            (64, 4, 2, 2), (64, 4, 2, 8)]
+#: (block_v, num_warps, num_stages, prep_ctas_per_sm, prep_block_k, prep_maxnreg); the first: the pinned one
+VARIANTS = [(64, 4, 2, 4, 64, None), (64, 4, 3, 4, 64, None), (32, 4, 2, 4, 64, None), (128, 8, 2, 4, 64, None),
+            (64, 4, 2, 4, 32, None), (64, 4, 2, 4, 32, 128), (64, 4, 2, 3, 32, 168), (64, 4, 2, 4, 64, 128)]
 
 
 def make(N, L, H, HV, seed=0):
@@ -113,9 +113,10 @@ def run_shape(N, L, H, HV, quick):
         row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
     pinned = fused_config(K, V, torch.bfloat16)
     variants = {}
-    for bv, nw, ns, ctas in (VARIANTS[:1] if quick else VARIANTS):
-        cfg = FusedConfig(block_v=bv, num_warps=nw, num_stages=ns, prep_warps=4, prep_ctas_per_sm=ctas)
-        key = f"bv{bv}_w{nw}_s{ns}_p{ctas}"
+    for bv, nw, ns, ctas, pbk, preg in (VARIANTS[:1] if quick else VARIANTS):
+        cfg = FusedConfig(block_v=bv, num_warps=nw, num_stages=ns, prep_warps=4, prep_ctas_per_sm=ctas,
+                          prep_block_k=pbk, prep_maxnreg=preg)
+        key = f"bv{bv}_w{nw}_s{ns}_p{ctas}_bk{pbk}_r{preg}"
         try:
             variants[key] = bench_ms(linattn(d, pool, idx, True, cfg)[1])
         except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded

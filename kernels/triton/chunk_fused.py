@@ -14,8 +14,8 @@ stages (:mod:`.prefill`), and nothing of size ``O(K V)`` or ``O(C K)`` per chunk
        Aqk  = lower_incl( scale rq_r rk_s (q_r . k_s) exp(G_r - G_s) )      -> aqk [T, HV, 64]
        rk, qs = scale rq                                                    -> [T, HV] fp32
 
-   (``O(C^2)`` per chunk and value head; the norms scale by the row's largest magnitude before
-   squaring, so no square overflows.)
+   (``O(C^2)`` per chunk and value head; the norms scale rows past ``2**32`` by a power of two
+   before squaring, so no square overflows: F44.)
 2. :func:`chunk_gdn_fused_kernel`, one program per (value block, sequence, value head) on the grid
    of :func:`linattn.kernels.grid.plan_grid` (ids by :func:`._pid.decode_pid`), walking the
    sequence's chunks in order with the state ``S [K, BV]`` fp32 in registers::
@@ -40,6 +40,7 @@ pairwise decays from two-float cumulative gates (:mod:`._gates`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import triton
 import triton.language as tl
@@ -57,30 +58,37 @@ FUSED_MAX_DIM = 128
 @dataclass(frozen=True)
 class FusedConfig:
     """The fused GDN prefill's launch configuration (:func:`fused_config`): the fused kernel's value
-    columns per program ``block_v``, warps and pipelining stages; the prep kernel's warps and
-    persistent programs per SM."""
+    columns per program ``block_v``, warps and pipelining stages; the prep kernel's warps,
+    persistent programs per SM, key columns per step ``prep_block_k`` and register cap per thread
+    ``prep_maxnreg`` (None: the compiler's choice)."""
 
     block_v: int
     num_warps: int
     num_stages: int
     prep_warps: int
     prep_ctas_per_sm: int
+    prep_block_k: int = 64
+    prep_maxnreg: Optional[int] = None
 
 
 @triton.jit
 def _rnorm(ptr, r, m, stride_t, K: tl.constexpr, BK: tl.constexpr):
-    """Inverse l2 norms ``1 / sqrt(sum x^2 + 1e-6)`` of the chunk's rows (``[64]`` fp32), computed
-    as ``1 / (mx sqrt(sum (x / mx)^2 + 1e-6 / mx^2))`` with ``mx`` the row's largest magnitude
-    (at least 1e-18, so that ``1e-6 / mx^2`` stays finite): no square overflows for any finite input."""
+    """Inverse l2 norms ``1 / sqrt(sum x^2 + 1e-6)`` of the chunk's rows (``[64]`` fp32) without
+    overflow, as the decode kernel's ``_l2norm`` (F44): a row whose largest magnitude is
+    ``f 2**e >= 2**32`` is scaled by ``s = 2**-(e - 32)`` (from the float's exponent bits) before
+    squaring, and the eps by ``s**2``; every other row has ``s = 1``, the plain formula. Returns
+    ``(u, s)``, the inverse norm being ``u s``: the dots run on the rows times ``s`` (exact, a power
+    of two), so that ``k_r . k_s`` cannot overflow either, and ``u`` scales their results."""
     mx = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
         mx = tl.maximum(mx, tl.max(tl.abs(_ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32)), axis=1))
-    mx = tl.maximum(mx, 1e-18)
+    shift = tl.maximum(((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 158, 0)  # e - 32
+    sc = ((127 - shift) << 23).to(tl.float32, bitcast=True)
     ss = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
-        y = _ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32) / mx[:, None]
+        y = _ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32) * sc[:, None]
         ss += tl.sum(y * y, axis=1)
-    return 1.0 / (mx * tl.sqrt(ss + 1e-6 / (mx * mx)))
+    return 1.0 / tl.sqrt(ss + 1e-6 * sc * sc), sc
 
 
 @triton.jit
@@ -97,17 +105,24 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         q_ptr = q + t0 * sqt + i_h * sqh
         r = tl.arange(0, 64)
         m = r < L
-        if L2NORM:
-            rkv = tl.where(m, _rnorm(k_ptr, r, m, skt, K, BK), 0.0)
-            rqv = _rnorm(q_ptr, r, m, sqt, K, BK)
+        if L2NORM:  # the dots below run on k sk and q sq (powers of two, 1 but past 2**32): F44
+            uk, sk = _rnorm(k_ptr, r, m, skt, K, BK)
+            uq, sq = _rnorm(q_ptr, r, m, sqt, K, BK)
+            rkv = tl.where(m, uk * sk, 0.0)
+            rqv = uq * sq
+            uk = tl.where(m, uk, 0.0)
         else:
             rkv = tl.where(m, 1.0, 0.0)
             rqv = tl.full([64], 1.0, tl.float32)
+            sk = rqv
+            sq = rqv
+            uk = rkv
+            uq = rqv
         kk = tl.zeros([64, 64], dtype=tl.float32)
         qk = tl.zeros([64, 64], dtype=tl.float32)
         for ik in range(K // BK):
-            kt = _ld(k_ptr, r, m, skt, ik * BK, BK).to(DT)
-            qt = _ld(q_ptr, r, m, sqt, ik * BK, BK).to(DT)
+            kt = (_ld(k_ptr, r, m, skt, ik * BK, BK).to(tl.float32) * sk[:, None]).to(DT)
+            qt = (_ld(q_ptr, r, m, sqt, ik * BK, BK).to(tl.float32) * sq[:, None]).to(DT)
             kk = tl.dot(kt, tl.trans(kt), acc=kk, input_precision=PREC)
             qk = tl.dot(qt, tl.trans(kt), acc=qk, input_precision=PREC)
         gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
@@ -120,7 +135,7 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
         tl.debug_barrier()  # the CTA's previous item is done with the scratch
         a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
-        tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * rkv)[:, None] * rkv[None, :])
+        tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
         tl.debug_barrier()
         _solve(sA, sT, NEUMANN, DPREC, IPREC)
         tl.debug_barrier()
@@ -129,7 +144,7 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         tl.store(tmb + row + r[:, None] * (HV * 64) + r[None, :], (tmf * b[None, :]).to(tmb.dtype.element_ty),
                  mask=m[:, None])
         qsv = rqv * scale
-        aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * rkv[None, :] * qsv[:, None]
+        aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * (uq * scale)[:, None]
         tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
         tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
         tl.store(qs + t0 * HV + i_hv + r * HV, qsv, mask=m)
@@ -267,8 +282,9 @@ def launch_fused_prep(launch, *, q, k, g, beta, cu_seqlens, chunk_seq, chunk_sta
            (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
             *q.stride()[:2], *k.stride()[:2], *g.stride()[:2], *beta.stride()[:2], N, group, HV, items,
             float(scale)),
-           dict(K=K, BK=min(K, 64), L2NORM=l2norm, DT=DT, PREC=PREC, NEUMANN=solve.neumann,
-                DPREC=solve.diag_precision, IPREC=solve.below_precision),
+           dict(K=K, BK=min(K, cfg.prep_block_k), L2NORM=l2norm, DT=DT, PREC=PREC, NEUMANN=solve.neumann,
+                DPREC=solve.diag_precision, IPREC=solve.below_precision,
+                **({} if cfg.prep_maxnreg is None else {"maxnreg": cfg.prep_maxnreg})),
            num_warps=cfg.prep_warps, num_stages=1)
 
 

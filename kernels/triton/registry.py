@@ -100,6 +100,15 @@ KERNELS: tuple[KernelEntry, ...] = (
                "writes the output (FUSE_O; prefill.StateConfig.writes_output)"),
     ),
     KernelEntry(
+        name="gdn_prefill_fused", op="gdn_prefill", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.chunk_fused:chunk_gdn_fused_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        notes=("the fused GDN prefill (issue 27): one program per (value block, sequence, value head) walks "
+               "the chunks with the state in registers, reads h0 from and writes the final state to the pool "
+               "in place; in place of stages 1-4 where prefill.plan_fused chooses it; run by the fused "
+               "contract cases (launch={'fused': True})"),
+    ),
+    KernelEntry(
         name="prefill_segment_combine", op="gdn_prefill", layouts=("split", "folded"),
         kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_segment_combine_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
@@ -139,6 +148,16 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "no axis carries N * HV, no device limit is at stake and there is nothing to "
                        "plan; items past the real chunk count do nothing"),
         notes="stage 1 of the chunked prefill; also run by the kda_prefill cases (KDA=True)",
+    ),
+    KernelEntry(
+        name="chunk_gdn_fused_prep", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_fused:chunk_gdn_fused_prep_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c: FusedConfig.prep_ctas_per_sm), "
+                       "each program looping over the (chunk, value head) items p, p + P, ... as chunk_intra, "
+                       "so no axis carries N * HV and there is nothing to plan; items past the real chunk "
+                       "count do nothing"),
+        notes="the fused GDN prefill's state-independent part: Tm diag(beta), Aqk and the norms (O(C^2) per chunk)",
     ),
     KernelEntry(
         name="chunk_kda_system", op="kda_prefill", layouts=(),
@@ -227,6 +246,8 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_intra_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
     f"{KERNEL_PACKAGE}.chunk_state:_gate_factors",
+    f"{KERNEL_PACKAGE}.chunk_fused:_rnorm",
+    f"{KERNEL_PACKAGE}.chunk_fused:_prep_chunk",
     f"{KERNEL_PACKAGE}.chunk_state:_combine_rows",
     f"{KERNEL_PACKAGE}._gates:cumsum2",
     f"{KERNEL_PACKAGE}.chunk_tables:_imax",

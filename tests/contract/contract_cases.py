@@ -123,6 +123,14 @@ def prefill_case(cid: str, op: str, *, seed: int, lens: list, pad: int, H: int =
 
 def _prefill_cases(op: str, s: int) -> list[Case]:
     kd = op.split("_")[0]
+    fused = [] if kd != "gdn" else [  # the fused GDN prefill (kernels/triton/chunk_fused.py), forced on
+        dataclasses.replace(prefill_case("gdn-prefill-fused-fp32-vk-len1-0-70-3", op, seed=s + 4, lens=[1, 0, 70, 3],
+                                         pad=3), launch=dict(fused=True)),
+        dataclasses.replace(prefill_case("gdn-prefill-fused-bf16-kv-bf16pool-nol2norm-gva", op, seed=s + 5,
+                                         lens=[0, 130, 2], pad=0, H=1, HV=2, dtype=torch.bfloat16,
+                                         pool_dtype=torch.bfloat16, layout="kv", l2norm=False, scale=0.05),
+                            launch=dict(fused=True)),
+    ]
     return [
         prefill_case(f"{kd}-prefill-fp32-vk-len1-0-70-3", op, seed=s + 1, lens=[1, 0, 70, 3], pad=3),
         prefill_case(f"{kd}-prefill-bf16-kv-bf16pool-int64-nol2norm", op, seed=s + 2, lens=[0, 65, 2], pad=0,
@@ -133,7 +141,7 @@ def _prefill_cases(op: str, s: int) -> list[Case]:
         dataclasses.replace(prefill_case(f"{kd}-prefill-bf16-vk-segments-200-0-1-130", op, seed=s + 3,
                                          lens=[200, 0, 1, 130], pad=2, dtype=torch.bfloat16),
                             launch=dict(segment_chunks=1)),
-    ]
+    ] + fused
 
 
 def _decode_cases(op: str, s: int) -> list[Case]:

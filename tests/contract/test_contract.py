@@ -41,10 +41,18 @@ UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts and e
 UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
                  "chunk_kda_system": ("kda_prefill",),
                  "chunk_output_grouped": ("gdn_prefill",), "chunk_gdn_gates": ("gdn_prefill",),
-                 "segment_tables": PREFILL_OPS}
+                 "segment_tables": PREFILL_OPS, "chunk_gdn_fused_prep": ("gdn_prefill",)}
 #: Planned kernels that only the segment-parallel state pass launches (both prefill ops'
 #: segmented cases run them: ``launch={"segment_chunks": L}``)
 SEGMENT_KERNELS = {"prefill_segment_combine"}
+#: Planned kernels that only the fused prefill launches (its cases: ``launch={"fused": True}``), and the
+#: unplanned kernels it launches besides them
+FUSED_KERNELS = {"gdn_prefill_fused"}
+FUSED_UNPLANNED = {"chunk_tables", "chunk_gdn_fused_prep"}
+
+
+def _fused(case: Case) -> bool:
+    return bool(case.launch.get("fused"))
 
 
 def _segmented(case: Case) -> bool:
@@ -54,7 +62,7 @@ def _segmented(case: Case) -> bool:
 def _cases_of(e) -> list:
     if e.name in SEGMENT_KERNELS:
         return [c for op in PREFILL_OPS for c in CASES[op] if _segmented(c)]
-    return [c for c in CASES.get(e.op, []) if c.op == e.op]
+    return [c for c in CASES.get(e.op, []) if c.op == e.op and _fused(c) == (e.name in FUSED_KERNELS)]
 
 
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in _cases_of(e)]
@@ -154,6 +162,9 @@ def _run_all_layouts(entry, case, device, monkeypatch):
                 f"{layout}: work items not visited exactly once: {counts.flatten().tolist()}"
     for name, r in others.items():  # outside the planner: once per call, the same grid in every layout
         grids = [g for g, _, _ in r.launches]
+        if _fused(case) != (name in FUSED_UNPLANNED) and name != "chunk_tables":
+            assert grids == [], f"{name}: not a kernel of this case's path (fused: {_fused(case)}), yet it launched: {grids}"
+            continue
         if name in ("chunk_output", "chunk_output_grouped") and name != _output_kernel(case):
             assert grids == [], f"{name}: another kernel writes this case's output, yet it launched: {grids}"
             continue
