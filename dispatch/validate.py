@@ -171,6 +171,8 @@ def caller_fault(op: str, args: dict) -> Optional[Exception]:
         validate_call(op, args, check_values=True)
     except (ValueError, TypeError) as e:
         return e
+    except Exception:  # noqa: BLE001 - e.g. the value rules' sync meets the backend's sticky device error
+        return None
     return None
 
 
