@@ -404,27 +404,61 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
 
 
 def _meta(family, x, cu_seqlens, cu_seqlens_cpu, offset, args, validate, check_finite) -> tuple[dict, Optional[dict]]:
-    """This rank's contribution to the agreement all_gather, and (when valid) its normalised arguments."""
-    meta = dict(offset=offset, tokens=x[0].shape[0] if isinstance(x[0], Tensor) and x[0].dim() == 3 else -1,
-                error=None)
+    """This rank's contribution to the agreement all_gather, and (when valid) its normalised arguments.
+
+    Nothing here raises: every rank-local refusal (a bad family, shape, dtype, value; no backend;
+    grad mode) becomes the entry's ``error`` (F38), so that the rank still joins the all_gather and
+    every rank raises it together in :func:`_agree`.
+    """
+    meta = dict(offset=offset, tokens=-1, error=None)
     try:
+        meta["tokens"] = x[0].shape[0] if isinstance(x[0], Tensor) and x[0].dim() == 3 else -1
         cu = _host_cu(cu_seqlens, cu_seqlens_cpu, validate)
         _check_cu(cu)
         out, decision = _check_local(family, x, cu, offset, args, validate, check_finite)
+        agreed = _agreed(family, x, args, out, cu, validate, check_finite)
     except (ValueError, TypeError) as e:
         meta["error"] = (type(e).__name__, str(e))
         return meta, None
     except Exception as e:  # NoBackendError, GradModeError: refused on this rank, so on every rank
         meta["error"] = ("RuntimeError", f"{type(e).__name__}: {e}")
         return meta, None
-    idx, his = args["state_indices"], args["has_initial_state"]
-    meta.update(cu=cu, slots=None if idx is None else [int(s) for s in idx.tolist()],
-                fresh=None if his is None else [not bool(h) for h in his.tolist()],
-                shape=(family, args["state_layout"], args["state_pool"] is None, *x[0].shape[1:], *x[2].shape[1:]),
-                entry_dtype=_dtype_name(_compute_dtype(x[0], args)), backend=decision.chosen,
-                scalars=(_dtype_name(x[0].dtype), None if args.get("scale") is None else float(args["scale"]),
-                         bool(args.get("use_qk_l2norm", True))))
+    meta.update(cu=cu, slots=agreed["state_indices"],
+                fresh=None if agreed["has_initial_state"] is None else [not h for h in agreed["has_initial_state"]],
+                agreed=agreed, backend=decision.chosen)
     return meta, out
+
+
+def _dtype_of(t) -> Optional[str]:
+    return _dtype_name(t.dtype) if isinstance(t, Tensor) else None
+
+
+def _agreed(family: str, x: tuple, args: dict, out: dict, cu: list[int], validate: bool, check_finite: bool) -> dict:
+    """Every argument the ranks must pass alike (F37), by the name the disagreement message uses.
+
+    The values are the validated ones (``scale=None`` and ``K ** -0.5`` agree); ``scale`` is compared
+    as its ``repr`` (two NaNs are alike, a NaN and a number are not).
+    """
+    q, k, v, g, beta = x
+    pool, init, idx, his = args["state_pool"], args["initial_state"], args["state_indices"], args["has_initial_state"]
+    scale = out.get("scale", args.get("scale"))
+    return {
+        "family": family,
+        "cu_seqlens": cu,
+        "mode (state_pool given: pool mode; else dense)": "pool" if pool is not None else "dense",
+        "state_indices": None if idx is None else [int(s) for s in idx.tolist()],
+        "has_initial_state": None if his is None else [bool(h) for h in his.tolist()],
+        "initial_state given (dense mode)": init is not None,
+        "state dtype (state_pool or initial_state)": _dtype_of(pool if pool is not None else init),
+        "state_layout": out.get("state_layout", args["state_layout"]),
+        "head shapes (H, K of q and k; HV, V of v)": (*q.shape[1:], *v.shape[1:]),
+        "g shape per token": tuple(g.shape[1:]),
+        "q/k/v dtypes": (_dtype_of(q), _dtype_of(k), _dtype_of(v)),
+        "g/beta dtypes": (_dtype_of(g), _dtype_of(beta)),
+        "scale": None if scale is None else repr(float(scale)),
+        "use_qk_l2norm": bool(out.get("use_qk_l2norm", args.get("use_qk_l2norm", True))),
+        "validate and check_finite": (bool(validate), bool(check_finite)),
+    }
 
 
 def _compute_dtype(q: Tensor, args: dict) -> torch.dtype:
@@ -437,22 +471,29 @@ _ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
 
 def _agree(metas: list[dict], rank: int) -> None:
-    """Raise on every rank when any rank refused its call or the ranks disagree on the global inputs."""
+    """Raise on every rank when any rank refused its call or the ranks disagree on an agreed argument.
+
+    A refusal is raised everywhere as the failing rank's error class (ValueError, TypeError;
+    RuntimeError for the others), naming that rank and quoting its message; a disagreement is a
+    ValueError naming every argument that differs, with rank 0's value and the first differing rank's.
+    """
     bad = [(r, m["error"]) for r, m in enumerate(metas) if m["error"] is not None]
     if bad:
         mine = dict(bad).get(rank)
-        cls, msg = mine if mine is not None else bad[0][1]
-        where = "this rank" if mine is not None else f"rank {bad[0][0]}"
-        others = f" (also refused on ranks {[r for r, _ in bad if r != rank]})" if len(bad) > 1 else ""
+        first, (cls, msg) = (rank, mine) if mine is not None else bad[0]
+        where = f"rank {first}" + (" (this rank)" if first == rank else "")
+        others = f" (also refused on ranks {[r for r, _ in bad if r != first]})" if len(bad) > 1 else ""
         raise _ERRORS.get(cls, RuntimeError)(f"context_parallel_prefill refused on {where}{others}: {msg}")
-    for key, what in (("cu", "cu_seqlens"), ("slots", "state_indices"), ("fresh", "has_initial_state"),
-                      ("shape", "family, state_layout, mode and head shapes"), ("entry_dtype", "state precision"),
-                      ("scalars", "q/k/v dtype, scale and use_qk_l2norm")):
-        values = [m[key] for m in metas]
-        odd = [r for r, v in enumerate(values) if v != values[0]]
+    differ = []
+    for name, mine in metas[0]["agreed"].items():
+        values = [m["agreed"][name] for m in metas]
+        odd = [r for r, val in enumerate(values) if val != mine]
         if odd:
-            raise ValueError(f"context_parallel_prefill: the ranks disagree on {what} (rank 0: {str(values[0])[:80]}; "
-                             f"rank {odd[0]}: {str(values[odd[0]])[:80]}); every rank must pass the same global {what}")
+            differ.append(f"{name} (rank 0: {str(mine)[:80]}; rank {odd[0]}: {str(values[odd[0]])[:80]})")
+    if differ:
+        raise ValueError(f"context_parallel_prefill: the ranks disagree on {'; '.join(differ)}. Every rank must pass "
+                         f"the same global arguments (only its slice of q, k, v, g, beta and token_offset differ); "
+                         f"fix the rank that differs")
 
 
 # -- execution ---------------------------------------------------------------------------------------
@@ -531,14 +572,26 @@ def _leaving_entry(c: _Call) -> tuple[Optional[Tensor], Optional[Tensor]]:
     return None, None
 
 
-def _exchange(c: _Call, entry: Optional[Tensor], group, world: int) -> Optional[list[Tensor]]:
-    """Every rank's entry (one all_gather of ``[HV, K, K + V]`` per rank), when any sequence spans ranks."""
+def _exchange(c: _Call, entry: Optional[Tensor], group, world: int, failed: bool = False) -> Optional[list[Tensor]]:
+    """Every rank's entry (one all_gather of ``[HV, K, K + V]`` per rank), when any sequence spans ranks.
+
+    Each rank's entry travels with one status element (1: this rank failed before the exchange), read
+    to the host once; when some rank failed, every other rank raises RuntimeError naming it, so no rank
+    is left waiting for a later collective.
+    """
     if not c.plan.exchange:
         return None
     mine = entry.contiguous() if entry is not None else torch.zeros(c.HV, c.K, c.K + c.V, dtype=c.cdt, device=c.dev)
-    out = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(out, mine, group=group)
-    return out
+    flat = torch.cat([mine.reshape(-1), mine.new_full((1,), float(failed))])
+    out = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(out, flat, group=group)
+    status = torch.stack([t[-1] for t in out]).tolist()
+    failing = [r for r, flag in enumerate(status) if flag != 0]
+    if failing and not failed:
+        raise RuntimeError(f"context_parallel_prefill failed on rank(s) {failing} after the agreement (their own error "
+                           f"is raised there); this rank stops too. Pool rows of sequences whole on a rank may "
+                           f"already be written; rerun the call on every rank once the failing rank is fixed")
+    return [t[:-1].view_as(mine) for t in out]
 
 
 @pinned_fp32_matmul
@@ -573,8 +626,14 @@ def _dense_final(c: _Call, q: Tensor) -> Tensor:
 
 def _execute(c: _Call, group, world: int):
     final = _dense_final(c, c.x[0]) if c.pool is None else None
-    o_known = _run_known(c, final)
-    o_first, entry = _leaving_entry(c)
+    try:
+        o_known = _run_known(c, final)
+        o_first, entry = _leaving_entry(c)
+    except Exception as e:
+        if c.plan.exchange:  # tell the others through the exchange, then raise this rank's own error
+            _exchange(c, None, group, world, failed=True)
+            e.add_note("context_parallel_prefill: the other ranks were told through the exchange and raise too")
+        raise
     o_enter = _run_entering(c, _exchange(c, entry, group, world), final)
     parts = [o for o in (o_enter, o_known, o_first) if o is not None]
     if not parts:
@@ -623,19 +682,25 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
         sequences whose last token is on this rank and NaN in the other rows. With one rank in the
         group: exactly the ordinary call's result (the same call).
     Raises:
-        ValueError / TypeError: on every rank, before any pool write, when any rank's call is invalid
-            for the ordinary op, the slices are not contiguous or do not cover the stream, or the ranks
-            disagree on cu_seqlens, state_indices, has_initial_state, mode, shapes, q/k/v dtype, scale
-            or use_qk_l2norm (the message names the rank). RuntimeError: a rank found no backend (or
-            grad mode refused it). A rank that fails after that agreement (a kernel error, out of
-            memory) leaves the others in the next collective until the process group's timeout.
+        ValueError / TypeError: on every rank together, before any pool write, when any rank's call
+            is invalid for the ordinary op (an unknown family included: the message names the failing
+            rank and quotes its error), the slices are not contiguous or do not cover the stream, or
+            the ranks disagree on an agreed argument: family, cu_seqlens, mode, state_indices,
+            has_initial_state, whether initial_state is given, the state dtype, state_layout, the
+            head shapes, the g shape, the q/k/v and g/beta dtypes, scale (as validated),
+            use_qk_l2norm, validate and check_finite (the message names each argument and the
+            ranks' values). RuntimeError: a rank found no backend (or grad mode refused it). A rank
+            that fails after the agreement but before the exchange of entries (a kernel error, out
+            of memory, a ``summary`` that raises) tells the others through the exchange: it re-raises
+            its error and every other rank raises RuntimeError naming it (pool rows of whole
+            sequences may already be written). A failure after the exchange raises on that rank only
+            (no collective follows, so no rank waits).
     Sources: docs/ops.md ("Recurrence", "Chunked form") for the affine map of a piece; FLA's
     ``cp_context`` and FlashInfer's context-parallel delta rule for the same decomposition.
     Example:
         ``torch.distributed`` must be initialised; see the module docstring (one rank) and
         ``tests/distributed/cp_cases.py`` (2 and 3 spawned gloo ranks).
     """
-    fn = _prefill_fn(family)
     world, rank = _world(group)
     args = dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                 has_initial_state=has_initial_state, scale=scale, use_qk_l2norm=use_qk_l2norm,
@@ -644,8 +709,9 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
         if token_offset != 0:
             raise ValueError(f"token_offset={token_offset} in a group of one rank: the one rank holds the whole "
                              f"stream, token_offset must be 0")
-        return fn(q, k, v, g, beta, cu_seqlens, validate=validate, check_finite=check_finite, **args)
+        return _prefill_fn(family)(q, k, v, g, beta, cu_seqlens, validate=validate, check_finite=check_finite, **args)
     x = (q, k, v, g, beta)
+    # every rank-local check happens inside _meta and travels in the agreement (F38): no rank raises before it
     meta, out = _meta(family, x, cu_seqlens, cu_seqlens_cpu, token_offset, args, validate, check_finite)
     metas: list = [None] * world
     dist.all_gather_object(metas, meta, group=group)
