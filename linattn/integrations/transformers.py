@@ -19,9 +19,17 @@ seen. The mechanism is therefore:
    :mod:`linattn.compat.fla` only while an **enabled layer's** forward is running (a context
    variable set by 2.) and otherwise calls the original unchanged: other models, even of the same
    class, keep transformers' own path (FLA if installed, hub kernels if kernelized, else PyTorch).
-2. Each enabled layer instance gets an instance-level ``forward`` that sets that context variable
-   around the class's forward (an existing instance ``forward``, e.g. accelerate's hook, is wrapped
-   and restored on ``disable``).
+2. Each enabled layer instance gets an instance-level ``forward``, a :class:`_RoutedForward`
+   object that sets that context variable around the class's forward (an existing instance
+   ``forward``, e.g. accelerate's hook, is wrapped and restored on ``disable``).
+
+Copies (F35). The routed forward is plain data on the instance, not a closure: the layer it
+runs, the instance ``forward`` it wraps (or None: the class's), and the options. ``copy.deepcopy``
+remaps all three to the copy's own, ``pickle`` / ``torch.save`` store them, and a ``state_dict``
+holds none of them (it is loaded into any model, enabled or not). So a copy of an enabled model is
+an enabled model that runs its own layers and weights; ``is_enabled``, ``enabled_layers`` and
+``disable`` read the instance (no registry keyed by the original), and a copy installs the
+module-level routers it needs on its first call (in a fresh process too).
 
 The router passes on the keywords FLA's function declares, as transformers' own wrapper does for
 FLA (``cu_seqlens``, which Qwen-family layers fill from ``cu_seq_lens_q`` for packed sequences,
@@ -88,7 +96,8 @@ _ACTIVE: contextvars.ContextVar[Optional[_LayerOptions]] = contextvars.ContextVa
                                                                                   default=None)
 _LOCK = threading.RLock()
 _ROUTERS: dict = {}  # (module name, global name) -> _Router
-_ENABLED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_FUNCTIONS_OF: "weakref.WeakKeyDictionary[type, list]" = weakref.WeakKeyDictionary()  # layer class -> its globals
+_ATTR = "_linattn_forward"  # the instance attribute naming an enabled layer's _RoutedForward
 _WARNED: set = set()
 
 
@@ -99,8 +108,13 @@ class _Router:
         self.module, self.name, self.original = module, name, original
         self.target = getattr(fla, FUNCTIONS[name])
         self.params = frozenset(inspect.signature(self.target).parameters)
-        self.users = 0
+        self.layers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # enabled layers seen using it
         functools.update_wrapper(self, original, updated=())
+
+    @property
+    def users(self) -> int:
+        """How many live enabled layers use this router (it is removed when none is left)."""
+        return len(self.layers)
 
     def __call__(self, *args, **kwargs):
         opts = _ACTIVE.get()
@@ -154,41 +168,76 @@ def supported_layers() -> list:
     return out
 
 
-def _install(module, name: str) -> _Router:
-    key = (module.__name__, name)
-    router = _ROUTERS.get(key)
-    if router is None or vars(module).get(name) is not router:
-        router = _Router(module, name, vars(module)[name])
-        setattr(module, name, router)
-        _ROUTERS[key] = router
-    router.users += 1
-    return router
+def _functions_cached(layer: torch.nn.Module) -> list:
+    funcs = _FUNCTIONS_OF.get(type(layer))
+    if funcs is None:
+        funcs = _FUNCTIONS_OF[type(layer)] = _functions_of(layer)
+    return funcs
 
 
-def _uninstall(router: _Router) -> None:
-    router.users -= 1
-    if router.users > 0:
-        return
-    key = (router.module.__name__, router.name)
-    if vars(router.module).get(router.name) is router:
-        setattr(router.module, router.name, router.original)
-    _ROUTERS.pop(key, None)
+def _install(layer: torch.nn.Module) -> None:
+    """The routers of every kernel function ``layer``'s forward names, in place in their modules
+    (installed when missing: after a copy, an unpickling or the last other layer's ``disable``),
+    each knowing that ``layer`` uses it."""
+    with _LOCK:
+        for module, name in _functions_cached(layer):
+            router = vars(module).get(name)
+            if not isinstance(router, _Router):
+                router = _Router(module, name, router)
+                setattr(module, name, router)
+                _ROUTERS[(module.__name__, name)] = router
+            router.layers.add(layer)
 
 
-def _wrap_forward(layer: torch.nn.Module, opts: _LayerOptions):
-    had_own = "forward" in layer.__dict__
-    inner = layer.__dict__["forward"] if had_own else type(layer).forward.__get__(layer)
+def _release(layer: torch.nn.Module) -> None:
+    """``layer`` no longer uses its routers; a router no live enabled layer uses is removed."""
+    for module, name in _functions_cached(layer):
+        router = vars(module).get(name)
+        if not isinstance(router, _Router):
+            continue
+        router.layers.discard(layer)
+        if not router.layers:
+            setattr(module, name, router.original)
+            _ROUTERS.pop((module.__name__, name), None)
 
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        token = _ACTIVE.set(opts)
+
+class _RoutedForward:
+    """An enabled layer's instance ``forward``: runs the layer's own forward (``inner``, the
+    instance ``forward`` it replaced, or None for the class's) with the layer's options active.
+
+    Plain data, so that ``copy.deepcopy`` maps ``layer`` and ``inner`` to the copy's and pickling
+    stores them (F35); ``self`` is resolved at call time through ``layer``, never captured in a
+    closure.
+    """
+
+    def __init__(self, layer: torch.nn.Module, inner, options: Optional[_LayerOptions]):
+        self.layer, self.inner, self.options = layer, inner, options
+
+    def __call__(self, *args, **kwargs):
+        layer = self.layer
+        if self.options is None:  # disabled while another wrapper still calls this one
+            return self.__wrapped__(*args, **kwargs)
+        if not all(isinstance(vars(m).get(n), _Router) and layer in vars(m)[n].layers
+                   for m, n in _functions_cached(layer)):
+            _install(layer)  # a copy's or an unpickled model's first call
+        token = _ACTIVE.set(self.options)
         try:
-            return inner(*args, **kwargs)
+            return self.__wrapped__(*args, **kwargs)
         finally:
             _ACTIVE.reset(token)
 
-    layer.__dict__["forward"] = forward
-    return had_own, inner
+    @property
+    def __wrapped__(self):
+        """The forward this one runs, bound to its layer (``inspect.signature`` follows it)."""
+        return self.inner if self.inner is not None else type(self.layer).forward.__get__(self.layer)
+
+    def __repr__(self) -> str:
+        return f"<linattn routed forward of {type(self.layer).__name__} (backend={self.options.backend or 'auto'})>"
+
+
+def _routed(layer: torch.nn.Module) -> Optional[_RoutedForward]:
+    rf = layer.__dict__.get(_ATTR)
+    return rf if isinstance(rf, _RoutedForward) and rf.layer is layer else None
 
 
 def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: bool = True) -> torch.nn.Module:
@@ -212,14 +261,14 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
             if not funcs:
                 continue
             found += 1
-            if layer in _ENABLED:
-                if _ENABLED[layer]["opts"] == opts:
+            rf = _routed(layer)
+            if rf is not None:
+                if rf.options == opts:
                     continue  # idempotent
-                _undo(layer, _ENABLED.pop(layer))  # enabled again with other options: they apply
-            routers = [_install(m, n) for m, n in funcs]
-            had_own, inner = _wrap_forward(layer, opts)
-            _ENABLED[layer] = dict(routers=routers, had_own=had_own, inner=inner, name=name, opts=opts,
-                                   wrapper=layer.__dict__.get("forward"))
+                _undo(layer, name)  # enabled again with other options: they apply
+            rf = _RoutedForward(layer, layer.__dict__.get("forward"), opts)
+            layer.__dict__["forward"] = layer.__dict__[_ATTR] = rf
+            _install(layer)
     if not found:
         raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
                          f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
@@ -232,36 +281,36 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`enable` for ``model``'s layers (a no-op for layers not enabled); returns ``model``.
     A module-level function is restored once no enabled layer uses it."""
     with _LOCK:
-        for _, layer in model.named_modules():
-            rec = _ENABLED.pop(layer, None)
-            if rec is not None:
-                _undo(layer, rec)
+        for name, layer in model.named_modules():
+            if _routed(layer) is not None:
+                _undo(layer, name)
     return model
 
 
-def _undo(layer: torch.nn.Module, rec: dict) -> None:
+def _undo(layer: torch.nn.Module, name: str) -> None:
     """Put back the layer's own forward (unless something wrapped ours since: then it is left, with
     a warning, so that wrapper is not lost) and release the module-level routers."""
-    if layer.__dict__.get("forward") is rec["wrapper"]:
-        if rec["had_own"]:
-            layer.__dict__["forward"] = rec["inner"]
+    rf = layer.__dict__.pop(_ATTR)
+    rf.options = None  # routes nothing from now on, wherever it is still called from
+    if layer.__dict__.get("forward") is rf:
+        if rf.inner is not None:
+            layer.__dict__["forward"] = rf.inner
         else:
             layer.__dict__.pop("forward", None)
     else:
         logger.warning("linattn: %s.forward was wrapped again after enable(); leaving that wrapper in place "
-                       "(its calls no longer reach linattn once the routers are released)", rec["name"] or "layer")
-    for router in rec["routers"]:
-        _uninstall(router)
+                       "(its calls no longer reach linattn once the routers are released)", name or "layer")
+    _release(layer)
 
 
 def is_enabled(model: torch.nn.Module) -> bool:
-    """True when at least one layer of ``model`` is routed to linattn."""
-    return any(m in _ENABLED for m in model.modules())
+    """True when at least one layer of ``model`` (or of a copy made of it after enable) is routed to linattn."""
+    return any(_routed(m) is not None for m in model.modules())
 
 
 def enabled_layers(model: torch.nn.Module) -> list:
     """Qualified names of ``model``'s layers routed to linattn."""
-    return [name for name, m in model.named_modules() if m in _ENABLED]
+    return [name for name, m in model.named_modules() if _routed(m) is not None]
 
 
 # -- tiny random models (examples, tests) -------------------------------------------------------------------
