@@ -602,9 +602,10 @@ def _refuse_unwritable(x: torch.Tensor, name: str) -> None:
 
 
 def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
-    """Buffers written in place (pool, intermediate states): no internal overlap, no overlap with any
-    other tensor argument (host-only: strides and address ranges, no sync), and whether every state
-    tile is one dense block (``Problem.state_tiles_contiguous``, a backend's layout predicate reads it).
+    """Buffers written in place (pool, intermediate states): writable where the call runs
+    (:func:`write_refusal`, F33), no internal overlap, no overlap with any other tensor argument
+    (host-only: strides and address ranges, no sync), and whether every state tile is one dense
+    block (``Problem.state_tiles_contiguous``, a backend's layout predicate reads it).
 
     A pool that is only read (decode with ``disable_state_update``) may alias itself and the inputs;
     its tiles still count. Two buffers whose address ranges meet are refused unless they are
