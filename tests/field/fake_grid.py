@@ -1,9 +1,10 @@
 """The option grid of F39: every op of the op table, its dtypes and options, as small calls.
 
 Shared by ``tests/field/test_f39_fakes.py`` (the whole grid) and ``tests/fuzz/test_fuzz_meta.py``
-(random draws). A case is ``(op, kwargs)``; :func:`meta_of` gives an output's shape, dtype, device
-and strides, and :func:`compare_fake` runs a call for real and under ``FakeTensorMode`` and returns
-the differences (an empty list when the fake equals the real output).
+(random problems). A case is ``(op, kwargs)``; :func:`meta_of` gives an output's shape, dtype,
+device and strides, and :func:`compare_fake` runs a call for real and under ``FakeTensorMode`` and
+returns the differences (an empty list when the fake equals the real output). Also the F40
+comparison of an exception with its unpickled copy, :func:`assert_same_exception`.
 """
 
 from __future__ import annotations
@@ -165,3 +166,13 @@ def compare_fake(op: str, args: dict, backend=None) -> list:
     if len(real) != len(fake):
         return [f"{len(real)} outputs for real, {len(fake)} fake"]
     return [f"output {i}: real {r}, fake {f}" for i, (r, f) in enumerate(zip(real, fake)) if r != f]
+
+
+def assert_same_exception(got: BaseException, want: BaseException) -> None:
+    """F40: ``got`` (e.g. unpickled) is ``want``'s type with the same message, args and attributes."""
+    assert type(got) is type(want)
+    assert str(got) == str(want)
+    assert got.args == want.args
+    assert got.__dict__.keys() == want.__dict__.keys()
+    for k, v in want.__dict__.items():
+        assert getattr(got, k) == v, k

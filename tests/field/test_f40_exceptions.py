@@ -27,6 +27,7 @@ import torch
 import linattn
 from linattn.dispatch import Problem
 
+from fake_grid import assert_same_exception
 from field_cases import HV, decode_inputs
 
 PACKAGES = ("linattn", "linattn.dispatch", "linattn.backends", "linattn.kernels", "linattn.capabilities")
@@ -94,15 +95,6 @@ def make_instance(cls) -> BaseException:
     if all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
         return cls("what was given, what is allowed, what to do")
     return cls(*[_value_for(p) for p in params if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD])
-
-
-def assert_same_exception(got: BaseException, want: BaseException) -> None:
-    assert type(got) is type(want)
-    assert str(got) == str(want)
-    assert got.args == want.args
-    assert got.__dict__.keys() == want.__dict__.keys()
-    for k, v in want.__dict__.items():
-        assert getattr(got, k) == v, k
 
 
 def test_the_enumeration_finds_the_dispatchers_refusals():
