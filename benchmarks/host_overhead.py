@@ -14,6 +14,7 @@ bitwise equal outputs and pools, for both families, decode and prefill.
     python benchmarks/host_overhead.py                 # on a CUDA device; writes host_overhead_<dev>.json
     python benchmarks/host_overhead.py --device cpu    # the CPU: dispatch cost of the torch-ref path only
     python benchmarks/host_overhead.py --profile gdn_decode   # a cProfile of eager calls instead
+    python benchmarks/host_overhead.py --streams-only  # issue 28's stream rows: host_overhead_streams_<dev>.json
 """
 
 from __future__ import annotations
@@ -127,6 +128,75 @@ def linattn_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
                                      value_checks=how if validate else None, host_us=round(us, 2),
                                      backend=d.chosen if d else None))
     return rows
+
+
+def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
+    """Issue 28: call streams as an engine makes them (``_streams.py``), GDN at Qwen3-Next heads.
+    ``same_t`` / ``new_t``: prefill of 4 packed sequences, T = 200 every call or a new T every call
+    (same mean); ``same_n`` / ``new_n``: decode of N = 150 rows or a new N every call (1, 2, ...); ``engine``: a
+    served trace of mixed prefill and decode (300 steps, seed 0). Validate off, on with the torch
+    rules and on with the fused checks. Per stream: a pass that compiles what the lengths need, then
+    ``linattn.dispatch.clear_cache()`` (every call plan and decision forgotten) and the timed pass
+    over the same calls, sync after the loop; ``host_us`` is the wall
+    clock per call, so for the engine trace it includes GPU time where the GPU is the bottleneck
+    (``gpu_busy_us``: the same trace's kernel time per call from torch.profiler, so
+    ``1 - gpu_busy_us / host_us`` is the GPU-idle share)."""
+    from _streams import StreamInputs, engine_calls, stream
+
+    ops = {"prefill": linattn.gdn_prefill, "decode": linattn.gdn_decode}
+    inputs = StreamInputs("gdn", dev)
+    out = []
+
+    def timed(seq, validate):
+        per = {"prefill": [0.0, 0], "decode": [0.0, 0]}
+        sync()
+        t_all = time.perf_counter()
+        for phase, x in seq:
+            t0 = time.perf_counter()
+            ops[phase](**x, validate=validate)
+            per[phase][0] += time.perf_counter() - t0
+            per[phase][1] += 1
+        sync()
+        total = (time.perf_counter() - t_all) / len(seq) * 1e6
+        return total, {p: round(a[0] / a[1] * 1e6, 2) for p, a in per.items() if a[1]}
+
+    with torch.inference_mode():
+        for validate, how in variants(dev):
+            with value_rules_as(how):
+                for kind in ("same_t", "new_t", "same_n", "new_n"):
+                    seq = stream(kind, inputs, calls)
+                    timed(seq, validate)  # compiles every kernel the lengths need (decode's tile follows N)
+                    linattn.dispatch.clear_cache()  # ... and forgets every plan and decision: all new again
+                    us, _ = timed(seq, validate)
+                    out.append(dict(kind="stream", stream=kind, op="gdn_prefill" if kind.endswith("_t") else "gdn_decode",
+                                    validate=validate, value_checks=how if validate else None, calls=calls,
+                                    host_us=round(us, 2)))
+                trace = engine_calls(inputs, steps, seed=0)
+                timed(trace, validate)  # compiles
+                linattn.dispatch.clear_cache()
+                us, per = timed(trace, validate)
+                row = dict(kind="stream", stream="engine", op="gdn_prefill+gdn_decode", validate=validate,
+                           value_checks=how if validate else None, calls=len(trace), steps=steps,
+                           host_us=round(us, 2), per_phase_us=per,
+                           phase_calls={p: sum(1 for c in trace if c[0] == p) for p in ("prefill", "decode")})
+                if dev.startswith("cuda"):
+                    row["gpu_busy_us"] = round(_gpu_busy_us(lambda: timed(trace, validate)) / len(trace), 2)
+                out.append(row)
+    for r in out:
+        if r["stream"].startswith("new"):
+            same = next(x for x in out if x["stream"] == "same" + r["stream"][3:] and x["validate"] == r["validate"]
+                        and x["value_checks"] == r["value_checks"])
+            r["vs_same"] = round(r["host_us"] / same["host_us"], 2)
+    return out
+
+
+def _gpu_busy_us(fn) -> float:
+    """The summed device time (us) of the kernels and copies ``fn`` runs (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+    return sum(e.device_time for e in prof.events() if e.device_type.name == "CUDA")
 
 
 def _captured_call_args(call) -> tuple:
@@ -319,6 +389,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/host_overhead_<dev>.json)")
+    ap.add_argument("--stream-calls", type=int, default=300, help="calls per same/new stream pass (issue 28)")
+    ap.add_argument("--steps", type=int, default=300, help="steps of the engine trace (issue 28)")
+    ap.add_argument("--streams-only", action="store_true", help="only the stream rows (issue 28)")
     ap.add_argument("--profile", metavar="OP", help="instead: a cProfile of 5,000 eager calls of OP (e.g. gdn_decode, "
                                                     "validate off), the top functions by own time, to stdout")
     args = ap.parse_args(argv)
@@ -327,6 +400,15 @@ def main(argv=None) -> int:
     if args.profile:
         return profile_op(args.profile, dev, sync)
     rows = [dict(kind="fast_launch", enabled=launch_mod.fast_launch_status()[0], why=launch_mod.fast_launch_status()[1])]
+    if args.streams_only:
+        rows += stream_rows(dev, args.stream_calls, args.steps, sync)
+        for r in rows:
+            print(r)
+        write_results(args.out or results_path("host_overhead_streams"), rows,
+                      ["issue 28 stream rows (benchmarks/_streams.py): GDN, Qwen3-Next heads; host_us is wall clock "
+                       "per call with a sync after each pass; vs_same = new_* / same_*; engine: gpu_busy_us from "
+                       "torch.profiler over the same trace."])
+        return 0
     rows += linattn_rows(dev, args.calls, args.repeats, sync)
     rows += dispatch_rows(dev, args.calls, args.repeats, sync)
     if dev.startswith("cuda"):

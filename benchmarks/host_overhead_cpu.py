@@ -17,12 +17,16 @@ one of those is a launch or a copy, except ``aten::empty`` and ``aten::new_empty
 rows time the prefill's prepared launch alone (``CallPlan.prepared``, no dispatcher), the share
 ``host_overhead.py``'s ``prepared_launch`` rows measure on the GPU.
 
-Prefill: one sequence of 64 tokens, pool mode (as ``host_overhead.py``).
+Prefill: one sequence of 64 tokens, pool mode (as ``host_overhead.py``). ``stream_stubbed`` rows
+(issue 28): GDN call streams as an engine makes them (``_streams.py``): the same T / N every call,
+a new T / N every call, and a served trace of mixed prefill and decode; ``vs_same`` is a new-length
+stream's cost over the same-length one's; their times are the process's CPU time (one torch thread).
 
 Not a timed test: absolute numbers depend on the machine and its load (the fastest of several
 loops is reported); compare rows of one run.
 
     .venv/bin/python benchmarks/host_overhead_cpu.py                 # writes results/host_dispatch_cpu.json
+    .venv/bin/python benchmarks/host_overhead_cpu.py --streams-only  # issue 28's stream rows only, printed
     .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn   # a cProfile of 20,000 decode calls instead
     .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn_prefill   # ... of prefill calls
 """
@@ -237,6 +241,64 @@ def _prepared_row(op_name: str, calls: int, repeats: int) -> dict:
                 what="the backend's prepared launch called directly (no dispatcher)")
 
 
+def _timed_pass(calls: list, validate: bool) -> tuple[float, dict]:
+    """One pass over ``calls`` ((phase, args) pairs, ``_streams``): us per call, overall and per phase,
+    of this process's CPU time (``time.process_time``: on a shared machine the wall clock of a pass
+    of misses varies by 2x with the other load; nothing here waits on a device)."""
+    ops = {"prefill": linattn.gdn_prefill, "decode": linattn.gdn_decode}
+    per = {"prefill": [0, 0], "decode": [0, 0]}
+    clock = time.process_time_ns
+    t_all = clock()
+    for phase, x in calls:
+        t0 = clock()
+        ops[phase](**x, validate=validate, backend=BACKEND)
+        acc = per[phase]
+        acc[0] += clock() - t0
+        acc[1] += 1
+    total = (clock() - t_all) / len(calls) / 1e3
+    return total, {p: round(a[0] / a[1] / 1e3, 2) for p, a in per.items() if a[1]}
+
+
+def stream_rows(calls: int, repeats: int, steps: int) -> list[dict]:
+    """Issue 28's rows: GDN prefill with the same T every call against a new T every call, decode
+    with the same N against a new N, and a served engine trace (``_streams.py``), validate off and
+    on. Each pass runs once to warm up, then ``linattn.dispatch.clear_cache()`` forgets every call
+    plan and decision and the pass is timed (as ``host_overhead.py``, where the warm pass compiles
+    the kernels). The fastest of the repeats is reported."""
+    from _streams import StreamInputs, engine_calls, stream
+
+    out = []
+    inputs = StreamInputs("gdn", "cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # process time of one thread: the host path is single-threaded
+    with torch.inference_mode(), stubbed_launch():
+        for validate in (False, True):
+            for kind in ("same_t", "new_t", "same_n", "new_n"):
+                linattn.dispatch.clear_cache()
+                best = None
+                for _ in range(repeats):
+                    passes = stream(kind, inputs, calls)
+                    _timed_pass(passes, validate)  # warm, as host_overhead.py's (which compiles there) ...
+                    linattn.dispatch.clear_cache()  # ... then every plan and decision forgotten
+                    us, _ = _timed_pass(passes, validate)
+                    best = us if best is None else min(best, us)
+                out.append(dict(kind="stream_stubbed", stream=kind, op="gdn_prefill" if kind.endswith("_t")
+                                else "gdn_decode", validate=validate, calls=calls, host_us=round(best, 2)))
+            trace = engine_calls(inputs, steps, seed=0)
+            _timed_pass(trace, validate)
+            linattn.dispatch.clear_cache()
+            us, per = _timed_pass(trace, validate)
+            out.append(dict(kind="stream_stubbed", stream="engine", op="gdn_prefill+gdn_decode", validate=validate,
+                            calls=len(trace), steps=steps, host_us=round(us, 2), per_phase_us=per,
+                            phase_calls={p: sum(1 for c in trace if c[0] == p) for p in ("prefill", "decode")}))
+    torch.set_num_threads(threads)
+    for r in out:
+        if r["stream"].startswith("new"):
+            same = next(x for x in out if x["stream"] == "same" + r["stream"][3:] and x["validate"] == r["validate"])
+            r["vs_same"] = round(r["host_us"] / same["host_us"], 2)
+    return out
+
+
 def rows(calls: int, repeats: int) -> list[dict]:
     out = []
     with torch.inference_mode(), stubbed_launch() as stubs:
@@ -277,12 +339,23 @@ def main(argv=None) -> int:
                     help="print a cProfile instead (gdn, kda: the decode ops)")
     ap.add_argument("--validate", action="store_true", help="with --profile: validate=True")
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/host_dispatch_cpu.json)")
+    ap.add_argument("--stream-calls", type=int, default=300, help="calls per same/new stream pass (issue 28)")
+    ap.add_argument("--steps", type=int, default=300, help="steps of the engine trace")
+    ap.add_argument("--streams-only", action="store_true", help="only the stream rows (printed; no results file "
+                    "unless --out)")
     args = ap.parse_args(argv)
+    if args.streams_only:
+        got = stream_rows(args.stream_calls, 3, args.steps)
+        for r in got:
+            print(r)
+        if args.out:
+            write_results(args.out, got, ["stream rows only (--streams-only)"])
+        return 0
     if args.profile:
         op_name = args.profile if "_" in args.profile else f"{args.profile}_decode"
         profile_calls(op_name, args.validate, 20000 if op_name.endswith("decode") else 5000)
         return 0
-    got = rows(args.calls, args.repeats)
+    got = rows(args.calls, args.repeats) + stream_rows(args.stream_calls, 3, args.steps)
     for r in got:
         print({k: v for k, v in r.items() if k != "ops"})
     notes = [f"Qwen3-Next heads H={H}, HV={HV}, K=V={K}; decode N=1 T=1; prefill one sequence of T={PREFILL_T} tokens "
