@@ -165,11 +165,30 @@ def kda_gating_ref(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bia
 
 # -- the recurrence -----------------------------------------------------------------------------
 
+#: Rows whose largest magnitude is at least ``2 ** L2NORM_SAFE_LOG2`` are scaled before squaring (F44).
+L2NORM_SAFE_LOG2 = 32
+
+
+def l2norm_ref(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + 1e-6)`` over the last dim (docs/ops.md, "l2norm"), without overflow.
+
+    A row with ``max|x| >= 2**32`` is first multiplied by the power of two ``s`` that brings its
+    ``max|x|`` into ``[2**31, 2**32)``, and ``n(x) = (s x) / sqrt(sum((s x)^2) + s^2 eps)``, the same
+    value exactly; every other row has ``s = 1``: the plain formula, bit for bit. Squaring an
+    unscaled fp32 row of magnitude 1.8e19 or more would overflow and normalise it to 0 (F44).
+    """
+    m = x.abs().amax(-1, keepdim=True)
+    e = torch.frexp(m).exponent  # max|x| = f * 2**e, f in [0.5, 1)
+    s = torch.ldexp(torch.ones_like(m), -(e - L2NORM_SAFE_LOG2).clamp(min=0))
+    y = x * s
+    return y / torch.sqrt((y * y).sum(-1, keepdim=True) + L2NORM_EPS * s * s)
+
+
 def _prep_qk(x: torch.Tensor, hv: int, scale: Optional[float], l2norm: bool, cd) -> torch.Tensor:
     """Upcast, l2-normalise, scale and expand ``[..., H, K]`` to the value heads (GVA)."""
     x = _up(x, cd)
     if l2norm:
-        x = x / torch.sqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+        x = l2norm_ref(x)
     if scale is not None:
         x = x * scale
     h = x.shape[-2]

@@ -62,6 +62,18 @@ def _softplus(x, beta, threshold):
 
 
 @triton.jit
+def _l2norm(x):
+    """``x / sqrt(sum(x^2) + 1e-6)`` of one fp32 row without overflow (F44; ``l2norm_ref`` in
+    backends/torch_ref.py): a row with ``max|x| = f 2**e >= 2**32`` (``f`` in ``[0.5, 1)``) is scaled
+    by ``s = 2**-(e - 32)``, read from the float's exponent bits, and the eps by ``s**2`` (the same
+    value); every other row has ``s = 1``, the plain formula."""
+    shift = tl.maximum(((tl.max(tl.abs(x)).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 158, 0)  # e - 32
+    s = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    y = x * s
+    return y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+
+
+@triton.jit
 def _recurrent_decode_kernel(
     q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices, has_init,
     scale, softplus_beta, softplus_threshold, lower_bound,
@@ -160,8 +172,8 @@ def _recurrent_decode_kernel(
             beta = 1.0 / (1.0 + tl.exp(-b_b))
         g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
         if USE_QK_L2NORM:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_q = _l2norm(b_q)
+            b_k = _l2norm(b_k)
         b_q = b_q * scale
         if GATE == "gdn":
             h = h * tl.exp(g)

@@ -75,7 +75,13 @@ L2NORM_EPS = 1e-6
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim without overflow (F44, docs/ops.md "l2norm"): a
+    row with ``max|x| >= 2**32`` is scaled by the power of two ``s`` bringing it under ``2**32`` and
+    normalised as ``(s x) / sqrt(sum((s x)^2) + s^2 eps)`` (the same value); other rows: ``s = 1``."""
+    m = x.abs().amax(-1, keepdim=True)
+    s = torch.ldexp(torch.ones_like(m), -(torch.frexp(m).exponent - 32).clamp(min=0))
+    y = x * s
+    return y * torch.rsqrt((y * y).sum(-1, keepdim=True) + L2NORM_EPS * s * s)
 
 
 def cumsum2(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
