@@ -156,23 +156,31 @@ class TritonBackend(Backend):
         return Rank.NATIVE if caps.vendor in self.native else Rank.FORCED_ONLY
 
     def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
-        """Prefill: the state stage's plan (one pass per sequence, or the segment-parallel pass
-        with its segment length), from ``kernels.triton.prefill.plan_segments`` on the problem's
-        shapes; "" for the other ops or without Triton."""
+        """Prefill: the fused GDN prefill where ``kernels.triton.prefill.plan_fused`` chooses it (its
+        reason), else the pipeline, why, and its state stage's plan (one pass per sequence, or the
+        segment-parallel pass with its segment length), from ``kernels.triton.prefill.plan_segments``
+        on the problem's shapes; "" for the other ops or without Triton."""
         if p.phase != "prefill" or not p.k or not p.v:
             return ""
         try:
             import torch
 
-            from linattn.kernels.triton.prefill import CHUNK, plan_segments, prefill_config, stage_options
+            from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments,
+                                                        prefill_config, stage_options)
         except ImportError:
             return ""
         family = OP_TABLE[p.op].family
-        cfg = prefill_config(family, p.k, p.v, getattr(torch, p.dtype))
+        dtype = getattr(torch, p.dtype)
+        fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps,
+                                 cfg=fused_config(p.k, p.v, dtype))
+        if fused:
+            return f"prefill: {fwhy}"
+        cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).half_hbuf
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
                                block_v=cfg.state.block_v, caps=caps, even=even, fp32=p.dtype == "float32")
-        return f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
+        state = f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
+        return f"prefill: the pipeline ({fwhy}); {state}"
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------
 

@@ -249,13 +249,15 @@ def chunk_gdn_fused_kernel(
 
 def fused_config(K: int, V: int, dtype) -> FusedConfig:
     """The fused prefill's pinned configuration for head dims ``K, V`` and the q/k/v ``dtype``
-    (H200 sweep: docs/performance.md#prefill-fused). bf16: ``BV = 64`` at 4 warps; fp32 operand
-    tiles (fp16/fp32 inputs) at ``BV = 32``."""
+    (H200 sweep: docs/performance.md#prefill-fused). bf16: ``BV = 64`` at 4 warps, 2 stages (BV 32
+    or 128, 8 warps, 3 stages measured slower); the prep kernel at 32 key columns per step (3-5%
+    faster than 64; a register cap of 128 or 168 slower); fp32 operand tiles (fp16/fp32 inputs,
+    not measured) at ``BV = 32``."""
     import torch
 
     bf16 = dtype == torch.bfloat16
     return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=4, num_stages=2, prep_warps=4,
-                       prep_ctas_per_sm=4)
+                       prep_ctas_per_sm=4, prep_block_k=32)
 
 
 def fused_refusal(family: str, K: int, V: int, dtype, *, replaced_state: bool, forced_segments: bool) -> str:

@@ -140,7 +140,15 @@ _GDN_S7 = ("GDN's bf16 state kernel forms U = Tm diag(beta) V itself and the gro
            "measured fastest on the H200, whole prefill 3.31 ms at 16x4096 against 3.54 without the U "
            "split and 3.60 without any of it "
            "(benchmarks/results/prefill_h200_s7_exp2.json@a74032d, _exp4.json@a74032d)")
+_FUSED = ("the fused GDN prefill (issue 27 step 1, kernels/triton/chunk_fused.py): its prep kernel holds the "
+          "64 x 64 Gram and query-key accumulators and the solve's tiles at 255 registers and spills; the fp32 "
+          "build of the fused kernel (ieee dots, fp32 [K, BV] state and operand tiles) spills heavily and is "
+          "never chosen by the planner (plan_fused: bf16 only). The bf16 builds measured at parity with the "
+          "pipeline on the H200 (benchmarks/results/prefill_fused_h200.json, prefill_fused_tune_h200.json)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
+    ("chunk_gdn_fused_prep_kernel", "", "fp32", "64"): (120, _FUSED),
+    ("chunk_gdn_fused_prep_kernel", "", "bf16", "64"): (72, _FUSED),
+    ("chunk_gdn_fused_kernel", "", "fp32", "64"): (16216, _FUSED),
     ("chunk_state_kernel", "False", "bf16", "128"): (40, _GDN_S7),
     ("chunk_output_grouped_kernel", "", "bf16", "128"): (8, _GDN_S7),
     ("chunk_state_kernel", "True", "bf16", "128"): (64, _KDA_FUSED),
