@@ -20,6 +20,7 @@ bitwise equal outputs and pools, for both families, decode and prefill.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -140,7 +141,9 @@ def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
     over the same calls, sync after the loop; ``host_us`` is the wall
     clock per call, so for the engine trace it includes GPU time where the GPU is the bottleneck
     (``gpu_busy_us``: the same trace's kernel time per call from torch.profiler, so
-    ``1 - gpu_busy_us / host_us`` is the GPU-idle share)."""
+    ``1 - gpu_busy_us / host_us`` is the GPU-idle share). The heap is frozen first (``gc.freeze()``,
+    as engines do after warm-up; without it the collector's full passes add hundreds of us per new
+    length on the CPU: docs/performance.md)."""
     from _streams import StreamInputs, engine_calls, stream
 
     ops = {"prefill": linattn.gdn_prefill, "decode": linattn.gdn_decode}
@@ -160,6 +163,8 @@ def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
         total = (time.perf_counter() - t_all) / len(seq) * 1e6
         return total, {p: round(a[0] / a[1] * 1e6, 2) for p, a in per.items() if a[1]}
 
+    gc.collect()
+    gc.freeze()  # as an engine does after warm-up (vLLM): the collector skips the startup heap
     with torch.inference_mode():
         for validate, how in variants(dev):
             with value_rules_as(how):
@@ -182,6 +187,7 @@ def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
                 if dev.startswith("cuda"):
                     row["gpu_busy_us"] = round(_gpu_busy_us(lambda: timed(trace, validate)) / len(trace), 2)
                 out.append(row)
+    gc.unfreeze()
     for r in out:
         if r["stream"].startswith("new"):
             same = next(x for x in out if x["stream"] == "same" + r["stream"][3:] and x["validate"] == r["validate"]

@@ -117,13 +117,24 @@ def _current_device() -> int:
     return torch._C._cuda_getDevice()
 
 
+def _int_class(a: int):
+    """What Triton 3.6 specializes an int argument on (``native_specialize_impl``): the value 1 (a
+    constant), else its type by range (i32, i64, u64) and whether it is a multiple of 16. One
+    compiled kernel serves every int of a class, so a new T or N (a prefill's token and chunk
+    counts, a decode batch) reuses the compiled kernel of the last one instead of taking Triton's
+    ordinary launch (issue 28)."""
+    if a == 1:
+        return 1
+    return (a & 15 == 0, -2147483648 <= a <= 2147483647, a < 9223372036854775808)
+
+
 def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:
     key = [kernel, device, options]
     append = key.append
     for a in args:
         cls = a.__class__
-        if cls is int:  # the exact value (Triton specializes on 1, % 16 and width)
-            append(a)
+        if cls is int:  # by what Triton specializes on (1, % 16, width), not the value: _int_class
+            append(_int_class(a))
         elif cls is bool:  # typed i1, not as the int of the same value (True == 1 in a tuple)
             append((bool, a))
         elif cls is _Tensor or isinstance(a, _Tensor):
@@ -131,8 +142,8 @@ def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: i
             append(a.data_ptr() & 15 == 0)
         elif a is None:  # a constexpr None
             append(None)
-        elif isinstance(a, int):  # an int subclass: by value, as Triton binds it
-            append(int(a))
+        elif isinstance(a, int):  # an int subclass: as Triton binds it, its int value
+            append(_int_class(int(a)))
         else:  # float (never specialized) and other scalars: by type
             append(cls)
     for item in constexprs.items():
@@ -217,7 +228,7 @@ class PreparedLaunch:
         num_warps, num_stages: launch options.
     """
 
-    __slots__ = ("kernel", "grid", "constexprs", "scalars", "options", "_compiled", "_tail", "_grid3")
+    __slots__ = ("kernel", "grid", "constexprs", "scalars", "options", "_compiled", "_tail", "_grid3", "_opts")
 
     def __init__(self, kernel, grid: tuple, constexprs: dict, scalars: tuple, *, num_warps: int,
                  num_stages: Optional[int] = None):
@@ -226,6 +237,7 @@ class PreparedLaunch:
         self._compiled: dict = {}
         self._tail: Optional[tuple] = None  # the full argument tuple after the tensors; None until known
         self._grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        self._opts = (num_warps, num_stages)
 
     def _full_tail(self, n_tensors: int) -> Optional[tuple]:
         order = _argument_order(self.kernel, n_tensors + len(self.scalars), self.constexprs)
@@ -241,12 +253,22 @@ class PreparedLaunch:
         key = (device, *[(t.data_ptr() & 15) == 0 for t in tensors])  # the dtypes are fixed (class docstring)
         compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self.kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)
             if self._tail is None:
                 self._tail = self._full_tail(len(tensors))
-            if compiled is not None and self._tail is not None and hasattr(compiled, "packed_metadata"):
-                self._compiled[key] = compiled
-            return
+            # a launch of another plan with the same specialization (e.g. another decode batch size) may
+            # have compiled it already: launch()'s cache, keyed by what Triton specializes on
+            args = (*tensors, *self.scalars)
+            shared = _launch_key(self.kernel, args, self.constexprs, self._opts, device)
+            hit = _compiled.get(shared)
+            if hit is None or self._tail is None:
+                compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
+                if compiled is not None and self._tail is not None and hasattr(compiled, "packed_metadata"):
+                    self._compiled[key] = compiled
+                    order = _argument_order(self.kernel, len(args), self.constexprs)
+                    if order is not None and len(_compiled) < _COMPILED_MAX:
+                        _compiled[shared] = (compiled, order)
+                return
+            compiled = self._compiled[key] = hit[0]
         g0, g1, g2 = self._grid3
         if direct_launch_log is not None:
             direct_launch_log.append((compiled, self._grid3, device, (*tensors, *self._tail)))

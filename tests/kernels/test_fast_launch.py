@@ -70,3 +70,92 @@ def test_the_argument_order_puts_runtime_arguments_then_constexprs_in_parameter_
     assert order[:len(runtime)] == tuple(range(len(runtime)))
     assert [c[0] for c in order[len(runtime):]] == list(constexprs.values())
     assert launch_mod._argument_order(kernel, len(runtime) - 1, constexprs) is None  # a missing argument
+
+
+# -- issue 28: a new int argument of the same specialization reuses the compiled kernel -------------
+
+class _Param:
+    def __init__(self, name: str, constexpr: bool = False):
+        self.name, self.is_constexpr, self.has_default, self.default = name, constexpr, False, None
+
+
+class _Compiled:
+    function, packed_metadata = 0, object()
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args[9:])  # the kernel's own arguments (after grid, stream, function, metadata, hooks)
+
+
+class _CompilingKernel:
+    """Ordinary launches return one compiled stand-in per launch (as Triton returns its kernel)."""
+
+    pre_run_hooks: list = []
+
+    def __init__(self):
+        self.params = [_Param("x"), _Param("n"), _Param("BLOCK", constexpr=True)]
+        self.ordinary = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.ordinary.append(args)
+            return _Compiled()
+        return run
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """The fast path as on CUDA (status, device and stream stubbed) with an empty compiled cache."""
+    import torch
+
+    monkeypatch.setattr(launch_mod, "fast_launch_status", lambda: (True, "test"))
+    monkeypatch.setattr(launch_mod, "_current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0, raising=False)
+    monkeypatch.setattr(launch_mod, "_compiled", {})
+
+
+def test_int_classes_split_exactly_where_triton_specializes():
+    import random
+
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    def triton_key(v):
+        return native_specialize_impl(BaseBackend, v, False, True, True)
+
+    rng = random.Random(0)
+    values = [0, 1, 2, 15, 16, 17, -1, -16, 2**31 - 16, 2**31 - 1, 2**31, 2**32, 2**63 - 16, 2**63, 2**64 - 16]
+    values += [rng.randrange(-2**40, 2**40) for _ in range(300)] + [16 * rng.randrange(1, 10**6) for _ in range(100)]
+    by_class: dict = {}
+    for v in values:
+        by_class.setdefault(launch_mod._int_class(v), set()).add(triton_key(v))
+    assert all(len(keys) == 1 for keys in by_class.values()), by_class
+
+
+def test_a_new_int_of_the_same_class_launches_directly(fast):
+    import torch
+
+    k, x = _CompilingKernel(), torch.zeros(4)
+    for n in (100, 132, 164):  # one class: i32, not a multiple of 16, not 1
+        launch_mod.launch(k, (n,), (x, n), {"BLOCK": 8}, num_warps=4)
+    assert len(k.ordinary) == 1  # the first compiled; the others ran its launcher
+    (compiled, _), = launch_mod._compiled.values()
+    assert [r[1] for r in compiled.runs] == [132, 164]  # with their own value
+    launch_mod.launch(k, (1,), (x, 160), {"BLOCK": 8}, num_warps=4)  # a multiple of 16: another class
+    assert len(k.ordinary) == 2
+
+
+def test_a_prepared_launch_reuses_a_kernel_compiled_for_other_scalars(fast):
+    import torch
+
+    k, x = _CompilingKernel(), torch.zeros(4)
+    launch_mod.PreparedLaunch(k, (2,), {"BLOCK": 8}, (7,), num_warps=4)((x,))
+    assert len(k.ordinary) == 1
+    other = launch_mod.PreparedLaunch(k, (3,), {"BLOCK": 8}, (9,), num_warps=4)  # e.g. a new decode batch
+    other((x,))
+    other((x,))
+    assert len(k.ordinary) == 1  # both calls direct, on the first plan's compiled kernel
+    (compiled, _), = launch_mod._compiled.values()
+    assert [r[1] for r in compiled.runs] == [9, 9]
