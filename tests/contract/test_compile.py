@@ -144,7 +144,7 @@ _FUSED = ("the fused GDN prefill (issue 27 step 1, kernels/triton/chunk_fused.py
           "64 x 64 Gram and query-key accumulators and the solve's tiles at 255 registers and spills; the fp32 "
           "build of the fused kernel (ieee dots, fp32 [K, BV] state and operand tiles) spills heavily and is "
           "never chosen by the planner (plan_fused: bf16 only). The bf16 builds measured at parity with the "
-          "pipeline on the H200 (benchmarks/results/prefill_fused_h200.json, prefill_fused_tune_h200.json)")
+          "pipeline on the H200 (benchmarks/results/prefill_fused_h200.json)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
     ("chunk_gdn_fused_prep_kernel", "", "fp32", "64"): (120, _FUSED),
     ("chunk_gdn_fused_prep_kernel", "", "bf16", "64"): (72, _FUSED),
