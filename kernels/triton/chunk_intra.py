@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ._gates import cumsum2
+from ._l2norm import SS_LIMIT, chunk_row_max, pow2_scale
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
 
@@ -76,7 +77,11 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
                 PREC: tl.constexpr):
     """GDN: ``A = strictly_lower(beta_r rk_r rk_s (k_r . k_s) exp(G_r - G_s))`` as one 64 x 64 dot,
     stored to the scratch ``sA``. Returns the chunk-local cumulative gate ``G [64]``, the inverse
-    key norms ``rk [64]`` and ``beta [64]`` (rows past ``L`` hold zeros)."""
+    key norms ``rk [64]`` and ``beta [64]`` (rows past ``L`` hold zeros).
+
+    With ``L2NORM``, a chunk where a row's sum of squares reaches ``2**64`` forms ``ss`` and the
+    dot again on the rows times their power-of-two scale ``sk`` (F44, :mod:`._l2norm`): then
+    ``rk = sk / sqrt(ss + 1e-6 sk**2)`` and the dot's entries take ``rk / sk`` (``u``) per row."""
     r = tl.arange(0, 64)
     m = r < L
     kk = tl.zeros([64, 64], dtype=tl.float32)
@@ -88,9 +93,21 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
         d = kt.to(DT)
         kk = tl.dot(d, tl.trans(d), acc=kk, input_precision=PREC)
     if L2NORM:
-        rk = tl.where(m, 1.0 / tl.sqrt(ss + 1e-6), 0.0)
+        sk = tl.full([64], 1.0, tl.float32)
+        if tl.max(ss, axis=0) >= SS_LIMIT:  # F44: rows of |k| >= 2**32 may be here; the others keep sk = 1
+            sk = pow2_scale(chunk_row_max(k_ptr, r, m, skt, K, BK))
+            kk = tl.zeros([64, 64], dtype=tl.float32)
+            ss = tl.zeros([64], dtype=tl.float32)
+            for ik in range(K // BK):
+                f = _ld(k_ptr, r, m, skt, ik * BK, BK).to(tl.float32) * sk[:, None]
+                ss += tl.sum(f * f, axis=1)
+                d = f.to(DT)
+                kk = tl.dot(d, tl.trans(d), acc=kk, input_precision=PREC)
+        u = tl.where(m, 1.0 / tl.sqrt(ss + 1e-6 * sk * sk), 0.0)  # ordinary rows: rk itself
+        rk = u * sk
     else:
         rk = tl.where(m, 1.0, 0.0)
+        u = rk
     if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
         G, Gl = cumsum2(tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN), 0)
     else:
@@ -101,7 +118,7 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
     if PREC == "ieee":
         D = D + (Gl[:, None] - Gl[None, :])
     a = kk * tl.exp(tl.where(strict, D, float("-inf")))
-    a = a * (b * rk)[:, None] * rk[None, :]
+    a = a * (b * u)[:, None] * u[None, :]
     tl.store(sA + r[:, None] * 64 + r[None, :], a)
     return G, rk, b
 
@@ -109,7 +126,9 @@ def _gdn_system(k_ptr, g_ptr, b_ptr, L, skt, sgt, sbt, sA,
 @triton.jit
 def _norms(k_ptr, q_ptr, r, m, skt, sqt, K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
     """Inverse l2 norms of the chunk's key and query rows (``[64]`` fp32; keys 0 past ``L``; both 1
-    without l2norm)."""
+    without l2norm). A chunk where a row's sum of squares reaches ``2**64`` sums the squares again
+    on the rows times their power-of-two scales ``s`` (F44, :mod:`._l2norm`), the norm being
+    ``s / sqrt(ss + 1e-6 s**2)``; rows with ``s = 1`` give the same bits."""
     if L2NORM:
         ks = tl.zeros([64], dtype=tl.float32)
         qs = tl.zeros([64], dtype=tl.float32)
@@ -118,7 +137,20 @@ def _norms(k_ptr, q_ptr, r, m, skt, sqt, K: tl.constexpr, BK: tl.constexpr, L2NO
             qt = _ld(q_ptr, r, m, sqt, ik * BK, BK).to(tl.float32)
             ks += tl.sum(kt * kt, axis=1)
             qs += tl.sum(qt * qt, axis=1)
-        return tl.where(m, 1.0 / tl.sqrt(ks + 1e-6), 0.0), 1.0 / tl.sqrt(qs + 1e-6)
+        sk = tl.full([64], 1.0, tl.float32)
+        sq = tl.full([64], 1.0, tl.float32)
+        if tl.max(tl.maximum(ks, qs), axis=0) >= SS_LIMIT:  # F44: rows of |x| >= 2**32 may be here
+            sk = pow2_scale(chunk_row_max(k_ptr, r, m, skt, K, BK))
+            sq = pow2_scale(chunk_row_max(q_ptr, r, m, sqt, K, BK))
+            ks = tl.zeros([64], dtype=tl.float32)
+            qs = tl.zeros([64], dtype=tl.float32)
+            for ik in range(K // BK):
+                kt = _ld(k_ptr, r, m, skt, ik * BK, BK).to(tl.float32) * sk[:, None]
+                qt = _ld(q_ptr, r, m, sqt, ik * BK, BK).to(tl.float32) * sq[:, None]
+                ks += tl.sum(kt * kt, axis=1)
+                qs += tl.sum(qt * qt, axis=1)
+        return (tl.where(m, 1.0 / tl.sqrt(ks + 1e-6 * sk * sk), 0.0) * sk,
+                (1.0 / tl.sqrt(qs + 1e-6 * sq * sq)) * sq)
     else:
         return tl.where(m, 1.0, 0.0), tl.full([64], 1.0, tl.float32)
 

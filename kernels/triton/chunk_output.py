@@ -21,8 +21,42 @@ import triton
 import triton.language as tl
 
 from ._gates import cumsum2
+from ._l2norm import RNORM_LIMIT, SS_LIMIT, chunk_row_max, inv_pow2_scale, pow2_scale
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+
+
+@triton.jit
+def _scaled(x, s):
+    """The rows of tile ``x`` times ``s`` (``[rows]`` fp32 powers of two, F44), in ``x``'s dtype (exact:
+    a scaled row stays under ``2**32``)."""
+    return (x.to(tl.float32) * s[:, None]).to(x.dtype)
+
+
+@triton.jit
+def _gdn_q_pass(q_ptr, k_ptr, hb, r, m, cv, sqt, skt, sq, sk, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr, SCALED: tl.constexpr):
+    """GDN's pass over one chunk's query and key rows: ``q h`` ``[64, BV]``, ``q k^T`` ``[64, 64]``
+    and the query rows' sums of squares ``[64]`` (fp32). ``SCALED`` (F44, :mod:`._l2norm`): on the
+    query rows times ``sq`` and the key rows times ``sk`` (``[64]`` powers of two), else on the raw
+    rows (``sq``, ``sk`` unread)."""
+    acc = tl.zeros([64, BV], dtype=tl.float32)
+    A = tl.zeros([64, 64], dtype=tl.float32)
+    ss = tl.zeros([64], dtype=tl.float32)
+    for ik in range(K // BK):
+        cols = ik * BK + tl.arange(0, BK)
+        qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+        if SCALED:
+            qt = qt.to(tl.float32) * sq[:, None]
+        fq = qt.to(tl.float32)
+        ss += tl.sum(fq * fq, axis=1)
+        hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
+        kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
+        if SCALED:
+            kt = kt.to(tl.float32) * sk[:, None]
+        acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
+        A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
+    return acc, A, ss
 
 
 @triton.jit
@@ -64,23 +98,22 @@ def chunk_output_kernel(
         A = tl.load(aqk + (t0 * HV + i_hv) * 64 + (r[:, None] * (HV * 64) + r[None, :]),
                     mask=m[:, None] & incl, other=0.0).to(tl.float32)
     else:
-        A = tl.zeros([64, 64], dtype=tl.float32)
-        ss = tl.zeros([64], dtype=tl.float32)
-        for ik in range(K // BK):
-            cols = ik * BK + tl.arange(0, BK)
-            qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
-            fq = qt.to(tl.float32)
-            ss += tl.sum(fq * fq, axis=1)
-            hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
-            kt = tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0)
-            acc += tl.dot(qt.to(DT), hk.to(DT), input_precision=PREC)
-            A += tl.dot(qt.to(DT), tl.trans(kt.to(DT)), input_precision=PREC)
+        one = tl.full([64], 1.0, tl.float32)
+        acc, A, ss = _gdn_q_pass(q_ptr, k_ptr, hb, r, m, cv, sqt, skt, one, one, K, V, BK, BV, DT, PREC, False)
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        sq = one
+        if L2NORM:  # F44: rows of |q| or |k| >= 2**32 may be here: the pass again on scaled rows
+            if (tl.max(ss, axis=0) >= SS_LIMIT) | (tl.min(tl.where(m, rkv, 1.0), axis=0) <= RNORM_LIMIT):
+                sq = pow2_scale(chunk_row_max(q_ptr, r, m, sqt, K, BK))
+                mk = chunk_row_max(k_ptr, r, m, skt, K, BK)
+                acc, A, ss = _gdn_q_pass(q_ptr, k_ptr, hb, r, m, cv, sqt, skt, sq, pow2_scale(mk), K, V, BK, BV,
+                                         DT, PREC, True)
+                rkv = rkv * inv_pow2_scale(mk)
         gt = tl.maximum(tl.load(g_ptr + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
         if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
             G, Gl = cumsum2(gt, 0)
         else:
             G = tl.cumsum(gt, axis=0)
-        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         acc = acc * tl.exp(G)[:, None]
         D = G[:, None] - G[None, :]
         if PREC == "ieee":
@@ -91,7 +124,7 @@ def chunk_output_kernel(
     acc += tl.dot(A.to(DT), vt.to(DT), input_precision=PREC)
     if not KDA:  # GDN: the query norm and the scale (row factors); KDA has them in qg and aqk
         if L2NORM:
-            acc = acc * (scale / tl.sqrt(ss + 1e-6))[:, None]
+            acc = acc * (scale / tl.sqrt(ss + 1e-6 * sq * sq))[:, None]
         else:
             acc = acc * scale
     if POOL:
@@ -154,6 +187,27 @@ def chunk_output_grouped_kernel(
         fq = qt.to(tl.float32)
         ss += tl.sum(fq * fq, axis=1)
         qk = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qk, input_precision=PREC)
+    one = tl.full([64], 1.0, tl.float32)
+    sq = one
+    isk = one
+    big = False
+    if L2NORM:  # F44: rows of |q| or |k| >= 2**32 may be here: q k^T again on scaled rows, and q scaled below
+        rk0 = tl.load(rk + t0 * HV + i_h * GROUP + r * HV, mask=m, other=0.0)  # the group's heads share k
+        big = (tl.max(ss, axis=0) >= SS_LIMIT) | (tl.min(tl.where(m, rk0, 1.0), axis=0) <= RNORM_LIMIT)
+        if big:
+            sq = pow2_scale(chunk_row_max(q_ptr, r, m, sqt, K, BK))
+            mk = chunk_row_max(k_ptr, r, m, skt, K, BK)
+            sk = pow2_scale(mk)
+            isk = inv_pow2_scale(mk)
+            qk = tl.zeros([64, 64], dtype=tl.float32)
+            ss = tl.zeros([64], dtype=tl.float32)
+            for ik in range(K // BK):
+                cols = ik * BK + tl.arange(0, BK)
+                qt = _scaled(tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0), sq)
+                kt = _scaled(tl.load(k_ptr + r[:, None] * skt + cols[None, :], mask=m[:, None], other=0.0), sk)
+                fq = qt.to(tl.float32)
+                ss += tl.sum(fq * fq, axis=1)
+                qk = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qk, input_precision=PREC)
     hc = i_c.to(tl.int64)  # the chunk whose entering state hbuf holds for this one
     if HALF:  # hbuf holds the state entering every second chunk of each sequence (the 1st, 3rd,
         # ...): the others read the one before, h[c-1] (chunk c - 1 is full: not the last)
@@ -161,7 +215,7 @@ def chunk_output_grouped_kernel(
         if odd:
             hc = hc - 1
     if L2NORM:
-        qs = scale / tl.sqrt(ss + 1e-6)
+        qs = scale / tl.sqrt(ss + 1e-6 * sq * sq)
     else:
         qs = tl.full([64], 1.0, tl.float32) * scale
     for j in tl.static_range(GROUP):
@@ -174,13 +228,25 @@ def chunk_output_grouped_kernel(
             # the second term first, with q k'^T per head (not held across the heads)
             sc = 1.0
             if odd:
+                kfp = tl.load(kf + (t0 - 64) * HV + i_hv + r * HV)
+                bigp = big
+                skp = one
+                if L2NORM:  # F44: chunk c - 1's keys, as this chunk's above
+                    rkp = tl.load(rk + (t0 - 64) * HV + i_hv + r * HV)
+                    bigp = big | (tl.min(rkp, axis=0) <= RNORM_LIMIT)
+                    if bigp:
+                        mkp = chunk_row_max(k_ptr - 64 * skt, r, r >= 0, skt, K, BK)
+                        skp = pow2_scale(mkp)
+                        kfp = kfp * inv_pow2_scale(mkp)
                 qkp = tl.zeros([64, 64], dtype=tl.float32)
                 for ik in range(K // BK):
                     cols = ik * BK + tl.arange(0, BK)
                     qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
                     kt = tl.load(k_ptr - 64 * skt + r[:, None] * skt + cols[None, :])
+                    if bigp:
+                        qt = _scaled(qt, sq)
+                        kt = _scaled(kt, skp)
                     qkp = tl.dot(qt.to(DT), tl.trans(kt.to(DT)), acc=qkp, input_precision=PREC)
-                kfp = tl.load(kf + (t0 - 64) * HV + i_hv + r * HV)
                 vp = tl.load(vn + ((t0 - 64) * HV + i_hv) * V + (r[:, None] * (HV * V) + cv[None, :]))
                 acc = tl.dot((qkp * kfp[None, :]).to(DT), vp.to(DT), input_precision=PREC)
                 # int32 offset, as shipped: (c - 1) * HV + hv < NT_max * HV, far below 2**31 for any
@@ -189,17 +255,21 @@ def chunk_output_grouped_kernel(
             for ik in range(K // BK):
                 cols = ik * BK + tl.arange(0, BK)
                 qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+                if big:
+                    qt = _scaled(qt, sq)
                 hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
                 acc = tl.dot((qt.to(tl.float32) * sc).to(DT), hk.to(DT), acc=acc, input_precision=PREC)
         else:
             for ik in range(K // BK):  # q again (from cache): not held across the heads
                 cols = ik * BK + tl.arange(0, BK)
                 qt = tl.load(q_ptr + r[:, None] * sqt + cols[None, :], mask=m[:, None], other=0.0)
+                if big:
+                    qt = _scaled(qt, sq)
                 hk = tl.load(hb + (cols[:, None] * V + cv[None, :]))
                 acc = tl.dot(qt.to(DT), hk.to(DT), acc=acc, input_precision=PREC)
         gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
         G = tl.cumsum(gt, axis=0)
-        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0) * isk  # isk: 1 but where F44 scaled k
         D = G[:, None] - G[None, :]
         A = qk * tl.exp(tl.where(incl, D, float("-inf"))) * rkv[None, :]
         vo = (t0 * HV + i_hv) * V

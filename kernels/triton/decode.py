@@ -35,6 +35,7 @@ import triton.language as tl
 
 from linattn.kernels.grid import plan_grid
 from linattn.kernels.triton._pid import decode_pid
+from linattn.kernels.triton._l2norm import pow2_scale
 from linattn.kernels.triton import limits
 from linattn.kernels.triton.launch import PreparedLaunch
 from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy, Triton-free)
@@ -67,8 +68,7 @@ def _l2norm(x):
     backends/torch_ref.py): a row with ``max|x| = f 2**e >= 2**32`` (``f`` in ``[0.5, 1)``) is scaled
     by ``s = 2**-(e - 32)``, read from the float's exponent bits, and the eps by ``s**2`` (the same
     value); every other row has ``s = 1``, the plain formula."""
-    shift = tl.maximum(((tl.max(tl.abs(x)).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 158, 0)  # e - 32
-    s = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    s = pow2_scale(tl.max(tl.abs(x)))  # the chunked prefill's stages share it (._l2norm)
     y = x * s
     return y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
 
