@@ -26,6 +26,28 @@ So a key hit is exactly the call the full path would have validated and dispatch
 way; nothing is skipped that could differ. A call refused by validation or selection leaves no
 plan; a plan is kept once selection succeeded, whether or not the backend's run then raises (a
 plugin that raises is marked broken, which changes the registry generation, hence the key).
+
+**Class plans** (issue 28): an engine's packed prefill length T and its decode batch N change
+almost every call, and each new length used to be a new key, so a full validation, a selection
+and a new plan. Decode and prefill calls are therefore also kept under their *class key*: the call
+key with each length argument's dim 0 bucketed (0, 1, 2, or 3 and more: the sizes some rules
+single out; :data:`LENGTH_ARGUMENTS`). A call whose exact key misses but whose class key hits
+derives its plan from the class's first plan instead of the full path:
+
+1. the size check: every length argument keeps the offset to its length (T or N) that the full
+   validation accepted (q, k, v, g, beta share T; ``cu_seqlens`` is N + 1; ``state_indices`` and
+   the other per-sequence tensors are N long). Every host rule reads these dims only through
+   such equalities and through the buckets, so a call passing it passes the host rules; one
+   failing it takes the full path, which raises the same refusal as ever;
+2. the sizes of the problem (N, T, max_seqlen) recomputed; every registered backend's
+   :meth:`~linattn.backends.base.Backend.size_class` asked again and compared with the class's:
+   the same outcome is the same shape class, hence the class's decision (with this call's
+   problem); another outcome takes the full path (a new decision);
+3. a new :class:`CallPlan` from those (the written buffers' byte spans, the fused value check),
+   kept under the exact key; then steps 1 to 5 above as for a key hit.
+
+What is checked on each class's first call only, not per exact key: the storage of a tensor
+(freed or shrunk, F47) and negated or conjugated views, as before per key.
 """
 
 from __future__ import annotations
@@ -36,11 +58,12 @@ import torch
 
 from .host_rules import any_unwritable
 from .layouts import byte_range, conform_inputs, interleaved_disjoint
-from .lru import CALL_PLANS_MAX, LRUCache
+from .lru import CALL_PLANS_MAX, CLASS_PLANS_MAX, LRUCache
+from .ops_table import OP_TABLE
 from .policy import current_policy
 from .registry import get_registry
 from . import selection
-from .selection import note_decision, select
+from .selection import note_decision, resolve_device, select, shape_class
 from .validate import validate_call, value_rules_of, written_arguments
 from .value_rules import _run_value_rules, fused_value_check
 
@@ -50,11 +73,24 @@ _SCALARS = frozenset({_NoneType, bool, int, float, str})
 _grad_enabled = torch.is_grad_enabled
 #: the call plans, least recently used dropped first (dispatch/lru.py)
 _plans: LRUCache = LRUCache(CALL_PLANS_MAX)
+#: the class plans (module docstring): per class key, the class's first plan and its length facts
+_classes: LRUCache = LRUCache(CLASS_PLANS_MAX)
+_LENGTH_BUCKETS = 3  # dim-0 sizes 0, 1, 2 are classes of their own; 3 and more share one
+_DECODE_N = ("q", "k", "v", "a", "b", "g", "beta", "state_indices", "num_accepted_tokens",
+             "intermediate_state_indices", "has_initial_state")
+#: per op phase: the tensor arguments whose dim 0 is a length that changes from call to call, and
+#: which length (``t`` = T, ``n`` = N; ``cu_seqlens`` is N + 1 long)
+LENGTH_ARGUMENTS = {
+    "prefill": {"q": "t", "k": "t", "v": "t", "g": "t", "beta": "t", "cu_seqlens": "n", "state_indices": "n",
+                "initial_state": "n", "has_initial_state": "n"},
+    "decode": dict.fromkeys(_DECODE_N, "n"),
+}
 
 
 def clear() -> None:
-    """Forget every cached call plan (the decision cache's ``clear_cache`` calls this)."""
+    """Forget every cached call plan and class plan (the decision cache's ``clear_cache`` calls this)."""
     _plans.clear()
+    _classes.clear()
 
 
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
@@ -96,16 +132,18 @@ class CallPlan:
     """
 
     __slots__ = ("op", "impl", "decision", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
-                 "written", "prepare", "prepared", "builtin", "copies", "value_check")
+                 "written", "prepare", "prepared", "builtin", "copies", "value_check", "spans")
 
-    def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool):
+    def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool,
+                 spans: Optional[dict] = None):
         self.op, self.impl, self.decision, self.dims, self.rules = op, impl, decision, dims, rules
         self.refuse_in_capture = "check_finite=True" if check_finite else None
         self.scalars = {n: x for n, x in nargs.items() if not isinstance(x, _Tensor)}
         self.tensors = tuple(n for n, x in nargs.items() if isinstance(x, _Tensor))
         written = set(written_arguments(op)) if dims.get("writes_pool", True) else \
             set(written_arguments(op)) - {"state_pool"}  # a read-only pool may alias (host_rules)
-        spans = {n: _span(nargs[n]) for n in self.tensors}
+        #: per tensor argument: its byte span (given: a class plan's, shifted to this call's lengths)
+        self.spans = spans = spans if spans is not None else {n: _span(nargs[n]) for n in self.tensors}
         #: per written buffer: its byte span and the other non-empty tensor arguments' (empty ones skipped)
         self.written = tuple((n, spans[n], tuple((o, spans[o]) for o in self.tensors if o != n and spans[o]))
                              for n in self.tensors if n in written and spans[n])
@@ -162,6 +200,117 @@ def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check
         raise on_no_backend(e, nargs, signature) from e
     rules = value_rules_of(op, check_values=validate, check_finite=check_finite)
     return CallPlan(op, nargs, dims, impl, decision, rules, check_finite), nargs
+
+
+def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
+    """:func:`call_key` with the dim 0 of each length argument (:data:`LENGTH_ARGUMENTS`) bucketed:
+    the key of a decode or prefill call's class (module docstring); None for the other ops and for
+    a call without a key."""
+    spec = OP_TABLE.get(op)
+    lengths = LENGTH_ARGUMENTS.get(spec.phase) if spec is not None else None
+    if lengths is None:
+        return None
+    key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
+    append, extend = key.append, key.extend
+    device = None
+    for name, x in args.items():
+        cls = x.__class__
+        if cls is _NoneType or cls is str:
+            append(x)
+        elif cls is _Tensor or (cls not in _SCALARS and isinstance(x, _Tensor)):
+            if device is None:
+                device = x.device
+            try:
+                stride = x.stride()
+            except RuntimeError:
+                return None
+            shape = x.shape
+            if name in lengths and shape:
+                shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
+            extend((x.dtype, shape, stride, x.device, x.requires_grad))
+        else:
+            append(x)
+            append(cls)
+    append(device is not None and selection.stream_capturing(device))
+    return tuple(key)
+
+
+class _ClassPlan:
+    """A class's first plan (``plan``), its length arguments as ``(name, length, offset)`` (dim 0 =
+    the length + offset, as the full validation accepted), and every backend's size class of it."""
+
+    __slots__ = ("plan", "members", "sizes", "prefill")
+
+    def __init__(self, plan: CallPlan, nargs: dict, lengths: dict):
+        self.plan, self.prefill = plan, OP_TABLE[plan.op].phase == "prefill"
+        dims = plan.dims
+        self.members = tuple((name, sym, nargs[name].shape[0] - dims[sym]) for name, sym in lengths.items()
+                             if isinstance(nargs.get(name), _Tensor) and nargs[name].dim() >= 1)
+        self.sizes = _size_classes(plan.decision.problem, _device_of(nargs))
+
+
+def _size_classes(problem, device: torch.device) -> tuple:
+    """Every registered backend's size class of ``problem`` (``selection.shape_class``'s second part)."""
+    return shape_class(problem, (), resolve_device(device), get_registry())[1]
+
+
+def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
+    """The plan of a new length of ``entry``'s class (module docstring, steps 1 to 3), or None when
+    the size check or the size classes differ (the full path decides)."""
+    got = {}
+    for name, sym, offset in entry.members:
+        size = args[name].shape[0] - offset
+        if got.setdefault(sym, size) != size:
+            return None  # lengths that disagree: the full validation names them
+    tmpl = entry.plan
+    dims = dict(tmpl.dims)
+    dims.update(got)
+    if entry.prefill:
+        dims["max_seqlen"] = dims["t"] if dims["n"] == 1 else 0
+    decision = tmpl.decision
+    problem = decision.problem.model_copy(update={"n": dims["n"], "t": dims["t"], "max_seqlen": dims["max_seqlen"]})
+    if _size_classes(problem, dims.get("device") or _device_of(args)) != entry.sizes:
+        return None  # another shape class: a new decision
+    spans = dict(tmpl.spans)
+    for name, sym, offset in entry.members:
+        if spans[name]:  # non-empty in the whole class (dim 0 of size 0 is a class of its own)
+            x = args[name]
+            spans[name] += (x.shape[0] - tmpl.dims[sym] - offset) * x.stride(0) * x.element_size()
+    nargs = tmpl.arguments(args)
+    return CallPlan(tmpl.op, nargs, dims, tmpl.impl, decision.model_copy(update={"problem": problem}), tmpl.rules,
+                    tmpl.refuse_in_capture is not None, spans)
+
+
+def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backend: Optional[str], validate: bool,
+              check_finite: bool, on_no_backend: Callable) -> tuple[CallPlan, dict]:
+    """The plan and checked arguments of a call whose key missed (``exact_miss``) or whose hit needs
+    the full validation (an address overlap): from its class plan where one fits, else through
+    :func:`plan_call`; kept under ``key`` (and a new class's plan under its class key)."""
+    ckey = class_key(op, args, backend, validate, check_finite) if exact_miss else None
+    if ckey is not None:
+        entry = lookup_class(ckey)
+        plan = None if entry is None else _from_class(entry, args)
+        if plan is not None:
+            nargs = prepare_hit(plan, args)
+            if nargs is not None:
+                store(key, plan)
+                return plan, nargs
+    plan, nargs = plan_call(op, args, backend, validate, check_finite, on_no_backend)
+    store(key, plan)
+    if ckey is not None:
+        lengths = LENGTH_ARGUMENTS[OP_TABLE[op].phase]
+        try:
+            _classes.put(ckey, _ClassPlan(plan, nargs, lengths))
+        except TypeError:
+            pass
+    return plan, nargs
+
+
+def lookup_class(ckey: tuple) -> Optional[_ClassPlan]:
+    try:
+        return _classes.get(ckey)
+    except TypeError:
+        return None
 
 
 def lookup(key: tuple) -> Optional[CallPlan]:

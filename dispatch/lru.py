@@ -8,6 +8,7 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | cache | owner | key | size |
 |---|---|---|---|
 | call plans | ``dispatch/fast_path.py`` ``_plans`` | the call key (exact shapes) | :data:`CALL_PLANS_MAX` |
+| class plans | ``dispatch/fast_path.py`` ``_classes`` | the call key, lengths T and N bucketed | :data:`CLASS_PLANS_MAX` |
 | decisions | ``Dispatcher._cache`` (``dispatch/selection.py``) | the shape class (``Backend.size_class``) | :data:`DECISIONS_MAX` |
 | first-choice log keys | ``Dispatcher._logged`` | (device, op, backend, reason) | :data:`FIRST_CHOICE_LOG_MAX` |
 | input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
@@ -21,6 +22,9 @@ from typing import Any, Hashable
 #: Call plans kept (``dispatch/fast_path.py``): one per distinct call key. A plan holds the prepared
 #: launch and its recorded launch sequences, about 20 KB for a prefill.
 CALL_PLANS_MAX = 1024
+#: Class plans kept (``dispatch/fast_path.py``): one per call class (a call key with its lengths
+#: T and N bucketed); each holds one call plan, which new lengths of the class derive theirs from.
+CLASS_PLANS_MAX = 256
 #: Decisions kept (``Dispatcher``): one per shape class, device, policy, forced backend, registry
 #: generation and capture state; a decision with every verdict is a few KB.
 DECISIONS_MAX = 1024

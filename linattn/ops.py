@@ -113,9 +113,9 @@ def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_fin
     key = _fast.call_key(op, args, backend, validate, check_finite)
     plan = _fast.lookup(key)
     nargs = None if plan is None else _fast.prepare_hit(plan, args)
-    if nargs is None:  # first call with this key, or an address overlap: the full validation
-        plan, nargs = _fast.plan_call(op, args, backend, validate, check_finite, _no_backend_error(op))
-        _fast.store(key, plan)
+    if nargs is None:  # first call with this key (its class's plan, or the full validation), or an overlap
+        plan, nargs = _fast.plan_miss(op, args, key, plan is None, backend, validate, check_finite,
+                                      _no_backend_error(op))
     if plan.builtin:
         return _fast.run_plan(plan, nargs)
     return _run_plugin(plan, nargs)

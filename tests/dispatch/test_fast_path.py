@@ -149,3 +149,86 @@ def test_an_unhashable_argument_gets_the_validation_error():
     x["state_indices"] = [0, 1]
     with pytest.raises(TypeError, match="state_indices"):
         linattn.gdn_decode(**x)
+
+
+# -- class plans (issue 28): a new T or N derives its plan from its class's ----------------------------
+
+def _decode_rows(n, pool_slots=8, seed=0):
+    x = _inputs(seed, n)
+    x["state_pool"] = torch.randn(pool_slots, HV, V, K, generator=torch.Generator().manual_seed(9))
+    x["state_indices"] = torch.arange(n, dtype=torch.int32)
+    return x
+
+
+def _prefill(t, n=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    cu = torch.tensor([0, t // 2, t][: n + 1] if n == 2 else [0, t], dtype=torch.int32)
+    return dict(q=r(t, H, K), k=r(t, H, K), v=r(t, HV, V), g=-torch.rand(t, HV, generator=g), beta=torch.rand(t, HV, generator=g),
+                cu_seqlens=cu, state_pool=torch.randn(8, HV, V, K, generator=g), state_indices=torch.arange(n, dtype=torch.int32))
+
+
+def test_a_new_decode_batch_of_a_known_class_skips_the_full_validation_and_matches_it(count_validations):
+    linattn.gdn_decode(**_decode_rows(3))
+    x = _decode_rows(5, seed=1)
+    pool0 = x["state_pool"].clone()
+    got = linattn.gdn_decode(**x)
+    assert count_validations == ["gdn_decode"]  # N = 5 came from N = 3's class plan
+    assert linattn.last_decision("gdn_decode").problem.n == 5
+    assert torch.equal(x["state_pool"][5:], pool0[5:])  # rows the call does not own
+    pool_got = x["state_pool"].clone()
+    fast_path.clear()
+    x["state_pool"].copy_(pool0)
+    want = linattn.gdn_decode(**x)  # the full path
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+    assert torch.equal(got, want) and torch.equal(pool_got, x["state_pool"])
+
+
+def test_a_new_prefill_length_of_a_known_class_skips_the_full_validation(count_validations):
+    linattn.gdn_prefill(**_prefill(10))
+    x = _prefill(14, seed=1)
+    linattn.gdn_prefill(**x)
+    assert count_validations == ["gdn_prefill"]
+    assert linattn.last_decision("gdn_prefill").problem.t == 14
+
+
+@pytest.mark.parametrize("case", ["decode_v_rows", "decode_indices", "prefill_k_tokens", "prefill_indices"])
+def test_lengths_that_disagree_in_a_known_class_get_the_full_validation_refusal(count_validations, case):
+    """The size check sends a call whose T or N disagree across arguments to the full validation,
+    which raises exactly what it raises without any cached plan; the pool is not written."""
+    def bad():
+        if case.startswith("decode"):
+            x = _decode_rows(5)
+            if case == "decode_v_rows":
+                x["v"] = torch.randn(6, 1, HV, V)
+            else:
+                x["state_indices"] = torch.arange(4, dtype=torch.int32)
+            return linattn.gdn_decode, x
+        x = _prefill(14)
+        if case == "prefill_k_tokens":
+            x["k"] = torch.randn(13, H, K)
+        else:
+            x["state_indices"] = torch.arange(3, dtype=torch.int32)
+        return linattn.gdn_prefill, x
+
+    op, x = bad()
+    with pytest.raises(ValueError) as cold:
+        op(**x)
+    fast_path.clear()
+    op(**(_decode_rows(3) if case.startswith("decode") else _prefill(10)))  # the class's plan
+    op, x = bad()
+    pool0 = x["state_pool"].clone()
+    with pytest.raises(ValueError) as warm:
+        op(**x)
+    assert str(warm.value) == str(cold.value)
+    assert torch.equal(x["state_pool"], pool0)
+
+
+def test_an_overlap_in_a_known_class_is_refused(count_validations):
+    linattn.gdn_decode(**_decode_rows(3))
+    x = _decode_rows(5)
+    x["q"] = x["state_pool"].view(-1)[: 5 * H * K].view(5, 1, H, K)  # q inside the pool (same strides)
+    pool0 = x["state_pool"].clone()
+    with pytest.raises(ValueError, match="overlaps"):
+        linattn.gdn_decode(**x)
+    assert torch.equal(x["state_pool"], pool0)
