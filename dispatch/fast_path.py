@@ -47,7 +47,8 @@ derives its plan from the class's first plan instead of the full path:
    kept under the exact key; then steps 1 to 5 above as for a key hit.
 
 What is checked on each class's first call only, not per exact key: the storage of a tensor
-(freed or shrunk, F47) and negated or conjugated views, as before per key.
+(freed or shrunk, F47), and negated or conjugated views among the arguments that are not lengths
+(a length argument's are checked on every class hit), as a key hit checks them on its key's first call.
 """
 
 from __future__ import annotations
@@ -259,9 +260,10 @@ def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
     the size check or the size classes differ (the full path decides)."""
     got = {}
     for name, sym, offset in entry.members:
-        size = args[name].shape[0] - offset
-        if got.setdefault(sym, size) != size:
-            return None  # lengths that disagree: the full validation names them
+        x = args[name]
+        size = x.shape[0] - offset
+        if got.setdefault(sym, size) != size or x.is_neg() or x.is_conj():
+            return None  # lengths that disagree, a lazily negated view: the full validation names them
     tmpl = entry.plan
     dims = dict(tmpl.dims)
     dims.update(got)

@@ -232,3 +232,11 @@ def test_an_overlap_in_a_known_class_is_refused(count_validations):
     with pytest.raises(ValueError, match="overlaps"):
         linattn.gdn_decode(**x)
     assert torch.equal(x["state_pool"], pool0)
+
+
+def test_a_negated_view_of_a_new_length_in_a_known_class_is_refused(count_validations):
+    linattn.gdn_prefill(**_prefill(10))
+    x = _prefill(14)
+    x["q"] = torch._neg_view(x["q"])
+    with pytest.raises(ValueError, match="negated"):
+        linattn.gdn_prefill(**x)
