@@ -259,10 +259,11 @@ class Dispatcher:
         caps = resolve_device(device)
         pol = policy if policy is not None else current_policy()
         reg = self.registry
-        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.source)
+        forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.forced_by(problem.op))
         if forced is not None and forced not in reg.backends:
             known = ", ".join(sorted(reg.backends))
-            raise ValueError(f"{forced_by} forces backend {forced!r} for {problem.op}, which is not registered; "
+            by = "LINATTN_BACKEND (env)" if forced_by == "env" else forced_by
+            raise ValueError(f"{by} forces backend {forced!r} for {problem.op}, which is not registered; "
                              f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
         self._warn_unknown_disabled(pol, reg)
         verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
