@@ -10,6 +10,8 @@ Numbers and their sources:
   workgroup; HIP grid dimensions up to 2**31-1 per axis with at most 2**32-1 work-items in all
   (hipDeviceProp_t.maxGridSize; AMD HIP programming guide). That is why the legacy folded
   (NK, NV, N*HV) grid works there and not on CUDA.
+- AMD MI355X (gfx950, CDNA4): 256 CUs, wavefront 64, 160 KiB LDS per workgroup, 288 GB HBM3E (AMD
+  Instinct MI355X data sheet); grid limits as MI300X. Built for on the CPU only (issue 31).
 - Intel Data Center GPU Max 1550 (pvc): 128 Xe cores, sub-group 16/32 (we model 32), 128 KiB SLM,
   1,024 work-items per group; group counts up to 2**31-1 per dimension (Level Zero
   maxGroupCount as SYCL exposes it).
@@ -59,6 +61,16 @@ PROFILES: dict[str, DeviceCapabilities] = {
         total_memory=192 * 2**30, toolchain=Toolchain(torch="2.11.0", triton="3.6.0", hip="6.4"),
         profile="mi300x",
     ),
+    "mi355x": DeviceCapabilities(
+        vendor="amd", device_type="cuda", name="AMD Instinct MI355X (profile)", arch="gfx950",
+        compute_capability=(9, 5), sm_count=256,
+        grid=GridLimits(x=2**31 - 1, y=2**31 - 1, z=2**31 - 1, total=(2**32 - 1) // 256,
+                        source="HIP hipDeviceProp_t.maxGridSize (2**31-1 per axis); grid x block "
+                               "work-items <= 2**32-1, i.e. 2**24 programs of 256 work-items"),
+        max_threads_per_block=1024, shared_memory_per_block=163840, warp_size=64,
+        total_memory=288 * 2**30, toolchain=Toolchain(torch="2.11.0", triton="3.6.0", hip="7.0"),
+        profile="mi355x",
+    ),
     "xpu-pvc": DeviceCapabilities(
         vendor="intel", device_type="xpu", name="Intel Data Center GPU Max 1550 (profile)",
         arch="pvc", sm_count=128,
@@ -78,7 +90,7 @@ PROFILES: dict[str, DeviceCapabilities] = {
 
 
 def profile(name: str) -> DeviceCapabilities:
-    """The named profile (``sm100``, ``sm90``, ``sm103``, ``sm120``, ``mi300x``, ``xpu-pvc``, ``cpu``).
+    """The named profile (``sm100``, ``sm90``, ``sm103``, ``sm120``, ``mi300x``, ``mi355x``, ``xpu-pvc``, ``cpu``).
 
     Raises:
         KeyError: an unknown name; the message lists the known ones.

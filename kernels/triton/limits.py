@@ -30,6 +30,16 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _PIPELINED_SMEM = {torch.bfloat16: 116 * 1024}
 _PIPELINED_SMEM_OTHER = 148 * 1024
 _MIN_SMEM = 96 * 1024
+#: The same floor where a vendor's builds differ (issue 31): on AMD the configuration of a device below
+#: the pipelining thresholds (every stage unpipelined) builds within 64 KiB of LDS per workgroup for
+#: gfx942 (the largest: the state kernel at K = 256, 64 KiB; tests/contract/test_compile_amd.py holds
+#: every build against its target's LDS), so MI300X (64 KiB) runs the chunked prefill.
+_MIN_SMEM_BY_VENDOR = {"amd": 64 * 1024}
+
+
+def min_shared_memory(caps: DeviceCapabilities) -> int:
+    """Bytes of shared memory (LDS) per block the chunked prefill needs on ``caps``'s vendor."""
+    return _MIN_SMEM_BY_VENDOR.get(caps.vendor, _MIN_SMEM)
 
 
 def prefill_supported(family: str, K: int, V: int, dtype: torch.dtype,
@@ -58,7 +68,8 @@ def prefill_supported(family: str, K: int, V: int, dtype: torch.dtype,
     if dtype not in DTYPES:
         return f"unsupported dtype {dtype}; supported: float32, bfloat16, float16"
     if caps is not None and caps.device_type != "cpu" and not caps.toolchain.triton_interpreter:
-        if caps.shared_memory_per_block < _MIN_SMEM:
-            return (f"the chunked prefill kernels need {_MIN_SMEM // 1024} KiB of shared memory per "
+        need = min_shared_memory(caps)
+        if caps.shared_memory_per_block < need:
+            return (f"the chunked prefill kernels need {need // 1024} KiB of shared memory per "
                     f"block; {caps.name} has {caps.shared_memory_per_block // 1024} KiB")
     return None

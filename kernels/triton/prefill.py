@@ -114,22 +114,69 @@ class LaunchOptions:
 
 SEGMENT_COMBINE_LAUNCH = LaunchOptions(4, 2)  # why: docs/performance.md#prefill-segments
 
+#: the dot precisions a configuration names (CUDA's ``input_precision`` values; :func:`dot_precision`
+#: translates them for the compile target), and the AMD-only ones a translated configuration may hold
 _PRECISIONS = ("ieee", "tf32", "tf32x3")
+_TARGET_PRECISIONS = _PRECISIONS + ("bf16x3",)
+#: AMD architectures with an XF32 (TF32) matrix instruction: Triton 3.6's HIP backend accepts
+#: ``input_precision="tf32"`` on these only (``HIPOptions.allowed_dot_input_precisions``: ieee, bf16x3,
+#: bf16x6 everywhere; tf32 on gfx942; tf32x3 nowhere)
+_XF32_ARCHS = ("gfx942",)
+
+
+def dot_precision(nominal: str, caps: DeviceCapabilities, interpreted: bool = False) -> str:
+    """The ``input_precision`` a configuration's dot precision compiles as on ``caps``'s target.
+
+    The kernels and configurations name CUDA's precisions; that is also the Triton interpreter's
+    set, and on NVIDIA (and any non-AMD target) they are returned unchanged, so CUDA builds are
+    exactly the ones measured. Triton's HIP backend rejects ``tf32x3`` on every AMD GPU and ``tf32``
+    outside :data:`_XF32_ARCHS` (a compile error at the first call, not a fallback). There:
+
+    - ``"tf32x3"`` (the solve's diagonal blocks, the segment combine) becomes ``"ieee"``: CDNA's fp32
+      matrix instructions (``v_mfma_f32_32x32x2_f32``), exact fp32 products, at least 3xTF32's accuracy;
+    - ``"tf32"`` stays ``"tf32"`` on gfx942 (XF32, TF32's 10-bit mantissa, as on CUDA) and becomes
+      ``"bf16x3"`` elsewhere (gfx950 has no XF32: three bf16 products, about 16 mantissa bits, more
+      accurate than tf32). On bf16 operands both compile to the plain bf16 instruction;
+    - ``"ieee"`` stays ``"ieee"`` (the kernels read it as "fp32 inputs": never produced from another).
+
+    Args:
+        nominal: ``"ieee"``, ``"tf32"`` or ``"tf32x3"`` (a translated name passes unchanged).
+        caps: the device the kernel compiles for (``vendor``, ``arch``).
+        interpreted: the kernel runs in the Triton interpreter (CUDA's precision set; every dot fp32).
+    Returns:
+        The ``input_precision`` to compile with.
+    Raises:
+        ValueError: ``nominal`` is not a dot precision.
+    Example:
+        >>> from linattn.capabilities import profile
+        >>> [dot_precision(p, profile("mi300x")) for p in ("ieee", "tf32", "tf32x3")]
+        ['ieee', 'tf32', 'ieee']
+    """
+    if nominal not in _TARGET_PRECISIONS:
+        raise ValueError(f"dot precision must be one of {_TARGET_PRECISIONS}; got {nominal!r}")
+    if interpreted or caps.vendor != "amd" or nominal == "ieee":
+        return nominal
+    if nominal == "tf32x3":
+        return "ieee"
+    if nominal == "tf32":
+        return "tf32" if caps.arch in _XF32_ARCHS else "bf16x3"
+    return nominal
 
 
 @dataclass(frozen=True)
 class SolveConfig:
     """How stage 1 inverts ``I + A`` (:func:`.chunk_intra._solve`): the diagonal 16 x 16 blocks by
     the Neumann product (``neumann``; else forward substitution) on dots at ``diag_precision``,
-    the blocks below them on dots at ``below_precision`` (``"ieee"``, ``"tf32"``, ``"tf32x3"``)."""
+    the blocks below them on dots at ``below_precision`` (``"ieee"``, ``"tf32"``, ``"tf32x3"``; on an
+    AMD target after :func:`dot_precision`, also ``"bf16x3"``)."""
 
     neumann: bool
     diag_precision: str
     below_precision: str
 
     def __post_init__(self):
-        if {self.diag_precision, self.below_precision} - set(_PRECISIONS):
-            raise ValueError(f"dot precisions must be among {_PRECISIONS}; got {self}")
+        if {self.diag_precision, self.below_precision} - set(_TARGET_PRECISIONS):
+            raise ValueError(f"dot precisions must be among {_TARGET_PRECISIONS}; got {self}")
 
 
 @dataclass(frozen=True)
@@ -388,8 +435,11 @@ class PrefillPlan:
     #: the dtype of the intermediate buffers and of the dots' operands (``buf_dtype`` as ``tl``)
     buf_dtype: torch.dtype = torch.float32
     DT: object = None
-    #: dot precision of the stages (``"ieee"`` for fp32 inputs, else ``"tf32"``)
+    #: dot precision of the stages (``"ieee"`` for fp32 inputs, else ``"tf32"`` as :func:`dot_precision`
+    #: translates it for the target)
     PREC: str = "tf32"
+    #: dot precision of the segment combine (``"ieee"`` for fp32 inputs, else ``"tf32x3"``, translated)
+    COMBINE_PREC: str = "tf32x3"
     #: the bound on the chunk count, ``T // 64 + N``
     nt_max: int = 0
     #: the chunk tables come from :func:`.chunk_tables.chunk_tables_triton` (else torch ops)
@@ -575,6 +625,7 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
         raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
     caps = probe(q.device) if caps is None else caps
     cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
+    cfg = config_on_target(cfg, caps, interp)
     plan = _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, segment_chunks)
     return _with_fused(plan, caps, layout, fused, fused_cfg, segment_chunks)
 
@@ -651,6 +702,10 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
 #: value head and value block) holds at least this many programs per SM; below it the pipeline
 #: (with its segment-parallel state pass) fills the device better (docs/performance.md#prefill-fused)
 FUSED_MIN_PROGRAMS_PER_SM = 1.0
+#: the fused kernel runs software-pipelined (2 stages) where a block has this much shared memory (LDS): its
+#: fp32-operand builds take 72.25 KiB pipelined on gfx942 / gfx950 (tests/contract/test_compile_amd.py),
+#: so on MI300X (64 KiB) it runs unpipelined; NVIDIA's profiles all hold it
+FUSED_PIPELINED_SMEM = 74 * 1024
 
 
 def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities,
@@ -680,9 +735,10 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
         return bool(forced), "forced " + ("on" if forced else "off")
     if why:
         return False, why
-    if caps.device_type != "cuda" or dtype != torch.bfloat16:
+    if caps.device_type != "cuda" or caps.vendor != "nvidia" or dtype != torch.bfloat16:
+        where = caps.device_type if caps.device_type != "cuda" else f"{caps.vendor} {caps.arch}"
         return False, (f"the fused prefill is chosen where it was measured faster: bf16 on CUDA (H200); here "
-                       f"{str(dtype).removeprefix('torch.')} on {caps.device_type} (fused=True forces it)")
+                       f"{str(dtype).removeprefix('torch.')} on {where} (fused=True forces it)")
     programs = N * HV * triton.cdiv(V, cfg.block_v)
     if programs < FUSED_MIN_PROGRAMS_PER_SM * caps.sm_count:
         return False, (f"the fused grid's {programs} programs (N x HV x V/{cfg.block_v}) would leave SMs of "
@@ -698,7 +754,10 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     its grids, buffers and reason; the pipeline's stages, segments and buffers dropped."""
     if plan.empty:
         return plan
-    cfg = cfg if cfg is not None else fused_config(plan.K, plan.V, plan.dtype)
+    if cfg is None:
+        cfg = fused_config(plan.K, plan.V, plan.dtype)
+        if caps.device_type != "cpu" and caps.shared_memory_per_block < FUSED_PIPELINED_SMEM:
+            cfg = dataclasses.replace(cfg, num_stages=1)  # MI300X's 64 KiB (issue 31)
     on, why = plan_fused(family=plan.family, N=plan.N, HV=plan.HV, K=plan.K, V=plan.V, dtype=plan.dtype, caps=caps,
                          cfg=cfg, replaced_state=plan.state_kernel is not None,
                          forced_segments=bool(segment_chunks), forced=forced)
@@ -748,12 +807,28 @@ def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layo
     return PrefillPlan(
         **facts, empty=False, config=cfg, stages=opt, output_in_state=in_state, buf_dtype=buf_dtype,
         DT=tl.bfloat16 if buf_dtype == torch.bfloat16 else tl.float32,
-        PREC="ieee" if facts["dtype"] == torch.float32 else "tf32", nt_max=nt_max,
+        PREC=_stage_precision(facts["dtype"], "tf32", caps),
+        COMBINE_PREC=_stage_precision(facts["dtype"], "tf32x3", caps), nt_max=nt_max,
         triton_tables=N <= TABLES_TRITON_MAX_N, grids=grids, intra_launch=intra_launch,
         state_kernel=state_kernel, segment_chunks=L, n_segments=nseg, segment_reason=why,
         segment_grids=seg_grids,
         buffers=(_output_specs(facts) + _buffer_specs(facts, opt, in_state, nt_max, progs, buf_dtype)
                  + _segment_specs(facts, nseg)))
+
+
+def _stage_precision(dtype: torch.dtype, nominal: str, caps: DeviceCapabilities) -> str:
+    """A stage's dot precision: ``"ieee"`` for fp32 inputs (ops.md's 1e-5), else ``nominal`` as
+    :func:`dot_precision` translates it for the target."""
+    return "ieee" if dtype == torch.float32 else dot_precision(nominal, caps, interpreter_enabled())
+
+
+def config_on_target(cfg: PrefillConfig, caps: DeviceCapabilities, interpreted: bool = False) -> PrefillConfig:
+    """``cfg`` with its solve's dot precisions translated for ``caps``'s target (:func:`dot_precision`):
+    ``cfg`` itself on NVIDIA and in the interpreter."""
+    s = cfg.intra.solve
+    t = SolveConfig(s.neumann, dot_precision(s.diag_precision, caps, interpreted),
+                    dot_precision(s.below_precision, caps, interpreted))
+    return cfg if t == s else dataclasses.replace(cfg, intra=dataclasses.replace(cfg.intra, solve=t))
 
 
 def _output_specs(facts: dict) -> tuple[BufferSpec, ...]:
@@ -1223,7 +1298,7 @@ def launch_segmented_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, 
              sm[0], sm[1], *s0, *_state_strides(st.ht, plan.state_layout), HV),
             dict(K=K, V=V, BV=SEGMENT_COMBINE_BLOCK_V, **g.combine.constexprs, POOL=plan.pool_mode,
                  HAS_H0=plan.has_h0, HAS_INIT=plan.has_init_flags,
-                 PREC="ieee" if plan.dtype == torch.float32 else "tf32x3"), SEGMENT_COMBINE_LAUNCH)
+                 PREC=plan.COMBINE_PREC), SEGMENT_COMBINE_LAUNCH)
     _launch_state_kernel(plan, x, b, grid=g.rerun, **common, state_indices=seg.seg_slot, flags=None, h0=init,
                          ht=summary, s0=si, st=sm, pool=plan.pool_mode, has_h0=True, has_init=False,
                          fused=plan.output_in_state, segment=2)
