@@ -3,8 +3,9 @@
 A public op call is described, for everything validation and selection look at, by its
 *call key*: the op, the per-call ``backend`` / ``validate`` / ``check_finite`` options, grad
 mode, the current policy, the registry generation, the CUDA-graph capture state and, for every
-argument, its value (scalars) or its dtype, shape, strides, device and ``requires_grad``
-(tensors). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
+argument, its value (scalars) or its dtype, shape, strides, device, ``requires_grad`` and whether
+it is a lazily negated or conjugated view (tensors: ``torch._neg_view(x)`` has ``x``'s strides and
+other values, and is refused). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
 that key except one: address overlap between a written buffer and the other arguments, which
 depends on the data pointers. So the first call with a key runs the whole validation layer and
 the selection and keeps the result here (:class:`CallPlan`): the normalised scalar arguments,
@@ -47,8 +48,9 @@ derives its plan from the class's first plan instead of the full path:
    kept under the exact key; then steps 1 to 5 above as for a key hit.
 
 What is checked on each class's first call only, not per exact key: the storage of a tensor
-(freed or shrunk, F47), and negated or conjugated views among the arguments that are not lengths
-(a length argument's are checked on every class hit), as a key hit checks them on its key's first call.
+(freed or shrunk, F47), as a key hit checks it on its key's first call. A lazily negated or
+conjugated view is part of both keys, so its first call (exact or class) takes the full validation,
+which refuses it and keeps no plan.
 """
 
 from __future__ import annotations
@@ -111,8 +113,9 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
                 stride = x.stride()
             except RuntimeError:  # sparse CSR/CSC/BSR/BSC: no strides, no key; validation refuses it (F47)
                 return None
-            # a pool that requires grad is refused in every grad mode: requires_grad is part of the key
-            extend((x.dtype, x.shape, stride, x.device, x.requires_grad))
+            # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
+            # so is a lazily negated or conjugated view (same strides, other values: refused, F33)
+            extend((x.dtype, x.shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj()))
         else:
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
@@ -228,7 +231,7 @@ def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check
             shape = x.shape
             if name in lengths and shape:
                 shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
-            extend((x.dtype, shape, stride, x.device, x.requires_grad))
+            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj()))
         else:
             append(x)
             append(cls)
@@ -262,8 +265,8 @@ def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
     for name, sym, offset in entry.members:
         x = args[name]
         size = x.shape[0] - offset
-        if got.setdefault(sym, size) != size or x.is_neg() or x.is_conj():
-            return None  # lengths that disagree, a lazily negated view: the full validation names them
+        if got.setdefault(sym, size) != size:
+            return None  # lengths that disagree: the full validation names them
     tmpl = entry.plan
     dims = dict(tmpl.dims)
     dims.update(got)

@@ -240,3 +240,34 @@ def test_a_negated_view_of_a_new_length_in_a_known_class_is_refused(count_valida
     x["q"] = torch._neg_view(x["q"])
     with pytest.raises(ValueError, match="negated"):
         linattn.gdn_prefill(**x)
+
+
+@pytest.mark.parametrize("name", ["q", "state_pool"])
+def test_a_negated_view_of_a_cached_key_is_refused_and_the_pool_is_unchanged(count_validations, name):
+    """``torch._neg_view(x)`` has ``x``'s dtype, shape and strides: the negation is part of the key,
+    so after two plain calls the negated one is a new key, refused as a cold call."""
+    x = _inputs()
+    with torch.no_grad():
+        linattn.gdn_decode(**x)
+        linattn.gdn_decode(**x)
+        assert count_validations == ["gdn_decode"]
+        x[name] = torch._neg_view(x[name].neg())  # shows the same values; its memory holds their negation
+        pool0 = x["state_pool"].clone()
+        with pytest.raises(ValueError, match=f"{name} is a lazily negated view"):
+            linattn.gdn_decode(**x)
+    assert torch.equal(x["state_pool"], pool0)
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+@pytest.mark.parametrize("name", ["state_pool", "q"])
+def test_a_negated_view_of_a_known_class_is_refused_and_the_pool_is_unchanged(count_validations, name):
+    """The class key holds the negation too: a new length with a negated pool (not a length argument)
+    or a negated q does not derive its plan from the plain class's."""
+    with torch.no_grad():
+        linattn.gdn_prefill(**_prefill(10))
+        x = _prefill(14)
+        x[name] = torch._neg_view(x[name].neg())
+        pool0 = x["state_pool"].clone()
+        with pytest.raises(ValueError, match=f"{name} is a lazily negated view"):
+            linattn.gdn_prefill(**x)
+    assert torch.equal(x["state_pool"], pool0)
