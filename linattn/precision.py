@@ -17,10 +17,23 @@ Only one API is touched on a given torch, so a caller who uses the other is neve
 "mix of the legacy and new APIs" state.
 
 Threads: the flags are global to the process, so the pin is reference counted under a lock. The
-first call to enter saves the caller's values and pins; the last to leave restores them (a flag
-some other code changed while calls were in flight is left as that code set it). While any
-linattn call is in flight, fp32 matmuls of other threads also run in IEEE fp32: more precise,
-never less. Cost: one lock and a few flag reads and writes per call (about 7 us on a CPU), not
+first call to enter saves the caller's values and pins. Every later entry, at any depth, reads the
+flags again and re-pins those some other code changed while calls were in flight, taking the
+changed values as the caller's (so the entering call runs in IEEE fp32 whatever happened
+meanwhile). The last to leave restores the caller's values, where a flag still holds the pinned
+value. The restore rule, then: the caller's most recent setting wins at the end, whether it was
+made before the first entry, between two entries, or after the last entry while a call was still
+in flight (that flag is left as set). What remains, by the nature of process-wide flags:
+
+- a call already past its entry when other code changes a flag runs the rest of its matmuls under
+  the new value (a later entry re-pins; nothing re-pins a call in flight);
+- while any linattn call is in flight, fp32 matmuls of other threads also run in IEEE fp32: more
+  precise, never less;
+- a change to exactly the pinned value (``"highest"``, ``"ieee"``) during a call cannot be told
+  from the pin, and the value saved at the first entry comes back at the end.
+
+Cost: one lock and a few flag reads and writes per call, 7-8 us per enter and exit on a CPU
+(torch 2.13's per-backend API, a shared 2-core machine: ``timeit`` of an empty ``with``), not
 paid by the Triton and CuTe DSL backends.
 
 Example:
@@ -67,6 +80,8 @@ else:  # torch 2.4 .. 2.8: the legacy switches (set_float32_matmul_precision set
 _lock = threading.Lock()
 _depth = 0
 _saved: tuple = ()
+#: the values :func:`_read` gives while pinned
+_PINNED = tuple(value for _, _, value in _FLAGS) if _NEW_API else ("highest", *(value for _, _, value in _FLAGS))
 
 
 def precision_flags() -> dict[str, object]:
@@ -121,6 +136,11 @@ class ieee_fp32_matmul:  # noqa: N801 (a context manager, named as one)
             if _depth == 0:
                 _saved = _read()
                 _pin(_saved)
+            else:  # a call in flight: re-pin what other code changed since, keeping its value to restore
+                now = _read()
+                if now != _PINNED:
+                    _saved = tuple(old if cur == pinned else cur for cur, pinned, old in zip(now, _PINNED, _saved))
+                    _pin(now)
             _depth += 1
         return self
 

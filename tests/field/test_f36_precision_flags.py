@@ -162,6 +162,27 @@ def test_f36_nested_pins_are_reentrant(user_flags):
     assert precision_flags() == before
 
 
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_f36_a_change_while_a_call_is_in_flight_is_re_pinned_for_the_next_call(user_flags, setting):
+    """Other code sets the user's global while a linattn call is in flight (the outer pin, as thread
+    A's long call): a linattn call entering then (a nested pin, as thread C's) runs IEEE fp32 all
+    the same, and once the last call leaves the user's latest setting is in force."""
+    other = "high" if setting != "high" else "medium"
+    user_flags(other)
+    user_flags(setting)
+    want_after = precision_flags()  # the user's two settings, made outside any pin
+    user_flags(other)
+    x, pool = prefill_inputs(lens=(20, 5), K=16, V=16, P=4)
+    spy = MatmulSpy()
+    with ieee_fp32_matmul():  # a call in flight
+        user_flags(setting)  # user code elsewhere, meanwhile
+        assert precision_flags() != PINNED
+        with spy:
+            linattn.gdn_prefill(**x, initial_state=pool[:2], backend="torch-ref")
+        assert spy.seen and all(s == PINNED for s in spy.seen), f"a matmul ran under {spy.seen[0]}"
+    assert precision_flags() == want_after
+
+
 def test_f36_triton_kernels_never_read_the_global_flags():
     """Every ``tl.dot`` of the Triton kernels names its ``input_precision``, and no kernel source reads
     torch's precision flags: the Triton backends' accuracy does not move with the caller's global."""
