@@ -43,7 +43,7 @@ import queue
 import shutil
 import tempfile
 import time
-from typing import Callable, Literal, Optional, Sequence
+from typing import Callable, Literal, NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -572,14 +572,32 @@ def _leaving_entry(c: _Call) -> tuple[Optional[Tensor], Optional[Tensor]]:
     return None, None
 
 
-def _exchange(c: _Call, entry: Optional[Tensor], group, world: int, failed: bool = False) -> Optional[list[Tensor]]:
+class _Wire(NamedTuple):
+    """What the exchange sends, the same on every rank (from agreed facts): whether there is one, the
+    head sizes of an entry ``[HV, K, K + V]``, its dtype (the compute dtype) and this rank's device."""
+
+    exchange: bool
+    HV: int
+    K: int
+    V: int
+    cdt: torch.dtype
+    dev: torch.device
+
+
+def _wire_of(x: tuple, args: dict, plan: ContextParallelPlan) -> _Wire:
+    """The exchange's :class:`_Wire` from the call's tensors (host only: shapes and dtypes)."""
+    q, v = x[0], x[2]
+    return _Wire(plan.exchange, v.shape[1], q.shape[2], v.shape[2], _compute_dtype(q, args), q.device)
+
+
+def _exchange(c: _Wire, entry: Optional[Tensor], group, world: int, failed: bool = False) -> Optional[list[Tensor]]:
     """Every rank's entry (one all_gather of ``[HV, K, K + V]`` per rank), when any sequence spans ranks.
 
     Each rank's entry travels with one status element (1: this rank failed before the exchange), read
-    to the host once; when some rank failed, every other rank raises RuntimeError naming it, so no rank
-    is left waiting for a later collective.
+    to the host once (one device-to-host sync per call); when some rank failed, every other rank
+    raises RuntimeError naming it, so no rank is left waiting for a later collective.
     """
-    if not c.plan.exchange:
+    if not c.exchange:
         return None
     mine = entry.contiguous() if entry is not None else torch.zeros(c.HV, c.K, c.K + c.V, dtype=c.cdt, device=c.dev)
     flat = torch.cat([mine.reshape(-1), mine.new_full((1,), float(failed))])
@@ -624,17 +642,23 @@ def _dense_final(c: _Call, q: Tensor) -> Tensor:
     return torch.full((N, *c.state_shape()), float("nan"), dtype=dtype, device=c.dev)
 
 
-def _execute(c: _Call, group, world: int):
-    final = _dense_final(c, c.x[0]) if c.pool is None else None
+def _execute(family: str, x: tuple, args: dict, out: dict, meta: dict, plan: ContextParallelPlan, rank: int,
+             summary: Optional[Summary], group, world: int):
+    """This rank's share after the agreement. Everything before the exchange (the call's setup, the
+    dense ``final_state``, the known pieces, the leaving entry) runs inside one ``try``: a failure
+    there (out of memory included) is reported through the exchange, so no peer waits in it."""
+    wire = _wire_of(x, args, plan)
     try:
+        c = _Call(family, x, args, out, meta, plan, rank, summary)
+        final = _dense_final(c, c.x[0]) if c.pool is None else None
         o_known = _run_known(c, final)
         o_first, entry = _leaving_entry(c)
     except Exception as e:
-        if c.plan.exchange:  # tell the others through the exchange, then raise this rank's own error
-            _exchange(c, None, group, world, failed=True)
+        if wire.exchange:  # tell the others through the exchange, then raise this rank's own error
+            _exchange(wire, None, group, world, failed=True)
             e.add_note("context_parallel_prefill: the other ranks were told through the exchange and raise too")
         raise
-    o_enter = _run_entering(c, _exchange(c, entry, group, world), final)
+    o_enter = _run_entering(c, _exchange(wire, entry, group, world), final)
     parts = [o for o in (o_enter, o_known, o_first) if o is not None]
     if not parts:
         parts = [c.x[0].new_zeros((0, c.HV, c.V))]
@@ -719,7 +743,7 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
     slots = meta["slots"]
     plan = make_plan(meta["cu"], [(m["offset"], m["tokens"]) for m in metas],
                      None if slots is None else [s < 0 for s in slots])
-    return _execute(_Call(family, x, args, out, meta, plan, rank, summary), group, world)
+    return _execute(family, x, args, out, meta, plan, rank, summary, group, world)
 
 
 # -- spawning ranks (tests, demo, benchmark) -----------------------------------------------------------

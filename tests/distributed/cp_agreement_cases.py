@@ -61,6 +61,22 @@ def _fail_before_exchange(x, kw):
     cp._run_known = raises
 
 
+def _fail_dense_final(x, kw):
+    """Dense mode's final_state allocation fails on rank 1 (out of memory), after the agreement."""
+    def raises(*a, **k):
+        raise RuntimeError("out of memory allocating final_state on rank 1")
+
+    cp._dense_final = raises
+
+
+def _fail_call_setup(x, kw):
+    """The call's setup fails on rank 1 after the agreement (dense mode: rank 0 writes no pool before the exchange)."""
+    def raises(*a, **k):
+        raise RuntimeError("the call's setup failed on rank 1")
+
+    cp._Call = raises
+
+
 #: name -> (agreed argument it exercises or None, dense mode?, change on rank 1, words every message has).
 #: A change returns a family to use instead of "gdn", or None.
 CASES: dict[str, tuple] = {
@@ -93,6 +109,8 @@ CASES: dict[str, tuple] = {
     "local_refusal_bad_g_F38": (None, False, lambda x, kw: x.__setitem__(3, x[3].abs() + 1.0),
                                 ("refused on rank 1", "g")),
     "failure_after_agreement_before_exchange": (None, False, _fail_before_exchange, ("rank", "1")),
+    "dense_final_fails_after_agreement": (None, True, _fail_dense_final, ("rank", "1")),
+    "call_setup_fails_after_agreement": (None, True, _fail_call_setup, ("rank", "1")),
 }
 #: g/beta dtypes and the g shape are refused by every rank's own validation (g and beta must be fp32
 #: and shaped [T, HV] / [T, HV, K]) before the agreement compares them; they are in it as a backstop.
@@ -106,7 +124,7 @@ def run_case(rank: int, name: str) -> tuple:
     _, dense, change, _ = CASES[name]
     d = global_inputs()
     x, kw = _base(rank, d, dense)
-    run_known = cp._run_known
+    patched = {n: getattr(cp, n) for n in ("_run_known", "_dense_final", "_Call")}
     changed = change(x, kw) if rank == 1 else None
     family = changed if isinstance(changed, str) else "gdn"
     pools = [t for t in (kw.get("state_pool"), kw.get("initial_state")) if t is not None]
@@ -119,7 +137,8 @@ def run_case(rank: int, name: str) -> tuple:
     except Exception as e:  # noqa: BLE001 - reported
         outcome, cls, msg = "err", type(e).__name__, str(e)
     finally:
-        cp._run_known = run_known
+        for n, f in patched.items():
+            setattr(cp, n, f)
     unchanged = all(torch.equal(a, b) for a, b in zip(pools, before))
     return outcome, cls, msg, time.monotonic() - t0, unchanged
 
