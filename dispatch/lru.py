@@ -12,6 +12,8 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | decisions | ``Dispatcher._cache`` (``dispatch/selection.py``) | the shape class (``Backend.size_class``) | :data:`DECISIONS_MAX` |
 | first-choice log keys | ``Dispatcher._logged`` | (device, op, backend, reason) | :data:`FIRST_CHOICE_LOG_MAX` |
 | input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
+| environment policies | ``dispatch/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
+| merged policies | ``dispatch/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ DECISIONS_MAX = 1024
 FIRST_CHOICE_LOG_MAX = 256
 #: Input-copy plans kept (``dispatch/layouts.py``): one per (op, backend class).
 LAYOUT_PLANS_MAX = 256
+#: Environment policies kept (``dispatch/policy.py``): one per distinct pair of values of
+#: ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` seen by an op call (a process that rewrites them per call
+#: parses each pair once while it is among the last 64).
+ENV_POLICIES_MAX = 64
+#: Merged policies kept (``dispatch/policy.py``): one per (``policy()`` scope, environment policy) pair.
+MERGED_POLICIES_MAX = 256
 
 
 class LRUCache(OrderedDict):

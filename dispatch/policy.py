@@ -47,6 +47,7 @@ from typing import Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from .lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX, LRUCache
 from .ops_table import OPS, PHASES
 from .problem import phase_of
 
@@ -179,7 +180,8 @@ def parse_disable(spec: str, source: str) -> frozenset[str]:
     return frozenset(names)
 
 
-_env_cache: dict[tuple, Policy] = {}
+#: per (LINATTN_BACKEND, LINATTN_DISABLE) raw values: their policy (least recently used dropped, dispatch/lru.py)
+_env_cache: LRUCache = LRUCache(ENV_POLICIES_MAX)
 
 
 #: On POSIX, the bytes mapping ``os.environ`` reads and writes (``os.environ[...] = ...`` and
@@ -202,14 +204,15 @@ def env_policy() -> Policy:
         raw = tuple(os.fsdecode(x) for x in key)
         pol = Policy(force=parse_force(raw[0], "LINATTN_BACKEND"), disable=parse_disable(raw[1], "LINATTN_DISABLE"),
                      source="env" if any(x.strip() for x in raw) else "default")
-        _env_cache[key] = pol
+        _env_cache.put(key, pol)
     return pol
 
 
 _scoped: contextvars.ContextVar[Optional[Policy]] = contextvars.ContextVar("linattn_policy", default=None)
 
 
-_merged: dict[tuple[Policy, Policy], Policy] = {}
+#: per (scoped, environment) policy pair: the merged policy (least recently used dropped, dispatch/lru.py)
+_merged: LRUCache = LRUCache(MERGED_POLICIES_MAX)
 
 
 def current_policy() -> Policy:
@@ -225,9 +228,8 @@ def current_policy() -> Policy:
         return env
     pol = _merged.get((scoped, env))
     if pol is None:
-        if len(_merged) >= 256:
-            _merged.clear()
-        pol = _merged[(scoped, env)] = scoped.merged_over(env)
+        pol = scoped.merged_over(env)
+        _merged.put((scoped, env), pol)
     return pol
 
 

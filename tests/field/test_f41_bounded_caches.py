@@ -74,3 +74,30 @@ def test_distinct_shape_classes_evict_the_least_recently_used_entry(monkeypatch)
 def test_lru_cache_refuses_a_size_below_one():
     with pytest.raises(ValueError, match="maxsize >= 1"):
         LRUCache(0)
+
+
+def test_the_policy_caches_are_bounded_and_keep_the_hot_entry(monkeypatch):
+    """dispatch/policy.py's parsed environment policies and merged scoped policies are LRU caches
+    too: ever new LINATTN_BACKEND values keep the environment cache at its size, and ever new
+    ``policy()`` scopes drop the least recently used merge, not the hot one with the rest."""
+    import importlib
+
+    from linattn.dispatch.lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX
+
+    pol = importlib.import_module("linattn.dispatch.policy")  # the module (the package exports a function of its name)
+
+    monkeypatch.setattr(pol, "_env_cache", LRUCache(ENV_POLICIES_MAX))
+    monkeypatch.setattr(pol, "_merged", LRUCache(MERGED_POLICIES_MAX))
+    for i in range(ENV_POLICIES_MAX + 40):
+        monkeypatch.setenv("LINATTN_BACKEND", f"decode=backend-{i}")
+        assert pol.current_policy().forced_for("gdn_decode") == f"backend-{i}"
+    assert len(pol._env_cache) == ENV_POLICIES_MAX
+    monkeypatch.delenv("LINATTN_BACKEND")
+    with linattn.policy(decode="hot"):
+        hot = pol.current_policy()
+    for i in range(MERGED_POLICIES_MAX + 40):
+        with linattn.policy(decode=f"cold-{i}"):
+            pol.current_policy()
+        with linattn.policy(decode="hot"):
+            assert pol.current_policy() is hot  # kept: never re-merged
+    assert len(pol._merged) == MERGED_POLICIES_MAX
