@@ -1,9 +1,9 @@
 """The parsing rule for linattn's ``LINATTN_*`` switches and name lists (field fault F48).
 
 A blank variable is unset. Anything else must be well formed, or reading it raises a
-``ValueError`` that names the variable, its value and what is allowed: a switch takes ``1`` /
-``0`` (or ``true`` / ``false``, ``yes`` / ``no``, ``on`` / ``off``, any case); a name list is
-comma-separated names with no empty entry. ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` follow the
+:class:`ConfigError` (a ``ValueError``) that names the variable, its value and what is allowed:
+a switch takes ``1`` / ``0`` (or ``true`` / ``false``, ``yes`` / ``no``, ``on`` / ``off``, any
+case); a name list is comma-separated names with no empty entry. ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` follow the
 same rule with their own grammar (``dispatch/policy.py``).
 
 Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED_VALUE_CHECKS``
@@ -23,6 +23,14 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+class ConfigError(ValueError):
+    """A malformed ``LINATTN_*`` environment variable (or a policy written in its syntax).
+
+    A ``ValueError``, so ``except ValueError`` callers keep working; the ``linattn`` command line
+    prints it as one ``error:`` line and exits 2 (a usage error), whichever command read it.
+    """
+
+
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off"})
 
@@ -31,14 +39,14 @@ def env_switch(var: str, default: bool) -> bool:
     """The on/off switch ``var``; ``default`` when unset or blank.
 
     Raises:
-        ValueError: any other value (``"fasle"``, ``"2"``), naming the variable and the allowed values.
+        ConfigError: any other value (``"fasle"``, ``"2"``), naming the variable and the allowed values.
     """
     raw = os.environ.get(var, "").strip().lower()
     if not raw:
         return default
     if raw in _ON or raw in _OFF:
         return raw in _ON
-    raise ValueError(f"{var}={os.environ[var]!r} is not a switch: set it to 1 or 0 (also true/false, yes/no, "
+    raise ConfigError(f"{var}={os.environ[var]!r} is not a switch: set it to 1 or 0 (also true/false, yes/no, "
                      f"on/off) or unset it (default: {int(default)})")
 
 
@@ -46,7 +54,7 @@ def env_names(var: str) -> Optional[set[str]]:
     """The comma-separated names of ``var``; None when unset or blank.
 
     Raises:
-        ValueError: an empty entry (a stray comma, an unset template variable), naming the
+        ConfigError: an empty entry (a stray comma, an unset template variable), naming the
             variable and its value.
     """
     raw = os.environ.get(var)
@@ -54,6 +62,6 @@ def env_names(var: str) -> Optional[set[str]]:
         return None
     names = [x.strip() for x in raw.split(",")]
     if not all(names):
-        raise ValueError(f"{var}={raw!r}: entry {names.index('') + 1} is empty (a stray comma or an unset template "
+        raise ConfigError(f"{var}={raw!r}: entry {names.index('') + 1} is empty (a stray comma or an unset template "
                          "variable); give comma-separated names, or unset it")
     return set(names)

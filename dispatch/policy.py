@@ -25,8 +25,8 @@ policy is a pure function of its scopes and the decision and call-plan caches ke
 Environment, read here and nowhere else:
     LINATTN_BACKEND="decode=triton-folded,prefill=torch-ref"   (a bare name means all=name)
     LINATTN_DISABLE="triton-folded,triton-split"
-A blank variable is unset. Any malformed entry is a ``ValueError`` naming the variable and the
-entry: an empty entry (a stray comma), an empty key or backend name (``decode=``, ``=x``), an
+A blank variable is unset. Any malformed entry is a ``ConfigError`` (``dispatch/env.py``; a
+``ValueError``) naming the variable and the entry: an empty entry (a stray comma), an empty key or backend name (``decode=``, ``=x``), an
 unknown key, a key given twice with different backends, ``key=`` in ``LINATTN_DISABLE``. A
 backend name that is not registered is refused when an op it is forced for is selected.
 
@@ -47,6 +47,7 @@ from typing import Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from .env import ConfigError
 from .lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX, LRUCache
 from .ops_table import OPS, PHASES
 from .problem import phase_of
@@ -111,8 +112,8 @@ class Policy(BaseModel):
                       force_from=tuple(sorted((k, s) for k, s in origin.items() if s != source)))
 
 
-def _malformed(source: str, spec: str, entry: str, problem: str) -> ValueError:
-    return ValueError(f"{source}={spec!r}: entry {entry!r} {problem}. Write comma-separated key=backend entries "
+def _malformed(source: str, spec: str, entry: str, problem: str) -> ConfigError:
+    return ConfigError(f"{source}={spec!r}: entry {entry!r} {problem}. Write comma-separated key=backend entries "
                       f"(e.g. 'decode=triton-folded,prefill=torch-ref', or a bare backend name for all ops); "
                       f"keys: phases {PHASES}, op names {OPS}, or 'all'; `linattn backends` lists the backends.")
 

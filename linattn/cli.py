@@ -35,6 +35,7 @@ from typer.core import TyperCommand, TyperGroup
 
 import linattn
 from linattn.demo import DEFAULTS as DEMO_DEFAULTS
+from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import OPS, Problem
 # The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
@@ -55,7 +56,19 @@ class _FlagHelp:
 
 
 class Command(_FlagHelp, TyperCommand):
-    """The class of every ``linattn`` command (see :class:`_FlagHelp`)."""
+    """The class of every ``linattn`` command (see :class:`_FlagHelp`).
+
+    A malformed ``LINATTN_*`` variable (``ConfigError``, ``dispatch/env.py``), wherever the
+    command reads it, is a usage error: one ``error:`` line (or the ``--json`` error document) and
+    exit 2, never a traceback. Other exceptions propagate: they are bugs, not usage errors.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConfigError as e:
+            as_json = any(ctx.params.get(k) for k in ("as_json", "json_"))
+            _fail_usage(e, as_json)
 
 
 class Group(_FlagHelp, TyperGroup):

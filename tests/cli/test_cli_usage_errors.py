@@ -1,0 +1,62 @@
+"""Usage errors of every command: one ``error:`` line and exit 2, never a traceback.
+
+A malformed ``LINATTN_*`` variable (``ConfigError``), an unusable file path and an absurd size are
+the user's to fix; a genuine internal error still propagates (it is not a usage error).
+"""
+
+import pytest
+from typer.testing import CliRunner
+
+import linattn.cli as cli
+from linattn.dispatch import ConfigError, dispatcher
+
+runner = CliRunner()
+BENCH = ("bench", "gdn_decode", "--device", "cpu", "--batch", "1", "--repeats", "1", "--shape", "1,1,16,16")
+
+
+def assert_one_error_line(res, *needles):
+    assert res.exit_code == 2, (res.exit_code, res.output, res.exception)
+    assert "Traceback" not in res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture
+def unloaded_registry(monkeypatch):
+    """The process-wide registry not loaded yet, so the command reads LINATTN_PLUGINS itself."""
+    monkeypatch.setattr(dispatcher(), "_registry", None)
+
+
+@pytest.mark.parametrize("args", [("demo", "--device", "cpu"), ("report",), BENCH])
+def test_malformed_linattn_backend_is_a_usage_error_in_every_command(args, monkeypatch):
+    monkeypatch.setenv("LINATTN_BACKEND", "decode=")
+    assert_one_error_line(runner.invoke(cli.app, list(args)), "LINATTN_BACKEND='decode='", "names no backend")
+
+
+@pytest.mark.parametrize("var", ["LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS"])
+@pytest.mark.parametrize("args", [("backends",), ("plugins",), ("report",), ("demo", "--device", "cpu"), BENCH])
+def test_malformed_plugin_lists_are_a_usage_error_in_every_command(args, var, monkeypatch, unloaded_registry):
+    monkeypatch.setenv(var, ",")
+    assert_one_error_line(runner.invoke(cli.app, list(args)), f"{var}=','", "is empty")
+
+
+def test_malformed_variable_with_json_prints_the_error_document(monkeypatch, unloaded_registry):
+    monkeypatch.setenv("LINATTN_PLUGINS", "a,,b")
+    res = runner.invoke(cli.app, ["backends", "--json"])
+    assert res.exit_code == 2
+    assert '"type": "ConfigError"' in res.stdout and "LINATTN_PLUGINS" in res.stdout
+
+
+def test_config_error_is_still_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_an_internal_value_error_is_not_turned_into_a_usage_error(monkeypatch):
+    def broken():
+        raise ValueError("a bug inside linattn")
+
+    monkeypatch.setattr(cli, "backend_rows", broken)
+    res = runner.invoke(cli.app, ["backends"])
+    assert res.exit_code == 1 and isinstance(res.exception, ValueError)
