@@ -50,6 +50,7 @@ import contextlib
 import functools
 import importlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -687,11 +688,15 @@ def bench(
     backend that is not eligible is a row with its rejection reason. With --from, nothing is
     measured: OP's rows of that results file are plotted. Exit 2 on a bad argument.
     """
-    from linattn.bench_plot import PlotError, require_matplotlib
+    from linattn.bench_plot import PlotError, png_path, require_matplotlib
 
     measuring = {"--batch": batch, "--tokens": tokens, "--backend": backend, "--device": device,
                  "--repeats": repeats, "--out": out}
     try:
+        outputs = [("--out", out)] + ([("--plot", plot), ("--plot", png_path(plot))] if plot is not None else [])
+        for option, path in outputs:  # a directory (given, or as the PNG's name) or an unwritable path
+            if path is not None:
+                check_writable(path, option)  # before minutes of measuring, not after
         if from_ is not None:
             return _plot_results(op, from_, plot, [k for k, v in measuring.items() if v], json_)
         if plot is not None:
@@ -704,6 +709,38 @@ def bench(
         _fail_usage(e, json_)
 
 
+def check_writable(path: Path, option: str) -> None:
+    """Refuse an output path that cannot be written, before anything is measured.
+
+    ``path`` must not be a directory, and its folder must exist (and take the file: probed by
+    opening it for appending; a file made by the probe is removed) or be creatable under the
+    nearest existing folder (created when writing, as before).
+
+    Raises:
+        BenchUsageError: naming ``option``, the path and why, and what to give instead.
+    """
+    if path.is_dir():
+        raise BenchUsageError(f"{option} {path} is a directory; give a file path, e.g. {path / 'bench'}"
+                              f"{'.png' if option == '--plot' else '.json'}")
+    folder = path.parent
+    nearest = next(p for p in (folder, *folder.parents) if p.exists())
+    if not nearest.is_dir():
+        raise BenchUsageError(f"{option} {path}: {nearest} is a file, not a folder; give a path in a writable folder")
+    if nearest != folder:
+        if not os.access(nearest, os.W_OK | os.X_OK):
+            raise BenchUsageError(f"{option} {path}: folder {nearest} is not writable; give a path in a writable folder")
+        return
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise BenchUsageError(f"{option} {path} cannot be written ({e.strerror or e}); give a path in a writable "
+                              "folder") from None
+    if not existed:
+        path.unlink()
+
+
 def _fail_usage(err: Exception, json_: bool) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -711,7 +748,8 @@ def _fail_usage(err: Exception, json_: bool) -> None:
     if json_:
         typer.echo(json.dumps({"error": str(err), "type": "UsageError"}, indent=2))
     else:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False)
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False,
+                                   soft_wrap=True)
     raise typer.Exit(code=2)
 
 
@@ -723,7 +761,7 @@ def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: 
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(doc, indent=2, default=str))
     if plot is not None:
-        render_png(plot_data(doc), plot)
+        plot = render_png(plot_data(doc), plot)
     if json_:
         typer.echo(json.dumps(doc, indent=2, default=str))
         return
@@ -744,7 +782,7 @@ def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[
         raise BenchUsageError(f"--from plots an existing results file without measuring; {', '.join(measuring)} "
                               f"{'does' if len(measuring) == 1 else 'do'} not apply to it")
     data = load_plot_data(results, op)
-    render_png(data, plot)
+    plot = render_png(data, plot)
     if json_:
         typer.echo(json.dumps({"plot": str(plot), "source": str(results), **data.model_dump(mode="json")}, indent=2))
     else:

@@ -265,11 +265,18 @@ def _draw_bars(ax, data: PlotData) -> None:
     ax.set_ylabel("Mtok/s")
 
 
+def png_path(path: Path) -> Path:
+    """Where the PNG for ``--plot path`` lands: ``path``, with ``.png`` added when it has no
+    suffix (as matplotlib's ``savefig`` does)."""
+    path = Path(path)
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
 def render_png(data: PlotData, path: Path) -> Path:
-    """Draw ``data`` to a PNG at ``path`` (parent folders created).
+    """Draw ``data`` to a PNG at :func:`png_path` of ``path`` (parent folders created).
 
     Returns:
-        the path written.
+        the path written (``.png`` added to a path without a suffix).
     Raises:
         PlotError: matplotlib is not installed.
     """
@@ -280,7 +287,7 @@ def render_png(data: PlotData, path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", ncol=1 if data.phase != "prefill" else len(data.series), loc="best")
     fig.tight_layout()
-    path = Path(path)
+    path = png_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

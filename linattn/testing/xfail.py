@@ -49,7 +49,7 @@ def load_xfail(path: Union[str, Path, None]) -> tuple[XfailRule, ...]:
         The rules, in file order (the first match wins).
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: the file is not TOML, or an entry lacks ``case``/``reason`` or has other keys.
+        ValueError: the file is a directory, unreadable, not UTF-8 or not TOML, or an entry lacks ``case``/``reason`` or has other keys.
     Example:
         >>> load_xfail(None)
         ()
@@ -58,7 +58,7 @@ def load_xfail(path: Union[str, Path, None]) -> tuple[XfailRule, ...]:
         return ()
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(_read(path))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"xfail file {path}: not valid TOML ({e}); see linattn.testing.xfail for the format.") from e
     entries = data.get("xfail", [])
@@ -71,10 +71,33 @@ def load_xfail(path: Union[str, Path, None]) -> tuple[XfailRule, ...]:
         try:
             rules.append(XfailRule(**entry))
         except (ValidationError, TypeError) as e:
-            raise ValueError(f"xfail file {path}: entry {i + 1} ({entry!r}) is invalid: each [[xfail]] needs "
-                             f"case = '<fnmatch pattern>' and reason = '<text>' (optional strict = true). "
-                             f"{e}") from e
+            raise ValueError(f"xfail file {path}: entry {i + 1} ({entry!r}) is invalid: {_entry_problems(e)}; each "
+                             f"[[xfail]] needs case = '<fnmatch pattern>' and reason = '<text>' (optional strict = "
+                             f"true).") from None
     return tuple(rules)
+
+
+def _read(path: Path) -> str:
+    """The file's text (UTF-8, as TOML is); a directory, an unreadable or a non-UTF-8 file is a
+    ``ValueError`` naming the file (a missing one stays ``FileNotFoundError``)."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise
+    except IsADirectoryError:
+        raise ValueError(f"xfail file {path}: is a directory; give the TOML file itself.") from None
+    except OSError as e:
+        raise ValueError(f"xfail file {path}: cannot be read ({e.strerror or e}).") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"xfail file {path}: not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
+                         "TOML files are UTF-8.") from None
+
+
+def _entry_problems(err: Exception) -> str:
+    """One line per pydantic error, joined: ``field 'reason': Field required``."""
+    if not isinstance(err, ValidationError):
+        return str(err)
+    return "; ".join(f"field {'.'.join(str(x) for x in e['loc']) or '?'!r}: {e['msg']}" for e in err.errors())
 
 
 def match(rules: Sequence[XfailRule], case_id: str) -> Optional[XfailRule]:

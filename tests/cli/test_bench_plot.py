@@ -146,3 +146,12 @@ def test_bench_from_a_file_without_the_op_or_a_missing_file_exits_2(tmp_path):
     res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(tmp_path / "none.json"), "--plot", "p.png",
                                   "--json"])
     assert res.exit_code == 2 and "cannot read results" in json.loads(res.stdout)["error"]
+
+
+def test_bench_plot_without_a_suffix_reports_the_png_it_wrote(tmp_path):
+    src, plot = tmp_path / "results.json", tmp_path / "decode"
+    src.write_text(json.dumps(COMMON_DECODE))
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(src), "--plot", str(plot)])
+    assert res.exit_code == 0, res.output
+    assert f"wrote {plot}.png " in res.stdout and not plot.exists()
+    assert_png(tmp_path / "decode.png")

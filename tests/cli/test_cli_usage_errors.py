@@ -60,3 +60,53 @@ def test_an_internal_value_error_is_not_turned_into_a_usage_error(monkeypatch):
     monkeypatch.setattr(cli, "backend_rows", broken)
     res = runner.invoke(cli.app, ["backends"])
     assert res.exit_code == 1 and isinstance(res.exception, ValueError)
+
+
+# -- file paths ------------------------------------------------------------------------------------
+
+def test_check_with_a_directory_as_xfail_file_exits_2(tmp_path):
+    assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(tmp_path)]),
+                          f"xfail file {tmp_path}: is a directory")
+
+
+def test_check_with_a_non_utf8_xfail_file_names_the_file(tmp_path):
+    bad = tmp_path / "gaps.toml"
+    bad.write_bytes(b'[[xfail]]\ncase = "\xff"\nreason = "x"\n')
+    assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)]),
+                          f"xfail file {bad}: not UTF-8")
+
+
+def test_a_bad_xfail_entry_is_one_line_naming_file_entry_and_field(tmp_path):
+    bad = tmp_path / "gaps.toml"
+    bad.write_text('[[xfail]]\ncase = "a"\nreason = "r"\n\n[[xfail]]\ncase = "b"\nreson = "typo"\n')
+    res = runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)])
+    assert_one_error_line(res, f"xfail file {bad}: entry 2", "field 'reason': Field required",
+                          "field 'reson': Extra inputs are not permitted")
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    from linattn import bench as B
+
+    monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("measured before checking the output paths"))
+
+
+@pytest.mark.parametrize("option", ["--out", "--plot"])
+def test_bench_refuses_a_directory_as_output_before_measuring(option, tmp_path, no_measuring):
+    assert_one_error_line(runner.invoke(cli.app, [*BENCH, option, str(tmp_path)]),
+                          f"{option} {tmp_path} is a directory")
+
+
+def test_bench_refuses_an_unwritable_output_before_measuring(tmp_path, no_measuring):
+    (tmp_path / "file").write_text("")
+    assert_one_error_line(runner.invoke(cli.app, [*BENCH, "--out", str(tmp_path / "file" / "x.json")]),
+                          "is a file, not a folder")
+    assert_one_error_line(runner.invoke(cli.app, [*BENCH, "--out", "/proc/linattn-x.json"]), "cannot be written")
+
+
+def test_bench_output_checks_leave_no_file_and_create_no_folder(tmp_path, no_measuring):
+    out = tmp_path / "o.json"
+    res = runner.invoke(cli.app, [*BENCH, "--out", str(out), "--plot", str(tmp_path)])
+    assert res.exit_code == 2 and not out.exists()
+    res = runner.invoke(cli.app, [*BENCH, "--out", str(tmp_path / "new" / "o.json"), "--plot", str(tmp_path)])
+    assert res.exit_code == 2 and not (tmp_path / "new").exists()
