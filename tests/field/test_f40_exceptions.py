@@ -161,7 +161,8 @@ def _message(fn, args, mode: str) -> str:
 def _decode_args():
     d, pool = decode_inputs(N=2)
     d["A_log"].requires_grad_(True)
-    return (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], pool, torch.tensor([3, -1])), pool
+    idx = torch.tensor([3, -1], device=pool.device)  # decode_inputs puts everything on the GPU when there is one
+    return (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], pool, idx), pool
 
 
 def test_grad_mode_error_is_the_same_in_eager_compile_and_fullgraph():

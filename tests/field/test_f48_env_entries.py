@@ -6,6 +6,7 @@ variable and the entry (an empty backend name or key, an empty entry, an unknown
 the disable list); a blank variable is unset; ``policy()`` refuses an empty backend name too.
 """
 
+import os
 import subprocess
 import sys
 
@@ -76,9 +77,13 @@ def test_f48_policy_refuses_a_force_that_is_not_a_backend_name(value):
             pass
 
 
-def test_f48_the_cli_prints_one_line_and_exits_2():
-    env = {"LINATTN_BACKEND": "decode=", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "linattn", "explain", "gdn_decode"], env=env,
+def test_f48_the_cli_prints_one_line_and_exits_2(tmp_path):
+    """``python -m linattn`` in a child process that imports the linattn this process imported: the
+    child runs in ``tmp_path`` (``-m`` puts the working directory first on ``sys.path``, and the repo
+    root's ``linattn/`` folder is only part of the package) with this process's ``sys.path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LINATTN_")}
+    env.update(LINATTN_BACKEND="decode=", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-m", "linattn", "explain", "gdn_decode"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip()]
