@@ -234,8 +234,32 @@ def current_policy() -> Policy:
     return pol
 
 
+def _check_name(name: object, given: str) -> None:
+    """One backend name: a non-empty string without ``=``, ``,`` or whitespace (else ValueError, as F48)."""
+    if not isinstance(name, str):
+        raise ValueError(f"{given} is not a backend name: give one registered backend's name as a string "
+                         f"(`linattn backends` lists them), not a {type(name).__name__}")
+    name = name.strip()
+    if not name or "=" in name or "," in name or any(c.isspace() for c in name):
+        raise ValueError(f"{given} is not a backend name: give one registered backend's name (`linattn backends` "
+                         "lists them) per key, or leave the key out")
+
+
+def _disable_names(disable: object) -> frozenset[str]:
+    """``policy(disable=...)``: a string in ``LINATTN_DISABLE``'s syntax, or a sequence of names."""
+    if isinstance(disable, str):
+        return parse_disable(disable, "policy(disable=...)")
+    if isinstance(disable, (bytes, dict)) or not hasattr(disable, "__iter__"):
+        raise TypeError(f"policy(): disable={disable!r} is a {type(disable).__name__}; give backend names as a "
+                        "list or tuple, or one string such as 'triton-folded,triton-split'")
+    names = tuple(disable)
+    for name in names:
+        _check_name(name, f"policy(): disable={names!r} holds {name!r}, which")
+    return frozenset(n.strip() for n in names)
+
+
 @contextlib.contextmanager
-def policy(*, disable: tuple[str, ...] | list[str] = (), **force: str) -> Iterator[Policy]:
+def policy(*, disable: str | tuple[str, ...] | list[str] = (), **force: str) -> Iterator[Policy]:
     """Force or disable backends inside a ``with`` block.
 
     The innermost scope that covers an op wins, whatever its key's granularity; within one scope
@@ -243,11 +267,15 @@ def policy(*, disable: tuple[str, ...] | list[str] = (), **force: str) -> Iterat
     (module docstring).
 
     Args:
-        disable: backend names never to pick inside the block (added to the outer scopes').
+        disable: backend names never to pick inside the block (added to the outer scopes'): a
+            sequence of names, or one string in ``LINATTN_DISABLE``'s syntax (``"torch-ref"``,
+            ``"triton-folded,triton-split"``).
         **force: ``decode="triton-folded"``, ``prefill="triton-split"``, ``gdn_decode="torch-ref"``,
-            ``all="torch-ref"``.
+            ``all="torch-ref"``: one backend name per key.
     Raises:
-        ValueError: an unknown phase/op key, or a backend name that is not a non-empty string.
+        ValueError: an unknown phase/op key, a backend name that is not a non-empty string or
+            holds ``=``, ``,`` or whitespace, or a ``disable`` string with an empty entry.
+        TypeError: a ``disable`` that is neither a string nor a sequence of names (``5``, bytes, a dict).
 
     Example:
         >>> with policy(all="torch-ref"):
@@ -258,13 +286,8 @@ def policy(*, disable: tuple[str, ...] | list[str] = (), **force: str) -> Iterat
     for key, name in force.items():
         if key not in _KEYS:
             raise ValueError(f"policy(): unknown key {key!r}; {_ALLOWED_KEYS}")
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"policy(): {key}={name!r} is not a backend name; give a registered backend's name "
-                             "(`linattn backends` lists them) or leave the key out")
-    for name in disable:
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"policy(): disable={tuple(disable)!r} holds {name!r}, not a backend name")
-    mine = Policy(force=tuple(sorted((k, v.strip()) for k, v in force.items())), disable=frozenset(disable),
+        _check_name(name, f"policy(): {key}={name!r}")
+    mine = Policy(force=tuple(sorted((k, v.strip()) for k, v in force.items())), disable=_disable_names(disable),
                   source="policy()")
     outer = _scoped.get()
     token = _scoped.set(mine.merged_over(outer) if outer is not None else mine)
