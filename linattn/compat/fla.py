@@ -27,7 +27,8 @@ Mapping details:
   ``use_qk_l2norm`` (whose own default is ``True``): the FLA default means *no* normalisation.
 - ``scale=None`` is ``K ** -0.5`` in both libraries.
 - ``g`` and ``beta`` are cast to float32 (linattn's gate contract; FLA's kernels read them in
-  fp32 too); an ``initial_state`` in 16 bits is read as float32 (FLA loads it that way).
+  fp32 too); an ``initial_state`` in 16 bits is read as float32 (FLA loads it that way); one
+  of another dtype (integer, bool, complex) is a ``TypeError`` in every function.
 - ``beta`` may be in ``(0, 2)`` (the negative-eigenvalue form, e.g. OLMo-hybrid's ``2 * sigmoid``):
   it is used as given.
 - Errors speak the caller's shapes: every input's shape is checked here in FLA's ``[B, T, ...]``
@@ -264,6 +265,15 @@ def _in_caller_shapes(func: str, T: int, flattened: bool):
         raise type(err)(f"linattn.compat.fla.{func}: {msg}") from err
 
 
+def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
+    """Every function's rule: an ``initial_state`` holds real floats (no integer, bool or complex
+    tensor is silently converted); TypeError otherwise."""
+    if not initial_state.dtype.is_floating_point:
+        raise TypeError(f"{func}: initial_state must be a floating-point tensor (float32 as flash-linear-attention "
+                        f"keeps states; 16-bit floats are read as float32), got {initial_state.dtype}; convert it "
+                        "with initial_state.float() if its values are meant as states.")
+
+
 def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
          use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
          out_dtype: torch.dtype):
@@ -271,6 +281,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
     HV = v.shape[2]
     g, beta = _gate_dtype(g), _gate_dtype(beta)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
+        _require_float_state(func, initial_state)
         initial_state = initial_state.to(torch.float32)
     layout = "vk" if state_v_first else "kv"
     opts = _OPTIONS.get()
@@ -487,6 +498,7 @@ def chunk_kda(
     if cu_seqlens_cpu is not None and cu_seqlens is None:
         raise ValueError(f"{f}: cu_seqlens_cpu was given without cu_seqlens; pass both or neither.")
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
+        _require_float_state(f, initial_state)
         raise TypeError(f"{f}: initial_state must be in float32 (flash-linear-attention asserts it), got "
                         f"{initial_state.dtype}.")
     return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,

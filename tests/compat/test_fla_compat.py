@@ -168,6 +168,28 @@ def test_dtypes_16_bit():
     assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
 
 
+@pytest.mark.parametrize("fn", [fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule, fla.chunk_kda,
+                                fla.fused_recurrent_kda], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_a_non_float_initial_state_is_refused_by_every_function(fn, dtype):
+    """One rule across the four: no integer, bool or complex initial_state is silently converted."""
+    family = "kda" if "kda" in fn.__name__ else "gdn"
+    q, k, v, g, beta, h0 = inputs(family, 1, 3, 1, 1, 8, 8, seed=9)
+    with pytest.raises(TypeError, match=rf"{fn.__name__}: initial_state must be a floating-point tensor.*"
+                                        rf"{str(dtype).removeprefix('torch.')}"):
+        call(fn, q, k, v, g, beta, initial_state=h0.to(dtype), output_final_state=True)
+
+
+@pytest.mark.parametrize("fn", [fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule,
+                                fla.fused_recurrent_kda], ids=lambda f: f.__name__)
+def test_a_16_bit_initial_state_is_still_read_as_float32(fn):
+    family = "kda" if "kda" in fn.__name__ else "gdn"
+    q, k, v, g, beta, h0 = inputs(family, 1, 3, 1, 1, 8, 8, seed=9)
+    _, ref = call(fn, q, k, v, g, beta, initial_state=h0.bfloat16().float(), output_final_state=True)
+    _, ht = call(fn, q, k, v, g, beta, initial_state=h0.bfloat16(), output_final_state=True)
+    assert ht.dtype == torch.float32 and torch.equal(ht, ref)
+
+
 def test_transpose_state_layout_alias():
     q, k, v, g, beta, h0 = inputs("kda", 1, 5, 1, 1, 8, 8, seed=8)
     with pytest.warns(DeprecationWarning):
