@@ -60,6 +60,7 @@ from typing import Any, Optional
 
 import torch
 
+import linattn
 import linattn.compat.fla as fla
 
 __all__ = ["enable", "disable", "is_enabled", "enabled_layers", "supported_layers", "tiny_random_model",
@@ -240,6 +241,24 @@ def _routed(layer: torch.nn.Module) -> Optional[_RoutedForward]:
     return rf if isinstance(rf, _RoutedForward) and rf.layer is layer else None
 
 
+def _check_enable_args(model, backend: Optional[str]) -> None:
+    """:func:`enable`'s arguments, checked before any layer is touched (a bad backend name would
+    otherwise only fail at the first forward)."""
+    where = "linattn.integrations.transformers.enable"
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{where}: model must be a torch.nn.Module (a *ForCausalLM, a bare model or a layer), got "
+                        f"{type(model).__name__}")
+    if backend is None:
+        return
+    if not isinstance(backend, str):
+        raise TypeError(f"{where}: backend must be a backend's name (a string) or None, got {type(backend).__name__}")
+    known = linattn.list_backends()
+    if backend not in known:
+        raise ValueError(f"{where}: backend={backend!r} is not a registered backend; registered: "
+                         f"{', '.join(sorted(known))} (`linattn backends` lists them), or None to let the "
+                         "dispatcher choose")
+
+
 def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: bool = True) -> torch.nn.Module:
     """Route ``model``'s linear-attention kernels to linattn (idempotent); returns ``model``.
 
@@ -251,8 +270,11 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
     Returns:
         ``model``, unchanged apart from its linear-attention layers' instance ``forward``.
     Raises:
-        ValueError: the model has no supported linear-attention layer.
+        TypeError: ``model`` is not an ``nn.Module``, or ``backend`` is not a string.
+        ValueError: ``backend`` is not a registered backend's name, or the model has no supported
+            linear-attention layer.
     """
+    _check_enable_args(model, backend)
     opts = _LayerOptions(backend, validate)
     found = 0
     with _LOCK:

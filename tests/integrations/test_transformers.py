@@ -169,5 +169,24 @@ def test_enable_refuses_a_model_without_linear_attention():
         lt.enable(torch.nn.Linear(2, 2))
 
 
+@pytest.mark.parametrize("model, needle", [("x", "got str"), (None, "got NoneType")])
+def test_enable_refuses_what_is_not_a_module_with_a_type_error(model, needle):
+    with pytest.raises(TypeError, match=f"model must be a torch.nn.Module.*{needle}"):
+        lt.enable(model)
+
+
+def test_enable_checks_the_backend_name_before_routing_anything():
+    m = _model(NAMES[0])
+    with pytest.raises(ValueError, match=r"backend='nope' is not a registered backend; registered: .*torch-ref"):
+        lt.enable(m, backend="nope")
+    assert not lt.is_enabled(m)
+    with pytest.raises(TypeError, match="backend must be a backend's name"):
+        lt.enable(m, backend=3)
+    try:
+        assert lt.enable(m, backend="torch-ref") is m and lt.is_enabled(m)
+    finally:
+        lt.disable(m)
+
+
 def test_supported_layers():
     assert {"Qwen3NextGatedDeltaNet", "KimiLinearDeltaAttention"} <= set(lt.supported_layers())
