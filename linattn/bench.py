@@ -61,6 +61,7 @@ import torch
 import typer
 
 import linattn
+from linattn.report import SIZE_MAX
 from linattn.bench_plot import FLA, FLA_GS
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
@@ -658,15 +659,15 @@ def bench(
     op: str = typer.Argument(..., help=f"The op: {', '.join(BENCH_OPS)}."),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Decode rows N, prefill sequences N or clamp rows "
+    batch: Optional[list[int]] = typer.Option(None, "--batch", max=SIZE_MAX, help="Decode rows N, prefill sequences N or clamp rows "
                                                                     "M; repeat for several shapes."),
-    tokens: Optional[list[int]] = typer.Option(None, "--tokens", help="Prefill: tokens per sequence L, paired with "
+    tokens: Optional[list[int]] = typer.Option(None, "--tokens", max=SIZE_MAX, help="Prefill: tokens per sequence L, paired with "
                                                                       "--batch (alone: N = 65,536 / L on CUDA)."),
     backend: Optional[list[str]] = typer.Option(None, "--backend", help="Backends to time (repeat); default: every "
                                                                         "backend the dispatcher accepts here, plus "
                                                                         "flash-linear-attention on CUDA."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or cuda:N (default: cuda if available)."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", help="Timed calls per row, median reported "
+    repeats: Optional[int] = typer.Option(None, "--repeats", max=SIZE_MAX, help="Timed calls per row, median reported "
                                                                   "(default 25 on CUDA, 5 on the CPU)."),
     json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
@@ -676,9 +677,9 @@ def bench(
     from_: Optional[Path] = typer.Option(None, "--from", help="Plot this results JSON instead of measuring (a "
                                                               "--out file, or benchmarks/results/*.json, old or "
                                                               "common schema); needs --plot."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", hidden=True, help="Warm-up calls per row."),
+    warmup: Optional[int] = typer.Option(None, "--warmup", hidden=True, max=SIZE_MAX, help="Warm-up calls per row."),
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (or D for the clamp)."),
-    copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, help="MiB of the copy measurement."),
+    copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, max=SIZE_MAX >> 20, help="MiB of the copy measurement."),
     seed: int = typer.Option(0, "--seed", hidden=True, help="Input seed."),
 ) -> None:
     """Time every eligible backend of OP at a model preset's shapes, against the copy bandwidth (and FLA on CUDA).

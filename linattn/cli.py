@@ -40,7 +40,7 @@ from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import OPS, Problem
 # The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
 from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
-                            SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
+                            SIZE_MAX, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
                             representative_problem, resolve_target, sweep_problems)
 
@@ -299,10 +299,10 @@ def explain(
     op: str = typer.Argument(..., help=f"The op: {', '.join(OPS)}."),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: int = typer.Option(1, "--batch", help="Decode rows N (gating / clamp rows when --tokens is not given)."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", help="Prefill: total packed tokens (default 4096). "
+    batch: int = typer.Option(1, "--batch", max=SIZE_MAX, help="Decode rows N (gating / clamp rows when --tokens is not given)."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", max=SIZE_MAX, help="Prefill: total packed tokens (default 4096). "
                                                                 "Decode: tokens per row (default 1; >1 = verify)."),
-    seqs: Optional[int] = typer.Option(None, "--seqs", help="Prefill: number of sequences (default 1)."),
+    seqs: Optional[int] = typer.Option(None, "--seqs", max=SIZE_MAX, help="Prefill: number of sequences (default 1)."),
     profile: Optional[str] = PROFILE_OPT,
     dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
     state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="Decode, prefill: pool dtype, float32 "
@@ -428,10 +428,10 @@ def _fail_run(err: Exception, as_json: bool) -> None:
 def demo(
     model: str = typer.Option(DEMO_DEFAULTS["model"], "--model", help="qwen3-next (GDN) or kimi-linear (KDA), "
                                                                       "or any gdn/kda preset."),
-    requests: int = typer.Option(DEMO_DEFAULTS["requests"], "--requests", help="Requests in the stream."),
-    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch",
+    requests: int = typer.Option(DEMO_DEFAULTS["requests"], "--requests", max=SIZE_MAX, help="Requests in the stream."),
+    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", max=SIZE_MAX,
                                      help="Fixed decode batch (CUDA-graph size); free rows are padding (-1)."),
-    steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps",
+    steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps", max=SIZE_MAX,
                               help="Scheduler iterations (each: admit + prefill, one decode step)."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
     seed: int = typer.Option(DEMO_DEFAULTS["seed"], "--seed", help="Seed of the request stream and the random inputs."),
@@ -439,12 +439,12 @@ def demo(
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (tests)."),
     prompt_len: Optional[str] = typer.Option(None, "--prompt-len", hidden=True, help="LO,HI prompt tokens."),
     output_len: Optional[str] = typer.Option(None, "--output-len", hidden=True, help="LO,HI decode steps."),
-    check_every: Optional[int] = typer.Option(None, "--check-every", hidden=True,
+    check_every: Optional[int] = typer.Option(None, "--check-every", hidden=True, max=SIZE_MAX,
                                               help="Check every k-th decode step against float64."),
-    context_parallel: Optional[int] = typer.Option(None, "--context-parallel", metavar="N",
+    context_parallel: Optional[int] = typer.Option(None, "--context-parallel", metavar="N", max=SIZE_MAX,
                                                    help="Instead: one long prompt across N ranks (gloo on the CPU, "
                                                         "NCCL with >= N GPUs): per-rank time, agreement with one rank."),
-    cp_tokens: Optional[int] = typer.Option(None, "--cp-tokens", hidden=True, help="--context-parallel prompt tokens."),
+    cp_tokens: Optional[int] = typer.Option(None, "--cp-tokens", hidden=True, max=SIZE_MAX, help="--context-parallel prompt tokens."),
 ) -> None:
     """The main job: serve a request stream through one linear-attention layer over a state pool.
 

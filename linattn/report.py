@@ -39,6 +39,9 @@ SWEEP_SEQ_TOKENS = 4096
 REPORT_DECODE_BATCH = 64
 REPORT_PREFILL_TOKENS = 8192
 REPORT_PREFILL_SEQS = 4
+#: The largest count a size option of the command line takes (rows, tokens, sequences, steps,
+#: repeats): an int32, as the kernels index with; larger is refused as a usage error (exit 2).
+SIZE_MAX = 2**31 - 1
 
 
 class UsageError(ValueError):

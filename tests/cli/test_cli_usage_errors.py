@@ -110,3 +110,24 @@ def test_bench_output_checks_leave_no_file_and_create_no_folder(tmp_path, no_mea
     assert res.exit_code == 2 and not out.exists()
     res = runner.invoke(cli.app, [*BENCH, "--out", str(tmp_path / "new" / "o.json"), "--plot", str(tmp_path)])
     assert res.exit_code == 2 and not (tmp_path / "new").exists()
+
+
+# -- sizes -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ("explain", "gdn_decode", "--batch", "99999999999999999999"),
+    ("explain", "gdn_prefill", "--tokens", str(2**31)),
+    ("explain", "gdn_prefill", "--seqs", str(2**31)),
+    ("demo", "--requests", str(2**31)),
+    ("demo", "--decode-batch", str(2**31)),
+    ("bench", "gdn_decode", "--batch", "1", "--batch", str(2**31)),
+    ("bench", "gdn_decode", "--repeats", str(2**31)),
+])
+def test_size_options_beyond_int32_are_refused_with_exit_2(args, no_measuring):
+    res = runner.invoke(cli.app, list(args))
+    assert res.exit_code == 2 and "Invalid value" in res.output and "2147483647" in res.output, res.output
+
+
+def test_the_largest_size_is_accepted():
+    res = runner.invoke(cli.app, ["explain", "gdn_decode", "--batch", str(cli.SIZE_MAX), "--profile", "cpu"])
+    assert res.exit_code == 0, res.output
