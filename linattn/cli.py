@@ -13,7 +13,9 @@ name is ever broken across lines (``linattn backends | grep torch-ref``).
 
 Exit codes: 0 success; 1 ``explain`` found no backend (or the forced one is not eligible), the
 demo's errors exceed the docs/ops.md tolerances, or a demo call found no backend; 2 a bad argument
-(unknown op, model, profile or backend, or an option that does not apply to the op).
+(unknown op, model, profile or backend, an option that does not apply to the op, a size beyond
+``SIZE_MAX``, an unusable file path) or a malformed ``LINATTN_*`` variable (``ConfigError``), in
+every command: one ``error:`` line, never a traceback.
 
 This module holds the typer commands and their rich rendering only; the documents they print
 (report, decision, backend and plugin rows, and the problems built from the model presets) are
