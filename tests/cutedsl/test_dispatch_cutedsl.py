@@ -154,7 +154,7 @@ PREFILL_TABLE = {
     "sm103": ("cutedsl", "cutedsl", RANK_FIRST),
     "sm90": ("triton-split", "triton-split", RANK_BEHIND),  # SM90_FASTER (the H200 measurements)
     "sm120": ("triton-split", "triton-split", Reason.ARCH),
-    "mi300x": ("torch-ref", "torch-ref", Reason.ARCH),
+    "mi300x": ("triton-folded", "triton-folded", Reason.ARCH),  # the 64 KiB LDS configuration (issue 31)
     "xpu-pvc": ("triton-folded", "triton-folded", Reason.DEVICE),
     "cpu": ("torch-ref", "torch-ref", Reason.DEVICE),
 }
