@@ -5,7 +5,8 @@ A public op call is described, for everything validation and selection look at, 
 mode, the current policy, the registry generation, the CUDA-graph capture state and, for every
 argument, its value (scalars) or its dtype, shape, strides, device, ``requires_grad`` and whether
 it is a lazily negated or conjugated view (tensors: ``torch._neg_view(x)`` has ``x``'s strides and
-other values, and is refused). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
+other values, and is refused) and its layout (a sparse COO or mkldnn tensor reports strides a
+dense tensor may have, and is refused). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
 that key except one: address overlap between a written buffer and the other arguments, which
 depends on the data pointers. So the first call with a key runs the whole validation layer and
 the selection and keeps the result here (:class:`CallPlan`): the normalised scalar arguments,
@@ -114,8 +115,10 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
             except RuntimeError:  # sparse CSR/CSC/BSR/BSC: no strides, no key; validation refuses it (F47)
                 return None
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
-            # so is a lazily negated or conjugated view (same strides, other values: refused, F33)
-            extend((x.dtype, x.shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj()))
+            # so is a lazily negated or conjugated view (same strides, other values: refused, F33), and
+            # the layout (a sparse COO or mkldnn tensor reports strides, e.g. (0, 0), that no dense
+            # call's plan may match: validation refuses it)
+            extend((x.dtype, x.shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
         else:
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
@@ -231,7 +234,7 @@ def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check
             shape = x.shape
             if name in lengths and shape:
                 shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
-            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj()))
+            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
         else:
             append(x)
             append(cls)
@@ -329,7 +332,10 @@ def lookup(key: tuple) -> Optional[CallPlan]:
 
 def store(key: tuple, plan: CallPlan) -> None:
     """Keep ``plan`` under ``key``; beyond :data:`~linattn.dispatch.lru.CALL_PLANS_MAX` plans the least
-    recently used one is dropped (one full validation rebuilds it)."""
+    recently used one is dropped (one full validation rebuilds it). A call without a key (None:
+    :func:`call_key`) is not kept."""
+    if key is None:
+        return
     try:
         _plans.put(key, plan)
     except TypeError:

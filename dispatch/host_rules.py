@@ -579,9 +579,11 @@ def any_unwritable(args: dict, written: tuple) -> bool:
     rows, a written argument's name first) is an inference tensor and the call runs outside
     inference mode. Inside inference mode it costs one flag read; outside, about 0.15 us a buffer.
 
-    The rarer refusals (a negated view, a freed storage) are checked by the full validation, i.e.
-    on the first call of each call key: a pool whose storage is freed between two calls of the same
-    key is not seen (torch itself crashes on such a tensor)."""
+    A negated or conjugated view is always a new call key (every tensor's ``is_neg()`` /
+    ``is_conj()`` is in the call key and the class key), so the full validation refuses it and
+    nothing needs rechecking here. A freed storage is checked by the full validation, i.e. on the
+    first call of each call key: a pool whose storage is freed between two calls of the same key
+    is not seen (torch itself crashes on such a tensor)."""
     if torch.is_inference_mode_enabled():
         return False
     for row in written:

@@ -1,6 +1,6 @@
 """The bounded, least-recently-used caches of the call path, and their sizes (issue 28, fault F41).
 
-Every per-process cache an op call can add to is one :class:`LRUCache` with its size from a
+Every per-process cache an op call can add to (but one: the compiled launches, below) is one :class:`LRUCache` with its size from a
 constant here, so that a stream of calls with ever new shapes (an engine's packed prefill length,
 its decode batch) keeps the process's memory bounded: the entry used longest ago is dropped, one at
 a time, never the whole cache at once (which used to drop hot decode plans with the cold ones).
@@ -14,6 +14,13 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
 | environment policies | ``dispatch/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
 | merged policies | ``dispatch/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
+| compiled launches (not an LRU) | ``kernels/triton/launch.py`` ``_compiled`` | the launch key (what Triton specializes on) | :data:`COMPILED_LAUNCHES_MAX` |
+
+The one exception is the compiled-launch cache of ``kernels/triton/launch.py``, read on every kernel
+launch: it is a plain dict that drops the entry stored longest ago when full (first in, first out),
+because an :class:`LRUCache` hit (``move_to_end`` in a Python method) measured about 0.3 us more
+per launch than a dict lookup (0.60 against 0.28 us, a 24-item launch key, CPython 3.11). Its keys
+are bounded by the kernels and the classes of their arguments, not by the shapes, so it rarely fills.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ LAYOUT_PLANS_MAX = 256
 ENV_POLICIES_MAX = 64
 #: Merged policies kept (``dispatch/policy.py``): one per (``policy()`` scope, environment policy) pair.
 MERGED_POLICIES_MAX = 256
+#: Compiled kernels kept by ``kernels/triton/launch.py`` (first in, first out: module docstring): one
+#: per launch key (kernel, device, options, constexprs, argument dtypes, alignment and int classes).
+COMPILED_LAUNCHES_MAX = 4096
 
 
 class LRUCache(OrderedDict):

@@ -8,15 +8,20 @@ specialization key (dtype and 16-byte alignment of every pointer, ``== 1`` and d
 of every integer), looks the compiled kernel up and builds launch metadata: host work of the
 order of the kernel launch itself. :func:`launch` does that once per *launch key* and keeps the
 :class:`triton.compiler.CompiledKernel` Triton returned; later calls with the same key call the
-compiled kernel's launcher directly. The launch key holds every fact Triton specializes on, and
-more: the constexprs and launch options, each pointer argument's dtype and alignment class, each
-integer's exact value and each other scalar's type, so a key hit is exactly a case in which
-Triton would have picked the same compiled kernel.
+compiled kernel's launcher directly. The launch key holds every fact Triton specializes on: the
+constexprs and launch options, each pointer argument's dtype and alignment class, each integer's
+class (:func:`_int_class`: the value 1, else its width and whether it is a multiple of 16, not its
+value) and each other scalar's type, so a key hit is exactly a case in which Triton would have
+picked the same compiled kernel. The compiled kernels of :func:`launch` are kept in a plain dict of
+at most :data:`~linattn.dispatch.lru.COMPILED_LAUNCHES_MAX` entries that drops the entry stored
+longest ago when full (first in, first out; not an LRU: the LRU's reordering on every hit costs
+about 0.3 us per launch, see ``dispatch/lru.py``).
 
 It touches Triton internals (``CompiledKernel.run``, ``function``, ``packed_metadata``, the launch
 hook chains), which change between Triton versions, so it is taken only on the versions in
 :data:`FAST_LAUNCH_TRITON_VERSIONS` (the ones it is tested on, compiled on an H200), on a CUDA
-device, outside the interpreter, with no launch hooks or pre-run hooks installed and
+device (not ROCm: Triton's HIP backend also specializes each tensor on whether its storage is
+under 2 GiB, a fact the launch keys do not hold), outside the interpreter, with no launch hooks or pre-run hooks installed and
 ``TRITON_DEBUG`` off, and unless ``LINATTN_FAST_LAUNCH=0``. Everywhere else it is the ordinary
 launch. :func:`fast_launch_status` says which, and why.
 
@@ -36,12 +41,14 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from linattn.dispatch.lru import COMPILED_LAUNCHES_MAX
+
 #: Triton versions whose launcher internals the fast path was written against and tested on.
 FAST_LAUNCH_TRITON_VERSIONS = frozenset({"3.6.0"})
 
 _Tensor = torch.Tensor
-_compiled: dict = {}  # launch key -> (CompiledKernel, order of the full argument tuple)
-_COMPILED_MAX = 4096
+_compiled: dict = {}  # launch key -> (CompiledKernel, order of the full argument tuple); insertion order
+_COMPILED_MAX = COMPILED_LAUNCHES_MAX  # first in, first out beyond it (module docstring)
 _status: Optional[tuple[bool, str]] = None
 #: When a list: every direct launch appends ``(compiled kernel, grid, device, full arguments)``
 #: (``benchmarks/host_overhead.py`` replays them as the bare-launch floor; the contract tests count them).
@@ -56,8 +63,8 @@ _recordings_lock = threading.Lock()
 def fast_launch_status() -> tuple[bool, str]:
     """``(enabled, why)``: whether :func:`launch` may take the fast path in this process.
 
-    Decided once per process from the Triton version, the interpreter setting and
-    ``LINATTN_FAST_LAUNCH``; launch hooks and ``TRITON_DEBUG`` are checked on every call.
+    Decided once per process from the Triton version, the interpreter setting, the device kind
+    (CUDA, not ROCm) and ``LINATTN_FAST_LAUNCH``; launch hooks and ``TRITON_DEBUG`` are checked on every call.
     """
     global _status
     if _status is None:
@@ -81,6 +88,10 @@ def _decide_status() -> tuple[bool, str]:
 
     if interpreter_enabled():
         return False, "TRITON_INTERPRET=1: the interpreter runs kernels in Python (ordinary launches)"
+    if getattr(torch.version, "hip", None):
+        return False, (f"ROCm (torch.version.hip={torch.version.hip}): Triton's HIP backend specializes each "
+                       "tensor on whether its storage is under 2 GiB (buffer ops), which the launch keys do "
+                       "not hold: ordinary launches")
     if not torch.cuda.is_available():
         return False, "no CUDA device visible to torch: ordinary launches"
     return True, f"triton {triton.__version__}: compiled kernels are launched directly once their key is known"
@@ -169,6 +180,17 @@ def _argument_order(kernel, n_args: int, constexprs: dict) -> Optional[tuple]:
     return tuple(order) if pos == n_args else None
 
 
+def _store_compiled(key: tuple, entry: tuple) -> None:
+    """Keep ``entry`` under ``key`` in :data:`_compiled`, dropping the entries stored longest ago
+    beyond :data:`_COMPILED_MAX` one at a time (a hit costs a plain dict lookup; module docstring)."""
+    _compiled[key] = entry
+    while len(_compiled) > _COMPILED_MAX:
+        try:
+            del _compiled[next(iter(_compiled))]
+        except (KeyError, StopIteration, RuntimeError):  # changed by another thread meanwhile
+            break
+
+
 def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int,
            num_stages: Optional[int] = None) -> None:
     """Launch ``kernel`` on ``grid`` (fast path when :func:`fast_launch_status` allows; module docstring).
@@ -196,9 +218,7 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
         compiled = kernel[grid](*args, **constexprs, **options)  # ordinary launch; Triton compiles or looks up
         order = _argument_order(kernel, len(args), constexprs)
         if compiled is not None and order is not None and hasattr(compiled, "packed_metadata"):
-            if len(_compiled) >= _COMPILED_MAX:
-                _compiled.clear()
-            _compiled[key] = (compiled, order)
+            _store_compiled(key, (compiled, order))
         return
     compiled, order = hit
     full = [args[i] if i.__class__ is int else i[0] for i in order]
@@ -265,8 +285,8 @@ class PreparedLaunch:
                 if compiled is not None and self._tail is not None and hasattr(compiled, "packed_metadata"):
                     self._compiled[key] = compiled
                     order = _argument_order(self.kernel, len(args), self.constexprs)
-                    if order is not None and len(_compiled) < _COMPILED_MAX:
-                        _compiled[shared] = (compiled, order)
+                    if order is not None:
+                        _store_compiled(shared, (compiled, order))
                 return
             compiled = self._compiled[key] = hit[0]
         g0, g1, g2 = self._grid3

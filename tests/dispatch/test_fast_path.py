@@ -271,3 +271,25 @@ def test_a_negated_view_of_a_known_class_is_refused_and_the_pool_is_unchanged(co
         with pytest.raises(ValueError, match=f"{name} is a lazily negated view"):
             linattn.gdn_prefill(**x)
     assert torch.equal(x["state_pool"], pool0)
+
+
+def test_a_sparse_tensor_with_a_dense_calls_strides_is_a_new_key_and_refused(count_validations):
+    """A COO tensor reports strides (all 0 here) that a dense argument may have: the layout is part
+    of the call key, so after a dense call of those strides the sparse one is validated and refused."""
+    x = _inputs()
+    x["q"] = torch.randn(1).as_strided((N, 1, H, K), (0, 0, 0, 0))
+    linattn.gdn_decode(**x)
+    sparse = x["q"].contiguous().to_sparse()
+    assert sparse.stride() == x["q"].stride() and sparse.shape == x["q"].shape
+    x["q"] = sparse
+    pool0 = x["state_pool"].clone()
+    with pytest.raises(TypeError, match="layout torch.sparse_coo"):
+        linattn.gdn_decode(**x)
+    assert torch.equal(x["state_pool"], pool0)
+    assert count_validations == ["gdn_decode", "gdn_decode"]
+
+
+def test_a_call_without_a_key_is_not_stored():
+    fast_path.clear()
+    fast_path.store(None, object())
+    assert fast_path.lookup(None) is None and len(fast_path._plans) == 0

@@ -159,3 +159,35 @@ def test_a_prepared_launch_reuses_a_kernel_compiled_for_other_scalars(fast):
     assert len(k.ordinary) == 1  # both calls direct, on the first plan's compiled kernel
     (compiled, _), = launch_mod._compiled.values()
     assert [r[1] for r in compiled.runs] == [9, 9]
+
+
+def test_rocm_takes_the_ordinary_launch(monkeypatch):
+    """Triton's HIP backend also specializes a tensor on whether its storage is under 2 GiB, which the
+    launch keys do not hold: on ROCm every launch is the ordinary one, and the status says why."""
+    import torch
+
+    monkeypatch.setattr(triton, "__version__", sorted(launch_mod.FAST_LAUNCH_TRITON_VERSIONS)[0])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("LINATTN_FAST_LAUNCH", raising=False)
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a ROCm build with a GPU
+    enabled, why = launch_mod.fast_launch_status()
+    assert not enabled and "ROCm" in why and "2 GiB" in why
+    k = _FakeKernel()
+    launch_mod.launch(k, (2,), (1,), {"BLOCK": 4}, num_warps=2)
+    assert k.launches == [((2,), (1,), {"BLOCK": 4, "num_warps": 2})]
+    monkeypatch.setattr(torch.version, "hip", None)
+    launch_mod.reset_fast_launch()
+    assert launch_mod.fast_launch_status()[0]  # the same process on CUDA takes the fast path
+
+
+def test_a_full_compiled_cache_drops_its_oldest_entry_not_all(fast, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(launch_mod, "_COMPILED_MAX", 2)
+    k, x = _CompilingKernel(), torch.zeros(4)
+    for block in (8, 16, 32):  # three launch keys (the constexpr differs)
+        launch_mod.launch(k, (1,), (x, 3), {"BLOCK": block}, num_warps=4)
+    assert [key[-1] for key in launch_mod._compiled] == [("BLOCK", 16), ("BLOCK", 32)]
+    launch_mod.launch(k, (1,), (x, 3), {"BLOCK": 16}, num_warps=4)
+    assert len(k.ordinary) == 3  # the kept entry launched directly
