@@ -112,13 +112,21 @@ class Policy(BaseModel):
                       force_from=tuple(sorted((k, s) for k, s in origin.items() if s != source)))
 
 
-def _malformed(source: str, spec: str, entry: str, problem: str) -> ConfigError:
-    return ConfigError(f"{source}={spec!r}: entry {entry!r} {problem}. Write comma-separated key=backend entries "
-                      f"(e.g. 'decode=triton-folded,prefill=torch-ref', or a bare backend name for all ops); "
-                      f"keys: phases {PHASES}, op names {OPS}, or 'all'; `linattn backends` lists the backends.")
+#: What to write instead, per setting syntax: ``force`` (``LINATTN_BACKEND``) or ``disable`` (names only).
+_ADVICE = {
+    "force": ("Write comma-separated key=backend entries (e.g. 'decode=triton-folded,prefill=torch-ref', or a "
+              f"bare backend name for all ops); keys ({_ALLOWED_KEYS}); `linattn backends` lists the backends."),
+    "disable": ("Write comma-separated backend names only (e.g. 'triton-folded,triton-split'): a disabled backend "
+                "is off for every op; to pick one per op, force another with LINATTN_BACKEND / policy(key=...); "
+                "`linattn backends` lists the backends."),
+}
 
 
-def _entries(spec: str, source: str) -> list[str]:
+def _malformed(source: str, spec: str, entry: str, problem: str, syntax: str) -> ConfigError:
+    return ConfigError(f"{source}={spec!r}: entry {entry!r} {problem}. {_ADVICE[syntax]}")
+
+
+def _entries(spec: str, source: str, syntax: str) -> list[str]:
     """The comma-separated entries of a non-blank setting; an empty one is refused (F48)."""
     if not spec.strip():
         return []
@@ -126,7 +134,7 @@ def _entries(spec: str, source: str) -> list[str]:
     for i, entry in enumerate(entries):
         if not entry:
             raise _malformed(source, spec, entry, f"(number {i + 1}) is empty: a stray comma or an unset "
-                             "template variable")
+                             "template variable", syntax)
     return entries
 
 
@@ -147,22 +155,23 @@ def parse_force(spec: str, source: str) -> tuple[tuple[str, str], ...]:
         (('decode', 'torch-ref'), ('gdn_prefill', 'triton-split'))
     """
     out: dict[str, str] = {}
-    for item in _entries(spec, source):
+    for item in _entries(spec, source, "force"):
         key, sep, name = item.partition("=")
         if not sep:
             key, name = "all", item
         key, name = key.strip(), name.strip()
         if not key:
-            raise _malformed(source, spec, item, "has no key before '='")
+            raise _malformed(source, spec, item, "has no key before '='", "force")
         if key not in _KEYS:
-            raise _malformed(source, spec, item, f"has an unknown key {key!r}")
+            raise _malformed(source, spec, item, f"has an unknown key {key!r}", "force")
         if not name:
-            raise _malformed(source, spec, item, "names no backend (nothing after '=', as an unset template variable leaves it)")
+            raise _malformed(source, spec, item, "names no backend (nothing after '=', as an unset template variable leaves it)",
+                             "force")
         if "=" in name or any(c.isspace() for c in name):
-            raise _malformed(source, spec, item, f"has a malformed backend name {name!r}")
+            raise _malformed(source, spec, item, f"has a malformed backend name {name!r}", "force")
         if out.get(key, name) != name:
             raise _malformed(source, spec, item, f"contradicts an earlier entry: {key!r} is forced to both "
-                             f"{out[key]!r} and {name!r} (a bare name means all=name); keep one")
+                             f"{out[key]!r} and {name!r} (a bare name means all=name); keep one", "force")
         out[key] = name
     return tuple(sorted(out.items()))
 
@@ -174,10 +183,10 @@ def parse_disable(spec: str, source: str) -> frozenset[str]:
         ValueError: naming ``source`` and the entry: an empty entry, or a ``key=backend`` entry
             (``LINATTN_DISABLE`` disables a backend for every op; force another one per op instead).
     """
-    names = _entries(spec, source)
+    names = _entries(spec, source, "disable")
     for name in names:
         if "=" in name or any(c.isspace() for c in name):
-            raise _malformed(source, spec, name, "is not a backend name (this setting takes names only)")
+            raise _malformed(source, spec, name, "is not a backend name (this setting takes names only)", "disable")
     return frozenset(names)
 
 

@@ -52,6 +52,21 @@ def test_f48_a_malformed_entry_refuses_the_call_naming_the_variable_and_entry(re
         linattn.explain("gdn_decode", "cpu", h=1, hv=1, k=4, v=4)
 
 
+@pytest.mark.parametrize("var, value", [("LINATTN_BACKEND", "decoder=torch-ref"), ("LINATTN_BACKEND", "a,,b"),
+                                        ("LINATTN_DISABLE", "decode=torch-ref"), ("LINATTN_DISABLE", "a,,b")])
+def test_f48_the_advice_is_the_variables_own_syntax(registry, monkeypatch, var, value):
+    """LINATTN_BACKEND takes key=backend entries (its error lists the keys); LINATTN_DISABLE takes
+    backend names only (its error says so and does not suggest key=backend entries)."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError) as info:
+        _decode()
+    message = str(info.value)
+    if var == "LINATTN_BACKEND":
+        assert "key=backend entries" in message and "op names" in message and "'all'" in message
+    else:
+        assert "backend names only" in message and "key=backend" not in message and "op names" not in message
+
+
 def test_f48_blank_variables_are_unset_and_well_formed_ones_force(registry, monkeypatch):
     monkeypatch.setenv("LINATTN_BACKEND", "  ")
     monkeypatch.setenv("LINATTN_DISABLE", "")
