@@ -699,8 +699,8 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
 
 
 #: the fused GDN prefill runs where its grid (``N x HV x V // block_v`` programs, one per sequence,
-#: value head and value block) holds at least this many programs per SM; below it the pipeline
-#: (with its segment-parallel state pass) fills the device better (docs/performance.md#prefill-fused)
+#: value head and value block) holds at least this many programs per SM; below it the pipeline is
+#: kept (its segment-parallel state pass, where planned, fills the device better; docs/performance.md#prefill-fused)
 FUSED_MIN_PROGRAMS_PER_SM = 1.0
 #: the fused kernel runs software-pipelined (2 stages) where a block has this much shared memory (LDS): its
 #: fp32-operand builds take 72.25 KiB pipelined on gfx942 / gfx950 (tests/contract/test_compile_amd.py),
@@ -742,8 +742,8 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
     programs = N * HV * triton.cdiv(V, cfg.block_v)
     if programs < FUSED_MIN_PROGRAMS_PER_SM * caps.sm_count:
         return False, (f"the fused grid's {programs} programs (N x HV x V/{cfg.block_v}) would leave SMs of "
-                       f"{caps.sm_count} idle for the whole sequence: the pipeline (segment-parallel state pass) "
-                       "fills them")
+                       f"{caps.sm_count} idle for the whole sequence: the pipeline is kept (its segment-parallel "
+                       "state pass runs only where the segment plan cuts segments)")
     return True, (f"fused: {programs} programs (N x HV x V/{cfg.block_v}) fill {caps.sm_count} SMs; the state stays "
                   "on chip (no per-chunk states, w, u or new values in memory)")
 
@@ -768,7 +768,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
                                             "final_dtype")}
     specs = _output_specs(facts) + (
-        BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV), f32),
+        BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV, 2), f32),
         BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
         BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
