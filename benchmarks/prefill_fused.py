@@ -12,6 +12,14 @@ Writes the ``benchmarks/_results.py`` schema after every shape (default
 ``benchmarks/results/prefill_fused_<device>.json``).
 
 Usage:  python benchmarks/prefill_fused.py [--out FILE] [--shapes 16x4096@16/32,...] [--quick]
+
+On a GPU machine without a development install (as in benchmarks/decode_device.sh: the dependency
+wheels in ``.whl``, linattn installed into a target folder, ``PYTHONSAFEPATH=1`` so that the repo
+root's ``linattn/`` folder, not the package, is never imported)::
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site .
+    PYTHONPATH=/tmp/site PYTHONSAFEPATH=1 python3 benchmarks/prefill_fused.py --out $OUT/prefill_fused_h200.json
 """
 
 from __future__ import annotations
