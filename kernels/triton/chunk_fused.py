@@ -12,19 +12,24 @@ stages (:mod:`.prefill`), and nothing of size ``O(K V)`` or ``O(C K)`` per chunk
        A    = strictly_lower( beta_r rk_r rk_s (k_r . k_s) exp(G_r - G_s) )
        Tb   = (I + A)^-1 diag(beta)                                         -> tmb [T, HV, 64]
        Aqk  = lower_incl( scale rq_r rk_s (q_r . k_s) exp(G_r - G_s) )      -> aqk [T, HV, 64]
-       rk, qs = scale rq                                                    -> [T, HV] fp32
+       rk, qs = (scale uq, sq)                                              -> [T, HV], [T, HV, 2] fp32
 
    (``O(C^2)`` per chunk and value head; the norms scale rows past ``2**32`` by a power of two
-   before squaring, so no square overflows: F44.)
+   ``sk``, ``sq`` (1 for every other row) before squaring, so no square overflows, and ``rq = uq sq``:
+   F44.)
 2. :func:`chunk_gdn_fused_kernel`, one program per (value block, sequence, value head) on the grid
    of :func:`linattn.kernels.grid.plan_grid` (ids by :func:`._pid.decode_pid`), walking the
    sequence's chunks in order with the state ``S [K, BV]`` fp32 in registers::
 
        kw   = k rk exp(G)                        (the rows of W before the inverse)
-       Vn   = Tb (v - kw S)                      (= U - W S: no W and no U in memory)
-       O    = (qs exp(G)) * (q S) + Aqk Vn
+       Vn   = Tb (v - (kw (c S)) / c)            (= U - W S: no W and no U in memory)
+       O    = (scale uq sq / c exp(G)) * (q (c S)) + Aqk Vn
        S    = exp(G_C) S + (k rk exp(G_C - G))^T Vn
 
+   with ``c`` the chunk's smallest query scale ``sq`` (F44): 1, and the formulas the plain ones bit
+   for bit, unless a query row of the chunk reaches ``2**32``; then ``q . S`` of a row near fp32's
+   largest would overflow, while ``q (c S)`` cannot (a power of two scales without rounding, so
+   the chunk's results change only where a product of ``c S`` falls below fp32's normal range).
    ``h0`` comes from the pool row ``state_pool[state_indices[n]]`` (or the dense initial state)
    inside the kernel, and the final state goes back to the same row; a negative slot is padding
    (zero output rows, the pool neither read nor written), ``has_initial_state`` False a zero
@@ -46,6 +51,7 @@ import triton
 import triton.language as tl
 
 from ._gates import cumsum2
+from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
 from .chunk_intra import _ld, _solve
 from .decode import G_MIN
@@ -75,20 +81,26 @@ class FusedConfig:
 def _rnorm(ptr, r, m, stride_t, K: tl.constexpr, BK: tl.constexpr):
     """Inverse l2 norms ``1 / sqrt(sum x^2 + 1e-6)`` of the chunk's rows (``[64]`` fp32) without
     overflow, as the decode kernel's ``_l2norm`` (F44): a row whose largest magnitude is
-    ``f 2**e >= 2**32`` is scaled by ``s = 2**-(e - 32)`` (from the float's exponent bits) before
-    squaring, and the eps by ``s**2``; every other row has ``s = 1``, the plain formula. Returns
+    ``f 2**e >= 2**32`` is scaled by ``s = 2**-(e - 32)`` (from the float's exponent bits,
+    :mod:`._l2norm`'s helpers) before squaring, and the eps by ``s**2``; every other row has ``s = 1``, the plain formula. Returns
     ``(u, s)``, the inverse norm being ``u s``: the dots run on the rows times ``s`` (exact, a power
     of two), so that ``k_r . k_s`` cannot overflow either, and ``u`` scales their results."""
-    mx = tl.zeros([64], dtype=tl.float32)
-    for ik in range(K // BK):
-        mx = tl.maximum(mx, tl.max(tl.abs(_ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32)), axis=1))
-    shift = tl.maximum(((mx.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 158, 0)  # e - 32
-    sc = ((127 - shift) << 23).to(tl.float32, bitcast=True)
+    sc = pow2_scale(chunk_row_max(ptr, r, m, stride_t, K, BK))
     ss = tl.zeros([64], dtype=tl.float32)
     for ik in range(K // BK):
         y = _ld(ptr, r, m, stride_t, ik * BK, BK).to(tl.float32) * sc[:, None]
         ss += tl.sum(y * y, axis=1)
     return 1.0 / tl.sqrt(ss + 1e-6 * sc * sc), sc
+
+
+@triton.jit
+def _chunk_scale(sq):
+    """``(c, 1 / c)`` for ``c = min(sq)``, the smallest of a chunk's query scales ``sq [64]`` (powers
+    of two in ``[2**-96, 1]``; masked rows 1): ``(1, 1)`` for every chunk without a query row past
+    ``2**32``, so that ``S * c``, ``d * (1 / c)`` are exact multiplications by 1 there. ``1 / c`` from
+    the exponent bits (exact)."""
+    c = tl.min(sq, axis=0)
+    return c, ((254 - ((c.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -109,15 +121,13 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
             uk, sk = _rnorm(k_ptr, r, m, skt, K, BK)
             uq, sq = _rnorm(q_ptr, r, m, sqt, K, BK)
             rkv = tl.where(m, uk * sk, 0.0)
-            rqv = uq * sq
             uk = tl.where(m, uk, 0.0)
         else:
             rkv = tl.where(m, 1.0, 0.0)
-            rqv = tl.full([64], 1.0, tl.float32)
-            sk = rqv
-            sq = rqv
+            sk = tl.full([64], 1.0, tl.float32)
+            sq = sk
             uk = rkv
-            uq = rqv
+            uq = sk
         kk = tl.zeros([64, 64], dtype=tl.float32)
         qk = tl.zeros([64, 64], dtype=tl.float32)
         for ik in range(K // BK):
@@ -143,11 +153,12 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         row = (t0 * HV + i_hv) * 64
         tl.store(tmb + row + r[:, None] * (HV * 64) + r[None, :], (tmf * b[None, :]).to(tmb.dtype.element_ty),
                  mask=m[:, None])
-        qsv = rqv * scale
+        qsv = uq * scale  # = rq scale where sq = 1 (every row below 2**32): the same bits
         aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * (uq * scale)[:, None]
         tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
         tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
-        tl.store(qs + t0 * HV + i_hv + r * HV, qsv, mask=m)
+        tl.store(qs + (t0 * HV + i_hv + r * HV) * 2, qsv, mask=m)
+        tl.store(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, sq, mask=m)
 
 
 @triton.jit
@@ -161,8 +172,9 @@ def chunk_gdn_fused_prep_kernel(
     program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS = NT_max * HV`` (chunk, value head)
     items (value head fastest); chunks past the real count do nothing. ``q, k [T, H, K]``,
     ``g, beta [T, HV]`` (strides in elements). Writes ``tmb = Tm diag(beta)`` and ``aqk``
-    ``[T, HV, 64]`` (dtype DT; row ``t``: its chunk row, zeros above the diagonal), ``rk`` and
-    ``qs = scale rq`` ``[T, HV]`` fp32. ``scratch [P, 2, 64, 64]`` fp32: each program's ``A`` and
+    ``[T, HV, 64]`` (dtype DT; row ``t``: its chunk row, zeros above the diagonal), ``rk [T, HV]``
+    and ``qs [T, HV, 2]`` fp32: ``scale uq`` and the power of two ``sq`` (``rq = uq sq``; both 1 and
+    ``scale`` without l2norm). ``scratch [P, 2, 64, 64]`` fp32: each program's ``A`` and
     ``Tm`` (:func:`.chunk_intra._solve`, with its precisions ``NEUMANN``, ``DPREC``, ``IPREC``)."""
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
@@ -184,7 +196,7 @@ def chunk_gdn_fused_kernel(
 ):
     """The fused prefill's sequential part (module docstring, 2): one program per (value block,
     sequence, value head). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (raw log
-    decays) and the prep kernel's ``tmb, aqk [T, HV, 64]``, ``rk, qs [T, HV]``; writes
+    decays) and the prep kernel's ``tmb, aqk [T, HV, 64]``, ``rk [T, HV]``, ``qs [T, HV, 2]``; writes
     ``o [T, HV, V]``. ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
     negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
     state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
@@ -223,7 +235,8 @@ def chunk_gdn_fused_kernel(
         esuf = tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)  # exp(G_C - G_r): the suffix sum, 1 at the last row
         egl = tl.exp(tl.sum(gt, axis=0))
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
-        qsv = tl.load(qs + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
+        qsv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2, mask=m, other=0.0)
+        sqv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, mask=m, other=1.0)
         row = (t0 * HV + i_hv) * 64
         kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
         qt = tl.load(q + t0 * sqt + i_h * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
@@ -231,10 +244,13 @@ def chunk_gdn_fused_kernel(
         tm = tl.load(tmb + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
         A = tl.load(aqk + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
         kf = kt.to(tl.float32)
-        Sd = S.to(DT)
-        x = vt.to(tl.float32) - tl.dot((kf * (rkv * eg)[:, None]).to(DT), Sd, input_precision=PREC)
+        # F44: the state operand times c = the chunk's smallest query scale sq (1 unless a query row
+        # of the chunk reaches 2**32), so that q . (c S) cannot overflow; ic = 1 / c exactly
+        c, ic = _chunk_scale(sqv)
+        Sd = (S * c).to(DT)
+        x = vt.to(tl.float32) - tl.dot((kf * (rkv * eg)[:, None]).to(DT), Sd, input_precision=PREC) * ic
         vd = tl.dot(tm.to(DT), x.to(DT), input_precision=PREC).to(DT)
-        acc = tl.dot(qt.to(DT), Sd, input_precision=PREC) * (qsv * eg)[:, None]
+        acc = tl.dot(qt.to(DT), Sd, input_precision=PREC) * ((qsv * eg) * (sqv * ic))[:, None]  # rq = uq sq
         acc = tl.dot(A.to(DT), vd, acc=acc, input_precision=PREC)
         tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[:, None] * (HV * V) + cv[None, :]),
                  tl.where(keep_o, acc, 0.0).to(o.dtype.element_ty), mask=m[:, None])

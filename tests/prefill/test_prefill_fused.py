@@ -3,7 +3,8 @@
 Against the float64 token-serial reference (ops.md: 1e-5 for fp32 inputs) in pool mode with GVA,
 varlen (an empty and a length-1 sequence, a tail chunk), padding rows and ``has_initial_state``,
 with the pool rows the call does not own bitwise unchanged; both layouts, a bf16 pool, pool ==
-dense bitwise; keys and queries past 2**32 (F44); the planner's choice and its reasons.
+dense bitwise; keys and queries past 2**32 and queries near fp32's largest (F44); the planner's
+choice and its reasons.
 """
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ def test_fused_norms_do_not_overflow_past_2_32():
     big = dict(inp, q=inp["q"] * 1e25, k=inp["k"] * 1e25)
     o, ht = run("gdn", big, fused=True)
     o_ref, ht_ref = reference("gdn", inp)
+    assert torch.isfinite(o).all() and rel(o, o_ref) < 1e-5 and rel(ht, ht_ref) < 1e-5
+
+
+@pytest.mark.parametrize("mag", [1e37, 3e37])
+def test_fused_query_state_product_does_not_overflow(mag):
+    """F44: queries near fp32's largest run ``q . S`` on the rows times their power of two ``sq``
+    (the raw product overflowed to inf: nan outputs); the output equals the float64 reference of
+    the same problem at magnitude 1, from a random initial state."""
+    inp = make_inputs("gdn", [70], H=1, HV=2, K=64, V=64)
+    h0 = random_states(1, 2, 64, 64)
+    o, ht = run("gdn", dict(inp, q=inp["q"] * mag), initial_state=h0.clone(), fused=True)
+    o_ref, ht_ref = reference("gdn", inp, initial_state=h0.clone())
     assert torch.isfinite(o).all() and rel(o, o_ref) < 1e-5 and rel(ht, ht_ref) < 1e-5
 
 
