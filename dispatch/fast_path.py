@@ -100,10 +100,17 @@ def clear() -> None:
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
     """The hashable description of a call that validation and selection depend on (module docstring);
     None for a call with a tensor that has no strides (never stored: validation refuses it)."""
+    return _key(op, args, backend, validate, check_finite, ())
+
+
+def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool,
+         lengths) -> Optional[tuple]:
+    """:func:`call_key`, with the dim 0 of each argument named in ``lengths`` bucketed
+    (:func:`class_key`)."""
     key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
     append, extend = key.append, key.extend
     device = None
-    for x in args.values():
+    for name, x in args.items():
         cls = x.__class__
         if cls is _NoneType or cls is str:  # equal only to themselves (a str subclass takes the last branch)
             append(x)
@@ -114,11 +121,14 @@ def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_
                 stride = x.stride()
             except RuntimeError:  # sparse CSR/CSC/BSR/BSC: no strides, no key; validation refuses it (F47)
                 return None
+            shape = x.shape
+            if name in lengths and shape:
+                shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
             # so is a lazily negated or conjugated view (same strides, other values: refused, F33), and
             # the layout (a sparse COO or mkldnn tensor reports strides, e.g. (0, 0), that no dense
             # call's plan may match: validation refuses it)
-            extend((x.dtype, x.shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
+            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
         else:
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
@@ -217,29 +227,7 @@ def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check
     lengths = LENGTH_ARGUMENTS.get(spec.phase) if spec is not None else None
     if lengths is None:
         return None
-    key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
-    append, extend = key.append, key.extend
-    device = None
-    for name, x in args.items():
-        cls = x.__class__
-        if cls is _NoneType or cls is str:
-            append(x)
-        elif cls is _Tensor or (cls not in _SCALARS and isinstance(x, _Tensor)):
-            if device is None:
-                device = x.device
-            try:
-                stride = x.stride()
-            except RuntimeError:
-                return None
-            shape = x.shape
-            if name in lengths and shape:
-                shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
-            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
-        else:
-            append(x)
-            append(cls)
-    append(device is not None and selection.stream_capturing(device))
-    return tuple(key)
+    return _key(op, args, backend, validate, check_finite, lengths)
 
 
 class _ClassPlan:
