@@ -15,53 +15,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import linattn
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref, kda_prefill_ref
 from linattn.precision import ieee_fp32_matmul, precision_flags
 
 from field_cases import assert_rows_unchanged, decode_inputs, prefill_inputs
+from precision_spy import SETTINGS, MatmulSpy, UserFlags
 
 #: the flags inside a pin: torch >= 2.9's per-backend API, else the legacy switches
 PINNED = ({"mkldnn.matmul.fp32_precision": "ieee", "cuda.matmul.fp32_precision": "ieee", "cudnn.conv.fp32_precision": "ieee"}
           if hasattr(torch.backends, "fp32_precision") else
           {"cuda.matmul.allow_tf32": False, "cudnn.allow_tf32": False, "float32_matmul_precision": "highest"})
-MATMULS = {torch.matmul, torch.bmm, torch.baddbmm, torch.mm, torch.Tensor.__matmul__, torch.Tensor.matmul,
-           torch.Tensor.bmm, torch.Tensor.baddbmm, torch.Tensor.baddbmm_, torch.Tensor.mm}
-#: the user's global setting, as a caller would write it; "new api": torch >= 2.9's per-backend flag
-SETTINGS = {"medium": lambda: torch.set_float32_matmul_precision("medium"),
-            "high": lambda: torch.set_float32_matmul_precision("high"),
-            "new api bf16": lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16")}
-if not hasattr(torch.backends, "fp32_precision"):
-    del SETTINGS["new api bf16"]  # torch < 2.9
-_ALL = [(torch.backends, "fp32_precision")] + [(m, "fp32_precision") for m in (
-    torch.backends.mkldnn.matmul, torch.backends.mkldnn.conv, torch.backends.mkldnn.rnn, torch.backends.cuda.matmul,
-    torch.backends.cudnn.conv, torch.backends.cudnn.rnn)] if hasattr(torch.backends, "fp32_precision") else []
-
-
-class MatmulSpy(TorchFunctionMode):
-    """Records the precision flags in force at every matmul-like torch call."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen: list[dict] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in MATMULS:
-            self.seen.append(precision_flags())
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.fixture
 def user_flags():
     """Yields a setter of the user's global; afterwards gives back every flag exactly (no mixed-API state)."""
-    saved = [getattr(o, a) for o, a in _ALL]
     legacy = torch.get_float32_matmul_precision()
-    yield lambda name: SETTINGS[name]()
-    torch.set_float32_matmul_precision(legacy)
-    for (o, a), v in zip(_ALL, saved):
-        setattr(o, a, v)
+    with UserFlags() as setter:
+        yield setter
     assert torch.get_float32_matmul_precision() == legacy
 
 
