@@ -54,6 +54,7 @@ from ._gates import cumsum2
 from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
 from .chunk_intra import _ld, _solve
+from .chunk_state import pool_slot
 from .decode import G_MIN
 
 #: the largest key and value head dims of the fused kernel (the state tile ``[K, BV]`` fp32 lives in
@@ -211,12 +212,7 @@ def chunk_gdn_fused_kernel(
     r = tl.arange(0, 64)
     all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0`: bool masks for the interpreter (chunk_state)
     if POOL:
-        slot = tl.load(state_indices + i_n).to(tl.int64)
-        live = slot >= 0
-        if HAS_INIT:  # has_initial_state False: a zero h0, the slot never read (the final state is stored)
-            carry = live & (tl.load(has_init + i_n) != 0)
-        else:
-            carry = live
+        slot, live, carry = pool_slot(state_indices, has_init, i_n, HAS_INIT)
         S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
                     mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
     elif HAS_H0:

@@ -34,6 +34,20 @@ from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode
 
 
 @triton.jit
+def pool_slot(state_indices, has_init, i_n, HAS_INIT: tl.constexpr):
+    """Sequence ``i_n``'s pool slot (int64), whether it is live (a negative slot is padding) and
+    whether its state is carried in (live, and with ``HAS_INIT`` its ``has_init`` byte set: else a
+    zero h0 whose slot is not read, the final state still stored)."""
+    slot = tl.load(state_indices + i_n).to(tl.int64)
+    live = slot >= 0
+    if HAS_INIT:
+        carry = live & (tl.load(has_init + i_n) != 0)
+    else:
+        carry = live
+    return slot, live, carry
+
+
+@triton.jit
 def _gate_factors(g):
     """The log decays of GDN's state update for one chunk, from its raw gates ``g`` (rows along
     axis 0; rows past the sequence loaded as 0), floored at -1000: ``G_C - G_r`` per row and
@@ -119,6 +133,7 @@ def chunk_state_kernel(
     elif SEGMENT == 2:  # the segment's entering state from the combine (dense, by segment)
         S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v))
     elif POOL:
+        # inline, not pool_slot(): the helper moves the sm120 fp32 KDA build's sm_90 code (same maths)
         slot = tl.load(state_indices + i_n).to(tl.int64)
         live = slot >= 0
         if HAS_INIT:  # has_initial_state False: a zero h0, the slot never read (the final state is stored)
@@ -239,12 +254,7 @@ def chunk_segment_combine_kernel(
     j0 = tl.load(seg_first + i_n).to(tl.int64)
     j1 = tl.load(seg_first + i_n + 1).to(tl.int64)
     if POOL:
-        slot = tl.load(state_indices + i_n).to(tl.int64)
-        live = slot >= 0
-        if HAS_INIT:
-            carry = live & (tl.load(has_init + i_n) != 0)
-        else:
-            carry = live
+        slot, live, carry = pool_slot(state_indices, has_init, i_n, HAS_INIT)
         row0 = h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v
         dst = ht + slot * st_p + i_hv * st_h + v0 * st_v
     else:
