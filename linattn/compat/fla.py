@@ -37,13 +37,25 @@ Mapping details:
   with ``beta.squeeze(-1)`` as the fix (fla-core 0.6.0's ``chunk_kda`` asserts ``[B, T, HV]`` and its
   recurrent kernel reads a 4-d beta per value channel).
 
+In-kernel gating, as fla-core 0.6.0 reads it, in all four functions: with ``use_gate_in_kernel=True``
+``g`` is the raw gate input (GDN ``[B, T, HV]``, KDA ``[B, T, HV, K]``, any float dtype), ``A_log``
+holds ``HV`` values and ``dt_bias`` (optional, zeros when absent) ``HV`` (KDA ``HV * K``) values, both
+read flat as FLA's kernels read them (Kimi-Linear's ``A_log [1, 1, HV, 1]`` and FLA's ``dt_bias
+[HV * K]`` fit). The log decay is ``-exp(A_log) * softplus(g + dt_bias)``; KDA with ``lower_bound``
+(finite, ``< 0``) takes ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``, where ``A_log`` may
+be None (``exp(A_log) = 1``, FLA's rule); KDA without ``lower_bound`` and GDN need ``A_log``
+(ValueError, FLA's message; FLA's ``fused_recurrent_kda`` would silently take ``exp(A_log) = e``). With
+``safe_gate=True`` ``chunk_kda`` asks for ``lower_bound`` in ``[-5, 0)`` as FLA does. The gate is
+computed by :func:`linattn.kda_gating` / :func:`linattn.gdn_gating` (one extra op, fp32, before the
+prefill or decode; docs/ops.md "Gating"), after every argument has been checked here. ``A_log`` /
+``dt_bias`` / ``lower_bound`` without ``use_gate_in_kernel=True`` are a ValueError: FLA ignores them.
+
 Arguments linattn does not implement are refused with ``NotImplementedError`` (FLA feature) or
-``TypeError`` (unknown keyword) naming the argument, never ignored: ``use_gate_in_kernel=True`` (and
-``A_log`` / ``dt_bias`` / ``lower_bound``, which only mean something with it),
-``use_beta_sigmoid_in_kernel=True`` (and so ``allow_neg_eigval=True``), ``cp_context``,
-``chunk_indices``, ``return_intermediate_states=True``, ``use_graph=True`` / ``max_num_seqs``,
-``gk`` / ``gv``, a head-wise ``beta [B, T, HV, V]``, ``head_first``. Compute those gates and betas
-in PyTorch first (e.g. ``beta = 2 * beta_logits.sigmoid()``; ``g = linattn.gdn_gating(...)[0]``).
+``TypeError`` (unknown keyword) naming the argument, never ignored: ``use_beta_sigmoid_in_kernel=True``
+(and so ``allow_neg_eigval=True``), ``cp_context``, ``chunk_indices``,
+``return_intermediate_states=True``, ``use_graph=True`` / ``max_num_seqs``, ``gk`` / ``gv``, a
+head-wise ``beta [B, T, HV, V]``, ``head_first``. Compute those betas in PyTorch first (e.g.
+``beta = 2 * beta_logits.sigmoid()``).
 
 Accepted because they are pure performance hints whose value does not change the result:
 ``cu_seqlens_cpu`` (a host copy of ``cu_seqlens``), the ``chunk_size`` keyword (FLA's allowed
@@ -63,6 +75,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -121,8 +134,7 @@ def _unsupported(func: str, arg: str, why: str) -> NotImplementedError:
         f"than ignored. Compute it in PyTorch before the call, or call flash-linear-attention itself.")
 
 
-def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes: Optional[tuple] = None,
-                   extra: tuple = ()) -> bool:
+def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes: Optional[tuple] = None) -> bool:
     """Consume FLA's known keywords; refuse the rest. Returns the effective ``state_v_first``."""
     kwargs = dict(kwargs)
     if "transpose_state_layout" in kwargs:
@@ -138,8 +150,6 @@ def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes:
         cs = kwargs.pop("chunk_size")
         if cs not in chunk_sizes:
             raise ValueError(f"`chunk_size` must be one of {chunk_sizes} for {func}, got {cs}.")
-    _refuse_fused_gate(func, bool(kwargs.pop("use_gate_in_kernel", False)) if "use_gate_in_kernel" in extra else False,
-                       **{name: kwargs.pop(name, None) for name in ("A_log", "dt_bias") if name in extra})
     if kwargs:
         raise TypeError(f"linattn.compat.fla.{func}() got unexpected keyword argument(s) "
                         f"{', '.join(repr(k) for k in kwargs)}; linattn refuses arguments it does not "
@@ -147,14 +157,79 @@ def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes:
     return state_v_first
 
 
-def _refuse_fused_gate(func: str, use_gate_in_kernel: bool, **gate_params) -> None:
-    """FLA's in-kernel gating (``use_gate_in_kernel`` and the parameters only it reads) is refused:
-    linattn's ops take the log decay ``g``; compute it with ``linattn.gdn_gating`` / ``kda_gating``."""
-    if use_gate_in_kernel:
-        raise _unsupported(func, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
-    for name, val in gate_params.items():
-        if val is not None:
-            raise _unsupported(func, name, "it is only read with use_gate_in_kernel=True")
+@dataclass(frozen=True)
+class _GateInKernel:
+    """FLA's ``use_gate_in_kernel=True``: ``g`` is the raw gate input, the log decay is computed here."""
+    A_log: Optional[torch.Tensor]
+    dt_bias: Optional[torch.Tensor]
+    lower_bound: Optional[float]
+
+
+def _gate_in_kernel(func: str, family: str, use_gate_in_kernel: bool, A_log, dt_bias, lower_bound=None,
+                    safe_gate: bool = False) -> Optional[_GateInKernel]:
+    """FLA 0.6's rules for the in-kernel gate's arguments (shapes are checked with the inputs', in
+    :func:`_check_gate_params`). Without ``use_gate_in_kernel`` FLA ignores ``A_log`` / ``dt_bias`` /
+    ``lower_bound``; linattn refuses them (ValueError) rather than ignore them."""
+    given = [n for n, x in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)) if x is not None]
+    if not use_gate_in_kernel:
+        if given:
+            raise ValueError(f"linattn.compat.fla.{func}: {', '.join(given)} given with use_gate_in_kernel=False: "
+                             f"flash-linear-attention reads {'them' if len(given) > 1 else 'it'} only with "
+                             f"use_gate_in_kernel=True (g then being the raw gate input) and would ignore "
+                             f"{'them' if len(given) > 1 else 'it'} here; pass use_gate_in_kernel=True with the raw "
+                             f"input as g, or drop {', '.join(given)}.")
+        return None
+    if A_log is None and (family == "gdn" or lower_bound is None):
+        raise ValueError("`A_log` must be provided when `use_gate_in_kernel=True`"
+                         + (" and `lower_bound` is not set." if family == "kda" else "."))
+    if lower_bound is not None:
+        if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)):
+            raise TypeError(f"linattn.compat.fla.{func}: lower_bound must be a float (e.g. -5.0), got "
+                            f"{type(lower_bound).__name__}.")
+        if not (math.isfinite(lower_bound) and lower_bound < 0):
+            raise ValueError(f"linattn.compat.fla.{func}: lower_bound must be finite and < 0 (the gate is "
+                             f"lower_bound * sigmoid(...), a log decay in [lower_bound, 0)), got {lower_bound}.")
+    if safe_gate and lower_bound is None:
+        raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
+    if safe_gate and not (-5 <= lower_bound < 0):
+        raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
+    return _GateInKernel(A_log, dt_bias, None if lower_bound is None else float(lower_bound))
+
+
+def _check_gate_params(func: str, family: str, gate: _GateInKernel, g: torch.Tensor, HV: int, K: int) -> None:
+    """``A_log`` holds ``HV`` values and ``dt_bias`` ``HV`` (KDA ``HV * K``), read flat as FLA's kernels
+    read them (so Kimi-Linear's ``A_log [1, 1, HV, 1]`` and FLA's ``dt_bias [HV * K]`` both fit): real
+    floats on ``g``'s device."""
+    want = {"A_log": HV, "dt_bias": HV * K if family == "kda" else HV}
+    for name, x in (("A_log", gate.A_log), ("dt_bias", gate.dt_bias)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point or x.is_complex():
+            raise TypeError(f"linattn.compat.fla.{func}: {name} must be a floating-point tensor, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}.")
+        if x.numel() != want[name]:
+            shape = "[HV]" if want[name] == HV else "[HV * K] (or [HV, K])"
+            raise ValueError(f"linattn.compat.fla.{func}: {name} must hold {shape} = {want[name]} values "
+                             f"(HV={HV} from v{', K=' + str(K) + ' from q' if shape != '[HV]' else ''}), got shape "
+                             f"{list(x.shape)}; pass the layer's own parameter.")
+        if x.device != g.device:
+            raise ValueError(f"linattn.compat.fla.{func}: {name} is on {x.device} but g is on {g.device}; "
+                             f"move it with {name}.to(g.device).")
+
+
+def _log_decay(gate: _GateInKernel, family: str, g: torch.Tensor, HV: int, K: int, opts: "_Options") -> torch.Tensor:
+    """The log decay from the raw gate input ``g`` through :func:`linattn.gdn_gating` /
+    :func:`linattn.kda_gating` (docs/ops.md "Gating"; FLA 0.6's ``-exp(A_log) * softplus(g + dt_bias)``,
+    or ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``, ``A_log = None`` meaning ``exp(A_log) = 1``)."""
+    pdt = torch.float64 if g.dtype == torch.float64 else torch.float32
+    chan = (HV, K) if family == "kda" else (HV,)
+    A_log = g.new_zeros(HV, dtype=pdt) if gate.A_log is None else gate.A_log.reshape(HV).to(pdt)
+    dt_bias = g.new_zeros(chan, dtype=pdt) if gate.dt_bias is None else gate.dt_bias.reshape(chan).to(pdt)
+    b = g.new_zeros((), dtype=pdt).expand(g.shape[:3])  # the gating's beta is not used: beta comes ready
+    kw = dict(validate=opts.validate, check_finite=opts.check_finite)
+    if family == "gdn":
+        return linattn.gdn_gating(A_log, g, b, dt_bias, **kw)[0]
+    return linattn.kda_gating(A_log, g, b, dt_bias, lower_bound=gate.lower_bound, **kw)[0]
 
 
 def _beta_flags(func: str, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
@@ -276,15 +351,20 @@ def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
 
 def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
          use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
-         out_dtype: torch.dtype):
+         out_dtype: torch.dtype, gate: Optional[_GateInKernel] = None):
     B, T, N = _check_shapes(func, family, q, k, v, g, beta, initial_state, cu_seqlens, state_v_first)
     HV = v.shape[2]
+    if gate is not None:
+        _check_gate_params(func, family, gate, g, HV, q.shape[3])
     g, beta = _gate_dtype(g), _gate_dtype(beta)
     if initial_state is not None and initial_state.dtype not in (torch.float32, torch.float64):
         _require_float_state(func, initial_state)
         initial_state = initial_state.to(torch.float32)
     layout = "vk" if state_v_first else "kv"
     opts = _OPTIONS.get()
+    if gate is not None:  # the raw gate input becomes the log decay (linattn's gating op) before the prefill
+        with _in_caller_shapes(func, T, flattened=False):
+            g = _log_decay(gate, family, g, HV, q.shape[3], opts)
     common = dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm_in_kernel), state_layout=layout,
                   backend=opts.backend, validate=opts.validate, check_finite=opts.check_finite)
 
@@ -360,15 +440,20 @@ def chunk_gated_delta_rule(
         state_v_first: states are ``[N, HV, V, K]`` (linattn's ``"vk"``).
         cu_seqlens: ``[N + 1]`` prefix sums of the lengths (then ``B == 1``).
         cu_seqlens_cpu: host copy of ``cu_seqlens``: accepted, a performance hint only.
-        use_beta_sigmoid_in_kernel, allow_neg_eigval, chunk_indices, cp_context, and the keywords
-            ``use_gate_in_kernel`` / ``A_log`` / ``dt_bias`` / ``head_first``: refused (module docstring).
-        **kwargs: ``chunk_size`` (16, 32 or 64; a hint), ``transpose_state_layout`` (deprecated alias).
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, chunk_indices, cp_context, ``head_first``:
+            refused (module docstring).
+        **kwargs: ``use_gate_in_kernel`` (then ``g`` is the raw gate input), ``A_log`` (``[HV]``,
+            required with it), ``dt_bias`` (``[HV]`` or None): FLA's in-kernel gate (module
+            docstring); ``chunk_size`` (16, 32 or 64; a hint), ``transpose_state_layout`` (deprecated alias).
+    Raises:
+        ValueError / TypeError: bad shapes, dtypes or gate arguments, before anything runs.
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "chunk_gated_delta_rule"
-    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(16, 32, 64),
-                                   extra=("use_gate_in_kernel", "A_log", "dt_bias"))
+    gate = _gate_in_kernel(f, "gdn", bool(kwargs.pop("use_gate_in_kernel", False)), kwargs.pop("A_log", None),
+                           kwargs.pop("dt_bias", None))
+    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(16, 32, 64))
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if cp_context is not None:
         raise _unsupported(f, "cp_context", "context parallelism across devices")
@@ -378,7 +463,7 @@ def chunk_gated_delta_rule(
         raise ValueError(f"{f}: cu_seqlens_cpu was given without cu_seqlens; pass both or neither.")
     return _run(f, "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype, gate=gate)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -410,9 +495,11 @@ def fused_recurrent_gated_delta_rule(
 
     Args:
         q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``.
-        g: ``[B, T, HV]`` log decay, or None (no decay). beta: ``[B, T, HV]`` or None (ones).
-        gk, gv, use_gate_in_kernel=True, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval:
-            refused (module docstring); so is a head-wise ``beta [B, T, HV, V]``.
+        g: ``[B, T, HV]`` log decay, or None (no decay); the raw gate input with ``use_gate_in_kernel``.
+            beta: ``[B, T, HV]`` or None (ones).
+        use_gate_in_kernel, A_log ``[HV]``, dt_bias ``[HV]``: FLA's in-kernel gate (module docstring).
+        gk, gv, use_beta_sigmoid_in_kernel, allow_neg_eigval: refused (module docstring); so is a
+            head-wise ``beta [B, T, HV, V]``.
         scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first, cu_seqlens:
             as :func:`chunk_gated_delta_rule`.
         **kwargs: ``transpose_state_layout`` (deprecated alias); anything else is refused.
@@ -426,17 +513,19 @@ def fused_recurrent_gated_delta_rule(
                            "fused_recurrent_kda for a [B, T, HV, K] decay")
     if gv is not None:
         raise _unsupported(f, "gv", "per-value-channel decay")
-    _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
+    gate = _gate_in_kernel(f, "gdn", use_gate_in_kernel, A_log, dt_bias)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if beta is not None and beta.shape == v.shape:
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
     if g is None:
+        if gate is not None:
+            raise ValueError("`g` (raw pre-activation) must be provided when `use_gate_in_kernel=True`.")
         g = q.new_zeros(v.shape[:3], dtype=torch.float32)
     if beta is None:
         beta = q.new_ones(v.shape[:3], dtype=torch.float32)
     return _run(f, "gdn", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype, gate=gate)
 
 
 def chunk_kda(
@@ -468,24 +557,26 @@ def chunk_kda(
 
     Args:
         q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]``.
-        g: ``[B, T, HV, K]`` log-space decay per key channel. beta: ``[B, T, HV]``.
+        g: ``[B, T, HV, K]`` log-space decay per key channel; with ``use_gate_in_kernel=True`` the raw
+            gate input, the decay then computed from it, ``A_log`` and ``dt_bias`` (keywords; ``[HV]``
+            and ``[HV * K]``) and ``lower_bound`` as FLA 0.6 does (module docstring).
+        beta: ``[B, T, HV]``.
         initial_state: float32 (as FLA asserts; float64 also accepted) ``[N, HV, K, V]`` or
             ``[N, HV, V, K]`` with ``state_v_first``.
-        safe_gate, disable_recompute, cu_seqlens_cpu: accepted performance hints (module docstring).
-        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound,
-            return_intermediate_states, cp_context, use_graph, max_num_seqs: refused.
+        safe_gate, disable_recompute, cu_seqlens_cpu: accepted performance hints (module docstring);
+            with ``use_gate_in_kernel``, ``safe_gate`` asks for ``lower_bound`` in ``[-5, 0)``.
+        lower_bound: the bounded gate's floor (with ``use_gate_in_kernel`` only).
+        use_beta_sigmoid_in_kernel, allow_neg_eigval, return_intermediate_states, cp_context, use_graph,
+            max_num_seqs: refused.
         **kwargs: ``chunk_size`` (32 or 64; a hint), ``transpose_state_layout``.
         Others: as :func:`chunk_gated_delta_rule`.
     Returns:
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "chunk_kda"
-    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(32, 64), extra=("A_log", "dt_bias"))
-    if use_gate_in_kernel:
-        raise _unsupported(f, "use_gate_in_kernel=True", "the gate is not fused; pass the log decay g")
-    if lower_bound is not None:
-        raise _unsupported(f, "lower_bound", "it is only read with use_gate_in_kernel=True; bound the "
-                           "gate before the call (linattn.kda_gating(..., lower_bound=...))")
+    gate = _gate_in_kernel(f, "kda", use_gate_in_kernel, kwargs.pop("A_log", None), kwargs.pop("dt_bias", None),
+                           lower_bound, safe_gate)
+    state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(32, 64))
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if return_intermediate_states:
         raise _unsupported(f, "return_intermediate_states=True", "per-chunk states are not returned")
@@ -503,7 +594,7 @@ def chunk_kda(
                         f"{initial_state.dtype}.")
     return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=False, out_dtype=v.dtype, gate=gate)
 
 
 def fused_recurrent_kda(
@@ -530,22 +621,23 @@ def fused_recurrent_kda(
     :func:`fused_recurrent_gated_delta_rule`).
 
     Args:
-        g: ``[B, T, HV, K]`` log decay. beta: ``[B, T, HV]``.
-        A_log, dt_bias, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-            lower_bound: refused; so is a head-wise ``beta [B, T, HV, V]``.
+        g: ``[B, T, HV, K]`` log decay (the raw gate input with ``use_gate_in_kernel``). beta: ``[B, T, HV]``.
+        A_log ``[HV]``, dt_bias ``[HV * K]``, use_gate_in_kernel, lower_bound: FLA's in-kernel gate, as
+            :func:`chunk_kda`.
+        use_beta_sigmoid_in_kernel, allow_neg_eigval: refused; so is a head-wise ``beta [B, T, HV, V]``.
         Others: as :func:`chunk_kda`.
     Returns:
         ``(o [B, T, HV, V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "fused_recurrent_kda"
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
-    _refuse_fused_gate(f, use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound)
+    gate = _gate_in_kernel(f, "kda", use_gate_in_kernel, A_log, dt_bias, lower_bound)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if beta is not None and beta.shape == v.shape:
         raise _unsupported(f, "a head-wise beta [B, T, HV, V]", "beta is one scalar per token and head")
     return _run(f, "kda", q, k, v, g, beta, scale=scale, initial_state=initial_state,
                 output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype)
+                state_v_first=state_v_first, cu_seqlens=cu_seqlens, recurrent=True, out_dtype=v.dtype, gate=gate)
 
 
 # FLA's aliases
