@@ -18,11 +18,20 @@ time under other launch configurations (timing only, on a scratch copy of the po
 config is pinned), and with ``--intra-sweep`` stage 1 alone under other configurations (it writes
 no state).
 
+Gates (``--gates``, a comma list, default ``mild,realistic``): ``mild`` is ``logsigmoid(N(3, 1))``
+(about -0.05 per token, what every run before issue 32 measured); ``realistic`` is the family's model
+in :mod:`linattn.testing.gates` (GDN: Qwen3-Next's initialisation; KDA: Kimi-Linear's), with one
+strong-decay head in 8 (KDA: those leave stage 1's fast path, the row records the fraction); a model
+name (``glm5-next``, ``olmo-hybrid``, ...) picks another. The first kind fills the row's columns; each
+further kind adds a sub-dict under its name with the same measurements (``linattn_pool_ms``,
+``fla_ms``, ``speedup_vs_fla``, the cross-check, the stage times) and the gates' ``decay`` summary.
+The sweeps run on the first kind's data.
+
 Writes the ``benchmarks/_results.py`` schema, one row per (family, shape), after every row (a
 timeout keeps what was measured); default ``benchmarks/results/prefill_<device>.json``.
 
-Usage:  python benchmarks/prefill.py [--out FILE] [--families gdn,kda] [--sweep]
-        [--intra-sweep] [--sweep-shapes 16x4096]
+Usage:  python benchmarks/prefill.py [--out FILE] [--families gdn,kda] [--gates mild,realistic]
+        [--sweep] [--intra-sweep] [--sweep-shapes 16x4096]
 """
 
 from __future__ import annotations
@@ -43,7 +52,8 @@ SHAPES = [(16, 4096), (64, 1024), (256, 256)]
 H, HV, K, V = 16, 32, 128, 128
 
 
-def make(family, N, L, seed=0):
+def make(family, N, L, seed=0, gates="mild"):
+    """Inputs of one shape; ``gates`` other than "mild" replaces g and beta (linattn.testing.gates)."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
     T = N * L
@@ -60,6 +70,10 @@ def make(family, N, L, seed=0):
     P = 2 * N
     idx = torch.randperm(P, device=dev, generator=gen)[:N].to(torch.int32)
     pool = torch.randn(P, HV, V, K, device=dev, generator=gen) * 0.1  # "vk", fp32
+    if gates != "mild":
+        from linattn.testing.gates import gate_tensors
+
+        d["g"], d["beta"] = gate_tensors(gates, family, T, HV, K, seed=seed, device=dev)
     return d, pool, idx
 
 
@@ -227,10 +241,46 @@ def run_intra_sweep(family, d):
     return res
 
 
+def measure(family, T, d, pool, idx, have_fla):
+    """Timings (medians, ms and Mtok/s), stage times and the cross-check against FLA on one input set."""
+    row = {}
+    lin = linattn_fn(family, d, pool, idx)
+    row["linattn_pool_ms"] = bench_ms(lin)
+    row["linattn_pool_mtok_s"] = T / row["linattn_pool_ms"] / 1e3
+    row["linattn_stages_ms"] = stage_times(lin)
+    if not have_fla:
+        return row
+    pool_kv = pool.transpose(-1, -2).contiguous()
+    alone, gs = fla_fns(family, d, pool_kv, idx)
+    row["fla_ms"] = bench_ms(alone)
+    row["fla_mtok_s"] = T / row["fla_ms"] / 1e3
+    row["fla_gather_scatter_ms"] = bench_ms(gs)
+    row["fla_gather_scatter_mtok_s"] = T / row["fla_gather_scatter_ms"] / 1e3
+    row["fla_stages_ms"] = stage_times(alone)
+    row["speedup_vs_fla"] = row["fla_ms"] / row["linattn_pool_ms"]
+    row["speedup_vs_fla_gather_scatter"] = row["fla_gather_scatter_ms"] / row["linattn_pool_ms"]
+    # cross-check on identical data: the same initial rows through both
+    p1 = pool.clone()
+    h0_kv = p1[idx.long()].transpose(-1, -2).contiguous()
+    o1, _ = linattn_fn(family, d, p1, idx)()
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+    op = chunk_gated_delta_rule if family == "gdn" else chunk_kda
+    o2, ht2 = op(*(d[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")), scale=K ** -0.5,
+                 initial_state=h0_kv, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                 cu_seqlens=d["cu_seqlens"].long())
+    row["rel_diff_o_vs_fla"] = rel(o1, o2[0])
+    row["rel_diff_state_vs_fla"] = rel(p1[idx.long()], ht2.transpose(-1, -2))
+    row["nonfinite_o"] = int((~torch.isfinite(o1)).sum())
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_<device>.json)")
     ap.add_argument("--families", default="gdn,kda")
+    ap.add_argument("--gates", default="mild,realistic",
+                    help="gate kinds: mild, realistic, or a model of linattn.testing.gates (the first fills the row)")
     ap.add_argument("--shapes", default=",".join(f"{n}x{l}" for n, l in SHAPES))
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--no-fla", action="store_true")
@@ -238,6 +288,12 @@ def main():
     ap.add_argument("--sweep-shapes", default=None, help="shapes (e.g. 16x4096) to sweep; default: all")
     args = ap.parse_args()
     out = args.out or results_path("prefill")
+    kinds = [k for k in args.gates.split(",") if k]
+    from linattn.testing.gates import MODELS
+
+    for k in kinds:
+        if k not in ("mild", "realistic", *MODELS):
+            ap.error(f"unknown gate kind {k!r}; kinds: mild, realistic, {', '.join(MODELS)}")
     try:
         import fla  # noqa: F401
         have_fla = not args.no_fla
@@ -248,43 +304,39 @@ def main():
         "the state kernel) against flash-linear-attention chunk_gated_delta_rule / chunk_kda with dense states (fla_*) "
         "and with the gather/scatter an engine needs around it (fla_gather_scatter_*).",
         f"Heads H={H}, HV={HV}, K={K}, V={V} for both families; bf16 q/k/v; fp32 pool [P, HV, V, K] ('vk'), P = 2N, "
-        "random slots; gates logsigmoid(N(3, 1)); triton do_bench medians; *_stages_ms from the torch profiler "
+        "random slots; triton do_bench medians; *_stages_ms from the torch profiler "
         "(ms per call); sweep / intra_sweep: other launch configurations (timing only).",
+        f"Gates {kinds}: mild = logsigmoid(N(3, 1)); realistic = the family's model of linattn.testing.gates "
+        "(GDN Qwen3-Next, KDA Kimi-Linear initialisations, 1 head in 8 a strong-decay head); the row's columns "
+        "are the first kind's, each further kind a sub-dict of the same measurements with its decay summary "
+        "(decay.kda_slow_path_fraction: share of (chunk, head, 32-channel block) off KDA's stage-1 fast path).",
     ] + ([] if have_fla else ["flash-linear-attention not installed (or --no-fla): no FLA columns."])
     results = []
     for family in args.families.split(","):
         for shp in args.shapes.split(","):
             N, L = map(int, shp.split("x"))
             T = N * L
-            d, pool, idx = make(family, N, L)
-            row = dict(family=family, shape=f"{N}x{L}", tokens=T)
+            fam_kinds = [k for k in kinds if k in ("mild", "realistic") or MODELS[k].family == family]
+            if not fam_kinds:
+                continue
+            row = dict(family=family, shape=f"{N}x{L}", tokens=T, gates=fam_kinds[0])
             t0 = time.time()
-            lin = linattn_fn(family, d, pool, idx)
-            row["linattn_pool_ms"] = bench_ms(lin)
-            row["linattn_pool_mtok_s"] = T / row["linattn_pool_ms"] / 1e3
-            row["linattn_stages_ms"] = stage_times(lin)
-            if have_fla:
-                pool_kv = pool.transpose(-1, -2).contiguous()
-                alone, gs = fla_fns(family, d, pool_kv, idx)
-                row["fla_ms"] = bench_ms(alone)
-                row["fla_mtok_s"] = T / row["fla_ms"] / 1e3
-                row["fla_gather_scatter_ms"] = bench_ms(gs)
-                row["fla_gather_scatter_mtok_s"] = T / row["fla_gather_scatter_ms"] / 1e3
-                row["fla_stages_ms"] = stage_times(alone)
-                row["speedup_vs_fla"] = row["fla_ms"] / row["linattn_pool_ms"]
-                row["speedup_vs_fla_gather_scatter"] = row["fla_gather_scatter_ms"] / row["linattn_pool_ms"]
-                # cross-check on identical data: the same initial rows through both
-                p1 = pool.clone()
-                h0_kv = p1[idx.long()].transpose(-1, -2).contiguous()
-                o1, _ = linattn_fn(family, d, p1, idx)()
-                from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-                from fla.ops.kda import chunk_kda
-                op = chunk_gated_delta_rule if family == "gdn" else chunk_kda
-                o2, ht2 = op(*(d[n].unsqueeze(0) for n in ("q", "k", "v", "g", "beta")), scale=K ** -0.5,
-                             initial_state=h0_kv, output_final_state=True, use_qk_l2norm_in_kernel=True,
-                             cu_seqlens=d["cu_seqlens"].long())
-                row["rel_diff_o_vs_fla"] = rel(o1, o2[0])
-                row["rel_diff_state_vs_fla"] = rel(p1[idx.long()], ht2.transpose(-1, -2))
+            for n, kind in enumerate(fam_kinds):
+                d, pool, idx = make(family, N, L, gates=kind)
+                m = measure(family, T, d, pool, idx, have_fla)
+                if kind != "mild":
+                    from linattn.testing.gates import decay_summary, resolve
+
+                    m["model"] = resolve(kind, family).name
+                    m["decay"] = decay_summary(d["g"], d["cu_seqlens"])
+                if n == 0:
+                    row.update(m)
+                    first = (d, pool, idx)
+                else:
+                    row[kind] = m
+                    del d, pool
+                    torch.cuda.empty_cache()
+            d, pool, idx = first
             swept = args.sweep_shapes is None or shp in args.sweep_shapes.split(",")
             if args.sweep and swept:
                 row["sweep"] = run_sweep(family, d, pool, idx)
@@ -300,7 +352,14 @@ def main():
     for r in results:
         print(f"{r['family']:6} {r['shape']:9} {r['linattn_pool_mtok_s']:9.2f} {r.get('fla_mtok_s', float('nan')):9.2f} "
               f"{r.get('fla_gather_scatter_mtok_s', float('nan')):9.2f} {r.get('speedup_vs_fla', float('nan')):6.2f} "
-              f"{r.get('speedup_vs_fla_gather_scatter', float('nan')):9.2f}")
+              f"{r.get('speedup_vs_fla_gather_scatter', float('nan')):9.2f}  gates {r['gates']}")
+        for kind in kinds:
+            m = r.get(kind)
+            if isinstance(m, dict):
+                print(f"{'':6} {'':9} {m['linattn_pool_mtok_s']:9.2f} {m.get('fla_mtok_s', float('nan')):9.2f} "
+                      f"{m.get('fla_gather_scatter_mtok_s', float('nan')):9.2f} {m.get('speedup_vs_fla', float('nan')):6.2f} "
+                      f"{m.get('speedup_vs_fla_gather_scatter', float('nan')):9.2f}  gates {kind} ({m['model']}), "
+                      f"decay {m['decay']}")
     return 0
 
 

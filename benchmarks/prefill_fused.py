@@ -8,10 +8,16 @@ against FLA 0.6 ``chunk_gated_delta_rule`` (dense states), then times with
 launch configuration of ``VARIANTS`` (the first is the pinned :func:`fused_config`), plus the
 profiler's split of the pinned fused call into its kernels.
 
+Gates (``--gates``, default ``mild,realistic``): the row is measured on the first kind (``mild``:
+``logsigmoid(N(3, 1))``); each further kind (``realistic``: Qwen3-Next's initialisation from
+:mod:`linattn.testing.gates`, one strong-decay head in 8; or a GDN model's name) adds a sub-dict
+with the same checks and the pipeline, pinned fused and FLA medians on its own data.
+
 Writes the ``benchmarks/_results.py`` schema after every shape (default
 ``benchmarks/results/prefill_fused_<device>.json``).
 
 Usage:  python benchmarks/prefill_fused.py [--out FILE] [--shapes 16x4096@16/32,...] [--quick]
+        [--gates mild,realistic]
 
 On a GPU machine without a development install (as in benchmarks/decode_device.sh: the dependency
 wheels in ``.whl``, linattn installed into a target folder, ``PYTHONSAFEPATH=1`` so that the repo
@@ -44,7 +50,8 @@ VARIANTS = [(64, 4, 2, 4, 64, None), (64, 4, 3, 4, 64, None), (32, 4, 2, 4, 64, 
             (64, 4, 2, 4, 32, None), (64, 4, 2, 4, 32, 128), (64, 4, 2, 3, 32, 168), (64, 4, 2, 4, 64, 128)]
 
 
-def make(N, L, H, HV, seed=0):
+def make(N, L, H, HV, seed=0, gates="mild"):
+    """Inputs of one shape; ``gates`` other than "mild" replaces g and beta (linattn.testing.gates)."""
     dev, bf = "cuda", torch.bfloat16
     gen = torch.Generator(device=dev).manual_seed(seed)
     T = N * L
@@ -57,6 +64,10 @@ def make(N, L, H, HV, seed=0):
     P = 2 * N
     idx = torch.randperm(P, device=dev, generator=gen)[:N].to(torch.int32)
     pool = torch.randn(P, HV, V, K, device=dev, generator=gen) * 0.1
+    if gates != "mild":
+        from linattn.testing.gates import gate_tensors
+
+        d["g"], d["beta"] = gate_tensors(gates, "gdn", T, HV, K, seed=seed, device=dev)
     return d, pool, idx
 
 
@@ -102,11 +113,30 @@ def check(d, pool, idx):
     return row
 
 
-def run_shape(N, L, H, HV, quick):
+def gates_row(N, L, H, HV, kind):
+    """The checks and the pipeline / pinned fused / FLA medians on one further gate kind's data."""
+    from linattn.kernels.triton.chunk_fused import fused_config
+    from linattn.testing.gates import decay_summary, resolve
+
+    d, pool, idx = make(N, L, H, HV, gates=kind)
+    row = dict(model=resolve(kind, "gdn").name, decay=decay_summary(d["g"], d["cu_seqlens"]))
+    row.update(check(d, pool, idx))
+    row["pipeline_ms"] = bench_ms(linattn(d, pool, idx, False)[1])
+    row["fused_ms"] = bench_ms(linattn(d, pool, idx, True, fused_config(K, V, torch.bfloat16))[1])
+    row["speedup_vs_pipeline"] = row["pipeline_ms"] / row["fused_ms"]
+    try:
+        row["fla_ms"] = bench_ms(fla_fn(d, pool, idx))
+        row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
+    except Exception as e:  # noqa: BLE001 - FLA missing or failing: recorded, not fatal
+        row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
+
+
+def run_shape(N, L, H, HV, quick, kinds=("mild",)):
     from linattn.kernels.triton.chunk_fused import FusedConfig, fused_config
 
-    d, pool, idx = make(N, L, H, HV)
-    row = dict(shape=f"{N}x{L}", heads=f"({H}, {HV})", tokens=N * L)
+    d, pool, idx = make(N, L, H, HV, gates=kinds[0])
+    row = dict(shape=f"{N}x{L}", heads=f"({H}, {HV})", tokens=N * L, gates=kinds[0])
     row.update(check(d, pool, idx))
     plan, fn = linattn(d, pool, idx, False)
     row["pipeline_ms"] = bench_ms(fn)
@@ -136,6 +166,10 @@ def run_shape(N, L, H, HV, quick):
     row["speedup_vs_pipeline"] = row["pipeline_ms"] / row["fused_ms"]
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
+    del d, pool
+    for kind in kinds[1:]:
+        torch.cuda.empty_cache()
+        row[kind] = gates_row(N, L, H, HV, kind)
     return row
 
 
@@ -144,7 +178,16 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=None, help="e.g. 16x4096@16/32,1x65536@2/8")
     ap.add_argument("--quick", action="store_true", help="the pinned configuration only")
+    ap.add_argument("--gates", default="mild,realistic",
+                    help="gate kinds: mild, realistic, or a GDN model of linattn.testing.gates (the first fills the row)")
     a = ap.parse_args()
+    from linattn.testing.gates import MODELS
+
+    kinds = tuple(k for k in a.gates.split(",") if k)
+    for k in kinds:
+        if k not in ("mild", "realistic") and MODELS.get(k, MODELS["kimi-linear"]).family != "gdn":
+            ap.error(f"unknown or non-GDN gate kind {k!r}; kinds: mild, realistic, "
+                     f"{', '.join(n for n, m in MODELS.items() if m.family == 'gdn')}")
     os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")  # FLA's own Triton kernels, not a plugin backend
     shapes = SHAPES
     if a.shapes:
@@ -157,11 +200,13 @@ def main():
     out = a.out or results_path("prefill_fused")
     rows = []
     for shp in shapes:
-        rows.append(run_shape(*shp, a.quick))
+        rows.append(run_shape(*shp, a.quick, kinds))
         print(rows[-1], flush=True)
         write_results(out, rows, notes=["bf16 q/k/v, l2norm in kernel, fp32 'vk' pool (FLA: dense [N,HV,K,V] h0), "
-                      "K = V = 128, gates logsigmoid(N(3,1)); triton do_bench medians (ms); FLA 0.6 with "
-                      "FLA_DISABLE_BACKEND_DISPATCH=1"])
+                      "K = V = 128; triton do_bench medians (ms); FLA 0.6 with FLA_DISABLE_BACKEND_DISPATCH=1",
+                      f"Gates {list(kinds)}: mild = logsigmoid(N(3,1)); realistic = Qwen3-Next's initialisation "
+                      "(linattn.testing.gates, 1 head in 8 a strong-decay head). The row's columns are the first "
+                      "kind's; each further kind is a sub-dict (checks, pipeline_ms, fused_ms, fla_ms, decay)."])
     return rows
 
 
