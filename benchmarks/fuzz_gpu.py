@@ -12,6 +12,7 @@ dominate the first run, so split the groups over two calls that merge into one f
 
     python benchmarks/fuzz_gpu.py --groups decode,invalid,clamp --total-s 500
     python benchmarks/fuzz_gpu.py --groups prefill,nonfinite --total-s 500 --merge
+    python benchmarks/fuzz_gpu.py --groups model_gates --total-s 400 --merge
     python benchmarks/fuzz_gpu.py                      # all groups in one call (540 s in all)
     LINATTN_FUZZ_PROFILE=long python benchmarks/fuzz_gpu.py --out /tmp/fuzz_long.json
 
@@ -47,6 +48,7 @@ GROUPS = {
     "invalid": "test_gpu_invalid_refused",
     "nonfinite": "test_gpu_nonfinite_stays_in_its_row",
     "clamp": "test_gpu_silu_and_mul_clamp",
+    "model_gates": "test_gpu_model_gates",
 }
 
 
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
     for g in groups:
         if g not in GROUPS:
             ap.error(f"unknown group {g!r}; groups: {', '.join(GROUPS)}")
-    weights = {"decode": 3, "prefill": 4, "invalid": 1, "nonfinite": 2, "clamp": 1}
+    weights = {"decode": 3, "prefill": 4, "invalid": 1, "nonfinite": 2, "clamp": 1, "model_gates": 2}
     total_w = sum(weights[g] for g in groups)
     t0 = time.time()
     results = []
@@ -130,6 +132,9 @@ def main(argv=None) -> int:
         "cases per property / op / backend@shape class, with the group it ran in.",
         "Shape classes: qwen3next (H=16, HV=32, K=V=128) and gva2-64 (H=4, HV=8, K=V=64); bf16 and fp32 "
         "q/k/v, fp32 and bf16 pools, 'vk' and 'kv', padding, speculative verify, strided views.",
+        "Group model_gates (kind gpu-model-gates): the gates of Qwen3-Next, Qwen3.5, OLMo-hybrid, Kimi-Linear and "
+        "GLM-5-Next as their initialisations draw them, every second head a strong-decay head "
+        "(linattn.testing.gates; KDA blocks off stage 1's fast path), focus mixed.",
         "Backends: triton-split, triton-folded (forced), cutedsl (prefill, bf16), torch-ref on the GPU, and "
         "'auto' (the dispatcher's choice). 'declined' = a forced backend refused a valid problem in its "
         "layout predicate (non-dense state tiles), which the contract allows; anything else refused is a failure.",

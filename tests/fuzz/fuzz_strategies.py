@@ -32,6 +32,8 @@ from typing import Optional
 import torch
 from hypothesis import strategies as st
 
+from linattn.testing.gates import MODELS, model_gates
+
 DT = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
       "int32": torch.int32, "int64": torch.int64}
 NAN = float("nan")
@@ -230,6 +232,7 @@ class DecodeSpec:
     softplus: tuple = (1.0, 20.0)
     gate_form: str = "raw"  # "raw" (a, b, A_log, dt_bias) or "pre" (precomputed fp32 g, beta)
     his: bool = False  # has_initial_state [N] bool given (False rows start from a zero state)
+    gate_model: Optional[str] = None  # a model of linattn.testing.gates: its gate distribution (kind "model gates")
     views: tuple = ()  # ((arg, kind), ...)
     seed: int = 0
 
@@ -321,6 +324,8 @@ def build_decode(spec: DecodeSpec, device="cpu") -> Built:
         t["g"] = -torch.nn.functional.softplus(_r(gen, N, T, HV, *((K,) if kda else ())) * 2)
         t["beta"] = torch.rand(N, T, HV, generator=gen)
         t["a"] = t["b"] = t["A_log"] = t["dt_bias"] = None
+    if spec.gate_model:
+        _model_decode_gates(spec, t, gdt)
     if spec.his:
         t["has_initial_state"] = torch.rand(N, generator=gen) < 0.5
     inter = inter_idx = None
@@ -404,6 +409,7 @@ class PrefillSpec:
     l2norm: bool = True
     scale: Optional[float] = None
     gates: str = "normal"  # "normal", "strong" (-20), "zero", "floor" (-inf, -1e30 spots)
+    gate_model: Optional[str] = None  # instead of ``gates``: a model of linattn.testing.gates (g and beta)
     his: bool = False  # has_initial_state [N] bool given (pool mode)
     views: tuple = ()
     seed: int = 0
@@ -438,6 +444,8 @@ def build_prefill(spec: PrefillSpec, device="cpu") -> Built:
     t = dict(q=(_r(gen, T, H, K) * qk).to(dt), k=(_r(gen, T, H, K) * qk).to(dt), v=_r(gen, T, HV, V).to(dt),
              g=g, beta=torch.rand(T, HV, generator=gen),
              cu_seqlens=torch.tensor(cu, dtype=DT[spec.cu_dtype]))
+    if spec.gate_model:  # the model's gate distribution, strong-decay heads every second head
+        t["g"], t["beta"] = model_gates(spec.gate_model, T, hv=HV, k=K, seed=spec.seed, strong_every=2).log_decay()
     tile = (V, K) if spec.layout == "vk" else (K, V)
     pool = idx = h0 = his = None
     unused = [-1]
@@ -490,6 +498,39 @@ def build_prefill(spec: PrefillSpec, device="cpu") -> Built:
     else:
         kw["state_pool"] = None
     return b
+
+
+def _model_decode_gates(spec: DecodeSpec, t: dict, gdt: torch.dtype) -> None:
+    """Replace the decode gates of ``t`` by a draw of ``spec.gate_model`` (linattn.testing.gates):
+    raw ``a, b, A_log, dt_bias`` (the raw form's beta is ``sigmoid(b)``: OLMo-hybrid's doubling is not
+    part of it), or the log decay and beta of the precomputed form."""
+    N, T, HV = spec.N, spec.T, spec.HV
+    kda = spec.op == "kda_decode"
+    mg = model_gates(spec.gate_model, N * T, hv=HV, k=spec.K, seed=spec.seed, strong_every=2)
+    chan = (HV, spec.K) if kda else (HV,)
+    if spec.gate_form == "pre":
+        g, beta = mg.log_decay()
+        t["g"], t["beta"] = g.view(N, T, *chan), beta.view(N, T, HV)
+    else:
+        t["a"], t["b"] = mg.a.view(N, T, *chan).to(gdt), mg.b.view(N, T, HV).to(gdt)
+        t["A_log"], t["dt_bias"] = mg.A_log, mg.dt_bias
+
+
+#: Gate models per family (kind "model gates": real models' initialisations, linattn.testing.gates).
+GATE_MODELS = {f: tuple(n for n, m in MODELS.items() if m.family == f) for f in ("gdn", "kda")}
+
+
+@st.composite
+def model_gate_specs(draw, base):
+    """Specs of ``base`` (decode or prefill) with the gates of a real model's initialisation, drawn
+    from :data:`GATE_MODELS` (strong-decay heads every second head); a raw-form decode takes the
+    model's ``lower_bound`` and the default softplus."""
+    spec = draw(base)
+    name = draw(st.sampled_from(GATE_MODELS["kda" if spec.op.startswith("kda") else "gdn"]))
+    if isinstance(spec, DecodeSpec):
+        lb = MODELS[name].lower_bound if spec.gate_form == "raw" else None
+        return replace(spec, gate_model=name, lower_bound=lb, softplus=(1.0, 20.0))
+    return replace(spec, gate_model=name, gates="normal")
 
 
 def legal_views(spec):

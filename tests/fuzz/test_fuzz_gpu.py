@@ -30,7 +30,7 @@ if not torch.cuda.is_available():
 import fuzz_oracle as oracle  # noqa: E402
 from fuzz_checks import check_decode, check_prefill, check_refused  # noqa: E402
 from fuzz_known_bugs import excluded, marks  # noqa: E402
-from fuzz_strategies import build_decode, build_prefill, decode_specs, prefill_specs  # noqa: E402
+from fuzz_strategies import build_decode, build_prefill, decode_specs, model_gate_specs, prefill_specs  # noqa: E402
 from fuzz_support import current_id as _key, Tally, bits_equal, call_op, fuzz_settings, heal_plugin  # noqa: E402
 
 DEV = "cuda"
@@ -95,6 +95,40 @@ def test_gpu_prefill_valid(op, backend, cls, focus):
     def prop(spec):
         with Tally("gpu-valid", op, f"{_be_id(backend)}@{cls}", spec) as tally:
             tally.outcome = check_prefill(build_prefill(spec, DEV), backend)
+
+    prop()
+
+
+# -- kind "model gates": real models' gate distributions (issue 32) -----------------------------------
+
+#: (op, backend, class) -> examples: the gates of Qwen3-Next / Qwen3.5 / OLMo-hybrid (GDN) and
+#: Kimi-Linear / GLM-5-Next (KDA) initialisations with strong-decay heads (linattn.testing.gates).
+MODEL_GATE_PLAN = {
+    **{(op, "triton-split", c): 3 for op in ("gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill")
+       for c in CLASSES},
+    ("gdn_prefill", "cutedsl", "qwen3next"): 2, ("kda_prefill", "cutedsl", "qwen3next"): 2,
+    ("gdn_prefill", None, "qwen3next"): 2, ("kda_prefill", None, "qwen3next"): 2,
+    ("kda_decode", None, "qwen3next"): 2,
+}
+
+
+@pytest.mark.parametrize("op,backend,cls", [
+    pytest.param(op, be, cls, marks=marks(op, f"{_be_id(be)}@gpu", "mixed"), id=f"{op}-{_be_id(be)}-{cls}")
+    for (op, be, cls) in MODEL_GATE_PLAN])
+def test_gpu_model_gates(op, backend, cls):
+    shape = CLASSES[cls]
+    decode = op.endswith("_decode")
+    dtypes = ("bfloat16",) if backend == "cutedsl" else ("bfloat16", "float32")
+    ex = excluded(op, f"{_be_id(backend)}@gpu")
+    base = (decode_specs(op, None, "mixed", exclude=ex, shapes=(shape,)) if decode
+            else prefill_specs(op, None, "mixed", exclude=ex, shapes=(shape,), dtypes=dtypes, max_len=160))
+
+    @fuzz_settings(MODEL_GATE_PLAN[(op, backend, cls)], key=_key())
+    @given(spec=model_gate_specs(base))
+    def prop(spec):
+        with Tally("gpu-model-gates", op, f"{_be_id(backend)}@{cls}", spec) as tally:
+            tally.outcome = (check_decode(build_decode(spec, DEV), backend) if decode
+                             else check_prefill(build_prefill(spec, DEV), backend))
 
     prop()
 

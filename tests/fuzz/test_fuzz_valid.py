@@ -18,7 +18,7 @@ import fuzz_oracle as oracle
 from fuzz_checks import check_decode, check_prefill
 from fuzz_known_bugs import excluded, marks
 from fuzz_strategies import (DECODE_FOCI, INTERP_BACKENDS, PREFILL_FOCI, build_decode, build_prefill, decode_specs,
-                             make_view, prefill_specs, _float_junk)
+                             make_view, model_gate_specs, prefill_specs, _float_junk)
 from fuzz_support import current_id as _key, Tally, bits_equal, call_op, fuzz_settings, profile_name, rel
 
 
@@ -99,6 +99,49 @@ def test_prefill_valid(op, backend, focus):
             # the interpreter pays for every launch: the pool == dense twin in the plain and mixed foci only
             tally.outcome = check_prefill(build_prefill(spec), backend,
                                           dense_twin=not interp or focus in ("plain", "mixed"))
+
+    prop()
+
+
+# -- kind "model gates": real models' gate distributions (issue 32) -----------------------------------
+
+#: (op, backend) -> examples (ci profile). The gates of Qwen3-Next, Qwen3.5, OLMo-hybrid (GDN),
+#: Kimi-Linear and GLM-5-Next (KDA) as their initialisations draw them, every second head a
+#: strong-decay head (linattn.testing.gates): per-token decays down to about -100, KDA blocks off
+#: stage 1's fast path. Focus "mixed" (any argument viewed).
+MODEL_GATE_PLAN = {
+    ("gdn_decode", "torch-ref"): 10, ("kda_decode", "torch-ref"): 10,
+    ("gdn_decode", "triton-split"): 3, ("kda_decode", "triton-split"): 3,
+    ("gdn_prefill", "torch-ref"): 8, ("kda_prefill", "torch-ref"): 8,
+    ("gdn_prefill", "cpu-chunked"): 4, ("kda_prefill", "cpu-chunked"): 4,
+    ("gdn_prefill", "triton-split"): 1, ("kda_prefill", "triton-split"): 1,
+}
+
+
+def _model_gate_params():
+    out = []
+    for (op, be), n in MODEL_GATE_PLAN.items():
+        m = marks(op, be, "mixed") + ([pytest.mark.interpreter] if be in INTERP_BACKENDS else [])
+        if not _have(be):
+            m = m + [pytest.mark.skip(reason=f"backend {be} not installed")]
+        out.append(pytest.param(op, be, n, marks=m, id=f"{op}-{be}"))
+    return out
+
+
+@pytest.mark.parametrize("op,backend,examples", _model_gate_params())
+def test_model_gates_valid(op, backend, examples):
+    decode = op.endswith("_decode")
+    interp = backend in INTERP_BACKENDS
+    base = (decode_specs(op, backend, "mixed", exclude=excluded(op, backend)) if decode
+            else prefill_specs(op, backend, "mixed", exclude=excluded(op, backend), long_seqs=True))
+
+    @fuzz_settings(examples, key=_key())
+    @given(spec=model_gate_specs(base))
+    def prop(spec):
+        assert spec.gate_model is not None
+        with Tally("valid-model-gates", op, backend, spec) as tally:
+            tally.outcome = (check_decode(build_decode(spec), backend) if decode
+                             else check_prefill(build_prefill(spec), backend, dense_twin=not interp))
 
     prop()
 
