@@ -4,7 +4,8 @@ For each kernel in ``kernels/triton/registry.py`` and each of its layouts, on th
 
 1. the launch the launcher makes is recorded, and the probe kernel (same ``decode_pid`` helper,
    same grid, same constexprs) proves that every work item is visited exactly once;
-2. outputs and written states are bitwise equal across layouts;
+2. outputs and written states are bitwise equal across layouts (planned for one device, each layout
+   with its own grid limits only: ``layout_caps.py``);
 3. both are within ops.md's tolerance of the float64 reference (``backends/torch_ref.py``);
 4. pool rows and intermediate entries the call does not own are bitwise unchanged.
 
@@ -25,13 +26,10 @@ from linattn.capabilities import GridLimits, profile
 from linattn.kernels.grid import GridPlan
 
 from contract_cases import CASES, PREFILL_OPS, Case, owned_rows, run_launcher, run_reference
+from layout_caps import device_caps, layout_caps
 
 registry = pytest.importorskip("linattn.kernels.triton.registry")
 _launch_mod = pytest.importorskip("linattn.kernels.triton.launch")
-
-#: The device limits each layout is planned with (the interpreter runs any grid; on the GPU these
-#: small grids fit the H200 too): split with CUDA's, folded with the MI300X's.
-LAYOUT_CAPS = {"split": "sm90", "folded": "mi300x"}
 
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's tables, stages 1 and 3).
@@ -148,7 +146,8 @@ def _run_all_layouts(entry, case, device, monkeypatch):
     results = {}
     for layout in entry.layouts:
         before = len(rec.launches)
-        results[layout] = run_launcher(case, layout, profile(LAYOUT_CAPS[layout]), device)
+        # the running device's capabilities, the layout's grid limits (layout_caps.py says why only those)
+        results[layout] = run_launcher(case, layout, layout_caps(layout, device_caps(device)), device)
         launches = rec.launches[before:]
         if case.op == "silu_and_mul_clamp" and case.args["x"].shape[0] == 0:
             assert launches == [], "M = 0 must launch nothing"
