@@ -120,10 +120,10 @@ MODELS: dict[str, GateModel] = {m.name: m for m in (
               heads=(16, 32, 128, 128),
               source=_TF + "qwen3_next/modeling_qwen3_next.py (Qwen3NextGatedDeltaNet.__init__, _init_weights); "
               "configuration_qwen3_next.py defaults (hidden 2048, 16 key / 32 value heads of 128)"),
-    GateModel(name="qwen3.5", family="gdn", a_range=(0.01, 16.0), dt_bias="ones", a_std=0.02 * math.sqrt(2048),
+    GateModel(name="qwen3.5", family="gdn", a_range=(0.01, 16.0), dt_bias="ones", a_std=0.02 * math.sqrt(4096),
               heads=(16, 32, 128, 128),
               source=_TF + "qwen3_5/modeling_qwen3_5.py (Qwen3_5GatedDeltaNet.__init__, _init_weights); "
-              "configuration_qwen3_5.py defaults (16 key / 32 value heads of 128)"),
+              "configuration_qwen3_5.py text defaults (hidden 4096, 16 key / 32 value heads of 128)"),
     GateModel(name="olmo-hybrid", family="gdn", a_range=(0.0, 16.0), dt_bias="inverse_softplus",
               a_std=0.02 * math.sqrt(3840), beta_scale=2.0, heads=(30, 30, 96, 192),
               source=_TF + "olmo_hybrid/modeling_olmo_hybrid.py (OlmoHybridGatedDeltaNet.__init__, _init_weights: "
