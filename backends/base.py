@@ -268,6 +268,14 @@ class Backend:
         default): it may be chosen."""
         return None
 
+    def capture_refusal(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
+        """A message when the backend cannot run ``p`` inside CUDA-graph capture (e.g. its library
+        reads ``cu_seqlens`` back to the host, which capture forbids); the dispatcher then rejects it
+        during capture only (reason ``capture``) and chooses another. None (the default): it may run
+        in capture. Read from the problem alone, so the answer is the same for every call of a shape
+        class."""
+        return None
+
     def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
         """What the backend would launch for ``p`` on ``caps`` and why, for ``explain`` (the
         accepted verdict's message), from the problem's shapes alone. "" (the default): nothing to

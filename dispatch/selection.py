@@ -131,6 +131,10 @@ def backend_verdict(backend, problem: Problem, caps: DeviceCapabilities, pol: Po
         failures = _failures(backend, problem, caps)
         if failures:
             return Rejected(backend=name, reasons=failures)
+        refusal = backend.capture_refusal(problem, caps) if capturing else None
+        if refusal:
+            return Rejected(backend=name, reason=Reason.CAPTURE, message=refusal,
+                            hint="run this call eagerly (outside the captured graph), or let another backend run it")
         msg = backend.needs_forcing(problem, caps)
         if msg and forced != name:
             return Rejected(backend=name, reason=Reason.NOT_FORCED, message=msg,

@@ -29,6 +29,7 @@ class Rank(enum.IntEnum):
     CPU_DEFAULT = 10  # torch-ref on a CPU: the embedded default
     NATIVE = 20  # a compiled-kernel backend on its native vendor (triton-split on NVIDIA, triton-folded on AMD/Intel)
     BEHIND_NATIVE = 60  # eligible but measured slower than the native one (cutedsl on SM90, cpu-chunked short prefills)
+    PEER = 80  # another library's kernels (fla, flashinfer): behind linattn's own until a measurement says otherwise
     DEFAULT = 100  # Backend.rank's default: a plugin that says nothing
     GPU_REFERENCE = 1000  # torch-ref on a GPU: the token-serial last resort
     FORCED_ONLY = 2000  # off its native vendor or in the Triton interpreter: eligible only when forced
@@ -54,6 +55,7 @@ class Reason(str, enum.Enum):
     BACKEND_ERROR = "backend_error"  # a predicate raised
     UNVERIFIED = "unverified"  # never verified on this arch and not yet self-checked (CUDA-graph capture)
     SELF_CHECK_FAILED = "self_check_failed"  # its first-call self-check against torch-ref failed here
+    CAPTURE = "capture"  # it cannot run inside CUDA-graph capture (e.g. its library syncs with the host)
 
 
 class Accepted(BaseModel):

@@ -1,0 +1,166 @@
+"""Peer backends: another library's kernels (FLA, FlashInfer) run under linattn's op contract.
+
+A peer is a backend like any other (``backends/base.py``): capabilities as data, predicates that
+reject what it cannot honour with a reason, so the dispatcher falls back. What a peer adds:
+
+- **registration**: :mod:`linattn.backends.builtin` registers it only when its library is installed
+  (``importlib.util.find_spec``: nothing is imported then); the library itself is imported on the
+  first decision for a real CUDA device that reaches :meth:`PeerBackend.supports_toolchain`, once
+  per process, and a failed import rejects the backend with reason ``toolchain`` and the error.
+- **verification**: no architecture is claimed (``verified_archs`` empty) until the peer's GPU
+  tests passed there, so the first eager call of each op and shape class self-checks against
+  torch-ref on any GPU.
+- **rank**: :attr:`~linattn.dispatch.verdict.Rank.PEER` (80), behind linattn's own kernel backends
+  (``Rank.NATIVE`` 20, ``Rank.BEHIND_NATIVE`` 60) and ahead of a plugin that says nothing (100) and
+  of the GPU reference (1000), until a measurement (the tune table) says otherwise; ``explain``
+  says so in the accepted verdict's message (:meth:`PeerBackend.plan_note`).
+- **translation**: the contract's conventions (log gate, ``vk`` / ``kv`` tiles, packed ``[T, ...]``
+  tensors, int32 or int64 ``cu_seqlens``, negative padding slots, ``has_initial_state``) become
+  the library's inside the backend. A library without a state pool gets the pool rows gathered
+  into a dense fp32 state and the final states scattered back (:func:`gather_states`,
+  :func:`scatter_states`); that copy is part of the peer's measured time.
+
+The helpers here never hand a library a negative slot: padding rows are read by nobody (their
+gathered state is zeros) and written by nobody (the scatter skips them), and their output rows
+are zeroed (:func:`zero_padded_tokens`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from importlib import metadata
+from typing import ClassVar, Optional
+
+import torch
+
+from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.problem import Problem
+from linattn.dispatch.verdict import Check, Rank, Reason
+
+from .base import Backend
+
+__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "zero_padded_tokens"]
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` is installed (found on the path), without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@functools.cache
+def import_library(module: str) -> tuple[Optional[object], str]:
+    """``(module object, "")`` when ``module`` imports, else ``(None, "Type: message")``; once per
+    process (a library's import can take seconds: Triton, CuTe DSL)."""
+    try:
+        return importlib.import_module(module), ""
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable here", with its reason
+        return None, f"{type(e).__name__}: {e}"[:400]
+
+
+class PeerBackend(Backend):
+    """Base class of the peer backends: NVIDIA CUDA only, rank ``Rank.PEER``, the library checked
+    by import on a real device.
+
+    Class fields (besides :class:`~linattn.backends.base.Backend`'s):
+        library: the import name (``fla``, ``flashinfer``).
+        pip_name: the distribution that provides it, as ``pip install`` spells it.
+        tested: the library version(s) its translation was written against.
+    """
+
+    api_version: ClassVar[str] = "2"
+    vendors: ClassVar[frozenset[str]] = frozenset({"nvidia"})
+    library: ClassVar[str] = ""
+    pip_name: ClassVar[str] = ""
+    tested: ClassVar[str] = ""
+    strided_state_ops: ClassVar[frozenset[str]] = frozenset()
+    #: No architecture is claimed until the peer's GPU tests pass there (tests/gpu/test_peers_gpu.py,
+    #: benchmarks/peers_device.sh): on every GPU the first eager call of each op and shape class runs
+    #: the self-check against torch-ref (dispatch/self_check.py), and CUDA-graph capture does not
+    #: choose a peer before that (reason ``unverified``).
+    verified_archs: ClassVar[frozenset[str]] = frozenset()
+
+    def library_version(self) -> str:
+        """The installed distribution's version (from its metadata: nothing is imported)."""
+        try:
+            return f"{self.pip_name} {metadata.version(self.pip_name)}"
+        except metadata.PackageNotFoundError:
+            return f"{self.pip_name} not installed"
+
+    def supports_device(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        if caps.device_type == "cuda" and caps.vendor == "nvidia":
+            return Check.passed()
+        return Check.failed(Reason.DEVICE, f"device_type={caps.device_type!r} vendor={caps.vendor!r} ({caps.name}); "
+                            f"{self.name} runs {self.library} on NVIDIA CUDA GPUs only",
+                            "on this device the dispatcher picks among linattn's own backends")
+
+    def supports_toolchain(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        if not installed(self.library):
+            return Check.failed(Reason.TOOLCHAIN, f"{self.pip_name} is not installed", f"pip install {self.pip_name}")
+        if caps.profile is None and caps.device_type == "cuda":  # a real device: the library must import
+            mod, err = import_library(self.library)
+            if mod is None:
+                return Check.failed(Reason.TOOLCHAIN, f"{self.pip_name} is installed but `import {self.library}` "
+                                    f"failed: {err}", f"reinstall it: pip install -U {self.pip_name}")
+        return Check.passed()
+
+    def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
+        return Rank.PEER
+
+    def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
+        """Nothing of the sizes is read by the peers' predicates or rank."""
+        return ()
+
+    def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
+        return (f"peer library {self.library} ({self.library_version()}; translation written for {self.tested}): "
+                f"static rank {int(Rank.PEER)}, behind linattn's own kernel backends until a measured tune table "
+                f"ranks it; {self.translation(p)}")
+
+    def translation(self, p: Problem) -> str:
+        """What the backend does to the call around the library's kernel, for ``explain``."""
+        return ""
+
+
+# -- the pool around a library without one ----------------------------------------------------------
+
+def gather_states(pool: torch.Tensor, slots: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """The pool rows ``slots`` as one dense fp32 state ``[N, HV, ., .]`` (the pool's tile layout).
+
+    Args:
+        pool: ``[P, HV, ., .]`` fp32 or bf16, any strides.
+        slots: ``[N]`` int32/int64 slots; a negative entry is padding.
+        read: ``[N]`` bool, whether row n's slot is read (False: padding, or a fresh sequence of
+            ``has_initial_state``); those rows are zeros whatever their slot holds.
+    Returns:
+        A new fp32 tensor; no sync with the host.
+    """
+    rows = pool.index_select(0, slots.clamp_min(0).long()).float()
+    return torch.where(read.view(-1, 1, 1, 1), rows, rows.new_zeros(()))
+
+
+def scatter_states(pool: torch.Tensor, slots: torch.Tensor, states: torch.Tensor) -> None:
+    """Write ``states[n]`` to ``pool[slots[n]]`` (rounded to the pool's dtype) for every
+    non-negative slot; padding rows (negative slots) are written nowhere. Slots must be unique
+    among the written rows (linattn's validation refuses a write race).
+
+    Syncs once with the host (the row mask), so callers refuse CUDA-graph capture."""
+    rows = (slots >= 0).nonzero().squeeze(1)
+    if rows.numel():
+        pool.index_copy_(0, slots.index_select(0, rows).long(), states.index_select(0, rows).to(pool.dtype))
+
+
+def zero_padded_tokens(o: torch.Tensor, cu_seqlens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+    """``o [T, ...]`` with the tokens of padding sequences (``padding [N]`` bool) set to zero; no sync.
+
+    ``torch.where``, not a product: a NaN the library computed for a padding row does not survive.
+    """
+    T = o.shape[0]
+    if T == 0:
+        return o
+    seq = torch.searchsorted(cu_seqlens[1:].long(), torch.arange(T, device=o.device), right=True)
+    pad = padding.index_select(0, seq.clamp_max(padding.numel() - 1))
+    return torch.where(pad.view(-1, *([1] * (o.dim() - 1))), o.new_zeros(()), o)

@@ -1,0 +1,176 @@
+"""The peer backends in the dispatcher, on device profiles (nothing launches, no library is
+imported): registered only when installed, ranked behind linattn's own backends with ``explain``
+saying so, every undeclared case rejected with its reason (so the dispatcher falls back), CUDA-graph
+capture refused where the peer syncs, and FLA's own backend redirection detected."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import linattn
+from linattn.backends import builtin
+from linattn.backends import fla as fla_backend
+from linattn.backends import peer
+from linattn.dispatch import Problem, Rank, Reason
+from linattn.dispatch.registry import Registry
+
+
+@pytest.fixture
+def peers_installed(monkeypatch):
+    """Both libraries count as installed (``find_spec``), whatever this machine has; a fresh registry."""
+    monkeypatch.setattr(peer, "installed", lambda module: True)
+    linattn.dispatch.reset_registry()
+    yield
+    monkeypatch.undo()
+    linattn.dispatch.reset_registry()
+
+
+def _verdict(problem: Problem, name: str, device="sm90", capturing=False):
+    d = linattn.dispatch.explain(problem, device, capturing=capturing)
+    return next(v for v in d.verdicts if v.backend == name), d
+
+
+PREFILL = dict(op="gdn_prefill", n=2, t=512, h=2, hv=8, k=128, v=128, dtype="bfloat16")
+DECODE = dict(op="gdn_decode", n=64, t=1, h=2, hv=8, k=128, v=128, dtype="bfloat16")
+
+
+def test_peers_register_only_when_their_library_is_installed(monkeypatch):
+    monkeypatch.setattr(peer, "installed", lambda module: module == "flashinfer")
+    names = {c.name for c in builtin.linattn_register_backends()}
+    assert "flashinfer" in names and "fla" not in names and "triton-split" in names
+    monkeypatch.setattr(peer, "installed", lambda module: False)
+    assert not {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
+    reg = Registry().load(entry_points=False)
+    assert not {"fla", "flashinfer"} & set(reg.backends)
+
+
+@pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill", "gdn_decode"])
+def test_peers_rank_behind_linattns_own_backends_and_explain_says_so(peers_installed, op):
+    p = Problem(**{**(PREFILL if "prefill" in op else DECODE), "op": op})
+    v, d = _verdict(p, "fla")
+    assert v.ok and v.rank == Rank.PEER and "behind linattn's own kernel backends" in v.message
+    assert "tune table" in v.message and d.chosen == "triton-split"
+    own = next(x for x in d.verdicts if x.backend == "triton-split")
+    assert own.ok and own.rank < v.rank < next(x for x in d.verdicts if x.backend == "torch-ref").rank
+    forced = linattn.dispatch.explain(p, "sm90", backend="fla")
+    assert forced.chosen == "fla"
+
+
+def test_flashinfer_accepts_its_declared_prefill_and_decode(peers_installed):
+    for shape in (PREFILL, {**PREFILL, "state_dtype": "bfloat16", "has_initial_state": True}, DECODE):
+        v, _ = _verdict(Problem(**shape), "flashinfer")
+        assert v.ok and v.rank == Rank.PEER, v
+    for device in ("sm100", "sm103", "sm120"):
+        assert _verdict(Problem(**PREFILL), "flashinfer", device)[0].ok
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(k=64, v=64), Reason.SHAPE),
+    (dict(state_layout="kv"), Reason.LAYOUT),
+    (dict(dtype="float32"), Reason.DTYPE),
+    (dict(op="kda_prefill"), Reason.OP),
+])
+def test_flashinfer_rejects_undeclared_prefill_with_its_reason(peers_installed, change, reason):
+    v, d = _verdict(Problem(**{**PREFILL, **change}), "flashinfer")
+    assert not v.ok and reason in [f.reason for f in v.reasons], v
+    assert d.chosen is not None and d.chosen != "flashinfer"  # the dispatcher falls back
+
+
+@pytest.mark.parametrize("change, reason, words", [
+    (dict(t=3), Reason.FEATURE, "T=3"),
+    (dict(t=3, intermediate_states=True), Reason.FEATURE, "intermediate_states"),
+    (dict(disable_state_update=True), Reason.FEATURE, "disable_state_update"),
+    (dict(precomputed_gates=True), Reason.FEATURE, "precomputed gates"),
+    (dict(has_initial_state=True), Reason.FEATURE, "has_initial_state"),
+    (dict(state_dtype="bfloat16"), Reason.DTYPE, "slot 0"),
+])
+def test_flashinfer_rejects_decode_it_does_not_honour(peers_installed, change, reason, words):
+    v, d = _verdict(Problem(**{**DECODE, **change}), "flashinfer")
+    assert not v.ok and any(f.reason == reason and words in f.message for f in v.reasons), v
+    assert d.chosen not in (None, "flashinfer")
+
+
+@pytest.mark.parametrize("device", ["mi300x", "cpu", "xpu-pvc"])
+def test_peers_reject_devices_they_do_not_run_on(peers_installed, device):
+    dev = linattn.capabilities.profile("cpu") if device == "cpu" else device
+    for name in ("fla", "flashinfer"):
+        v, d = _verdict(Problem(**PREFILL), name, dev)
+        assert not v.ok and Reason.DEVICE in [f.reason for f in v.reasons] and d.chosen != name, v
+
+
+def test_fla_rejects_fp32_prefill_and_undeclared_head_dims_but_runs_fp32_decode(peers_installed):
+    v, _ = _verdict(Problem(**{**PREFILL, "dtype": "float32"}), "fla")
+    assert not v.ok and v.reason == Reason.DTYPE and "F28" in v.message
+    assert _verdict(Problem(**{**DECODE, "dtype": "float32"}), "fla")[0].ok
+    v, _ = _verdict(Problem(**{**PREFILL, "k": 256, "v": 256}), "fla")
+    assert not v.ok and v.reason == Reason.SHAPE
+    assert _verdict(Problem(**{**DECODE, "t": 4, "num_accepted_tokens": True, "intermediate_states": True,
+                               "precomputed_gates": True, "state_layout": "kv"}), "fla")[0].ok
+
+
+def test_uninstalled_peer_is_rejected_for_its_toolchain_with_the_pip_name(peers_installed, monkeypatch):
+    monkeypatch.setattr(peer, "installed", lambda module: module != "flashinfer")
+    v, _ = _verdict(Problem(**PREFILL), "flashinfer")
+    assert not v.ok and v.reason == Reason.TOOLCHAIN and "flashinfer-python" in v.message
+
+
+def test_capture_is_refused_where_a_peer_syncs(peers_installed):
+    for shape, name, refused in ((PREFILL, "fla", True), (DECODE, "fla", True), (PREFILL, "flashinfer", True),
+                                 (DECODE, "flashinfer", False)):
+        eager, _ = _verdict(Problem(**shape), name)
+        captured, d = _verdict(Problem(**shape), name, capturing=True)
+        assert eager.ok and not eager.verified and not captured.ok, (name, shape["op"], captured)
+        assert d.chosen not in (None, name)
+        # refused for good where it syncs; otherwise only until an eager call has self-checked it
+        want = Reason.CAPTURE if refused else Reason.UNVERIFIED
+        assert captured.reason == want, (name, shape["op"], captured)
+        if refused:
+            assert "sync" in captured.message
+
+
+def test_fla_inner_redirection_is_detected_and_dispatch_off_means_none(monkeypatch):
+    active = types.SimpleNamespace(backend_type="tilelang")
+    registry = types.SimpleNamespace(get_active=lambda: active)
+    backends = types.SimpleNamespace(_DISPATCH_DISABLED=False, _load_operation_registry=lambda op: registry)
+    monkeypatch.setattr(fla_backend, "import_library", lambda name: (backends, ""))
+    assert fla_backend.inner_redirects("kda") == ["kda -> tilelang"]
+    assert fla_backend.inner_redirects("gdn") == []  # GDN's entry point is unwrapped: nothing inside dispatches
+    backends._DISPATCH_DISABLED = True
+    assert fla_backend.inner_redirects("kda") == []
+    backends._DISPATCH_DISABLED, active = False, None
+    registry.get_active = lambda: None
+    assert fla_backend.inner_redirects("kda") == []
+
+
+def test_fla_functions_are_flas_own_implementations_not_its_dispatch_wrappers():
+    """With the real fla-core installed: the functions the backend calls are FLA's Triton path."""
+    if not peer.installed("fla"):
+        pytest.skip("fla-core is not installed (pip install 'linattn[peers]')")
+    import inspect
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.kda import chunk_kda
+
+    for (family, phase), (mod, name) in fla_backend.FUNCTIONS.items():
+        fn = fla_backend.fla_function(family, phase)
+        assert not hasattr(fn, "__wrapped__") and fn.__name__ == name and fn.__module__.startswith(mod)
+        params = inspect.signature(fn).parameters
+        for kw in ("scale", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel", "state_v_first",
+                   "cu_seqlens"):
+            assert kw in params, (name, kw)
+    assert fla_backend.fla_function("gdn", "prefill") is not chunk_gated_delta_rule  # the dispatch wrapper
+    assert fla_backend.fla_function("kda", "prefill") is not chunk_kda
+
+
+@pytest.mark.parametrize("name", ["fla", "flashinfer"])
+def test_conformance_negative_cases_pass_on_the_cpu(peers_installed, name):
+    """What a peer does not declare (dtypes, state dtypes, layouts, head dims, ops, vendors) is rejected by
+    its predicates and a forced call raises NoBackendError before touching anything."""
+    from linattn.testing import run_suite
+
+    rep = run_suite(name, kinds=["negative"])
+    negatives = [r for r in rep.results if r.kind == "negative"]
+    assert len(negatives) >= 8 and not rep.failures(), [(r.id, r.message) for r in rep.failures()]
+    assert all(r.status == "passed" for r in negatives), [(r.id, r.status, r.message) for r in negatives]
