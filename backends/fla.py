@@ -48,7 +48,7 @@ from linattn.dispatch.calls import DecodeCall, PrefillCall
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Reason
 
-from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_padded_tokens
+from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_fresh_empty, zero_padded_tokens
 
 #: FLA's public function per (family, phase), in the module that defines it
 FUNCTIONS = {("gdn", "prefill"): ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
@@ -166,9 +166,12 @@ class FLABackend(PeerBackend):
             h0 = gather_states(call.state_pool, slots, read)
         else:
             h0 = call.initial_state.float() if call.initial_state is not None else None
-        if T == 0:  # nothing to launch: the states stay as they were
+        if T == 0:  # nothing to launch: the states stay as they were (fresh pool rows: zeros)
             o = call.v.new_zeros(0, HV, V)
-            return (o, None) if pool_mode else (o, self._dense_final(call, h0))
+            if pool_mode:
+                zero_fresh_empty(call.state_pool, slots, call.has_initial_state, cu)
+                return o, None
+            return o, self._dense_final(call, h0)
         o, ht = fn(call.q[None], call.k[None], call.v[None], call.g[None], call.beta[None], scale=call.scale,
                    initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=call.use_qk_l2norm,
                    state_v_first=call.state_layout == "vk", cu_seqlens=cu.long())
@@ -176,12 +179,13 @@ class FLABackend(PeerBackend):
         if not pool_mode:
             return o, ht.to(call.initial_state.dtype if call.initial_state is not None else torch.float32)
         scatter_states(call.state_pool, slots, ht)
+        zero_fresh_empty(call.state_pool, slots, call.has_initial_state, cu)
         return zero_padded_tokens(o, cu, slots < 0), None
 
     @staticmethod
     def _dense_final(call: PrefillCall, h0):
-        if h0 is not None:
-            return h0.to(call.initial_state.dtype)
+        if h0 is not None:  # a new tensor: a result never shares memory with an argument
+            return h0.to(call.initial_state.dtype, copy=True)
         N, (HV, V), K = call.cu_seqlens.numel() - 1, call.v.shape[1:], call.q.shape[-1]
         shape = (N, HV, V, K) if call.state_layout == "vk" else (N, HV, K, V)
         return torch.zeros(shape, dtype=torch.float32, device=call.q.device)

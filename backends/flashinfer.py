@@ -20,8 +20,9 @@ The translation (the backend's, counted in its time):
   index (``output_state_indices``): ``-1`` reads the zero state (padding, fresh sequences) and
   ``-1`` skips the write (padding), so FlashInfer never reads or writes a padding row; padding
   sequences' outputs are zeroed. Which form applies is read from the indices on the host (one
-  sync: prefill is eager). A pool whose rows are not dense ``[HV, V, K]`` blocks is gathered into
-  a dense fp32 copy and written back.
+  sync: prefill is eager). FlashInfer writes nothing for an empty sequence, so the slot of an
+  empty fresh one gets its zeros from the backend. A pool whose rows are not dense ``[HV, V, K]``
+  blocks is gathered into a dense fp32 copy and written back.
 - **the pool, decode**: FlashInfer's fp32 pool kernel skips a ``-1`` row entirely (zero output,
   nothing read or written); every negative slot is handed over as ``-1``.
 
@@ -45,7 +46,7 @@ from linattn.dispatch.calls import DecodeCall, PrefillCall
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Reason
 
-from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_padded_tokens
+from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_fresh_empty, zero_padded_tokens
 
 #: natural-log decay clamp before ``alpha = exp(g)``: exp(-80) ~ 1.8e-35 is a normal fp32 number
 LOG_ALPHA_MIN = -80.0
@@ -166,8 +167,12 @@ class FlashInferBackend(PeerBackend):
                        output_state=out_state, **kw)
             return o, ht
         if T == 0:
+            zero_fresh_empty(call.state_pool, call.state_indices, call.has_initial_state, call.cu_seqlens)
             return call.v.new_zeros(0, HV, V), None
-        return self._prefill_pool(fn, call, kw), None
+        o = self._prefill_pool(fn, call, kw)
+        # FlashInfer writes nothing for an empty sequence; a fresh one's slot must read zeros afterwards
+        zero_fresh_empty(call.state_pool, call.state_indices, call.has_initial_state, call.cu_seqlens)
+        return o, None
 
     @staticmethod
     def alpha(g: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,8 @@ from linattn.dispatch.verdict import Check, Rank, Reason
 
 from .base import Backend
 
-__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "zero_padded_tokens"]
+__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "zero_fresh_empty",
+           "zero_padded_tokens"]
 
 
 def installed(module: str) -> bool:
@@ -164,3 +165,15 @@ def zero_padded_tokens(o: torch.Tensor, cu_seqlens: torch.Tensor, padding: torch
     seq = torch.searchsorted(cu_seqlens[1:].long(), torch.arange(T, device=o.device), right=True)
     pad = padding.index_select(0, seq.clamp_max(padding.numel() - 1))
     return torch.where(pad.view(-1, *([1] * (o.dim() - 1))), o.new_zeros(()), o)
+
+
+def zero_fresh_empty(pool: torch.Tensor, slots: torch.Tensor, has_initial_state: Optional[torch.Tensor],
+                     cu_seqlens: torch.Tensor) -> None:
+    """Zeros into the slots of empty sequences that ``has_initial_state`` marks fresh (docs/ops.md:
+    "an empty fresh prefill sequence leaves zeros in its slot"), for a library that writes nothing
+    for an empty sequence or is not called at all (``T = 0``). Nothing without a mask. Syncs once."""
+    if has_initial_state is None:
+        return
+    fresh_empty = (cu_seqlens[1:] == cu_seqlens[:-1]) & ~has_initial_state
+    targets = torch.where(fresh_empty, slots, torch.full_like(slots, -1))
+    scatter_states(pool, targets, torch.zeros(slots.shape[0], *pool.shape[1:], device=pool.device))

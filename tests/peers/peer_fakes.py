@@ -96,8 +96,8 @@ def flashinfer_prefill(log: Log):
         h0 = torch.where((read >= 0).view(-1, 1, 1, 1), rows, rows.new_zeros(()))
         o, ht = gdn_prefill_ref(q, k, v, log_g, beta, cu_seqlens, initial_state=h0, scale=scale,
                                 use_qk_l2norm=use_qk_l2norm_in_kernel)
-        for n in range(N):
-            if int(write[n]) >= 0:
+        for n in range(N):  # FlashInfer: "a zero-length sequence writes nothing"
+            if int(write[n]) >= 0 and int(cu_seqlens[n + 1]) > int(cu_seqlens[n]):
                 output_state[int(write[n])] = ht[n].to(output_state.dtype)
         return o, output_state
 

@@ -181,3 +181,23 @@ def test_decode_gate_form_hands_the_given_gates_over(fla_log):
                            state_indices=torch.tensor([0, 6]), g=g, beta=beta)
     torch.testing.assert_close(o.float(), o_ref.float(), rtol=0, atol=2e-6)
     assert torch.equal(fla_log[0]["g"], g) and torch.equal(fla_log[0]["beta"], beta)
+
+
+def test_prefill_empty_fresh_sequences_leave_zeros_in_their_slots_even_when_nothing_launches(fla_log):
+    d, pool = _prefill_inputs("gdn", (0, 0))
+    mine, ref_pool = pool.clone(), pool.clone()
+    fresh = torch.tensor([False, True])
+    o, _ = _run_prefill("gdn", d, mine, torch.tensor([1, 3]), "vk", has_initial_state=fresh)
+    gdn_prefill_ref(**d, state_pool=ref_pool, state_indices=torch.tensor([1, 3]), has_initial_state=fresh)
+    assert not fla_log and o.shape[0] == 0
+    assert bool(mine[1].eq(0).all()) and torch.equal(mine, ref_pool)
+
+
+def test_dense_prefill_of_no_tokens_returns_a_copy_of_the_initial_state(fla_log):
+    d, pool = _prefill_inputs("gdn", (0,))
+    h0 = pool[:1].clone()
+    call = make_call("gdn_prefill", dict(**d, state_pool=None, state_indices=None, initial_state=h0,
+                                         scale=default_scale(8), use_qk_l2norm=True, state_layout="vk",
+                                         has_initial_state=None))
+    _, ht = FLABackend().prefill(call)
+    assert torch.equal(ht, h0) and ht.data_ptr() != h0.data_ptr() and not fla_log

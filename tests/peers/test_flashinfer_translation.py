@@ -125,3 +125,17 @@ def test_decode_hands_negative_slots_over_as_minus_one_with_fp32_gating_paramete
     assert logged["initial_state_indices"].tolist() == [4, -1, 0, -1] and logged["backend"] == "flashinfer"
     assert logged["A_log"].dtype == torch.float32 and logged["dt_bias"].dtype == torch.float32
     assert logged["state"] is None
+
+
+def test_prefill_empty_fresh_sequence_gets_zeros_although_flashinfer_writes_nothing_for_it(fi_log):
+    d, pool = _prefill((5, 0, 4))
+    slots, fresh = torch.tensor([2, 4, 0]), torch.tensor([True, False, True])
+    mine, ref_pool = pool.clone(), pool.clone()
+    FlashInferBackend().prefill(_call(d, mine, slots, has_initial_state=fresh))
+    gdn_prefill_ref(**d, state_pool=ref_pool, state_indices=slots, has_initial_state=fresh)
+    assert bool(mine[4].eq(0).all())
+    torch.testing.assert_close(mine, ref_pool, rtol=0, atol=1e-6)
+    d0, _ = _prefill((0,))
+    mine2 = pool.clone()
+    FlashInferBackend().prefill(_call(d0, mine2, torch.tensor([5]), has_initial_state=torch.tensor([False])))
+    assert bool(mine2[5].eq(0).all()) and torch.equal(mine2[:5], pool[:5]) and len(fi_log) == 1  # T = 0: no call
