@@ -121,6 +121,10 @@ class FLABackend(PeerBackend):
                                 "pip install 'linattn[triton]'")
         return Check.passed()
 
+    def modules(self, p: Problem) -> tuple[str, ...]:
+        key = (p.family, p.phase)
+        return ("fla", FUNCTIONS[key][0]) if key in FUNCTIONS else ("fla",)
+
     def supports_prefill_dtype(self, p: Problem, caps: DeviceCapabilities) -> Check:
         if p.phase == "prefill" and p.dtype == "float32":
             return Check.failed(Reason.DTYPE, "dtype=float32 prefill: FLA's chunk kernels carry the cumulative gate "

@@ -56,6 +56,11 @@ DECODE_ARCHS = ("sm_90", "sm_100", "sm_103", "sm_120")
 CUDA13_ARCHS = ("sm_100", "sm_103")
 
 
+#: FlashInfer's module and function per phase
+MODULES = {"prefill": ("flashinfer.gdn_prefill", "chunk_gated_delta_rule"),
+           "decode": ("flashinfer.gdn_decode", "gated_delta_rule_decode_pretranspose")}
+
+
 def flashinfer_function(phase: str):
     """FlashInfer's prefill (``chunk_gated_delta_rule``) or decode
     (``gated_delta_rule_decode_pretranspose``) function.
@@ -63,8 +68,7 @@ def flashinfer_function(phase: str):
     Raises:
         ImportError: the module does not import.
     """
-    mod_name, fn = {"prefill": ("flashinfer.gdn_prefill", "chunk_gated_delta_rule"),
-                    "decode": ("flashinfer.gdn_decode", "gated_delta_rule_decode_pretranspose")}[phase]
+    mod_name, fn = MODULES[phase]
     mod, err = import_library(mod_name)
     if mod is None:
         raise ImportError(f"import {mod_name}: {err}")
@@ -112,6 +116,22 @@ class FlashInferBackend(PeerBackend):
             return Check.failed(Reason.TOOLCHAIN, f"CUDA {cuda} on {caps.arch}: FlashInfer's Blackwell GDN prefill "
                                 "needs CUDA >= 13", "use a CUDA 13 build of torch")
         return Check.passed()
+
+    def modules(self, p: Problem) -> tuple[str, ...]:
+        return ("flashinfer", MODULES[p.phase][0]) if p.phase in MODULES else ("flashinfer",)
+
+    def supports_toolchain(self, p: Problem, caps: DeviceCapabilities) -> Check:
+        """The library imports (:class:`PeerBackend`) and, on a real SM90 device, its CuTe DSL prefill
+        kernel is there (FlashInfer imports without CuTe DSL and then has none)."""
+        base = super().supports_toolchain(p, caps)
+        if not base.ok or p.phase != "prefill" or caps.profile is not None or caps.arch != "sm_90":
+            return base
+        kernels, err = import_library("flashinfer.gdn_kernels")
+        if kernels is None or getattr(kernels, "chunk_gated_delta_rule_sm90", None) is None:
+            return Check.failed(Reason.TOOLCHAIN, "FlashInfer imports but its SM90 GDN prefill kernel is missing "
+                                f"(flashinfer.gdn_kernels.chunk_gated_delta_rule_sm90 is None{': ' + err if err else ''})",
+                                "install CuTe DSL: pip install 'nvidia-cutlass-dsl>=4.4'")
+        return base
 
     def supports_decode(self, p: Problem, caps: DeviceCapabilities) -> Check:
         """Decode: one token, raw gates at the default softplus, an fp32 pool, no verify features."""

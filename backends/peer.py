@@ -103,11 +103,16 @@ class PeerBackend(Backend):
         if not installed(self.library):
             return Check.failed(Reason.TOOLCHAIN, f"{self.pip_name} is not installed", f"pip install {self.pip_name}")
         if caps.profile is None and caps.device_type == "cuda":  # a real device: the library must import
-            mod, err = import_library(self.library)
-            if mod is None:
-                return Check.failed(Reason.TOOLCHAIN, f"{self.pip_name} is installed but `import {self.library}` "
-                                    f"failed: {err}", f"reinstall it: pip install -U {self.pip_name}")
+            for module in self.modules(p):
+                mod, err = import_library(module)
+                if mod is None:
+                    return Check.failed(Reason.TOOLCHAIN, f"{self.pip_name} is installed but `import {module}` "
+                                        f"failed: {err}", f"reinstall it: pip install -U {self.pip_name}")
         return Check.passed()
+
+    def modules(self, p: Problem) -> tuple[str, ...]:
+        """The library's modules that ``p`` needs (imported on a real device by the toolchain check)."""
+        return (self.library,)
 
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
         return Rank.PEER

@@ -174,3 +174,38 @@ def test_conformance_negative_cases_pass_on_the_cpu(peers_installed, name):
     negatives = [r for r in rep.results if r.kind == "negative"]
     assert len(negatives) >= 8 and not rep.failures(), [(r.id, r.message) for r in rep.failures()]
     assert all(r.status == "passed" for r in negatives), [(r.id, r.status, r.message) for r in negatives]
+
+
+def _real_sm90():
+    """The sm90 profile as if probed from a real device (``profile`` None: the libraries are imported)."""
+    return linattn.capabilities.profile("sm90").model_copy(update={"profile": None})
+
+
+def test_on_a_real_device_a_library_that_does_not_import_is_a_toolchain_rejection(peers_installed, monkeypatch):
+    from linattn.backends import flashinfer as fi_backend
+
+    fails = lambda name: (None, "ImportError: no CuTe DSL") if name == "flashinfer.gdn_prefill" else (object(), "")
+    monkeypatch.setattr(peer, "import_library", fails)
+    monkeypatch.setattr(fi_backend, "import_library", fails)
+    v, d = _verdict(Problem(**PREFILL), "flashinfer", _real_sm90())
+    assert not v.ok and v.reason == Reason.TOOLCHAIN and "flashinfer.gdn_prefill" in v.message
+    assert "no CuTe DSL" in v.message and d.chosen not in (None, "flashinfer")
+    no_kernel = types.SimpleNamespace(chunk_gated_delta_rule_sm90=None)
+    monkeypatch.setattr(fi_backend, "import_library", lambda name: (no_kernel, ""))
+    monkeypatch.setattr(peer, "import_library", lambda name: (object(), ""))
+    v, _ = _verdict(Problem(**PREFILL), "flashinfer", _real_sm90())
+    assert not v.ok and v.reason == Reason.TOOLCHAIN and "chunk_gated_delta_rule_sm90" in v.message
+    assert _verdict(Problem(**DECODE), "flashinfer", _real_sm90())[0].ok  # decode needs no prefill kernel
+
+
+def test_on_a_real_device_fla_kda_is_rejected_where_fla_would_redirect_inner_kernels(peers_installed, monkeypatch):
+    active = types.SimpleNamespace(backend_type="tilelang")
+    backends = types.SimpleNamespace(_DISPATCH_DISABLED=False,
+                                     _load_operation_registry=lambda op: types.SimpleNamespace(get_active=lambda: active))
+    fake = lambda name: (backends if name == "fla.backends" else object(), "")
+    monkeypatch.setattr(peer, "import_library", fake)
+    monkeypatch.setattr(fla_backend, "import_library", fake)
+    v, d = _verdict(Problem(**{**PREFILL, "op": "kda_prefill"}), "fla", _real_sm90())
+    assert not v.ok and v.reason == Reason.TOOLCHAIN and "kda -> tilelang" in v.message
+    assert "FLA_DISABLE_BACKEND_DISPATCH" in v.hint and d.chosen not in (None, "fla")
+    assert _verdict(Problem(**PREFILL), "fla", _real_sm90())[0].ok  # GDN: the entry point is unwrapped
