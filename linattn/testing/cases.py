@@ -9,7 +9,8 @@ A backend declares its capabilities as data (``ops``, ``dtypes``, ``state_dtypes
   predicates accept when it limits them per op), GVA and plain heads, q/k/v sliced from a fused
   projection and strided gates, varlen prefill with zero-length and length-1 sequences and a
   tail chunk, decode with padding rows, speculative verify, intermediate states and
-  ``num_accepted_tokens``, strongly negative gates, mild gates after a gate at the floor (fp32,
+  ``num_accepted_tokens``, strongly negative gates, a real model's gates (``gates-model``,
+  :mod:`linattn.testing.gates`), mild gates after a gate at the floor (fp32,
   F28), ``T = 0``. Each is run through the public op with the backend forced
   and compared with the float64 reference at docs/ops.md's tolerances.
 - ``pool``: the pool rules on their own: a real request in slot 0 beside padding rows, a batch of
@@ -239,6 +240,9 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
     B.add(op, "accuracy", "mha", {**base, "h": base["hv"]}, "H == HV (no GVA)")
     B.add(op, "accuracy", "gates-strong", {**base, "gates": "strong"},
           "strongly negative gates (g = -20 per token) stay finite and match")
+    B.add(op, "accuracy", "gates-model", {**base, "gates": "model"},
+          "a real model's gates (Qwen3-Next / Kimi-Linear initialisation, linattn.testing.gates), every second "
+          "head a strong-decay head (KDA: channel blocks off stage 1's fast path) match")
     B.add(op, "accuracy", "strided-inputs", {**base, "strided": True},
           "q, k, v sliced from one fused projection, gates as strided views (F11): read through their strides")
     phase = OP_TABLE[op].phase

@@ -31,6 +31,7 @@ from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.verdict import NoBackendError, Reason
 
 from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, problem_of
+from .gates import DEFAULT_MODEL, model_gates
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 INDEX = {"int32": torch.int32, "int64": torch.int64}
@@ -216,6 +217,14 @@ def _reference(op: str):
     return getattr(torch_ref, f"{op}_ref")
 
 
+def _model_gates(case: Case, gen: torch.Generator, T: int, HV: int, K: int):
+    """A draw of the op family's default model (:data:`linattn.testing.gates.DEFAULT_MODEL`: Qwen3-Next
+    for GDN, Kimi-Linear for KDA), every second head a strong-decay head."""
+    family = OP_TABLE[case.op].family
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=gen))
+    return model_gates(DEFAULT_MODEL[family], T, hv=HV, k=K, seed=seed, strong_every=2)
+
+
 # -- prefill ---------------------------------------------------------------------------------------
 
 def _prefill_inputs(case: Case, s: dict, device):
@@ -237,6 +246,8 @@ def _prefill_inputs(case: Case, s: dict, device):
     else:
         g = -(torch.rand(gshape, generator=gen) * 0.5 + 0.01)
     beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05
+    if gates == "model":  # the family's real model (linattn.testing.gates), every second head a strong-decay head
+        g, beta = _model_gates(case, gen, T, HV, K).log_decay()
     if s.get("strided"):
         g, beta = _interleaved(g, beta)
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=INDEX[s["index_dtype"]])
@@ -310,6 +321,9 @@ def _decode_inputs(case: Case, s: dict, device):
     else:
         a, A_log, dt_bias = _randn(gen, *ashape), _randn(gen, HV) * 0.5, _randn(gen, *dshape) * 0.5
     b = _randn(gen, N, T, HV)
+    if s.get("gates") == "model":  # the raw gates of the family's real model (linattn.testing.gates)
+        mg = _model_gates(case, gen, N * T, HV, K)
+        a, b, A_log, dt_bias = mg.a.view(ashape), mg.b.view(N, T, HV), mg.A_log, mg.dt_bias
     a, b = a.to(dt), b.to(dt)
     if s.get("strided"):
         a, b = _interleaved(a, b)
