@@ -99,3 +99,32 @@ def test_flashinfer_prefill_equals_flashinfer_called_directly_on_the_pool():
                                      use_qk_l2norm_in_kernel=True, state_indices=slots, backend="flashinfer")
     assert torch.equal(o, o_fi) and torch.equal(mine, theirs)
     assert torch.equal(mine[[1, 3, 4, 6, 7]], pool[[1, 3, 4, 6, 7]])
+
+
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_fla_prefill_equals_fla_called_directly_with_the_gathered_state(layout):
+    _need("fla")
+    import inspect
+
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    own = inspect.unwrap(chunk_gated_delta_rule)  # FLA's Triton path, as the backend calls it
+    g = torch.Generator(device="cuda").manual_seed(2)
+    lens, H, HV, K, V, P = (300, 0, 129), 2, 8, 128, 64, 6
+    T = sum(lens)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)
+    q, k, v = r(T, H, K).bfloat16(), r(T, H, K).bfloat16(), r(T, HV, V).bfloat16()
+    gate = torch.nn.functional.logsigmoid(r(T, HV) + 3.0)
+    beta = torch.sigmoid(r(T, HV))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    slots = torch.tensor([4, 1, 0], device="cuda")
+    tile = (V, K) if layout == "vk" else (K, V)
+    pool = 0.1 * r(P, HV, *tile)
+    mine = pool.clone()
+    o = linattn.gdn_prefill(q, k, v, gate, beta, cu, state_pool=mine, state_indices=slots, state_layout=layout,
+                            backend="fla")
+    o_fla, ht = own(q[None], k[None], v[None], gate[None], beta[None], scale=K ** -0.5,
+                    initial_state=pool[slots], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                    state_v_first=layout == "vk", cu_seqlens=cu.long())
+    assert torch.equal(o, o_fla[0]) and torch.equal(mine[slots], ht)
+    assert torch.equal(mine[[2, 3, 5]], pool[[2, 3, 5]])
