@@ -27,6 +27,11 @@ The gate input ``a`` is the gate projection's output at initialisation: weights 
 hidden -> head_dim -> HV * K). ``beta = sigmoid(b)``, ``b ~ N(0, 1)``; OLMo-hybrid's
 ``allow_neg_eigval`` doubles it (beta in (0, 2)).
 
+These are initialisations, not trained checkpoints (whose ``A_log`` and ``dt_bias`` move; none is
+read here). They are far from the mild gates: Qwen3-Next's puts the median per-token log decay near
+-10 (``A ~ U(0.01, 16)`` times ``softplus(1 + a) ~ 1.3``), so most of its heads forget within a few
+tokens; Kimi-Linear's and GLM-5-Next's sit near -0.1 with a long tail.
+
 **Strong-decay heads.** At initialisation no KDA channel decays by ``e^-60`` over half a chunk
 (Kimi-Linear's steepest, ``A = 16`` and ``dt = 0.1``, decays by about 1.6 per token, 51 over 32
 tokens); trained models have such heads (fast-forgetting, local heads), and they are the ones the
