@@ -144,3 +144,16 @@ def test_bad_gate_arguments_are_refused_before_the_gating_runs(name, kwargs, exc
     args.update(kwargs)
     with pytest.raises(exc, match=needle):
         getattr(fla, name)(**args)
+
+
+def test_a_layer_parameter_works_under_no_grad_and_is_refused_with_grad_mode_on():
+    """A model's ``A_log`` is an ``nn.Parameter``: inference (no_grad) runs; with grad mode on the
+    gating refuses it as every linattn op refuses an input that requires grad (GradModeError)."""
+    q, k, v, graw, beta, _ = raw_inputs("kda", B=1, T=6)
+    A_log = torch.nn.Parameter(torch.zeros(2))
+    with pytest.raises(linattn.GradModeError, match="A_log requires grad"):
+        fla.chunk_kda(q, k, v, graw, beta, use_gate_in_kernel=True, A_log=A_log)
+    with torch.no_grad():
+        o, _ = fla.chunk_kda(q, k, v, graw, beta, use_gate_in_kernel=True, A_log=A_log)
+        o2, _ = fla.chunk_kda(q, k, v, gate_f64("kda", graw, A_log.detach(), None).float(), beta)
+    torch.testing.assert_close(o, o2, rtol=1e-5, atol=1e-6)
