@@ -32,8 +32,10 @@ cumulative gate in one fp32, which loses the mild decays after a gate at the flo
 bf16 pools; ``vk`` and ``kv``; K, V in {64, 128}; GVA; ``has_initial_state``; precomputed gates;
 strided pools (the gather and scatter read them through their strides). Inputs are handed over
 contiguous (``input_strides`` empty). Refused: autograd (inference only, as every backend here) and
-CUDA-graph capture (FLA's chunk path reads ``cu_seqlens`` back to the host, and the scatter's row
-mask syncs: reason ``capture``).
+prefill during CUDA-graph capture (FLA's chunk path reads ``cu_seqlens`` back to the host, and the
+scatter's row mask syncs: reason ``capture``). Decode never syncs (its pool writes redirect padding
+rows without a row mask, :func:`~linattn.backends.peer.write_rows`), so it runs in capture once an
+eager call has self-checked its shape class.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from linattn.dispatch.calls import DecodeCall, PrefillCall
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Reason
 
-from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_fresh_empty, zero_padded_tokens
+from .peer import (PeerBackend, gather_states, import_library, scatter_states, write_rows, zero_fresh_empty,
+                   zero_padded_tokens)
 
 #: FLA's public function per (family, phase), in the module that defines it
 FUNCTIONS = {("gdn", "prefill"): ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
@@ -146,8 +149,12 @@ class FLABackend(PeerBackend):
                             "(e.g. FLA_TILELANG=0)")
 
     def capture_refusal(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
-        return (f"{self.name} syncs with the host: FLA's chunk path reads cu_seqlens back (prepare_chunk_indices) "
-                "and the pool scatter around FLA's pool-less kernels builds a row mask")
+        """Prefill syncs (FLA's chunk path reads ``cu_seqlens`` back; the pool scatter builds a row
+        mask); decode does not (gather, FLA's recurrent kernel, :func:`~linattn.backends.peer.write_rows`)."""
+        if p.phase != "prefill":
+            return None
+        return (f"{self.name} prefill syncs with the host: FLA's chunk path reads cu_seqlens back "
+                "(prepare_chunk_indices) and the pool scatter around FLA's pool-less kernel builds a row mask")
 
     def translation(self, p: Problem) -> str:
         fn = FUNCTIONS[(p.family, p.phase)][1] if p.phase in ("prefill", "decode") else "?"
@@ -208,11 +215,10 @@ class FLABackend(PeerBackend):
         table = call.state_indices.dim() == 2
         kw = dict(scale=call.scale, output_final_state=True, use_qk_l2norm_in_kernel=call.use_qk_l2norm,
                   state_v_first=call.state_layout == "vk")
-        keep = torch.full_like(load, -1)
+        skip = torch.full_like(load, -1)
+        unless_pad = lambda rows: torch.where(pad, skip, rows.to(skip.dtype))  # noqa: E731
         if not table and call.intermediate_states is None:  # one call for all T tokens
             o, h = fn(call.q, call.k, call.v, g, beta, initial_state=h, **kw)
-            if not call.disable_state_update:
-                scatter_states(call.state_pool, torch.where(pad, keep, load), h)
         else:  # a state per token: one call per token
             outs = []
             for t in range(T):
@@ -220,13 +226,12 @@ class FLABackend(PeerBackend):
                             beta[:, t:t + 1], initial_state=h, **kw)
                 outs.append(o_t)
                 if call.intermediate_states is not None:
-                    rows = call.intermediate_state_indices
-                    scatter_states(call.intermediate_states[:, t], torch.where(pad, keep, rows.to(keep.dtype)), h)
+                    write_rows(call.intermediate_states[:, t], unless_pad(call.intermediate_state_indices), h)
                 if table and not call.disable_state_update:
-                    scatter_states(call.state_pool, torch.where(pad, keep, call.state_indices[:, t].to(keep.dtype)), h)
-            if not table and not call.disable_state_update:
-                scatter_states(call.state_pool, torch.where(pad, keep, load), h)
+                    write_rows(call.state_pool, unless_pad(call.state_indices[:, t]), h)
             o = torch.cat(outs, dim=1)
+        if not table and not call.disable_state_update:
+            write_rows(call.state_pool, unless_pad(load), h)
         return torch.where(pad.view(-1, 1, 1, 1), o.new_zeros(()), o)
 
 

@@ -41,8 +41,8 @@ from linattn.dispatch.verdict import Check, Rank, Reason
 
 from .base import Backend
 
-__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "zero_fresh_empty",
-           "zero_padded_tokens"]
+__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "write_rows",
+           "zero_fresh_empty", "zero_padded_tokens"]
 
 
 def installed(module: str) -> bool:
@@ -157,6 +157,31 @@ def scatter_states(pool: torch.Tensor, slots: torch.Tensor, states: torch.Tensor
     rows = (slots >= 0).nonzero().squeeze(1)
     if rows.numel():
         pool.index_copy_(0, slots.index_select(0, rows).long(), states.index_select(0, rows).to(pool.dtype))
+
+
+def write_rows(dst: torch.Tensor, targets: torch.Tensor, states: torch.Tensor) -> None:
+    """:func:`scatter_states` without a host sync (capture-safe): ``states[n]`` to
+    ``dst[targets[n]]`` for every non-negative target, rounded to ``dst``'s dtype.
+
+    A negative target's row is redirected to the first non-negative target with that row's own
+    value (two stores of identical bits), or, when every target is negative, to ``dst[0]`` with
+    ``dst[0]``'s own bits: no row changes but the targeted ones. Targets must be unique among the
+    non-negative ones (linattn's validation refuses a write race).
+
+    Args:
+        dst: ``[R, ...]`` (a pool, or one step of ``intermediate_states``), any strides.
+        targets: ``[N]`` int32/int64 rows; negative: not written.
+        states: ``[N, ...]`` the rows' new values (fp32).
+    """
+    if targets.numel() == 0 or dst.shape[0] == 0:
+        return
+    valid = targets >= 0
+    first = torch.argmax(valid.to(torch.int8)).view(1)  # the first valid row; 0 when there is none
+    some = valid.index_select(0, first)
+    new = states.to(dst.dtype)
+    rows = torch.where(valid, targets, torch.where(some, targets.index_select(0, first), 0)).long()
+    fill = torch.where(some.view(-1, *([1] * (new.dim() - 1))), new.index_select(0, first), dst[:1])
+    dst.index_copy_(0, rows, torch.where(valid.view(-1, *([1] * (new.dim() - 1))), new, fill))
 
 
 def zero_padded_tokens(o: torch.Tensor, cu_seqlens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:

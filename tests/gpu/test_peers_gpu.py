@@ -51,28 +51,32 @@ def _decode_args(N=64, H=2, HV=8, K=128, P=80, seed=0):
                 state_pool=0.1 * r(P, HV, K, K), state_indices=slots)
 
 
-def test_flashinfer_decode_replays_in_a_cuda_graph_like_eager():
-    _need("flashinfer")
+@pytest.mark.parametrize("name", ["fla", "flashinfer"])
+def test_peer_decode_replays_in_a_cuda_graph_like_eager(name):
+    _need(name)
     args = _decode_args()
     pool0 = args["state_pool"].clone()
     eager_pool = pool0.clone()
-    o_eager = linattn.gdn_decode(**{**args, "state_pool": eager_pool}, backend="flashinfer")  # compiles here
-    assert linattn.last_decision().chosen == "flashinfer"
+    o_eager = linattn.gdn_decode(**{**args, "state_pool": eager_pool}, backend=name)  # self-check, compile
+    assert linattn.last_decision().chosen == name
     args["state_pool"].copy_(pool0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        o_graph = linattn.gdn_decode(**args, backend="flashinfer", validate=False)
+        o_graph = linattn.gdn_decode(**args, backend=name, validate=False)
     args["state_pool"].copy_(pool0)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(o_graph, o_eager) and torch.equal(args["state_pool"], eager_pool)
     pad = (args["state_indices"] < 0).nonzero().squeeze(1)
     assert bool(o_eager[pad].eq(0).all())
+    untouched = torch.ones(pool0.shape[0], dtype=torch.bool, device="cuda")
+    untouched[args["state_indices"][args["state_indices"] >= 0].long()] = False
+    assert torch.equal(eager_pool[untouched], pool0[untouched])
 
 
-def test_fla_is_refused_in_capture_and_another_backend_is_chosen():
+def test_fla_prefill_is_refused_in_capture_and_another_backend_is_chosen():
     _need("fla")
-    d = linattn.explain(linattn.Problem(op="gdn_decode", n=64, t=1, h=2, hv=8, k=128, v=128), "cuda",
+    d = linattn.explain(linattn.Problem(op="gdn_prefill", n=2, t=512, h=2, hv=8, k=128, v=128), "cuda",
                         capturing=True)
     fla = next(v for v in d.verdicts if v.backend == "fla")
     assert not fla.ok and fla.reason == linattn.dispatch.Reason.CAPTURE and d.chosen not in (None, "fla")

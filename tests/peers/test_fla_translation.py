@@ -201,3 +201,21 @@ def test_dense_prefill_of_no_tokens_returns_a_copy_of_the_initial_state(fla_log)
                                          has_initial_state=None))
     _, ht = FLABackend().prefill(call)
     assert torch.equal(ht, h0) and ht.data_ptr() != h0.data_ptr() and not fla_log
+
+
+def test_write_rows_without_a_sync_writes_only_the_targeted_rows():
+    from linattn.backends.peer import write_rows
+
+    for dtype in (torch.float32, torch.bfloat16):
+        dst = torch.randn(5, 2, 3).to(dtype)
+        dst[0] = float("nan")  # an odd payload would show if slot 0 were rewritten through another dtype
+        dst.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)[0, 0, 0] += 1
+        before = dst.clone()
+        states = torch.randn(4, 2, 3)
+        write_rows(dst, torch.tensor([-1, 3, -2, 1]), states)
+        assert torch.equal(dst[3], states[1].to(dtype)) and torch.equal(dst[1], states[3].to(dtype))
+        same = [0, 2, 4]
+        assert torch.equal(dst[same].view(torch.uint8), before[same].view(torch.uint8))
+        dst2 = before.clone()
+        write_rows(dst2, torch.tensor([-1, -1]), states[:2])  # nothing valid: every row keeps its bits
+        assert torch.equal(dst2.view(torch.uint8), before.view(torch.uint8))
