@@ -100,10 +100,10 @@ def test_peers_reject_devices_they_do_not_run_on(peers_installed, device):
         assert not v.ok and Reason.DEVICE in [f.reason for f in v.reasons] and d.chosen != name, v
 
 
-def test_fla_rejects_fp32_prefill_and_undeclared_head_dims_but_runs_fp32_decode(peers_installed):
-    v, _ = _verdict(Problem(**{**PREFILL, "dtype": "float32"}), "fla")
-    assert not v.ok and v.reason == Reason.DTYPE and "F28" in v.message
-    assert _verdict(Problem(**{**DECODE, "dtype": "float32"}), "fla")[0].ok
+def test_fla_rejects_fp32_and_undeclared_head_dims_and_takes_every_decode_feature(peers_installed):
+    for shape in (PREFILL, DECODE):
+        v, _ = _verdict(Problem(**{**shape, "dtype": "float32"}), "fla")
+        assert not v.ok and v.reason == Reason.DTYPE
     v, _ = _verdict(Problem(**{**PREFILL, "k": 256, "v": 256}), "fla")
     assert not v.ok and v.reason == Reason.SHAPE
     assert _verdict(Problem(**{**DECODE, "t": 4, "num_accepted_tokens": True, "intermediate_states": True,
