@@ -73,8 +73,8 @@ def _prefill_call(family: str, dtype_name: str, K: int, V: int, group: int, mode
     ``variant``: one departure from the production call (``kv`` state layout, ``folded`` grid,
     ``sm120`` device (less shared memory: the unpipelined state kernel), ``i64`` index tensors,
     ``pool-bf16``, ``no-l2norm``, ``ext-state`` (a replacement state kernel, as the CuTe DSL
-    backend passes), ``fused`` (the fused GDN prefill, which the planner picks for bf16 where its grid
-    fills the SMs: two sequences at 32 value heads do not))."""
+    backend passes), ``fused`` (the fused prefill, which the planner picks for GDN's bf16 where its grid
+    fills the SMs: two sequences at 32 value heads do not; KDA's: prefill.FUSED_KDA_DEFAULT))."""
     import torch
 
     from linattn.capabilities import profile
@@ -182,7 +182,7 @@ def call_classes() -> Iterator[CallClass]:
     has_initial_state, dense with and without h0) at every GVA group class (GDN 1, 2, 4; KDA 1,
     2) and, one at a time, each other departure that selects other code (state layout, grid layout,
     a device with less shared memory, int64 index tensors, a bf16 pool, no l2norm, a replacement
-    state kernel) and GDN's bf16 fused prefill in every state mode. Decode: both gates at the pinned K = V = 128 (small and large batch class:
+    state kernel) and the bf16 fused prefill (GDN's, KDA's) in every state mode. Decode: both gates at the pinned K = V = 128 (small and large batch class:
     their two tile configs) plus K = V = 64 and 256, and the flag classes (precomputed gates,
     speculative decode, the rest). The SwiGLU clamp: its block classes with and without limit."""
     dtypes = ("bfloat16", "float16", "float32")
@@ -204,7 +204,7 @@ def call_classes() -> Iterator[CallClass]:
                 if variant == "ext-state" and dt != "bfloat16":
                     continue  # a replacement state kernel runs on the bf16 path only
                 yield _prefill_call(family, dt, 128, 128, main, "pool", variant)
-            if family == "gdn" and dt == "bfloat16":  # the fused prefill's shipped builds, every state mode
+            if dt == "bfloat16":  # the fused prefill's builds (GDN's shipped, KDA's opt-in), every state mode
                 for mode in ("pool", "pool+has_init", "dense", "dense+h0"):
                     yield _prefill_call(family, dt, 128, 128, main, mode, "fused")
     for gate in ("gdn", "kda"):

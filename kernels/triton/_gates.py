@@ -32,3 +32,16 @@ def cumsum2(x, axis: tl.constexpr):
     lo = tl.cumsum(x - coarse, axis=axis)
     G = hi + lo
     return G, (hi - G) + lo
+
+
+@triton.jit
+def cum_gates(gg, PREC: tl.constexpr):
+    """The chunk-local cumulative log decays of the gates ``gg`` (rows along axis 0): with
+    ``PREC == "ieee"`` (fp32 inputs) the two-float sum ``(G, Gl)`` of :func:`cumsum2`, so that
+    differences keep fp32 accuracy; else the plain prefix sum as ``G`` and ``Gl = G`` (not used)."""
+    if PREC == "ieee":
+        G, Gl = cumsum2(gg, 0)
+    else:
+        G = tl.cumsum(gg, axis=0)
+        Gl = G
+    return G, Gl

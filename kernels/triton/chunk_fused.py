@@ -64,10 +64,11 @@ FUSED_MAX_DIM = 128
 
 @dataclass(frozen=True)
 class FusedConfig:
-    """The fused GDN prefill's launch configuration (:func:`fused_config`): the fused kernel's value
+    """The fused prefill's launch configuration (:func:`fused_config`): the fused kernel's value
     columns per program ``block_v``, warps and pipelining stages; the prep kernel's warps,
-    persistent programs per SM, key columns per step ``prep_block_k`` and register cap per thread
-    ``prep_maxnreg`` (None: the compiler's choice)."""
+    persistent programs per SM, key columns per step ``prep_block_k`` (GDN's) and register cap per
+    thread ``prep_maxnreg`` (None: the compiler's choice); KDA's ``late_keys``
+    (:func:`.chunk_fused_kda.chunk_kda_fused_kernel`'s ``LATE_KD``)."""
 
     block_v: int
     num_warps: int
@@ -76,6 +77,7 @@ class FusedConfig:
     prep_ctas_per_sm: int
     prep_block_k: int = 64
     prep_maxnreg: Optional[int] = None
+    late_keys: bool = False
 
 
 @triton.jit
@@ -102,6 +104,83 @@ def _chunk_scale(sq):
     the exponent bits (exact)."""
     c = tl.min(sq, axis=0)
     return c, ((254 - ((c.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def store_tmb(sT, tmb, row, b, r, m, HV):
+    """Store ``Tm diag(beta)`` of one chunk from the solve's scratch ``sT`` (lower block triangle;
+    :func:`.chunk_intra._solve`) to ``tmb``'s rows ``row + r * HV * 64`` (``[T, HV, 64]``; rows past
+    the chunk, ``m`` False, not written)."""
+    tmf = tl.load(sT + r[:, None] * 64 + r[None, :], mask=(r[:, None] // 16) >= (r[None, :] // 16), other=0.0)
+    tl.store(tmb + row + r[:, None] * (HV * 64) + r[None, :], (tmf * b[None, :]).to(tmb.dtype.element_ty),
+             mask=m[:, None])
+
+
+@triton.jit
+def walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h, s0_k, s0_v, GROUP, HV, K: tl.constexpr,
+               BV: tl.constexpr, LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr,
+               AX_BLK: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr):
+    """A fused kernel's work item and entering state: ``(i_h, i_hv, v0, bos, eos, nc, S, slot, live)``
+    (key head, value head, first value column, the sequence's token bounds and chunk count) with
+    ``S [K, BV]`` fp32 the state entering sequence ``i_n`` (value columns ``v0 .. v0 + BV``):
+    in pool mode from row ``slot = state_indices[i_n]`` (zeros, the row not read, where the slot is
+    padding or ``has_init`` says so: :func:`.chunk_state.pool_slot`), else ``h0[i_n]`` (``HAS_H0``)
+    or zeros, ``slot = i_n`` and ``live`` True. Strides ``(slot, head, k, v)`` in elements."""
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    i_h = i_hv // GROUP
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    nc = (eos - bos + 63) // 64
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    v0 = i_v * BV
+    all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0`: bool masks for the interpreter (chunk_state)
+    if POOL:
+        slot, live, carry = pool_slot(state_indices, has_init, i_n, HAS_INIT)
+        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
+                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
+    else:
+        slot = i_n
+        live = True
+        if HAS_H0:
+            S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)
+                        ).to(tl.float32)
+        else:
+            S = tl.zeros([K, BV], dtype=tl.float32)
+    return i_h, i_hv, v0, bos, eos, nc, S, slot, live
+
+
+@triton.jit
+def walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K: tl.constexpr, BV: tl.constexpr,
+             POOL: tl.constexpr):
+    """Store a fused kernel's final state ``S [K, BV]`` to the row :func:`walk_start` read (pool
+    mode: not for a padding slot) or to ``ht[slot]`` (dense)."""
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    if POOL:  # same row as the load
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty), mask=((kk[:, None] >= 0) & live) != 0)
+    else:
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
+                 S.to(ht.dtype.element_ty))
+
+
+@triton.jit
+def chunk_tiles(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt, svh, HV, K: tl.constexpr,
+                BV: tl.constexpr):
+    """One chunk's tiles for a fused kernel (rows past the sequence, ``m`` False, zeros): keys and
+    queries ``[64, K]`` of key head ``i_h``, values ``[64, BV]`` (columns ``v0 ..``) of value head
+    ``i_hv``, and the prep kernel's ``Tm diag(beta)`` and ``Aqk`` ``[64, 64]``, as stored."""
+    r = tl.arange(0, 64)
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    row = (t0 * HV + i_hv) * 64
+    kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
+    qt = tl.load(q + t0 * sqt + i_h * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
+    vt = tl.load(v + t0 * svt + i_hv * svh + v0 + (r[:, None] * svt + cv[None, :]), mask=m[:, None], other=0.0)
+    tm = tl.load(tmb + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
+    A = tl.load(aqk + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
+    return kt, qt, vt, tm, A
 
 
 @triton.jit
@@ -150,10 +229,8 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         tl.debug_barrier()
         _solve(sA, sT, NEUMANN, DPREC, IPREC)
         tl.debug_barrier()
-        tmf = tl.load(sT + r[:, None] * 64 + r[None, :], mask=(r[:, None] // 16) >= (r[None, :] // 16), other=0.0)
         row = (t0 * HV + i_hv) * 64
-        tl.store(tmb + row + r[:, None] * (HV * 64) + r[None, :], (tmf * b[None, :]).to(tmb.dtype.element_ty),
-                 mask=m[:, None])
+        store_tmb(sT, tmb, row, b, r, m, HV)
         qsv = uq * scale  # = rq scale where sq = 1 (every row below 2**32): the same bits
         aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * (uq * scale)[:, None]
         tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
@@ -201,28 +278,11 @@ def chunk_gdn_fused_kernel(
     ``o [T, HV, V]``. ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
     negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
     state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
-    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
-    i_h = i_hv // GROUP
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    nc = (eos - bos + 63) // 64
-    kk = tl.arange(0, K)
+    i_h, i_hv, v0, bos, eos, nc, S, slot, live = walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h,
+                                                            s0_k, s0_v, GROUP, HV, K, BV, LAYOUT, AX_SEQ, AX_HEAD,
+                                                            AX_BLK, POOL, HAS_H0, HAS_INIT)
     cv = tl.arange(0, BV)
-    v0 = i_v * BV
     r = tl.arange(0, 64)
-    all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0`: bool masks for the interpreter (chunk_state)
-    if POOL:
-        slot, live, carry = pool_slot(state_indices, has_init, i_n, HAS_INIT)
-        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
-                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
-    elif HAS_H0:
-        S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
-    if POOL:
-        keep_o = live
-    else:
-        keep_o = True
     for t in range(nc):
         t0 = bos + t * 64  # int64 scalar bases; in-chunk offsets are int32
         m = r < eos - t0
@@ -233,12 +293,8 @@ def chunk_gdn_fused_kernel(
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         qsv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2, mask=m, other=0.0)
         sqv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, mask=m, other=1.0)
-        row = (t0 * HV + i_hv) * 64
-        kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
-        qt = tl.load(q + t0 * sqt + i_h * sqh + (r[:, None] * sqt + kk[None, :]), mask=m[:, None], other=0.0)
-        vt = tl.load(v + t0 * svt + i_hv * svh + v0 + (r[:, None] * svt + cv[None, :]), mask=m[:, None], other=0.0)
-        tm = tl.load(tmb + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
-        A = tl.load(aqk + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
+        kt, qt, vt, tm, A = chunk_tiles(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt, svh, HV,
+                                        K, BV)
         kf = kt.to(tl.float32)
         # F44: the state operand times c = the chunk's smallest query scale sq (1 unless a query row
         # of the chunk reaches 2**32), so that q . (c S) cannot overflow; ic = 1 / c exactly
@@ -249,34 +305,39 @@ def chunk_gdn_fused_kernel(
         acc = tl.dot(qt.to(DT), Sd, input_precision=PREC) * ((qsv * eg) * (sqv * ic))[:, None]  # rq = uq sq
         acc = tl.dot(A.to(DT), vd, acc=acc, input_precision=PREC)
         tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[:, None] * (HV * V) + cv[None, :]),
-                 tl.where(keep_o, acc, 0.0).to(o.dtype.element_ty), mask=m[:, None])
+                 tl.where(live, acc, 0.0).to(o.dtype.element_ty), mask=m[:, None])
         S = tl.dot(tl.trans((kf * (rkv * esuf)[:, None]).to(DT)), vd, acc=S * egl, input_precision=PREC)
-    if POOL:  # same row as the load
-        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty), mask=(all_k & live) != 0)
-    else:
-        tl.store(ht + i_n * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty))
+    walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K, BV, POOL)
 
 
-def fused_config(K: int, V: int, dtype) -> FusedConfig:
-    """The fused prefill's pinned configuration for head dims ``K, V`` and the q/k/v ``dtype``
-    (H200 sweep: docs/performance.md#prefill-fused). bf16: ``BV = 64`` at 4 warps, 2 stages (BV 32
-    or 128, 8 warps, 3 stages measured slower); the prep kernel at 32 key columns per step (3-5%
-    faster than 64; a register cap of 128 or 168 slower); fp32 operand tiles (fp16/fp32 inputs,
-    not measured) at ``BV = 32``."""
+def fused_config(K: int, V: int, dtype, family: str = "gdn") -> FusedConfig:
+    """The fused prefill's pinned configuration for head dims ``K, V``, the q/k/v ``dtype`` and the
+    ``family`` (H200 sweep: docs/performance.md#prefill-fused). GDN bf16: ``BV = 64`` at 4 warps, 2
+    stages (BV 32 or 128, 8 warps, 3 stages measured slower); the prep kernel at 32 key columns per
+    step (3-5% faster than 64; a register cap of 128 or 168 slower); fp32 operand tiles (fp16/fp32
+    inputs, not measured) at ``BV = 32``. KDA (not yet measured on the H200): 8 warps, unpipelined,
+    the decayed keys formed late (``late_keys``), the sm_90 build that spills least at K = 128 (24 B
+    of stack; 256 without ``late_keys``, 1,416 at GDN's 4 warps and 2 stages: its loop holds the
+    ``[64, K]`` gates and their decayed operands besides the state); fp32
+    operand tiles (fp16/fp32 inputs) at ``BV = 32``, 4 warps, unpipelined (no spill on gfx942 / gfx950,
+    where 8 warps or 2 stages spill); its prep's channel blocks are the pipeline's (``prep_block_k``
+    unused)."""
     import torch
 
     bf16 = dtype == torch.bfloat16
+    if family == "kda":
+        return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=8 if bf16 else 4, num_stages=1,
+                           prep_warps=4, prep_ctas_per_sm=4, prep_block_k=32, late_keys=True)
     return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=4, num_stages=2, prep_warps=4,
                        prep_ctas_per_sm=4, prep_block_k=32)
 
 
 def fused_refusal(family: str, K: int, V: int, dtype, *, replaced_state: bool, forced_segments: bool) -> str:
-    """Why the fused prefill cannot run a call ('' where it can): GDN only, ``K, V <=``
-    :data:`FUSED_MAX_DIM`, no replacement state kernel, no forced segment-parallel pass."""
-    if family != "gdn":
-        return "the fused prefill is GDN's (KDA's per-channel decays: not built yet)"
+    """Why the fused prefill cannot run a call ('' where it can): GDN or KDA
+    (:mod:`.chunk_fused_kda`), ``K, V <=`` :data:`FUSED_MAX_DIM`, no replacement state kernel, no
+    forced segment-parallel pass."""
+    if family not in ("gdn", "kda"):
+        return f"the fused prefill is GDN's and KDA's; got family {family!r}"
     if K > FUSED_MAX_DIM or V > FUSED_MAX_DIM:
         return (f"the fused prefill holds the [K, block_v] fp32 state in registers: K, V <= {FUSED_MAX_DIM}; "
                 f"got K = {K}, V = {V}")
@@ -287,31 +348,36 @@ def fused_refusal(family: str, K: int, V: int, dtype, *, replaced_state: bool, f
     return ""
 
 
-def launch_fused_prep(launch, *, q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
-                      N: int, group: int, HV: int, items: int, scale: float, K: int, l2norm: bool, DT, PREC: str,
-                      solve, cfg: FusedConfig) -> None:
-    """Launch :func:`chunk_gdn_fused_prep_kernel` on ``scratch.shape[0]`` persistent programs
-    (``launch``: :func:`.launch.launch`; ``solve``: the pipeline's :class:`.prefill.SolveConfig`)."""
-    launch(chunk_gdn_fused_prep_kernel, (scratch.shape[0],),
+def launch_fused_prep(launch, kernel, *, q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs,
+                      scratch, N: int, group: int, HV: int, items: int, scale: float, K: int, l2norm: bool,
+                      PREC: str, solve, cfg: FusedConfig, **family) -> None:
+    """Launch a fused prep kernel (:func:`chunk_gdn_fused_prep_kernel`, or
+    :func:`.chunk_fused_kda.chunk_kda_fused_prep_kernel` with KDA's channel-block options) on
+    ``scratch.shape[0]`` persistent programs (``launch``: :func:`.launch.launch`; ``solve``: the
+    pipeline's :class:`.prefill.SolveConfig`; ``family``: the kernel's own constexprs, ``BK`` among
+    them)."""
+    launch(kernel, (scratch.shape[0],),
            (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
             *q.stride()[:2], *k.stride()[:2], *g.stride()[:2], *beta.stride()[:2], N, group, HV, items,
             float(scale)),
-           dict(K=K, BK=min(K, cfg.prep_block_k), L2NORM=l2norm, DT=DT, PREC=PREC, NEUMANN=solve.neumann,
-                DPREC=solve.diag_precision, IPREC=solve.below_precision,
+           dict(K=K, L2NORM=l2norm, PREC=PREC, NEUMANN=solve.neumann, DPREC=solve.diag_precision,
+                IPREC=solve.below_precision, **family,
                 **({} if cfg.prep_maxnreg is None else {"maxnreg": cfg.prep_maxnreg})),
            num_warps=cfg.prep_warps, num_stages=1)
 
 
-def launch_fused(launch, grid, *, q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
-                 s0: tuple, st: tuple, group: int, HV: int, K: int, V: int, pool: bool, has_h0: bool,
-                 has_init_flags: bool, DT, PREC: str, cfg: FusedConfig) -> None:
-    """Launch :func:`chunk_gdn_fused_kernel` on ``grid`` (a :class:`linattn.kernels.grid.GridPlan` of
-    ``N x HV x V // cfg.block_v``); ``s0``, ``st``: the ``(slot, head, k, v)`` strides of ``h0`` and ``ht``."""
+def launch_fused(launch, kernel, grid, *, q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0,
+                 ht, s0: tuple, st: tuple, group: int, HV: int, K: int, V: int, pool: bool, has_h0: bool,
+                 has_init_flags: bool, DT, PREC: str, cfg: FusedConfig, **family) -> None:
+    """Launch a fused kernel (:func:`chunk_gdn_fused_kernel` or
+    :func:`.chunk_fused_kda.chunk_kda_fused_kernel`: the same parameters) on ``grid`` (a
+    :class:`linattn.kernels.grid.GridPlan` of ``N x HV x V // cfg.block_v``); ``s0``, ``st``: the
+    ``(slot, head, k, v)`` strides of ``h0`` and ``ht``; ``family``: the kernel's own constexprs."""
     if grid.empty:
         return
-    launch(chunk_gdn_fused_kernel, grid.grid,
+    launch(kernel, grid.grid,
            (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
             *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *s0, *st, group, HV),
            dict(K=K, V=V, BV=cfg.block_v, **grid.constexprs, POOL=pool, HAS_H0=has_h0, HAS_INIT=has_init_flags,
-                DT=DT, PREC=PREC),
+                DT=DT, PREC=PREC, **family),
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)

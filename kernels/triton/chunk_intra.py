@@ -195,6 +195,52 @@ def _kda_level(kn, qn, G, Gl, gscr, r, p, BK: tl.constexpr, PREC: tl.constexpr, 
 
 
 @triton.jit
+def kda_block_products(A, kn, qn, G, Gl, g_tot, gscr, r, d, lower, BK: tl.constexpr, PREC: tl.constexpr,
+                       OP: tl.constexpr, SPAN: tl.constexpr):
+    """``A`` plus one channel block's share of ``A / beta`` (below the diagonal) and ``Aqk``
+    transposed (above it), from the block's normalised keys ``kn`` and scaled queries ``qn``
+    (``[64, BK]`` fp32) and cumulative gates ``G`` (``Gl``: the two-float low part with
+    ``PREC == "ieee"``) whose column sums are ``g_tot``: the fast path through row 31 where
+    ``|G_r - G_31| <= SPAN`` holds for the block, else the six levels (:func:`_kda_level`), with ``G``
+    through the scratch ``gscr`` (``[64, 64]`` fp32) between CTA barriers
+    (:func:`chunk_kda_system_kernel` says why both are exact)."""
+    g_mid = tl.sum(tl.where((r == 31)[:, None], G, 0.0), axis=0)  # G at row 31, exactly
+    if tl.min(tl.minimum(g_mid, g_tot - g_mid), axis=0) >= -SPAN:
+        if PREC == "ieee":
+            gl_mid = tl.sum(tl.where((r == 31)[:, None], Gl, 0.0), axis=0)
+            dm = (G - g_mid[None, :]) + (Gl - gl_mid[None, :])
+            c = (kn * tl.exp(-dm)).to(OP)
+            ef = tl.exp(dm)
+        else:
+            c = (kn * tl.exp(g_mid[None, :] - G)).to(OP)
+            ef = tl.exp(G - g_mid[None, :])
+        t1 = tl.dot((kn * ef).to(OP), tl.trans(c), input_precision=PREC)
+        t2 = tl.dot(c, tl.trans((qn * ef).to(OP)), input_precision=PREC)
+        A += tl.where(lower, t1, t2)
+    else:
+        tl.store(gscr + r[:, None] * BK + d[None, :], G)
+        if PREC == "ieee":
+            tl.static_assert(2 * BK <= 64, "the scratch (64 x 64 fp32) holds G and Gl for BK <= 32")
+            tl.store(gscr + 64 * BK + r[:, None] * BK + d[None, :], Gl)
+        tl.debug_barrier()
+        for p in range(6):
+            A += _kda_level(kn, qn, G, Gl, gscr, r, p, BK, PREC, OP)
+        tl.debug_barrier()  # every read of this block's G is done before the next one lands
+    return A
+
+
+@triton.jit
+def kda_store_system(A, dqk, b, sA, aqk, row, r, m, lower, HV):
+    """Store the accumulated ``A / beta`` times ``beta`` (strictly lower, zeros elsewhere) to the
+    ``[64, 64]`` fp32 ``sA`` and ``Aqk`` (transposed above the diagonal of ``A``, ``dqk`` on it)
+    to ``aqk``'s rows ``row + r * HV`` (``[T, HV, 64]``; rows past the chunk not written)."""
+    tl.store(sA + r[:, None] * 64 + r[None, :], tl.where(lower, A * b[:, None], 0.0))
+    # Aqk[j, i] = A[i, j] above the diagonal: element (i, j) goes to aqk's row j, column i
+    Qt = tl.where(r[:, None] < r[None, :], A, tl.where(r[:, None] == r[None, :], dqk[:, None], 0.0))
+    tl.store(aqk + row * 64 + r[None, :] * (HV * 64) + r[:, None], Qt.to(aqk.dtype.element_ty), mask=m[None, :])
+
+
+@triton.jit
 def chunk_kda_system_kernel(
     q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, abuf, rk, aqk, x, kd, qg, gl,
     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
@@ -278,6 +324,9 @@ def chunk_kda_system_kernel(
         _st(qg + row * K, r, m, HV * K, col0, qn * eg, BK)
         tl.store(gl + (i_c.to(tl.int64) * HV + i_hv) * K + col0 + d, g_tot)
         dqk += tl.sum(qn * kn, axis=1)
+        # this block and the stores after the loop are kda_block_products and kda_store_system (the fused
+        # prep's), written out here: calling them (or cum_gates above) moves this kernel's fp16 and fp32
+        # sm_90 builds (13 of the KDA builds digested; bf16's keep theirs), not measurable this session
         g_mid = tl.sum(tl.where((r == 31)[:, None], G, 0.0), axis=0)  # G at row 31, exactly
         if tl.min(tl.minimum(g_mid, g_tot - g_mid), axis=0) >= -SPAN:
             if PREC == "ieee":

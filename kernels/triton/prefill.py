@@ -71,7 +71,9 @@ import triton.language as tl
 from linattn.capabilities import DeviceCapabilities, interpreter_enabled, probe
 from linattn.kernels.grid import GridPlan, plan_grid
 
-from .chunk_fused import FusedConfig, fused_config, fused_refusal, launch_fused, launch_fused_prep
+from .chunk_fused import (FusedConfig, chunk_gdn_fused_kernel, chunk_gdn_fused_prep_kernel, fused_config,
+                          fused_refusal, launch_fused, launch_fused_prep)
+from .chunk_fused_kda import chunk_kda_fused_kernel, chunk_kda_fused_prep_kernel
 from .chunk_intra import KDA_FAST_SPAN, chunk_intra_kernel, chunk_kda_system_kernel
 from .chunk_output import chunk_output_grouped_kernel, chunk_output_kernel
 from .chunk_state import chunk_gdn_gates_kernel, chunk_segment_combine_kernel, chunk_state_kernel
@@ -455,7 +457,7 @@ class PrefillPlan:
     #: why the planner chose ``segment_chunks`` (``explain`` shows it)
     segment_reason: str = ""
     segment_grids: Optional["SegmentGrids"] = None
-    #: the fused GDN prefill (:mod:`.chunk_fused`) runs in place of stages 1-4 (None: the pipeline)
+    #: the fused prefill (:mod:`.chunk_fused`; KDA: :mod:`.chunk_fused_kda`) runs in place of the stages (None: the pipeline)
     fused: Optional[FusedConfig] = None
     #: why the planner chose the fused prefill or the pipeline (``explain`` shows it)
     fused_reason: str = ""
@@ -587,7 +589,7 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     given), never values: no device sync. Arguments as :func:`chunk_prefill`'s; ``config``
     overrides the pinned configuration (:func:`prefill_config`); ``segment_chunks`` the planner's
     choice of the segment-parallel state pass (:func:`plan_segments`; tests and sweeps); ``fused``
-    the planner's choice of the fused GDN prefill (:func:`plan_fused`: None the planner's, True
+    the planner's choice of the fused prefill (:func:`plan_fused`: None the planner's, True
     forced (a ``ValueError`` where it cannot run), False off) and ``fused_cfg`` its configuration.
     Returns:
         A frozen :class:`PrefillPlan`.
@@ -698,10 +700,15 @@ def plan_segments(*, N: int, HV: int, K: int, V: int, nt_max: int, block_v: int,
                f"(at most {nt_max // L + N}), aiming at {SEGMENT_PROGRAMS_PER_SM} rerun programs per SM")
 
 
-#: the fused GDN prefill runs where its grid (``N x HV x V // block_v`` programs, one per sequence,
+#: the fused prefill (GDN; KDA with FUSED_KDA_DEFAULT) runs where its grid (``N x HV x V // block_v`` programs, one per sequence,
 #: value head and value block) holds at least this many programs per SM; below it the pipeline is
 #: kept (its segment-parallel state pass, where planned, fills the device better; docs/performance.md#prefill-fused)
 FUSED_MIN_PROGRAMS_PER_SM = 1.0
+#: the fused KDA prefill (:mod:`.chunk_fused_kda`) is the planner's choice under GDN's rule (bf16 on NVIDIA
+#: CUDA, the grid filling the SMs: :func:`plan_fused`) only while this is True; off until it is measured
+#: against KDA's pipeline on the H200 (``benchmarks/prefill_fused.py``, docs/performance.md#prefill-fused).
+#: Off, it runs only where forced (``fused=True``)
+FUSED_KDA_DEFAULT = False
 #: the fused kernel runs software-pipelined (2 stages) where a block has this much shared memory (LDS): its
 #: fp32-operand builds take 72.25 KiB pipelined on gfx942 / gfx950 (tests/contract/test_compile_amd.py),
 #: so on MI300X (64 KiB) it runs unpipelined; NVIDIA's profiles all hold it
@@ -711,7 +718,9 @@ FUSED_PIPELINED_SMEM = 74 * 1024
 def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities,
                cfg: FusedConfig, replaced_state: bool = False, forced_segments: bool = False,
                forced: Optional[bool] = None) -> tuple[bool, str]:
-    """Whether the fused GDN prefill (:mod:`.chunk_fused`) runs a call, from host-known facts only.
+    """Whether the fused prefill (:mod:`.chunk_fused`, KDA's :mod:`.chunk_fused_kda`) runs a call, from
+    host-known facts only: where it can run (:func:`.chunk_fused.fused_refusal`), bf16 on NVIDIA CUDA
+    with the grid filling the SMs; KDA only while :data:`FUSED_KDA_DEFAULT` is set.
 
     Args:
         family, N, HV, K, V, dtype: the call's. caps: the device (its SM count). cfg: the fused
@@ -735,6 +744,9 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
         return bool(forced), "forced " + ("on" if forced else "off")
     if why:
         return False, why
+    if family == "kda" and not FUSED_KDA_DEFAULT:
+        return False, ("the fused KDA prefill is not the default until it is measured faster than KDA's pipeline "
+                       "on the H200 (prefill.FUSED_KDA_DEFAULT; fused=True forces it)")
     if caps.device_type != "cuda" or caps.vendor != "nvidia" or dtype != torch.bfloat16:
         where = caps.device_type if caps.device_type != "cuda" else f"{caps.vendor} {caps.arch}"
         return False, (f"the fused prefill is chosen where it was measured faster: bf16 on CUDA (H200); here "
@@ -755,7 +767,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     if plan.empty:
         return plan
     if cfg is None:
-        cfg = fused_config(plan.K, plan.V, plan.dtype)
+        cfg = fused_config(plan.K, plan.V, plan.dtype, plan.family)
         if caps.device_type != "cpu" and caps.shared_memory_per_block < FUSED_PIPELINED_SMEM:
             cfg = dataclasses.replace(cfg, num_stages=1)  # MI300X's 64 KiB (issue 31)
     on, why = plan_fused(family=plan.family, N=plan.N, HV=plan.HV, K=plan.K, V=plan.V, dtype=plan.dtype, caps=caps,
@@ -768,7 +780,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
                                             "final_dtype")}
     specs = _output_specs(facts) + (
-        BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV, 2), f32),
+        BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV) if plan.kda else (T, HV, 2), f32),
         BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
         BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
@@ -1171,8 +1183,7 @@ def launch_intra(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: Prefill
                 (x.q, x.k, x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.kda_a, b.rk, b.kda_aqk, b.w,
                  b.kda_kd, b.kda_qg, b.kda_gl, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],
                  *x.beta.stride()[:2], plan.N, plan.group, HV, float(scale)),
-                dict(common, BK=s.block_k, OP=plan.DT if s.bf16_operands else tl.float32,
-                     SPAN=KDA_FAST_SPAN if s.fast_path else float("-inf")), s.launch)
+                dict(common, **kda_system_constexprs(plan)), s.launch)
     solve = cfg.intra.solve
     _launch(chunk_intra_kernel, plan.grids.intra,
             (x.k, x.v, None if kda else x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.w, b.u,
@@ -1182,6 +1193,15 @@ def launch_intra(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: Prefill
             dict(common, V=plan.V, BK=cfg.intra.block, BV=cfg.intra.block, KDA=kda, NEUMANN=solve.neumann,
                  DPREC=solve.diag_precision, IPREC=solve.below_precision, TMOUT=plan.stages.state_u),
             plan.intra_launch)
+
+
+def kda_system_constexprs(plan: PrefillPlan) -> dict:
+    """KDA's channel-block constexprs (:class:`KdaSystemConfig`: ``BK``, the operand dtype ``OP``, the
+    fast path's ``SPAN``, ``-inf`` when off) for :func:`.chunk_intra.chunk_kda_system_kernel` and the
+    fused prep (:func:`.chunk_fused_kda.chunk_kda_fused_prep_kernel`)."""
+    s = plan.config.kda_system
+    return dict(BK=s.block_k, OP=plan.DT if s.bf16_operands else tl.float32,
+                SPAN=KDA_FAST_SPAN if s.fast_path else float("-inf"))
 
 
 def launch_gates(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers) -> None:
@@ -1306,22 +1326,28 @@ def launch_segmented_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, 
 
 def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
                         scale: float) -> None:
-    """The fused GDN prefill (:mod:`.chunk_fused`) in place of stages 1-4: the prep kernel (``Tm
-    diag(beta)``, ``Aqk``, the norms; persistent grid) and the fused kernel (state on chip; ``h0``
-    and the final state in place, as the state stage)."""
+    """The fused prefill (:mod:`.chunk_fused`; KDA: :mod:`.chunk_fused_kda`) in place of the pipeline's
+    stages: the prep kernel (``Tm diag(beta)``, ``Aqk``, the norms; persistent grid) and the fused
+    kernel (state on chip; ``h0`` and the final state in place, as the state stage)."""
     cfg = plan.fused
-    launch_fused_prep(_launch_plain, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
+    if plan.kda:  # the pipeline's channel blocks, operands and fast path (chunk_kda_system_kernel's)
+        prep, fused = chunk_kda_fused_prep_kernel, chunk_kda_fused_kernel
+        family, walk = kda_system_constexprs(plan), dict(LATE_KD=cfg.late_keys)
+    else:
+        prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
+        family, walk = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT), {}
+    launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
                       chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
                       rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
-                      items=plan.nt_max * plan.HV, scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm, DT=plan.DT,
-                      PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg)
+                      items=plan.nt_max * plan.HV, scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
+                      PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
     s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
-    launch_fused(_launch_plain, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk,
-                 rk=b.rk, qs=b.fused_qs, o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
-                 has_init=st.has_initial_state, h0=st.h0, ht=st.ht, s0=s0,
+    launch_fused(_launch_plain, fused, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb,
+                 aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs, o=b.o, cu_seqlens=x.cu_seqlens,
+                 state_indices=st.state_indices, has_init=st.has_initial_state, h0=st.h0, ht=st.ht, s0=s0,
                  st=_state_strides(st.ht, plan.state_layout), group=plan.group, HV=plan.HV, K=plan.K, V=plan.V,
                  pool=plan.pool_mode, has_h0=plan.has_h0, has_init_flags=plan.has_init_flags, DT=plan.DT,
-                 PREC=plan.PREC, cfg=cfg)
+                 PREC=plan.PREC, cfg=cfg, **walk)
 
 
 def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):
@@ -1399,7 +1425,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
             harmless) and the final state is stored as usual. No extra launch.
         segment_chunks: the segment-parallel state pass (:func:`plan_segments`): None the
             planner's choice, 0 off, ``L >= 1`` segments of ``L`` chunks (tests, sweeps).
-        fused: the fused GDN prefill (:func:`plan_fused`): None the planner's choice, True forced
+        fused: the fused prefill (GDN, KDA) (:func:`plan_fused`): None the planner's choice, True forced
             on, False off (tests, sweeps).
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor

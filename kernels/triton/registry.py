@@ -109,6 +109,15 @@ KERNELS: tuple[KernelEntry, ...] = (
                "contract cases (launch={'fused': True})"),
     ),
     KernelEntry(
+        name="kda_prefill_fused", op="kda_prefill", layouts=("split", "folded"),
+        kernel=f"{KERNEL_PACKAGE}.chunk_fused_kda:chunk_kda_fused_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        notes=("the fused KDA prefill (issue 27 step 2): as gdn_prefill_fused, with the per-channel decays "
+               "formed from the raw gates in the loop; in place of the system, intra and state stages where "
+               "prefill.plan_fused chooses it (prefill.FUSED_KDA_DEFAULT); run by the fused contract cases "
+               "(launch={'fused': True})"),
+    ),
+    KernelEntry(
         name="prefill_segment_combine", op="gdn_prefill", layouts=("split", "folded"),
         kernel=f"{KERNEL_PACKAGE}.chunk_state:chunk_segment_combine_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
@@ -158,6 +167,17 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "so no axis carries N * HV and there is nothing to plan; items past the real chunk "
                        "count do nothing"),
         notes="the fused GDN prefill's state-independent part: Tm diag(beta), Aqk and the norms (O(C^2) per chunk)",
+    ),
+    KernelEntry(
+        name="chunk_kda_fused_prep", op="kda_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.chunk_fused_kda:chunk_kda_fused_prep_kernel",
+        launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
+        why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c: FusedConfig.prep_ctas_per_sm), "
+                       "each program looping over the (chunk, value head) items p, p + P, ... as chunk_intra, "
+                       "so no axis carries N * HV and there is nothing to plan; items past the real chunk "
+                       "count do nothing"),
+        notes=("the fused KDA prefill's state-independent part: Tm diag(beta), Aqk (chunk_kda_system's "
+               "channel-block products, fast or level path) and the norms (O(C^2) per chunk)"),
     ),
     KernelEntry(
         name="chunk_kda_system", op="kda_prefill", layouts=(),
@@ -250,6 +270,14 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_fused:_rnorm",
     f"{KERNEL_PACKAGE}.chunk_fused:_chunk_scale",
     f"{KERNEL_PACKAGE}.chunk_fused:_prep_chunk",
+    f"{KERNEL_PACKAGE}.chunk_fused:store_tmb",
+    f"{KERNEL_PACKAGE}.chunk_fused:walk_start",
+    f"{KERNEL_PACKAGE}.chunk_fused:walk_end",
+    f"{KERNEL_PACKAGE}.chunk_fused:chunk_tiles",
+    f"{KERNEL_PACKAGE}.chunk_fused_kda:_kda_prep_chunk",
+    f"{KERNEL_PACKAGE}.chunk_intra:kda_block_products",
+    f"{KERNEL_PACKAGE}.chunk_intra:kda_store_system",
+    f"{KERNEL_PACKAGE}._gates:cum_gates",
     f"{KERNEL_PACKAGE}.chunk_state:_combine_rows",
     f"{KERNEL_PACKAGE}.chunk_output:_scaled",
     f"{KERNEL_PACKAGE}.chunk_output:_gdn_q_pass",

@@ -123,10 +123,10 @@ def prefill_case(cid: str, op: str, *, seed: int, lens: list, pad: int, H: int =
 
 def _prefill_cases(op: str, s: int) -> list[Case]:
     kd = op.split("_")[0]
-    fused = [] if kd != "gdn" else [  # the fused GDN prefill (kernels/triton/chunk_fused.py), forced on
-        dataclasses.replace(prefill_case("gdn-prefill-fused-fp32-vk-len1-0-70-3", op, seed=s + 4, lens=[1, 0, 70, 3],
-                                         pad=3), launch=dict(fused=True)),
-        dataclasses.replace(prefill_case("gdn-prefill-fused-bf16-kv-bf16pool-nol2norm-gva", op, seed=s + 5,
+    fused = [  # the fused prefill (kernels/triton/chunk_fused.py, KDA's chunk_fused_kda.py), forced on
+        dataclasses.replace(prefill_case(f"{kd}-prefill-fused-fp32-vk-len1-0-70-3", op, seed=s + 4,
+                                         lens=[1, 0, 70, 3], pad=3), launch=dict(fused=True)),
+        dataclasses.replace(prefill_case(f"{kd}-prefill-fused-bf16-kv-bf16pool-nol2norm-gva", op, seed=s + 5,
                                          lens=[0, 130, 2], pad=0, H=1, HV=2, dtype=torch.bfloat16,
                                          pool_dtype=torch.bfloat16, layout="kv", l2norm=False, scale=0.05),
                             launch=dict(fused=True)),

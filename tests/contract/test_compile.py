@@ -62,15 +62,16 @@ SCRIPT = textwrap.dedent(r'''
                           state_indices=torch.tensor([1, 0], dtype=torch.int32), initial_state=None, scale=0.1,
                           use_qk_l2norm=True, state_layout="vk", caps=profile("sm90"), layout="split",
                           has_initial_state=torch.tensor([True, False]))
-            if family == "gdn":  # the fused prefill (the default for bf16 where it fills the SMs: 2 x 32
-                # programs do not, so the planner picks the pipeline above): its shipped K = 128 builds
-                chunk_prefill(family, q=torch.zeros(T, H, K, dtype=bf), k=torch.zeros(T, H, K, dtype=bf),
-                              v=torch.zeros(T, HV, K, dtype=bf), g=torch.zeros(T, HV), beta=torch.zeros(T, HV),
-                              cu_seqlens=torch.tensor([0, 5, T], dtype=torch.int32),
-                              state_pool=torch.zeros(2, HV, K, K), state_indices=torch.tensor([1, 0], dtype=torch.int32),
-                              initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
-                              caps=profile("sm90"), layout="split", has_initial_state=torch.tensor([True, False]),
-                              fused=True)
+            # the fused prefill (GDN's default for bf16 where it fills the SMs: 2 x 32 programs do not, so the
+            # planner picks the pipeline above; KDA's behind prefill.FUSED_KDA_DEFAULT): its K = 128 builds
+            chunk_prefill(family, q=torch.zeros(T, H, K, dtype=bf), k=torch.zeros(T, H, K, dtype=bf),
+                          v=torch.zeros(T, HV, K, dtype=bf),
+                          g=torch.zeros(T, HV, *((K,) if family == "kda" else ())), beta=torch.zeros(T, HV),
+                          cu_seqlens=torch.tensor([0, 5, T], dtype=torch.int32),
+                          state_pool=torch.zeros(2, HV, K, K), state_indices=torch.tensor([1, 0], dtype=torch.int32),
+                          initial_state=None, scale=0.1, use_qk_l2norm=True, state_layout="vk",
+                          caps=profile("sm90"), layout="split", has_initial_state=torch.tensor([True, False]),
+                          fused=True)
         from linattn.kernels.triton.decode import recurrent_decode
         for gate, H in (("gdn", 16), ("kda", 32)):
             N, HV, K = 4, 32, 128
@@ -157,7 +158,21 @@ _FUSED = ("the fused GDN prefill (issue 27 step 1, kernels/triton/chunk_fused.py
           "build of the fused kernel (ieee dots, fp32 [K, BV] state and operand tiles) spills heavily and is "
           "never chosen by the planner (plan_fused: bf16 only). The bf16 builds measured at parity with the "
           "pipeline on the H200 (benchmarks/results/prefill_fused_h200.json)")
+_FUSED_KDA = ("the fused KDA prefill (issue 27 step 2, kernels/triton/chunk_fused_kda.py; not the planner's default: "
+              "prefill.FUSED_KDA_DEFAULT): its prep kernel runs the KDA system kernel's channel-block products and the "
+              "block solve at 255 registers (the fp32 build, ieee dots and two-float gates, spills as the system "
+              "kernel's does); the fused kernel holds the [64, K] gates and their decayed operands besides the "
+              "[K, BV] state: at its pinned 8 warps, unpipelined, with the decayed keys formed late (late_keys), "
+              "the bf16 K = 128 build spills 24 B (256 without late_keys, 1,416 at 4 warps and 2 stages); the fp32 "
+              "build (ieee dots, fp32 operand tiles) spills heavily and is never the planner's choice. Speed on "
+              "the H200 not measured yet (benchmarks/prefill_fused.py --families kda)")
 SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
+    # the fused KDA prefill (the prep has no DT constexpr: its K = 64 key holds the fp32 contract build's
+    # 1,648 B and the bf16 one's 24 B); its bf16 K = 64 contract build does not spill
+    ("chunk_kda_fused_prep_kernel", "", "", "64"): (1648, _FUSED_KDA),
+    ("chunk_kda_fused_prep_kernel", "", "", "128"): (112, _FUSED_KDA),
+    ("chunk_kda_fused_kernel", "", "fp32", "64"): (9968, _FUSED_KDA),  # fp32 operand tiles, ieee dots
+    ("chunk_kda_fused_kernel", "", "bf16", "128"): (24, _FUSED_KDA),
     ("chunk_gdn_fused_prep_kernel", "", "fp32", "64"): (120, _FUSED),
     ("chunk_gdn_fused_prep_kernel", "", "bf16", "64"): (72, _FUSED),
     ("chunk_gdn_fused_kernel", "", "fp32", "64"): (16344, _FUSED),
@@ -209,6 +224,11 @@ SPILL_EXCEPTIONS_3_9: dict[tuple[str, str, str, str], tuple[int, str]] = {
     ("chunk_gdn_fused_kernel", "", "fp32", "64"): (8896, _FUSED),
     ("chunk_gdn_fused_prep_kernel", "", "bf16", "128"): (120, _FUSED),
     ("chunk_gdn_fused_kernel", "", "bf16", "128"): (320, _FUSED),
+    ("chunk_kda_fused_prep_kernel", "", "", "64"): (1640, _FUSED_KDA),
+    ("chunk_kda_fused_prep_kernel", "", "", "128"): (160, _FUSED_KDA),
+    ("chunk_kda_fused_kernel", "", "fp32", "64"): (8552, _FUSED_KDA),
+    ("chunk_kda_fused_kernel", "", "bf16", "64"): (40, _FUSED_KDA),
+    ("chunk_kda_fused_kernel", "", "bf16", "128"): (240, _FUSED_KDA),
 }
 #: The spill tables by the Triton version they were measured with. Under any other version the test
 #: checks that every launch builds (and fits 255 registers), not how much it spills.

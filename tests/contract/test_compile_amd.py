@@ -136,7 +136,8 @@ def test_every_folded_launch_builds_for_amd_within_lds_and_only_the_listed_build
     kernels = {b["kernel"] for b in built}
     assert {"_recurrent_decode_kernel", "_silu_and_mul_clamp_kernel", "_probe_kernel", "chunk_intra_kernel",
             "chunk_kda_system_kernel", "chunk_state_kernel", "chunk_output_kernel", "chunk_output_grouped_kernel",
-            "chunk_segment_combine_kernel", "chunk_gdn_fused_kernel", "chunk_tables_kernel"} <= kernels
+            "chunk_segment_combine_kernel", "chunk_gdn_fused_kernel", "chunk_kda_fused_kernel",
+            "chunk_kda_fused_prep_kernel", "chunk_tables_kernel"} <= kernels
     # no CUDA-only precision reaches an AMD build (dot_precision); tf32 only where XF32 exists
     allowed = {"ieee", "bf16x3"} | ({"tf32"} if arch == "gfx942" else set())
     assert {p for b in built for p in b["precisions"]} <= allowed

@@ -40,14 +40,15 @@ UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts and e
 UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
                  "chunk_kda_system": ("kda_prefill",),
                  "chunk_output_grouped": ("gdn_prefill",), "chunk_gdn_gates": ("gdn_prefill",),
-                 "segment_tables": PREFILL_OPS, "chunk_gdn_fused_prep": ("gdn_prefill",)}
+                 "segment_tables": PREFILL_OPS, "chunk_gdn_fused_prep": ("gdn_prefill",),
+                 "chunk_kda_fused_prep": ("kda_prefill",)}
 #: Planned kernels that only the segment-parallel state pass launches (both prefill ops'
 #: segmented cases run them: ``launch={"segment_chunks": L}``)
 SEGMENT_KERNELS = {"prefill_segment_combine"}
 #: Planned kernels that only the fused prefill launches (its cases: ``launch={"fused": True}``), and the
 #: unplanned kernels it launches besides them
-FUSED_KERNELS = {"gdn_prefill_fused"}
-FUSED_UNPLANNED = {"chunk_tables", "chunk_gdn_fused_prep"}
+FUSED_KERNELS = {"gdn_prefill_fused", "kda_prefill_fused"}
+FUSED_UNPLANNED = {"chunk_tables", "chunk_gdn_fused_prep", "chunk_kda_fused_prep"}
 
 
 def _fused(case: Case) -> bool:

@@ -1,10 +1,11 @@
-"""The fused GDN prefill (kernels/triton/chunk_fused.py) under the Triton interpreter, at tiny shapes.
+"""The fused prefill (GDN: kernels/triton/chunk_fused.py; KDA: chunk_fused_kda.py) under the Triton
+interpreter, at tiny shapes (KDA's own cases: test_prefill_fused_kda.py).
 
-Against the float64 token-serial reference (ops.md: 1e-5 for fp32 inputs) in pool mode with GVA,
+Both families against the float64 token-serial reference (ops.md: 1e-5 for fp32 inputs) in pool mode with GVA,
 varlen (an empty and a length-1 sequence, a tail chunk), padding rows and ``has_initial_state``,
 with the pool rows the call does not own bitwise unchanged; both layouts, a bf16 pool, pool ==
-dense bitwise; keys and queries past 2**32 and queries near fp32's largest (F44); the planner's
-choice and its reasons.
+dense bitwise; keys and queries past 2**32 (F44); GDN's queries near fp32's largest (F44); GDN's
+planner choice and its reasons.
 """
 
 from __future__ import annotations
@@ -20,47 +21,53 @@ from prefill_cases import make_inputs, random_states, reference, rel, run
 pytestmark = pytest.mark.interpreter
 
 
-def test_fused_pool_mode_matches_float64_reference_and_keeps_other_rows():
-    inp = make_inputs("gdn", [70, 0, 1, 130], H=1, HV=2, K=64, V=64)
+FAMILIES = pytest.mark.parametrize("family", ["gdn", "kda"])
+
+
+@FAMILIES
+def test_fused_pool_mode_matches_float64_reference_and_keeps_other_rows(family):
+    inp = make_inputs(family, [70, 0, 1, 130], H=1, HV=2, K=64, V=64)
     pool = random_states(6, 2, 64, 64)
     idx = torch.tensor([4, 1, -1, 0], dtype=torch.int32)
     flags = torch.tensor([True, True, True, False])
     ref_pool = pool.clone()
     ref_pool[0] = 0  # has_initial_state False: the reference starts sequence 3 from zeros
-    o_ref, _ = reference("gdn", inp, state_pool=ref_pool, state_indices=idx)
+    o_ref, _ = reference(family, inp, state_pool=ref_pool, state_indices=idx)
     work = pool.clone()
-    o, _ = run("gdn", inp, state_pool=work, state_indices=idx, has_initial_state=flags, fused=True)
+    o, _ = run(family, inp, state_pool=work, state_indices=idx, has_initial_state=flags, fused=True)
     assert rel(o, o_ref) < 1e-5
     assert rel(work[[4, 1, 0]], ref_pool[[4, 1, 0]]) < 1e-5
     assert torch.equal(work[[2, 3, 5]], pool[[2, 3, 5]])  # rows not owned: bitwise unchanged
     assert torch.all(o[70:71] == 0) and o[71:].abs().amax() > 0  # the padding sequence (token 70)
 
 
+@FAMILIES
 @pytest.mark.parametrize("layout,pool_dtype", [("kv", torch.bfloat16), ("vk", torch.float32)])
-def test_fused_pool_equals_dense_bitwise(layout, pool_dtype):
-    inp = make_inputs("gdn", [65, 3], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16)
+def test_fused_pool_equals_dense_bitwise(family, layout, pool_dtype):
+    inp = make_inputs(family, [65, 3], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16)
     inp["k"] = inp["k"] * 0.125  # no l2norm: keys of norm ~1 keep the delta rule contracting
     pool = random_states(3, 2, 64, 64, layout=layout).to(pool_dtype)
     idx = torch.tensor([2, 0], dtype=torch.int32)
     work = pool.clone()
-    o, _ = run("gdn", inp, state_pool=work, state_indices=idx, state_layout=layout, use_qk_l2norm=False,
+    o, _ = run(family, inp, state_pool=work, state_indices=idx, state_layout=layout, use_qk_l2norm=False,
                scale=0.1, fused=True)
-    o_d, ht = run("gdn", inp, initial_state=pool[idx.long()].clone(), state_layout=layout, use_qk_l2norm=False,
+    o_d, ht = run(family, inp, initial_state=pool[idx.long()].clone(), state_layout=layout, use_qk_l2norm=False,
                   scale=0.1, fused=True)
     assert torch.equal(o, o_d) and torch.equal(work[idx.long()], ht)
     assert torch.equal(work[1], pool[1])
-    o_p, ht_p = run("gdn", inp, initial_state=pool[idx.long()].clone(), state_layout=layout, use_qk_l2norm=False,
+    o_p, ht_p = run(family, inp, initial_state=pool[idx.long()].clone(), state_layout=layout, use_qk_l2norm=False,
                     scale=0.1, fused=False)
     assert rel(o, o_p) < 2e-2 and rel(ht.float(), ht_p.float()) < 1e-2
 
 
-def test_fused_norms_do_not_overflow_past_2_32():
+@FAMILIES
+def test_fused_norms_do_not_overflow_past_2_32(family):
     """F44: l2norm makes the result independent of the keys' and queries' magnitude; rows near
     1e25 (squares past fp32's range) give the same output as the same rows at magnitude 1."""
-    inp = make_inputs("gdn", [70], H=1, HV=2, K=64, V=64)
+    inp = make_inputs(family, [70], H=1, HV=2, K=64, V=64)
     big = dict(inp, q=inp["q"] * 1e25, k=inp["k"] * 1e25)
-    o, ht = run("gdn", big, fused=True)
-    o_ref, ht_ref = reference("gdn", inp)
+    o, ht = run(family, big, fused=True)
+    o_ref, ht_ref = reference(family, inp)
     assert torch.isfinite(o).all() and rel(o, o_ref) < 1e-5 and rel(ht, ht_ref) < 1e-5
 
 
@@ -82,8 +89,6 @@ def test_planner_reasons():
     plan = pm.plan_prefill("gdn", q=q, v=v, cu_seqlens=cu)
     assert plan.fused is None and "bf16 on CUDA" in plan.fused_reason  # not measured here: the pipeline
     assert pm.plan_prefill("gdn", q=q, v=v, cu_seqlens=cu, fused=True).fused is not None
-    with pytest.raises(ValueError, match="GDN's"):
-        pm.plan_prefill("kda", q=q, v=v, cu_seqlens=cu, fused=True)
     caps = profile("sm90")
     cfg = pm.fused_config(128, 128, torch.bfloat16)
     on, why = pm.plan_fused(family="gdn", N=1, HV=8, K=128, V=128, dtype=torch.bfloat16, caps=caps, cfg=cfg)
