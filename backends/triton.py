@@ -20,6 +20,7 @@ import functools
 from typing import ClassVar, Optional
 
 from linattn.capabilities import DeviceCapabilities
+from linattn.dispatch.lru import GRID_FITS_MAX, LRUCache
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Rank, Reason
@@ -45,6 +46,10 @@ TRITON_INPUT_STRIDES = {
     "kda_prefill": {**_QKV_ROWS, "g": "inner", "beta": "any", "initial_state": "any"},
     "silu_and_mul_clamp": {"x": "inner"},
 }
+
+
+#: per (layout, op, N, HV, K, V, D, dtype, device capabilities): whether the grid fits (``size_class``)
+_GRID_FITS = LRUCache(GRID_FITS_MAX)
 
 
 def _pow2(x: int) -> int:
@@ -140,8 +145,15 @@ class TritonBackend(Backend):
 
     def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
         """Only :meth:`supports_grid` reads the sizes (N, through the grid and decode's block
-        width): its outcome. :meth:`plan_note` reads T and N for its message only."""
-        return (self.supports_grid(p, caps).ok,)
+        width): its outcome. :meth:`plan_note` reads T and N for its message only. Kept per what
+        the grid reads (``_work``: op, N, heads, head dims, dtype; the layout and the device), so a
+        new prefill length T of a known N asks no grid planner (issue 28)."""
+        key = (self.layout, p.op, p.n, p.hv, p.k, p.v, p.d, p.dtype, id(caps))
+        hit = _GRID_FITS.get(key)
+        if hit is None or hit[0] is not caps:  # the id of a freed capabilities object may be reused
+            hit = (caps, self.supports_grid(p, caps).ok)
+            _GRID_FITS.put(key, hit)
+        return (hit[1],)
 
     def needs_forcing(self, p: Problem, caps: DeviceCapabilities) -> Optional[str]:
         """A message when this backend may run only when forced (None: it may be chosen)."""
@@ -260,18 +272,23 @@ class TritonBackend(Backend):
     # -- prepared launches (the dispatcher's per-call fast path, dispatch/fast_path.py) ------------
 
     def prepare(self, op: str, args: dict):
-        """A launch planned from the call's metadata, to call with later calls' tensors whose
-        shapes, strides, dtypes and scalars are the same (``dispatch/fast_path.py``); None for an
-        op without a plan (its op method runs)."""
+        """A launch planned from the call's metadata, to call with later calls' tensors of the same
+        class: the same dtypes, strides, head dims and scalars, any T and N (``dispatch/fast_path.py``
+        shares it between the class's call plans: its ``serves_class``). Decode:
+        :class:`~linattn.kernels.triton.decode.DecodeReplay`; prefill:
+        :class:`~linattn.kernels.triton.prefill.PrefillReplay`; None for an op without a plan (its
+        op method runs)."""
         spec = OP_TABLE.get(op)
         if spec is None:
             return None
         if spec.method == "decode":
-            from linattn.kernels.triton.decode import DecodeLaunch
+            from linattn.kernels.triton.decode import DecodeReplay
 
-            return DecodeLaunch(gate=spec.family, caps=self._caps(args["q"]), layout=self.layout, **args)
+            return DecodeReplay(gate=spec.family, caps=self._caps(args["q"]), layout=self.layout, **args)
         if spec.method == "prefill":
-            return _PreparedPrefill(spec.family, args, self._caps(args["q"]), self.layout)
+            from linattn.kernels.triton.prefill import PrefillReplay
+
+            return PrefillReplay(spec.family, args, self._caps(args["q"]), self.layout)
         return None
 
 
@@ -285,28 +302,3 @@ def _prefill_state_bv(family: str, k: int, v: int, dtype: str) -> int:
 
     return pinned_config(family, k, v, getattr(torch, dtype))["state_bv"]
 
-
-class _PreparedPrefill:
-    """A chunked prefill planned from a call's metadata (``kernels/triton/prefill.py``
-    :func:`plan_prefill`); calling it runs the stages on a later call's tensors."""
-
-    __slots__ = ("plan", "scale")
-
-    def __init__(self, family: str, args: dict, caps, layout: str):
-        from linattn.kernels.triton.prefill import plan_prefill
-
-        self.scale = args["scale"]
-        self.plan = plan_prefill(family, q=args["q"], v=args["v"], cu_seqlens=args["cu_seqlens"],
-                                 state_pool=args.get("state_pool"), state_indices=args.get("state_indices"),
-                                 initial_state=args.get("initial_state"),
-                                 has_initial_state=args.get("has_initial_state"),
-                                 use_qk_l2norm=args["use_qk_l2norm"], state_layout=args["state_layout"],
-                                 layout=layout, caps=caps)
-
-    def __call__(self, a: dict):
-        from linattn.kernels.triton.prefill import run_prefill
-
-        return run_prefill(self.plan, q=a["q"], k=a["k"], v=a["v"], g=a["g"], beta=a["beta"],
-                           cu_seqlens=a["cu_seqlens"], scale=self.scale, state_pool=a.get("state_pool"),
-                           state_indices=a.get("state_indices"), initial_state=a.get("initial_state"),
-                           has_initial_state=a.get("has_initial_state"))

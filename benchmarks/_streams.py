@@ -132,3 +132,18 @@ def engine_trace(steps: int, seed: int = 0) -> Iterator[tuple[str, list[int]]]:
 def engine_calls(inputs: StreamInputs, steps: int, seed: int = 0) -> list[tuple[str, dict]]:
     return [(phase, inputs.prefill(x) if phase == "prefill" else inputs.decode(x[0]))
             for phase, x in engine_trace(steps, seed)]
+
+
+def prefill_shapes(calls: list[tuple[str, dict]]) -> dict:
+    """How many of the prefill calls bring a packed length T, and a (T bucket, N) of the Triton
+    prefill's replays (``kernels/triton/prefill.py`` ``replay_tokens``), not seen earlier in ``calls``:
+    the calls that plan and record (a cold bucket) rather than replay."""
+    from linattn.kernels.triton.prefill import replay_tokens
+
+    ts, buckets = set(), set()
+    for phase, x in calls:
+        if phase == "prefill":
+            t, n = x["q"].shape[0], x["cu_seqlens"].shape[0] - 1
+            ts.add(t)
+            buckets.add((replay_tokens(t), n))
+    return dict(prefill_distinct_t=len(ts), prefill_distinct_buckets=len(buckets))

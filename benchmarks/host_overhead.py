@@ -15,6 +15,9 @@ bitwise equal outputs and pools, for both families, decode and prefill.
     python benchmarks/host_overhead.py --device cpu    # the CPU: dispatch cost of the torch-ref path only
     python benchmarks/host_overhead.py --profile gdn_decode   # a cProfile of eager calls instead
     python benchmarks/host_overhead.py --streams-only  # issue 28's stream rows: host_overhead_streams_<dev>.json
+    # ... the stream rows put into the committed file (a 16th results file is not allowed):
+    LINATTN_RESULTS_DIR=$OUT python benchmarks/host_overhead.py --streams-only \
+        --merge-into benchmarks/results/host_overhead_h200.json    # writes $OUT/host_overhead_h200.json
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import results_path, write_results  # noqa: E402
+from _results import invoked_command, results_path, write_results  # noqa: E402
 
 import linattn  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
@@ -144,7 +147,7 @@ def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
     ``1 - gpu_busy_us / host_us`` is the GPU-idle share). The heap is frozen first (``gc.freeze()``,
     as engines do after warm-up; without it the collector's full passes add hundreds of us per new
     length on the CPU: docs/performance.md)."""
-    from _streams import StreamInputs, engine_calls, stream
+    from _streams import StreamInputs, engine_calls, prefill_shapes, stream
 
     ops = {"prefill": linattn.gdn_prefill, "decode": linattn.gdn_decode}
     inputs = StreamInputs("gdn", dev)
@@ -183,9 +186,11 @@ def stream_rows(dev: str, calls: int, steps: int, sync) -> list[dict]:
                 row = dict(kind="stream", stream="engine", op="gdn_prefill+gdn_decode", validate=validate,
                            value_checks=how if validate else None, calls=len(trace), steps=steps,
                            host_us=round(us, 2), per_phase_us=per,
-                           phase_calls={p: sum(1 for c in trace if c[0] == p) for p in ("prefill", "decode")})
+                           phase_calls={p: sum(1 for c in trace if c[0] == p) for p in ("prefill", "decode")},
+                           **prefill_shapes(trace))
                 if dev.startswith("cuda"):
                     row["gpu_busy_us"] = round(_gpu_busy_us(lambda: timed(trace, validate)) / len(trace), 2)
+                    row["gpu_idle_share"] = round(1 - row["gpu_busy_us"] / row["host_us"], 3)
                 out.append(row)
     gc.unfreeze()
     for r in out:
@@ -393,6 +398,25 @@ def profile_op(name: str, dev: str, sync, calls: int = 5000) -> int:
     return 0
 
 
+def _merge_streams(into: str, rows: list[dict], out) -> int:
+    """``into``'s rows without its stream rows (each kept row marked with ``into``'s commit), then
+    this run's ``rows`` (the fast-launch row and the stream rows, marked with this run's commit),
+    written with ``into``'s notes and one saying which rows came from which run."""
+    from _results import current_commit, read_results
+
+    old = read_results(into)
+    kept = [dict(r, commit=r.get("commit", old.commit)) for r in old.rows
+            if r.get("kind") not in ("stream", "fast_launch_streams")]
+    here = current_commit()
+    new = [dict(r, kind="fast_launch_streams" if r.get("kind") == "fast_launch" else r["kind"], commit=here)
+           for r in rows]
+    notes = [n for n in old.notes if not n.startswith("written ")] + [
+        f"stream rows (kind stream) from `{invoked_command()}` at {here}; the other rows from `{old.command}` "
+        f"at {old.commit} (each row's commit field says which)."]
+    write_results(out or results_path("host_overhead"), kept + new, notes)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -402,6 +426,10 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-calls", type=int, default=300, help="calls per same/new stream pass (issue 28)")
     ap.add_argument("--steps", type=int, default=300, help="steps of the engine trace (issue 28)")
     ap.add_argument("--streams-only", action="store_true", help="only the stream rows (issue 28)")
+    ap.add_argument("--merge-into", default=None, metavar="JSON",
+                    help="with --streams-only: write the rows of this results file (e.g. "
+                         "benchmarks/results/host_overhead_h200.json) with its stream rows replaced by this run's, "
+                         "to results_path('host_overhead') (LINATTN_RESULTS_DIR)")
     ap.add_argument("--profile", metavar="OP", help="instead: a cProfile of 5,000 eager calls of OP (e.g. gdn_decode, "
                                                     "validate off), the top functions by own time, to stdout")
     args = ap.parse_args(argv)
@@ -414,6 +442,8 @@ def main(argv=None) -> int:
         rows += stream_rows(dev, args.stream_calls, args.steps, sync)
         for r in rows:
             print(r)
+        if args.merge_into:
+            return _merge_streams(args.merge_into, rows, args.out)
         write_results(args.out or results_path("host_overhead_streams"), rows,
                       ["issue 28 stream rows (benchmarks/_streams.py): GDN, Qwen3-Next heads; host_us is wall clock "
                        "per call with a sync after each pass; vs_same = new_* / same_*; engine: gpu_busy_us from "

@@ -284,7 +284,7 @@ def stream_rows(calls: int, repeats: int, steps: int) -> list[dict]:
     plan and decision and the pass is timed (as ``host_overhead.py``, where the warm pass compiles
     the kernels). The fastest of the repeats is reported. The heap is frozen (``gc.freeze()``)
     first, as engines do after warm-up; ``new_t_heap_not_frozen`` is the new-T stream without."""
-    from _streams import StreamInputs, engine_calls, stream
+    from _streams import StreamInputs, engine_calls, prefill_shapes, stream
 
     out = []
     inputs = StreamInputs("gdn", "cpu")
@@ -314,7 +314,7 @@ def stream_rows(calls: int, repeats: int, steps: int) -> list[dict]:
             out.append(dict(kind="stream_stubbed", stream="engine", op="gdn_prefill+gdn_decode", validate=validate,
                             calls=len(trace), steps=steps, host_us=round(us, 2), per_phase_us=per,
                             phase_calls={p: sum(1 for c in trace if c[0] == p) for p in ("prefill", "decode")},
-                            gc_frozen=True))
+                            **prefill_shapes(trace), gc_frozen=True))
     gc.unfreeze()
     torch.set_num_threads(threads)
     out.append(unfrozen)

@@ -56,6 +56,7 @@ which refuses it and keeps no plan.
 
 from __future__ import annotations
 
+import sys
 from typing import Callable, Optional
 
 import torch
@@ -89,27 +90,42 @@ LENGTH_ARGUMENTS = {
                 "initial_state": "n", "has_initial_state": "n"},
     "decode": dict.fromkeys(_DECODE_N, "n"),
 }
+#: per decode or prefill op: its length arguments (:data:`LENGTH_ARGUMENTS` of its phase)
+_LENGTHS_OF = {op: LENGTH_ARGUMENTS[spec.phase] for op, spec in OP_TABLE.items() if spec.phase in LENGTH_ARGUMENTS}
 
 
 def clear() -> None:
-    """Forget every cached call plan and class plan (the decision cache's ``clear_cache`` calls this)."""
+    """Forget every cached call plan and class plan (the decision cache's ``clear_cache`` calls this),
+    and the Triton backends' grid verdicts per size (``size_class``), which are decisions too."""
     _plans.clear()
     _classes.clear()
+    triton_backend = sys.modules.get("linattn.backends.triton")
+    if triton_backend is not None:
+        triton_backend._GRID_FITS.clear()
 
 
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
     """The hashable description of a call that validation and selection depend on (module docstring);
-    None for a call with a tensor that has no strides (never stored: validation refuses it)."""
-    return _key(op, args, backend, validate, check_finite, ())
+    None for a call with a tensor that has no strides (never stored: validation refuses it).
+
+    For a decode or prefill op it is laid out as its class key (:func:`class_key`) followed by one
+    item, the tuple of the length arguments' dims 0 (in argument order): the same facts as every
+    shape written out, and ``key[:-1]`` is the class key (:func:`plan_miss` reads it so, without
+    reading the tensors again)."""
+    lengths = _LENGTHS_OF.get(op)
+    if lengths is None:
+        return _key(op, args, backend, validate, check_finite, ())
+    return _key(op, args, backend, validate, check_finite, lengths, True)
 
 
 def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool,
-         lengths) -> Optional[tuple]:
+         lengths, exact: bool = False) -> Optional[tuple]:
     """:func:`call_key`, with the dim 0 of each argument named in ``lengths`` bucketed
-    (:func:`class_key`)."""
+    (:func:`class_key`), and with ``exact`` those dims appended as one last item."""
     key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
     append, extend = key.append, key.extend
     device = None
+    dims = []
     for name, x in args.items():
         cls = x.__class__
         if cls is _NoneType or cls is str:  # equal only to themselves (a str subclass takes the last branch)
@@ -123,6 +139,7 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
                 return None
             shape = x.shape
             if name in lengths and shape:
+                dims.append(shape[0])
                 shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
             # so is a lazily negated or conjugated view (same strides, other values: refused, F33), and
@@ -133,6 +150,8 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
     append(device is not None and selection.stream_capturing(device))
+    if exact:
+        append(tuple(dims))
     return tuple(key)
 
 
@@ -145,11 +164,13 @@ class CallPlan:
     ``rules`` the value rules to run per call and ``value_check`` the same as one kernel launch
     (or None: the torch rules run); ``written`` per written, non-empty tensor argument its name,
     its byte span from its data pointer and the other non-empty tensor arguments' names and spans;
-    ``prepared`` the backend's prepared launch (or None: its op method runs).
+    ``prepared`` the backend's prepared launch (or None: its op method runs); ``replay`` the
+    backend's launch for the whole call class where it has one (``serves_class``: the class's plans
+    share it), ``prepared`` then being its launch for this plan's lengths (``replay.bind``).
     """
 
     __slots__ = ("op", "impl", "decision", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
-                 "written", "prepare", "prepared", "builtin", "copies", "value_check", "spans")
+                 "written", "prepare", "prepared", "builtin", "copies", "value_check", "spans", "replay")
 
     def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool,
                  spans: Optional[dict] = None):
@@ -167,8 +188,26 @@ class CallPlan:
         self.builtin = impl.plugin == "linattn-builtin"
         self.prepare = getattr(impl, "prepare", None) if self.builtin else None
         self.prepared: Optional[Callable] = None  # built by the first run, from the conformed arguments
+        self.replay = None  # the class-serving prepared launch (``serves_class``), where the backend's is one
         self.copies: Optional[tuple] = None  # the arguments the backend gets contiguous copies of (first run)
         self.value_check = fused_value_check(rules, nargs, dims) if rules else None
+
+    def for_lengths(self, nargs: dict, dims: dict, decision, spans: dict) -> "CallPlan":
+        """This plan for another T or N of its class (:func:`_from_class`): the given ``dims``,
+        ``decision`` and byte ``spans``, the written buffers' spans and the fused value check taken
+        again from them; the rest (backend, scalars, rules, a class-serving prepared launch) shared."""
+        new = CallPlan.__new__(CallPlan)
+        for name in CallPlan.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.dims, new.decision, new.spans = dims, decision, spans
+        new.written = tuple((n, spans[n], tuple((o, spans[o]) for o, _ in others)) for n, _, others in self.written)
+        new.value_check = fused_value_check(self.rules, nargs, dims) if self.rules else None
+        if self.replay is not None:  # one prepared launch for every length of the class: its launch for these
+            new.prepared = self.replay.bind(nargs)
+        else:
+            new.prepared, new.copies, new.prepare = None, None, getattr(self.impl, "prepare", None) if self.builtin \
+                else None
+        return new
 
     def arguments(self, args: dict) -> dict:
         nargs = dict(self.scalars)
@@ -230,23 +269,33 @@ def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check
     return _key(op, args, backend, validate, check_finite, lengths)
 
 
+def _class_of(op: str, key: Optional[tuple]) -> Optional[tuple]:
+    """:func:`class_key` of the call whose :func:`call_key` is ``key``: ``key`` without its last item
+    (the length arguments' dims 0). None where :func:`class_key` gives None."""
+    if key is None or op not in _LENGTHS_OF:
+        return None
+    return key[:-1]
+
+
 class _ClassPlan:
     """A class's first plan (``plan``), its length arguments as ``(name, length, offset)`` (dim 0 =
-    the length + offset, as the full validation accepted), and every backend's size class of it."""
+    the length + offset, as the full validation accepted), the device's capabilities and every
+    backend's size class of it."""
 
-    __slots__ = ("plan", "members", "sizes", "prefill")
+    __slots__ = ("plan", "members", "sizes", "prefill", "caps")
 
     def __init__(self, plan: CallPlan, nargs: dict, lengths: dict):
         self.plan, self.prefill = plan, OP_TABLE[plan.op].phase == "prefill"
         dims = plan.dims
         self.members = tuple((name, sym, nargs[name].shape[0] - dims[sym]) for name, sym in lengths.items()
                              if isinstance(nargs.get(name), _Tensor) and nargs[name].dim() >= 1)
-        self.sizes = _size_classes(plan.decision.problem, _device_of(nargs))
+        self.caps = resolve_device(_device_of(nargs))  # the class key holds the device
+        self.sizes = _size_classes(plan.decision.problem, self.caps)
 
 
-def _size_classes(problem, device: torch.device) -> tuple:
+def _size_classes(problem, caps) -> tuple:
     """Every registered backend's size class of ``problem`` (``selection.shape_class``'s second part)."""
-    return shape_class(problem, (), resolve_device(device), get_registry())[1]
+    return shape_class(problem, (), caps, get_registry())[1]
 
 
 def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
@@ -265,16 +314,15 @@ def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
         dims["max_seqlen"] = dims["t"] if dims["n"] == 1 else 0
     decision = tmpl.decision
     problem = decision.problem.model_copy(update={"n": dims["n"], "t": dims["t"], "max_seqlen": dims["max_seqlen"]})
-    if _size_classes(problem, dims.get("device") or _device_of(args)) != entry.sizes:
+    if _size_classes(problem, entry.caps) != entry.sizes:
         return None  # another shape class: a new decision
     spans = dict(tmpl.spans)
     for name, sym, offset in entry.members:
         if spans[name]:  # non-empty in the whole class (dim 0 of size 0 is a class of its own)
             x = args[name]
             spans[name] += (x.shape[0] - tmpl.dims[sym] - offset) * x.stride(0) * x.element_size()
-    nargs = tmpl.arguments(args)
-    return CallPlan(tmpl.op, nargs, dims, tmpl.impl, decision.model_copy(update={"problem": problem}), tmpl.rules,
-                    tmpl.refuse_in_capture is not None, spans)
+    return tmpl.for_lengths(tmpl.arguments(args) if tmpl.rules else args, dims,
+                            decision.model_copy(update={"problem": problem}), spans)
 
 
 def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backend: Optional[str], validate: bool,
@@ -282,7 +330,7 @@ def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backe
     """The plan and checked arguments of a call whose key missed (``exact_miss``) or whose hit needs
     the full validation (an address overlap): from its class plan where one fits, else through
     :func:`plan_call`; kept under ``key`` (and a new class's plan under its class key)."""
-    ckey = class_key(op, args, backend, validate, check_finite) if exact_miss else None
+    ckey = _class_of(op, key) if exact_miss else None
     if ckey is not None:
         entry = lookup_class(ckey)
         plan = None if entry is None else _from_class(entry, args)
@@ -364,6 +412,9 @@ def run_plan(plan: CallPlan, nargs: dict):
     prepared = plan.prepared
     if prepared is None and plan.prepare is not None:
         prepared = plan.prepared = plan.prepare(plan.op, nargs)  # None: the backend has no plan for the op
+        if getattr(prepared, "serves_class", False):
+            plan.replay, prepared = prepared, prepared.bind(nargs)
+            plan.prepared = prepared
         if prepared is None:
             plan.prepare = None
     if prepared is not None:

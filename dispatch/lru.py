@@ -14,6 +14,9 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
 | environment policies | ``dispatch/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
 | merged policies | ``dispatch/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
+| Triton grid verdicts | ``backends/triton.py`` ``_GRID_FITS`` | (layout, op, N, heads, head dims, dtype, device) | :data:`GRID_FITS_MAX` |
+| prefill replays (per class) | ``kernels/triton/prefill.py`` ``PrefillReplay`` | (T bucket, N); exact (T, N) | :data:`PREFILL_REPLAYS_MAX` |
+| decode launches (per class) | ``kernels/triton/decode.py`` ``DecodeReplay`` | N | :data:`DECODE_ROWS_MAX` |
 | compiled launches (not an LRU) | ``kernels/triton/launch.py`` ``_compiled`` | the launch key (what Triton specializes on) | :data:`COMPILED_LAUNCHES_MAX` |
 
 The one exception is the compiled-launch cache of ``kernels/triton/launch.py``, read on every kernel
@@ -34,6 +37,14 @@ CALL_PLANS_MAX = 1024
 #: Class plans kept (``dispatch/fast_path.py``): one per call class (a call key with its lengths
 #: T and N bucketed); each holds one call plan, which new lengths of the class derive theirs from.
 CLASS_PLANS_MAX = 256
+#: Triton grid verdicts kept (``backends/triton.py`` ``size_class``): one per layout, op, N, head shape,
+#: dtype and device; a bool each.
+GRID_FITS_MAX = 4096
+#: Per prefill call class (``PrefillReplay``): (T bucket, N) plans with their recorded launches kept, and
+#: as many exact (T, N) plans where a bucket cannot serve; a recorded plan is about 20 KB.
+PREFILL_REPLAYS_MAX = 256
+#: Per decode call class (``DecodeReplay``): launches kept, one per batch size N (a few hundred bytes each).
+DECODE_ROWS_MAX = 512
 #: Decisions kept (``Dispatcher``): one per shape class, device, policy, forced backend, registry
 #: generation and capture state; a decision with every verdict is a few KB.
 DECISIONS_MAX = 1024

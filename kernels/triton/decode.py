@@ -25,6 +25,7 @@ state load (a zero state, the slot never read) and stores as usual. Precomputed 
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 from typing import Optional
@@ -319,10 +320,14 @@ class DecodeLaunch:
         HV, V = v.shape[2], v.shape[3]
         self.out_shape, self.out_dtype = (N, T, HV, V), q.dtype
         BK, BV, warps = decode_config(K, V, N, caps, gate)
+        #: what :meth:`with_rows` must find again for another N (None: the tile config was overridden)
+        self.rows_class = None if block_v is not None or num_warps is not None else (
+            (K, V, gate, caps, layout), (BK, BV, warps))
         self.num_warps = num_warps if num_warps is not None else warps
         BV = block_v if block_v is not None else BV
         plan = plan_grid(N, HV, -(-V // BV), caps, layout)
         self.grid, self.skip = plan.grid, plan.empty or T == 0
+        self.grid_constexprs, self.blocks = plan.constexprs, -(-V // BV)
         self._check_state_tiles(state_pool, intermediate_states, state_layout, V, K)
         self.copy_qkv = q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
         self.precomputed = g is not None
@@ -406,9 +411,75 @@ class DecodeLaunch:
         return (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], as_[0], as_[1], as_[2],
                 bs[0], bs[1], bs[2], ps[0], ps[1], ss[0], ss[1] if self.per_token else 0, *s_inter)
 
+    def with_rows(self, n: int) -> Optional["DecodeLaunch"]:
+        """This launch for a batch of ``n`` rows of the same class (issue 28: a decode batch that
+        changes from call to call), or None where ``n`` needs a plan of its own: another tile
+        configuration (:func:`decode_config`'s batch class), another grid layout, no launch.
+
+        The kernel takes no argument that depends on N (the rows come from the grid; strides, ``T``
+        and the scalars are the class's), so the copy differs in its grid and output shape only and
+        shares the compiled kernels of this launch (:meth:`.launch.PreparedLaunch.with_grid`)."""
+        if self.rows_class is None or self.launch is None or n < 1:
+            return None
+        (K, V, gate, caps, layout), config = self.rows_class
+        if decode_config(K, V, n, caps, gate) != config:
+            return None
+        plan = plan_grid(n, self.constexprs["HV"], self.blocks, caps, layout)
+        if plan.empty or plan.constexprs != self.grid_constexprs:
+            return None
+        new = copy.copy(self)
+        new.grid, new.out_shape = plan.grid, (n, *self.out_shape[1:])
+        new.launch = self.launch.with_grid(plan.grid)
+        return new
+
     def __call__(self, tensors: dict) -> torch.Tensor:
         """Launch on ``tensors`` (the op's tensor arguments by name; more keys are ignored)."""
         o = tensors["q"].new_empty(self.out_shape)  # q's dtype and device
         if self.launch is not None:
             self.launch(self._operands(tensors, o))
         return o
+
+
+class DecodeReplay:
+    """The decode launches of one class of calls whose batch N changes from call to call (issue 28).
+
+    Made from the class's first call (a :class:`DecodeLaunch`); a call with another N gets that
+    launch's copy for its N (:meth:`DecodeLaunch.with_rows`: a new grid and output shape, the same
+    compiled kernel), or a :class:`DecodeLaunch` of its own where its tile configuration differs
+    (planned from its tensors and the first call's scalars). Calls must be of one class (the
+    dispatcher's class key, ``dispatch/fast_path.py``: the same dtypes, strides, head dims, flags
+    and scalars).
+
+    Args: ``gate``, ``caps``, ``layout`` and the call's arguments, as :class:`DecodeLaunch`.
+    """
+
+    __slots__ = ("first", "n", "launches", "options", "tensors")
+    #: serves every T and N of its call class (the dispatcher's class plans share it)
+    serves_class = True
+
+    def __init__(self, *, gate: str, caps, layout: str, **args):
+        from linattn.dispatch.lru import DECODE_ROWS_MAX, LRUCache
+
+        self.first = DecodeLaunch(gate=gate, caps=caps, layout=layout, **args)
+        self.n = args["q"].shape[0]
+        self.launches = LRUCache(DECODE_ROWS_MAX)
+        self.tensors = tuple(n for n, x in args.items() if isinstance(x, torch.Tensor))
+        self.options = dict({n: x for n, x in args.items() if not isinstance(x, torch.Tensor)},
+                            gate=gate, caps=caps, layout=layout)
+
+    def bind(self, tensors: dict) -> DecodeLaunch:
+        """The launch for calls with the batch size of ``tensors`` (the op's tensor arguments by name)."""
+        n = tensors["q"].shape[0]
+        if n == self.n:
+            return self.first
+        run = self.launches.get(n)
+        if run is None:
+            run = self.first.with_rows(n)
+            if run is None:
+                run = DecodeLaunch(**self.options, **{k: tensors[k] for k in self.tensors})
+            self.launches.put(n, run)
+        return run
+
+    def __call__(self, tensors: dict) -> torch.Tensor:
+        """Launch on ``tensors`` (the op's tensor arguments by name; more keys are ignored)."""
+        return self.bind(tensors)(tensors)

@@ -259,6 +259,16 @@ class PreparedLaunch:
         self._grid3 = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         self._opts = (num_warps, num_stages)
 
+    def with_grid(self, grid: tuple) -> "PreparedLaunch":
+        """This launch on another grid (a decode batch of another size): the same kernel, constexprs,
+        options and scalars, so it shares this launch's compiled kernels (the grid is no part of
+        Triton's specialization)."""
+        new = PreparedLaunch.__new__(PreparedLaunch)
+        for name in PreparedLaunch.__slots__:
+            setattr(new, name, getattr(self, name))
+        new.grid, new._grid3 = grid, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
+        return new
+
     def _full_tail(self, n_tensors: int) -> Optional[tuple]:
         order = _argument_order(self.kernel, n_tensors + len(self.scalars), self.constexprs)
         if order is None or order[:n_tensors + len(self.scalars)] != tuple(range(n_tensors + len(self.scalars))):
@@ -472,12 +482,44 @@ class LaunchSequence:
         if fast:
             device = _current_device()
             compiled = self._compiled.get((device, key))
+            if compiled is None:
+                compiled = self._shared((views() if views is not None else sources) + self._consts, device)
+                if compiled is not None:
+                    self._compiled[(device, key)] = compiled
             if compiled is not None:
                 self._direct(compiled, sources + self._consts, device, keep)
                 return
-        got = self._ordinary((views() if views is not None else sources) + self._consts)
+        tensors = (views() if views is not None else sources) + self._consts
+        got = self._ordinary(tensors)
         if fast and all(hasattr(c, "packed_metadata") for c in got) and self._full_pickers() is not None:
             self._compiled[(device, key)] = tuple(got)
+            self._share(got, tensors, device)
+
+    def _share(self, compiled: list, sources: tuple, device: int) -> None:
+        """Keep the compiled kernels of an ordinary replay in :func:`launch`'s cache too (for
+        :meth:`_shared` of other sequences and for :func:`launch`)."""
+        for ck, r, args in zip(compiled, self.launches, self._args):
+            picked = args(sources)
+            order = _argument_order(r.kernel, len(picked), r.constexprs)
+            if order is not None:
+                options = (r.options["num_warps"], r.options.get("num_stages"))
+                _store_compiled(_launch_key(r.kernel, picked, r.constexprs, options, device), (ck, order))
+
+    def _shared(self, sources: tuple, device: int) -> Optional[tuple]:
+        """The compiled kernel of every launch from :func:`launch`'s cache, keyed by what Triton
+        specializes on (so a sequence recorded for a new prefill bucket launches directly the kernels
+        an earlier call compiled, issue 28), or None where one is not there (the ordinary launch then
+        compiles or finds it). ``sources``: the tensors (not addresses) and the constants."""
+        if self._full_pickers() is None:
+            return None
+        got = []
+        for r, args in zip(self.launches, self._args):
+            options = (r.options["num_warps"], r.options.get("num_stages"))
+            hit = _compiled.get(_launch_key(r.kernel, args(sources), r.constexprs, options, device))
+            if hit is None:
+                return None
+            got.append(hit[0])
+        return tuple(got)
 
     def _ordinary(self, sources: tuple) -> list:
         out = []

@@ -293,3 +293,37 @@ def test_a_call_without_a_key_is_not_stored():
     fast_path.clear()
     fast_path.store(None, object())
     assert fast_path.lookup(None) is None and len(fast_path._plans) == 0
+
+
+@pytest.mark.parametrize("op,make", [("gdn_decode", lambda: _decode_rows(5)), ("gdn_prefill", lambda: _prefill(14)),
+                                     ("gdn_prefill", lambda: _prefill(2, n=1))])
+def test_the_class_key_derived_from_the_call_key_is_the_class_key(op, make):
+    """A decode or prefill call key is its class key and the length arguments' dims 0: plan_miss
+    takes the class key from it (no second read of the tensors)."""
+    x = dict(make(), scale=None)
+    key = fast_path.call_key(op, x, None, True, False)
+    assert fast_path._class_of(op, key) == fast_path.class_key(op, x, None, True, False)
+    assert key[-1] == tuple(x[n].shape[0] for n in x if n in fast_path.LENGTH_ARGUMENTS[op.split("_")[1]])
+    assert fast_path._class_of("silu_and_mul_clamp", key) is None and fast_path._class_of(op, None) is None
+
+
+def test_a_class_shares_its_first_plans_prepared_launch_when_it_serves_the_class():
+    """A new length's plan takes its launch from its class's prepared launch where the backend's
+    serves every length (``serves_class``: the Triton replays, ``bind``), so no prepared launch is
+    built per length."""
+    class Replay:
+        serves_class = True
+
+        def bind(self, a):
+            return ("bound", a["q"].shape[0])
+    x = _decode_rows(3)
+    linattn.gdn_decode(**x)
+    (entry,) = [e for e in fast_path._classes.values() if e.plan.op == "gdn_decode"]
+    entry.plan.replay, entry.plan.copies = Replay(), ()
+    y = _decode_rows(5, seed=1)
+    derived = fast_path._from_class(entry, dict(y, scale=None))
+    assert derived is not None and derived.replay is entry.plan.replay and derived.copies == ()
+    assert derived.prepared == ("bound", 5)
+    entry.plan.replay = None  # no class-serving launch: each length prepares its own
+    derived = fast_path._from_class(entry, dict(y, scale=None))
+    assert derived.prepared is None and derived.copies is None

@@ -254,7 +254,8 @@ def _normalised(args: tuple, tensors: dict, base: Optional[int]) -> tuple:
 @pytest.mark.parametrize("mode", MODES)
 def test_a_replay_passes_the_arguments_of_the_stages_run_one_by_one(stubbed, monkeypatch, family, mode):
     """Call 1 runs the stages one by one, call 2 records and replays them with Triton's ordinary
-    launch (compiling), calls 3 and 4 launch directly: the same kernels with the same arguments,
+    launch (compiling: launch()'s cache is emptied first), calls 3 and 4 launch directly: the same
+    kernels with the same arguments,
     the allocated buffers aside (same dtype, shape, strides and alignment; in a replay, the same
     offsets in its workspace, whether passed as views or as addresses)."""
     kw = _call(family, mode, seed=7)
@@ -263,8 +264,10 @@ def test_a_replay_passes_the_arguments_of_the_stages_run_one_by_one(stubbed, mon
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **k: _note_workspace(real_empty(*a, **k), bases))
     calls = []  # per call: its launches, its tensors by name, its workspace's address (None: none)
-    for _ in range(4):
+    for i in range(4):
         del bases[:], stubbed[:]
+        if i == 1:
+            launch_mod._compiled.clear()  # as if call 1's kernels were not compiled: the replay compiles
         o, final = pm.run_prefill(plan, **kw)
         calls.append((list(stubbed), dict(kw, o=o, final=final), bases[-1] if bases else None))
     kernels = {"gdn": ["chunk_tables_kernel", "chunk_intra_kernel", "chunk_gdn_gates_kernel", "chunk_state_kernel",
@@ -279,6 +282,20 @@ def test_a_replay_passes_the_arguments_of_the_stages_run_one_by_one(stubbed, mon
         return [(name, _normalised(args, tensors, base if by_offset else None)) for _, name, args in launches]
     assert normalised(calls[1], False) == normalised(calls[0], False)  # the replay's buffers as the stages make them
     assert normalised(calls[2], True) == normalised(calls[1], True) == normalised(calls[3], True)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_a_new_recording_launches_directly_the_kernels_compiled_before(stubbed, family):
+    """A sequence recorded for a new plan (a new prefill bucket, issue 28) finds in launch()'s cache
+    the kernels other calls compiled (``LaunchSequence._shared``): its first replay is direct."""
+    kw = _call(family, "pool", seed=9)
+    pm.run_prefill(_plan(family, kw), **kw)  # stage by stage: Triton's ordinary launch compiles
+    del stubbed[:]
+    other = _plan(family, kw)  # a plan of its own (what a new bucket makes), the same kernel classes
+    for _ in range(2):
+        pm.run_prefill(other, **kw)  # stage by stage through launch()'s cache, then recorded and replayed
+    assert {how for how, *_ in stubbed} == {"direct"}
+    assert isinstance(next(iter(other.launches.values())), pm.PrefillLaunch)
 
 
 def _note_workspace(t: torch.Tensor, bases: list) -> torch.Tensor:
