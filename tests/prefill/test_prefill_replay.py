@@ -91,9 +91,10 @@ def test_a_new_t_of_a_known_bucket_replays_with_the_bits_of_its_own_plan(monkeyp
     _assert_same(_replayed(replay, second), _fresh(monkeypatch, family, second), second)
     assert len(replay.entries) == 1 and not len(replay.exact)
     assert isinstance(next(iter(replay.entries.values()))[1], pm.PrefillLaunch)
-    third = _call(family, [40, 2, 9], seed=3, dense=dense)  # N = 3: a bucket of its own
-    _assert_same(_replayed(replay, third), _fresh(monkeypatch, family, third), third)
-    assert len(replay.entries) == 2
+    if family == "gdn" and not dense:  # (kept to one case: the interpreter's time)
+        third = _call(family, [40, 2, 9], seed=3, dense=dense)  # N = 3: a bucket of its own
+        _assert_same(_replayed(replay, third), _fresh(monkeypatch, family, third), third)
+        assert len(replay.entries) == 2
 
 
 @RUNS_KERNELS
