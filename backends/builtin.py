@@ -18,6 +18,7 @@ LINATTN_API_VERSION = "2"
 
 BUILTIN = (
     "linattn.backends.torch_ref:TorchRefBackend",
+    "linattn.backends.torch_chunked:TorchChunkedBackend",
     "linattn.backends.triton_split:TritonSplitBackend",
     "linattn.backends.triton_folded:TritonFoldedBackend",
     "linattn.backends.cutedsl:CuteDSLBackend",

@@ -1,29 +1,45 @@
-"""CPU prefill benchmark: the example plugin ``cpu-chunked`` against ``torch-ref``.
+"""CPU benchmarks: linattn's PyTorch prefills against each other and against transformers' own.
 
-Both run through the public ops (``linattn.gdn_prefill`` / ``linattn.kda_prefill``) with the
+Section ``plugin``: the built-in ``torch-chunked``, the example plugin ``cpu-chunked`` and ``torch-ref``.
+All run through the public ops (``linattn.gdn_prefill`` / ``linattn.kda_prefill``) with the
 backend forced, so validation and dispatch are included, on the same inputs: 4 sequences x 2,048
 tokens in one varlen call, bf16 q/k/v, fp32 gates and an fp32 state pool in pool mode (what an
 engine's prefill passes). Shapes: GDN at Qwen3-Next (H=16, HV=32, K=V=128), KDA at Kimi-Linear
-(H=HV=32, K=V=128). Each repeat runs both backends back to back (alternating which goes first, on
-fresh pool copies), so load from other processes hits both alike; the JSON keeps every time, the
+(H=HV=32, K=V=128). Each repeat runs the backends back to back (alternating the order, on
+fresh pool copies), so load from other processes hits all alike; the JSON keeps every time, the
 medians and their ratio. It also records the dispatcher's own choice for the problem and the
 relative difference between the two outputs and final states (a sanity check; the conformance
 suite is the accuracy test).
 
-Writes the ``benchmarks/_results.py`` schema, one row per (op, tokens per sequence), to
+Section ``targets`` (issue 31): linattn's default (the dispatcher's choice, public ops, fp32) against
+transformers' own PyTorch functions (``inspect.unwrap`` of the hub wrappers: what a user without FLA
+runs): prefill at 1 x 2,048 and 4 x 512 tokens against ``torch_chunk_gated_delta_rule`` (GDN, H=4,
+HV=8, K=V=128) and Kimi-Linear's ``chunk_kimi_delta_attention`` (KDA, H=HV=8: Kimi's function has no
+GVA), dense mode, no initial state, final state returned; one decode step (batch 1 and 4, gates
+precomputed, fp32 state) against ``torch_recurrent_gated_delta_rule`` / ``recurrent_kimi_delta_attention``.
+Interleaved A/B (alternating which goes first), medians.
+
+Section ``hf_example``: examples/hf_generate.py's CPU run (tiny random Qwen3-Next and Kimi-Linear,
+batch 2 x 80 prompt tokens, 8 new tokens, fp32) on transformers' own path and with
+``linattn.integrations.transformers.enable``, interleaved.
+
+Writes the ``benchmarks/_results.py`` schema (rows of every section, a ``kind`` each) to
 ``benchmarks/results/cpu_chunked.json`` (``--out``; ``-`` prints it instead). Several lengths
-(``--tokens 64,128,256,512,2048``) show where the plugin starts to pay (docs/performance.md).
+(``--tokens 64,128,256,512,2048``) show where the chunked forms start to pay (docs/performance.md).
 
 Usage:
     python benchmarks/cpu_chunked.py [--repeats 5] [--threads N] [--ops gdn,kda] [--tokens 2048]
-           [--label "which machine"]
+           [--sections plugin,targets,hf_example] [--label "which machine"]
 
-Needs the example installed: ``pip install -e examples/linattn-cpu-chunked``.
+The plugin section needs the example installed: ``pip install -e examples/linattn-cpu-chunked``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
+import inspect
 import json
 import os
 import statistics
@@ -40,7 +56,7 @@ from _results import RESULTS, make_results, write_results  # noqa: E402
 
 SHAPES = {"gdn": dict(model="qwen3-next", H=16, HV=32, K=128, V=128),
           "kda": dict(model="kimi-linear", H=32, HV=32, K=128, V=128)}
-BACKENDS = ("cpu-chunked", "torch-ref")
+BACKENDS = ("torch-chunked", "cpu-chunked", "torch-ref")
 
 
 def make_inputs(family: str, n_seq: int, seq_len: int, seed: int = 0) -> dict:
@@ -87,7 +103,7 @@ def bench(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:
         _, o, pool = run_once(family, b, x)
         outs[b] = (o, pool[x["slots"].long()])
     for r in range(repeats):
-        order = BACKENDS if r % 2 == 0 else BACKENDS[::-1]
+        order = BACKENDS[r % 3:] + BACKENDS[:r % 3]  # each backend first in turn
         for b in order:
             times[b].append(run_once(family, b, x)[0])
         print(f"  {family} repeat {r + 1}/{repeats}: " + ", ".join(f"{b} {times[b][-1]:.3f}s" for b in BACKENDS),
@@ -98,16 +114,174 @@ def bench(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:
     problem = linattn.Problem(op=op, n=n_seq, t=n_seq * seq_len, h=s["H"], hv=s["HV"], k=s["K"],
                               v=s["V"], dtype="bfloat16", state_dtype="float32", mode="pool")
     return {
-        "op": op, "model": s["model"], "sequences": n_seq, "tokens_per_sequence": seq_len,
+        "kind": "plugin", "op": op, "model": s["model"], "sequences": n_seq, "tokens_per_sequence": seq_len,
         "shape": {k: s[k] for k in ("H", "HV", "K", "V")}, "dtype": "bfloat16", "state": "float32 pool",
         "seconds": {b: [round(t, 4) for t in ts] for b, ts in times.items()},
         "median_seconds": {b: round(m, 4) for b, m in med.items()},
         "tokens_per_second": {b: round(n_seq * seq_len / m, 1) for b, m in med.items()},
-        "speedup_vs_torch_ref": round(med["torch-ref"] / med["cpu-chunked"], 3),
+        "speedup_vs_torch_ref": {b: round(med["torch-ref"] / med[b], 3) for b in BACKENDS[:2]},
         "dispatcher_choice": linattn.explain(problem, torch.device("cpu")).chosen,
-        "rel_diff_output": _rel(outs["cpu-chunked"][0], outs["torch-ref"][0]),
-        "rel_diff_state": _rel(outs["cpu-chunked"][1], outs["torch-ref"][1]),
+        "rel_diff_output": {b: _rel(outs[b][0], outs["torch-ref"][0]) for b in BACKENDS[:2]},
+        "rel_diff_state": {b: _rel(outs[b][1], outs["torch-ref"][1]) for b in BACKENDS[:2]},
     }
+
+
+# -- issue 31's targets: linattn's default against transformers' own PyTorch functions -----------------
+
+TARGET_SHAPES = ((1, 2048), (4, 512))  # (sequences, tokens per sequence)
+HF_MODULES = {"gdn": "transformers.models.qwen3_next.modeling_qwen3_next",
+              "kda": "transformers.models.kimi_linear.modeling_kimi_linear"}
+HF_FUNCTIONS = {("gdn", "prefill"): "torch_chunk_gated_delta_rule", ("gdn", "decode"): "torch_recurrent_gated_delta_rule",
+                ("kda", "prefill"): "chunk_kimi_delta_attention", ("kda", "decode"): "recurrent_kimi_delta_attention"}
+
+
+def hf_function(family: str, phase: str):
+    """transformers' own PyTorch function (the hub / FLA wrapper's ``__wrapped__``: what a user
+    without FLA runs; with FLA importable the wrapper would hand CPU tensors to Triton)."""
+    mod = importlib.import_module(HF_MODULES[family])
+    return inspect.unwrap(getattr(mod, HF_FUNCTIONS[(family, phase)]))
+
+
+def _target_inputs(family: str, n_seq: int, seq_len: int, H: int, HV: int, K: int, gen) -> dict:
+    T = n_seq * seq_len
+    x = dict(q=torch.randn(n_seq, seq_len, H, K, generator=gen), k=torch.randn(n_seq, seq_len, H, K, generator=gen),
+             v=torch.randn(n_seq, seq_len, HV, K, generator=gen), beta=torch.rand(n_seq, seq_len, HV, generator=gen))
+    A_log = torch.rand(HV, generator=gen) * 2.0 - 1.0
+    if family == "gdn":
+        x["g"], _ = linattn.gdn_gating(A_log, torch.randn(T, HV, generator=gen), torch.zeros(T, HV), torch.zeros(HV))
+    else:
+        x["g"], _ = linattn.kda_gating(A_log, torch.randn(T, HV, K, generator=gen), torch.zeros(T, HV),
+                                       torch.zeros(HV, K), lower_bound=-5.0)
+    x["g"] = x["g"].view(n_seq, seq_len, *x["g"].shape[1:])
+    x["cu"] = torch.arange(n_seq + 1, dtype=torch.int32) * seq_len
+    return x
+
+
+def _interleaved(fns: dict, repeats: int, inner: int = 1) -> dict:
+    """Medians of ``repeats`` timings of each function, A/B alternating which goes first; each timing
+    is ``inner`` back-to-back calls divided by ``inner``."""
+    for f in fns.values():  # warm-up
+        f()
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fns[name]()
+            times[name].append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def bench_target_prefill(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:
+    """linattn's default prefill (dense, no initial state, final state returned) against
+    transformers' chunked function on the same fp32 inputs. GDN at H=4, HV=8; KDA at H=HV=8 (Kimi's
+    function has no GVA), K=V=128."""
+    H, HV, K = (4, 8, 128) if family == "gdn" else (8, 8, 128)
+    x = _target_inputs(family, n_seq, seq_len, H, HV, K, torch.Generator().manual_seed(0))
+    op = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
+    flat = {k: x[k].flatten(0, 1) for k in ("q", "k", "v", "g", "beta")}
+    hf = hf_function(family, "prefill")
+    fns = {"linattn": lambda: op(flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], x["cu"]),
+           "transformers": lambda: hf(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None,
+                                      output_final_state=True, use_qk_l2norm_in_kernel=True)}
+    times = _interleaved(fns, repeats)
+    o_lin, ht_lin = fns["linattn"]()
+    chosen = linattn.last_decision(op.__name__).chosen
+    o_hf, ht_hf = fns["transformers"]()
+    return _target_row(family, "prefill", n_seq, seq_len, (H, HV, K), times, chosen, HF_FUNCTIONS[(family, "prefill")],
+                       _rel(o_lin.view_as(o_hf), o_hf), _rel(ht_lin.transpose(-1, -2), ht_hf))
+
+
+def bench_target_decode(family: str, batch: int, repeats: int) -> dict:
+    """One decode step (T = 1, gates precomputed as transformers' function takes them, fp32 state):
+    linattn's default decode over a pool (in place) against transformers' recurrent function
+    (dense state in, new state out). Shapes as :func:`bench_target_prefill`."""
+    H, HV, K = (4, 8, 128) if family == "gdn" else (8, 8, 128)
+    gen = torch.Generator().manual_seed(1)
+    x = _target_inputs(family, batch, 1, H, HV, K, gen)
+    state = torch.randn(batch, HV, K, K, generator=gen) * 0.1  # [B, HV, K, V] (transformers' layout)
+    pool = state.transpose(-1, -2).contiguous()  # linattn's "vk" pool [B, HV, V, K]
+    slots = torch.arange(batch, dtype=torch.int32)
+    op = linattn.gdn_decode if family == "gdn" else linattn.kda_decode
+    hf = hf_function(family, "decode")
+    fns = {"linattn": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"], beta=x["beta"]),
+           "torch-chunked": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"],
+                                       beta=x["beta"], backend="torch-chunked"),
+           "transformers": lambda: hf(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=state,
+                                      output_final_state=True, use_qk_l2norm_in_kernel=True)}
+    times = _interleaved(fns, repeats, inner=20)
+    fns["linattn"]()
+    chosen = linattn.last_decision(op.__name__).chosen
+    return _target_row(family, "decode", batch, 1, (H, HV, K), times, chosen, HF_FUNCTIONS[(family, "decode")])
+
+
+def _target_row(family, phase, n_seq, seq_len, shape, times, chosen, hf_name, rel_o=None, rel_state=None) -> dict:
+    med = {b: statistics.median(t) for b, t in times.items()}
+    row = {"kind": "target", "op": f"{family}_{phase}", "sequences": n_seq, "tokens_per_sequence": seq_len,
+           "shape": dict(zip(("H", "HV", "K", "V"), (*shape, shape[2]))), "dtype": "float32",
+           "baseline": f"transformers {hf_name} (PyTorch)", "linattn_backend": chosen,
+           "seconds": {b: [round(s, 6) for s in t] for b, t in times.items()},
+           "median_seconds": {b: round(m, 6) for b, m in med.items()},
+           "speedup_vs_transformers": {b: round(med["transformers"] / m, 3) for b, m in med.items() if b != "transformers"},
+           "target": ">= 2x" if phase == "prefill" else ">= 1x (no slower)"}
+    if rel_o is not None:
+        row.update(rel_diff_output=rel_o, rel_diff_state=rel_state)
+    return row
+
+
+def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: int = 80, new_tokens: int = 8) -> dict:
+    """examples/hf_generate.py's CPU run (tiny random model, fp32, greedy prefill + generate) on
+    transformers' own PyTorch path and with ``linattn.integrations.transformers.enable``, alternating."""
+    import linattn.integrations.transformers as lt
+
+    mod = importlib.import_module(HF_MODULES["kda" if model_name == "kimi-linear" else "gdn"])
+    for name, fn in list(vars(mod).items()):  # transformers' own torch functions (as tests/field/test_f35)
+        inner = inspect.unwrap(fn) if callable(fn) and hasattr(fn, "__wrapped__") else fn
+        if inner is not fn and getattr(inner, "__module__", None) == mod.__name__:
+            setattr(mod, name, _only_own_kwargs(inner))
+    model = lt.tiny_random_model(model_name)
+    ids = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+
+    def run():
+        with torch.no_grad():
+            model(ids)
+            return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+    def plain():
+        lt.disable(model)
+        return run()
+
+    def routed():
+        lt.enable(model)
+        return run()
+
+    times = _interleaved({"linattn": routed, "transformers": plain}, repeats)
+    same = torch.equal(routed(), plain())
+    med = {b: statistics.median(t) for b, t in times.items()}
+    return {"kind": "hf_example", "model": model_name, "batch": batch, "prompt_tokens": prompt_len,
+            "new_tokens": new_tokens, "dtype": "float32",
+            "seconds": {b: [round(s, 4) for s in t] for b, t in times.items()},
+            "median_seconds": {b: round(m, 4) for b, m in med.items()},
+            "speedup_vs_transformers": round(med["transformers"] / med["linattn"], 3), "tokens_identical": same}
+
+
+def _only_own_kwargs(fn):
+    """``fn`` called with the keywords it names only (the hub wrapper took FLA's extra ones)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn
+    return functools.wraps(fn)(lambda *a, **kw: fn(*a, **{k: v for k, v in kw.items() if k in params}))
+
+
+def _kept_plugin_rows(path: str) -> list:
+    """The plugin rows of an earlier run in ``path`` (a section not re-run), each marked with its commit."""
+    if path == "-" or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        doc = json.load(f)
+    return [{**r, "kind": "plugin", "from_commit": doc["commit"]} for r in doc["rows"]
+            if r.get("kind", "plugin") == "plugin"]
 
 
 def main() -> None:
@@ -118,20 +292,44 @@ def main() -> None:
     ap.add_argument("--sequences", type=int, default=4)
     ap.add_argument("--tokens", default="2048", help="tokens per sequence (a comma list: one row each)")
     ap.add_argument("--out", default=str(RESULTS / "cpu_chunked.json"), help="results file ('-': print it)")
+    ap.add_argument("--sections", default="plugin,targets,hf_example")
     ap.add_argument("--label", default="", help="a note stored with the run (e.g. which machine)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if "cpu-chunked" not in linattn.list_backends():
+    sections = args.sections.split(",")
+    if "plugin" in sections and "cpu-chunked" not in linattn.list_backends():
         sys.exit("cpu-chunked is not installed: pip install -e examples/linattn-cpu-chunked")
     lengths = [int(t) for t in args.tokens.split(",")]
-    results = [bench(f, args.sequences, t, args.repeats) for f in args.ops.split(",") for t in lengths]
+    load0 = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    results = []
+    if "plugin" in sections:
+        results += [bench(f, args.sequences, t, args.repeats) for f in args.ops.split(",") for t in lengths]
+    if "targets" in sections:
+        for f in args.ops.split(","):
+            results += [bench_target_prefill(f, n, t, args.repeats) for n, t in TARGET_SHAPES]
+            results += [bench_target_decode(f, b, args.repeats) for b in (1, 4)]
+            print(f"  targets {f}: " + ", ".join(f"{r['op']} {r['sequences']}x{r['tokens_per_sequence']} "
+                                                 f"{r['speedup_vs_transformers']}" for r in results[-4:]),
+                  file=sys.stderr, flush=True)
+    if "hf_example" in sections:
+        results += [bench_hf_example(m, args.repeats) for m in ("qwen3-next", "kimi-linear")]
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    notes = ["The example plugin cpu-chunked against torch-ref through the public ops (validation and dispatch "
-             f"included), {args.sequences} sequences of {args.tokens} tokens (one row per length) in one varlen "
-             "call, bf16 q/k/v, fp32 pool; each repeat runs both back to back, alternating which goes first; "
-             "seconds = every repeat.",
-             f"machine: {args.label or '(no --label)'}; load average at the end {load}."]
+    kept = _kept_plugin_rows(args.out) if "plugin" not in sections else []
+    results = kept + results
+    notes = ["kind=plugin: torch-chunked, the example plugin cpu-chunked and torch-ref through the public ops "
+             f"(validation and dispatch included), {args.sequences} sequences of {args.tokens} tokens (one row per "
+             "length) in one varlen call, bf16 q/k/v, fp32 pool; each repeat runs all back to back, each first in "
+             "turn; seconds = every repeat.",
+             "kind=target: linattn's default (the dispatcher's choice, recorded) against transformers' own PyTorch "
+             "functions (unwrapped from the hub/FLA wrappers), fp32, interleaved A/B with alternating order, "
+             "medians; decode rows time 20 back-to-back steps per repeat. kind=hf_example: examples/hf_generate.py's "
+             "CPU run with and without linattn.integrations.transformers.enable, interleaved.",
+             f"machine: {args.label or '(no --label)'}; shared with other jobs: load average at the start {load0}, "
+             f"at the end {load}."]
+    if kept:
+        notes.append(f"The kind=plugin rows were not re-run (--sections {args.sections}): kept from the file's earlier "
+                     f"run, commit {kept[0]['from_commit']}, whose rows compared cpu-chunked and torch-ref only.")
     if args.out == "-":
         print(json.dumps(make_results(results, notes).model_dump(), indent=1))
     else:

@@ -175,7 +175,7 @@ def test_first_choice_is_logged_once_with_runners_up(fresh_registry, caplog):
 
 
 def test_nothing_fits_error_lists_every_backend(fresh_registry):
-    with policy(disable=["torch-ref"]):
+    with policy(disable=["torch-ref", "torch-chunked"]):
         sig = tuple(DECODE.model_dump().items())
         with pytest.raises(NoBackendError) as ei:
             select("gdn_decode", sig, torch.device("cpu"))

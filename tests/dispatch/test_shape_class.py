@@ -56,16 +56,16 @@ def test_one_class_one_verdict_for_every_op_and_backend(device):
 
 
 def test_the_class_drops_exact_sizes_but_keeps_a_rank_threshold():
+    from linattn.backends.torch_chunked import SHORT
+
     caps, reg = profile("cpu"), get_registry()
-    if "cpu-chunked" not in reg.backends:
-        pytest.skip("the example plugin is not installed")
     long_ = [_problem("gdn_prefill", 4, t) for t in (512, 700, 4096)]  # >= 128 tokens per sequence
-    short = _problem("gdn_prefill", 4, 300)  # 75 per sequence: torch-ref is first
+    short = _problem("gdn_prefill", 4, 4 * SHORT["gdn"] - 4)  # under torch-chunked's threshold: torch-ref first
     keys = {shape_class(p, tuple(p.model_dump().items()), caps, reg) for p in long_}
     assert len(keys) == 1
     assert shape_class(short, tuple(short.model_dump().items()), caps, reg) not in keys
     assert dispatcher().explain(short, caps).chosen == "torch-ref"
-    assert {dispatcher().explain(p, caps).chosen for p in long_} == {"cpu-chunked"}
+    assert {dispatcher().explain(p, caps).chosen for p in long_} == {"torch-chunked"}
 
 
 def test_a_new_length_reuses_the_class_decision_with_its_own_problem():

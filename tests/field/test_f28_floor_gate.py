@@ -25,7 +25,7 @@ from field_cases import assert_rows_unchanged
 
 T, EVERY, MILD, FLOOR = 300, 50, -0.05, -1000.0
 #: Head size K = V per backend: small, but one the backend takes (the Triton prefill: 64, 128, 256).
-HEAD = {"torch-ref": 16, "cpu-chunked": 16, "triton-split": 64}
+HEAD = {"torch-ref": 16, "torch-chunked": 16, "cpu-chunked": 16, "triton-split": 64}
 P, SLOT = 4, 2  # pool rows; the one the call owns
 
 

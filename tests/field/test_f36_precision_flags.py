@@ -43,7 +43,7 @@ def _rel(x, ref) -> float:
 
 
 def _backends(op: str) -> list[str]:
-    return [b for b in ("torch-ref", "cpu-chunked") if b in linattn.list_backends() and op in linattn.list_backends()[b].ops]
+    return [b for b in ("torch-ref", "torch-chunked", "cpu-chunked") if b in linattn.list_backends() and op in linattn.list_backends()[b].ops]
 
 
 @pytest.mark.parametrize("setting", sorted(SETTINGS))

@@ -65,7 +65,7 @@ def test_prefill_with_huge_q_or_k_equals_the_unscaled_problem(which, mag):
     a = _prefill()
     ref_o, ref_f = linattn.gdn_prefill(**{n: x.double() if x.is_floating_point() else x for n, x in a.items()},
                                        backend="torch-ref")
-    for backend in ("torch-ref", "cpu-chunked"):
+    for backend in ("torch-ref", "torch-chunked", "cpu-chunked"):
         if backend not in linattn.list_backends():
             continue
         o, f = linattn.gdn_prefill(**_scaled(a, mag, which), backend=backend, check_finite=True)

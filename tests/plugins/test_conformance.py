@@ -16,7 +16,7 @@ from linattn.testing.runner import availability
 
 from plugin_fakes import AcceptsEverything, IgnoresPadding, Plugin
 
-BUILTIN = ("torch-ref", "triton-split", "triton-folded", "cutedsl")
+BUILTIN = ("torch-ref", "torch-chunked", "triton-split", "triton-folded", "cutedsl")
 
 
 def _installed(entry_point: str) -> bool:

@@ -1,0 +1,565 @@
+"""The chunked PyTorch backend ``torch-chunked``: GDN and KDA prefill in chunked form, any device.
+
+The maths is docs/ops.md's "Chunked form" (Yang, Kautz, Hatamizadeh, "Gated Delta Networks",
+ICLR 2025; Yang et al., "Parallelizing Linear Transformers with the Delta Rule over Sequence
+Length", NeurIPS 2024, the WY / UT representation; the Kimi Linear report, 2025, for KDA's
+per-channel decay). Within a chunk of ``C`` rows, with ``q`` normalised and scaled, ``S0 [K, V]``
+the state entering the chunk and ``G_r = g_1 + ... + g_r`` the chunk-local cumulative log decay
+(one per row for GDN, one per row and key channel for KDA)::
+
+    Akk = strictly_lower( beta_r * sum_d k_rd k_sd exp(G_rd - G_sd) )
+    Aqk = lower_incl_diag( sum_d q_rd k_sd exp(G_rd - G_sd) )
+    U   = (I + Akk)^-1 diag(beta) V            W = (I + Akk)^-1 diag(beta) (K * exp(G))
+    Vn  = U - W S0                              (the only product with the state on the serial path)
+    S1  = diag(exp(G_C)) S0 + (K * exp(G_C - G))^T Vn
+    O   = (Q * exp(G)) S0 + Aqk Vn
+
+How the work is laid out. Every sequence is cut into chunks of :data:`CHUNK` rows (fewer, a power
+of two, when every sequence is shorter: :func:`chunk_size`); a short last
+chunk is padded with copies of a real row of its own sequence whose ``g`` and ``beta`` are 0 (a
+row with ``beta = 0`` has zero rows in ``Akk``, ``U`` and ``W``, so it adds nothing, and ``g = 0``
+keeps ``G_C`` the decay of the last real row; its output is dropped). Sequences are sorted longest
+first and chunks are numbered step-major: step ``j`` holds chunk ``j`` of every sequence still
+running, which are a prefix of that order. Everything that does not read the state (``Akk``,
+``Aqk``, the triangular solve, ``U``, ``W``) runs batched over every chunk and value head of a
+window of steps; then the recurrence runs over the steps only (two batched matmuls a step, over
+the running sequences and heads), keeping each chunk's entering state; then the outputs of the
+whole window are one batched product. A window holds at most :data:`WINDOW_BYTES` of entering
+states, so memory stays bounded for any length.
+
+Numerics. Decays enter as exponentials of differences that are ``<= 0``, or (KDA's factorised
+matrices) bounded by :data:`SAFE_HALF`, never as a ratio of exponentials: gates at the floor
+(-1000) give zeros, never inf or NaN. The chunk-local sums are two-float (``G + Gl``, as the Triton
+fp32 path's ``kernels/triton/_gates.py``; docs/ops-decisions.md, "Chunked prefill, state-update
+weights"). KDA's ``exp(G_rd - G_sd)`` does not factor out of the sum over ``d``: a chunk whose
+decay range is at most ``2 * SAFE_HALF`` nats in every channel is factorised around its midpoint
+(one matmul); otherwise every chunk of the window is cut into blocks of :data:`SUB` rows, the
+blocks below the diagonal factorised around the last row of their column block (both exponents
+``<= 0``), the diagonal blocks around their midpoint where that range fits, else summed pairwise
+(docs/ops-decisions.md, "KDA's intra-chunk matrices", the same rule as the Triton path).
+Log decays are floored at ``-EXP_FLOOR`` before ``exp``: ``e^-80`` is zero at fp32 precision, and
+below ``e^-87`` CPUs compute denormals far more slowly.
+Computes in float32 (bf16 / fp16 inputs upcast once, the output cast once), or float64 when q,
+the pool or the initial state is float64; matmuls run in IEEE fp32 whatever the caller's flags
+(:mod:`linattn.precision`, F36).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from linattn.dispatch.verdict import Rank
+from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
+
+from .base import ALL_VENDORS, Backend, DecodeCall, PrefillCall
+from .torch_ref import G_MIN, gdn_decode_ref, gdn_gating_ref, kda_decode_ref, kda_gating_ref, l2norm_ref
+
+__all__ = ["CHUNK", "TorchChunkedBackend", "chunked_prefill"]
+
+CHUNK = 64
+"""Chunk size ``C`` (docs/ops.md) of any call whose longest sequence has at least 64 tokens."""
+MIN_CHUNK = 16
+"""Shorter calls use the smallest power of two ``>= MIN_CHUNK`` that holds their longest sequence
+(less padding for short prefills; the chunked form is exact for any ``C``)."""
+
+
+def chunk_size(max_len: int) -> int:
+    """``C`` for a call whose longest sequence has ``max_len`` tokens: a power of two in
+    ``[MIN_CHUNK, CHUNK]``."""
+    c = MIN_CHUNK
+    while c < min(max_len, CHUNK):
+        c *= 2
+    return c
+SUB = 16
+"""KDA's blocked Gram matrices: rows per block when a chunk's decay range is too steep to factorise."""
+EXP_FLOOR = 80.0
+"""Log decays are floored at -80 before ``exp`` (``e^-80`` ~ 2e-35 is zero at fp32 precision)."""
+SAFE_HALF = 40.0
+"""A factorised KDA block keeps every factor in ``[e^-40, e^40]`` (normal fp32 numbers)."""
+GATE_GRID = 128.0
+""":func:`cumsum2` splits each gate into a multiple of ``2**-7`` and a remainder of at most ``2**-8``."""
+WINDOW_BYTES = 64 << 20
+"""Entering states kept per window of chunk steps (the outputs of a window are one batched product)."""
+SHORT = {"gdn": 16, "kda": 16}
+"""Average tokens per sequence below which torch-ref's token-serial prefill is the CPU's default
+(a chunk is mostly padding there; measured in benchmarks/cpu_chunked.py, docs/performance.md)."""
+
+
+def cumsum2(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunk-local cumulative log decays along dim 1 as a two-float ``(G, Gl)``.
+
+    Each gate is split into a part on the grid of ``2**-7`` (summed exactly: gates are floored at
+    -1000 and a chunk has at most 64 rows, under ``2**24`` grid units) and a remainder (``|rem| <=
+    2**-8``). ``G`` is the sum rounded, ``Gl`` what ``G`` misses, so ``(G_r - G_s) + (Gl_r - Gl_s)``
+    is accurate to the rounding of the difference itself, also after a floor gate.
+
+    Args:
+        g: log decays in ``[G_MIN, 0]``, ``[M, C]`` (GDN) or ``[M, C, K]`` (KDA), fp32 or fp64.
+    Returns:
+        ``(G, Gl)`` in ``g``'s shape and dtype.
+
+    Example:
+        >>> g = torch.tensor([[-1000.0] + [-0.05] * 63])  # a floor gate, then mild ones
+        >>> G, Gl = cumsum2(g)
+        >>> exact = g.double().cumsum(1)
+        >>> float((G.double() + Gl.double() - exact).abs().max()) < 3e-8 < 1e-5 < float((G.double() - exact).abs().max())
+        True
+    """
+    coarse = (g * GATE_GRID).round_().mul_(1.0 / GATE_GRID)
+    lo = torch.sub(g, coarse).cumsum_(1)
+    hi = coarse.cumsum_(1)
+    G = hi + lo
+    return G, hi.sub_(G).add_(lo)
+
+
+def _exp_le0(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)`` of a log decay ``x <= 0`` (a fresh tensor the caller owns: overwritten), floored at
+    ``-EXP_FLOOR`` and capped at 0 (entries above a diagonal, masked later, never overflow)."""
+    return x.clamp_(-EXP_FLOOR, 0.0).exp_()
+
+
+def _diffs(Ga, Gla, Gb, Glb) -> torch.Tensor:
+    """``Ga - Gb + Gla - Glb``, the large parts first (a fresh tensor)."""
+    return (Ga - Gb).add_(Gla).sub_(Glb)
+
+
+def _tril(c: int, diagonal: int, device) -> torch.Tensor:
+    return torch.ones(c, c, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def _grams_gdn(qk: torch.Tensor, G, Gl, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDN: ``Aqk`` (lower incl. diagonal) and ``k k^T`` decayed (strictly lower), each ``[M, C, C]``.
+
+    ``qk [M / group, 2, C, K]``: q and k per key head (the dot products are shared by the ``group``
+    value heads of a key head, GVA); ``G, Gl [M, C]`` per value head."""
+    mk, _, c, kd = qk.shape
+    dots = (qk.view(mk, 2 * c, kd) @ qk[:, 1].transpose(1, 2)).view(mk, 1, 2, c, c)
+    decay = _exp_le0(_diffs(G[:, :, None], Gl[:, :, None], G[:, None], Gl[:, None]))  # [M, C, C]
+    grams = (dots * decay.view(mk, group, 1, c, c)).view(-1, 2, c, c)
+    return grams[:, 0].masked_fill_(~_tril(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(~_tril(c, -1, G.device), 0.0)
+
+
+def _factorised(qk, G, Gl) -> torch.Tensor:
+    """``[M, 2, n, n]`` = ``sum_d x_rd k_sd exp(G_rd - G_sd)`` around each channel's midpoint ``c``
+    (entries above the diagonal are finite junk: the caller masks them). Exact while every
+    channel's range ``G_0 - G_(n-1)`` is at most ``2 * SAFE_HALF``: every factor is then normal."""
+    m, _, n, kd = qk.shape
+    c = (G[:, :1] + G[:, -1:]) * 0.5  # [M, 1, K]
+    right = (qk[:, 1] * (c - G).sub_(Gl).clamp_(-2 * SAFE_HALF, 2 * SAFE_HALF).exp_()).transpose(1, 2)
+    left = qk * (G - c).add_(Gl).clamp_(-2 * SAFE_HALF, 2 * SAFE_HALF).exp_()[:, None]
+    return (left.reshape(m, 2 * n, kd) @ right).view(m, 2, n, n)
+
+
+def _pairwise(qk, G, Gl) -> torch.Tensor:
+    """``[M, 2, n, n]`` summed pairwise (only ``exp(G_r - G_s)`` with ``r >= s``, all ``<= 0``)."""
+    n = G.shape[1]
+    decay = _exp_le0(_diffs(G[:, :, None], Gl[:, :, None], G[:, None], Gl[:, None]))  # [M, r, s, K]
+    decay.masked_fill_(~_tril(n, 0, G.device)[:, :, None], 0.0)
+    ek = decay * qk[:, 1, None]  # exp(G_r - G_s) k_s
+    return (ek[:, None] @ qk[..., None]).squeeze(-1)
+
+
+def _blocked(qk, G, Gl) -> torch.Tensor:
+    """``[M, 2, C, C]`` for chunks too steep to factorise whole: blocks of :data:`SUB` rows."""
+    m, _, c, kd = qk.shape
+    nb = c // SUB
+    out = qk.new_zeros(m, 2, c, c)
+    k = qk[:, 1]
+    for j in range(nb - 1):
+        cols, rows = slice(j * SUB, (j + 1) * SUB), slice((j + 1) * SUB, c)
+        ref = slice((j + 1) * SUB - 1, (j + 1) * SUB)  # the last row of column block j
+        right = (k[:, cols] * _exp_le0(_diffs(G[:, ref], Gl[:, ref], G[:, cols], Gl[:, cols]))).transpose(1, 2)
+        left = qk[:, :, rows] * _exp_le0(_diffs(G[:, rows], Gl[:, rows], G[:, ref], Gl[:, ref]))[:, None]
+        out[:, :, rows, cols] = (left.reshape(m, -1, kd) @ right).view(m, 2, -1, SUB)
+    dq = qk.view(m, 2, nb, SUB, kd).transpose(1, 2).reshape(m * nb, 2, SUB, kd)
+    dG, dGl = G.reshape(m * nb, SUB, kd), Gl.reshape(m * nb, SUB, kd)
+    steep = (dG[:, 0] - dG[:, -1]).amax(-1) > 2 * SAFE_HALF
+    diag = _factorised(dq, dG, dGl)
+    if bool(steep.any()):
+        diag[steep] = _pairwise(dq[steep], dG[steep], dGl[steep])
+    grid = out.view(m, 2, nb, SUB, nb, SUB).diagonal(dim1=2, dim2=4)  # [M, 2, SUB, SUB, nb]
+    grid.copy_(diag.view(m, nb, 2, SUB, SUB).permute(0, 2, 3, 4, 1))
+    return out
+
+
+def _grams_kda(qk: torch.Tensor, G, Gl) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA: ``Aqk`` and the decayed ``k k^T`` (strictly lower), ``[M, C, C]`` each; ``qk [M, 2, C, K]``,
+    ``G, Gl [M, C, K]``. One matmul where every chunk's range fits, else :func:`_blocked`."""
+    c = G.shape[1]
+    steep = bool(((G[:, 0] - G[:, -1]).amax(-1) > 2 * SAFE_HALF).any())
+    grams = _blocked(qk, G, Gl) if steep else _factorised(qk, G, Gl)
+    return grams[:, 0].masked_fill_(~_tril(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(~_tril(c, -1, G.device), 0.0)
+
+
+def _unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
+    """``(I + A)^-1`` for strictly lower triangular ``A [M, C, C]`` (``C`` a power of two), by
+    doubling: the inverses of the diagonal blocks of size ``s`` give those of size ``2 s`` as
+    ``[[X11, 0], [-X22 A21 X11, X22]]``. Two batched matmuls a level, ``log2 C`` levels (on a CPU
+    several times faster than a batched triangular solve)."""
+    m, c, _ = A.shape
+    X = A.new_ones(m, c, 1, 1)
+    s = 1
+    while s < c:
+        nb = c // (2 * s)
+        a21 = A.view(m, nb, 2 * s, nb, 2 * s).diagonal(dim1=1, dim2=3)[:, s:, :s].permute(0, 3, 1, 2)
+        x11, x22 = X[:, 0::2], X[:, 1::2]
+        Y = A.new_zeros(m, nb, 2 * s, 2 * s)
+        Y[:, :, :s, :s] = x11
+        Y[:, :, s:, s:] = x22
+        Y[:, :, s:, :s] = (x22 @ (a21 @ x11)).neg_()
+        X, s = Y, 2 * s
+    return X.view(m, c, c)
+
+
+def _heads_first(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Rows ``idx [n, C]`` of ``x [T, H, ...]`` as ``[n, H, C, ...]`` (one gather, one copy)."""
+    return x[idx].transpose(1, 2).contiguous()
+
+
+def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool):
+    """Chunks ``lo:hi`` of a window (steps ``states`` = ``[(first chunk, running)]``); ``S [n, HV, K, V]``
+    updated in place. Returns ``O [hi - lo, HV, C, V]``."""
+    q, k, v, g, beta = inp
+    idx, keep = tok[lo:hi], real[lo:hi]
+    n, c = idx.shape
+    qk = torch.stack([_heads_first(q, idx), _heads_first(k, idx)], dim=2)  # [n, H, 2, C, K]
+    H, kd = qk.shape[1], qk.shape[-1]
+    HV = H * group
+    vv = _heads_first(v, idx).view(n * HV, c, -1)
+    gg = _heads_first(g, idx).masked_fill_(~keep.view(n, 1, c, *(1,) * (g.dim() - 2)), 0.0)
+    bb = _heads_first(beta, idx).masked_fill_(~keep[:, None], 0.0).view(n * HV, c, 1)
+    gg = gg.view(n * HV, c, *gg.shape[3:])
+    G, Gl = cumsum2(gg)
+    if group > 1:  # GVA: value head hv reads q/k head hv // group
+        qkv = qk[:, :, None].expand(n, H, group, 2, c, kd).reshape(n * HV, 2, c, kd)
+    else:
+        qkv = qk.view(n * HV, 2, c, kd)
+    if kda:
+        Aqk, Akk = _grams_kda(qkv, G, Gl)
+        eG = _exp_le0(G.clone())  # [M, C, K]
+        tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))  # exp(G_C - G_r): 1 on the last row
+        dC = eG[:, -1:].transpose(1, 2)  # [M, K, 1]
+    else:
+        Aqk, Akk = _grams_gdn(qk.view(n * H, 2, c, kd), G, Gl, group)
+        eG = _exp_le0(G.clone())[:, :, None]  # [M, C, 1]
+        tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))[:, :, None]
+        dC = eG[:, -1:]  # [M, 1, 1]
+    kv = qkv[:, 1]
+    X = _unit_lower_inverse(Akk.mul_(bb))
+    U, W = X @ vv.mul_(bb), X @ (kv * eG).mul_(bb)  # (I + Akk)^-1 diag(beta) [V | K exp(G)]
+    Vdim = vv.shape[-1]
+    kt = (kv * tail).transpose(1, 2)  # [M, K, C]
+    S_in = _recurrence(S, U, W, kt, dC, [((f - lo) * HV, r * HV) for f, r in states])
+    O = torch.baddbmm(Aqk @ U, qkv[:, 0] * eG, S_in)
+    return O.view(n, HV, c, Vdim)
+
+
+def _recurrence(S: torch.Tensor, U, W, kt, dC, steps: list) -> torch.Tensor:
+    """The serial part: over the steps ``[(first row, rows)]`` of a window (rows of ``U [M, C, V]``,
+    ``W [M, C, K]``, ``kt [M, K, C]``, ``dC``: a step's rows are the running sequences' heads, a
+    prefix of ``S [n, HV, K, V]``'s), ``Vn = U - W S`` (written over ``U``) and
+    ``S = dC * S + kt Vn``. Returns every chunk's entering state ``[M, K, V]``; ``S`` is updated in
+    place to the states after the window."""
+    hv, kd, vd = S.shape[1:]
+    S_in = S.new_empty(U.shape[0], kd, vd)
+    a, b = steps[0]
+    S_in[a:a + b] = S[:b // hv].view(b, kd, vd)
+    for i, (a, b) in enumerate(steps):
+        cur = S_in[a:a + b]
+        vn = U[a:a + b]
+        vn.baddbmm_(W[a:a + b], cur, alpha=-1.0)  # Vn = U - W S
+        nxt_b = steps[i + 1][1] if i + 1 < len(steps) else 0
+        if nxt_b == b:  # the same sequences run on: straight into the next step's entering states
+            dst = S_in[steps[i + 1][0]:steps[i + 1][0] + b]
+        else:
+            dst = S.new_empty(b, kd, vd)
+        torch.bmm(kt[a:a + b], vn, out=dst)
+        dst.addcmul_(cur, dC[a:a + b])
+        if nxt_b != b:
+            if nxt_b:
+                S_in[steps[i + 1][0]:steps[i + 1][0] + nxt_b] = dst[:nxt_b]
+            S[nxt_b // hv:b // hv] = dst[nxt_b:].view(-1, hv, kd, vd)
+    return S_in
+
+
+def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize: int, c: int = CHUNK):
+    """Chunk numbering (step-major over the sequences ``order``, longest first) and its windows.
+
+    Returns ``(chunk_seq, chunk_j, windows)``: for every chunk its sequence's position in ``order``
+    and its index ``j``; ``windows`` a list of ``(lo, hi, [(first chunk, running)])``, each window
+    holding at most :data:`WINDOW_BYTES` of entering states (at least one step)."""
+    counts = [-(-lens[n] // c) for n in order]  # non-increasing
+    chunk_seq, chunk_j, steps = [], [], []
+    for j in range(counts[0] if counts else 0):
+        running = sum(1 for c in counts if c > j)
+        steps.append((len(chunk_seq), running))
+        chunk_seq.extend(range(running))
+        chunk_j.extend([j] * running)
+    per_chunk = hv * kd * vd * itemsize
+    windows, cur = [], []
+    for first, running in steps:
+        if cur and (first + running - cur[0][0]) * per_chunk > WINDOW_BYTES:
+            windows.append((cur[0][0], first, cur))
+            cur = []
+        cur.append((first, running))
+    if cur:
+        windows.append((cur[0][0], len(chunk_seq), cur))
+    return chunk_seq, chunk_j, windows
+
+
+def _load_states(src, rows: list, dims: tuple, layout: str, cd, dev) -> torch.Tensor:
+    """``S [n, HV, K, V]`` (maths layout, ``cd``): ``S[i] = src[rows[i]]`` through any strides and
+    layout, zeros where ``rows[i]`` is None (nothing read)."""
+    S = torch.empty(len(rows), *dims, dtype=cd, device=dev)
+    for i, r in enumerate(rows):
+        if r is None:
+            S[i].zero_()
+        else:
+            S[i].copy_(src[r].transpose(-1, -2) if layout == "vk" else src[r])
+    return S
+
+
+def _slots(state_pool, state_indices, initial_state, has_initial_state, lens: list, dims: tuple, layout: str,
+           cd, dev):
+    """``(slots, carry, final)``: each sequence's state row (pool slot, negative = padding; dense: its
+    index), whether it starts from that row's state, and dense mode's final-state tensor (None in
+    pool mode). An empty fresh pool sequence's slot is zeroed here (its final state is its zero start)."""
+    N = len(lens)
+    if state_pool is not None:
+        slots = [int(s) for s in state_indices.tolist()]
+        carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
+        for n in range(N):
+            if slots[n] >= 0 and lens[n] == 0 and not carry[n]:
+                state_pool[slots[n]].zero_()
+        return slots, carry, None
+    if initial_state is not None:
+        return list(range(N)), [True] * N, initial_state.clone(memory_format=torch.contiguous_format)
+    hv, kd, vd = dims
+    shape = (N, hv, vd, kd) if layout == "vk" else (N, hv, kd, vd)
+    return list(range(N)), [False] * N, torch.zeros(shape, dtype=torch.promote_types(torch.float32, cd), device=dev)
+
+
+def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev):
+    """Token rows ``tok [chunks, C]`` of every chunk (``_plan``'s numbering) and which are real; a padded
+    row points at its sequence's first token (a real row of its own sequence)."""
+    cs = torch.tensor(chunk_seq, dtype=torch.long, device=dev)
+    start = torch.tensor(starts, dtype=torch.long, device=dev)[cs, None]
+    off = torch.tensor(chunk_j, dtype=torch.long, device=dev)[:, None] * c + torch.arange(c, device=dev)
+    real = off < torch.tensor(lens, dtype=torch.long, device=dev)[cs, None]
+    return torch.where(real, start + off, start), real
+
+
+@pinned_fp32_matmul
+def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None, initial_state=None,
+                    scale=None, use_qk_l2norm=True, state_layout="vk", *, has_initial_state=None,
+                    compute_dtype: Optional[torch.dtype] = None):
+    """GDN (``g [T, HV]``) or KDA (``g [T, HV, K]``) varlen prefill in chunked form (module docstring).
+
+    Args:
+        q, k: ``[T, H, K]`` (all sequences packed; bf16, fp16, fp32 or fp64; may be strided).
+        v: ``[T, HV, V]``, ``HV`` a multiple of ``H`` (GVA: value head ``hv`` reads q/k head
+            ``hv // (HV // H)``).
+        g: log decays (<= 0; floored at -1000), GDN ``[T, HV]``, KDA ``[T, HV, K]``.
+        beta: ``[T, HV]``.
+        cu_seqlens: ``[N + 1]`` int32/int64 prefix sums; zero-length sequences anywhere, ``T = 0``.
+        state_pool, state_indices: pool mode: ``[P, HV, V, K]`` ("vk") or ``[P, HV, K, V]``
+            ("kv"), fp32 / bf16 / fp64, any strides; ``h0`` read from slot ``state_indices[n]``
+            and ``ht`` written back in place (negative: padding, zero output, slot neither read
+            nor written; every other row of the pool is left bitwise unchanged).
+        initial_state: dense mode: ``[N, HV, V, K]`` / ``[N, HV, K, V]`` or None (zeros).
+        scale: q scale (None = ``K ** -0.5``). use_qk_l2norm: l2-normalise q and k (docs/ops.md).
+        state_layout: ``"vk"`` or ``"kv"``.
+        has_initial_state: pool mode, optional ``[N]`` bool: False starts that sequence from a zero
+            state without reading its slot (its final state is written there as usual).
+        compute_dtype: float32 or float64; None: float64 when q, the pool or the initial state
+            is float64, else float32.
+
+    Returns:
+        ``(o [T, HV, V] in q's dtype, final_state)``: None in pool mode; in dense mode a new tensor
+        in ``initial_state``'s layout and dtype (float32, or float64 when computing in float64,
+        without one). An empty sequence's final state is its initial state.
+
+    Example:
+        >>> T, H, K = 70, 1, 8
+        >>> o, ht = chunked_prefill(torch.randn(T, H, K), torch.randn(T, H, K), torch.randn(T, H, K),
+        ...                         -torch.rand(T, H), torch.rand(T, H), torch.tensor([0, 5, 70]))
+        >>> tuple(o.shape), tuple(ht.shape)
+        ((70, 1, 8), (2, 1, 8, 8))
+    """
+    cd = compute_dtype or (torch.float64 if any(t is not None and t.dtype == torch.float64
+                                                 for t in (q, state_pool, initial_state)) else torch.float32)
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    dev = q.device
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    N = len(cu) - 1
+    lens = [cu[n + 1] - cu[n] for n in range(N)]
+    pool_mode = state_pool is not None
+    slots, carry, final = _slots(state_pool, state_indices, initial_state, has_initial_state, lens, (HV, K, V),
+                                 state_layout, cd, dev)
+    order = sorted((n for n in range(N) if slots[n] >= 0 and lens[n] > 0), key=lambda n: -lens[n])
+    o = torch.zeros(T + 1, HV, V, dtype=cd, device=dev)  # row T takes the padded rows
+    if not order:
+        return o[:T].to(q.dtype), final
+
+    S = _load_states(state_pool if pool_mode else initial_state, [slots[n] if carry[n] else None for n in order],
+                     (HV, K, V), state_layout, cd, dev)
+    qn, kn = q.to(cd), k.to(cd)
+    if use_qk_l2norm:
+        qn, kn = _l2norm(qn), _l2norm(kn)
+    qn = qn * (K ** -0.5 if scale is None else scale)
+    inp = (qn, kn, v.to(cd), torch.clamp(g.to(cd), min=G_MIN), beta.to(cd))
+
+    C = chunk_size(lens[order[0]])
+    chunk_seq, chunk_j, windows = _plan(lens, order, HV, K, V, torch.finfo(cd).bits // 8, C)
+    tok, real = _rows(chunk_seq, chunk_j, [cu[n] for n in order], [lens[n] for n in order], C, dev)
+    dest = torch.where(real, tok, T)
+    for lo, hi, steps in windows:
+        O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3)
+        o[dest[lo:hi].reshape(-1)] = O.transpose(1, 2).reshape(-1, HV, V)
+
+    dst = state_pool if pool_mode else final
+    for i, n in enumerate(order):
+        dst[slots[n]].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+    return o[:T].to(q.dtype), final
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """docs/ops.md's l2norm: the plain ``x / sqrt(sum(x^2) + 1e-6)`` (bitwise torch-ref's for rows under
+    ``2**32``), torch-ref's overflow-safe form (F44) when any sum of squares is not finite."""
+    ss = (x * x).sum(-1, keepdim=True)
+    if not bool(torch.isfinite(ss).all()):
+        return l2norm_ref(x)
+    return x / torch.sqrt(ss + 1e-6)
+
+
+def plain_decode(call: DecodeCall) -> bool:
+    """Whether :func:`decode_step` runs the call: one token (``T = 1``, ``state_indices [N]``), an fp32
+    pool and non-fp64 inputs, no intermediate states, ``num_accepted_tokens`` or ``has_initial_state``
+    (every other decode runs torch-ref's code, the same results)."""
+    return (call.q.shape[1] == 1 and call.state_indices.dim() == 1 and call.state_pool.dtype == torch.float32
+            and call.q.dtype != torch.float64 and call.intermediate_states is None
+            and call.num_accepted_tokens is None and call.has_initial_state is None)
+
+
+@pinned_fp32_matmul
+def decode_step(call: DecodeCall) -> torch.Tensor:
+    """One decode token for every row, in place on an fp32 pool (the case :func:`plain_decode` names).
+
+    Per row and value head, with ``d = exp(g)`` (KDA: per key channel) and ``S`` the stored state:
+    ``[S^T (d q), S^T (d k)]`` in one read of ``S``, ``u = beta (v - S^T (d k))``,
+    ``o = S^T (d q) + (q . k) u`` and ``S = d S + k u^T`` (two in-place passes; skipped with
+    ``disable_state_update``). The same maths as torch-ref's ``_step_`` in fewer passes over the state,
+    each row's slot updated through a view (no gather or scatter copy). Padding rows (negative slot):
+    zero output, slot untouched. Returns ``o [N, 1, HV, V]`` in q's dtype.
+    """
+    q, v, pool = call.q, call.v, call.state_pool
+    N, _, _, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = torch.zeros(N, 1, HV, V, dtype=torch.float32, device=q.device)
+    slots = call.state_indices.tolist()
+    rows = [n for n in range(N) if slots[n] >= 0]
+    if not rows:
+        return o.to(q.dtype)
+    sel = slice(None) if len(rows) == N else torch.tensor(rows, device=q.device)  # no copy when all rows run
+    kda = call.family == "kda"
+    if call.g is not None:
+        g, beta = torch.clamp(call.g[sel, 0].float(), min=G_MIN), call.beta[sel, 0].float()
+    else:
+        gate, extra = (kda_gating_ref, {"lower_bound": call.lower_bound}) if kda else (gdn_gating_ref, {})
+        g, beta = gate(call.A_log, call.a[sel, 0], call.b[sel, 0], call.dt_bias, softplus_beta=call.softplus_beta,
+                       softplus_threshold=call.softplus_threshold, **extra)
+    qk = torch.stack([q[sel, 0], call.k[sel, 0]], dim=-2).float()  # [n, H, 2, K]
+    if call.use_qk_l2norm:
+        qk = _l2norm(qk)
+    qk[..., 0, :] *= call.scale
+    n, H = qk.shape[:2]
+    qk = qk[:, :, None].expand(n, H, HV // H, 2, K).reshape(n, HV, 2, K)  # GVA: head hv reads hv // (HV // H)
+    d = torch.exp(g) if kda else torch.exp(g)[..., None]  # [n, HV, K] or [n, HV, 1]
+    dqk = qk * d[:, :, None]  # [n, HV, 2, K]: (d q, d k) as row vectors (the fast gemm form on CPUs)
+    kn = qk[:, :, 1]
+    qk_dot = (qk[:, :, 0] * kn).sum(-1, keepdim=True)  # [n, HV, 1]
+    vn = v[sel, 0].float()
+    vk = call.state_layout == "vk"
+    for i, n in enumerate(rows):
+        S = pool[slots[n]]  # [HV, V, K] ("vk") or [HV, K, V] ("kv")
+        P = torch.bmm(dqk[i], S.transpose(1, 2) if vk else S)  # [HV, 2, V]: (d q)^T S, (d k)^T S
+        u = beta[i, :, None] * (vn[i] - P[:, 1])  # [HV, V]
+        o[n, 0] = P[:, 0] + qk_dot[i] * u
+        if not call.disable_state_update:
+            if vk:
+                S.mul_(d[i][:, None, :]).addcmul_(u[:, :, None], kn[i][:, None, :])
+            else:
+                S.mul_(d[i][:, :, None]).addcmul_(kn[i][:, :, None], u[:, None, :])
+    return o.to(q.dtype)
+
+
+class TorchChunkedBackend(Backend):
+    """Chunked-form GDN and KDA prefill (``C = 64``) and a lean single-token decode in PyTorch, any device.
+
+    Prefill: ranked ``Rank.CPU_FIRST`` (4: ahead of torch-ref's ``CPU_DEFAULT`` and of the cpu-chunked
+    example's ``PREFERRED``) on a CPU when a prefill averages at least :data:`SHORT` tokens per
+    sequence, the embedded prefill default; else ``Rank.CHUNKED_FALLBACK`` (500): behind torch-ref
+    on a CPU for short sequences, and on a GPU behind every GPU kernel but ahead of the token-serial
+    reference, so it runs where no kernel fits (a head dim, dtype or device no kernel takes).
+    Decode: :func:`decode_step` for one token over an fp32 pool (fewer passes over the state than
+    torch-ref's step), torch-ref's own code for every other decode (verify, intermediate states,
+    bf16 or fp64 pools, has_initial_state); ranked behind torch-ref (``Rank.BEHIND_REFERENCE``), which
+    stays the decode default (the step was not measured clearly faster on the shared 2-vCPU machine:
+    docs/performance.md#torch-chunked-on-the-cpu); ``policy(decode="torch-chunked")`` runs it.
+    torch-ref stays the float64 oracle. Computes in float32, or float64 for float64 q, pool or
+    initial state.
+    """
+
+    name = "torch-chunked"
+    api_version = "2"
+    summary = f"PyTorch chunked-form (C={CHUNK}) GDN/KDA prefill, batched over chunks and heads; any device"
+    ops = frozenset({"gdn_prefill", "kda_prefill", "gdn_decode", "kda_decode"})
+    vendors = ALL_VENDORS
+    dtypes = frozenset({"float32", "bfloat16", "float16", "float64"})
+    state_dtypes = frozenset({"float32", "bfloat16", "float64"})
+    state_layouts = frozenset({"vk", "kv"})
+    strided_state_ops = frozenset(ops)  # pool rows through views and copy_: any strides
+    features = frozenset({"has_initial_state", "precomputed_gates"})
+
+    def rank(self, p, caps) -> int:
+        cpu = caps.vendor == "cpu"
+        if p.phase == "decode":  # behind torch-ref: the decode default stays torch-ref (forced: this step)
+            return Rank.BEHIND_REFERENCE
+        return Rank.CPU_FIRST if cpu and self.size_class(p, caps) else Rank.CHUNKED_FALLBACK
+
+    def size_class(self, p, caps) -> bool:
+        """What :meth:`rank` reads of the sizes: a prefill of at least :data:`SHORT` tokens per sequence."""
+        return p.phase == "prefill" and p.t / max(p.n, 1) >= SHORT[p.family]
+
+    def capture_refusal(self, p, caps) -> Optional[str]:
+        return "torch-chunked reads cu_seqlens and the slots back to the host to plan its chunks"
+
+    def plan_note(self, p, caps) -> str:
+        if p.phase == "decode":
+            return ("one token over an fp32 pool: rows updated in place through views; any other decode runs "
+                    "torch-ref's code")
+        per_seq = p.t / max(p.n, 1)
+        note = (f"chunked form, C={CHUNK}: the intra-chunk matrices and triangular inverses batched over "
+                f"every chunk and value head, the recurrence over about {-(-int(per_seq) // CHUNK)} chunk "
+                "steps per sequence")
+        if caps.vendor == "cpu" and per_seq < SHORT[p.family]:
+            note += f"; below {SHORT[p.family]} tokens per sequence torch-ref's token-serial prefill is first"
+        return note
+
+    def decode(self, call: DecodeCall):
+        """:func:`decode_step` where :func:`plain_decode` says so, else torch-ref's decode."""
+        if plain_decode(call):
+            return decode_step(call)
+        ref = kda_decode_ref if call.family == "kda" else gdn_decode_ref
+        fp64 = any(t is not None and t.dtype == torch.float64 for t in (call.q, call.state_pool))
+        return ref(**call.arguments(), compute_dtype=torch.float64 if fp64 else torch.float32)
+
+    def prefill(self, call: PrefillCall):
+        """GDN and KDA alike (g's shape tells them apart): ``(o, None)`` in pool mode, ``(o, final_state)``
+        in dense mode."""
+        return chunked_prefill(call.q, call.k, call.v, call.g, call.beta, call.cu_seqlens,
+                               call.state_pool, call.state_indices, call.initial_state, call.scale,
+                               call.use_qk_l2norm, call.state_layout, has_initial_state=call.has_initial_state)

@@ -1,0 +1,226 @@
+"""The built-in chunked PyTorch backend ``torch-chunked`` (backends/torch_chunked.py) against the
+float64 token-serial recurrence (torch-ref in float64), in every regime its code distinguishes,
+and its place in the dispatcher (CPU prefill default above a length, fallback elsewhere)."""
+
+import itertools
+
+import pytest
+import torch
+
+import linattn
+from linattn.backends import torch_chunked as tc
+from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
+
+FP32_TOL = 1e-5  # docs/ops.md's fp32 tolerance against float64
+
+
+def _rel(x, ref):
+    return float((x.double() - ref.double()).norm() / ref.double().norm())
+
+
+def _inputs(kda, lens, gates, H=2, HV=4, K=32, V=16, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q, k = (torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(T, HV, V, generator=gen).to(dtype)
+    shape = (T, HV, K) if kda else (T, HV)
+    g = {"moderate": -torch.rand(shape, generator=gen) * 0.5,
+         "strong": torch.full(shape, -20.0),  # e^-60 and beyond inside every KDA chunk: the blocked path
+         "floor": torch.full(shape, -1000.0),
+         # fast decay in the first 100 tokens, slow after: steep and mild KDA blocks side by side,
+         # some diagonal 16-row blocks factorised, others summed pairwise
+         "mixed": -torch.rand(shape, generator=gen) * torch.where(torch.arange(T) < 100, 8.0, 0.05).view(
+             T, *([1] * (len(shape) - 1))),
+         # a floor gate, then mild ones (F28): the two-float cumulative sums
+         "floor-then-mild": torch.where(torch.arange(T) % 64 == 3, -1000.0, -0.01).view(
+             T, *([1] * (len(shape) - 1))).expand(shape).clone()}[gates]
+    beta = torch.rand(T, HV, generator=gen)
+    cu = torch.tensor([0, *itertools.accumulate(lens)])
+    return q, k, v, g, beta, cu
+
+
+def _oracle(kda, *args, **kw):
+    ref = kda_prefill_ref if kda else gdn_prefill_ref
+    return ref(*args, compute_dtype=torch.float64, **kw)
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("gates", ["moderate", "strong", "floor", "mixed", "floor-then-mild"])
+def test_dense_prefill_matches_the_float64_recurrence(kda, gates):
+    lens = (0, 1, 63, 64, 0, 65, 200)  # empty, one token, a chunk minus/plus one, several chunks
+    q, k, v, g, beta, cu = _inputs(kda, lens, gates)
+    h0 = torch.randn(len(lens), 4, 16, 32) * 3
+    o, ht = tc.chunked_prefill(q, k, v, g, beta, cu, initial_state=h0)
+    ro, rht = _oracle(kda, q, k, v, g, beta, cu, initial_state=h0.double())
+    assert o.dtype == torch.float32 and ht.dtype == torch.float32
+    assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+    assert _rel(o, ro) < FP32_TOL and _rel(ht, rht) < FP32_TOL
+    assert torch.equal(ht[0], h0[0]) and torch.equal(ht[4], h0[4])  # empty sequences keep their state
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_pool_mode_in_place_padding_and_has_initial_state(kda, layout, pool_dtype):
+    """Slots read and written in place in either layout; a padding slot (-1) gives zero output and
+    is never touched; has_initial_state False starts from zero without reading its slot; an empty
+    fresh sequence zeroes its slot; every row the call does not own stays bitwise unchanged."""
+    lens = (70, 5, 0, 130, 0)
+    q, k, v, g, beta, cu = _inputs(kda, lens, "mixed")
+    shape = (9, 4, 16, 32) if layout == "vk" else (9, 4, 32, 16)
+    pool = (torch.randn(shape) * 2).to(pool_dtype)
+    slots = torch.tensor([6, -1, 2, 0, 4])
+    fresh = torch.tensor([True, True, True, False, False])
+    mine = pool.clone()
+    o, none = tc.chunked_prefill(q, k, v, g, beta, cu, mine, slots, state_layout=layout, has_initial_state=fresh)
+    ref = pool.double()
+    ro, _ = _oracle(kda, q, k, v, g, beta, cu, ref, slots, state_layout=layout, has_initial_state=fresh)
+    tol = FP32_TOL if pool_dtype == torch.float32 else 1e-2
+    assert none is None
+    assert _rel(o, ro) < tol
+    assert _rel(mine[[6, 0]], ref[[6, 0]]) < tol
+    assert torch.equal(o[70:75], torch.zeros_like(o[70:75]))  # padding: zero output
+    assert torch.equal(mine[4], torch.zeros_like(mine[4]))  # empty and fresh: its zero start state
+    untouched = [1, 2, 3, 5, 7, 8]  # slot 2: an empty sequence that carries its state
+    assert torch.equal(mine[untouched], pool[untouched])
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_float64_inputs_compute_in_float64(kda):
+    q, k, v, g, beta, cu = (x.double() if x.is_floating_point() else x
+                            for x in _inputs(kda, (100, 33), "mixed"))
+    o, ht = tc.chunked_prefill(q, k, v, g, beta, cu, use_qk_l2norm=False, scale=0.3)
+    ro, rht = _oracle(kda, q, k, v, g, beta, cu, use_qk_l2norm=False, scale=0.3)
+    assert o.dtype == torch.float64 and ht.dtype == torch.float64
+    assert _rel(o, ro) < 1e-12 and _rel(ht, rht) < 1e-12
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_windows_of_chunk_steps_give_the_one_window_result(monkeypatch, kda):
+    """A window keeps at most WINDOW_BYTES of entering states: cut into one step a window, with
+    sequences finishing inside a window and between windows, the result is the same."""
+    q, k, v, g, beta, cu = _inputs(kda, (300, 64, 129, 1), "moderate")
+    o1, h1 = tc.chunked_prefill(q, k, v, g, beta, cu)
+    monkeypatch.setattr(tc, "WINDOW_BYTES", 1)
+    _, _, windows = tc._plan([300, 64, 129, 1], [0, 2, 1, 3], 4, 32, 16, 4)
+    assert len(windows) == 5  # 5 chunk steps for 300 tokens, one step a window
+    o2, h2 = tc.chunked_prefill(q, k, v, g, beta, cu)
+    assert _rel(o2, o1) < 1e-6 and _rel(h2, h1) < 1e-6
+
+
+def test_kda_blocked_and_factorised_gram_matrices_agree():
+    """Every chunk's range fits: one factorised matmul; the blocked path (forced) gives the same."""
+    q, k, _, g, _, _ = _inputs(True, (64,), "moderate", HV=2)
+    qk = torch.stack([q, k], 1).transpose(0, 2)[:1].double()  # [1, 2, C, K]: head 0
+    G, Gl = tc.cumsum2(g[None, :, 0].double())
+    whole = tc._factorised(qk, G, Gl)
+    blocked = tc._blocked(qk, G, Gl)
+    low = torch.ones(64, 64, dtype=torch.bool).tril()
+    assert torch.allclose(whole[..., low], blocked[..., low], rtol=1e-12, atol=1e-12)
+
+
+def test_unit_lower_inverse_inverts_i_plus_a():
+    A = (torch.randn(3, 64, 64, dtype=torch.float64) * 0.3).tril(-1)
+    X = tc._unit_lower_inverse(A)
+    assert torch.allclose(X @ (torch.eye(64, dtype=torch.float64) + A), torch.eye(64, dtype=torch.float64),
+                          atol=1e-10)
+
+
+def test_cpu_prefill_default_and_fallback_ranks():
+    """On the CPU torch-chunked is the prefill default from SHORT tokens per sequence (torch-ref below
+    it); torch-ref stays the decode default, torch-chunked right behind; on a GPU profile its prefill ranks
+    behind the kernels and ahead of torch-ref."""
+    def problem(op, n, t):
+        return linattn.Problem(op=op, n=n, t=t, h=4, hv=8, k=128, v=128, dtype="float32", state_dtype="float32",
+                               mode="pool")
+
+    long_ = linattn.explain(problem("gdn_prefill", 4, 4 * tc.SHORT["gdn"]), "cpu")
+    short = linattn.explain(problem("kda_prefill", 4, 4 * tc.SHORT["kda"] - 4), "cpu")
+    decode = linattn.explain(problem("gdn_decode", 4, 4), "cpu")
+    assert long_.chosen == "torch-chunked" and "chunked form" in long_.verdict("torch-chunked").message
+    assert short.chosen == "torch-ref" and short.verdict("torch-chunked").ok
+    assert decode.chosen == "torch-ref" and decode.runners_up[0] == "torch-chunked"
+    gpu = linattn.explain(problem("gdn_prefill", 4, 4096), "sm90").verdict("torch-chunked")
+    assert gpu.ok and linattn.dispatch.Rank.NATIVE < gpu.rank < linattn.explain(
+        problem("gdn_prefill", 4, 4096), "sm90").verdict("torch-ref").rank
+
+
+def test_public_op_runs_it_and_honours_ieee_fp32_under_medium_precision():
+    """Through linattn.kda_prefill on the CPU (the dispatcher's choice), with the caller's fp32 matmul
+    precision at "medium" (bf16 matmuls where the CPU has them, F36): still within fp32's tolerance."""
+    q, k, v, g, beta, cu = _inputs(True, (200, 90), "mixed")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        o, ht = linattn.kda_prefill(q, k, v, g, beta, cu)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert linattn.last_decision("kda_prefill").chosen == "torch-chunked"
+    ro, rht = _oracle(True, q, k, v, g, beta, cu)
+    assert _rel(o, ro) < FP32_TOL and _rel(ht, rht) < FP32_TOL
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("lens,chunk", [((3, 9, 0, 1), 16), ((17, 5, 30), 32)])
+def test_short_calls_use_a_smaller_chunk_and_match_the_float64_recurrence(kda, lens, chunk):
+    assert tc.chunk_size(max(lens)) == chunk
+    q, k, v, g, beta, cu = _inputs(kda, lens, "mixed")
+    h0 = torch.randn(len(lens), 4, 16, 32)
+    o, ht = tc.chunked_prefill(q, k, v, g, beta, cu, initial_state=h0)
+    ro, rht = _oracle(kda, q, k, v, g, beta, cu, initial_state=h0.double())
+    assert _rel(o, ro) < FP32_TOL and _rel(ht, rht) < FP32_TOL
+
+
+def _decode_inputs(kda, layout, N=4, H=2, HV=4, K=32, V=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(N, 1, H, K, generator=gen) for _ in range(2))
+    v = torch.randn(N, 1, HV, V, generator=gen)
+    a = torch.randn(N, 1, HV, *((K,) if kda else ()), generator=gen)
+    b = torch.randn(N, 1, HV, generator=gen)
+    A_log, dt = torch.rand(HV, generator=gen), torch.rand(HV, *((K,) if kda else ()), generator=gen)
+    pool = torch.randn(7, HV, *((V, K) if layout == "vk" else (K, V)), generator=gen)
+    return (q, k, v, a, b, A_log, dt), pool
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+@pytest.mark.parametrize("frozen", [False, True], ids=["update", "disable_state_update"])
+def test_decode_step_matches_the_float64_recurrence_in_place(kda, layout, frozen):
+    """One token over an fp32 pool through the public op, forced (torch-chunked's own step): within fp32's
+    tolerance of float64, padding rows zero and untouched, rows not owned bitwise unchanged."""
+    args, pool = _decode_inputs(kda, layout)
+    idx = torch.tensor([5, -1, 0, 3])
+    extra = {"lower_bound": -5.0} if kda else {}
+    op = linattn.kda_decode if kda else linattn.gdn_decode
+    mine = pool.clone()
+    o = op(*args, mine, idx, state_layout=layout, disable_state_update=frozen, backend="torch-chunked", **extra)
+    assert tc.plain_decode
+    ref = pool.double()
+    ref_fn = tc.kda_decode_ref if kda else tc.gdn_decode_ref
+    ro = ref_fn(*(x.double() for x in args), ref, idx, state_layout=layout, disable_state_update=frozen,
+                compute_dtype=torch.float64, **extra)
+    assert _rel(o, ro) < FP32_TOL and _rel(mine, ref) < FP32_TOL
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    untouched = [1, 2, 4, 6] + ([0, 3, 5] if frozen else [])
+    assert torch.equal(mine[untouched], pool[untouched])
+
+
+def test_decode_other_than_one_token_over_an_fp32_pool_runs_torch_refs_code_bitwise():
+    """A verify with intermediate states and num_accepted_tokens is not the plain step: torch-chunked
+    runs torch-ref's decode, bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    N, T, H, HV, K, V = 2, 3, 1, 2, 16, 16
+    q, k = (torch.randn(N, T, H, K, generator=gen) for _ in range(2))
+    v = torch.randn(N, T, HV, V, generator=gen)
+    g, beta = -torch.rand(N, T, HV, generator=gen), torch.rand(N, T, HV, generator=gen)
+    pool = torch.randn(4, HV, V, K, generator=gen)
+    table = torch.tensor([[0, 1, 2], [3, -1, -1]])
+    nacc = torch.tensor([2, 1])
+    outs = []
+    for backend in ("torch-chunked", "torch-ref"):
+        p, inter = pool.clone(), torch.zeros(2, T, HV, V, K)
+        o = linattn.gdn_decode(q, k, v, None, None, None, None, p, table, g=g, beta=beta, intermediate_states=inter,
+                               intermediate_state_indices=torch.tensor([1, 0]),
+                               num_accepted_tokens=nacc, backend=backend)
+        outs.append((o, p, inter))
+    assert all(torch.equal(x, y) for x, y in zip(*outs))
