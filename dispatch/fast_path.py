@@ -106,26 +106,17 @@ def clear() -> None:
 
 def call_key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool) -> Optional[tuple]:
     """The hashable description of a call that validation and selection depend on (module docstring);
-    None for a call with a tensor that has no strides (never stored: validation refuses it).
-
-    For a decode or prefill op it is laid out as its class key (:func:`class_key`) followed by one
-    item, the tuple of the length arguments' dims 0 (in argument order): the same facts as every
-    shape written out, and ``key[:-1]`` is the class key (:func:`plan_miss` reads it so, without
-    reading the tensors again)."""
-    lengths = _LENGTHS_OF.get(op)
-    if lengths is None:
-        return _key(op, args, backend, validate, check_finite, ())
-    return _key(op, args, backend, validate, check_finite, lengths, True)
+    None for a call with a tensor that has no strides (never stored: validation refuses it)."""
+    return _key(op, args, backend, validate, check_finite, ())
 
 
 def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool,
-         lengths, exact: bool = False) -> Optional[tuple]:
+         lengths) -> Optional[tuple]:
     """:func:`call_key`, with the dim 0 of each argument named in ``lengths`` bucketed
-    (:func:`class_key`), and with ``exact`` those dims appended as one last item."""
+    (:func:`class_key`)."""
     key = [op, backend, validate, check_finite, _grad_enabled(), current_policy(), get_registry().generation]
     append, extend = key.append, key.extend
     device = None
-    dims = []
     for name, x in args.items():
         cls = x.__class__
         if cls is _NoneType or cls is str:  # equal only to themselves (a str subclass takes the last branch)
@@ -139,7 +130,6 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
                 return None
             shape = x.shape
             if name in lengths and shape:
-                dims.append(shape[0])
                 shape = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
             # so is a lazily negated or conjugated view (same strides, other values: refused, F33), and
@@ -150,8 +140,6 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
     append(device is not None and selection.stream_capturing(device))
-    if exact:
-        append(tuple(dims))
     return tuple(key)
 
 
@@ -269,12 +257,39 @@ def class_key(op: str, args: dict, backend: Optional[str], validate: bool, check
     return _key(op, args, backend, validate, check_finite, lengths)
 
 
-def _class_of(op: str, key: Optional[tuple]) -> Optional[tuple]:
-    """:func:`class_key` of the call whose :func:`call_key` is ``key``: ``key`` without its last item
-    (the length arguments' dims 0). None where :func:`class_key` gives None."""
-    if key is None or op not in _LENGTHS_OF:
+#: per (op, argument names and classes): the call key's positions of the length arguments' shapes
+_SHAPE_AT: dict = {}
+
+
+def _class_of(op: str, key: Optional[tuple], args: dict) -> Optional[tuple]:
+    """:func:`class_key` derived from the call's key ``key`` (:func:`call_key` of ``args``) without
+    reading the tensors again: the key's shape entry of each length argument with its dim 0 bucketed.
+    Where those entries are in the key depends on which arguments are tensors, None or other
+    scalars only; kept per op and argument classes. None where :func:`class_key` gives None."""
+    lengths = _LENGTHS_OF.get(op)
+    if lengths is None or key is None:
         return None
-    return key[:-1]
+    layout = (op, tuple(args), tuple(map(type, args.values())))
+    at = _SHAPE_AT.get(layout)
+    if at is None:
+        at, i = [], 7  # op, backend, validate, check_finite, grad mode, policy, generation (_key)
+        for name, x in args.items():
+            cls = x.__class__
+            if cls is _NoneType or cls is str:
+                i += 1
+            elif cls is _Tensor or (cls not in _SCALARS and isinstance(x, _Tensor)):
+                if name in lengths:
+                    at.append(i + 1)
+                i += 7  # dtype, shape, stride, device, requires_grad, neg/conj view, layout
+            else:
+                i += 2
+        at = _SHAPE_AT[layout] = tuple(at)
+    out = list(key)
+    for i in at:
+        shape = out[i]
+        if shape:
+            out[i] = (min(shape[0], _LENGTH_BUCKETS), *shape[1:])
+    return tuple(out)
 
 
 class _ClassPlan:
@@ -330,7 +345,7 @@ def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backe
     """The plan and checked arguments of a call whose key missed (``exact_miss``) or whose hit needs
     the full validation (an address overlap): from its class plan where one fits, else through
     :func:`plan_call`; kept under ``key`` (and a new class's plan under its class key)."""
-    ckey = _class_of(op, key) if exact_miss else None
+    ckey = _class_of(op, key, args) if exact_miss else None
     if ckey is not None:
         entry = lookup_class(ckey)
         plan = None if entry is None else _from_class(entry, args)
