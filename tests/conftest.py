@@ -9,9 +9,35 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "subprocess_job(key): the test reads the result of the subprocess registered "
+                                       "as key in tests/subprocess_jobs.py (started ahead, on another core)")
+
+
+def pytest_collection_finish(session):
+    """Start the selected tests' build subprocesses (tests/subprocess_jobs.py) in the background, one at a
+    time in suite order (those tests run last: pytest_collection_modifyitems); a worker of ``pytest -n``
+    runs each with its test instead."""
+    if hasattr(session.config, "workerinput") or session.config.option.collectonly:
+        return
+    import subprocess_jobs
+
+    subprocess_jobs.start_ahead([m.args[0] for item in session.items
+                                 for m in item.iter_markers("subprocess_job")])
+
+
+def pytest_sessionfinish(session):
+    import subprocess_jobs
+
+    subprocess_jobs.stop_all()
+
+
 def pytest_collection_modifyitems(config, items):
     import pytest
 
+    # the tests that read a build subprocess run last (their relative order kept), so that their
+    # subprocesses, started when collection ends, build while the other tests run
+    items.sort(key=lambda item: item.get_closest_marker("subprocess_job") is not None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the H200 through the device tool)")

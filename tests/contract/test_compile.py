@@ -13,11 +13,11 @@ held against :data:`SPILL_EXCEPTIONS_3_9`, and under any other version only the 
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+import subprocess_jobs
 
 triton = pytest.importorskip("triton")
 
@@ -239,11 +239,14 @@ def _key(b: dict) -> tuple[str, str, str, str]:
     return (b["kernel"], b.get("KDA", ""), b.get("DT", ""), b.get("K", ""))
 
 
+# the build subprocess, started ahead of the test on another core (tests/subprocess_jobs.py)
+subprocess_jobs.register("compile-sm90", [sys.executable, "-c", SCRIPT.format(here=os.path.dirname(os.path.abspath(__file__)))],
+                         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, timeout=600)
+
+
+@pytest.mark.subprocess_job("compile-sm90")
 def test_every_contract_launch_compiles_for_sm90_and_only_the_listed_builds_spill():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess_jobs.result("compile-sm90")
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {b["kernel"] for b in built}

@@ -23,11 +23,11 @@ only the builds and the LDS are checked).
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+import subprocess_jobs
 
 triton = pytest.importorskip("triton")
 pytest.importorskip("triton.backends.amd.compiler")
@@ -121,13 +121,20 @@ def _key(b: dict) -> tuple[str, str, str, str]:
     return (b["kernel"], b.get("KDA", ""), b.get("DT", ""), b.get("K", ""))
 
 
-@pytest.mark.parametrize("arch", sorted(TARGETS))
+# each target's build subprocess, started ahead of its test on another core (tests/subprocess_jobs.py)
+for _arch in TARGETS:
+    subprocess_jobs.register(
+        f"compile-amd-{_arch}",
+        [sys.executable, "-c", SCRIPT.format(here=os.path.dirname(os.path.abspath(__file__)), arch=_arch,
+                                             profile=TARGETS[_arch], subset=SUBSET_KEYS,
+                                             full=os.environ.get("LINATTN_AMD_BUILDS") == "all")],
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, timeout=600)
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.subprocess_job(f"compile-amd-{a}"))
+                                  for a in sorted(TARGETS)])
 def test_every_folded_launch_builds_for_amd_within_lds_and_only_the_listed_builds_spill(arch):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here, arch=arch, profile=TARGETS[arch], subset=SUBSET_KEYS,
-                                                              full=os.environ.get("LINATTN_AMD_BUILDS") == "all")],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess_jobs.result(f"compile-amd-{arch}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     built = res["builds"]

@@ -12,11 +12,11 @@ the 1e-5 tests) are exercised compiled by tests/gpu/test_prefill_gpu.py only.
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+import subprocess_jobs
 
 pytest.importorskip("triton")
 
@@ -56,12 +56,17 @@ SCRIPT = textwrap.dedent(r'''
 ''')
 
 
+# the build subprocess, started ahead of the test on another core (tests/subprocess_jobs.py); every launch
+# through Triton's own binding (LINATTN_FAST_LAUNCH=0), which the capture records
+subprocess_jobs.register("compile-prefill-sm90",
+                         [sys.executable, "-c", SCRIPT.format(here=os.path.dirname(os.path.abspath(__file__)))],
+                         env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+                              "LINATTN_FAST_LAUNCH": "0"}, timeout=900)
+
+
+@pytest.mark.subprocess_job("compile-prefill-sm90")
 def test_prefill_kernels_build_for_sm90_within_the_promised_shared_memory():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["LINATTN_FAST_LAUNCH"] = "0"  # every launch through Triton's own binding, which the capture records
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(here=here)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess_jobs.result("compile-prefill-sm90")
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {b["kernel"] for b in built} == {"chunk_intra_kernel", "chunk_state_kernel", "chunk_output_kernel",
