@@ -12,9 +12,11 @@ TRITON_LATEST := 3.9.0
 PY_LATEST := $(VENV_LATEST)/bin/python
 STAMP_LATEST := $(VENV_LATEST)/.linattn-installed-triton-$(TRITON_LATEST)
 # What runs under it: the sm_90 builds of every kernel and the interpreter tests of the prefill
-# kernels and of the shared contract (decode, clamp, probe, both grid layouts).
+# kernels and of the shared contract (decode, clamp, probe, both grid layouts); tests/kernels but its
+# grid-planner properties (test_grid.py: pure Python, no Triton; the first venv runs them).
 TESTS_LATEST := tests/contract/test_compile.py tests/prefill/test_prefill_compile.py \
-	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py tests/kernels
+	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py tests/kernels \
+	--ignore=tests/kernels/test_grid.py
 
 .PHONY: demo test setup test-triton-latest
 
