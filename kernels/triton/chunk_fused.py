@@ -19,12 +19,17 @@ stages (:mod:`.prefill`), and nothing of size ``O(K V)`` or ``O(C K)`` per chunk
    F44.)
 2. :func:`chunk_gdn_fused_kernel`, one program per (value block, sequence, value head) on the grid
    of :func:`linattn.kernels.grid.plan_grid` (ids by :func:`._pid.decode_pid`), walking the
-   sequence's chunks in order with the state ``S [K, BV]`` fp32 in registers::
+   sequence's chunks in order with the transposed state ``S^T [BV, K]`` fp32 in registers, the
+   left operand of every product that reads it (so that the compiler can feed it to the MMA from
+   registers, and the chunk's tiles are the right operands, loaded transposed)::
 
-       kw   = k rk exp(G)                        (the rows of W before the inverse)
-       Vn   = Tb (v - (kw (c S)) / c)            (= U - W S: no W and no U in memory)
-       O    = (scale uq sq / c exp(G)) * (q (c S)) + Aqk Vn
-       S    = exp(G_C) S + (k rk exp(G_C - G))^T Vn
+       Vn^T = ((v^T - ((c S^T) k^T) diag(rk exp(G)) / c) Tb^T       (= U - W S: no W, no U in memory)
+       O^T  = ((c S^T) q^T) diag(scale uq sq exp(G) / c) + Vn^T Aqk^T
+       S^T  = exp(G_C) S^T + (Vn^T diag(rk exp(G_C - G))) k
+
+   (the key rows' scales applied to the products, never to the bf16 keys: ``k`` is a dot operand
+   as loaded, which left the kernel 1.31 ms at 16 x 4,096 (16, 32) on the H200 against 1.72 for
+   the ``S [K, BV]`` walk that scaled the keys before each product: docs/performance.md#prefill-fused)
 
    with ``c`` the chunk's smallest query scale ``sq`` (F44): 1, and the formulas the plain ones bit
    for bit, unless a query row of the chunk reaches ``2**32``; then ``q . S`` of a row near fp32's
@@ -119,10 +124,12 @@ def store_tmb(sT, tmb, row, b, r, m, HV):
 @triton.jit
 def walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h, s0_k, s0_v, GROUP, HV, K: tl.constexpr,
                BV: tl.constexpr, LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr,
-               AX_BLK: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr):
+               AX_BLK: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr,
+               TRANS: tl.constexpr = False):
     """A fused kernel's work item and entering state: ``(i_h, i_hv, v0, bos, eos, nc, S, slot, live)``
     (key head, value head, first value column, the sequence's token bounds and chunk count) with
-    ``S [K, BV]`` fp32 the state entering sequence ``i_n`` (value columns ``v0 .. v0 + BV``):
+    ``S [K, BV]`` fp32 (``[BV, K]``, the transpose, with ``TRANS``) the state entering sequence
+    ``i_n`` (value columns ``v0 .. v0 + BV``):
     in pool mode from row ``slot = state_indices[i_n]`` (zeros, the row not read, where the slot is
     padding or ``has_init`` says so: :func:`.chunk_state.pool_slot`), else ``h0[i_n]`` (``HAS_H0``)
     or zeros, ``slot = i_n`` and ``live`` True. Strides ``(slot, head, k, v)`` in elements."""
@@ -131,20 +138,19 @@ def walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h, s0_k, s0_v, 
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     nc = (eos - bos + 63) // 64
-    kk = tl.arange(0, K)
-    cv = tl.arange(0, BV)
     v0 = i_v * BV
-    all_k = kk[:, None] >= 0  # `(all_k & scalar) != 0`: bool masks for the interpreter (chunk_state)
+    off, all_k = _state_offsets(s0_k, s0_v, K, BV, TRANS)
     if POOL:
         slot, live, carry = pool_slot(state_indices, has_init, i_n, HAS_INIT)
-        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v),
-                    mask=(all_k & carry) != 0, other=0.0).to(tl.float32)
+        S = tl.load(h0 + slot * s0_p + i_hv * s0_h + v0 * s0_v + off, mask=(all_k & carry) != 0,
+                    other=0.0).to(tl.float32)
     else:
         slot = i_n
         live = True
         if HAS_H0:
-            S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + (kk[:, None] * s0_k + cv[None, :] * s0_v)
-                        ).to(tl.float32)
+            S = tl.load(h0 + i_n * s0_p + i_hv * s0_h + v0 * s0_v + off).to(tl.float32)
+        elif TRANS:
+            S = tl.zeros([BV, K], dtype=tl.float32)
         else:
             S = tl.zeros([K, BV], dtype=tl.float32)
     return i_h, i_hv, v0, bos, eos, nc, S, slot, live
@@ -152,17 +158,28 @@ def walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h, s0_k, s0_v, 
 
 @triton.jit
 def walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K: tl.constexpr, BV: tl.constexpr,
-             POOL: tl.constexpr):
-    """Store a fused kernel's final state ``S [K, BV]`` to the row :func:`walk_start` read (pool
-    mode: not for a padding slot) or to ``ht[slot]`` (dense)."""
+             POOL: tl.constexpr, TRANS: tl.constexpr = False):
+    """Store a fused kernel's final state ``S [K, BV]`` (``[BV, K]`` with ``TRANS``) to the row
+    :func:`walk_start` read (pool mode: not for a padding slot) or to ``ht[slot]`` (dense)."""
+    off, all_k = _state_offsets(st_k, st_v, K, BV, TRANS)
+    if POOL:  # same row as the load
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + off, S.to(ht.dtype.element_ty),
+                 mask=(all_k & live) != 0)
+    else:
+        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + off, S.to(ht.dtype.element_ty))
+
+
+@triton.jit
+def _state_offsets(s_k, s_v, K: tl.constexpr, BV: tl.constexpr, TRANS: tl.constexpr):
+    """Element offsets of a state tile within its head, ``[K, BV]`` (``k, v``) or ``[BV, K]`` with
+    ``TRANS`` (strides ``s_k``, ``s_v`` in elements), and an all-true mask along ``k`` that broadcasts
+    against it: ``(all & scalar) != 0`` gives the interpreter bool masks (:mod:`.chunk_state`)."""
     kk = tl.arange(0, K)
     cv = tl.arange(0, BV)
-    if POOL:  # same row as the load
-        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty), mask=((kk[:, None] >= 0) & live) != 0)
+    if TRANS:
+        return cv[:, None] * s_v + kk[None, :] * s_k, kk[None, :] >= 0
     else:
-        tl.store(ht + slot * st_p + i_hv * st_h + v0 * st_v + (kk[:, None] * st_k + cv[None, :] * st_v),
-                 S.to(ht.dtype.element_ty))
+        return kk[:, None] * s_k + cv[None, :] * s_v, kk[:, None] >= 0
 
 
 @triton.jit
@@ -182,6 +199,27 @@ def chunk_tiles(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt
     A = tl.load(aqk + row + (r[:, None] * (HV * 64) + r[None, :]), mask=m[:, None], other=0.0)
     return kt, qt, vt, tm, A
 
+
+
+@triton.jit
+def chunk_tiles_t(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt, svh, HV, K: tl.constexpr,
+                  BV: tl.constexpr):
+    """:func:`chunk_tiles` for the transposed walk (:func:`chunk_gdn_fused_kernel`): keys ``[64, K]``
+    and their transpose ``[K, 64]`` (two loads of the same rows: both feed a dot as its right operand),
+    and the transposes of the queries ``[K, 64]``, values ``[BV, 64]``, ``Tm diag(beta)`` and ``Aqk``
+    ``[64, 64]``; columns past the sequence (``m`` False) zeros."""
+    r = tl.arange(0, 64)
+    kk = tl.arange(0, K)
+    cv = tl.arange(0, BV)
+    row = (t0 * HV + i_hv) * 64
+    k_ptr = k + t0 * skt + i_h * skh
+    kt = tl.load(k_ptr + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
+    kT = tl.load(k_ptr + (r[None, :] * skt + kk[:, None]), mask=m[None, :], other=0.0)
+    qT = tl.load(q + t0 * sqt + i_h * sqh + (r[None, :] * sqt + kk[:, None]), mask=m[None, :], other=0.0)
+    vT = tl.load(v + t0 * svt + i_hv * svh + v0 + (r[None, :] * svt + cv[:, None]), mask=m[None, :], other=0.0)
+    tmT = tl.load(tmb + row + (r[None, :] * (HV * 64) + r[:, None]), mask=m[None, :], other=0.0)
+    AT = tl.load(aqk + row + (r[None, :] * (HV * 64) + r[:, None]), mask=m[None, :], other=0.0)
+    return kt, kT, qT, vT, tmT, AT
 
 @triton.jit
 def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv,
@@ -273,14 +311,14 @@ def chunk_gdn_fused_kernel(
     POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
 ):
     """The fused prefill's sequential part (module docstring, 2): one program per (value block,
-    sequence, value head). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (raw log
+    sequence, value head), the state transposed (``S^T [BV, K]``). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (raw log
     decays) and the prep kernel's ``tmb, aqk [T, HV, 64]``, ``rk [T, HV]``, ``qs [T, HV, 2]``; writes
     ``o [T, HV, V]``. ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
     negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
     state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
     i_h, i_hv, v0, bos, eos, nc, S, slot, live = walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h,
                                                             s0_k, s0_v, GROUP, HV, K, BV, LAYOUT, AX_SEQ, AX_HEAD,
-                                                            AX_BLK, POOL, HAS_H0, HAS_INIT)
+                                                            AX_BLK, POOL, HAS_H0, HAS_INIT, True)
     cv = tl.arange(0, BV)
     r = tl.arange(0, 64)
     for t in range(nc):
@@ -293,29 +331,31 @@ def chunk_gdn_fused_kernel(
         rkv = tl.load(rk + t0 * HV + i_hv + r * HV, mask=m, other=0.0)
         qsv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2, mask=m, other=0.0)
         sqv = tl.load(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, mask=m, other=1.0)
-        kt, qt, vt, tm, A = chunk_tiles(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt, svh, HV,
-                                        K, BV)
-        kf = kt.to(tl.float32)
+        kt, kT, qT, vT, tmT, AT = chunk_tiles_t(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, svt,
+                                                svh, HV, K, BV)
         # F44: the state operand times c = the chunk's smallest query scale sq (1 unless a query row
         # of the chunk reaches 2**32), so that q . (c S) cannot overflow; ic = 1 / c exactly
         c, ic = _chunk_scale(sqv)
-        Sd = (S * c).to(DT)
-        x = vt.to(tl.float32) - tl.dot((kf * (rkv * eg)[:, None]).to(DT), Sd, input_precision=PREC) * ic
-        vd = tl.dot(tm.to(DT), x.to(DT), input_precision=PREC).to(DT)
-        acc = tl.dot(qt.to(DT), Sd, input_precision=PREC) * ((qsv * eg) * (sqv * ic))[:, None]  # rq = uq sq
-        acc = tl.dot(A.to(DT), vd, acc=acc, input_precision=PREC)
-        tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[:, None] * (HV * V) + cv[None, :]),
-                 tl.where(live, acc, 0.0).to(o.dtype.element_ty), mask=m[:, None])
-        S = tl.dot(tl.trans((kf * (rkv * esuf)[:, None]).to(DT)), vd, acc=S * egl, input_precision=PREC)
-    walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K, BV, POOL)
+        Sd = (S * c).to(DT)  # S^T [BV, K]: the left operand of every product with the state
+        x = vT.to(tl.float32) - tl.dot(Sd, kT.to(DT), input_precision=PREC) * ((rkv * eg) * ic)[None, :]
+        vf = tl.dot(x.to(DT), tmT.to(DT), input_precision=PREC)  # Vn^T [BV, 64]
+        acc = tl.dot(Sd, qT.to(DT), input_precision=PREC) * ((qsv * eg) * (sqv * ic))[None, :]  # rq = uq sq
+        acc = tl.dot(vf.to(DT), AT.to(DT), acc=acc, input_precision=PREC)
+        tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[None, :] * (HV * V) + cv[:, None]),
+                 tl.where(live, acc, 0.0).to(o.dtype.element_ty), mask=m[None, :])
+        S = tl.dot((vf * (rkv * esuf)[None, :]).to(DT), kt.to(DT), acc=S * egl, input_precision=PREC)
+    walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K, BV, POOL, True)
 
 
 def fused_config(K: int, V: int, dtype, family: str = "gdn") -> FusedConfig:
     """The fused prefill's pinned configuration for head dims ``K, V``, the q/k/v ``dtype`` and the
-    ``family`` (H200 sweep: docs/performance.md#prefill-fused). GDN bf16: ``BV = 64`` at 4 warps, 2
-    stages (BV 32 or 128, 8 warps, 3 stages measured slower); the prep kernel at 32 key columns per
-    step (3-5% faster than 64; a register cap of 128 or 168 slower); fp32 operand tiles (fp16/fp32
-    inputs, not measured) at ``BV = 32``. KDA (not yet measured on the H200): 8 warps, unpipelined,
+    ``family`` (H200 sweeps: docs/performance.md#prefill-fused). GDN bf16: the whole value dim
+    ``BV = 128`` at 8 warps, 2 stages (the transposed walk: 1.31 ms against 1.59-2.32 at BV 64 / 32,
+    4 or 8 warps, 1-3 stages, at 16 x 4,096 (16, 32)); the prep kernel at 32 key columns per step
+    (3-5% faster than 64; a register cap of 128 or 168, or 8 warps, slower); fp32 operand tiles
+    (fp16/fp32 inputs, not measured) at ``BV = 32``, 4 warps, unpipelined (gfx950's build of the
+    transposed walk spills at 2 stages). The planner takes 4 warps where a warp is 64 wide
+    (:func:`.prefill._with_fused`). KDA (not yet measured on the H200): 8 warps, unpipelined,
     the decayed keys formed late (``late_keys``), the sm_90 build that spills least at K = 128 (24 B
     of stack; 256 without ``late_keys``, 1,416 at GDN's 4 warps and 2 stages: its loop holds the
     ``[64, K]`` gates and their decayed operands besides the state); fp32
@@ -328,8 +368,8 @@ def fused_config(K: int, V: int, dtype, family: str = "gdn") -> FusedConfig:
     if family == "kda":
         return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=8 if bf16 else 4, num_stages=1,
                            prep_warps=4, prep_ctas_per_sm=4, prep_block_k=32, late_keys=True)
-    return FusedConfig(block_v=min(V, 64 if bf16 else 32), num_warps=4, num_stages=2, prep_warps=4,
-                       prep_ctas_per_sm=4, prep_block_k=32)
+    return FusedConfig(block_v=min(V, 128 if bf16 else 32), num_warps=8 if bf16 else 4, num_stages=2 if bf16 else 1,
+                       prep_warps=4, prep_ctas_per_sm=4, prep_block_k=32)
 
 
 def fused_refusal(family: str, K: int, V: int, dtype, *, replaced_state: bool, forced_segments: bool) -> str:

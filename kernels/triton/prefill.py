@@ -772,6 +772,10 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
         cfg = fused_config(plan.K, plan.V, plan.dtype, plan.family)
         if caps.device_type != "cpu" and caps.shared_memory_per_block < FUSED_PIPELINED_SMEM:
             cfg = dataclasses.replace(cfg, num_stages=1)  # MI300X's 64 KiB (issue 31)
+        if caps.device_type != "cpu" and caps.warp_size > 32 and cfg.num_warps > 4:
+            # 8 wavefronts of 64 (the NVIDIA pin's 8 warps): gfx942's build of the GDN walk spills
+            # (56 B of scratch at K = 64); 4 fit without (tests/contract/test_compile_amd.py)
+            cfg = dataclasses.replace(cfg, num_warps=4)
     on, why = plan_fused(family=plan.family, N=plan.N, HV=plan.HV, K=plan.K, V=plan.V, dtype=plan.dtype, caps=caps,
                          cfg=cfg, replaced_state=plan.state_kernel is not None,
                          forced_segments=bool(segment_chunks), forced=forced)

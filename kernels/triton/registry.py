@@ -274,6 +274,8 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_fused:walk_start",
     f"{KERNEL_PACKAGE}.chunk_fused:walk_end",
     f"{KERNEL_PACKAGE}.chunk_fused:chunk_tiles",
+    f"{KERNEL_PACKAGE}.chunk_fused:chunk_tiles_t",
+    f"{KERNEL_PACKAGE}.chunk_fused:_state_offsets",
     f"{KERNEL_PACKAGE}.chunk_fused_kda:_kda_prep_chunk",
     f"{KERNEL_PACKAGE}.chunk_intra:kda_block_products",
     f"{KERNEL_PACKAGE}.chunk_intra:kda_store_system",
