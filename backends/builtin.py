@@ -5,7 +5,9 @@ backends import triton lazily) and answers with a ``toolchain`` rejection instea
 
 The peer backends (another library's kernels under linattn's contract, ``backends/peer.py``) are
 registered only when their library is installed (found on the path; not imported here: the
-import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device).
+import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device)
+and named in ``LINATTN_PEERS`` (comma-separated, or ``all``): opt-in until each has passed the
+conformance suite on a GPU (:data:`PEERS_VERIFIED`, none yet: neither has run on the H200).
 """
 
 from __future__ import annotations
@@ -28,6 +30,28 @@ PEERS = (
     ("fla", "linattn.backends.fla:FLABackend"),
     ("flashinfer", "linattn.backends.flashinfer:FlashInferBackend"),
 )
+#: peers registered by default where installed: those that passed ``linattn check --backend NAME
+#: --device cuda`` on a GPU (none yet); the others only when ``LINATTN_PEERS`` names them
+PEERS_VERIFIED: frozenset[str] = frozenset()
+
+
+def peer_enabled(lib: str) -> bool:
+    """Whether the peer of library ``lib`` is registered (when installed): verified, or named in
+    ``LINATTN_PEERS`` (``all``: every peer).
+
+    Raises:
+        ConfigError: a malformed ``LINATTN_PEERS`` (:func:`linattn.dispatch.env.env_names`), or a name
+            that is no peer's.
+    """
+    from linattn.dispatch.env import ConfigError, env_names
+
+    names = env_names("LINATTN_PEERS") or set()
+    known = {name for name, _ in PEERS}
+    unknown = names - known - {"all"}
+    if unknown:
+        raise ConfigError(f"LINATTN_PEERS names {sorted(unknown)}, no peer backend's library; "
+                          f"the peers are {sorted(known)} (or 'all')")
+    return lib in PEERS_VERIFIED or lib in names or "all" in names
 
 
 def _load(spec: str):
@@ -39,4 +63,4 @@ def _load(spec: str):
 def linattn_register_backends():
     from .peer import installed
 
-    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if installed(lib)]
+    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if installed(lib) and peer_enabled(lib)]

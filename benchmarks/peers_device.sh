@@ -29,6 +29,7 @@ PEERS=${PEERS:-fla,flashinfer}
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 export LINATTN_RESULTS_DIR="$OUT" TVM_FFI_CACHE_DIR=/tmp/tvm-ffi-cache
+export LINATTN_PEERS=all  # opt-in until verified (backends/builtin.py PEERS_VERIFIED)
 left() { echo $((BUDGET - SECONDS)); }
 fail() { echo "step $1 FAILED: $2"; }
 

@@ -8,7 +8,7 @@ same rule with their own grammar (``dispatch/policy.py``).
 
 Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED_VALUE_CHECKS``
 (``dispatch/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
-(``dispatch/registry.py``).
+(``dispatch/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``).
 
 Example:
     >>> import os

@@ -19,6 +19,16 @@ if not torch.cuda.is_available():
 import linattn  # noqa: E402
 from linattn.testing import run_suite  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _peers_enabled(monkeypatch):
+    """Both peers registered (``LINATTN_PEERS=all``: opt-in until verified here), a fresh registry."""
+    monkeypatch.setenv("LINATTN_PEERS", "all")
+    linattn.dispatch.reset_registry()
+    yield
+    monkeypatch.undo()
+    linattn.dispatch.reset_registry()
+
 LIBRARY = {"fla": "fla", "flashinfer": "flashinfer.gdn_prefill"}
 
 

@@ -19,8 +19,10 @@ from linattn.dispatch.registry import Registry
 
 @pytest.fixture
 def peers_installed(monkeypatch):
-    """Both libraries count as installed (``find_spec``), whatever this machine has; a fresh registry."""
+    """Both libraries count as installed (``find_spec``), whatever this machine has, and enabled
+    (``LINATTN_PEERS=all``: neither is verified on a GPU yet); a fresh registry."""
     monkeypatch.setattr(peer, "installed", lambda module: True)
+    monkeypatch.setenv("LINATTN_PEERS", "all")
     linattn.dispatch.reset_registry()
     yield
     monkeypatch.undo()
@@ -36,7 +38,17 @@ PREFILL = dict(op="gdn_prefill", n=2, t=512, h=2, hv=8, k=128, v=128, dtype="bfl
 DECODE = dict(op="gdn_decode", n=64, t=1, h=2, hv=8, k=128, v=128, dtype="bfloat16")
 
 
-def test_peers_register_only_when_their_library_is_installed(monkeypatch):
+def test_peers_register_only_when_installed_and_enabled(monkeypatch):
+    monkeypatch.setattr(peer, "installed", lambda module: True)
+    monkeypatch.delenv("LINATTN_PEERS", raising=False)
+    assert builtin.PEERS_VERIFIED == frozenset()  # none has passed conformance on a GPU yet
+    assert not {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
+    monkeypatch.setenv("LINATTN_PEERS", "fla")
+    assert {"fla"} == {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
+    monkeypatch.setenv("LINATTN_PEERS", "fla,flash-infer")
+    with pytest.raises(ValueError, match="LINATTN_PEERS names \\['flash-infer'\\]"):
+        builtin.linattn_register_backends()
+    monkeypatch.setenv("LINATTN_PEERS", "all")
     monkeypatch.setattr(peer, "installed", lambda module: module == "flashinfer")
     names = {c.name for c in builtin.linattn_register_backends()}
     assert "flashinfer" in names and "fla" not in names and "triton-split" in names
