@@ -156,7 +156,7 @@ PREFILL_TABLE = {
     "sm120": ("triton-split", "triton-split", Reason.ARCH),
     "mi300x": ("triton-folded", "triton-folded", Reason.ARCH),  # the 64 KiB LDS configuration (issue 31)
     "xpu-pvc": ("triton-folded", "triton-folded", Reason.DEVICE),
-    "cpu": ("torch-ref", "torch-ref", Reason.DEVICE),
+    "cpu": ("torch-chunked", "torch-chunked", Reason.DEVICE),  # CPU prefill from 16 tokens a sequence (issue 31)
 }
 
 
@@ -208,7 +208,7 @@ def test_cli_explain_sm90_picks_triton_split_with_cutedsl_accepted_behind(regist
 @pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill"])
 def test_cli_explain_cpu_rejects_cutedsl_for_the_device_with_the_archs_it_needs(registry_with_cutedsl, op):
     code, doc, v = _explain(op, "cpu")
-    assert code == 0 and doc["chosen"] == "torch-ref"
+    assert code == 0 and doc["chosen"] == "torch-chunked"
     c = v["cutedsl"]
     assert c["status"] == "rejected" and c["reason"] == "device"
     assert "device_type='cpu'" in c["message"] and "sm_90" in c["message"] and "sm_100" in c["message"]
