@@ -63,4 +63,5 @@ def _load(spec: str):
 def linattn_register_backends():
     from .peer import installed
 
-    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if installed(lib) and peer_enabled(lib)]
+    # peer_enabled first: a malformed or unknown LINATTN_PEERS is a ConfigError whether or not a peer is installed
+    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if peer_enabled(lib) and installed(lib)]

@@ -56,6 +56,9 @@ def test_peers_register_only_when_installed_and_enabled(monkeypatch):
     assert not {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
     reg = Registry().load(entry_points=False)
     assert not {"fla", "flashinfer"} & set(reg.backends)
+    monkeypatch.setenv("LINATTN_PEERS", "flash-infer")  # a name that is no peer's, with no peer installed
+    with pytest.raises(ValueError, match="LINATTN_PEERS names \\['flash-infer'\\]"):
+        builtin.linattn_register_backends()
 
 
 @pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill", "gdn_decode"])
