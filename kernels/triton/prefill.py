@@ -1153,7 +1153,7 @@ class PrefillReplay:
     :func:`replay_tokens` ``(T) >= T`` tokens and the call's ``N`` runs a ``T``-token call: its
     grids cover more chunk slots, the extra ones exit at once, each real chunk is computed by the
     same instructions on the same operands (bitwise the result of a plan for ``T``,
-    ``tests/kernels/test_prefill_replay.py``), and its workspace is sized by the bucket, so calls of
+    ``tests/prefill/test_prefill_replay.py``), and its workspace is sized by the bucket, so calls of
     one bucket ask the allocator for one size (on CUDA the caching allocator hands back the block the
     last call freed, on the call's stream). The output ``o`` is ``[T, HV, V]``, allocated per call.
 
