@@ -72,6 +72,8 @@ def chunk_size(max_len: int) -> int:
     while c < min(max_len, CHUNK):
         c *= 2
     return c
+
+
 SUB = 16
 """KDA's blocked Gram matrices: rows per block when a chunk's decay range is too steep to factorise."""
 EXP_FLOOR = 80.0
