@@ -229,6 +229,11 @@ class FlashInferBackend(PeerBackend):
     # -- decode --------------------------------------------------------------------------------------
 
     def decode(self, call: DecodeCall):
+        if (call.softplus_beta, call.softplus_threshold) != (1.0, 20.0):  # not in the Problem: no predicate sees it
+            raise ValueError(f"{self.name} decode gates inside FlashInfer's kernel with softplus(beta=1, threshold=20), "
+                             f"which its API does not let a caller change; got softplus_beta={call.softplus_beta}, "
+                             f"softplus_threshold={call.softplus_threshold}. Run this call on another backend "
+                             "(e.g. backend='triton-split'), or pass precomputed g, beta (flashinfer then declines it)")
         N, T = call.q.shape[:2]
         HV, V = call.v.shape[2:]
         if N == 0 or T == 0:

@@ -127,6 +127,24 @@ def test_decode_hands_negative_slots_over_as_minus_one_with_fp32_gating_paramete
     assert logged["state"] is None
 
 
+@pytest.mark.parametrize("softplus", [dict(softplus_beta=2.0), dict(softplus_threshold=10.0)])
+def test_decode_with_another_softplus_is_refused_before_flashinfer_runs(fi_log, softplus):
+    """FlashInfer's decode fixes softplus(beta=1, threshold=20); the Problem does not carry the softplus
+    parameters, so the backend refuses them itself rather than compute another gate."""
+    gen = torch.Generator().manual_seed(4)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    N, HV = 2, 2
+    d = dict(q=r(N, 1, 1, K).bfloat16(), k=r(N, 1, 1, K).bfloat16(), v=r(N, 1, HV, V).bfloat16(),
+             a=r(N, 1, HV).bfloat16(), b=r(N, 1, HV).bfloat16(), A_log=r(HV), dt_bias=r(HV))
+    pool = r(3, HV, V, K)
+    before = pool.clone()
+    call = make_call("gdn_decode", dict(**d, state_pool=pool, state_indices=torch.tensor([2, 0]),
+                                        scale=default_scale(K), use_qk_l2norm=True, state_layout="vk", **softplus))
+    with pytest.raises(ValueError, match="softplus"):
+        FlashInferBackend().decode(call)
+    assert len(fi_log) == 0 and torch.equal(pool, before)
+
+
 def test_prefill_empty_fresh_sequence_gets_zeros_although_flashinfer_writes_nothing_for_it(fi_log):
     d, pool = _prefill((5, 0, 4))
     slots, fresh = torch.tensor([2, 4, 0]), torch.tensor([True, False, True])
