@@ -14,7 +14,8 @@ The translation (the backend's, counted in its time):
   would be 0 and its log ``-inf``). A decay of ``exp(-80)`` wipes an fp32 state as surely as
   ``exp(-1000)``. Decode takes the raw ``a, b, A_log, dt_bias`` (``A_log`` and ``dt_bias``
   handed over in fp32) and gates inside with softplus(beta=1, threshold=20): other softplus
-  parameters are rejected.
+  parameters are refused by :meth:`FlashInferBackend.decode` (a ValueError before FlashInfer runs;
+  the Problem does not carry them, so selection cannot reject them and fall back).
 - **the pool, prefill**: FlashInfer reads and writes it by index. Without padding or
   ``has_initial_state`` it gets ``state_indices`` as they are; otherwise a read index and a write
   index (``output_state_indices``): ``-1`` reads the zero state (padding, fresh sequences) and
