@@ -309,7 +309,7 @@ def main():
         f"Gates {kinds}: mild = logsigmoid(N(3, 1)); realistic = the family's model of linattn.testing.gates "
         "(GDN Qwen3-Next, KDA Kimi-Linear initialisations, 1 head in 8 a strong-decay head); the row's columns "
         "are the first kind's, each further kind a sub-dict of the same measurements with its decay summary "
-        "(decay.kda_slow_path_fraction: share of (chunk, head, 32-channel block) off KDA's stage-1 fast path).",
+        "(decay.kda_level_path_fraction: share of (chunk, head, 32-channel block) off KDA's stage-1 fast path).",
     ] + ([] if have_fla else ["flash-linear-attention not installed (or --no-fla): no FLA columns."])
     results = []
     for family in args.families.split(","):

@@ -5,8 +5,8 @@ one per key channel) or, with KDA's bounded gate, ``g = lower_bound * sigmoid(ex
 dt_bias))`` (docs/ops.md, "Gating"). Random ``A_log`` and ``logsigmoid(N(3, 1))`` gates (the "mild"
 gates of the benchmarks) stay near ``-0.05`` per token; real models do not: Qwen3-Next's heads decay
 by up to ``16 * softplus(1 + a)`` per token, and a strong KDA channel falls by more than ``e^-60``
-over half a chunk, which sends linattn's KDA stage 1 to its exact slow path (the "level path",
-docs/ops.md, "Numerical rules"). flashinfer-ai/flashinfer 3720 was a NaN that random ``A_log`` hid.
+over half a chunk, which sends linattn's KDA stage 1 to its exact "level path"
+(docs/ops.md, "Numerical rules"). flashinfer-ai/flashinfer 3720 was a NaN that random ``A_log`` hid.
 
 Each :class:`GateModel` holds one model's gate parameters **as its own initialisation draws them**
 (read from transformers 5.24's modeling files, cited in ``source``) and its published head shape:
@@ -313,5 +313,5 @@ def decay_summary(g: torch.Tensor, cu_seqlens: torch.Tensor) -> dict:
                g_mean=float(gd.double().mean()) if gd.numel() else 0.0)
     if g.dim() == 3:
         miss = kda_fast_path_misses(g, cu_seqlens)
-        out["kda_slow_path_fraction"] = float(miss.double().mean()) if miss.numel() else 0.0
+        out["kda_level_path_fraction"] = float(miss.double().mean()) if miss.numel() else 0.0
     return out

@@ -52,7 +52,7 @@ class TestRealisticGates:
         lens = [1500, 64, 1, 900, 333]
         inp = realistic_inputs(model, lens, H=16, HV=32, K=128, V=128, dtype=BF, seed=21)
         if family == "kda":
-            assert decay_summary(inp["g"], inp["cu_seqlens"])["kda_slow_path_fraction"] > 0.1
+            assert decay_summary(inp["g"], inp["cu_seqlens"])["kda_level_path_fraction"] > 0.1
         P = 16
         slots = torch.tensor([9, 2, 14, 0, 5], dtype=torch.int32, device=DEV)
         pool = random_states(P, 32, 128, 128, seed=22, device=DEV)

@@ -1,6 +1,6 @@
 """linattn.testing.gates (issue 32 item 3): the realistic gate draws stay in the ranges their module
 documents (each model's own initialisation), give log decays through linattn's gating that match a
-float64 evaluation of the gate maths, and their strong-decay heads take KDA's exact slow path in
+float64 evaluation of the gate maths, and their strong-decay heads take KDA's exact level path in
 every full chunk, as the rule of kernels/triton/chunk_intra.py decides it."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_strong_kda_heads_leave_the_fast_path_in_every_full_chunk_and_ordinary_o
     # the initialisation alone never decays by e^-60 over half a chunk (module docstring: at most ~51)
     assert not bool(miss[:, ~mg.strong].any())
     summary = G.decay_summary(g, cu)
-    assert summary["kda_slow_path_fraction"] == pytest.approx(float(miss.double().mean()))
-    assert 0 < summary["kda_slow_path_fraction"] < 1
+    assert summary["kda_level_path_fraction"] == pytest.approx(float(miss.double().mean()))
+    assert 0 < summary["kda_level_path_fraction"] < 1
 
 
 def test_fast_path_rule_at_its_edge_and_the_tail_chunk():
