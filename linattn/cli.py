@@ -256,7 +256,8 @@ def _verdict_cells(v) -> tuple[str, str, str, str, str]:
 
 
 def _trace_table(d) -> Table:
-    t = Table(title="Decision trace", title_justify="left")
+    t = Table(title="Decision trace", title_justify="left",
+              caption="rank: the lowest-ranked accepted backend runs, unless one is forced", caption_justify="left")
     for c in ("backend", "verdict", "reason", "message", "hint", "rank"):
         t.add_column(c, overflow="fold")
     for v in d.verdicts:
