@@ -48,6 +48,9 @@ def test_peers_register_only_when_installed_and_enabled(monkeypatch):
     monkeypatch.setenv("LINATTN_PEERS", "fla,flash-infer")
     with pytest.raises(ValueError, match="LINATTN_PEERS names \\['flash-infer'\\]"):
         builtin.linattn_register_backends()
+    # the registry raises it (a usage error: the CLI's one `error:` line, exit 2), never marks the built-ins broken
+    with pytest.raises(ValueError, match="LINATTN_PEERS"):
+        Registry().load(entry_points=False)
     monkeypatch.setenv("LINATTN_PEERS", "all")
     monkeypatch.setattr(peer, "installed", lambda module: module == "flashinfer")
     names = {c.name for c in builtin.linattn_register_backends()}
