@@ -1,7 +1,8 @@
 # Two entry points, each creating .venv when missing:
 #   make demo   set up and run the main job (linattn demo on the CPU's embedded default)
-#   make test   set up, lint (ruff check) and run the whole test suite; then the Triton kernels'
-#               interpreter and sm_90 compile tests again under the newest Triton (a second venv)
+#   make test   set up, lint (ruff check) and run the whole test suite on two workers (pytest-xdist:
+#               CI's machine has 2 cores); then the Triton kernels' interpreter and sm_90 compile
+#               tests again under the newest Triton (a second venv)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.linattn-installed
@@ -47,8 +48,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 	$(MAKE) test-triton-latest
 
 test-triton-latest: $(STAMP_LATEST)
-	$(PY_LATEST) -m pytest -q -p no:cacheprovider $(TESTS_LATEST)
+	$(PY_LATEST) -m pytest -q -n 2 -p no:cacheprovider $(TESTS_LATEST)
