@@ -54,7 +54,7 @@ from linattn.dispatch.verdict import Rank
 from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
 
 from .base import ALL_VENDORS, Backend, DecodeCall, PrefillCall
-from .torch_ref import G_MIN, gdn_decode_ref, gdn_gating_ref, kda_decode_ref, kda_gating_ref, l2norm_ref
+from .torch_ref import G_MIN, gdn_decode_ref, gdn_gating_ref, kda_decode_ref, kda_gating_ref, l2norm_ref, seq_lengths
 
 __all__ = ["CHUNK", "TorchChunkedBackend", "chunked_prefill"]
 
@@ -395,9 +395,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
-    cu = [int(c) for c in cu_seqlens.tolist()]
-    N = len(cu) - 1
-    lens = [cu[n + 1] - cu[n] for n in range(N)]
+    cu, lens = seq_lengths(cu_seqlens)
+    N = len(lens)
     pool_mode = state_pool is not None
     slots, carry, final = _slots(state_pool, state_indices, initial_state, has_initial_state, lens, (HV, K, V),
                                  state_layout, cd, dev)

@@ -413,15 +413,21 @@ kda_decode_ref.__doc__ = ("KDA decode / speculative verify: as :func:`gdn_decode
 
 # -- prefill ------------------------------------------------------------------------------------
 
+def seq_lengths(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
+    """``(cu, lens)``: the offsets of ``cu_seqlens [N + 1]`` as Python ints (one host read) and each
+    sequence's length ``cu[n + 1] - cu[n]`` (the PyTorch prefills' loop bounds)."""
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    return cu, [cu[n + 1] - cu[n] for n in range(len(cu) - 1)]
+
+
 @pinned_fp32_matmul
 def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, cd, has_initial_state=None):
     T, _, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
-    cu = [int(c) for c in cu_seqlens.tolist()]
-    N = len(cu) - 1
-    lens = [cu[n + 1] - cu[n] for n in range(N)]
+    cu, lens = seq_lengths(cu_seqlens)
+    N = len(lens)
     pool_mode = state_pool is not None
     if pool_mode:
         slots = [int(s) for s in state_indices.tolist()]
