@@ -1,38 +1,20 @@
 """The example out-of-tree backend's maths (``examples/linattn-cpu-chunked``): the chunked form
 against the float64 token-serial reference, in every regime its code distinguishes."""
 
-import itertools
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "prefill"))
+from chunked_inputs import chunked_inputs as _inputs, rel as _rel  # noqa: E402
+
 chunked = pytest.importorskip(
     "linattn_cpu_chunked.chunked",
     reason="the example plugin is not installed: pip install -e examples/linattn-cpu-chunked (CI does)")
-
-
-def _rel(x, ref):
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
-
-
-def _inputs(kda, lens, gates, H=2, HV=4, K=32, V=16, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    q, k = (torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
-    v = torch.randn(T, HV, V, generator=gen).to(dtype)
-    shape = (T, HV, K) if kda else (T, HV)
-    g = {"moderate": -torch.rand(shape, generator=gen) * 0.5,
-         "strong": torch.full(shape, -20.0),
-         "floor": torch.full(shape, -1000.0),
-         # per token: fast decay in the first 100 tokens, slow after: some KDA sub-blocks span
-         # more than SAFE_RANGE nats, others less, within the same chunk batch
-         "mixed": -torch.rand(shape, generator=gen) * torch.where(torch.arange(T) < 100, 8.0, 0.05).view(
-             T, *([1] * (len(shape) - 1)))}[gates]
-    beta = torch.rand(T, HV, generator=gen)
-    cu = torch.tensor([0, *itertools.accumulate(lens)])
-    return q, k, v, g, beta, cu
 
 
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])

@@ -2,8 +2,6 @@
 float64 token-serial recurrence (torch-ref in float64), in every regime its code distinguishes,
 and its place in the dispatcher (CPU prefill default above a length, fallback elsewhere)."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -11,32 +9,9 @@ import linattn
 from linattn.backends import torch_chunked as tc
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
 
+from chunked_inputs import chunked_inputs as _inputs, rel as _rel
+
 FP32_TOL = 1e-5  # docs/ops.md's fp32 tolerance against float64
-
-
-def _rel(x, ref):
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
-
-
-def _inputs(kda, lens, gates, H=2, HV=4, K=32, V=16, dtype=torch.float32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    T = sum(lens)
-    q, k = (torch.randn(T, H, K, generator=gen).to(dtype) for _ in range(2))
-    v = torch.randn(T, HV, V, generator=gen).to(dtype)
-    shape = (T, HV, K) if kda else (T, HV)
-    g = {"moderate": -torch.rand(shape, generator=gen) * 0.5,
-         "strong": torch.full(shape, -20.0),  # e^-60 and beyond inside every KDA chunk: the blocked path
-         "floor": torch.full(shape, -1000.0),
-         # fast decay in the first 100 tokens, slow after: steep and mild KDA blocks side by side,
-         # some diagonal 16-row blocks factorised, others summed pairwise
-         "mixed": -torch.rand(shape, generator=gen) * torch.where(torch.arange(T) < 100, 8.0, 0.05).view(
-             T, *([1] * (len(shape) - 1))),
-         # a floor gate, then mild ones (F28): the two-float cumulative sums
-         "floor-then-mild": torch.where(torch.arange(T) % 64 == 3, -1000.0, -0.01).view(
-             T, *([1] * (len(shape) - 1))).expand(shape).clone()}[gates]
-    beta = torch.rand(T, HV, generator=gen)
-    cu = torch.tensor([0, *itertools.accumulate(lens)])
-    return q, k, v, g, beta, cu
 
 
 def _oracle(kda, *args, **kw):
