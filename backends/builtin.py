@@ -35,13 +35,13 @@ PEERS = (
 PEERS_VERIFIED: frozenset[str] = frozenset()
 
 
-def peer_enabled(lib: str) -> bool:
-    """Whether the peer of library ``lib`` is registered (when installed): verified, or named in
-    ``LINATTN_PEERS`` (``all``: every peer).
+def enabled_peers() -> frozenset[str]:
+    """The libraries whose peers are registered where installed: :data:`PEERS_VERIFIED` and those
+    named in ``LINATTN_PEERS`` (``all``: every peer).
 
     Raises:
         ConfigError: a malformed ``LINATTN_PEERS`` (:func:`linattn.dispatch.env.env_names`), or a name
-            that is no peer's.
+            that is no peer's (read by :meth:`linattn.dispatch.registry.Registry.load` before any plugin).
     """
     from linattn.dispatch.env import ConfigError, env_names
 
@@ -51,7 +51,7 @@ def peer_enabled(lib: str) -> bool:
     if unknown:
         raise ConfigError(f"LINATTN_PEERS names {sorted(unknown)}, no peer backend's library; "
                           f"the peers are {sorted(known)} (or 'all')")
-    return lib in PEERS_VERIFIED or lib in names or "all" in names
+    return frozenset(known if "all" in names else names) | PEERS_VERIFIED
 
 
 def _load(spec: str):
@@ -63,5 +63,5 @@ def _load(spec: str):
 def linattn_register_backends():
     from .peer import installed
 
-    # peer_enabled first: a malformed or unknown LINATTN_PEERS is a ConfigError whether or not a peer is installed
-    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if peer_enabled(lib) and installed(lib)]
+    enabled = enabled_peers()
+    return [_load(s) for s in BUILTIN] + [_load(s) for lib, s in PEERS if lib in enabled and installed(lib)]

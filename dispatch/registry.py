@@ -112,7 +112,7 @@ class Registry:
     def load(self, entry_points: bool = True) -> "Registry":
         from linattn.backends import builtin
 
-        builtin.peer_enabled("")  # a malformed LINATTN_PEERS is the caller's ConfigError, not a failed built-in plugin
+        builtin.enabled_peers()  # a malformed LINATTN_PEERS is the caller's ConfigError, not a failed built-in plugin
         self.add_plugin(builtin, name=BUILTIN_PLUGIN, distribution="linattn", version=_own_version())
         if entry_points:
             self._load_entry_points()
