@@ -98,15 +98,17 @@ def silu_case(cid: str, *, seed: int, M: int, D: int, dtype=torch.float32, limit
 def prefill_case(cid: str, op: str, *, seed: int, lens: list, pad: int, H: int = 1, HV: int = 2,
                  K: int = 64, V: int = 64, P: int = 7, dtype=torch.float32, pool_dtype=torch.float32,
                  idx_dtype=torch.int32, layout: str = "vk", l2norm: bool = True,
-                 scale: Optional[float] = None) -> Case:
+                 scale: Optional[float] = None, k_scale: float = 1.0) -> Case:
     """Pool-mode prefill: ``len(lens)`` sequences on distinct random slots of a ``P``-slot pool,
-    sequence ``pad`` on the padding index -1. Gates in the range a gating op produces."""
+    sequence ``pad`` on the padding index -1. Gates in the range a gating op produces. ``k_scale``
+    multiplies the keys (with ``l2norm=False``, ``K ** -0.5`` keeps ``beta * |k|^2`` near 1, where the
+    delta rule's ``I - beta k k^T`` is a contraction)."""
     g = _gen(seed)
     kda = op == "kda_prefill"
     N, T = len(lens), sum(lens)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
     q = torch.randn(T, H, K, generator=g).to(dtype)
-    k = torch.randn(T, H, K, generator=g).to(dtype)
+    k = (torch.randn(T, H, K, generator=g) * k_scale).to(dtype)
     v = torch.randn(T, HV, V, generator=g).to(dtype)
     gate = -torch.nn.functional.softplus(torch.randn(T, HV, *((K,) if kda else ()), generator=g) - 1.0)
     beta = torch.rand(T, HV, generator=g)
@@ -128,8 +130,13 @@ def _prefill_cases(op: str, s: int) -> list[Case]:
                                          lens=[1, 0, 70, 3], pad=3), launch=dict(fused=True)),
         dataclasses.replace(prefill_case(f"{kd}-prefill-fused-bf16-kv-bf16pool-nol2norm-gva", op, seed=s + 5,
                                          lens=[0, 130, 2], pad=0, H=1, HV=2, dtype=torch.bfloat16,
-                                         pool_dtype=torch.bfloat16, layout="kv", l2norm=False, scale=0.05),
+                                         pool_dtype=torch.bfloat16, layout="kv", l2norm=False, scale=0.05,
+                                         k_scale=64 ** -0.5),
                             launch=dict(fused=True)),
+        # (k_scale: with unit-variance keys, |k|^2 ~ 64 and I - beta k k^T has eigenvalues down to -63; over
+        # 130 tokens that growth amplified bf16 rounding past the tolerance in every implementation on the H200,
+        # the pipeline included (state 1.27e-2, the fused GDN 1.06e-2, fused KDA output 2.86e-2): the case
+        # measured the inputs' instability, not a kernel. The 65-token unfused case keeps unit-variance keys.)
     ]
     return [
         prefill_case(f"{kd}-prefill-fp32-vk-len1-0-70-3", op, seed=s + 1, lens=[1, 0, 70, 3], pad=3),
