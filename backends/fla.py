@@ -10,6 +10,9 @@ The translation (the backend's, counted in its time):
 
 - **packed tensors**: ``[T, ...]`` becomes ``[1, T, ...]``; decode's ``[N, T, ...]`` is FLA's
   ``[B, T, ...]``; ``cu_seqlens`` is handed over as int64.
+- **arguments by keyword**: FLA 0.6's GDN recurrent function takes ``(q, k, v, g, gk, gv, beta,
+  ...)`` (``gk``, ``gv`` are per-key / per-value decays), its KDA one ``(q, k, v, g, beta, ...)``:
+  everything after ``q, k, v`` is passed by name (:func:`launch`).
 - **state layout**: ``vk`` is ``state_v_first=True``, ``kv`` is ``False``: no transpose.
 - **the pool**: FLA has none, so the slots' rows are gathered into a dense fp32 state (zeros for
   padding and for sequences ``has_initial_state`` marks fresh: their slots are never handed to
@@ -25,7 +28,9 @@ The translation (the backend's, counted in its time):
   decorator), so what runs is what was measured. KDA's inner kernels are dispatched inside FLA;
   where one of those would be redirected (a FLA backend is installed and enabled, and
   ``FLA_DISABLE_BACKEND_DISPATCH`` was not set before ``fla`` was imported) the KDA ops are
-  rejected (reason ``toolchain``) instead of running something else.
+  rejected (reason ``toolchain``) instead of running something else. Unwrapping also removes
+  FLA's ``input_guard`` from ``fused_recurrent_kda`` (contiguous inputs, the CUDA device set):
+  decode does both itself, since its per-token calls hand over slices of ``[N, T, ...]``.
 
 Declared: bf16 and fp16 q/k/v (not fp32: FLA carries the cumulative gate of its chunk kernels in
 one fp32, which loses the mild decays after a gate at the floor, F28); fp32 and bf16 pools; ``vk``
@@ -41,6 +46,7 @@ eager call has self-checked its shape class.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import ClassVar, Optional
 
@@ -214,12 +220,13 @@ class FLABackend(PeerBackend):
         skip = torch.full_like(load, -1)
         unless_pad = lambda rows: torch.where(pad, skip, rows.to(skip.dtype))  # noqa: E731
         if not table and call.intermediate_states is None:  # one call for all T tokens
-            o, h = fn(call.q, call.k, call.v, g, beta, initial_state=h, **kw)
+            o, h = launch(fn, call.q, call.k, call.v, g, beta, h, **kw)
         else:  # a state per token: one call per token
             outs = []
             for t in range(T):
-                o_t, h = fn(call.q[:, t:t + 1], call.k[:, t:t + 1], call.v[:, t:t + 1], g[:, t:t + 1],
-                            beta[:, t:t + 1], initial_state=h, **kw)
+                step = slice(t, t + 1)
+                o_t, h = launch(fn, call.q[:, step], call.k[:, step], call.v[:, step], g[:, step], beta[:, step], h,
+                                **kw)
                 outs.append(o_t)
                 if call.intermediate_states is not None:
                     write_rows(call.intermediate_states[:, t], unless_pad(call.intermediate_state_indices), h)
@@ -229,6 +236,31 @@ class FLABackend(PeerBackend):
         if not table and not call.disable_state_update:
             write_rows(call.state_pool, unless_pad(load), h)
         return torch.where(pad.view(-1, 1, 1, 1), o.new_zeros(()), o)
+
+
+def launch(fn, q, k, v, g, beta, initial_state, **kw):
+    """One call of FLA's fused recurrent ``fn`` (GDN or KDA), as FLA 0.6 takes it.
+
+    Every tensor after ``q, k, v`` is passed by keyword: FLA 0.6's
+    ``fused_recurrent_gated_delta_rule`` is ``(q, k, v, g, gk, gv, beta, ...)`` (``gk``, ``gv``:
+    per-key / per-value decays), so a positional ``beta`` would land in ``gk`` and be read as a
+    ``[B, T, HV, K]`` decay, while ``fused_recurrent_kda`` is ``(q, k, v, g, beta, ...)``. Every
+    tensor is handed over contiguous: FLA's kernels index ``[B, T, H, K]`` from the base pointer,
+    and the unwrapped KDA function no longer has FLA's ``input_guard`` (which made them contiguous
+    and set the CUDA device; the device is set here too).
+
+    Args:
+        fn: :func:`fla_function` of ``(family, "decode")``.
+        q, k: ``[B, T, H, K]`` bf16/fp16; v: ``[B, T, HV, V]``.
+        g: fp32 log-space decay, ``[B, T, HV]`` (GDN) or ``[B, T, HV, K]`` (KDA); beta: ``[B, T, HV]`` fp32.
+        initial_state: ``[B, HV, V, K]`` (``state_v_first``) or ``[B, HV, K, V]`` fp32.
+        kw: ``scale``, ``output_final_state``, ``use_qk_l2norm_in_kernel``, ``state_v_first``.
+    Returns:
+        ``(o [B, T, HV, V] in v's dtype, final state fp32 in initial_state's layout)``.
+    """
+    q, k, v, g, beta, initial_state = (x.contiguous() for x in (q, k, v, g, beta, initial_state))
+    with torch.cuda.device(q.device) if q.is_cuda else contextlib.nullcontext():
+        return fn(q, k, v, g=g, beta=beta, initial_state=initial_state, **kw)
 
 
 def decode_gates(call: DecodeCall) -> tuple[torch.Tensor, torch.Tensor]:

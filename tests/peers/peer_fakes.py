@@ -23,12 +23,13 @@ class Log(list):
 
 
 def fla_chunk(family: str, log: Log):
-    """FLA's ``chunk_gated_delta_rule`` / ``chunk_kda``: ``[B=1, T, ...]`` inputs, ``cu_seqlens``
-    int64, dense fp32 states ``[N, HV, K, V]`` (``state_v_first``: ``[N, HV, V, K]``)."""
+    """FLA's ``chunk_gated_delta_rule`` / ``chunk_kda`` (fla-core 0.6.0's parameter lists, so an
+    argument handed over by position lands where it would in FLA): ``[B=1, T, ...]`` inputs,
+    ``cu_seqlens`` int64, dense fp32 states ``[N, HV, K, V]`` (``state_v_first``: ``[N, HV, V, K]``)."""
     ref = gdn_prefill_ref if family == "gdn" else kda_prefill_ref
 
-    def chunk(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+    def run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+            cu_seqlens, kwargs):
         log.append(dict(q=q, g=g, initial_state=None if initial_state is None else initial_state.clone(),
                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                         state_v_first=state_v_first, cu_seqlens=cu_seqlens, scale=scale, kwargs=kwargs))
@@ -39,27 +40,80 @@ def fla_chunk(family: str, log: Log):
                     use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout="vk" if state_v_first else "kv")
         return o[None], (ht if output_final_state else None)
 
-    return chunk
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                               state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
+                               cp_context=None, **kwargs):
+        assert not (use_beta_sigmoid_in_kernel or allow_neg_eigval) and chunk_indices is None and cp_context is None
+        return run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens, kwargs)
+
+    def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                  use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                  allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+                  return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                  cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+        assert not (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval or return_intermediate_states)
+        assert lower_bound is None and cp_context is None, "the gates are handed over in log space"
+        return run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens, kwargs)
+
+    return chunk_gated_delta_rule if family == "gdn" else chunk_kda
 
 
 def fla_recurrent(family: str, log: Log):
-    """FLA's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda``: ``[B, T, ...]`` with
-    log-space ``g``, post-sigmoid ``beta``, dense fp32 states ``[B, HV, ., .]``."""
+    """FLA's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` (fla-core 0.6.0's
+    parameter lists: GDN's is ``(q, k, v, g, gk, gv, beta, ...)``, KDA's ``(q, k, v, g, beta, ...)``):
+    ``[B, T, ...]`` with log-space ``g`` (GDN ``[B, T, HV]``, KDA ``[B, T, HV, K]``), post-sigmoid
+    ``beta [B, T, HV]``, dense fp32 states ``[B, HV, ., .]``. GDN's per-key / per-value decays
+    ``gk``, ``gv`` are never handed over (they would multiply the state as well). KDA's function,
+    unwrapped, has no ``input_guard``: its kernel indexes every tensor from the base pointer, so a
+    strided view is read as wrong numbers; the stand-in refuses one."""
     ref = gdn_decode_ref if family == "gdn" else kda_decode_ref
 
-    def recurrent(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                  use_qk_l2norm_in_kernel=False, state_v_first=False, cu_seqlens=None, **kwargs):
+    def run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+            cu_seqlens, kwargs):
         log.append(dict(q=q, g=g, beta=beta, initial_state=initial_state.clone(), state_v_first=state_v_first,
                         scale=scale, cu_seqlens=cu_seqlens, kwargs=kwargs))
         assert cu_seqlens is None and not kwargs
+        B, T, HV = v.shape[:3]
+        gate_shape = (B, T, HV, q.shape[-1]) if family == "kda" else (B, T, HV)
+        assert g is not None and g.shape == gate_shape, f"g {None if g is None else tuple(g.shape)}, FLA: {gate_shape}"
+        assert beta is not None and beta.shape == (B, T, HV), "beta [B, T, HV] (FLA: None means all ones)"
         assert initial_state.dtype == torch.float32 and g.dtype == torch.float32 and bool((g <= 0).all())
-        B = q.shape[0]
         pool = initial_state.clone()
         o = ref(q, k, v, None, None, None, None, pool, torch.arange(B), scale=scale,
                 use_qk_l2norm=use_qk_l2norm_in_kernel, state_layout="vk" if state_v_first else "kv", g=g, beta=beta)
         return o, (pool if output_final_state else None)
 
-    return recurrent
+    def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                         output_final_state=False, use_qk_l2norm_in_kernel=False,
+                                         use_gate_in_kernel=False, A_log=None, dt_bias=None,
+                                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                                         state_v_first=False, cu_seqlens=None, **kwargs):
+        assert gk is None and gv is None, "FLA 0.6 GDN: gk/gv are per-key/per-value decays; none is handed over"
+        assert not (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval) and A_log is None
+        return run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens, kwargs)
+
+    def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                            output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                            state_v_first=False, cu_seqlens=None, **kwargs):
+        assert not (use_gate_in_kernel or use_beta_sigmoid_in_kernel or allow_neg_eigval)
+        assert A_log is None and dt_bias is None and lower_bound is None, "the gates are handed over in log space"
+        strided = [n for n, x in dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state).items()
+                   if x is not None and not x.is_contiguous()]
+        assert not strided, f"FLA's unwrapped fused_recurrent_kda reads these strided views wrong: {strided}"
+        return run(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel, state_v_first,
+                   cu_seqlens, kwargs)
+
+    return fused_recurrent_gated_delta_rule if family == "gdn" else fused_recurrent_kda
+
+
+#: the stand-ins' names, per FLA function (tests/peers compares their parameter lists with FLA's)
+FLA_STAND_INS = {("gdn", "prefill"): fla_chunk, ("kda", "prefill"): fla_chunk,
+                 ("gdn", "decode"): fla_recurrent, ("kda", "decode"): fla_recurrent}
 
 
 def flashinfer_prefill(log: Log):

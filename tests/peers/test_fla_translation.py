@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from linattn.backends import fla as fla_backend
+from linattn.backends import peer
 from linattn.backends.fla import FLABackend
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref, kda_decode_ref, kda_prefill_ref
 from linattn.dispatch.calls import make_call
@@ -143,24 +144,26 @@ def test_decode_gathers_gates_and_scatters_like_the_reference(fla_log, family):
     assert len(fla_log) == 1 and bool(o[1].eq(0).all())  # one FLA call for both tokens; padding row zero
 
 
-def test_decode_verify_table_accepted_tokens_and_intermediate_states(fla_log):
-    d, pool = _decode_inputs("gdn", N=3, T=3, P=10)
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_decode_verify_table_accepted_tokens_and_intermediate_states(fla_log, family):
+    d, pool = _decode_inputs(family, N=3, T=3, P=10)
     table = torch.tensor([[4, 1, 2], [-1, -1, -1], [0, 3, 9]])
     accepted = torch.tensor([2, 0, 0])
     inter = torch.full((4, 5, 2, 4, 8), 7.0)  # a view of its first 3 steps is handed over
     rows = torch.tensor([1, -1, 3])
     mine, ref_pool = pool.clone(), pool.clone()
     inter_ref = inter.clone()
-    call = _decode_call("gdn", d, mine, table, num_accepted_tokens=accepted, intermediate_states=inter[:, :3],
+    call = _decode_call(family, d, mine, table, num_accepted_tokens=accepted, intermediate_states=inter[:, :3],
                         intermediate_state_indices=rows)
     o = FLABackend().decode(call)
-    o_ref = gdn_decode_ref(**d, state_pool=ref_pool, state_indices=table, scale=default_scale(8),
-                           num_accepted_tokens=accepted, intermediate_states=inter_ref[:, :3],
-                           intermediate_state_indices=rows)
+    ref = gdn_decode_ref if family == "gdn" else kda_decode_ref
+    o_ref = ref(**d, state_pool=ref_pool, state_indices=table, scale=default_scale(8),
+                num_accepted_tokens=accepted, intermediate_states=inter_ref[:, :3], intermediate_state_indices=rows)
     torch.testing.assert_close(o.float(), o_ref.float(), rtol=0, atol=2e-6)
     torch.testing.assert_close(mine, ref_pool, rtol=0, atol=2e-6, equal_nan=True)
     torch.testing.assert_close(inter, inter_ref, rtol=0, atol=2e-6)
-    assert len(fla_log) == 3  # one call per token
+    assert len(fla_log) == 3  # one call per token, each handed contiguous [N, 1, ...] tensors
+    assert all(c["q"].shape[1] == 1 and c["q"].is_contiguous() and c["g"].is_contiguous() for c in fla_log)
     assert torch.equal(fla_log[0]["initial_state"][2], torch.zeros_like(pool[0]))  # num_accepted 0: reads nothing
 
 
@@ -219,3 +222,21 @@ def test_write_rows_without_a_sync_writes_only_the_targeted_rows():
         dst2 = before.clone()
         write_rows(dst2, torch.tensor([-1, -1]), states[:2])  # nothing valid: every row keeps its bits
         assert torch.equal(dst2.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_the_stand_ins_take_flas_own_parameter_lists():
+    """With the real fla-core installed: each stand-in's parameters (names, order, defaults) are the
+    ones of the FLA function the backend calls, so an argument handed over by position lands in the
+    same parameter in both (FLA 0.6's GDN recurrent function is ``(q, k, v, g, gk, gv, beta, ...)``:
+    a positional ``beta`` is a per-key decay there)."""
+    if not peer.installed("fla"):
+        pytest.skip("fla-core is not installed (pip install 'linattn[peers]')")
+    import inspect
+
+    from peer_fakes import FLA_STAND_INS
+
+    for (family, phase), maker in FLA_STAND_INS.items():
+        theirs = inspect.signature(fla_backend.fla_function(family, phase)).parameters
+        ours = inspect.signature(maker(family, Log())).parameters
+        assert [(p.name, p.kind, p.default) for p in ours.values()] == \
+            [(p.name, p.kind, p.default) for p in theirs.values()], (family, phase)
