@@ -24,10 +24,11 @@ first-release backend implements one method per op, named after it, taking keywo
 - ``kda_gating(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold) -> (g, beta)``
 - ``gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
   state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-  num_accepted_tokens, softplus_beta, softplus_threshold, g, beta, has_initial_state) -> o``
+  num_accepted_tokens, softplus_beta, softplus_threshold, g, beta, has_initial_state,
+  output_state_indices) -> o``
 - ``kda_decode(<as gdn_decode>, lower_bound) -> o``
 - ``gdn_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-  use_qk_l2norm, state_layout, has_initial_state) -> (o, final_state or None)``
+  use_qk_l2norm, state_layout, has_initial_state, output_state_indices) -> (o, final_state or None)``
 - ``kda_prefill(<as gdn_prefill>) -> (o, final_state or None)``
 - ``silu_and_mul_clamp(x, limit) -> out``
 
@@ -36,7 +37,8 @@ The API version tells the two apart (:meth:`Backend.effective_api_version`): the
 backend is run through the adapter (:meth:`Backend.execute`): ``run(op, **call.arguments())``,
 so a first-release plugin, an override of ``run`` included, keeps working unchanged.
 
-The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``) reach a
+The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``,
+``output_state_indices``) reach a
 per-op method only when the caller gives them (declare them as optional keywords, default None),
 and only a backend that declares them in :attr:`Backend.features` is chosen for such a call (the
 ``supports_features`` predicate rejects the others with reason ``feature``).
@@ -59,7 +61,7 @@ __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "Clamp
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
 #: Optional call features (``Problem`` fields) a backend must declare in ``Backend.features`` to run.
-FEATURES = ("precomputed_gates", "has_initial_state")
+FEATURES = ("precomputed_gates", "has_initial_state", "output_state_indices")
 
 
 def _fmt(values: Iterable) -> str:
@@ -122,8 +124,8 @@ class Backend:
     #: during CUDA-graph capture an unchecked backend is not chosen (reason ``unverified``).
     verified_archs: ClassVar[Optional[frozenset[str]]] = None
     #: Optional call features the backend implements (see :data:`FEATURES`): ``precomputed_gates``
-    #: (decode from ready ``g`` / ``beta``) and ``has_initial_state`` (pool-mode mask of fresh
-    #: sequences). A call using a feature the backend does not declare is rejected (reason
+    #: (decode from ready ``g`` / ``beta``), ``has_initial_state`` (pool-mode mask of fresh
+    #: sequences) and ``output_state_indices`` (separate write slots). A call using a feature the backend does not declare is rejected (reason
     #: ``feature``), so the dispatcher falls back. A subclass that overrides an op method must declare
     #: the features again (its own ``features``): inherited declarations do not cover a method written
     #: without them (:meth:`declared_features`).
@@ -189,7 +191,9 @@ class Backend:
             return Check.passed()
         what = {"precomputed_gates": "decode from precomputed gates (g=, beta= instead of a, b, A_log, dt_bias)",
                 "has_initial_state": "has_initial_state= (sequences starting from a zero state without reading "
-                                     "their slot)"}
+                                     "their slot)",
+                "output_state_indices": "output_state_indices= (final states written to other slots than "
+                                        "the ones read)"}
         return Check.failed(Reason.FEATURE, f"{p.op} with {'; '.join(what[f] for f in missing)}: {self.name} does "
                             f"not declare {', '.join(repr(f) for f in missing)} (declared: "
                             f"{_fmt(self.declared_features(p.op))})",

@@ -323,24 +323,31 @@ def _load_states(src, rows: list, dims: tuple, layout: str, cd, dev) -> torch.Te
     return S
 
 
-def _slots(state_pool, state_indices, initial_state, has_initial_state, lens: list, dims: tuple, layout: str,
-           cd, dev):
-    """``(slots, carry, final)``: each sequence's state row (pool slot, negative = padding; dense: its
-    index), whether it starts from that row's state, and dense mode's final-state tensor (None in
-    pool mode). An empty fresh pool sequence's slot is zeroed here (its final state is its zero start)."""
+def _slots(state_pool, state_indices, initial_state, has_initial_state, output_state_indices, lens: list,
+           dims: tuple, layout: str, cd, dev):
+    """``(slots, dests, carry, final)``: each sequence's state row to read (pool slot, negative =
+    padding; dense: its index) and to write (``output_state_indices`` when given, else the same),
+    whether it starts from that row's state, and dense mode's final-state tensor (None in pool
+    mode). An empty pool sequence's final state is its initial state: written here (zeros when
+    fresh; a copy of the read slot when the write slot is another)."""
     N = len(lens)
     if state_pool is not None:
         slots = [int(s) for s in state_indices.tolist()]
+        dests = slots if output_state_indices is None else [int(s) for s in output_state_indices.tolist()]
         carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
         for n in range(N):
             if slots[n] >= 0 and lens[n] == 0 and not carry[n]:
-                state_pool[slots[n]].zero_()
-        return slots, carry, None
+                state_pool[dests[n]].zero_()
+            elif slots[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
+                state_pool[dests[n]].copy_(state_pool[slots[n]])
+        return slots, dests, carry, None
     if initial_state is not None:
-        return list(range(N)), [True] * N, initial_state.clone(memory_format=torch.contiguous_format)
+        rows = list(range(N))
+        return rows, rows, [True] * N, initial_state.clone(memory_format=torch.contiguous_format)
     hv, kd, vd = dims
     shape = (N, hv, vd, kd) if layout == "vk" else (N, hv, kd, vd)
-    return list(range(N)), [False] * N, torch.zeros(shape, dtype=torch.promote_types(torch.float32, cd), device=dev)
+    rows = list(range(N))
+    return rows, rows, [False] * N, torch.zeros(shape, dtype=torch.promote_types(torch.float32, cd), device=dev)
 
 
 def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev):
@@ -356,7 +363,7 @@ def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev)
 @pinned_fp32_matmul
 def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None, initial_state=None,
                     scale=None, use_qk_l2norm=True, state_layout="vk", *, has_initial_state=None,
-                    compute_dtype: Optional[torch.dtype] = None):
+                    output_state_indices=None, compute_dtype: Optional[torch.dtype] = None):
     """GDN (``g [T, HV]``) or KDA (``g [T, HV, K]``) varlen prefill in chunked form (module docstring).
 
     Args:
@@ -375,6 +382,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
         state_layout: ``"vk"`` or ``"kv"``.
         has_initial_state: pool mode, optional ``[N]`` bool: False starts that sequence from a zero
             state without reading its slot (its final state is written there as usual).
+        output_state_indices: pool mode, optional ``[N]``: the final state of sequence ``n`` goes to
+            slot ``output_state_indices[n]`` and ``state_indices[n]`` is only read (None: in place).
         compute_dtype: float32 or float64; None: float64 when q, the pool or the initial state
             is float64, else float32.
 
@@ -398,8 +407,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     cu, lens = seq_lengths(cu_seqlens)
     N = len(lens)
     pool_mode = state_pool is not None
-    slots, carry, final = _slots(state_pool, state_indices, initial_state, has_initial_state, lens, (HV, K, V),
-                                 state_layout, cd, dev)
+    slots, dests, carry, final = _slots(state_pool, state_indices, initial_state, has_initial_state,
+                                        output_state_indices, lens, (HV, K, V), state_layout, cd, dev)
     order = sorted((n for n in range(N) if slots[n] >= 0 and lens[n] > 0), key=lambda n: -lens[n])
     o = torch.zeros(T + 1, HV, V, dtype=cd, device=dev)  # row T takes the padded rows
     if not order:
@@ -423,7 +432,7 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
 
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):
-        dst[slots[n]].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+        dst[dests[n]].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
 
 
@@ -453,14 +462,17 @@ def decode_step(call: DecodeCall) -> torch.Tensor:
     ``[S^T (d q), S^T (d k)]`` in one read of ``S``, ``u = beta (v - S^T (d k))``,
     ``o = S^T (d q) + (q . k) u`` and ``S = d S + k u^T`` (two in-place passes; skipped with
     ``disable_state_update``). The same maths as torch-ref's ``_step_`` in fewer passes over the state,
-    each row's slot updated through a view (no gather or scatter copy). Padding rows (negative slot):
-    zero output, slot untouched. Returns ``o [N, 1, HV, V]`` in q's dtype.
+    each row's slot updated through a view (no gather or scatter copy). With ``output_state_indices``
+    a row's read slot is copied into its write slot, which is then updated in place (the bits of an
+    in-place call on that copy). Padding rows (negative slot): zero output, slot untouched. Returns
+    ``o [N, 1, HV, V]`` in q's dtype.
     """
     q, v, pool = call.q, call.v, call.state_pool
     N, _, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = torch.zeros(N, 1, HV, V, dtype=torch.float32, device=q.device)
     slots = call.state_indices.tolist()
+    dests = slots if call.output_state_indices is None else call.output_state_indices.tolist()
     rows = [n for n in range(N) if slots[n] >= 0]
     if not rows:
         return o.to(q.dtype)
@@ -490,6 +502,8 @@ def decode_step(call: DecodeCall) -> torch.Tensor:
         u = beta[i, :, None] * (vn[i] - P[:, 1])  # [HV, V]
         o[n, 0] = P[:, 0] + qk_dot[i] * u
         if not call.disable_state_update:
+            if dests[n] != slots[n]:  # separate write slot: the state is advanced there (validated: no one reads it)
+                S = pool[dests[n]].copy_(S)
             if vk:
                 S.mul_(d[i][:, None, :]).addcmul_(u[:, :, None], kn[i][:, None, :])
             else:
@@ -523,7 +537,7 @@ class TorchChunkedBackend(Backend):
     state_dtypes = frozenset({"float32", "bfloat16", "float64"})
     state_layouts = frozenset({"vk", "kv"})
     strided_state_ops = frozenset(ops)  # pool rows through views and copy_: any strides
-    features = frozenset({"has_initial_state", "precomputed_gates"})
+    features = frozenset({"has_initial_state", "precomputed_gates", "output_state_indices"})
 
     def rank(self, p, caps) -> int:
         cpu = caps.vendor == "cpu"
@@ -563,4 +577,5 @@ class TorchChunkedBackend(Backend):
         in dense mode."""
         return chunked_prefill(call.q, call.k, call.v, call.g, call.beta, call.cu_seqlens,
                                call.state_pool, call.state_indices, call.initial_state, call.scale,
-                               call.use_qk_l2norm, call.state_layout, has_initial_state=call.has_initial_state)
+                               call.use_qk_l2norm, call.state_layout, has_initial_state=call.has_initial_state,
+                               output_state_indices=call.output_state_indices)

@@ -260,7 +260,7 @@ def _blocks(n: int, hv: int, v: int, k: int, cd) -> range:
 def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
             state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
             num_accepted_tokens, softplus_beta, softplus_threshold, lower_bound, per_channel, cd,
-            g=None, beta=None, has_initial_state=None):
+            g=None, beta=None, has_initial_state=None, output_state_indices=None):
     N, T, _, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     dev = q.device
@@ -303,6 +303,8 @@ def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use
     load_l = load_slot.tolist()
     fresh_l = fresh.tolist()
     table_l = idx.tolist() if table else None
+    # [N] form: the final state goes to output_state_indices[n] when given, else back to the load slot
+    store_l = load_l if output_state_indices is None else output_state_indices.tolist()
     if inter is not None:
         inter_l = list(range(N)) if intermediate_state_indices is None else intermediate_state_indices.tolist()
 
@@ -322,7 +324,7 @@ def _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use
             if table and write_pool:
                 _store(state_pool, [table_l[n][t] for n in rs], S, state_layout)
         if not table and write_pool:
-            _store(state_pool, [load_l[n] for n in rs], S, state_layout)
+            _store(state_pool, [store_l[n] for n in rs], S, state_layout)
         o[rows[blk]] = ob
     return o.to(q.dtype)
 
@@ -356,6 +358,10 @@ _DECODE_DOC = """
             ``[N, T, HV]`` as given (already sigmoided).
         has_initial_state: optional ``[N]`` bool: False starts that row from a zero state without
             reading its slot (its stores are as usual).
+        output_state_indices: optional ``[N]`` (with ``state_indices [N]`` only): the final state
+            of row ``n`` is stored to ``output_state_indices[n]`` instead of its load slot, which
+            is then only read. Padding on the same rows as ``state_indices`` (the validation layer
+            refuses the rest: docs/ops.md "Separate read and write slots").
 
     Returns:
         ``o [N, T, HV, V]`` in q's dtype; padding rows are zero.
@@ -369,11 +375,12 @@ def gdn_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, sca
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0, *,
-                   g=None, beta=None, has_initial_state=None, compute_dtype=torch.float32):
+                   g=None, beta=None, has_initial_state=None, output_state_indices=None,
+                   compute_dtype=torch.float32):
     return _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
                    state_layout, intermediate_states, intermediate_state_indices,
                    disable_state_update, num_accepted_tokens, softplus_beta, softplus_threshold,
-                   None, False, compute_dtype, g, beta, has_initial_state)
+                   None, False, compute_dtype, g, beta, has_initial_state, output_state_indices)
 
 
 def kda_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
@@ -381,11 +388,11 @@ def kda_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, sca
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
                    lower_bound=None, *, g=None, beta=None, has_initial_state=None,
-                   compute_dtype=torch.float32):
+                   output_state_indices=None, compute_dtype=torch.float32):
     return _decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
                    state_layout, intermediate_states, intermediate_state_indices,
                    disable_state_update, num_accepted_tokens, softplus_beta, softplus_threshold,
-                   lower_bound, True, compute_dtype, g, beta, has_initial_state)
+                   lower_bound, True, compute_dtype, g, beta, has_initial_state, output_state_indices)
 
 
 gdn_decode_ref.__doc__ = ("GDN decode over a state pool (T = 1), or speculative verify (T > 1): "
@@ -422,7 +429,7 @@ def seq_lengths(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
 
 @pinned_fp32_matmul
 def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, cd, has_initial_state=None):
+             use_qk_l2norm, state_layout, cd, has_initial_state=None, output_state_indices=None):
     T, _, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
@@ -434,6 +441,8 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
         valid = [s >= 0 for s in slots]
         # has_initial_state False: h0 = 0, the slot is not read (its final state is written as usual)
         carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
+        # the final state goes to output_state_indices[n] when given (padding on the same rows)
+        dests = slots if output_state_indices is None else [int(s) for s in output_state_indices.tolist()]
         final = None
     else:
         valid = [True] * N
@@ -446,10 +455,12 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
     o = torch.zeros(T, HV, V, dtype=cd, device=dev)
     # sequences that run, longest first, so that at step t a block's running ones are a prefix
     active = sorted((n for n in range(N) if valid[n] and lens[n] > 0), key=lambda n: -lens[n])
-    if pool_mode:  # an empty fresh sequence: its final state is the zero state it starts from
+    if pool_mode:  # an empty sequence: its final state is the state it starts from (zeros when fresh)
         for n in range(N):
             if valid[n] and lens[n] == 0 and not carry[n]:
-                state_pool[slots[n]].zero_()
+                state_pool[dests[n]].zero_()
+            elif valid[n] and lens[n] == 0 and dests[n] != slots[n]:
+                state_pool[dests[n]].copy_(state_pool[slots[n]])
     if not active:
         return o.to(q.dtype), final
     qc = _prep_qk(q, HV, K ** -0.5 if scale is None else scale, use_qk_l2norm, cd)
@@ -472,7 +483,7 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
             width = bisect.bisect_left(neg_lens, -t)  # sequences with len > t
             tok = starts[:width] + t
             o[tok] = _step_(S[:width], qc[tok], kc[tok], vc[tok], decay[tok], bc[tok])
-        _store(state_pool if pool_mode else final, [slots[n] for n in seqs] if pool_mode else seqs, S,
+        _store(state_pool if pool_mode else final, [dests[n] for n in seqs] if pool_mode else seqs, S,
                state_layout)
     return o.to(q.dtype), final
 
@@ -495,6 +506,9 @@ _PREFILL_DOC = """
         state_layout: ``"vk"`` or ``"kv"``.
         has_initial_state: pool mode only, optional ``[N]`` bool: False starts that sequence from a
             zero state without reading its slot; its final state is written there as usual.
+        output_state_indices: pool mode only, optional ``[N]``: the final state of sequence ``n``
+            (an empty sequence's: its initial state) goes to ``output_state_indices[n]``, and
+            ``state_indices[n]`` is only read. None = write where read.
         compute_dtype: float32 (token-serial fp32 accumulation) or float64 (oracle).
 
     Returns:
@@ -507,16 +521,16 @@ _PREFILL_DOC = """
 
 def gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    has_initial_state=None, compute_dtype=torch.float32):
+                    has_initial_state=None, output_state_indices=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices)
 
 
 def kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    has_initial_state=None, compute_dtype=torch.float32):
+                    has_initial_state=None, output_state_indices=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices)
 
 
 gdn_prefill_ref.__doc__ = ("GDN varlen prefill, token-serial (the oracle for chunked kernels)."
@@ -593,7 +607,7 @@ class TorchRefBackend(Backend):
     state_layouts = frozenset({"vk", "kv"})
     input_strides = "any"  # PyTorch ops read every view through its strides
     strided_state_ops = frozenset(OPS)
-    features = frozenset({"precomputed_gates", "has_initial_state"})
+    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices"})
 
     def rank(self, p, caps) -> int:
         return Rank.CPU_DEFAULT if caps.vendor == "cpu" else Rank.GPU_REFERENCE
@@ -615,38 +629,40 @@ class TorchRefBackend(Backend):
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
-                   g=None, beta=None, has_initial_state=None):
+                   g=None, beta=None, has_initial_state=None, output_state_indices=None):
         return gdn_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
                               use_qk_l2norm, state_layout, intermediate_states,
                               intermediate_state_indices, disable_state_update, num_accepted_tokens,
                               softplus_beta, softplus_threshold, g=g, beta=beta,
-                              has_initial_state=has_initial_state, compute_dtype=_cd(q, state_pool))
+                              has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                              compute_dtype=_cd(q, state_pool))
 
     def kda_decode(self, *, q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale=None,
                    use_qk_l2norm=True, state_layout="vk", intermediate_states=None,
                    intermediate_state_indices=None, disable_state_update=False,
                    num_accepted_tokens=None, softplus_beta=1.0, softplus_threshold=20.0,
-                   lower_bound=None, g=None, beta=None, has_initial_state=None):
+                   lower_bound=None, g=None, beta=None, has_initial_state=None, output_state_indices=None):
         return kda_decode_ref(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale,
                               use_qk_l2norm, state_layout, intermediate_states,
                               intermediate_state_indices, disable_state_update, num_accepted_tokens,
                               softplus_beta, softplus_threshold, lower_bound, g=g, beta=beta,
-                              has_initial_state=has_initial_state, compute_dtype=_cd(q, state_pool))
+                              has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                              compute_dtype=_cd(q, state_pool))
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
-                    has_initial_state=None):
+                    has_initial_state=None, output_state_indices=None):
         return gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
-                               has_initial_state=has_initial_state,
+                               has_initial_state=has_initial_state, output_state_indices=output_state_indices,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
-                    has_initial_state=None):
+                    has_initial_state=None, output_state_indices=None):
         return kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
-                               has_initial_state=has_initial_state,
+                               has_initial_state=has_initial_state, output_state_indices=output_state_indices,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def silu_and_mul_clamp(self, *, x, limit=None):

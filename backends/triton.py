@@ -80,9 +80,11 @@ class TritonBackend(Backend):
     input_strides = TRITON_INPUT_STRIDES
     #: the chunked prefill's state kernel takes every pool stride; decode reads dense state tiles
     strided_state_ops = frozenset({"gdn_prefill", "kda_prefill"})
-    #: decode from precomputed gates (``GATES_PRECOMPUTED``), and has_initial_state in decode and in
-    #: the prefill's state kernel (a masked h0 load, ``HAS_INITIAL_STATE`` / ``HAS_INIT``)
-    features = frozenset({"precomputed_gates", "has_initial_state"})
+    #: decode from precomputed gates (``GATES_PRECOMPUTED``), has_initial_state in decode and in
+    #: the prefill's state kernel (a masked h0 load, ``HAS_INITIAL_STATE`` / ``HAS_INIT``), and
+    #: output_state_indices (decode: a second row pointer, ``HAS_OUT_SLOTS``; prefill: the read rows
+    #: copied into the write rows first, ``kernels/triton/fork_slots.py``, then in place there)
+    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices"})
 
     # -- predicates -------------------------------------------------------------------------------
 
@@ -253,9 +255,13 @@ class TritonBackend(Backend):
         return silu_and_mul_clamp(x, limit, caps=self._caps(x), layout=self.layout)
 
     def _prefill(self, family, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
-                 initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None):
-        from linattn.kernels.triton.prefill import chunk_prefill
+                 initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None,
+                 output_state_indices=None):
+        from linattn.kernels.triton.prefill import chunk_prefill, forked
 
+        if output_state_indices is not None:  # the read rows copied into the write rows, then in place there
+            state_indices = forked(dict(state_pool=state_pool, state_indices=state_indices, has_initial_state=
+                                        has_initial_state, output_state_indices=output_state_indices))["state_indices"]
         return chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                              state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                              scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,

@@ -17,7 +17,7 @@ are None (``lower_bound`` of a GDN call).
 
 A plugin-API-1 backend (one method per op, named after the op, taking keywords) is run through
 the adapter: ``call.arguments()`` gives exactly the keywords of its op method, the second
-release's ``g`` / ``beta`` / ``has_initial_state`` only when given (:meth:`OpCall.arguments`).
+release's ``g`` / ``beta`` / ``has_initial_state`` / ``output_state_indices`` only when given (:meth:`OpCall.arguments`).
 
 Example:
     >>> import torch
@@ -81,7 +81,8 @@ class DecodeCall(OpCall):
     precomputed gates ``g`` (shaped as ``a``, fp32 log decay) and ``beta [N, T, HV]`` (fp32), the
     other form None; ``state_pool [P, HV, V, K]`` (``state_layout="vk"``) or ``[P, HV, K, V]``
     (``"kv"``), written in place; ``state_indices [N]`` or ``[N, T]`` (negative: padding);
-    optional ``has_initial_state [N]`` bool, ``intermediate_states [S, steps, HV, V, K]`` with
+    optional ``has_initial_state [N]`` bool, ``output_state_indices [N]`` (write slots, with an
+    ``[N]`` ``state_indices``: read there, written here), ``intermediate_states [S, steps, HV, V, K]`` with
     ``intermediate_state_indices [N]``, ``num_accepted_tokens [N]``.
     """
 
@@ -97,6 +98,7 @@ class DecodeCall(OpCall):
     g: Optional[Tensor] = None
     beta: Optional[Tensor] = None
     has_initial_state: Optional[Tensor] = None
+    output_state_indices: Optional[Tensor] = None
     scale: float  # K ** -0.5 unless the caller gave one
     use_qk_l2norm: bool = True
     state_layout: str = "vk"
@@ -124,7 +126,8 @@ class PrefillCall(OpCall):
 
     Tensors: ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (KDA ``[T, HV, K]``) fp32 log decay,
     ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]``; pool mode: ``state_pool [P, HV, V, K]`` (or
-    ``[P, HV, K, V]``) with ``state_indices [N]`` and optional ``has_initial_state [N]``; dense mode:
+    ``[P, HV, K, V]``) with ``state_indices [N]`` and optional ``has_initial_state [N]`` and
+    ``output_state_indices [N]`` (write slots; None = write where read); dense mode:
     ``initial_state [N, HV, V, K]`` or None. Returns ``(o, None)`` in pool mode, ``(o, final_state)``
     in dense mode.
     """
@@ -139,6 +142,7 @@ class PrefillCall(OpCall):
     state_indices: Optional[Tensor] = None
     initial_state: Optional[Tensor] = None
     has_initial_state: Optional[Tensor] = None
+    output_state_indices: Optional[Tensor] = None
     scale: float  # K ** -0.5 unless the caller gave one
     use_qk_l2norm: bool = True
     state_layout: str = "vk"

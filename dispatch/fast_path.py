@@ -82,12 +82,12 @@ _plans: LRUCache = LRUCache(CALL_PLANS_MAX)
 _classes: LRUCache = LRUCache(CLASS_PLANS_MAX)
 _LENGTH_BUCKETS = 3  # dim-0 sizes 0, 1, 2 are classes of their own; 3 and more share one
 _DECODE_N = ("q", "k", "v", "a", "b", "g", "beta", "state_indices", "num_accepted_tokens",
-             "intermediate_state_indices", "has_initial_state")
+             "intermediate_state_indices", "has_initial_state", "output_state_indices")
 #: per op phase: the tensor arguments whose dim 0 is a length that changes from call to call, and
 #: which length (``t`` = T, ``n`` = N; ``cu_seqlens`` is N + 1 long)
 LENGTH_ARGUMENTS = {
     "prefill": {"q": "t", "k": "t", "v": "t", "g": "t", "beta": "t", "cu_seqlens": "n", "state_indices": "n",
-                "initial_state": "n", "has_initial_state": "n"},
+                "initial_state": "n", "has_initial_state": "n", "output_state_indices": "n"},
     "decode": dict.fromkeys(_DECODE_N, "n"),
 }
 #: per decode or prefill op: its length arguments (:data:`LENGTH_ARGUMENTS` of its phase)

@@ -401,6 +401,32 @@ def _has_initial_state(args: dict, dims: Dims) -> None:
     dims["has_initial_state"] = True
 
 
+def _output_state_indices(args: dict, dims: Dims) -> None:
+    """output_state_indices [N] (pool-mode prefill and decode with ``state_indices [N]``): the slot each
+    sequence's final state is written to, read from ``state_indices`` (None = write where read).
+    Same dtypes and shape as ``state_indices [N]``; refused in dense mode, with a per-token slot
+    table ``[N, T]`` and with ``disable_state_update=True`` (docs/ops.md "Separate read and write slots")."""
+    x = args.get("output_state_indices")
+    if x is None:
+        return
+    x = _tensor(args, "output_state_indices")
+    if dims["mode"] != "pool":
+        raise ValueError("output_state_indices is for pool mode (state_pool + state_indices: the read slots); "
+                         "in dense mode the final state is returned, so there is no slot to write. Drop it, "
+                         "or pass state_pool and state_indices.")
+    if dims.get("table"):
+        raise ValueError("output_state_indices applies to state_indices [N]; with a per-token slot table "
+                         "state_indices [N, T] the table already names where the state after each token "
+                         "is written (the load slot is column 0, or num_accepted_tokens - 1). Put the "
+                         "write slots in the table's columns, or pass state_indices [N] with "
+                         "output_state_indices [N].")
+    if not dims["writes_pool"]:
+        raise ValueError("output_state_indices was given with disable_state_update=True, which writes no "
+                         "pool slot; drop one of the two.")
+    _indices(x, "output_state_indices", (dims["n"],), "[N] (as state_indices)")
+    dims["output_state_indices"] = True
+
+
 def _intermediate(args: dict, dims: Dims) -> None:
     """intermediate_states [S, steps >= T, HV, V, K] (pool layout) with intermediate_state_indices [N]."""
     buf, idx = args["intermediate_states"], args["intermediate_state_indices"]

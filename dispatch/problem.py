@@ -69,6 +69,8 @@ class Problem(BaseModel):
                                     "A_log, dt_bias (only a backend declaring the feature may run it)")
     has_initial_state: bool = Field(False, description="a has_initial_state [N] mask is given: sequences marked "
                                     "False start from a zero state without reading their slot")
+    output_state_indices: bool = Field(False, description="output_state_indices [N] is given: each sequence "
+                                       "writes its final state to a slot of its own, read from state_indices")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":

@@ -79,7 +79,8 @@ def _signature(op: str, out: dict, dims: Dims) -> tuple:
             ("lower_bound", get("lower_bound") is not None), ("clamp_limit", get("limit") is not None),
             ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]),
             ("precomputed_gates", dims.get("precomputed_gates", False)),
-            ("has_initial_state", dims.get("has_initial_state", False)))
+            ("has_initial_state", dims.get("has_initial_state", False)),
+            ("output_state_indices", dims.get("output_state_indices", False)))
 
 
 def validate(op: str, args: dict, *, check_values: bool = True,

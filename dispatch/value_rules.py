@@ -88,9 +88,57 @@ def _v_state_indices(args: dict, dims: Dims) -> list:
     if idx is None:
         return []
     probes = _range_probe(idx, "state_indices", dims["p"], "slots", "state_pool.shape[0]")
-    if dims["writes_pool"]:
+    if dims["writes_pool"] and args.get("output_state_indices") is None:  # else only the written slots race
         probes += _duplicate_probe(idx, "state_indices")
     return probes
+
+
+def _v_output_state_indices(args: dict, dims: Dims) -> list:
+    """Separate write slots (docs/ops.md "Separate read and write slots"): in range, padding on the
+    same rows as ``state_indices``, no slot written by two sequences, and no slot read by one
+    sequence and written by another (the kernels run sequences in parallel, so that read could see
+    either state). A sequence may read and write one slot; a sequence that ``has_initial_state``
+    marks fresh reads nothing, so its read slot does not count."""
+    out = args.get("output_state_indices")
+    if out is None or out.numel() == 0:
+        return []
+    src = args["state_indices"]
+    probes = _range_probe(out, "output_state_indices", dims["p"], "slots", "state_pool.shape[0]")
+    mixed = (src < 0) != (out < 0)
+
+    def explain_mixed():
+        n = _position(mixed)[0]
+        raise ValueError(f"sequence {n}: state_indices[{n}] = {int(src[n])} and output_state_indices[{n}] = "
+                         f"{int(out[n])}; padding (a negative index) must be on the same rows of both. To "
+                         f"start a sequence from zeros and write a slot, pass a read slot with "
+                         f"has_initial_state False (its slot is not read).")
+    probes.append((mixed.any(), explain_mixed))
+    probes += _duplicate_probe(out, "output_state_indices")
+    reads = src if args.get("has_initial_state") is None else torch.where(args["has_initial_state"], src, -1)
+    crossed = _read_written_elsewhere(reads.to(torch.int64), out.to(torch.int64))
+
+    def explain_crossed():
+        i = _position(crossed)[0]
+        slot = int(reads[i])
+        j = next(j for j, s in enumerate(out.tolist()) if s == slot and j != i)
+        raise ValueError(f"slot {slot} is read by sequence {i} (state_indices[{i}]) and written by sequence "
+                         f"{j} (output_state_indices[{j}]); sequences run in parallel, so the read could see "
+                         f"the old or the new state. Give sequence {j} another write slot (or copy slot "
+                         f"{slot} first); a sequence may read and write its own slot.")
+    probes.append((crossed.any(), explain_crossed))
+    return probes
+
+
+def _read_written_elsewhere(reads: torch.Tensor, writes: torch.Tensor) -> torch.Tensor:
+    """``[N]`` bool: sequence ``i`` reads a slot (``reads[i] >= 0``) that another sequence writes.
+    Sort and binary search on the device (no sync, O(N log N)); with duplicate write slots (a
+    separate rule) the writer found is one of them."""
+    order = writes.sort()
+    pos = torch.searchsorted(order.values, reads).clamp(max=writes.numel() - 1)
+    found = order.values[pos] == reads
+    writer = order.indices[pos]
+    rows = torch.arange(reads.numel(), device=reads.device)
+    return found & (reads >= 0) & (writer != rows)
 
 
 def _v_intermediate(args: dict, dims: Dims) -> list:
@@ -228,8 +276,9 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 #: the decode rules, and the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with
 #: value rules, ``dispatch/ops_table.py``). A call with any other rule (``check_finite``'s) keeps the
 #: torch rules.
-_FUSABLE = frozenset({_v_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params, _v_decode_log_decay})
-_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_log_decay})
+_FUSABLE = frozenset({_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted,
+                      _v_shared_gate_params, _v_decode_log_decay})
+_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_log_decay})
 #: None: the fused kernel runs where the direct Triton launch does (``kernels/triton/launch.py``
 #: ``fast_launch_status``: CUDA, a tested Triton, no interpreter), unless
 #: ``LINATTN_FUSED_VALUE_CHECKS=0`` opts out (its refusals are held against the torch rules on the
@@ -269,6 +318,8 @@ def _plan_check(rules: frozenset, args: dict, dims: Dims):
     """The kernel's planned check for ``rules`` (decode's or prefill's), or None."""
     from linattn.kernels.triton import value_checks
 
+    if args.get("output_state_indices") is not None:  # separate write slots: the kernel has no rule for them
+        return None
     if _v_cu_seqlens in rules and rules <= _FUSABLE_PREFILL:
         return value_checks.plan_prefill_value_check(args, slots=dims.get("p"), tokens=dims["t"],
                                                      shared_slots=dims["writes_pool"])

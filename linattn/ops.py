@@ -294,13 +294,14 @@ def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Op
                    intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
                    num_accepted_tokens: Optional[Tensor], softplus_beta: float, softplus_threshold: float,
                    backend: str, validate: bool, check_finite: bool, g: Optional[Tensor] = None,
-                   beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None) -> Tensor:
+                   beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
+                   output_state_indices: Optional[Tensor] = None) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, g=g, beta=beta,
-                has_initial_state=has_initial_state)
+                has_initial_state=has_initial_state, output_state_indices=output_state_indices)
     return _call("gdn_decode", args, backend, validate, check_finite)
 
 
@@ -320,7 +321,7 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
                num_accepted_tokens: Optional[Tensor] = None, softplus_beta: float = 1.0,
                softplus_threshold: float = 20.0, backend: Optional[str] = None, validate: bool = True,
                check_finite: bool = False, g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
-               has_initial_state: Optional[Tensor] = None) -> Tensor:
+               has_initial_state: Optional[Tensor] = None, output_state_indices: Optional[Tensor] = None) -> Tensor:
     """Gated DeltaNet decode over a state pool, in place (docs/ops.md "Ops"; Yang et al., ICLR 2025).
 
     Args:
@@ -352,6 +353,13 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         has_initial_state: optional ``[N]`` bool (None = all True): False starts that row from a
             zero state without reading its slot (stale or NaN contents are irrelevant); its states
             are stored as usual. A negative index stays padding. vLLM's name for the same mask.
+        output_state_indices: optional ``[N]`` int32/int64 write slots, with ``state_indices [N]``
+            (None = write where read): row n's state is read from ``state_indices[n]`` and its
+            final state written to ``output_state_indices[n]``; only the written slots change (a
+            shared prefix's slot stays intact, so speculative branches can fork from it). Padding
+            (negative) on the same rows as ``state_indices``. ``ValueError`` with an ``[N, T]`` table
+            (its columns are the write slots), with ``disable_state_update=True``, for a slot written
+            by two rows, and for a slot one row reads and another writes (rows run in parallel).
     Returns:
         ``o [N, T, HV, V]`` in q's dtype.
     Raises:
@@ -375,7 +383,7 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite, g, beta, has_initial_state)
+              check_finite, g, beta, has_initial_state, output_state_indices)
 
 
 def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
@@ -386,13 +394,13 @@ def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Op
                    num_accepted_tokens: Optional[Tensor], lower_bound: Optional[float], softplus_beta: float,
                    softplus_threshold: float, backend: str, validate: bool, check_finite: bool,
                    g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
-                   has_initial_state: Optional[Tensor] = None) -> Tensor:
+                   has_initial_state: Optional[Tensor] = None, output_state_indices: Optional[Tensor] = None) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
                 lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
-                g=g, beta=beta, has_initial_state=has_initial_state)
+                g=g, beta=beta, has_initial_state=has_initial_state, output_state_indices=output_state_indices)
     return _call("kda_decode", args, backend, validate, check_finite)
 
 
@@ -412,13 +420,15 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
                num_accepted_tokens: Optional[Tensor] = None, lower_bound: Optional[float] = None,
                softplus_beta: float = 1.0, softplus_threshold: float = 20.0, backend: Optional[str] = None,
                validate: bool = True, check_finite: bool = False, g: Optional[Tensor] = None,
-               beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None) -> Tensor:
+               beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
+               output_state_indices: Optional[Tensor] = None) -> Tensor:
     """Kimi Delta Attention decode over a state pool, in place (docs/ops.md; Kimi Linear report, 2025).
 
     As :func:`gdn_decode`, with per-key-channel gates: ``a [N, T, HV, K]``, ``dt_bias [HV, K]``,
     ``A_log [HV]``, and ``lower_bound`` (None, or e.g. -5.0 for the bounded gate). The
     precomputed-gate form takes ``g [N, T, HV, K]`` and ``beta [N, T, HV]`` fp32 (a ``lower_bound`` is
-    refused there: apply it in :func:`kda_gating`); ``has_initial_state`` as in :func:`gdn_decode`.
+    refused there: apply it in :func:`kda_gating`); ``has_initial_state`` and ``output_state_indices``
+    as in :func:`gdn_decode`.
 
     Returns:
         ``o [N, T, HV, V]`` in q's dtype.
@@ -442,7 +452,7 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
     return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
               intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
               lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite, g, beta, has_initial_state)
+              check_finite, g, beta, has_initial_state, output_state_indices)
 
 
 # -- prefill -----------------------------------------------------------------------------------------
@@ -464,12 +474,12 @@ def _make_prefill(op: str):
     def impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
              state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
              scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
-             validate: bool, check_finite: bool,
-             has_initial_state: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+             validate: bool, check_finite: bool, has_initial_state: Optional[Tensor] = None,
+             output_state_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                     state_indices=state_indices, initial_state=initial_state, scale=scale,
                     use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                    has_initial_state=has_initial_state)
+                    has_initial_state=has_initial_state, output_state_indices=output_state_indices)
         o, final = _call(op, args, backend, validate, check_finite)
         if final is None:  # pool mode
             return o, q.new_empty((0,), dtype=torch.float32)
@@ -479,7 +489,7 @@ def _make_prefill(op: str):
 
     @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
-          state_layout, backend, validate, check_finite, has_initial_state=None):
+          state_layout, backend, validate, check_finite, has_initial_state=None, output_state_indices=None):
         return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
 
     return impl, custom
@@ -491,12 +501,14 @@ _PREFILL = {"gdn_prefill": (_gdn_prefill_impl, _gdn_prefill_op), "kda_prefill": 
 
 
 def _prefill(op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None):
+             use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None,
+             output_state_indices=None):
     impl, custom = _PREFILL[op]
     fn = _traced(op, custom, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
                                   initial_state=initial_state)) if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                  use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state)
+                  use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state,
+                  output_state_indices)
     return o if state_pool is not None else (o, final)
 
 
@@ -504,7 +516,8 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
-                check_finite: bool = False, has_initial_state: Optional[Tensor] = None):
+                check_finite: bool = False, has_initial_state: Optional[Tensor] = None,
+                output_state_indices: Optional[Tensor] = None):
     """Gated DeltaNet chunked prefill over varlen sequences (docs/ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
 
     Args:
@@ -518,6 +531,12 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
             sequence from a zero state without reading its slot (whatever it holds, NaN included)
             and writes its final state there; fused in the kernels (no zeroing pass). Dense mode:
             ``ValueError`` (pass initial_state).
+        output_state_indices: pool mode only, optional ``[N]`` int32/int64 write slots (None = write
+            where read): h0 is read from ``state_indices[n]`` and the final state written to
+            ``output_state_indices[n]``; the read slot keeps its bits when the two differ (a shared
+            prefix's slot stays intact). Padding on the same rows as ``state_indices``; a slot
+            written by two sequences, or read by one and written by another, is a ``ValueError``
+            (several sequences may read one slot).
         scale, use_qk_l2norm, state_layout, backend, validate, check_finite: as in :func:`gdn_decode`
             (NaN in ``g``, or ``g > 0``, is always refused when ``validate``: g is a log decay).
     Returns:
@@ -535,16 +554,17 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     """
     return _prefill("gdn_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state)
+                    has_initial_state, output_state_indices)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
-                check_finite: bool = False, has_initial_state: Optional[Tensor] = None):
+                check_finite: bool = False, has_initial_state: Optional[Tensor] = None,
+                output_state_indices: Optional[Tensor] = None):
     """Kimi Delta Attention chunked prefill: as :func:`gdn_prefill` with ``g [T, HV, K]`` (per key channel),
-    ``has_initial_state`` included.
+    ``has_initial_state`` and ``output_state_indices`` included.
 
     Returns:
         pool mode: ``o [T, HV, V]``; dense mode: ``(o, final_state)``.
@@ -560,7 +580,7 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     """
     return _prefill("kda_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state)
+                    has_initial_state, output_state_indices)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------

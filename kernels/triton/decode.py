@@ -18,7 +18,9 @@ Pool rules (docs/ops.md): ``state_indices [N]`` or a per-token slot table ``[N, 
 offsets in int64, a negative slot is padding (zero output, the pool neither read nor written),
 layouts ``"vk"`` (``[P, HV, V, K]``) and ``"kv"`` (``[P, HV, K, V]``), pool dtype preserved,
 slot pitch ``stride(0)``. ``has_initial_state [N]`` (``HAS_INITIAL_STATE``): False masks the
-state load (a zero state, the slot never read) and stores as usual. Precomputed gates
+state load (a zero state, the slot never read) and stores as usual. ``output_state_indices [N]``
+(``HAS_OUT_SLOTS``, with ``state_indices [N]``): the final state is stored through a second row
+pointer, the load slot only read. Precomputed gates
 (``GATES_PRECOMPUTED``): ``g`` and ``beta`` are read where ``a`` and ``b`` are, the gating is skipped
 (``g`` is still floored at ``G_MIN``).
 """
@@ -77,7 +79,7 @@ def _l2norm(x):
 @triton.jit
 def _recurrent_decode_kernel(
     q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices, has_init,
-    scale, softplus_beta, softplus_threshold, lower_bound,
+    out_indices, scale, softplus_beta, softplus_threshold, lower_bound,
     T,
     s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
     s_an, s_at, s_ah, s_bn, s_bt, s_bh,
@@ -88,7 +90,7 @@ def _recurrent_decode_kernel(
     GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     STATE_LAYOUT: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_NUM_ACCEPTED: tl.constexpr,
     HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
-    GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr,
+    GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     STATE_EVICTION: tl.constexpr = "",
 ):
@@ -191,8 +193,13 @@ def _recurrent_decode_kernel(
             st = tl.load(idx_row + t64 * s_idx_t).to(tl.int64)
             tl.store(p_state + st * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid & (st >= 0)) != 0)
     if UPDATE_STATE and not PER_TOKEN_SLOTS:
-        tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid) != 0,
-                 eviction_policy=STATE_EVICTION)
+        if HAS_OUT_SLOTS:  # separate write slots: the load slot is only read
+            out_slot = tl.load(out_indices + i_n).to(tl.int64)
+            tl.store(p_state + out_slot * s_pool_slot, h.to(pool.dtype.element_ty),
+                     mask=(mask_s & valid & (out_slot >= 0)) != 0, eviction_policy=STATE_EVICTION)
+        else:
+            tl.store(p_state + load_slot * s_pool_slot, h.to(pool.dtype.element_ty), mask=(mask_s & valid) != 0,
+                     eviction_policy=STATE_EVICTION)
 
 
 # --- host side -------------------------------------------------------------------------------
@@ -300,6 +307,9 @@ class DecodeLaunch:
             ``b`` (already sigmoided); read through their strides as ``a`` and ``b`` are.
         has_initial_state: ``[N]`` bool or None: False starts the row from a zero state; the
             kernel's state load is masked (the slot is never read), stores are as usual.
+        output_state_indices: ``[N]`` int32/int64 or None (with ``state_indices [N]``): the final
+            state is stored to this slot (``HAS_OUT_SLOTS``: a second row pointer, the load slot
+            only read); negative: no store. Contiguous.
         caps: DeviceCapabilities of the tensors' device. layout: ``split`` / ``folded``.
         block_v, num_warps: override the pinned tile config.
         state_eviction_policy: Triton's cache hint on the state tile's load and store (``""``: none,
@@ -315,7 +325,8 @@ class DecodeLaunch:
                  use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states=None,
                  disable_state_update: bool = False, num_accepted_tokens=None, softplus_beta: float = 1.0,
                  softplus_threshold: float = 20.0, lower_bound: Optional[float] = None, g=None,
-                 has_initial_state=None, state_eviction_policy: str = "", **other_tensors):
+                 has_initial_state=None, output_state_indices=None, state_eviction_policy: str = "",
+                 **other_tensors):
         N, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         self.out_shape, self.out_dtype = (N, T, HV, V), q.dtype
@@ -336,6 +347,7 @@ class DecodeLaunch:
         self.has_na = num_accepted_tokens is not None and self.per_token
         self.has_inter, self.has_init = intermediate_states is not None, has_initial_state is not None
         self.has_inter_idx = self.has_inter and other_tensors.get("intermediate_state_indices") is not None
+        self.has_out = output_state_indices is not None and not self.per_token
         self.update_state = not disable_state_update
         self.scalars = (float(K ** -0.5 if scale is None else scale), float(softplus_beta),
                         float(softplus_threshold), float(lower_bound) if lower_bound is not None else 0.0, T)
@@ -344,7 +356,7 @@ class DecodeLaunch:
             USE_QK_L2NORM=bool(use_qk_l2norm), STATE_LAYOUT=state_layout, PER_TOKEN_SLOTS=self.per_token,
             HAS_NUM_ACCEPTED=self.has_na, HAS_INTER=self.has_inter, HAS_INTER_IDX=self.has_inter_idx,
             UPDATE_STATE=self.update_state, GATES_PRECOMPUTED=self.precomputed,
-            HAS_INITIAL_STATE=self.has_init, **plan.constexprs)
+            HAS_INITIAL_STATE=self.has_init, HAS_OUT_SLOTS=self.has_out, **plan.constexprs)
         if state_eviction_policy:  # an experiment's cache hint on the state tile; shipped builds pass none
             self.constexprs["STATE_EVICTION"] = state_eviction_policy
         self.launch: Optional[PreparedLaunch] = None
@@ -354,7 +366,8 @@ class DecodeLaunch:
                                                         state_pool=state_pool, state_indices=state_indices,
                                                         intermediate_states=intermediate_states,
                                                         num_accepted_tokens=num_accepted_tokens,
-                                                        has_initial_state=has_initial_state), o=None))
+                                                        has_initial_state=has_initial_state,
+                                                        output_state_indices=output_state_indices), o=None))
             self.launch = PreparedLaunch(_recurrent_decode_kernel, self.grid, self.constexprs,
                                          (*self.scalars, *strides), num_warps=self.num_warps)
 
@@ -380,11 +393,12 @@ class DecodeLaunch:
         idx = "state_indices"
         tail = ("state_pool", idx, "num_accepted_tokens" if self.has_na else idx,
                 "intermediate_states" if self.has_inter else "state_pool",
-                "intermediate_state_indices" if self.has_inter_idx else idx, idx)
+                "intermediate_state_indices" if self.has_inter_idx else idx, idx,
+                "output_state_indices" if self.has_out else idx)
         return operator.itemgetter("q", "k", "v", a, b, *gates), operator.itemgetter(*tail)
 
     def _operands(self, t: dict, o) -> tuple:
-        """The kernel's 14 tensor operands, in its parameter order (operands a flag turns off get
+        """The kernel's 15 tensor operands, in its parameter order (operands a flag turns off get
         ``state_indices`` as an unread placeholder pointer)."""
         if self._pick is not None:
             head, tail = self._pick
@@ -402,10 +416,11 @@ class DecodeLaunch:
         inter = t["intermediate_states"] if self.has_inter else pool
         inter_idx = t["intermediate_state_indices"] if self.has_inter_idx else idx
         accepted = t["num_accepted_tokens"] if self.has_na else idx
-        return (q, k, v, a, b, A_log, dt_bias, o, pool, idx, accepted, inter, inter_idx, init)
+        out_idx = t["output_state_indices"] if self.has_out else idx  # [N], contiguous (input_strides)
+        return (q, k, v, a, b, A_log, dt_bias, o, pool, idx, accepted, inter, inter_idx, init, out_idx)
 
     def _strides(self, ops: tuple) -> tuple:
-        q, k, v, a, b, _, _, _, pool, idx, _, inter, _, _ = ops
+        q, k, v, a, b, _, _, _, pool, idx, _, inter, _, _, _ = ops
         qs, ks, vs, as_, bs, ss, ps = q.stride(), k.stride(), v.stride(), a.stride(), b.stride(), idx.stride(), pool.stride()
         s_inter = inter.stride()[:3] if self.has_inter else (0, 0, 0)
         return (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], as_[0], as_[1], as_[2],

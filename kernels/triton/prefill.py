@@ -1216,7 +1216,9 @@ class PrefillReplay:
         A bucket's first call runs the stages of the bucket's plan one by one (their launches through
         :func:`.launch.launch`, direct where the kernels were compiled for another call of the same
         int classes), so a bucket used once pays no recording; its second call records the launches
-        (:class:`PrefillLaunch`), and every call after replays them."""
+        (:class:`PrefillLaunch`), and every call after replays them. With ``output_state_indices`` the
+        read slots are first copied into the write slots (:func:`forked`) and the call runs in place there."""
+        a = forked(a)
         q = a["q"]
         T, N = q.shape[0], a["cu_seqlens"].shape[0] - 1
         if T and N:
@@ -1243,6 +1245,20 @@ class PrefillReplay:
             plan = self._plan(a, q)
             self.exact.put((T, N), plan)
         return run_prefill(plan, **_prefill_kwargs(a), scale=self.scale)
+
+
+def forked(a: dict) -> dict:
+    """The call ``a`` (the op's arguments by name) to run in place: unchanged without
+    ``output_state_indices``; else each read slot copied into its write slot (``fork_slots``: only
+    where they differ and the sequence reads a state) and ``state_indices`` replaced by the write
+    slots (docs/ops.md "Separate read and write slots")."""
+    out = a.get("output_state_indices")
+    if out is None:
+        return a
+    from .fork_slots import fork_slots
+
+    fork_slots(a["state_pool"], a["state_indices"], out, a.get("has_initial_state"))
+    return dict(a, state_indices=out, output_state_indices=None)
 
 
 #: a :class:`PrefillReplay` bucket whose launches cannot be replayed (its calls are planned for their own T)

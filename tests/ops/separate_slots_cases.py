@@ -1,0 +1,133 @@
+"""Shared cases of separate read and write slots (``output_state_indices``, docs/ops.md "Separate
+read and write slots") for the CPU tests and the GPU tests.
+
+The oracle of every case is the same backend run in place: a pool whose write slots first hold a
+copy of the read slots (zeros for a fresh sequence), called with ``state_indices =
+output_state_indices``. The maths is identical, so outputs and written slots must be bitwise equal
+to it; every other pool row, the read slots included, keeps the bits it had.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import linattn
+
+#: decode rows: rows 0 and 1 fork from one shared slot (1) into slots 4 and 6; row 2 reads and writes
+#: slot 3 (in place); row 3 is padding; row 4 reads slot 0 and writes slot 2
+DECODE_READ = [1, 1, 3, -1, 0]
+DECODE_WRITE = [4, 6, 3, -1, 2]
+#: prefill sequences (lengths below): a shared prefix slot 2 read by sequences 0 and 1 (1 is empty:
+#: its final state is its initial state, copied to slot 5), an in-place sequence, padding, and a
+#: fresh sequence whose read slot (7) is not read
+PREFILL_LENS = [70, 0, 9, 4, 5]
+PREFILL_READ = [2, 2, 3, -1, 7]
+PREFILL_WRITE = [6, 5, 3, -1, 0]
+P = 9
+
+
+def written(write: list) -> list:
+    return sorted(s for s in write if s >= 0)
+
+
+def forked_pool(pool: torch.Tensor, read: list, write: list, fresh: list | None = None) -> torch.Tensor:
+    """The in-place oracle's pool: a copy of ``pool`` with each write slot holding its read slot
+    (left as it is where ``fresh`` marks the sequence as starting from zeros: it is not read)."""
+    out = pool.clone()
+    for n, (r, w) in enumerate(zip(read, write)):
+        if r >= 0 and (fresh is None or not fresh[n]):
+            out[w] = pool[r]
+    return out
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s bit patterns (NaN rows compare equal to themselves)."""
+    return x.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+
+
+def assert_untouched(before: torch.Tensor, after: torch.Tensor, write: list) -> None:
+    """Every row not in ``write`` (the read slots included) keeps its exact bits."""
+    rest = [i for i in range(before.shape[0]) if i not in set(write)]
+    assert rest, "the case must leave rows that are not written"
+    assert torch.equal(bits(after[rest]), bits(before[rest]))
+
+
+def decode_fn(family: str):
+    return linattn.kda_decode if family == "kda" else linattn.gdn_decode
+
+
+def prefill_fn(family: str):
+    return linattn.kda_prefill if family == "kda" else linattn.gdn_prefill
+
+
+def decode_inputs(family: str, N: int, T: int, H: int, HV: int, K: int, V: int, dtype, device, seed: int = 0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    kda = family == "kda"
+    d = dict(q=r(N, T, H, K), k=r(N, T, H, K), v=r(N, T, HV, V),
+             a=r(*((N, T, HV, K) if kda else (N, T, HV))), b=r(N, T, HV))
+    d = {n: x.to(dtype) for n, x in d.items()}
+    d.update(A_log=r(HV) * 0.5, dt_bias=r(*((HV, K) if kda else (HV,))) * 0.5)
+    return {n: x.to(device) for n, x in d.items()}
+
+
+def prefill_inputs(family: str, lens: list, H: int, HV: int, K: int, V: int, dtype, device, seed: int = 0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    T = sum(lens)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    g = -(torch.rand((T, HV, K) if family == "kda" else (T, HV), generator=gen) * 0.3 + 0.01)
+    d = dict(q=r(T, H, K).to(dtype), k=r(T, H, K).to(dtype), v=r(T, HV, V).to(dtype), g=g,
+             beta=torch.rand(T, HV, generator=gen) * 0.9 + 0.05,
+             cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+    return {n: x.to(device) for n, x in d.items()}
+
+
+def run_decode(family, d, pool, read, write=None, **kw):
+    idx = torch.tensor(read, dtype=torch.int32, device=pool.device)
+    if write is not None:
+        kw["output_state_indices"] = torch.tensor(write, dtype=torch.int64, device=pool.device)
+    return decode_fn(family)(d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], pool, idx, **kw)
+
+
+def run_prefill(family, d, pool, read, write=None, **kw):
+    kw["state_indices"] = torch.tensor(read, dtype=torch.int32, device=pool.device)
+    if write is not None:
+        kw["output_state_indices"] = torch.tensor(write, dtype=torch.int32, device=pool.device)
+    return prefill_fn(family)(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"], state_pool=pool, **kw)
+
+
+def check_decode_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
+                      state_layout: str = "vk") -> None:
+    """Decode with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
+    kw = dict(backend=backend, state_layout=state_layout)
+    his = None if fresh is None else torch.tensor([not f for f in fresh], device=pool.device)
+    if his is not None:
+        kw["has_initial_state"] = his
+    got_pool = pool.clone()
+    o = run_decode(family, d, got_pool, DECODE_READ, DECODE_WRITE, **kw)
+    assert linattn.last_decision().chosen == backend
+    want_pool = forked_pool(pool, DECODE_READ, DECODE_WRITE, fresh)
+    o_want = run_decode(family, d, want_pool, DECODE_WRITE, **kw)
+    assert torch.equal(o, o_want)
+    assert torch.equal(got_pool[written(DECODE_WRITE)], want_pool[written(DECODE_WRITE)])
+    assert_untouched(pool, got_pool, DECODE_WRITE)
+    assert not torch.equal(got_pool[4], pool[1])  # the forked row was advanced, its source was not
+    assert o[DECODE_READ.index(-1)].eq(0).all()  # padding: zero output
+
+
+def check_prefill_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
+                       state_layout: str = "vk") -> None:
+    """Prefill with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
+    kw = dict(backend=backend, state_layout=state_layout)
+    if fresh is not None:
+        kw["has_initial_state"] = torch.tensor([not f for f in fresh], device=pool.device)
+    got_pool = pool.clone()
+    o = run_prefill(family, d, got_pool, PREFILL_READ, PREFILL_WRITE, **kw)
+    assert linattn.last_decision().chosen == backend
+    want_pool = forked_pool(pool, PREFILL_READ, PREFILL_WRITE, fresh)
+    o_want = run_prefill(family, d, want_pool, PREFILL_WRITE, **kw)
+    assert torch.equal(o, o_want)
+    assert torch.equal(got_pool[written(PREFILL_WRITE)], want_pool[written(PREFILL_WRITE)])
+    assert_untouched(pool, got_pool, PREFILL_WRITE)
+    assert torch.equal(got_pool[5], pool[2])  # the empty sequence: its initial state, copied
+    assert not torch.equal(got_pool[6], pool[2])  # the forked sequence was advanced, its source was not

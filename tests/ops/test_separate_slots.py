@@ -1,0 +1,196 @@
+"""Separate read and write slots (``output_state_indices``, issue 32 item 2; docs/ops.md "Separate
+read and write slots") on the CPU: torch-ref, torch-chunked and the Triton kernels in the
+interpreter (tiny shapes), each held bitwise to itself run in place on a forked pool
+(``separate_slots_cases.py``), unwritten rows (the read slots included) bitwise unchanged; and the
+validation layer's refusals, each before anything is written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import linattn
+from separate_slots_cases import (DECODE_READ, DECODE_WRITE, P, PREFILL_LENS, check_decode_fork, check_prefill_fork,
+                                  decode_inputs, prefill_inputs, run_decode, run_prefill)
+
+from linattn.capabilities import interpreter_enabled
+
+H, HV, K, V = 1, 2, 16, 32
+N = len(DECODE_READ)
+CPU_BACKENDS = ["torch-ref", "torch-chunked"]
+TRITON = pytest.mark.skipif(not interpreter_enabled() or torch.cuda.is_available(),
+                            reason="the Triton kernels in the interpreter (TRITON_INTERPRET=1, no GPU)")
+
+
+def _pool(layout="vk", dtype=torch.float32, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (P, HV, V, K) if layout == "vk" else (P, HV, K, V)
+    return (torch.randn(*shape, generator=gen) * 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_decode_writes_the_output_slots_and_keeps_the_read_slots(family, backend, T):
+    d = decode_inputs(family, N, T, H, HV, K, V, torch.float32, "cpu", seed=T)
+    check_decode_fork(family, backend, _pool(), d)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_decode_fresh_row_reads_nothing_and_writes_its_output_slot(backend):
+    d = decode_inputs("gdn", N, 1, H, HV, K, V, torch.float32, "cpu")
+    pool = _pool()
+    pool[0] = float("nan")  # row 4's read slot: fresh, never read
+    check_decode_fork("gdn", backend, pool, d, fresh=[False, False, False, False, True])
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_prefill_writes_the_output_slots_and_keeps_the_read_slots(family, backend, layout):
+    d = prefill_inputs(family, PREFILL_LENS, H, HV, K, V, torch.float32, "cpu")
+    check_prefill_fork(family, backend, _pool(layout), d, state_layout=layout)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_prefill_fresh_sequence_reads_nothing(backend):
+    d = prefill_inputs("kda", PREFILL_LENS, H, HV, K, V, torch.float32, "cpu")
+    pool = _pool()
+    pool[7] = float("nan")  # sequence 4's read slot: fresh, never read
+    check_prefill_fork("kda", backend, pool, d, fresh=[False, False, False, False, True])
+
+
+def test_reference_output_slots_equal_a_copy_then_in_place_call_in_float64():
+    """The reference's own maths: the forked row's state is the in-place state of a copy (fp64 oracle)."""
+    d = decode_inputs("gdn", N, 2, H, HV, K, V, torch.float64, "cpu")
+    pool = _pool(dtype=torch.float64)
+    check_decode_fork("gdn", "torch-ref", pool, d)
+
+
+def test_none_is_the_in_place_call_bitwise():
+    d = decode_inputs("kda", N, 1, H, HV, K, V, torch.float32, "cpu")
+    read = [1, 4, 3, -1, 0]
+    p1, p2 = _pool(), _pool()
+    o1 = run_decode("kda", d, p1, read, backend="torch-ref")
+    o2 = run_decode("kda", d, p2, read, read, backend="torch-ref")
+    assert torch.equal(o1, o2) and torch.equal(p1, p2)
+    assert not torch.equal(p1, _pool())
+
+
+@TRITON
+@pytest.mark.parametrize("backend", ["triton-split", "triton-folded"])
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_triton_decode_interpreter(family, backend):
+    d = decode_inputs(family, N, 2, H, HV, K, V, torch.bfloat16, "cpu")
+    check_decode_fork(family, backend, _pool(), d)
+
+
+@TRITON
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_triton_prefill_interpreter(family):
+    d = prefill_inputs(family, PREFILL_LENS, H, HV, 64, 64, torch.bfloat16, "cpu")
+    gen = torch.Generator().manual_seed(3)
+    pool = torch.randn(P, HV, 64, 64, generator=gen) * 0.5
+    check_prefill_fork(family, "triton-split", pool, d, fresh=[False, False, True, False, False])
+
+
+# -- validation: each refusal before anything is written ---------------------------------------------
+
+def _refused(fn, match):
+    with pytest.raises(ValueError, match=match):
+        fn()
+
+
+def _decode_call(read, write, pool=None, **kw):
+    d = decode_inputs("gdn", len(read), 1, H, HV, K, V, torch.float32, "cpu")
+    pool = _pool() if pool is None else pool
+    return lambda: run_decode("gdn", d, pool, read, write, backend="torch-ref", **kw)
+
+
+def _prefill_call(read, write, pool=None, **kw):
+    d = prefill_inputs("gdn", [3] * len(read), H, HV, K, V, torch.float32, "cpu")
+    pool = _pool() if pool is None else pool
+    return lambda: run_prefill("gdn", d, pool, read, write, backend="torch-ref", **kw)
+
+
+@pytest.mark.parametrize("call", [_decode_call, _prefill_call])
+def test_a_slot_read_by_one_sequence_and_written_by_another_is_refused(call):
+    pool = _pool()
+    _refused(call([1, 2, 3], [5, 1, 3], pool), r"slot 1 is read by sequence 0 .* written by sequence 1")
+    assert torch.equal(pool, _pool())
+
+
+@pytest.mark.parametrize("call", [_decode_call, _prefill_call])
+def test_two_sequences_writing_one_slot_is_refused_but_sharing_a_read_slot_is_not(call):
+    pool = _pool()
+    _refused(call([1, 2, 3], [5, 5, 3], pool), r"output_state_indices: slot 5 is named by sequence 0 and sequence 1")
+    assert torch.equal(pool, _pool())
+    call([1, 1, 1], [4, 5, 6], pool)()  # three forks of one read slot: legal
+    assert torch.equal(pool[1], _pool()[1])
+
+
+@pytest.mark.parametrize("call", [_decode_call, _prefill_call])
+def test_written_slot_out_of_range_is_refused(call):
+    _refused(call([1, 2, 3], [4, P, 3]), rf"output_state_indices\[1\] = {P} is out of range")
+
+
+@pytest.mark.parametrize("call", [_decode_call, _prefill_call])
+def test_padding_on_other_rows_than_state_indices_is_refused(call):
+    _refused(call([1, -1, 3], [4, 5, 3]), r"sequence 1: state_indices\[1\] = -1 and output_state_indices\[1\] = 5")
+    _refused(call([1, 2, 3], [4, -1, 3]), r"sequence 1: .* padding \(a negative index\) must be on the same rows")
+
+
+def test_a_fresh_sequence_does_not_read_its_slot_so_another_may_write_it():
+    pool = _pool()
+    his = torch.tensor([False, True, True])
+    _decode_call([1, 2, 3], [5, 1, 3], pool, has_initial_state=his)()  # row 0 reads nothing; row 1 writes slot 1
+    assert torch.equal(pool[[0, 2, 4, 6, 7, 8]], _pool()[[0, 2, 4, 6, 7, 8]])
+    _refused(_decode_call([1, 2, 3], [5, 1, 3], has_initial_state=~his), r"slot 1 is read by sequence 0")
+
+
+def test_decode_table_form_refuses_output_state_indices():
+    d = decode_inputs("gdn", 2, 2, H, HV, K, V, torch.float32, "cpu")
+    table = torch.tensor([[1, 2], [3, 4]])
+    with pytest.raises(ValueError, match=r"output_state_indices applies to state_indices \[N\]"):
+        linattn.gdn_decode(d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], _pool(), table,
+                           output_state_indices=torch.tensor([5, 6]))
+
+
+def test_refused_with_disable_state_update_in_dense_mode_and_with_a_wrong_shape_or_dtype():
+    _refused(_decode_call([1, 2], [4, 5], disable_state_update=True), "disable_state_update=True")
+    d = prefill_inputs("gdn", [3, 3], H, HV, K, V, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="output_state_indices is for pool mode"):
+        linattn.gdn_prefill(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"],
+                            output_state_indices=torch.tensor([4, 5]))
+    d = decode_inputs("gdn", 2, 1, H, HV, K, V, torch.float32, "cpu")
+    args = (d["q"], d["k"], d["v"], d["a"], d["b"], d["A_log"], d["dt_bias"], _pool(), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"output_state_indices must have shape \[N\]"):
+        linattn.gdn_decode(*args, output_state_indices=torch.tensor([4, 5, 6]))
+    with pytest.raises(TypeError, match="output_state_indices"):
+        linattn.gdn_decode(*args, output_state_indices=torch.tensor([4.0, 5.0]))
+
+
+@pytest.mark.parametrize("op", ["gdn_decode", "kda_prefill"])
+def test_peers_refuse_with_reason_feature_naming_it(op):
+    """fla and flashinfer do not honour separate write slots: refused (reason ``feature``), so the
+    dispatcher falls back, never a silent in-place write."""
+    from linattn.backends.fla import FLABackend
+    from linattn.backends.flashinfer import FlashInferBackend
+    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.verdict import Reason
+
+    p = Problem(op=op, n=4, t=1, h=1, hv=2, k=64, v=64, output_state_indices=True)
+    for cls in (FLABackend, FlashInferBackend):
+        check = cls().supports_features(p, None)
+        assert not check.ok and check.reason == Reason.FEATURE and "output_state_indices" in check.message
+    assert cls().supports_features(p.model_copy(update={"output_state_indices": False}), None).ok
+
+
+def test_explain_and_the_call_signature_carry_the_flag():
+    d = decode_inputs("gdn", N, 1, H, HV, K, V, torch.float32, "cpu")
+    run_decode("gdn", d, _pool(), DECODE_READ, DECODE_WRITE, backend="torch-ref")
+    assert linattn.last_decision().problem.output_state_indices
+    with pytest.raises(ValueError, match="state_indices: slot 1 is named by sequence 0 and sequence 1"):
+        run_decode("gdn", d, _pool(), DECODE_READ)  # a shared read slot is a write race when written in place
+    run_decode("gdn", d, _pool(), DECODE_WRITE)
+    assert not linattn.last_decision().problem.output_state_indices
