@@ -11,14 +11,27 @@
 # Steps (each says "step N FAILED: ..." when it fails):
 #   1. linattn and the .whl wheels (fla-core, pydantic) into /tmp/site
 #   2. FlashInfer into /tmp/site (.flashinfer/install.sh), when "flashinfer" is in $PEERS
-#   3. per peer: `python3 -m linattn check --backend NAME --device cuda --json` -> $OUT/check_NAME.json
-#      (the exit code is printed: 0 passed, 1 a case failed, 3 not available here, 124 the time cap
-#      PEERS_CHECK_S, default 300 s: FLA's Triton kernels compile and autotune per shape at first use)
-#   4. pytest tests/gpu/test_peers_gpu.py but its conformance test (step 3 ran it: FlashInfer decode in a CUDA
-#      graph, FlashInfer through linattn against FlashInfer called directly, FLA refused in capture)
-#      and the CPU test that needs the real fla-core (the functions called are FLA's own, unwrapped)
+#   3. per peer and per op of $PEERS_OPS: `python3 -m linattn check --backend NAME --op OP --device cuda --json`
+#      -> $OUT/check_NAME_OP.json, the exit code (0 passed, 1 a case failed, 3 the peer runs no case of that
+#      op here: an undeclared op's negative cases only, 124 the time cap) and every failed or skipped case.
+#      One op per run, so a call that runs out of time keeps the ops it finished. FLA's Triton kernels
+#      compile (and its chunk kernels autotune) once per distinct shape: the fla suite has 17-19 cases per op
+#      over 7 (decode) and 10 (prefill) distinct dtype/heads/head-dims/layout/state-dtype/mode keys, 4 ops.
+#      Compiled kernels and FLA's autotune results are cached under ~/.triton (kept while the machine is
+#      warm), so a second call with the same PEERS_OPS mostly runs what the first one compiled.
+#   4. only with PEERS_PYTEST=1: pytest tests/gpu/test_peers_gpu.py but its conformance test (step 3 ran it:
+#      the peers' decode replayed in a CUDA graph, FlashInfer through linattn against FlashInfer called
+#      directly, FLA refused in capture), the CPU tests that need the real fla-core (FLA's own unwrapped
+#      functions, the stand-ins' parameter lists, FLA's decode in the Triton interpreter)
 # Environment: PEERS (default "fla,flashinfer"; one peer per call fits the 10-minute cap better),
-# PEERS_BUDGET_S (560), PEERS_CHECK_S (300).
+# PEERS_OPS (default every op, decode before prefill; e.g. "gdn_decode,kda_decode" for one call and
+# "gdn_prefill,kda_prefill" for the next), PEERS_PYTEST (0; 1 runs step 4 after step 3, 2 runs step 4 only),
+# PEERS_BUDGET_S (560), PEERS_CHECK_S (the cap of one op's check; default everything left but 20 s).
+# fla alone, the whole check:  PEERS=fla bash benchmarks/peers_device.sh
+# when that runs out of time, in two calls:
+#   PEERS=fla PEERS_OPS=gdn_decode,kda_decode,gdn_gating,kda_gating,silu_and_mul_clamp bash benchmarks/peers_device.sh
+#   PEERS=fla PEERS_OPS=gdn_prefill,kda_prefill bash benchmarks/peers_device.sh
+# the GPU tests alone:         PEERS=fla PEERS_PYTEST=2 bash benchmarks/peers_device.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/peers_device.log") 2>&1
@@ -56,13 +69,17 @@ if [[ ",$PEERS," == *",flashinfer,"* ]]; then
   fi
 fi
 
-for name in ${PEERS//,/ }; do
-  echo "== step 3: linattn check --backend $name --device cuda ($(left) s left)"
-  cap=$(( $(left) - 90 )); [ "$cap" -gt "${PEERS_CHECK_S:-300}" ] && cap=${PEERS_CHECK_S:-300}
-  timeout -k 5 "$cap" python3 -m linattn check --backend "$name" --device cuda --json \
-    >"$OUT/check_$name.json" 2>"$OUT/check_$name.err"
-  echo "check $name: exit $?"
-  python3 - "$OUT/check_$name.json" <<'PY' || tail -20 "$OUT/check_$name.err"
+OPS=${PEERS_OPS:-gdn_decode,kda_decode,gdn_prefill,kda_prefill,gdn_gating,kda_gating,silu_and_mul_clamp}
+[ "${PEERS_PYTEST:-0}" = 2 ] || for name in ${PEERS//,/ }; do
+  for op in ${OPS//,/ }; do
+    echo "== step 3: linattn check --backend $name --op $op --device cuda ($(left) s left)"
+    cap=$(( $(left) - 20 )); [ -n "${PEERS_CHECK_S:-}" ] && [ "$cap" -gt "$PEERS_CHECK_S" ] && cap=$PEERS_CHECK_S
+    [ "$cap" -gt 10 ] || { echo "check $name $op: not run (no time left)"; continue; }
+    start=$SECONDS
+    timeout -k 5 "$cap" python3 -m linattn check --backend "$name" --op "$op" --device cuda --json \
+      >"$OUT/check_${name}_$op.json" 2>"$OUT/check_${name}_$op.err"
+    echo "check $name $op: exit $? in $((SECONDS - start)) s"
+    python3 - "$OUT/check_${name}_$op.json" <<'PY' || tail -20 "$OUT/check_${name}_$op.err"
 import json, sys
 d = json.load(open(sys.argv[1]))
 for b in d.get("backends", []):
@@ -71,13 +88,19 @@ for b in d.get("backends", []):
         if r["status"] in ("failed", "skipped"):
             print(f"  {r['status']:8} {r['id']}: {r['message'][:300]}")
 PY
+  done
 done
 
-echo "== step 4: tests/gpu/test_peers_gpu.py ($(left) s left)"
-# the conformance test repeats step 3: deselected here (run it with -k conformance when step 3 timed out)
-ks="($(echo "$PEERS" | sed 's/,/ or /g')) and not conformance"
-timeout -k 5 "$(( $(left) - 10 ))" python3 -m pytest -q -p no:cacheprovider -rfEs -W ignore::DeprecationWarning \
-  tests/gpu/test_peers_gpu.py "tests/peers/test_peer_dispatch.py::test_fla_functions_are_flas_own_implementations_not_its_dispatch_wrappers" \
-  -k "$ks" 2>&1 | tail -40
-echo "pytest rc=${PIPESTATUS[0]} ($SECONDS s in all)"
+if [ "${PEERS_PYTEST:-0}" != 0 ]; then
+  echo "== step 4: tests/gpu/test_peers_gpu.py ($(left) s left)"
+  # the conformance test repeats step 3: deselected here (run it with -k conformance when step 3 timed out)
+  ks="($(echo "$PEERS" | sed 's/,/ or /g') or stand_ins or interpreter) and not conformance"
+  timeout -k 5 "$(( $(left) - 10 ))" python3 -m pytest -q -p no:cacheprovider -rfEs -W ignore::DeprecationWarning \
+    tests/gpu/test_peers_gpu.py "tests/peers/test_peer_dispatch.py::test_fla_functions_are_flas_own_implementations_not_its_dispatch_wrappers" \
+    tests/peers/test_fla_translation.py::test_the_stand_ins_take_flas_own_parameter_lists \
+    tests/peers/test_fla_interpreter.py -k "$ks" 2>&1 | tail -40
+  echo "pytest rc=${PIPESTATUS[0]} ($SECONDS s in all)"
+else
+  echo "== step 4 not run (PEERS_PYTEST=1 or 2 runs tests/gpu/test_peers_gpu.py)"
+fi
 ls -la "$OUT"

@@ -86,8 +86,10 @@ def test_peer_decode_replays_in_a_cuda_graph_like_eager(name):
 
 def test_fla_prefill_is_refused_in_capture_and_another_backend_is_chosen():
     _need("fla")
-    d = linattn.explain(linattn.Problem(op="gdn_prefill", n=2, t=512, h=2, hv=8, k=128, v=128), "cuda",
-                        capturing=True)
+    # linattn.dispatch.explain decides as for a call during capture (capturing=True); linattn.explain,
+    # the user's, takes a Problem alone or an op name with shape keywords
+    d = linattn.dispatch.explain(linattn.Problem(op="gdn_prefill", n=2, t=512, h=2, hv=8, k=128, v=128), "cuda",
+                                 capturing=True)
     fla = next(v for v in d.verdicts if v.backend == "fla")
     assert not fla.ok and fla.reason == linattn.dispatch.Reason.CAPTURE and d.chosen not in (None, "fla")
 
