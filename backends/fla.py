@@ -9,7 +9,8 @@ documents: ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` (GVA when ``HV > H``), gat
 The translation (the backend's, counted in its time):
 
 - **packed tensors**: ``[T, ...]`` becomes ``[1, T, ...]``; decode's ``[N, T, ...]`` is FLA's
-  ``[B, T, ...]``; ``cu_seqlens`` is handed over as int64.
+  ``[B, T, ...]``; ``cu_seqlens`` is handed over as int64; gates in fp32 (linattn also accepts
+  fp64 ``g``, ``beta``; FLA's kernels were measured and checked with fp32).
 - **arguments by keyword**: FLA 0.6's GDN recurrent function takes ``(q, k, v, g, gk, gv, beta,
   ...)`` (``gk``, ``gv`` are per-key / per-value decays), its KDA one ``(q, k, v, g, beta, ...)``:
   everything after ``q, k, v`` is passed by name (:func:`launch`).
@@ -185,8 +186,8 @@ class FLABackend(PeerBackend):
                 zero_fresh_empty(call.state_pool, slots, call.has_initial_state, cu)
                 return o, None
             return o, self._dense_final(call, h0)
-        o, ht = fn(call.q[None], call.k[None], call.v[None], call.g[None], call.beta[None], scale=call.scale,
-                   initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=call.use_qk_l2norm,
+        o, ht = fn(call.q[None], call.k[None], call.v[None], call.g.float()[None], call.beta.float()[None],
+                   scale=call.scale, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=call.use_qk_l2norm,
                    state_v_first=call.state_layout == "vk", cu_seqlens=cu.long())
         o = o[0]
         if not pool_mode:

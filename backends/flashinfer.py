@@ -9,7 +9,8 @@ states ``[N, HV, V, K]`` (linattn's ``vk``), ``K = V = 128``.
 
 The translation (the backend's, counted in its time):
 
-- **gate**: FlashInfer's prefill takes the linear decay ``alpha = exp(g)``; ``g`` is clamped at
+- **gate**: FlashInfer's prefill takes the linear decay ``alpha = exp(g)`` and ``beta`` in fp32
+  (its SM90 kernel raises on another dtype; linattn also accepts fp64 gates); ``g`` is clamped at
   :data:`LOG_ALPHA_MIN` first, so that ``alpha > 0`` (the kernel takes its log2; ``exp(-1000)``
   would be 0 and its log ``-inf``). A decay of ``exp(-80)`` wipes an fp32 state as surely as
   ``exp(-1000)``. Decode takes the raw ``a, b, A_log, dt_bias`` (``A_log`` and ``dt_bias``
@@ -184,7 +185,7 @@ class FlashInferBackend(PeerBackend):
                 return call.v.new_zeros(0, HV, V), (h0.clone() if h0 is not None else
                                                     torch.zeros(N, HV, V, K, device=call.q.device))
             out_state = torch.empty_like(h0) if h0 is not None else torch.empty(N, HV, V, K, device=call.q.device)
-            o, ht = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta, initial_state=h0,
+            o, ht = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta.float(), initial_state=h0,
                        output_state=out_state, **kw)
             return o, ht
         if T == 0:
@@ -216,12 +217,12 @@ class FlashInferBackend(PeerBackend):
             if call.has_initial_state is not None:
                 read = read & call.has_initial_state
             minus = torch.full_like(idx, -1)
-            o = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta, initial_state=work, output_state=work,
-                   state_indices=torch.where(read, idx, minus).contiguous(),
+            o = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta.float(), initial_state=work,
+                   output_state=work, state_indices=torch.where(read, idx, minus).contiguous(),
                    output_state_indices=torch.where(idx >= 0, idx, minus).contiguous(), use_cp=False, **kw)
         else:
-            o = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta, initial_state=work, output_state=work,
-                   state_indices=idx.contiguous(), **kw)
+            o = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta.float(), initial_state=work,
+                   output_state=work, state_indices=idx.contiguous(), **kw)
         o = o[0] if isinstance(o, tuple) else o
         if scratch:
             scatter_states(pool, slots, work)

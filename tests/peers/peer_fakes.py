@@ -133,6 +133,7 @@ def flashinfer_prefill(log: Log):
                         cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale))
         assert q.dtype in (torch.bfloat16, torch.float16) and q.is_contiguous() and cu_seqlens is not None
         assert g.dtype == torch.float32 and bool((g > 0).all()) and bool((g <= 1).all()), "alpha in (0, 1]"
+        assert beta.dtype == torch.float32, "FlashInfer's SM90 kernel: beta must have dtype torch.float32"
         if state_indices is not None and output_state_indices is None:
             assert bool((state_indices >= 0).all()), "FlashInfer: unique, non-negative ids without output_state_indices"
         if output_state_indices is not None:

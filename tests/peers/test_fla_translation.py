@@ -83,6 +83,17 @@ def test_prefill_has_initial_state_starts_fresh_rows_from_zero_without_reading_t
     torch.testing.assert_close(mine[[0, 2]], ref_pool[[0, 2]], rtol=0, atol=1e-6)
 
 
+def test_prefill_hands_fp32_gates_over_when_linattn_is_given_fp64_ones(fla_log):
+    d, pool = _prefill_inputs("kda", (4, 3))
+    d64 = {**d, "g": d["g"].double(), "beta": d["beta"].double()}
+    mine, ref_pool = pool.clone(), pool.clone()
+    o, _ = _run_prefill("kda", d64, mine, torch.tensor([0, 2]), "vk")
+    o_ref = kda_prefill_ref(**d, state_pool=ref_pool, state_indices=torch.tensor([0, 2]), scale=default_scale(8))[0]
+    torch.testing.assert_close(o.float(), o_ref.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(mine, ref_pool, rtol=0, atol=1e-6)
+    assert fla_log[0]["g"].dtype == torch.float32
+
+
 def test_prefill_bf16_pool_keeps_its_dtype_and_rounds_the_final_state(fla_log):
     d, pool = _prefill_inputs("gdn", (7,), state_dtype=torch.bfloat16)
     mine, ref_pool = pool.clone(), pool.clone()

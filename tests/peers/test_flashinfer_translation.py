@@ -157,3 +157,16 @@ def test_prefill_empty_fresh_sequence_gets_zeros_although_flashinfer_writes_noth
     mine2 = pool.clone()
     FlashInferBackend().prefill(_call(d0, mine2, torch.tensor([5]), has_initial_state=torch.tensor([False])))
     assert bool(mine2[5].eq(0).all()) and torch.equal(mine2[:5], pool[:5]) and len(fi_log) == 1  # T = 0: no call
+
+
+def test_prefill_hands_fp32_gates_over_when_linattn_is_given_fp64_ones(fi_log):
+    """linattn accepts fp64 ``g, beta`` for prefill; FlashInfer's kernel takes fp32 alpha and beta only."""
+    d, pool = _prefill((5, 3))
+    d64 = {**d, "g": d["g"].double(), "beta": d["beta"].double()}
+    slots = torch.tensor([1, 4])
+    mine, ref_pool = pool.clone(), pool.clone()
+    o, _ = FlashInferBackend().prefill(_call(d64, mine, slots))
+    o_ref = gdn_prefill_ref(**d, state_pool=ref_pool, state_indices=slots)[0]
+    torch.testing.assert_close(o.float(), o_ref.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(mine, ref_pool, rtol=0, atol=1e-6)
+    assert fi_log[0]["g"].dtype == torch.float32
