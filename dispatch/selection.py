@@ -24,6 +24,14 @@ its self-check against torch-ref (:mod:`linattn.dispatch.self_check`), which syn
 disables it there (``self_check_failed``) and the next backend is chosen. During capture an
 unchecked backend is rejected instead (``unverified``), which is why the capture state is part
 of the key: a decision made in capture is never reused eagerly, nor the other way round.
+
+Selection by measurement (:mod:`linattn.dispatch.tuning`): where a tuned table is in force for the
+device, ``explain`` marks each accepted backend the table timed in the problem's bucket with its
+time (``Accepted.measured_ms``) and those run fastest first, ahead of the untimed ones, which keep
+their rank order (:func:`~linattn.dispatch.verdict.run_order`); ``Decision.tuning`` says which
+table and what it holds for the bucket. The shape class then carries the bucket's two logarithms,
+so the table is read on a cache miss only. With ``LINATTN_AUTOTUNE=1`` a miss in an eager call
+whose bucket the table lacks measures the bucket first (``linattn/tune.py``), never in capture.
 """
 
 from __future__ import annotations
@@ -41,9 +49,11 @@ from .policy import Policy, current_policy
 from .problem import Problem
 from .registry import Registry
 from .self_check import SelfChecks
-from .verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected
+from .tuning import Tuned, Tuning
+from .verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, run_order
 
 log = logging.getLogger("linattn")
+AUTOTUNE = "LINATTN_AUTOTUNE=1"
 
 DeviceLike = Union[DeviceCapabilities, torch.device, str, None]
 
@@ -158,7 +168,7 @@ def _plugin_verdicts(registry: Registry) -> list[Rejected]:
 def _choose(verdicts: list, forced: Optional[str]) -> Optional[str]:
     if forced is not None:
         return forced if next(v for v in verdicts if v.backend == forced).ok else None
-    accepted = sorted((v for v in verdicts if v.ok), key=lambda v: (v.rank, v.backend))
+    accepted = sorted((v for v in verdicts if v.ok), key=run_order)
     return accepted[0].backend if accepted else None
 
 
@@ -167,12 +177,15 @@ def _choose(verdicts: list, forced: Optional[str]) -> Optional[str]:
 SIZE_FIELDS = frozenset({"n", "t", "max_seqlen"})
 
 
-def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, registry: Registry) -> tuple:
+def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, registry: Registry,
+                tuning: Optional[Tuning] = None) -> tuple:
     """The key under which a decision for ``problem`` is cached: ``signature`` without the sizes
     (:data:`SIZE_FIELDS`), then each registered backend's name and
     :meth:`~linattn.backends.base.Backend.size_class` (a backend whose ``size_class`` raises is keyed
     by the exact sizes; one that does not implement the op is not asked). Two problems with one shape class get the same verdict from every backend:
-    ok or not, reason codes, rank (``tests/dispatch/test_shape_class.py``)."""
+    ok or not, reason codes, rank (``tests/dispatch/test_shape_class.py``). While a tuned table or
+    autotuning applies to the device (``tuning``, default the process dispatcher's), the sizes part
+    ends with ``("tuning", (log2 tokens, log2 sequences))``: the tuned table's bucket."""
     fixed = tuple(kv for kv in signature if kv[0] not in SIZE_FIELDS)
     sizes = []
     for name, b in registry.backends.items():
@@ -182,6 +195,9 @@ def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, re
             sizes.append((name, b.size_class(problem, caps)))
         except Exception:  # noqa: BLE001 - a plugin's size class must not break dispatch: exact sizes then
             sizes.append((name, (problem.n, problem.t, problem.max_seqlen)))
+    bucket = (tuning if tuning is not None else _DEFAULT.tuning).bucket_key(problem, caps)
+    if bucket is not None:
+        sizes.append(("tuning", bucket))
     return fixed, tuple(sizes)
 
 
@@ -225,6 +241,7 @@ class Dispatcher:
         self._logged: LRUCache = LRUCache(FIRST_CHOICE_LOG_MAX)  # (device, op, backend, reason) already logged
         self._warned_disabled: set[str] = set()
         self.self_checks = SelfChecks()
+        self.tuning = Tuning()
 
     # -- the registry --------------------------------------------------------------------------------
 
@@ -272,12 +289,17 @@ class Dispatcher:
         self._warn_unknown_disabled(pol, reg)
         verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
                     for b in reg.backends.values()]
+        tuned = self.tuning.table_for(caps)
+        note = tuned.note(problem) if tuned is not None else None
+        if note is not None and note.measured:
+            verdicts = [v.model_copy(update={"measured_ms": note.times_ms[v.backend]})
+                        if v.ok and v.backend in note.times_ms else v for v in verdicts]
         verdicts += _plugin_verdicts(reg)
         return Decision(
             op=problem.op, problem=problem, device=caps.name, profile=caps.profile, verdicts=verdicts,
             chosen=_choose(verdicts, forced), forced=forced, forced_by=forced_by if forced else None,
             policy=DecisionPolicy(force=dict(pol.force), disable=sorted(pol.disable), source=pol.source),
-            capturing=capturing,
+            capturing=capturing, tuning=note,
         )
 
     def select(self, op: str, signature: tuple, device: torch.device, backend: Optional[str] = None):
@@ -286,10 +308,13 @@ class Dispatcher:
         reg = self.registry
         capturing = stream_capturing(device)
         problem = Problem(**dict(signature))
-        key = (device.type, device.index, shape_class(problem, signature, resolve_device(device), reg), pol,
+        caps = resolve_device(device)
+        key = (device.type, device.index, shape_class(problem, signature, caps, reg, self.tuning), pol,
                backend, reg.generation, capturing)
         hit = self._cache.get(key)
         if hit is None:
+            if not capturing and backend is None and pol.forced_for(op) is None and self._may_autotune(problem, caps):
+                self.autotune(problem, device)
             decision = self._decide(problem, device, backend, pol, capturing)
             if decision.chosen is None:
                 raise _no_backend(op, problem, decision)
@@ -301,6 +326,34 @@ class Dispatcher:
         self._local.last = hit[1]
         self._last_by_op[op] = hit[1]
         return hit
+
+    def _may_autotune(self, problem: Problem, caps: DeviceCapabilities) -> bool:
+        """``LINATTN_AUTOTUNE`` is on, the table lacks the bucket, and this thread is not measuring already
+        (the measurement's own calls are forced, so they never get here; this guards a plugin that calls an op)."""
+        return not getattr(self._local, "tuning", False) and self.tuning.missing(problem, caps)
+
+    def autotune(self, problem: Problem, device: torch.device) -> Tuned:
+        """Measure ``problem``'s bucket on ``device`` (every eligible backend, through the public op)
+        and add it to the user's table (``LINATTN_AUTOTUNE``; ``linattn/tune.py``). Eager only: the
+        measurement syncs.
+
+        Raises:
+            RuntimeError: the current stream is being captured into a CUDA graph.
+        """
+        if stream_capturing(device):
+            raise RuntimeError("a tuning measurement syncs with the device: it cannot run during CUDA-graph capture")
+        from linattn.tune import measure_bucket  # the measurement calls the public ops
+
+        from .tuning import bucket_of
+
+        self._local.tuning = True
+        try:
+            entry = measure_bucket(bucket_of(problem), device, dispatch=self)
+        finally:
+            self._local.tuning = False
+        log.info("linattn: autotuned %s on %s: %s", entry.bucket.label(), device,
+                 ", ".join(f"{b} {ms:.4g} ms" for b, ms in sorted(entry.times_ms.items(), key=lambda x: x[1])) or "nothing ran")
+        return self.tuning.record(resolve_device(device), [entry], command=f"{AUTOTUNE} (first eager call)")
 
     def _decide(self, problem: Problem, device: torch.device, backend: Optional[str], pol: Policy,
                 capturing: bool) -> Decision:
@@ -361,10 +414,18 @@ class Dispatcher:
         return [CachedDecision(*key, decision) for key, (_, decision) in list(self._cache.items())]
 
     def clear_cache(self) -> None:
-        """Forget cached decisions, first-choice log lines, self-check results and call plans."""
+        """Forget cached decisions, first-choice log lines, self-check results, call plans and the
+        tuned tables read (the next decision reads them again)."""
+        self.tuning.reload()
         self._forget_decisions()
         self._logged.clear()
         self.self_checks.reset()
+
+    def tuning_changed(self) -> None:
+        """Read the tuned tables again and forget the decisions and call plans made under the old
+        ones (after ``linattn tune`` wrote a table in this process)."""
+        self.tuning.reload()
+        self._forget_decisions()
 
     def _forget_decisions(self) -> None:
         self._cache.clear()

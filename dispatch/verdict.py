@@ -16,6 +16,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .problem import Problem
+from .tuning import TuningNote
 
 
 class Rank(enum.IntEnum):
@@ -77,6 +78,8 @@ class Accepted(BaseModel):
     rank: int = Field(description="lower runs first")
     message: str = ""
     verified: bool = Field(True, description="False: never verified on this arch, self-checks on its first eager call")
+    measured_ms: Optional[float] = Field(None, description="its median time in the tuned table's bucket of this "
+                                         "problem (dispatch/tuning.py); None: not measured there")
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,14 @@ class Failure(BaseModel):
 
     def line(self) -> str:
         return f"[{self.reason.value}] {self.message}" + (f" (hint: {self.hint})" if self.hint else "")
+
+
+def run_order(v: "Accepted") -> tuple:
+    """The order in which accepted backends are preferred: those the tuned table timed in this
+    problem's bucket first, fastest first; then the others by rank (lower first); the name breaks ties."""
+    if v.measured_ms is not None:
+        return (0, v.measured_ms, v.backend)
+    return (1, v.rank, v.backend)
 
 
 class Rejected(BaseModel):
@@ -178,6 +189,8 @@ class Decision(BaseModel):
     policy: DecisionPolicy = Field(default_factory=DecisionPolicy)
     capturing: bool = Field(False, description="decided during CUDA-graph capture (unchecked backends are "
                                                "not chosen then: a self-check needs a sync)")
+    tuning: Optional[TuningNote] = Field(None, description="the tuned table in force for this device and what it "
+                                         "says of this problem's bucket; None: no table (static ranks)")
 
     def verdict(self, backend: str):
         for v in self.verdicts:
@@ -187,12 +200,14 @@ class Decision(BaseModel):
 
     @property
     def runners_up(self) -> list[str]:
-        acc = sorted((v for v in self.verdicts if v.ok and v.backend != self.chosen), key=lambda v: v.rank)
+        acc = sorted((v for v in self.verdicts if v.ok and v.backend != self.chosen), key=run_order)
         return [v.backend for v in acc]
 
     def summary(self) -> str:
         """One line: chosen backend and why the others were not."""
         parts = [f"{self.op}: {self.chosen or 'NO BACKEND'}"]
+        if self.chosen and self.verdict(self.chosen).ok and self.verdict(self.chosen).measured_ms is not None:
+            parts.append(f"(measured {self.verdict(self.chosen).measured_ms:.4g} ms)")
         if self.chosen and not self.verdict(self.chosen).verified:
             parts.append("(unverified here: self-checks on its first eager call)")
         if self.forced:
@@ -200,7 +215,8 @@ class Decision(BaseModel):
         for v in self.verdicts:
             if v.backend == self.chosen:
                 continue
-            why = f"rank {v.rank}" if v.ok else "+".join(r.reason.value for r in v.reasons)
+            why = (f"rank {v.rank}" + (f" {v.measured_ms:.4g} ms" if v.measured_ms is not None else "") if v.ok
+                   else "+".join(r.reason.value for r in v.reasons))
             parts.append(f"{v.backend}={why}")
         return " ".join(parts)
 

@@ -7,6 +7,7 @@ stdout (nothing else), so scripts can parse it::
     linattn explain gdn_decode --model qwen3-next --batch 4096 --profile sm90
     linattn backends / linattn plugins
     linattn demo --model qwen3-next                          # the main job (see linattn/demo.py)
+    linattn tune [--quick | --buckets gdn_decode:1,gdn_prefill:16x4096]   # measure, write the tuned table
 
 On a terminal, tables fit its width; piped or redirected, they are as wide as their cells, so no
 name is ever broken across lines (``linattn backends | grep torch-ref``).
@@ -249,25 +250,42 @@ def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT) -> No
 
 # -- explain -------------------------------------------------------------------------------------
 
-def _verdict_cells(v) -> tuple[str, str, str, str, str]:
+def _verdict_cells(v, tuning) -> tuple[str, str, str, str, str, str]:
+    measured = ""
+    if tuning is not None and tuning.measured:
+        ms = tuning.times_ms.get(v.backend)
+        measured = f"{ms:.4g}" if ms is not None else ("failed" if v.backend in tuning.failed else "-")
     if v.ok:
-        return ("accepted" if v.verified else "accepted, unverified"), "", v.message, "", str(v.rank)
-    return "rejected", v.reason.value, v.message, v.hint, ""
+        return ("accepted" if v.verified else "accepted, unverified"), "", v.message, "", str(v.rank), measured
+    return "rejected", v.reason.value, v.message, v.hint, "", measured
 
 
 def _trace_table(d) -> Table:
-    t = Table(title="Decision trace", title_justify="left",
-              caption="rank: the lowest-ranked accepted backend runs, unless one is forced", caption_justify="left")
-    for c in ("backend", "verdict", "reason", "message", "hint", "rank"):
+    tuned = d.tuning is not None and d.tuning.measured
+    caption = ("measured: the tuned table's median ms in this bucket; the fastest measured accepted backend runs, "
+               "then the lowest-ranked unmeasured one, unless one is forced" if tuned else
+               "rank: the lowest-ranked accepted backend runs, unless one is forced")
+    t = Table(title="Decision trace", title_justify="left", caption=caption, caption_justify="left")
+    for c in ("backend", "verdict", "reason", "message", "hint", "rank") + (("measured ms",) if tuned else ()):
         t.add_column(c, overflow="fold")
     for v in d.verdicts:
-        verdict, reason, msg, hint, rank = _verdict_cells(v)
+        cells = _verdict_cells(v, d.tuning)
+        verdict, reason, msg, hint, rank = cells[:5]
         chosen = v.backend == d.chosen
         style = "bold green" if chosen else ("green" if v.ok else "")
         t.add_row(Text(("-> " if chosen else "") + v.backend, style=style),
                   Text(verdict + (" (chosen)" if chosen else ""), style="green" if v.ok else "red"),
-                  reason, msg, hint, rank, style="on grey15" if chosen else None)
+                  reason, msg, hint, rank, *cells[5:] if tuned else (), style="on grey15" if chosen else None)
     return t
+
+
+def _tuning_line(d) -> Text:
+    """Which tuned table the decision read, and what it holds for the problem's bucket."""
+    n = d.tuning
+    if n is None:
+        return Text.assemble(("tuning ", "bold"), "no tuned table for this device: static ranks (`linattn tune` makes one)")
+    what = "measured" if n.measured else "no entry for this bucket: static ranks"
+    return Text.assemble(("tuning ", "bold"), f"{n.origin} table {n.path} (made {n.made}); bucket {n.bucket.label()}: {what}")
 
 
 def _outcome(d) -> list[Text]:
@@ -292,6 +310,7 @@ def _render_decision(d, prob: Problem, model: str) -> None:
     pol = d.policy
     pol_txt = f"force={pol.force} disable={pol.disable} source={pol.source}"
     con.print(Text.assemble(("forced ", "bold"), forced, ("   policy ", "bold"), pol_txt))
+    con.print(_tuning_line(d))
     con.print(_trace_table(d))
     for line in _outcome(d):
         con.print(line)
@@ -523,6 +542,7 @@ def register_optional(module: str, attr: str, name: str, into: Optional[typer.Ty
 
 register_optional("linattn.testing.cli", "check", "check")
 register_optional("linattn.bench", "bench", "bench")
+register_optional("linattn.tune", "tune", "tune")
 
 
 if __name__ == "__main__":  # pragma: no cover

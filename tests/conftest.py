@@ -8,6 +8,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Static ranks only: no tuned table of this machine (``linattn tune``, the table shipped for the arch)
+# changes a choice a test expects; tests/dispatch/test_tuning.py turns tables on in its own folder.
+os.environ["LINATTN_TUNED"] = "0"
+os.environ.pop("LINATTN_AUTOTUNE", None)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "subprocess_job(key): the test reads the result of the subprocess registered "

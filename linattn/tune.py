@@ -1,0 +1,319 @@
+"""``linattn tune``: time every eligible backend of this device over shape buckets and write the
+tuned table selection ranks by (:mod:`linattn.dispatch.tuning`; docs/architecture.md, "Selection by
+measurement").
+
+For each bucket (op, log2 tokens, log2 sequences, heads, head dims, dtypes) the bucket's
+representative problem (:meth:`~linattn.dispatch.tuning.Bucket.problem`) gets random inputs on the
+device, and every backend the dispatcher accepts for it (the policy's disabled backends excepted;
+forcing ignored) is called through the public op with that backend forced (``backend=``,
+``validate=False``), so its host cost (translation, gather / scatter of a pool-less peer) counts:
+one warm-up call (compiles, runs a first-call self-check), then up to ``repeats`` calls timed one
+by one (CUDA events around the call, after a device sync; ``perf_counter`` on the CPU), of which
+the median is kept. A backend whose timed call is more than :data:`SLOW_FACTOR` times the fastest
+one so far (the backends are timed in rank order) is kept at that one call: it cannot win. A
+backend that raises is recorded under ``failed`` and not ranked. Outputs are not checked here (the
+self-check and conformance suites do that).
+
+Examples::
+
+    linattn tune                                    # this device's default buckets (the benchmark shapes)
+    linattn tune --quick                            # a few of them
+    linattn tune --device cpu --buckets gdn_decode:1,gdn_prefill:2x64 --shape 2,4,16,16
+    linattn tune --device cuda --out linattn/tuned/sm_90.json   # the table shipped for sm_90
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import typer
+
+import linattn
+from linattn.dispatch.ops_table import OP_TABLE
+from linattn.dispatch.policy import Policy, current_policy
+from linattn.dispatch.tuning import TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, write
+from linattn.dispatch.problem import Problem
+
+#: the family presets the default buckets use (their heads and head dims)
+FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear"}
+#: default buckets, as ``(phase, sizes)``: decode rows N; prefill (sequences N, tokens per sequence L).
+#: CUDA: the benchmark shapes (benchmarks/decode.py, prefill.py, prefill_long.py); CPU: small ones.
+DEFAULT_SIZES = {
+    "cuda": {"decode": ((1, 1), (32, 1), (256, 1), (1024, 1), (4096, 1)),
+             "prefill": ((16, 4096), (64, 1024), (256, 256), (1, 65536))},
+    "cpu": {"decode": ((1, 1), (8, 1)), "prefill": ((2, 64), (1, 256))},
+}
+QUICK_SIZES = {
+    "cuda": {"decode": ((1, 1), (256, 1), (4096, 1)), "prefill": ((16, 4096), (1, 65536))},
+    "cpu": {"decode": ((1, 1),), "prefill": ((2, 64),)},
+}
+REPEATS = {"cuda": 25, "cpu": 5}
+DTYPES = ("bfloat16", "float16", "float32")
+STATE_DTYPES = ("float32", "bfloat16")
+#: a backend whose timed call exceeds the fastest one's median by this factor is timed by that call only
+SLOW_FACTOR = 20.0
+#: the stop for new buckets (seconds) by default: a device call of 10 minutes holds the whole run
+MAX_SECONDS = 480.0
+
+
+# -- inputs and timing ----------------------------------------------------------------------------
+
+def inputs(p: Problem, device: torch.device, seed: int = 0) -> dict:
+    """Random keyword arguments of ``linattn.<p.op>`` for problem ``p`` in pool mode (layout vk).
+
+    Decode: ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``a, b [N, T, HV]`` (KDA ``a [N, T, HV, K]``)
+    in ``p.dtype``; ``A_log [HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``) fp32. Prefill: ``N``
+    sequences of ``T // N`` tokens, ``q, k [T, H, K]``, ``v [T, HV, V]`` in ``p.dtype``, log-decays
+    ``g [T, HV]`` (KDA ``[T, HV, K]``) and ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]`` int32. Both:
+    ``state_pool [2N, HV, V, K]`` in ``p.state_dtype``, ``state_indices [N]`` int32 (distinct slots).
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dt, sdt = getattr(torch, p.dtype), getattr(torch, p.state_dtype)
+    kda = OP_TABLE[p.op].per_channel_gates
+    H, HV, K, V, n = p.h, p.hv, p.k, p.v, max(p.n, 1)
+
+    def rnd(*s):
+        return torch.randn(*s, device=device, generator=gen)
+
+    common = dict(state_pool=(rnd(2 * n, HV, V, K) * 0.1).to(sdt),
+                  state_indices=torch.randperm(2 * n, device=device, generator=gen)[:n].to(torch.int32))
+    ch = (K,) if kda else ()
+    if OP_TABLE[p.op].phase == "decode":
+        T = p.t
+        return dict(q=rnd(n, T, H, K).to(dt), k=rnd(n, T, H, K).to(dt), v=rnd(n, T, HV, V).to(dt),
+                    a=rnd(n, T, HV, *ch).to(dt), b=rnd(n, T, HV).to(dt), A_log=rnd(HV) * 0.5, dt_bias=rnd(HV, *ch) * 0.5,
+                    **common)
+    L = max(p.t // n, 1)
+    T = n * L
+    return dict(q=rnd(T, H, K).to(dt), k=rnd(T, H, K).to(dt), v=rnd(T, HV, V).to(dt),
+                g=torch.nn.functional.logsigmoid(rnd(T, HV, *ch) + 3.0), beta=torch.sigmoid(rnd(T, HV)),
+                cu_seqlens=torch.arange(0, T + 1, L, device=device, dtype=torch.int32), **common)
+
+
+def _once(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``, the device idle before it (CUDA events on CUDA)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e-3
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int, best_ms: Optional[float] = None) -> float:
+    """Median milliseconds of ``fn``: one warm-up call, then ``repeats`` timed calls (one when the
+    first is over :data:`SLOW_FACTOR` times ``best_ms``)."""
+    _once(fn, device)
+    times = [_once(fn, device)]
+    if best_ms is None or times[0] * 1e3 <= SLOW_FACTOR * best_ms:
+        times += [_once(fn, device) for _ in range(max(repeats, 1) - 1)]
+    return statistics.median(times) * 1e3
+
+
+def measure_bucket(bucket: Bucket, device, *, dispatch=None, repeats: Optional[int] = None) -> Entry:
+    """Time every eligible backend on ``bucket``'s representative problem (module docstring).
+
+    Args:
+        bucket: what to measure. device: a torch device (or its string).
+        dispatch: the dispatcher whose registry decides eligibility (default: the process's).
+        repeats: timed calls per backend (default :data:`REPEATS` of the device type).
+    Returns:
+        Entry: median ms per backend that ran, the error of each that raised.
+    """
+    from linattn.dispatch.selection import dispatcher, resolve_device
+
+    device = torch.device(device)
+    disp = dispatch if dispatch is not None else dispatcher()
+    p = bucket.problem()
+    pol = Policy(disable=current_policy().disable)
+    decision = disp.explain(p, resolve_device(device), policy=pol)
+    eligible = sorted((v for v in decision.verdicts if v.ok), key=lambda v: (v.rank, v.backend))
+    args = inputs(p, device)
+    fn = getattr(linattn, p.op)
+    times: dict[str, float] = {}
+    failed: dict[str, str] = {}
+    with torch.no_grad():
+        for v in eligible:
+            try:
+                times[v.backend] = time_call(functools.partial(fn, **args, backend=v.backend, validate=False), device,
+                                             repeats or REPEATS.get(device.type, 5), min(times.values(), default=None))
+            except Exception as e:  # noqa: BLE001 - a backend that raises is recorded, not ranked
+                failed[v.backend] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400]
+    return Entry(bucket=bucket, shape=p.brief(), times_ms=times, failed=failed)
+
+
+# -- buckets -----------------------------------------------------------------------------------------
+
+def default_buckets(device_type: str, quick: bool = False, shape: Optional[tuple] = None, dtype: str = "bfloat16",
+                    state_dtype: str = "float32") -> list[Bucket]:
+    """The default buckets of a device type (:data:`DEFAULT_SIZES`, or :data:`QUICK_SIZES`) for
+    both families, with each family's preset heads (or ``shape`` = ``(H, HV, K, V)``)."""
+    sizes = (QUICK_SIZES if quick else DEFAULT_SIZES)["cuda" if device_type == "cuda" else "cpu"]
+    out = []
+    for family in ("gdn", "kda"):
+        for phase in ("decode", "prefill"):
+            op = f"{family}_{phase}"
+            out += [bucket_for(op, n, t, shape, dtype, state_dtype) for n, t in sizes[phase]]
+    return out
+
+
+def bucket_for(op: str, n: int, t: int, shape: Optional[tuple], dtype: str, state_dtype: str) -> Bucket:
+    """The bucket of ``op`` with ``n`` rows / sequences and ``t`` tokens per row / sequence."""
+    from linattn.presets import preset
+
+    if shape is None:
+        pr = preset(FAMILY_PRESET[OP_TABLE[op].family])
+        shape = (pr.H, pr.HV, pr.K, pr.V)
+    H, HV, K, V = shape
+    total = t if OP_TABLE[op].phase == "decode" else n * t
+    return bucket_of(Problem(op=op, n=n, t=total, h=H, hv=HV, k=K, v=V, dtype=dtype, state_dtype=state_dtype))
+
+
+def parse_buckets(text: str, shape: Optional[tuple], dtype: str, state_dtype: str) -> list[Bucket]:
+    """``OP:SIZE`` items, comma-separated: SIZE is ``N`` or ``NxT`` (decode: N rows of T tokens)
+    or ``NxL`` (prefill: N sequences of L tokens), e.g. ``gdn_decode:1,gdn_prefill:16x4096``.
+
+    Raises:
+        ValueError: an item that is not of that form, or an op that is not tuned.
+    """
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        op, _, size = item.partition(":")
+        parts = size.lower().split("x")
+        if op not in TUNED_OPS or not size or len(parts) > 2 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            raise ValueError(f"--buckets item {item!r}: give OP:N or OP:NxL with OP one of {', '.join(TUNED_OPS)} "
+                             f"and positive sizes (e.g. gdn_decode:256, gdn_prefill:16x4096)")
+        if OP_TABLE[op].phase == "prefill" and len(parts) != 2:
+            raise ValueError(f"--buckets item {item!r}: a prefill size is NxL (N sequences of L tokens), e.g. {op}:16x4096")
+        n, t = int(parts[0]), int(parts[1]) if len(parts) == 2 else 1
+        out.append(bucket_for(op, n, t, shape, dtype, state_dtype))
+    return list(dict.fromkeys(out))
+
+
+def run(buckets: list[Bucket], device: torch.device, *, repeats: Optional[int] = None, max_seconds: float = MAX_SECONDS,
+        progress: Optional[Callable[[str], None]] = None) -> list[Entry]:
+    """Measure ``buckets`` in order; buckets not started after ``max_seconds`` are left out (reported)."""
+    t0, out = time.monotonic(), []
+    for i, b in enumerate(buckets):
+        if time.monotonic() - t0 > max_seconds:
+            if progress:
+                progress(f"stopped after {max_seconds:.0f} s: {len(buckets) - i} buckets not measured")
+            break
+        e = measure_bucket(b, device, repeats=repeats)
+        out.append(e)
+        if progress:
+            ranked = ", ".join(f"{k} {ms:.4g} ms" for k, ms in sorted(e.times_ms.items(), key=lambda x: x[1]))
+            progress(f"[{i + 1}/{len(buckets)}] {b.label()}: {ranked or 'nothing ran'}"
+                     + (f"; failed: {', '.join(e.failed)}" if e.failed else ""))
+    return out
+
+
+def save(entries: list[Entry], device: torch.device, command: str, out: Optional[Path] = None) -> str:
+    """Write ``entries``: to ``out`` as a new table (e.g. the shipped one), else into the user's
+    table of ``device`` (merged with the table in force), which is then in force. Returns the path."""
+    from linattn.dispatch.selection import dispatcher, resolve_device
+
+    caps = resolve_device(device)
+    if out is None:
+        path = dispatcher().tuning.record(caps, entries, command).path
+    else:
+        key = current_key(caps)
+        if key is None:  # pragma: no cover - resolve_device of a torch device is always probed
+            raise ValueError(f"{caps.name} is a profile")
+        write(TuneTable(key=key, made=now(), command=command, entries=entries), out)
+        path = str(out)
+    dispatcher().tuning_changed()  # decisions made before the table are not reused
+    return path
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+def tune(
+    device: Optional[str] = typer.Option(None, "--device", help="Torch device to measure: cuda, cuda:1, cpu "
+                                                                "(default: cuda when visible, else cpu)."),
+    quick: bool = typer.Option(False, "--quick", help="A few of the default buckets."),
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated OP:N (decode rows, or NxT) and "
+                                          "OP:NxL (prefill: N sequences of L tokens), e.g. gdn_decode:1,gdn_prefill:16x4096 "
+                                          "(default: the benchmark shapes of both families)."),
+    shape: Optional[str] = typer.Option(None, "--shape", help="H,HV,K,V for every bucket (default: the family's "
+                                                              "preset, qwen3-next for GDN, kimi-linear for KDA)."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
+    state_dtype: str = typer.Option("float32", "--state-dtype", help="Pool dtype: float32 or bfloat16."),
+    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed calls per backend (default 25 on "
+                                                                         "CUDA, 5 on the CPU)."),
+    max_seconds: float = typer.Option(MAX_SECONDS, "--max-seconds", help="Start no bucket after this many seconds."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write a new table here (e.g. linattn/tuned/sm_90.json, "
+                                       "the table shipped for sm_90) instead of the user's table (LINATTN_TUNE_DIR "
+                                       "or the user cache dir)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+) -> None:
+    """Time every eligible backend over shape buckets and write the tuned table selection ranks by."""
+    from linattn.cli import _emit_json, _fail_usage, _parse_shape, stdout_console
+    from linattn.report import UsageError
+    from rich.console import Console
+
+    from linattn.dispatch.selection import resolve_device
+
+    try:
+        if dtype not in DTYPES or state_dtype not in STATE_DTYPES:
+            raise UsageError(f"--dtype {dtype} --state-dtype {state_dtype}: the dtype is one of {', '.join(DTYPES)}, "
+                             f"the state dtype one of {', '.join(STATE_DTYPES)}")
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {device}: no CUDA/ROCm device is visible to torch {torch.__version__}; tune "
+                             "measures on a device that is present (--device cpu times the CPU backends)")
+        resolve_device(dev)  # a device that is not there is a usage error
+        sh = _parse_shape(shape)
+        chosen = (parse_buckets(buckets, sh, dtype, state_dtype) if buckets
+                  else default_buckets(dev.type, quick, sh, dtype, state_dtype))
+    except (ValueError, RuntimeError) as e:  # UsageError is a ValueError
+        _fail_usage(e, as_json)
+    err = Console(stderr=True)
+    entries = run(chosen, dev, repeats=repeats, max_seconds=max_seconds,
+                  progress=None if as_json else lambda line: err.print(line, highlight=False, soft_wrap=True))
+    command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out)
+    path = save(entries, dev, command, out)
+    doc = {"path": path, "device": str(dev), "command": command, "buckets": len(chosen), "measured": len(entries),
+           "entries": [e.model_dump(mode="json") for e in entries]}
+    if as_json:
+        _emit_json(doc)
+        return
+    _render(doc, stdout_console())
+
+
+def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out) -> str:
+    parts = ["linattn tune", f"--device {dev}"]
+    parts += ["--quick"] if quick else []
+    parts += [f"--buckets {buckets}"] if buckets else []
+    parts += [f"--shape {shape}"] if shape else []
+    parts += [f"--dtype {dtype}"] if dtype != "bfloat16" else []
+    parts += [f"--state-dtype {state_dtype}"] if state_dtype != "float32" else []
+    parts += [f"--repeats {repeats}"] if repeats else []
+    parts += [f"--out {out}"] if out else []
+    return " ".join(parts)
+
+
+def _render(doc: dict, con) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Tuned table: {doc['path']}", title_justify="left",
+              caption=f"{doc['measured']} of {doc['buckets']} buckets measured; the fastest accepted backend runs "
+                      "in each bucket (static rank elsewhere)", caption_justify="left")
+    for c in ("bucket", "fastest", "median ms per backend", "failed"):
+        t.add_column(c)
+    for e in doc["entries"]:
+        ranked = sorted(e["times_ms"].items(), key=lambda x: x[1])
+        b = Bucket.model_validate(e["bucket"])
+        t.add_row(b.label(), ranked[0][0] if ranked else "-", ", ".join(f"{k} {ms:.4g}" for k, ms in ranked),
+                  ", ".join(f"{k} ({m})" for k, m in e["failed"].items()))
+    con.print(t)
