@@ -282,19 +282,26 @@ def load(key: TableKey, paths: list[tuple[str, Optional[Path]]]) -> Optional[Tun
     return None
 
 
+_UNREAD = object()
+
+
 class Tuning:
     """The tables in force, per probed device, loaded on first use (held by the dispatcher).
 
     Thread-safe; :meth:`reload` forgets them (after ``linattn tune`` wrote one, or a test changed
-    ``LINATTN_TUNE_DIR``)."""
+    ``LINATTN_TUNE_DIR``, ``LINATTN_TUNED`` or ``LINATTN_AUTOTUNE``; ``linattn.dispatch.clear_cache()``
+    calls it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[tuple, Optional[Tuned]] = {}
+        self._autotune: Optional[bool] = None
 
     def reload(self) -> None:
+        """Forget the tables read and ``LINATTN_AUTOTUNE``: both are read again on next use."""
         with self._lock:
             self._tables.clear()
+            self._autotune = None
 
     def table_for(self, caps) -> Optional[Tuned]:
         """The table in force for ``caps`` (the user's, else the shipped one), or None."""
@@ -313,13 +320,21 @@ class Tuning:
             return self._tables.setdefault(dev, tuned)
 
     def autotune(self, caps) -> bool:
-        """``LINATTN_AUTOTUNE`` is on and ``caps`` is a probed device (a table can be made for it)."""
-        return caps.profile is None and env_switch(AUTOTUNE_VAR, default=False)
+        """``LINATTN_AUTOTUNE`` is on and ``caps`` is a probed device (a table can be made for it).
+        The variable is read once, with the tables (again after :meth:`reload`)."""
+        if self._autotune is None:
+            self._autotune = env_switch(AUTOTUNE_VAR, default=False)
+        return self._autotune and caps.profile is None
 
     def bucket_key(self, p: Problem, caps) -> Optional[tuple]:
         """What selection adds to the shape class: ``(log2 tokens, log2 sequences)`` while a table or
         autotuning applies to ``caps`` and the op is tuned; else None (the shape class alone decides)."""
-        if p.op not in TUNED_OPS or (self.table_for(caps) is None and not self.autotune(caps)):
+        if p.op not in TUNED_OPS:
+            return None
+        tuned = self._tables.get((caps.device_type, caps.device_index, caps.name, caps.profile), _UNREAD)
+        if tuned is _UNREAD:
+            tuned = self.table_for(caps)
+        if tuned is None and not self.autotune(caps):
             return None
         return _log2(p.t), _log2(p.n)
 

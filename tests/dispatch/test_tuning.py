@@ -163,6 +163,7 @@ def test_the_shipped_table_is_read_when_the_user_has_none(tuned, tmp_path, monke
 
 def test_autotune_measures_a_missing_bucket_on_its_first_eager_call(tuned, monkeypatch):
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
+    clear_cache()  # read with the tables
     calls = []
     measure = tune.measure_bucket
     monkeypatch.setattr(tune, "measure_bucket", lambda b, d, **kw: calls.append(b) or measure(b, d, repeats=1))
@@ -179,6 +180,7 @@ def test_autotune_measures_a_missing_bucket_on_its_first_eager_call(tuned, monke
 
 def test_autotune_never_measures_during_capture(tuned, monkeypatch):
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
+    clear_cache()
     monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
     monkeypatch.setattr(selection, "stream_capturing", lambda device: True)
     args = tune.inputs(Problem(op="gdn_decode", n=2, **SHAPE), CPU)

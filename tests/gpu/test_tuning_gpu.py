@@ -54,6 +54,7 @@ def test_tune_times_the_gpu_backends_and_selection_follows_the_table(tuned):
 
 def test_a_captured_call_measures_nothing_and_replays(tuned, monkeypatch):
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
+    clear_cache()  # read with the tables
     monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
     args = tune.inputs(Problem(op="gdn_decode", n=8, h=2, hv=4, k=128, v=128), CUDA)
     linattn.gdn_decode(**args, backend="torch-ref", validate=False)  # forced: warms up without autotuning
