@@ -6,9 +6,13 @@ path and the one-call-per-token path (intermediate states). About 10 s, in a sub
 (``TRITON_INTERPRET=1`` must be set before Triton is imported). Skipped where fla-core is not
 installed (CI: ``pyproject.toml`` says why); ``benchmarks/peers_device.sh`` runs it.
 
-Prefill is not here: FLA 0.6's chunk kernels do not run correctly in Triton 3.6's interpreter (its
-own chunked GDN disagrees with its own recurrent one there, the WY matrix is NaN), so prefill is
-proven on the GPU (``tests/gpu/test_peers_gpu.py``, ``linattn check --backend fla``).
+Prefill is not here: FLA 0.6's chunk kernels do not run in Triton 3.6's interpreter as shipped
+(``chunk_delta_h.py`` calls ``.to`` on a Python loop index: AttributeError) and the interpreter's
+bf16 ``tl.dot`` gives garbage (FLA's own chunked GDN against its own recurrent one: relative error
+1e11 in bf16, 6e-4 in fp16, 3e-7 in fp32). With that one line patched in a scratch copy, the
+backend's fp16 prefill matched torch-ref (o 6e-4, pool 3e-4; gdn/kda x vk/kv, padding and an empty
+sequence, rows not owned bitwise unchanged), but that is not a test; prefill is proven on the GPU
+(``tests/gpu/test_peers_gpu.py``, ``linattn check --backend fla``).
 """
 
 from __future__ import annotations
