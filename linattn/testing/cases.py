@@ -14,7 +14,9 @@ A backend declares its capabilities as data (``ops``, ``dtypes``, ``state_dtypes
   F28), ``T = 0``. Each is run through the public op with the backend forced
   and compared with the float64 reference at docs/ops.md's tolerances.
 - ``pool``: the pool rules on their own: a real request in slot 0 beside padding rows, a batch of
-  nothing but padding, a strided view of a larger pool (slot pitch ``stride(0)``).
+  nothing but padding, a strided view of a larger pool (slot pitch ``stride(0)``), and, for a
+  backend declaring the ``output_state_indices`` feature, separate read and write slots (forks of
+  one shared slot, an empty sequence, a sequence in place): only the write slots change.
 - ``negative``: what the backend does not declare (a dtype, state dtype, head dim, layout, op or
   vendor) must be rejected by its predicates (``linattn.explain`` with the backend forced:
   nothing chosen, the backend rejected) and, where the inputs can be built here, a forced call
@@ -221,11 +223,12 @@ def problem_of(op: str, spec: dict) -> Problem:
         lens = s["lens"]
         return Problem(n=len(lens), t=sum(lens), mode="pool" if s["mode"] == "pool" else "dense",
                        state_dtype="float32" if s["mode"] == "dense-zero" else s["state_dtype"],
-                       max_seqlen=sum(lens) if len(lens) == 1 else 0, **common)
+                       max_seqlen=sum(lens) if len(lens) == 1 else 0, output_state_indices="out_slots" in s,
+                       **common)
     return Problem(n=s["n"], t=s["t"], state_dtype=s["state_dtype"], mode="pool",
                    intermediate_states="intermediate" in s, num_accepted_tokens="num_accepted" in s,
                    disable_state_update=bool(s.get("disable_state_update")),
-                   lower_bound=s.get("lower_bound") is not None, **common)
+                   lower_bound=s.get("lower_bound") is not None, output_state_indices="out_slots" in s, **common)
 
 
 def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> None:
@@ -252,12 +255,30 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
           "a call of nothing but padding leaves the whole pool bitwise unchanged")
     B.add(op, "pool", "strided-view", {**base, "pool_view": "strided"},
           "a strided view of a larger pool (slot pitch stride(0)); rows outside the view untouched")
+    if "output_state_indices" in _features(B.backend, op):
+        B.add(op, "pool", "separate-slots", {**base, **_SEPARATE[phase]},
+              "output_state_indices: states read from state_indices, written to other slots (two forks of one "
+              "shared slot, a sequence in place); the read slots and every unwritten row bitwise unchanged")
+
+
+def _features(backend, op: str) -> frozenset:
+    """The call features ``backend`` declares for ``op`` (``Backend.declared_features``: a subclass
+    that rewrote the op method without declaring them has none)."""
+    declared = getattr(backend, "declared_features", None)
+    try:
+        return frozenset(declared(op)) if declared is not None else frozenset(getattr(backend, "features", ()))
+    except TypeError:  # a class rather than an instance
+        return frozenset(getattr(backend, "features", ()))
 
 
 _SLOT0 = {"prefill": dict(lens=(3, 70, 5, 0), slots=(0, -1, 2, -1), p=6),
           "decode": dict(n=4, slots=(0, -1, 2, -1), p=6)}
 _ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -1), p=4),
                 "decode": dict(n=3, slots=(-1, -1, -1), p=4)}
+#: read slots and write slots: slot 3 (prefill) / 4 (decode) read by two sequences (one of them empty
+#: in prefill: its initial state is copied), one sequence in place (7 / 6), padding, slot P - 1 unused
+_SEPARATE = {"prefill": dict(slots=(3, 3, 7, 1, 5, -1), out_slots=(2, 4, 7, 6, 0, -1)),
+             "decode": dict(t=2, slots=(4, -1, 4, 6, -1), out_slots=(1, -1, 5, 6, -1))}
 
 
 def _prefill_cases(B: _Builder, op: str, pairs) -> None:

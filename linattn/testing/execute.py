@@ -258,6 +258,8 @@ def _prefill_inputs(case: Case, s: dict, device):
         pool = _pool(gen, s, device)
         args["state_pool"] = pool[0]
         args["state_indices"] = torch.tensor(s["slots"], dtype=INDEX[s["index_dtype"]]).to(device)
+        if "out_slots" in s:
+            args["output_state_indices"] = torch.tensor(s["out_slots"], dtype=INDEX[s["index_dtype"]]).to(device)
     elif s["mode"] == "dense":
         init = (_randn(gen, len(lens), *_state_shape(s)) * 0.5).to(DTYPES[s["state_dtype"]])
         args["initial_state"] = init.to(device)
@@ -268,7 +270,8 @@ def _run_prefill(case: Case, device) -> Outcome:
     s = case.spec
     args, pool = _prefill_inputs(case, s, device)
     snaps = _snapshots(args, skip=("state_pool",))
-    ref_args = {n: _to64(x) if n not in ("cu_seqlens", "state_indices") else _cpu(x) for n, x in args.items()}
+    ref_args = {n: _to64(x) if n not in ("cu_seqlens", "state_indices", "output_state_indices") else _cpu(x)
+                for n, x in args.items()}
     if pool is not None:
         ref_args["state_pool"] = _to64(pool[0]).contiguous()
     out = _call(case.op, case.backend, args)
@@ -286,10 +289,11 @@ def _run_prefill(case: Case, device) -> Outcome:
         c.dtype("o", o, DTYPES[s["dtype"]])
         view, base_dev, base_before, base_row = pool
         slots = list(s["slots"])
-        owned = {base_row(x) for x in slots if x >= 0}
+        written = list(s.get("out_slots", slots))  # separate write slots: the read slots stay as they were
+        owned = {base_row(x) for x in written if x >= 0}
         pad_tokens = [t for n, x in enumerate(slots) if x < 0 for t in range(cu[n], cu[n + 1])]
         c.zero_rows("o", o, pad_tokens, "tokens of padding sequences (slot -1)")
-        mine = sorted({x for x in slots if x >= 0})
+        mine = sorted({x for x in written if x >= 0})
         if mine:
             c.close("state_pool[owned slots]", view[mine], ref_args["state_pool"][mine], tol_s)
         c.untouched("state_pool", base_dev, base_before, owned, "pool rows")
@@ -331,6 +335,8 @@ def _decode_inputs(case: Case, s: dict, device):
     indices = torch.tensor(s["table"] if "table" in s else s["slots"], dtype=idt)
     args = {n: _to_device(x, device) for n, x in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                                                        state_indices=indices).items()}
+    if "out_slots" in s:
+        args["output_state_indices"] = _to_device(torch.tensor(s["out_slots"], dtype=idt), device)
     pool = _pool(gen, s, device)
     args.update(state_pool=pool[0], state_layout=s["layout"])
     inter = None
@@ -361,8 +367,8 @@ def _run_decode(case: Case, device) -> Outcome:
     s = case.spec
     args, pool, inter = _decode_inputs(case, s, device)
     snaps = _snapshots(args, skip=("state_pool", "intermediate_states"))
-    ref_args = {n: _to64(x) if n not in ("state_indices", "intermediate_state_indices", "num_accepted_tokens")
-                else _cpu(x) for n, x in args.items()}
+    ref_args = {n: _to64(x) if n not in ("state_indices", "intermediate_state_indices", "num_accepted_tokens",
+                                         "output_state_indices") else _cpu(x) for n, x in args.items()}
     ref_args["state_pool"] = _to64(pool[0]).contiguous()
     if inter is not None:
         ref_args["intermediate_states"] = _to64(args["intermediate_states"]).contiguous()
@@ -380,8 +386,8 @@ def _run_decode(case: Case, device) -> Outcome:
         written: set[int] = set()
     elif "table" in s:
         written = {x for n, row in enumerate(s["table"]) if n not in padding for x in row if x >= 0}
-    else:
-        written = {x for x in s["slots"] if x >= 0}
+    else:  # separate write slots: the read slots stay as they were
+        written = {x for x in s.get("out_slots", s["slots"]) if x >= 0}
     if written:
         mine = sorted(written)
         c.close("state_pool[owned slots]", view[mine], ref_args["state_pool"][mine], tol_s)
