@@ -81,7 +81,13 @@ OPS=${PEERS_OPS:-gdn_decode,kda_decode,gdn_prefill,kda_prefill,gdn_gating,kda_ga
     echo "check $name $op: exit $? in $((SECONDS - start)) s"
     python3 - "$OUT/check_${name}_$op.json" <<'PY' || tail -20 "$OUT/check_${name}_$op.err"
 import json, sys
-d = json.load(open(sys.argv[1]))
+try:
+    d = json.load(open(sys.argv[1]))
+except ValueError:
+    print("no JSON document (cut off by the time cap?); the end of its stderr:")
+    sys.exit(1)
+if "error" in d:
+    print("error:", d["error"])
 for b in d.get("backends", []):
     print(b["backend"], b["status"], b["counts"])
     for r in b["results"]:
