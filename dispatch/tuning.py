@@ -91,11 +91,12 @@ class Bucket(BaseModel):
 
     def problem(self) -> Problem:
         """The bucket's representative problem (its smallest sizes: ``n = 2**log2_seqs``,
-        ``t = 2**log2_tokens``, prefill sequences of equal length): what ``linattn tune`` times."""
+        ``t = 2**log2_tokens``, prefill sequences of equal length): what ``linattn tune`` times.
+        ``max_seqlen`` as validation derives it from ``cu_seqlens`` (known for one sequence only)."""
         n, t = 1 << self.log2_seqs, 1 << self.log2_tokens
         prefill = OP_TABLE[self.op].phase == "prefill"
         return Problem(op=self.op, n=n, t=t, h=self.h, hv=self.hv, k=self.k, v=self.v, dtype=self.dtype,
-                       state_dtype=self.state_dtype, max_seqlen=(t // n if prefill else 0))
+                       state_dtype=self.state_dtype, max_seqlen=(t if prefill and n == 1 else 0))
 
 
 def bucket_of(p: Problem) -> Bucket:
