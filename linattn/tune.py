@@ -159,12 +159,8 @@ def default_buckets(device_type: str, quick: bool = False, shape: Optional[tuple
     """The default buckets of a device type (:data:`DEFAULT_SIZES`, or :data:`QUICK_SIZES`) for
     both families, with each family's preset heads (or ``shape`` = ``(H, HV, K, V)``)."""
     sizes = (QUICK_SIZES if quick else DEFAULT_SIZES)["cuda" if device_type == "cuda" else "cpu"]
-    out = []
-    for family in ("gdn", "kda"):
-        for phase in ("decode", "prefill"):
-            op = f"{family}_{phase}"
-            out += [bucket_for(op, n, t, shape, dtype, state_dtype) for n, t in sizes[phase]]
-    return out
+    ops = sorted(TUNED_OPS, key=lambda op: (OP_TABLE[op].family, OP_TABLE[op].phase))  # family by family, decode first
+    return [bucket_for(op, n, t, shape, dtype, state_dtype) for op in ops for n, t in sizes[OP_TABLE[op].phase]]
 
 
 def bucket_for(op: str, n: int, t: int, shape: Optional[tuple], dtype: str, state_dtype: str) -> Bucket:
