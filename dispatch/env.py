@@ -8,7 +8,8 @@ same rule with their own grammar (``dispatch/policy.py``).
 
 Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED_VALUE_CHECKS``
 (``dispatch/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
-(``dispatch/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``).
+(``dispatch/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``), ``LINATTN_TUNED`` /
+``LINATTN_AUTOTUNE`` (``dispatch/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too).
 
 Example:
     >>> import os

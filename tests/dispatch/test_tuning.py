@@ -226,3 +226,14 @@ def test_the_default_cuda_buckets_are_the_benchmark_shapes_of_both_families():
     assert got == decode | prefill
     assert {b.op for b in tune.default_buckets("cuda", quick=True)} == set(tuning_mod.TUNED_OPS)
     assert len(tune.default_buckets("cuda", quick=True)) < len(got)
+
+
+@pytest.mark.parametrize("var", ["LINATTN_TUNED", "LINATTN_AUTOTUNE"])
+def test_a_malformed_tuning_switch_is_a_config_error(tuned, monkeypatch, var):
+    from linattn.dispatch import ConfigError
+
+    monkeypatch.setenv(var, "sometimes")
+    clear_cache()
+    with pytest.raises(ConfigError, match=var):  # a decision reads both
+        args = tune.inputs(_prefill(2, 128), CPU)
+        linattn.gdn_prefill(**args)
