@@ -197,8 +197,11 @@ def parse_buckets(text: str, shape: Optional[tuple], dtype: str, state_dtype: st
 
 
 def run(buckets: list[Bucket], device: torch.device, *, repeats: Optional[int] = None, max_seconds: float = MAX_SECONDS,
-        progress: Optional[Callable[[str], None]] = None) -> list[Entry]:
-    """Measure ``buckets`` in order; buckets not started after ``max_seconds`` are left out (reported)."""
+        progress: Optional[Callable[[str], None]] = None,
+        on_entry: Optional[Callable[[list[Entry]], object]] = None) -> list[Entry]:
+    """Measure ``buckets`` in order; buckets not started after ``max_seconds`` are left out (reported).
+    ``on_entry(entries so far)`` after each bucket (the command saves the table then, so a run cut
+    short keeps what it measured)."""
     t0, out = time.monotonic(), []
     for i, b in enumerate(buckets):
         if time.monotonic() - t0 > max_seconds:
@@ -207,6 +210,8 @@ def run(buckets: list[Bucket], device: torch.device, *, repeats: Optional[int] =
             break
         e = measure_bucket(b, device, repeats=repeats)
         out.append(e)
+        if on_entry:
+            on_entry(list(out))
         if progress:
             ranked = ", ".join(f"{k} {ms:.4g} ms" for k, ms in sorted(e.times_ms.items(), key=lambda x: x[1]))
             progress(f"[{i + 1}/{len(buckets)}] {b.label()}: {ranked or 'nothing ran'}"
@@ -275,9 +280,10 @@ def tune(
     except (ValueError, RuntimeError) as e:  # UsageError is a ValueError
         _fail_usage(e, as_json)
     err = Console(stderr=True)
-    entries = run(chosen, dev, repeats=repeats, max_seconds=max_seconds,
-                  progress=None if as_json else lambda line: err.print(line, highlight=False, soft_wrap=True))
     command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out)
+    entries = run(chosen, dev, repeats=repeats, max_seconds=max_seconds,
+                  progress=None if as_json else lambda line: err.print(line, highlight=False, soft_wrap=True),
+                  on_entry=lambda done: save(done, dev, command, out))  # saved bucket by bucket
     path = save(entries, dev, command, out)
     doc = {"path": path, "device": str(dev), "command": command, "buckets": len(chosen), "measured": len(entries),
            "entries": [e.model_dump(mode="json") for e in entries]}

@@ -237,3 +237,21 @@ def test_a_malformed_tuning_switch_is_a_config_error(tuned, monkeypatch, var):
     with pytest.raises(ConfigError, match=var):  # a decision reads both
         args = tune.inputs(_prefill(2, 128), CPU)
         linattn.gdn_prefill(**args)
+
+
+def test_a_tune_run_cut_short_keeps_the_buckets_it_measured(tuned, monkeypatch):
+    measure = tune.measure_bucket
+    seen = []
+
+    def cut_after_one(b, device, **kw):
+        if seen:
+            raise KeyboardInterrupt  # the device call's time cap, say
+        seen.append(b)
+        return measure(b, device, **kw)
+
+    monkeypatch.setattr(tune, "measure_bucket", cut_after_one)
+    res = CliRunner().invoke(cli.app, ["tune", "--device", "cpu", "--buckets", "gdn_decode:1,gdn_decode:4",
+                                       "--shape", "1,1,8,8", "--repeats", "1"])
+    assert res.exit_code != 0
+    table = TuneTable.model_validate_json(table_path(current_key(_caps())).read_text())
+    assert [e.bucket for e in table.entries] == seen and set(table.entries[0].times_ms) == {"torch-ref", "torch-chunked"}
