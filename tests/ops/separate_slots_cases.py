@@ -96,38 +96,71 @@ def run_prefill(family, d, pool, read, write=None, **kw):
     return prefill_fn(family)(d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"], state_pool=pool, **kw)
 
 
+def fork_pattern(N: int, P: int, seed: int = 0) -> tuple[list, list]:
+    """``(read, write)`` slots for ``N`` sequences in a pool of ``P >= 2 N + 2`` slots: distinct write
+    slots; about a quarter of the rows in place (read = write), an eighth padding (both -1), the
+    rest reading one of a few shared prefix slots that nobody writes (forks)."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(P, generator=gen).tolist()
+    write, prefixes = perm[:N], perm[N:N + max(1, N // 4)]
+    read = []
+    for n in range(N):
+        u = float(torch.rand((), generator=gen))
+        if u < 0.125:
+            read.append(-1)
+            write[n] = -1
+        elif u < 0.375:
+            read.append(write[n])
+        else:
+            read.append(prefixes[int(torch.randint(len(prefixes), (), generator=gen))])
+    if all(r < 0 for r in read):
+        read[0], write[0] = prefixes[0], perm[0]
+    return read, write
+
+
+def _forked_rows(read: list, write: list, fresh: list | None) -> list:
+    return [n for n, (r, w) in enumerate(zip(read, write)) if r >= 0 and r != w and not (fresh and fresh[n])]
+
+
 def check_decode_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
-                      state_layout: str = "vk") -> None:
+                      state_layout: str = "vk", read: list = DECODE_READ, write: list = DECODE_WRITE) -> None:
     """Decode with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
     kw = dict(backend=backend, state_layout=state_layout)
     his = None if fresh is None else torch.tensor([not f for f in fresh], device=pool.device)
     if his is not None:
         kw["has_initial_state"] = his
     got_pool = pool.clone()
-    o = run_decode(family, d, got_pool, DECODE_READ, DECODE_WRITE, **kw)
+    o = run_decode(family, d, got_pool, read, write, **kw)
     assert linattn.last_decision().chosen == backend
-    want_pool = forked_pool(pool, DECODE_READ, DECODE_WRITE, fresh)
-    o_want = run_decode(family, d, want_pool, DECODE_WRITE, **kw)
+    want_pool = forked_pool(pool, read, write, fresh)
+    o_want = run_decode(family, d, want_pool, write, **kw)
     assert torch.equal(o, o_want)
-    assert torch.equal(got_pool[written(DECODE_WRITE)], want_pool[written(DECODE_WRITE)])
-    assert_untouched(pool, got_pool, DECODE_WRITE)
-    assert not torch.equal(got_pool[4], pool[1])  # the forked row was advanced, its source was not
-    assert o[DECODE_READ.index(-1)].eq(0).all()  # padding: zero output
+    assert torch.equal(got_pool[written(write)], want_pool[written(write)])
+    assert_untouched(pool, got_pool, write)
+    forks = _forked_rows(read, write, fresh)
+    assert forks, "the case must fork at least one row"
+    for n in forks:  # the forked row was advanced, its source was not
+        assert not torch.equal(got_pool[write[n]], pool[read[n]])
+    for n in (n for n, r in enumerate(read) if r < 0):
+        assert o[n].eq(0).all()  # padding: zero output
 
 
 def check_prefill_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
-                       state_layout: str = "vk") -> None:
+                       state_layout: str = "vk", read: list = PREFILL_READ, write: list = PREFILL_WRITE,
+                       lens: list = PREFILL_LENS) -> None:
     """Prefill with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
     kw = dict(backend=backend, state_layout=state_layout)
     if fresh is not None:
         kw["has_initial_state"] = torch.tensor([not f for f in fresh], device=pool.device)
     got_pool = pool.clone()
-    o = run_prefill(family, d, got_pool, PREFILL_READ, PREFILL_WRITE, **kw)
+    o = run_prefill(family, d, got_pool, read, write, **kw)
     assert linattn.last_decision().chosen == backend
-    want_pool = forked_pool(pool, PREFILL_READ, PREFILL_WRITE, fresh)
-    o_want = run_prefill(family, d, want_pool, PREFILL_WRITE, **kw)
+    want_pool = forked_pool(pool, read, write, fresh)
+    o_want = run_prefill(family, d, want_pool, write, **kw)
     assert torch.equal(o, o_want)
-    assert torch.equal(got_pool[written(PREFILL_WRITE)], want_pool[written(PREFILL_WRITE)])
-    assert_untouched(pool, got_pool, PREFILL_WRITE)
-    assert torch.equal(got_pool[5], pool[2])  # the empty sequence: its initial state, copied
-    assert not torch.equal(got_pool[6], pool[2])  # the forked sequence was advanced, its source was not
+    assert torch.equal(got_pool[written(write)], want_pool[written(write)])
+    assert_untouched(pool, got_pool, write)
+    forks = _forked_rows(read, write, fresh)
+    assert forks, "the case must fork at least one sequence"
+    for n in forks:  # an empty sequence: its initial state, copied; a longer one: advanced, its source not
+        assert torch.equal(got_pool[write[n]], pool[read[n]]) == (lens[n] == 0)

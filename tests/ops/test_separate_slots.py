@@ -11,7 +11,7 @@ import torch
 
 import linattn
 from separate_slots_cases import (DECODE_READ, DECODE_WRITE, P, PREFILL_LENS, check_decode_fork, check_prefill_fork,
-                                  decode_inputs, prefill_inputs, run_decode, run_prefill)
+                                  decode_inputs, fork_pattern, prefill_inputs, run_decode, run_prefill)
 
 from linattn.capabilities import interpreter_enabled
 
@@ -65,6 +65,17 @@ def test_reference_output_slots_equal_a_copy_then_in_place_call_in_float64():
     d = decode_inputs("gdn", N, 2, H, HV, K, V, torch.float64, "cpu")
     pool = _pool(dtype=torch.float64)
     check_decode_fork("gdn", "torch-ref", pool, d)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_fork_patterns_are_valid_and_match_the_in_place_call(seed):
+    """The GPU tests' fork patterns (tests/gpu/test_separate_slots_gpu.py) pass validation here."""
+    n = 12
+    read, write = fork_pattern(n, 2 * n + 3, seed)
+    d = decode_inputs("gdn", n, 1, H, HV, K, V, torch.float32, "cpu", seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(2 * n + 3, HV, V, K, generator=gen)
+    check_decode_fork("gdn", "torch-ref", pool, d, read=read, write=write)
 
 
 def test_none_is_the_in_place_call_bitwise():
