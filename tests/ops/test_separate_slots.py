@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import linattn
 from separate_slots_cases import (DECODE_READ, DECODE_WRITE, P, PREFILL_LENS, check_decode_fork, check_prefill_fork,
-                                  decode_inputs, fork_pattern, prefill_inputs, run_decode, run_prefill)
+                                  decode_inputs, fork_pattern, forked_pool, prefill_inputs, run_decode, run_prefill)
 
 from linattn.capabilities import interpreter_enabled
 
@@ -205,3 +207,49 @@ def test_explain_and_the_call_signature_carry_the_flag():
         run_decode("gdn", d, _pool(), DECODE_READ)  # a shared read slot is a write race when written in place
     run_decode("gdn", d, _pool(), DECODE_WRITE)
     assert not linattn.last_decision().problem.output_state_indices
+
+
+# -- property: the refusals are exactly the rules, and a valid call is the in-place call on a copy ----
+
+def _rule_verdict(read: list, write: list, P: int, his: list | None) -> str | None:
+    """docs/ops.md's rules, written out plainly: the first refusal's key phrase, or None."""
+    if any(s >= P for s in read):
+        return "state_indices"
+    if any(s >= P for s in write):
+        return "out of range"
+    if any((r < 0) != (w < 0) for r, w in zip(read, write)):
+        return "same rows"
+    live = [w for w in write if w >= 0]
+    if len(live) != len(set(live)):
+        return "write race"
+    for i, r in enumerate(read):
+        if r >= 0 and (his is None or his[i]) and any(w == r and j != i for j, w in enumerate(write)):
+            return "read by sequence"
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_validation_refuses_exactly_what_the_rules_say(data):
+    n = data.draw(st.integers(1, 5), label="N")
+    p = data.draw(st.integers(1, 7), label="P")
+    slot = st.integers(-1, p)
+    read = data.draw(st.lists(slot, min_size=n, max_size=n), label="read")
+    write = data.draw(st.lists(slot, min_size=n, max_size=n), label="write")
+    his = data.draw(st.none() | st.lists(st.booleans(), min_size=n, max_size=n), label="has_initial_state")
+    d = decode_inputs("gdn", n, 1, 1, 2, 4, 4, torch.float32, "cpu", seed=n)
+    gen = torch.Generator().manual_seed(p)
+    pool = torch.randn(p, 2, 4, 4, generator=gen)
+    kw = {} if his is None else {"has_initial_state": torch.tensor(his)}
+    got = pool.clone()
+    want = _rule_verdict(read, write, p, his)
+    if want is not None:
+        with pytest.raises(ValueError, match=want):
+            run_decode("gdn", d, got, read, write, backend="torch-ref", **kw)
+        assert torch.equal(got, pool)  # refused before anything was written
+        return
+    o = run_decode("gdn", d, got, read, write, backend="torch-ref", **kw)
+    fresh = None if his is None else [not h for h in his]
+    oracle = forked_pool(pool, read, write, fresh)
+    o_want = run_decode("gdn", d, oracle, write, backend="torch-ref", **kw)
+    assert torch.equal(o, o_want) and torch.equal(got, oracle)
