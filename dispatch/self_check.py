@@ -55,6 +55,10 @@ DECODE_TABLE_P = 10
 DECODE_INTERMEDIATE = (2, -1, 0, 5, -1)
 DECODE_S = 6
 HAS_INITIAL_STATE = (True, False, True, False, True)  # prefill sequences / decode rows (False: fresh)
+# output_state_indices: the final states go to other slots than the read ones (one sequence in place:
+# prefill's empty sequence 0 copies slot 1 into slot 2); the read slots must stay bitwise unchanged
+PREFILL_OUT_SLOTS = (2, 6, 4, 5, -1)
+DECODE_OUT_SLOTS = (1, -1, 0, 5, -1)
 GATING_ROWS = 7
 CLAMP_ROWS = 5
 FULL_PRECISION = ("float32", "float64")
@@ -93,7 +97,7 @@ def kernel_class(p: Problem) -> str:
         return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.spec.per_channel_gates else "") + (
             " lower_bound" if p.lower_bound else "")
     flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound",
-                               "precomputed_gates", "has_initial_state") if getattr(p, name)]
+                               "precomputed_gates", "has_initial_state", "output_state_indices") if getattr(p, name)]
     mode = f" {p.mode}" if p.phase == "prefill" else ""
     return (f"{p.dtype} state={p.state_dtype}/{p.state_layout}{mode} H={p.h} HV={p.hv} K={p.k} V={p.v}"
             + "".join(f" {f}" for f in flags))
@@ -333,6 +337,8 @@ def _prefill_case(p: Problem, gen, device):
         args["initial_state"] = (r(len(PREFILL_LENS), *_state_shape(p)) * 0.5).to(sdt)
     if p.has_initial_state and p.mode == "pool":  # fresh sequences start from zeros, slot unread
         args["has_initial_state"] = torch.tensor(HAS_INITIAL_STATE[:len(PREFILL_LENS)])
+    if p.output_state_indices and p.mode == "pool":
+        args["output_state_indices"] = torch.tensor(PREFILL_OUT_SLOTS, dtype=torch.int32)
     return {n: x.to(device) for n, x in args.items()}, dict(state_layout=p.state_layout)
 
 
@@ -360,6 +366,8 @@ def _decode_case(p: Problem, gen, device):
         opts["lower_bound"] = -5.0
     if p.has_initial_state:
         args["has_initial_state"] = torch.tensor(HAS_INITIAL_STATE[:N])
+    if p.output_state_indices and not p.num_accepted_tokens:  # [N] slots only (the table names its own)
+        args["output_state_indices"] = torch.tensor(DECODE_OUT_SLOTS, dtype=torch.int32)
     if p.precomputed_gates:  # the gates as the gating op gives them; the bound goes into the gating
         from linattn.backends.torch_ref import gdn_gating_ref, kda_gating_ref
 
@@ -397,6 +405,8 @@ def _owned_decode(args: dict, opts: dict) -> tuple[set, list]:
         return set(), padding
     if isinstance(idx[0], list):
         return {s for n, row in enumerate(idx) if n not in padding for s in row if s >= 0}, padding
+    if args.get("output_state_indices") is not None:  # separate write slots: the read slots stay as they were
+        idx = args["output_state_indices"].tolist()
     return {s for s in idx if s >= 0}, padding
 
 
@@ -444,7 +454,8 @@ def check_against_reference(backend, p: Problem, device) -> Check:
         if p.mode == "pool":
             pad = [t for n, s in enumerate(PREFILL_SLOTS) if s < 0 for t in range(cu[n], cu[n + 1])]
             c.zero("o", o[pad], "tokens of the padding sequence (slot -1)")
-            owned = sorted({s for s in PREFILL_SLOTS if s >= 0})
+            written = PREFILL_OUT_SLOTS if p.output_state_indices else PREFILL_SLOTS
+            owned = sorted({s for s in written if s >= 0})
             c.close("state", args["state_pool"][owned], ref_args["state_pool"][owned], tol_s)
             c.untouched(args["state_pool"], before["state_pool"], set(owned))
         elif final is None:

@@ -253,3 +253,24 @@ def test_validation_refuses_exactly_what_the_rules_say(data):
     oracle = forked_pool(pool, read, write, fresh)
     o_want = run_decode("gdn", d, oracle, write, backend="torch-ref", **kw)
     assert torch.equal(o, o_want) and torch.equal(got, oracle)
+
+
+def test_self_check_runs_separate_slots_and_catches_a_backend_that_writes_in_place():
+    """The first-call self-check (unverified archs) builds its case with output_state_indices, so a
+    backend that declares the feature but writes where it read fails it (the read slot changed)."""
+    from linattn.backends.torch_ref import TorchRefBackend
+    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.self_check import check_against_reference, kernel_class
+
+    class WritesInPlace(TorchRefBackend):
+        name = "writes-in-place"
+        features = frozenset({"output_state_indices"})
+
+        def gdn_decode(self, *, output_state_indices=None, **kw):
+            return super().gdn_decode(**kw)
+
+    p = Problem(op="gdn_decode", h=1, hv=2, k=16, v=32, dtype="float32", output_state_indices=True)
+    assert "output_state_indices" in kernel_class(p)
+    assert check_against_reference(TorchRefBackend(), p, "cpu").ok
+    bad = check_against_reference(WritesInPlace(), p, "cpu")
+    assert not bad.ok
