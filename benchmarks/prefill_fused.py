@@ -55,7 +55,8 @@ SHAPES = [(16, 4096, 16, 32), (64, 1024, 16, 32), (8, 1024, 16, 32), (4, 8192, 1
 #: KDA's: Kimi-Linear at TP1 (H = HV = 32; 16 x 4,096 is issue 27's target row) and TP8 (H = HV = 4)
 KDA_SHAPES = [(16, 4096, 32, 32), (64, 1024, 32, 32), (8, 1024, 32, 32), (1, 65536, 4, 4)]
 K = V = 128
-#: (block_v, num_warps, num_stages, prep_ctas_per_sm, prep_block_k, prep_maxnreg); the first: the pinned one
+#: (block_v, num_warps, num_stages, prep_ctas_per_sm, prep_block_k, prep_maxnreg), GDN's prep keys shared; with
+#: --quick only the pinned configuration with its prep keys unshared (GDN) or the first (KDA) is a variant
 VARIANTS = [(64, 4, 2, 4, 64, None), (64, 4, 3, 4, 64, None), (32, 4, 2, 4, 64, None), (128, 8, 2, 4, 64, None),
             (64, 4, 2, 4, 32, None), (64, 4, 2, 4, 32, 128), (64, 4, 2, 3, 32, 168), (64, 4, 2, 4, 64, 128)]
 #: KDA's variants, the same fields and late_keys last (its prep runs the KDA system kernel's channel blocks:
@@ -171,10 +172,15 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",)):
     pinned = fused_config(K, V, torch.bfloat16, family)
     variants = {}
     table = KDA_VARIANTS if family == "kda" else VARIANTS
-    for bv, nw, ns, ctas, pbk, preg, *late in (table[:1] if quick else table):
-        cfg = FusedConfig(block_v=bv, num_warps=nw, num_stages=ns, prep_warps=4, prep_ctas_per_sm=ctas,
-                          prep_block_k=pbk, prep_maxnreg=preg, late_keys=bool(late and late[0]))
-        key = f"bv{bv}_w{nw}_s{ns}_p{ctas}_bk{pbk}_r{preg}" + ("_late" if cfg.late_keys else "")
+    configs = [FusedConfig(block_v=bv, num_warps=nw, num_stages=ns, prep_warps=4, prep_ctas_per_sm=ctas,
+                           prep_block_k=pbk, prep_maxnreg=preg, late_keys=bool(late and late[0]))
+               for bv, nw, ns, ctas, pbk, preg, *late in table]
+    if family == "gdn":  # the pinned one with its prep's GVA key sharing flipped (prep_shared_keys)
+        configs = [dataclasses.replace(pinned, prep_shared_keys=not pinned.prep_shared_keys)] + configs
+    for cfg in (configs[:1] if quick else configs):
+        key = (f"bv{cfg.block_v}_w{cfg.num_warps}_s{cfg.num_stages}_p{cfg.prep_ctas_per_sm}_bk{cfg.prep_block_k}"
+               f"_r{cfg.prep_maxnreg}" + ("_late" if cfg.late_keys else "")
+               + ("" if family == "kda" or cfg.prep_shared_keys else "_unshared"))
         try:
             variants[key] = bench_ms(linattn(family, d, pool, idx, True, cfg)[1])
         except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded

@@ -3,11 +3,12 @@
 Two launches (after the chunk tables) in place of the pipeline's intra, gates, state and output
 stages (:mod:`.prefill`), and nothing of size ``O(K V)`` or ``O(C K)`` per chunk goes through HBM:
 
-1. :func:`chunk_gdn_fused_prep_kernel`, fully parallel over (chunk, value head) on a persistent
+1. :func:`chunk_gdn_fused_prep_kernel`, fully parallel over (chunk, key head) on a persistent
    grid (as :func:`.chunk_intra.chunk_intra_kernel`, whose block solve :func:`.chunk_intra._solve`
    it reuses, with a per-program fp32 scratch): per chunk of ``C = 64`` rows, with ``G`` the
    chunk-local cumulative log decay (gates floored at -1000), ``rk``/``rq`` the inverse key/query
-   l2 norms (1 without l2norm)::
+   l2 norms (1 without l2norm), for each value head of the key head (GVA: the norms, ``K K^T`` and
+   ``Q K^T`` formed once per key head)::
 
        A    = strictly_lower( beta_r rk_r rk_s (k_r . k_s) exp(G_r - G_s) )
        Tb   = (I + A)^-1 diag(beta)                                         -> tmb [T, HV, 64]
@@ -73,7 +74,8 @@ class FusedConfig:
     columns per program ``block_v``, warps and pipelining stages; the prep kernel's warps,
     persistent programs per SM, key columns per step ``prep_block_k`` (GDN's) and register cap per
     thread ``prep_maxnreg`` (None: the compiler's choice); KDA's ``late_keys``
-    (:func:`.chunk_fused_kda.chunk_kda_fused_kernel`'s ``LATE_KD``)."""
+    (:func:`.chunk_fused_kda.chunk_kda_fused_kernel`'s ``LATE_KD``); GDN's ``prep_shared_keys``
+    (:func:`chunk_gdn_fused_prep_kernel`'s ``SHARED_KEYS``: one prep item per key head under GVA)."""
 
     block_v: int
     num_warps: int
@@ -83,6 +85,7 @@ class FusedConfig:
     prep_block_k: int = 64
     prep_maxnreg: Optional[int] = None
     late_keys: bool = False
+    prep_shared_keys: bool = True
 
 
 @triton.jit
@@ -222,14 +225,16 @@ def chunk_tiles_t(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, s
     return kt, kT, qT, vT, tmT, AT
 
 @triton.jit
-def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv,
+def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv0, HEADS,
                 sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
                 K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
                 NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr):
-    """The prep work of chunk ``i_c`` and value head ``i_hv`` (:func:`chunk_gdn_fused_prep_kernel`)."""
+    """The prep work of chunk ``i_c`` and the ``HEADS`` value heads ``i_hv0, i_hv0 + 1, ...`` (of one
+    key head; :func:`chunk_gdn_fused_prep_kernel`): the norms, ``K K^T`` and ``Q K^T`` once, then each
+    value head's gates, beta, solve and stores."""
     n = tl.load(chunk_seq + i_c)
     if n < N:
-        i_h = i_hv // GROUP
+        i_h = i_hv0 // GROUP
         t0, L = chunk_span(chunk_start, cu_seqlens, i_c, n)
         k_ptr = k + t0 * skt + i_h * skh
         q_ptr = q + t0 * sqt + i_h * sqh
@@ -253,28 +258,40 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
             qt = (_ld(q_ptr, r, m, sqt, ik * BK, BK).to(tl.float32) * sq[:, None]).to(DT)
             kk = tl.dot(kt, tl.trans(kt), acc=kk, input_precision=PREC)
             qk = tl.dot(qt, tl.trans(kt), acc=qk, input_precision=PREC)
-        gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-        if PREC == "ieee":  # fp32 inputs: two-float G, so that G_r - G_s keeps fp32 accuracy (_gates)
-            G, Gl = cumsum2(gt, 0)
-            D = (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :])
-        else:
-            G = tl.cumsum(gt, axis=0)
-            D = G[:, None] - G[None, :]
-        b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
-        tl.debug_barrier()  # the CTA's previous item is done with the scratch
-        a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
-        tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
-        tl.debug_barrier()
-        _solve(sA, sT, NEUMANN, DPREC, IPREC)
-        tl.debug_barrier()
-        row = (t0 * HV + i_hv) * 64
-        store_tmb(sT, tmb, row, b, r, m, HV)
         qsv = uq * scale  # = rq scale where sq = 1 (every row below 2**32): the same bits
-        aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * (uq * scale)[:, None]
-        tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
-        tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
-        tl.store(qs + (t0 * HV + i_hv + r * HV) * 2, qsv, mask=m)
-        tl.store(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, sq, mask=m)
+        for j in range(HEADS):  # Aqk and the norms first: Q K^T is dead before the solves
+            i_hv = i_hv0 + j
+            D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
+            row = (t0 * HV + i_hv) * 64
+            aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * qsv[:, None]
+            tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
+            tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
+            tl.store(qs + (t0 * HV + i_hv + r * HV) * 2, qsv, mask=m)
+            tl.store(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, sq, mask=m)
+        for j in range(HEADS):
+            i_hv = i_hv0 + j
+            D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
+            b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
+            tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
+            a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
+            tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
+            tl.debug_barrier()
+            _solve(sA, sT, NEUMANN, DPREC, IPREC)
+            tl.debug_barrier()
+            store_tmb(sT, tmb, (t0 * HV + i_hv) * 64, b, r, m, HV)
+
+
+@triton.jit
+def _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC: tl.constexpr):
+    """``D [64, 64] = G_r - G_s`` of a chunk's rows for value head ``i_hv``, ``G`` the chunk-local
+    cumulative log decay of the gates floored at ``G_MIN`` (masked rows 0); fp32 inputs (``PREC``
+    ieee) from two-float ``G`` (:mod:`._gates`), so that the difference keeps fp32 accuracy."""
+    gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
+    if PREC == "ieee":
+        G, Gl = cumsum2(gt, 0)
+        return (G[:, None] - G[None, :]) + (Gl[:, None] - Gl[None, :])
+    G = tl.cumsum(gt, axis=0)
+    return G[:, None] - G[None, :]
 
 
 @triton.jit
@@ -282,11 +299,13 @@ def chunk_gdn_fused_prep_kernel(
     q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, ITEMS, scale,
     K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
+    NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, SHARED_KEYS: tl.constexpr,
 ):
     """The fused prefill's state-independent part (module docstring, 1). Persistent grid ``(P,)``:
-    program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS = NT_max * HV`` (chunk, value head)
-    items (value head fastest); chunks past the real count do nothing. ``q, k [T, H, K]``,
+    program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS`` items, chunks past the real count
+    doing nothing. ``SHARED_KEYS``: an item is a (chunk, key head), ``ITEMS = NT_max * HV / GROUP``
+    (key head fastest), whose norms, ``K K^T`` and ``Q K^T`` serve its ``GROUP`` value heads (GVA);
+    else a (chunk, value head), ``ITEMS = NT_max * HV``, each recomputing them. ``q, k [T, H, K]``,
     ``g, beta [T, HV]`` (strides in elements). Writes ``tmb = Tm diag(beta)`` and ``aqk``
     ``[T, HV, 64]`` (dtype DT; row ``t``: its chunk row, zeros above the diagonal), ``rk [T, HV]``
     and ``qs [T, HV, 2]`` fp32: ``scale uq`` and the power of two ``sq`` (``rq = uq sq``; both 1 and
@@ -295,9 +314,12 @@ def chunk_gdn_fused_prep_kernel(
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
+    heads = GROUP if SHARED_KEYS else 1  # value heads per item
+    per_chunk = HV // heads
     for item in range(pid, ITEMS, tl.num_programs(0)):
         _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT,
-                    item // HV, (item % HV).to(tl.int64), sqt, sqh, skt, skh, sgt, sgh, sbt, sbh,
+                    item // per_chunk, ((item % per_chunk) * heads).to(tl.int64), heads,
+                    sqt, sqh, skt, skh, sgt, sgh, sbt, sbh,
                     N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)
 
 

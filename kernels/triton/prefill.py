@@ -782,7 +782,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     if not on:
         return dataclasses.replace(plan, fused_reason=why)
     T, HV, f32 = plan.T, plan.HV, torch.float32
-    progs = max(1, min(plan.nt_max * HV, caps.sm_count * cfg.prep_ctas_per_sm))
+    progs = max(1, min(fused_prep_items(dataclasses.replace(plan, fused=cfg)), caps.sm_count * cfg.prep_ctas_per_sm))
     facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
                                             "final_dtype")}
     specs = _output_specs(facts) + (
@@ -1514,6 +1514,14 @@ def launch_segmented_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, 
                          fused=plan.output_in_state, segment=2)
 
 
+def fused_prep_items(plan: PrefillPlan) -> int:
+    """The fused prep kernel's items: ``(chunk, key head)`` pairs where GDN's prep shares the keys of a
+    GVA group (``FusedConfig.prep_shared_keys``), else ``(chunk, value head)`` pairs (KDA: per value
+    head gates of every channel, nothing to share)."""
+    shared = not plan.kda and plan.fused.prep_shared_keys
+    return plan.nt_max * (plan.H if shared else plan.HV)
+
+
 def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
                         scale: float) -> None:
     """The fused prefill (:mod:`.chunk_fused`; KDA: :mod:`.chunk_fused_kda`) in place of the pipeline's
@@ -1525,11 +1533,12 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
         family, walk = kda_system_constexprs(plan), dict(LATE_KD=cfg.late_keys)
     else:
         prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
-        family, walk = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT), {}
+        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
+        walk = {}
     launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
                       chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
                       rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
-                      items=plan.nt_max * plan.HV, scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
+                      items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
                       PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
     s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     launch_fused(_launch_plain, fused, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb,

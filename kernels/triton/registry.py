@@ -163,7 +163,8 @@ KERNELS: tuple[KernelEntry, ...] = (
         kernel=f"{KERNEL_PACKAGE}.chunk_fused:chunk_gdn_fused_prep_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
         why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c: FusedConfig.prep_ctas_per_sm), "
-                       "each program looping over the (chunk, value head) items p, p + P, ... as chunk_intra, "
+                       "each program looping over the (chunk, key head) items p, p + P, ... (FusedConfig.prep_shared_keys; "
+                       "else (chunk, value head)) as chunk_intra, "
                        "so no axis carries N * HV and there is nothing to plan; items past the real chunk "
                        "count do nothing"),
         notes="the fused GDN prefill's state-independent part: Tm diag(beta), Aqk and the norms (O(C^2) per chunk)",
@@ -173,7 +174,8 @@ KERNELS: tuple[KernelEntry, ...] = (
         kernel=f"{KERNEL_PACKAGE}.chunk_fused_kda:chunk_kda_fused_prep_kernel",
         launcher=f"{KERNEL_PACKAGE}.prefill:chunk_prefill",
         why_unplanned=("persistent grid (min(items, sm_count * c),) on axis x (c: FusedConfig.prep_ctas_per_sm), "
-                       "each program looping over the (chunk, value head) items p, p + P, ... as chunk_intra, "
+                       "each program looping over the (chunk, key head) items p, p + P, ... (FusedConfig.prep_shared_keys; "
+                       "else (chunk, value head)) as chunk_intra, "
                        "so no axis carries N * HV and there is nothing to plan; items past the real chunk "
                        "count do nothing"),
         notes=("the fused KDA prefill's state-independent part: Tm diag(beta), Aqk (chunk_kda_system's "
@@ -244,6 +246,17 @@ KERNELS: tuple[KernelEntry, ...] = (
                        "prefill launcher"),
         notes=("both prefill ops' value rules in one launch; held against the torch rules by "
                "tests/dispatch/test_fused_value_checks.py"),
+    ),
+    KernelEntry(
+        name="fork_slots", op="gdn_prefill", layouts=(),
+        kernel=f"{KERNEL_PACKAGE}.fork_slots:_fork_slots_kernel",
+        launcher=f"{KERNEL_PACKAGE}.fork_slots:fork_slots",
+        why_unplanned=("grid (N, HV): the sequences on axis x (up to 2^31 - 1) and the value heads on axis y (a "
+                       "model's HV, far below 65,535), one program per (sequence, head) copying a state row, so "
+                       "nothing to plan; launched by the prefill launchers only for calls with "
+                       "output_state_indices (kernels/triton/prefill.py forked)"),
+        notes=("separate read and write slots: each read row copied into its write row before the prefill runs "
+               "in place on the write slots; held bitwise by tests/ops/test_separate_slots.py"),
     ),
 )
 

@@ -71,6 +71,36 @@ def test_fused_norms_do_not_overflow_past_2_32(family):
     assert torch.isfinite(o).all() and rel(o, o_ref) < 1e-5 and rel(ht, ht_ref) < 1e-5
 
 
+def test_gdn_prep_shares_keys_across_a_gva_group_bitwise():
+    """GDN's prep forms the norms, ``K K^T`` and ``Q K^T`` once per (chunk, key head) for its GVA group
+    (``FusedConfig.prep_shared_keys``); each value head then runs the same instructions as a prep item
+    of its own: the results equal the unshared prep's bitwise, with two key heads of four value heads
+    each (the items' head offsets) and the float64 reference."""
+    import dataclasses
+
+    from linattn.kernels.triton.chunk_fused import fused_config
+
+    inp = make_inputs("gdn", [70, 3], H=2, HV=8, K=64, V=64)
+    pool = random_states(4, 8, 64, 64)
+    idx = torch.tensor([3, 1], dtype=torch.int32)
+    cfg = fused_config(64, 64, torch.float32)
+    assert cfg.prep_shared_keys
+    outs = []
+    for shared in (True, False):
+        work = pool.clone()
+        plan = pm.plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], state_pool=work,
+                               state_indices=idx, fused=True,
+                               fused_cfg=dataclasses.replace(cfg, prep_shared_keys=shared))
+        assert pm.fused_prep_items(plan) == plan.nt_max * (2 if shared else 8)
+        o, _ = pm.run_prefill(plan, **inp, scale=64 ** -0.5, state_pool=work, state_indices=idx)
+        outs.append((o, work))
+        assert torch.equal(work[[0, 2]], pool[[0, 2]])  # rows not owned: bitwise unchanged
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    ref_pool = pool.clone()
+    o_ref, _ = reference("gdn", inp, state_pool=ref_pool, state_indices=idx)
+    assert rel(outs[0][0], o_ref) < 1e-5 and rel(outs[0][1][[3, 1]], ref_pool[[3, 1]]) < 1e-5
+
+
 @pytest.mark.parametrize("mag", [1e37, 3e37])
 def test_fused_query_state_product_does_not_overflow(mag):
     """F44: queries near fp32's largest run ``q . S`` on the rows times their power of two ``sq``
