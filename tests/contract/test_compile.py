@@ -92,6 +92,11 @@ SCRIPT = textwrap.dedent(r'''
                                  state_indices=torch.zeros(N, dtype=torch.int32),
                                  has_initial_state=torch.ones(N, dtype=torch.bool),
                                  scale=None, caps=profile("sm90"), layout="split")
+        # separate write slots in prefill: the read rows copied into the write rows (kernels/triton/fork_slots.py)
+        from linattn.kernels.triton.fork_slots import fork_slots
+        for dt, his in ((torch.float32, None), (torch.bfloat16, torch.tensor([True, False]))):
+            fork_slots(torch.zeros(4, 32, 128, 128, dtype=dt), torch.tensor([0, 1], dtype=torch.int32),
+                       torch.tensor([2, 1], dtype=torch.int32), his)
         # the decode value checks (dispatch/value_rules.py fused_value_check): each check, both index dtypes
         from linattn.kernels.triton.value_checks import DecodeValueCheck
         i32, i64 = torch.int32, torch.int64

@@ -33,9 +33,11 @@ _launch_mod = pytest.importorskip("linattn.kernels.triton.launch")
 
 PLANNED = [e for e in registry.KERNELS if e.layouts and e.op != "probe"]
 #: Unplanned kernels, by the ops whose launcher runs them (the chunked prefill's tables, stages 1 and 3).
-#: Kernels the dispatcher launches, not an op's launcher, each with the test that holds it to its oracle.
+#: Kernels the dispatcher or a backend launches, not an op's launcher (so no contract case runs them),
+#: each with the test that holds it to its oracle.
 DISPATCHER_KERNELS = {"decode_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)",
-                      "prefill_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)"}
+                      "prefill_value_flags": "tests/dispatch/test_fused_value_checks.py (against the torch value rules)",
+                      "fork_slots": "tests/ops/test_separate_slots.py (bitwise against the in-place call on a copy)"}
 UNPLANNED = {e.load_kernel(): e for e in registry.KERNELS if not e.layouts and e.name not in DISPATCHER_KERNELS}
 UNPLANNED_OPS = {"chunk_tables": PREFILL_OPS, "chunk_intra": PREFILL_OPS, "chunk_output": PREFILL_OPS,
                  "chunk_kda_system": ("kda_prefill",),
