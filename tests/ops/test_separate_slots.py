@@ -274,3 +274,39 @@ def test_self_check_runs_separate_slots_and_catches_a_backend_that_writes_in_pla
     assert check_against_reference(TorchRefBackend(), p, "cpu").ok
     bad = check_against_reference(WritesInPlace(), p, "cpu")
     assert not bad.ok
+
+
+def test_output_state_indices_trace_with_torch_compile_fullgraph():
+    """The custom op takes the new argument (the pool declared mutated, the fake unchanged): a
+    compiled decode gives the eager bits."""
+    d = decode_inputs("gdn", N, 1, H, HV, K, V, torch.float32, "cpu")
+    read = torch.tensor(DECODE_READ, dtype=torch.int32)
+    write = torch.tensor(DECODE_WRITE, dtype=torch.int32)
+
+    def f(q, k, v, a, b, pool, idx, out):
+        return linattn.gdn_decode(q, k, v, a, b, d["A_log"], d["dt_bias"], pool, idx, output_state_indices=out)
+
+    p1, p2 = _pool(), _pool()
+    args = (d["q"], d["k"], d["v"], d["a"], d["b"])
+    o1 = torch.compile(f, fullgraph=True)(*args, p1, read, write)
+    o2 = f(*args, p2, read, write)
+    assert torch.equal(o1, o2) and torch.equal(p1, p2)
+    rest = [i for i in range(P) if i not in DECODE_WRITE]
+    assert torch.equal(p1[rest], _pool()[rest])
+
+
+def test_prefill_output_state_indices_trace_with_torch_compile_fullgraph():
+    d = prefill_inputs("kda", PREFILL_LENS, H, HV, K, V, torch.float32, "cpu")
+    read = torch.tensor([2, 2, 3, -1, 7], dtype=torch.int32)
+    write = torch.tensor([6, 5, 3, -1, 0], dtype=torch.int32)
+
+    def f(q, k, v, g, beta, cu, pool, idx, out):
+        return linattn.kda_prefill(q, k, v, g, beta, cu, state_pool=pool, state_indices=idx, output_state_indices=out)
+
+    p1, p2 = _pool(), _pool()
+    args = (d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"])
+    o1 = torch.compile(f, fullgraph=True)(*args, p1, read, write)
+    o2 = f(*args, p2, read, write)
+    assert torch.equal(o1, o2) and torch.equal(p1, p2)
+    rest = [i for i in range(P) if i not in write.tolist()]
+    assert torch.equal(p1[rest], _pool()[rest])
