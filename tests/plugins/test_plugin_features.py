@@ -150,7 +150,8 @@ def test_a_plugin_that_declares_the_features_gets_them(registry):
 
 
 def test_declared_features_follow_the_class_that_defines_the_op_method():
-    assert TorchRefBackend().declared_features("gdn_decode") == {"precomputed_gates", "has_initial_state"}
+    assert TorchRefBackend().declared_features("gdn_decode") == {"precomputed_gates", "has_initial_state",
+                                                                 "output_state_indices"}
     assert V1Decode().declared_features("gdn_decode") == frozenset()  # rewrote the method, declared nothing
     assert V1Decode().declared_features("kda_decode") == TorchRefBackend.features  # inherited untouched
     assert V2Decode().declared_features("gdn_decode") == V2Decode.features
@@ -159,9 +160,10 @@ def test_declared_features_follow_the_class_that_defines_the_op_method():
     from linattn.backends.triton_split import TritonSplitBackend
 
     for cls in (TritonSplitBackend, TritonFoldedBackend):
-        assert cls().declared_features("kda_decode") == {"precomputed_gates", "has_initial_state"}
+        assert cls().declared_features("kda_decode") == {"precomputed_gates", "has_initial_state",
+                                                         "output_state_indices"}
         assert "has_initial_state" in cls().declared_features("gdn_prefill")
-    assert CuteDSLBackend().declared_features("kda_prefill") == {"has_initial_state"}
+    assert CuteDSLBackend().declared_features("kda_prefill") == {"has_initial_state", "output_state_indices"}
     assert Backend.features == frozenset()
 
 

@@ -96,7 +96,7 @@ def op_kwargs(op, dtype):
                   intermediate_states=torch.zeros(N, T, HV, K, V, dtype=state),
                   intermediate_state_indices=torch.tensor([2, -1, 0]), disable_state_update=True,
                   num_accepted_tokens=torch.tensor([1, 2, 0]), softplus_beta=1.0, softplus_threshold=20.0,
-                  g=None, beta=None, has_initial_state=None)
+                  g=None, beta=None, has_initial_state=None, output_state_indices=None)
         return dict(kw, lower_bound=None) if kda else kw
     Tt = 7
     return dict(q=torch.randn(Tt, H, K).to(dtype), k=torch.randn(Tt, H, K).to(dtype),
@@ -104,7 +104,7 @@ def op_kwargs(op, dtype):
                 g=-torch.rand(Tt, HV, *([K] if kda else [])), beta=torch.rand(Tt, HV),
                 cu_seqlens=torch.tensor([0, 3, 7], dtype=torch.int32), state_pool=torch.randn(P, HV, V, K).to(state),
                 state_indices=torch.tensor([4, 1]), initial_state=None, scale=0.5, use_qk_l2norm=False,
-                state_layout="vk", has_initial_state=None)
+                state_layout="vk", has_initial_state=None, output_state_indices=None)
 
 
 REFS = {"gdn_gating": gdn_gating_ref, "kda_gating": kda_gating_ref, "gdn_decode": gdn_decode_ref,
