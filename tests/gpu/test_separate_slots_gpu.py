@@ -11,6 +11,7 @@ read slots included: a shared prefix's slot stays intact) keeps its bits.
 - Prefill: the read rows copied into the write rows (``kernels/triton/fork_slots.py``) then the
   pipeline, the segment-parallel pass (two long sequences) and the fused kernels (many short
   ones) in place; cutedsl the same where it is available.
+- Launches (torch profiler): decode runs its one kernel either way; prefill adds exactly the row copy.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import linattn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
 from separate_slots_cases import (assert_untouched, check_decode_fork, check_prefill_fork, decode_inputs,  # noqa: E402
-                                  fork_pattern, prefill_inputs, run_decode)
+                                  fork_pattern, prefill_inputs, run_decode, run_prefill)
 
 pytestmark = pytest.mark.gpu
 
@@ -154,3 +155,37 @@ def test_prefill_separate_slots_cutedsl(family):
     d = prefill_inputs(family, lens, dtype=BF, device=DEV, seed=5, **s)
     pool = _pool(P, s["HV"], s["K"], s["V"], seed=5)
     check_prefill_fork(family, "cutedsl", pool, d, read=read, write=write, lens=lens)
+
+
+def _cuda_kernels(fn) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # compile / warm up first
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                  and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_launches_decode_none_extra_prefill_one_copy(family):
+    """Decode stores through its second row pointer: the same single kernel. Prefill adds exactly one
+    launch, the row copy (fork_slots), and otherwise runs the kernels of the in-place call."""
+    s = SHAPES[family]
+    N, P = 64, 131
+    read, write = fork_pattern(N, P, seed=21)
+    d = decode_inputs(family, N, 1, dtype=BF, device=DEV, seed=21, **s)
+    pool = _pool(P, s["HV"], s["K"], s["V"], seed=21)
+    sep = _cuda_kernels(lambda: run_decode(family, d, pool, read, write, backend="triton-split", validate=False))
+    inplace = _cuda_kernels(lambda: run_decode(family, d, pool, write, backend="triton-split", validate=False))
+    assert len(sep) == len(inplace) == 1 and sep == inplace, (sep, inplace)
+    lens = PREFILL_CASES["mixed"]
+    read, write = PREFILL_FORKS["mixed"]
+    dp = prefill_inputs(family, lens, dtype=BF, device=DEV, seed=21, **s)
+    ppool = _pool(max(read + write) + 2, s["HV"], s["K"], s["V"], seed=21)
+    sep = _cuda_kernels(lambda: run_prefill(family, dp, ppool, read, write, backend="triton-split", validate=False))
+    inplace = _cuda_kernels(lambda: run_prefill(family, dp, ppool, write, backend="triton-split", validate=False))
+    copies = [k for k in sep if "fork_slots" in k]
+    assert len(copies) == 1 and [k for k in sep if "fork_slots" not in k] == inplace, (sep, inplace)
