@@ -173,9 +173,17 @@ class TritonBackend(Backend):
         """Prefill: the fused GDN prefill where ``kernels.triton.prefill.plan_fused`` chooses it (its
         reason), else the pipeline, why, and its state stage's plan (one pass per sequence, or the
         segment-parallel pass with its segment length), from ``kernels.triton.prefill.plan_segments``
-        on the problem's shapes; "" for the other ops or without Triton."""
+        on the problem's shapes, and with ``output_state_indices`` the row copy before it; "" for the
+        other ops or without Triton."""
         if p.phase != "prefill" or not p.k or not p.v:
             return ""
+        note = self._prefill_note(p, caps)
+        if note and p.output_state_indices:
+            note += "; output_state_indices: each read row copied into its write row first (fork_slots, one launch)"
+        return note
+
+    @staticmethod
+    def _prefill_note(p: Problem, caps: DeviceCapabilities) -> str:
         try:
             import torch
 

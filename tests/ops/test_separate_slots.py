@@ -310,3 +310,11 @@ def test_prefill_output_state_indices_trace_with_torch_compile_fullgraph():
     assert torch.equal(o1, o2) and torch.equal(p1, p2)
     rest = [i for i in range(P) if i not in write.tolist()]
     assert torch.equal(p1[rest], _pool()[rest])
+
+
+def test_explain_names_the_row_copy_of_the_triton_prefill():
+    kw = dict(n=4, t=4096, h=16, hv=32, k=128, v=128, dtype="bfloat16", device="sm90")
+    note = {v.backend: v.message for v in linattn.explain("kda_prefill", output_state_indices=True, **kw).verdicts}
+    assert "fork_slots" in note["triton-split"]
+    plain = {v.backend: v.message for v in linattn.explain("kda_prefill", **kw).verdicts}
+    assert "fork_slots" not in plain["triton-split"] and note["triton-split"].startswith(plain["triton-split"])
