@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import linattn
-from separate_slots_cases import (DECODE_READ, DECODE_WRITE, P, PREFILL_LENS, check_decode_fork, check_prefill_fork,
+from separate_slots_cases import (DECODE_READ, DECODE_WRITE, P, PREFILL_LENS, bits, check_decode_fork, check_prefill_fork,
                                   decode_inputs, fork_pattern, forked_pool, prefill_inputs, run_decode, run_prefill)
 
 from linattn.capabilities import interpreter_enabled
@@ -318,3 +318,25 @@ def test_explain_names_the_row_copy_of_the_triton_prefill():
     assert "fork_slots" in note["triton-split"]
     plain = {v.backend: v.message for v in linattn.explain("kda_prefill", **kw).verdicts}
     assert "fork_slots" not in plain["triton-split"] and note["triton-split"].startswith(plain["triton-split"])
+
+
+@TRITON
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fork_slots_copies_bits_only_where_a_state_is_carried(dtype):
+    """The prefill's row copy: bitwise (NaN payloads included), through a strided pool view, only for
+    rows that read a state and write another slot; every other row untouched."""
+    from linattn.kernels.triton.fork_slots import fork_slots
+
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(2 * P, HV, V, K, generator=gen).to(dtype)
+    base[2, 1, 3, 5] = float("nan")
+    before = base.clone()
+    pool = base[::2]  # slot pitch 2 slots
+    read = torch.tensor([1, 1, 3, -1, 4], dtype=torch.int32)
+    write = torch.tensor([5, 6, 3, -1, 2], dtype=torch.int64)
+    his = torch.tensor([True, True, True, True, False])
+    fork_slots(pool, read, write, his)
+    want = before[::2].clone()
+    want[5], want[6] = before[2], before[2]  # slot 1 of the view is base row 2
+    assert torch.equal(bits(pool), bits(want))
+    assert torch.equal(bits(base[1::2]), bits(before[1::2]))  # rows between the view's slots
