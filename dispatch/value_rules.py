@@ -275,7 +275,8 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 #: The rules :func:`fused_value_check` computes in one kernel (``kernels/triton/value_checks.py``):
 #: the decode rules, and the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with
 #: value rules, ``dispatch/ops_table.py``). A call with any other rule (``check_finite``'s) keeps the
-#: torch rules.
+#: torch rules, and so does a call with ``output_state_indices`` (its rule is listed so that the
+#: calls without it keep the kernel; :func:`_plan_check` declines the calls with it).
 _FUSABLE = frozenset({_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted,
                       _v_shared_gate_params, _v_decode_log_decay})
 _FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_log_decay})
