@@ -340,3 +340,33 @@ def test_fork_slots_copies_bits_only_where_a_state_is_carried(dtype):
     want[5], want[6] = before[2], before[2]  # slot 1 of the view is base row 2
     assert torch.equal(bits(pool), bits(want))
     assert torch.equal(bits(base[1::2]), bits(before[1::2]))  # rows between the view's slots
+
+
+@TRITON
+def test_the_fused_value_check_kernel_steps_aside_for_separate_slots(monkeypatch):
+    """Where the fused value-check kernel runs (forced here in the interpreter), a call with
+    output_state_indices keeps the torch rules (the kernel has no read/write rule): its refusals are
+    raised, and a call of the same shapes without it still gets the kernel."""
+    from linattn.dispatch import fast_path, value_rules
+
+    monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", True)
+    fast_path.clear()
+    try:
+        d = decode_inputs("gdn", 3, 1, H, HV, K, V, torch.float32, "cpu")
+        args = dict(q=d["q"], k=d["k"], v=d["v"], a=d["a"], b=d["b"], A_log=d["A_log"], dt_bias=d["dt_bias"],
+                    state_pool=_pool(), state_indices=torch.tensor([1, 2, 3], dtype=torch.int32))
+        from linattn.dispatch.validate import validate_call, value_rules_of
+
+        nargs, _, dims = validate_call("gdn_decode", args)
+        assert value_rules.fused_value_check(value_rules_of("gdn_decode", check_values=True, check_finite=False),
+                                             nargs, dims) is not None
+        out = torch.tensor([5, 1, 3], dtype=torch.int32)
+        nargs, _, dims = validate_call("gdn_decode", dict(args, output_state_indices=torch.tensor([5, 6, 3])))
+        assert value_rules.fused_value_check(value_rules_of("gdn_decode", check_values=True, check_finite=False),
+                                             nargs, dims) is None
+        for _ in range(2):  # the call plan's first and cached runs
+            with pytest.raises(ValueError, match="slot 1 is read by sequence 0"):
+                linattn.gdn_decode(*[args[n] for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state_pool",
+                                                       "state_indices")], output_state_indices=out)
+    finally:
+        fast_path.clear()
