@@ -45,7 +45,7 @@ def test_tune_times_the_gpu_backends_and_selection_follows_the_table(tuned):
     assert table.key.driver and table.key.device == torch.cuda.get_device_name()
     for e in doc["entries"]:
         assert {"torch-ref", "triton-split"} <= set(e["times_ms"]), e  # the reference and the native kernels
-    for op, n, t in (("gdn_decode", 64, 1), ("gdn_prefill", 2, 256)):
+    for op, n, t in (("gdn_decode", 64, 1), ("gdn_prefill", 2, 512)):  # prefill 2x256: 2 sequences, 512 tokens
         d = explain(Problem(op=op, n=n, t=t, h=2, hv=4, k=128, v=128, max_seqlen=t if n == 1 and op.endswith("prefill") else 0), caps)
         assert d.tuning.measured and d.tuning.origin == "user"
         timed = {v.backend: v.measured_ms for v in d.verdicts if v.ok and v.measured_ms is not None}
