@@ -283,6 +283,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_fused:_rnorm",
     f"{KERNEL_PACKAGE}.chunk_fused:_chunk_scale",
     f"{KERNEL_PACKAGE}.chunk_fused:_prep_chunk",
+    f"{KERNEL_PACKAGE}.chunk_fused:_decay_diffs",
     f"{KERNEL_PACKAGE}.chunk_fused:store_tmb",
     f"{KERNEL_PACKAGE}.chunk_fused:walk_start",
     f"{KERNEL_PACKAGE}.chunk_fused:walk_end",
