@@ -7,7 +7,9 @@ The peer backends (another library's kernels under linattn's contract, ``backend
 registered only when their library is installed (found on the path; not imported here: the
 import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device)
 and named in ``LINATTN_PEERS`` (comma-separated, or ``all``): opt-in until each has passed the
-conformance suite on a GPU (:data:`PEERS_VERIFIED`, none yet: neither has run on the H200).
+conformance suite on a GPU (:data:`PEERS_VERIFIED`, none yet: on the H200 fla's decode ops passed,
+55 of 55 cases, but its prefill check did not finish within a device call, and FlashInfer has not
+run; ``benchmarks/results/check_h200.json``).
 """
 
 from __future__ import annotations
