@@ -115,7 +115,8 @@ def _v_output_state_indices(args: dict, dims: Dims) -> list:
     probes.append((mixed.any(), explain_mixed))
     probes += _duplicate_probe(out, "output_state_indices")
     reads = src if args.get("has_initial_state") is None else torch.where(args["has_initial_state"], src, -1)
-    crossed = _read_written_elsewhere(reads.to(torch.int64), out.to(torch.int64))
+    # contiguous: torch.searchsorted warns (UserWarning, once per process) on a strided state_indices view
+    crossed = _read_written_elsewhere(reads.to(torch.int64).contiguous(), out.to(torch.int64))
 
     def explain_crossed():
         i = _position(crossed)[0]
@@ -315,22 +316,25 @@ class _FusedCheck:
             _run_value_rules(self.rules, args, self.dims)
 
 
-def _plan_check(rules: frozenset, args: dict, dims: Dims):
-    """The kernel's planned check for ``rules`` (decode's or prefill's), or None."""
+def _plan_check(rules: frozenset, args: dict, dims: Dims, like=None):
+    """The kernel's planned check for ``rules`` (decode's or prefill's), or None; ``like``: the
+    planned check of another length of the call's class (its launch is derived from)."""
     from linattn.kernels.triton import value_checks
 
     if args.get("output_state_indices") is not None:  # separate write slots: the kernel has no rule for them
         return None
     if _v_cu_seqlens in rules and rules <= _FUSABLE_PREFILL:
-        return value_checks.plan_prefill_value_check(args, slots=dims.get("p"), tokens=dims["t"],
-                                                     shared_slots=dims["writes_pool"])
+        return value_checks.plan_prefill_value_check(
+            args, slots=dims.get("p"), tokens=dims["t"], shared_slots=dims["writes_pool"],
+            like=like if isinstance(like, value_checks.PrefillValueCheck) else None)
     if rules <= _FUSABLE:
-        return value_checks.plan_decode_value_check(args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"],
-                                                    shared_slots=dims["writes_pool"])
+        return value_checks.plan_decode_value_check(
+            args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"], shared_slots=dims["writes_pool"],
+            like=like if isinstance(like, value_checks.DecodeValueCheck) else None)
     return None
 
 
-def fused_value_check(rules: tuple, args: dict, dims: Dims):
+def fused_value_check(rules: tuple, args: dict, dims: Dims, like=None):
     """``rules`` for calls with the metadata of ``args`` as one kernel launch (a callable
     ``check(args)`` that raises as :func:`_run_value_rules` does), or None where the torch rules
     stay: another rule among them, a device without the direct Triton launch, or a call outside
@@ -341,6 +345,10 @@ def fused_value_check(rules: tuple, args: dict, dims: Dims):
         args: the call's normalised arguments (``validate_call``); only metadata is read (shapes,
             strides, which optional tensors are given), no values, no sync.
         dims: the facts the host rules derived (``p``, ``t``, ``writes_pool``, ``device``, ...).
+        like: the check this returned for another length of the call's class (a decode batch N or
+            prefill length T of one class plan, ``dispatch/fast_path.py``), or None: the new check's
+            launch is derived from its (its compiled kernel where the lengths' int specialization is
+            the same), instead of a launch planned and looked up afresh. The result is the same check.
 
     Returns:
         A callable ``check(args)``: one launch and one device->host sync; it raises the torch
@@ -350,7 +358,8 @@ def fused_value_check(rules: tuple, args: dict, dims: Dims):
     if not rules or not _fusable_device(dims.get("device")):
         return None
     try:
-        check = _plan_check(frozenset(rules), args, dims)  # None for rules neither kernel computes
+        check = _plan_check(frozenset(rules), args, dims,  # None for rules neither kernel computes
+                            like.check if isinstance(like, _FusedCheck) else None)
     except ImportError:  # no Triton
         return None
     return None if check is None else _FusedCheck(check, rules, dims)
