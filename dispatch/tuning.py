@@ -22,7 +22,7 @@ measurement").
   none, the table shipped with the package for the arch (``linattn/tuned/<arch>.json``) is read, if
   one ships. Only a probed device has a table; a profile (``explain --profile sm90``) never does.
 - ``LINATTN_TUNED=0``: no table is read (static ranks only; the test suite runs so, but for its
-  tuning tests). ``LINATTN_AUTOTUNE=1``: a decode or prefill call whose bucket the table lacks measures it on
+  tuning tests) and nothing is autotuned. ``LINATTN_AUTOTUNE=1``: a decode or prefill call whose bucket the table lacks measures it on
   its first eager call (never during CUDA-graph capture) and the entry is added to the user's table.
 
 Example:
@@ -321,10 +321,12 @@ class Tuning:
             return self._tables.setdefault(dev, tuned)
 
     def autotune(self, caps) -> bool:
-        """``LINATTN_AUTOTUNE`` is on and ``caps`` is a probed device (a table can be made for it).
-        The variable is read once, with the tables (again after :meth:`reload`)."""
+        """``LINATTN_AUTOTUNE`` is on, tables are on (``LINATTN_TUNED=0``, static ranks only, turns
+        autotuning off too: a measurement no decision may read is not made) and ``caps`` is a probed
+        device (a table can be made for it). The variables are read once, with the tables (again
+        after :meth:`reload`)."""
         if self._autotune is None:
-            self._autotune = env_switch(AUTOTUNE_VAR, default=False)
+            self._autotune = env_switch(AUTOTUNE_VAR, default=False) and env_switch(TUNED_VAR, default=True)
         return self._autotune and caps.profile is None
 
     def bucket_key(self, p: Problem, caps) -> Optional[tuple]:
@@ -348,7 +350,9 @@ class Tuning:
 
     def record(self, caps, entries: list[Entry], command: str) -> Tuned:
         """Add ``entries`` to the user's table of ``caps`` (started from the table in force, shipped
-        or user), write it, and put it in force. A write that fails keeps it in memory, with a warning.
+        or user; where none is in force, e.g. under ``LINATTN_TUNED=0``, from the user's table on
+        disk when it has this process's key, so that its other buckets are kept), write it, and put
+        it in force. A write that fails keeps it in memory, with a warning.
 
         Raises:
             ValueError: ``caps`` is a profile (no table is made for one).
@@ -356,10 +360,15 @@ class Tuning:
         key = current_key(caps)
         if key is None:
             raise ValueError(f"{caps.name} is a profile: a table is measured on a probed device")
+        path = table_path(key)
         old = self.table_for(caps)
+        if old is None:  # tables off, or none readable: the user's own file still keeps its other buckets
+            try:
+                old = load(key, [("user", path)])
+            except OSError:
+                old = None
         base = old.table if old is not None else TuneTable(key=key, made=now(), command=command)
         table = base.with_entries(entries).model_copy(update={"made": now(), "command": command})
-        path = table_path(key)
         try:
             write(table, path)
         except OSError as e:

@@ -255,3 +255,22 @@ def test_a_tune_run_cut_short_keeps_the_buckets_it_measured(tuned, monkeypatch):
     assert res.exit_code != 0
     table = TuneTable.model_validate_json(table_path(current_key(_caps())).read_text())
     assert [e.bucket for e in table.entries] == seen and set(table.entries[0].times_ms) == {"torch-ref", "torch-chunked"}
+
+
+def test_tables_off_keep_the_users_other_buckets_and_autotune_nothing(tuned, monkeypatch):
+    """``LINATTN_TUNED=0`` reads no table, so ``linattn tune`` then starts from the user's file on disk
+    (its other buckets kept, not replaced by the new ones alone), and ``LINATTN_AUTOTUNE=1`` measures
+    nothing (no decision could read the measurement)."""
+    first = tune.parse_buckets("gdn_decode:1,gdn_decode:4", (1, 1, 8, 8), "bfloat16", "float32")
+    tune.save(tune.run(first, CPU, repeats=1), CPU, "linattn tune --test")
+    monkeypatch.setenv("LINATTN_TUNED", "0")
+    clear_cache()
+    second = tune.parse_buckets("gdn_decode:16", (1, 1, 8, 8), "bfloat16", "float32")
+    tune.save(tune.run(second, CPU, repeats=1), CPU, "linattn tune --test")
+    table = TuneTable.model_validate_json(table_path(current_key(_caps())).read_text())
+    assert [e.bucket for e in table.entries] == first + second
+    assert explain(Problem(op="gdn_decode", n=16, **SHAPE), "cpu").tuning is None  # tables off: static ranks
+    monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
+    clear_cache()
+    monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured with tables off"))
+    assert _run_prefill(2, 64).tuning is None
