@@ -314,7 +314,7 @@ class Dispatcher:
         hit = self._cache.get(key)
         if hit is None:
             if not capturing and backend is None and pol.forced_for(op) is None and self._may_autotune(problem, caps):
-                self.autotune(problem, device)
+                self._autotune_or_static(problem, device)
             decision = self._decide(problem, device, backend, pol, capturing)
             if decision.chosen is None:
                 raise _no_backend(op, problem, decision)
@@ -331,6 +331,18 @@ class Dispatcher:
         """``LINATTN_AUTOTUNE`` is on, the table lacks the bucket, and this thread is not measuring already
         (the measurement's own calls are forced, so they never get here; this guards a plugin that calls an op)."""
         return not getattr(self._local, "tuning", False) and self.tuning.missing(problem, caps)
+
+    def _autotune_or_static(self, problem: Problem, device: torch.device) -> None:
+        """:meth:`autotune` before a call's decision. A measurement that cannot run (its own inputs do
+        not fit in the device memory the engine left, say) must not fail the call it precedes: one
+        WARNING, the bucket is not measured again in this process, and the static ranks decide."""
+        try:
+            self.autotune(problem, device)
+        except Exception as e:  # noqa: BLE001 - the call itself is still valid and is decided as without tuning
+            self.tuning.skip(problem)
+            log.warning("linattn: %s could not measure %s on %s (%s: %s); static ranks decide that bucket in this "
+                        "process", AUTOTUNE, problem.brief(), device, type(e).__name__, str(e).splitlines()[0] if str(e)
+                        else "")
 
     def autotune(self, problem: Problem, device: torch.device) -> Tuned:
         """Measure ``problem``'s bucket on ``device`` (every eligible backend, through the public op)

@@ -297,12 +297,20 @@ class Tuning:
         self._lock = threading.Lock()
         self._tables: dict[tuple, Optional[Tuned]] = {}
         self._autotune: Optional[bool] = None
+        self._skipped: set[Bucket] = set()  # buckets whose autotuning raised in this process: not retried
 
     def reload(self) -> None:
-        """Forget the tables read and ``LINATTN_AUTOTUNE``: both are read again on next use."""
+        """Forget the tables read, ``LINATTN_AUTOTUNE`` and the buckets :meth:`skip` set aside: all are
+        read (tried) again on next use."""
         with self._lock:
             self._tables.clear()
             self._autotune = None
+            self._skipped.clear()
+
+    def skip(self, p: Problem) -> None:
+        """Autotune ``p``'s bucket no more in this process (its measurement raised)."""
+        with self._lock:
+            self._skipped.add(bucket_of(p))
 
     def table_for(self, caps) -> Optional[Tuned]:
         """The table in force for ``caps`` (the user's, else the shipped one), or None."""
@@ -345,8 +353,8 @@ class Tuning:
         """Autotuning is on and the table in force (if any) lacks ``p``'s bucket."""
         if p.op not in TUNED_OPS or not self.autotune(caps):
             return False
-        tuned = self.table_for(caps)
-        return tuned is None or tuned.table.entry(bucket_of(p)) is None
+        tuned, bucket = self.table_for(caps), bucket_of(p)
+        return bucket not in self._skipped and (tuned is None or tuned.table.entry(bucket) is None)
 
     def record(self, caps, entries: list[Entry], command: str) -> Tuned:
         """Add ``entries`` to the user's table of ``caps`` (started from the table in force, shipped

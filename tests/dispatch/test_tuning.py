@@ -274,3 +274,32 @@ def test_tables_off_keep_the_users_other_buckets_and_autotune_nothing(tuned, mon
     clear_cache()
     monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured with tables off"))
     assert _run_prefill(2, 64).tuning is None
+
+
+def test_an_autotune_measurement_that_raises_leaves_the_call_to_the_static_ranks(tuned, monkeypatch, caplog):
+    """LINATTN_AUTOTUNE's measurement allocates its own inputs (a pool of 2N slots): where that raises
+    (out of device memory in an engine, say) the user's call still runs, decided by the static ranks,
+    with one WARNING; the bucket is not tried again in the process (until clear_cache)."""
+    monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
+    clear_cache()
+    make_inputs, tries = tune.inputs, []
+
+    def no_memory(*a, **kw):
+        tries.append(a)
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(tune, "inputs", no_memory)
+    with caplog.at_level(logging.WARNING, logger="linattn"):
+        decisions = []
+        for t in (128, 192):  # one bucket: T~2^7, N~2^1
+            args = make_inputs(_prefill(2, t), CPU)
+            pool = args["state_pool"].clone()
+            linattn.gdn_prefill(**args)
+            others = [r for r in range(pool.shape[0]) if r not in set(args["state_indices"].tolist())]
+            assert torch.equal(args["state_pool"][others], pool[others])  # rows the call does not own
+            decisions.append(linattn.last_decision("gdn_prefill"))
+            dispatcher()._forget_decisions()  # the next call decides again (the tuning state is kept)
+    assert [d.chosen for d in decisions] == ["torch-chunked"] * 2  # the static rank
+    assert all(d.tuning is None for d in decisions) and len(tries) == 1  # not retried in the bucket
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "could not measure" in r.getMessage()]
+    assert len(warned) == 1 and "OutOfMemoryError" in warned[0]
