@@ -24,10 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str, path: Path):
+    """The script as a module; the ``sys.path`` entry it adds for ``_results`` is taken out again
+    (benchmarks/ holds modules named decode, prefill, ...)."""
+    saved = list(sys.path)
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
     return mod
 
 
