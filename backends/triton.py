@@ -145,6 +145,15 @@ class TritonBackend(Backend):
                                 "use triton-split on CUDA" if self.layout == "folded" else "split the batch")
         return Check.passed()
 
+    def _grid_fits(self, p: Problem, caps: DeviceCapabilities) -> bool:
+        """:meth:`supports_grid`'s outcome (``ok``) by arithmetic (``kernels.grid.grid_fits``): no
+        grid plan or message built; a subclass that redefines :meth:`supports_grid` is asked it."""
+        if type(self).supports_grid is not TritonBackend.supports_grid:
+            return self.supports_grid(p, caps).ok
+        from linattn.kernels.grid import grid_fits
+
+        return grid_fits(*self._work(p), caps, self.layout)
+
     def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
         """Only :meth:`supports_grid` reads the sizes (N, through the grid and decode's block
         width): its outcome. :meth:`plan_note` reads T and N for its message only. Kept per what
@@ -153,7 +162,7 @@ class TritonBackend(Backend):
         key = (self.layout, p.op, p.n, p.hv, p.k, p.v, p.d, p.dtype, id(caps))
         hit = _GRID_FITS.get(key)
         if hit is None or hit[0] is not caps:  # the id of a freed capabilities object may be reused
-            hit = (caps, self.supports_grid(p, caps).ok)
+            hit = (caps, self._grid_fits(p, caps))
             _GRID_FITS.put(key, hit)
         return (hit[1],)
 

@@ -44,7 +44,9 @@ derives its plan from the class's first plan instead of the full path:
 2. the sizes of the problem (N, T, max_seqlen) recomputed; every registered backend's
    :meth:`~linattn.backends.base.Backend.size_class` asked again and compared with the class's:
    the same outcome is the same shape class, hence the class's decision (with this call's
-   problem); another outcome takes the full path (a new decision);
+   problem); an outcome seen before under the class key (a threshold crossed back and forth, e.g.
+   torch-chunked's tokens per sequence) derives from that outcome's first plan likewise; an
+   outcome not seen takes the full path (a new decision), whose plan is kept for that outcome;
 3. a new :class:`CallPlan` from those (the written buffers' byte spans, the fused value check),
    kept under the exact key; then steps 1 to 5 above as for a key hit.
 
@@ -189,7 +191,7 @@ class CallPlan:
             setattr(new, name, getattr(self, name))
         new.dims, new.decision, new.spans = dims, decision, spans
         new.written = tuple((n, spans[n], tuple((o, spans[o]) for o, _ in others)) for n, _, others in self.written)
-        new.value_check = fused_value_check(self.rules, nargs, dims) if self.rules else None
+        new.value_check = fused_value_check(self.rules, nargs, dims, like=self.value_check) if self.rules else None
         if self.replay is not None:  # one prepared launch for every length of the class: its launch for these
             new.prepared = self.replay.bind(nargs)
         else:
@@ -295,9 +297,12 @@ def _class_of(op: str, key: Optional[tuple], args: dict) -> Optional[tuple]:
 class _ClassPlan:
     """A class's first plan (``plan``), its length arguments as ``(name, length, offset)`` (dim 0 =
     the length + offset, as the full validation accepted), the device's capabilities and every
-    backend's size class of it."""
+    backend's size class of it; ``others``: per other outcome of the backends' size classes seen
+    under the same class key (a new length that crossed a backend's threshold, e.g. torch-chunked's
+    tokens per sequence), that outcome's first plan, so that lengths going back and forth across a
+    threshold take the full path once per outcome (at most :data:`_OUTCOMES_MAX` kept)."""
 
-    __slots__ = ("plan", "members", "sizes", "prefill", "caps")
+    __slots__ = ("plan", "members", "sizes", "prefill", "caps", "others")
 
     def __init__(self, plan: CallPlan, nargs: dict, lengths: dict):
         self.plan, self.prefill = plan, OP_TABLE[plan.op].phase == "prefill"
@@ -306,6 +311,16 @@ class _ClassPlan:
                              if isinstance(nargs.get(name), _Tensor) and nargs[name].dim() >= 1)
         self.caps = resolve_device(_device_of(nargs))  # the class key holds the device
         self.sizes = _size_classes(plan.decision.problem, self.caps)
+        self.others: dict = {}
+
+    def add(self, other: "_ClassPlan") -> None:
+        """Keep ``other`` (a plan of this class key with another size-class outcome) under its outcome."""
+        if other.sizes != self.sizes and (other.sizes in self.others or len(self.others) < _OUTCOMES_MAX):
+            self.others[other.sizes] = other
+
+
+#: per class key, the other size-class outcomes kept (:attr:`_ClassPlan.others`)
+_OUTCOMES_MAX = 8
 
 
 def _size_classes(problem, caps) -> tuple:
@@ -313,24 +328,47 @@ def _size_classes(problem, caps) -> tuple:
     return shape_class(problem, (), caps, get_registry())[1]
 
 
-def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
-    """The plan of a new length of ``entry``'s class (module docstring, steps 1 to 3), or None when
-    the size check or the size classes differ (the full path decides)."""
+def _lengths(entry: _ClassPlan, args: dict) -> Optional[dict]:
+    """Step 1, the size check: each length (``t``, ``n``) of ``args`` from ``entry``'s length
+    arguments and their offsets; None when two of them disagree (the full validation names them)."""
     got = {}
     for name, sym, offset in entry.members:
-        x = args[name]
-        size = x.shape[0] - offset
+        size = args[name].shape[0] - offset
         if got.setdefault(sym, size) != size:
-            return None  # lengths that disagree: the full validation names them
-    tmpl = entry.plan
-    dims = dict(tmpl.dims)
+            return None
+    return got
+
+
+def _problem_for(entry: _ClassPlan, got: dict) -> tuple[dict, object]:
+    """The plan's facts (``dims``) and the decision's problem for the lengths ``got`` (step 2)."""
+    dims = dict(entry.plan.dims)
     dims.update(got)
     if entry.prefill:
         dims["max_seqlen"] = dims["t"] if dims["n"] == 1 else 0
+    problem = entry.plan.decision.problem.model_copy(update={"n": dims["n"], "t": dims["t"],
+                                                             "max_seqlen": dims["max_seqlen"]})
+    return dims, problem
+
+
+def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
+    """The plan of a new length of ``entry``'s class (module docstring, steps 1 to 3), or None when
+    the size check fails or the backends' size classes give an outcome not seen in the class (the
+    full path decides). An outcome seen before (``entry.others``) derives from its own first plan."""
+    got = _lengths(entry, args)
+    if got is None:
+        return None  # lengths that disagree: the full validation names them
+    dims, problem = _problem_for(entry, got)
+    sizes = _size_classes(problem, entry.caps)
+    if sizes != entry.sizes:
+        entry = entry.others.get(sizes)
+        if entry is None:
+            return None  # another shape class: a new decision
+        got = _lengths(entry, args)
+        if got is None:
+            return None
+        dims, problem = _problem_for(entry, got)
+    tmpl = entry.plan
     decision = tmpl.decision
-    problem = decision.problem.model_copy(update={"n": dims["n"], "t": dims["t"], "max_seqlen": dims["max_seqlen"]})
-    if _size_classes(problem, entry.caps) != entry.sizes:
-        return None  # another shape class: a new decision
     spans = dict(tmpl.spans)
     for name, sym, offset in entry.members:
         if spans[name]:  # non-empty in the whole class (dim 0 of size 0 is a class of its own)
@@ -359,7 +397,11 @@ def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backe
     if ckey is not None:
         lengths = LENGTH_ARGUMENTS[OP_TABLE[op].phase]
         try:
-            _classes.put(ckey, _ClassPlan(plan, nargs, lengths))
+            entry = _classes.get(ckey)
+            if entry is None:
+                _classes.put(ckey, _ClassPlan(plan, nargs, lengths))
+            else:  # the class's size classes gave another outcome (or its plan could not be derived)
+                entry.add(_ClassPlan(plan, nargs, lengths))
         except TypeError:
             pass
     return plan, nargs

@@ -164,6 +164,32 @@ def plan_grid(n_seq: int, n_heads: int, n_blocks: int, caps: DeviceCapabilities,
     return _plan(int(n_seq), int(n_heads), int(n_blocks), g.x, g.y, g.z, g.total, g.source, layout)
 
 
+def grid_fits(n_seq: int, n_heads: int, n_blocks: int, caps: DeviceCapabilities, layout: Layout) -> bool:
+    """Whether :func:`plan_grid` plans these counts without a ``GridLimitError``, by arithmetic on
+    the device's limits alone: no plan or message is built (the Triton backends' ``size_class``
+    asks this for every new decode batch, issue 28). The same conditions as :func:`plan_grid`, in
+    the same order (``tests/kernels/test_grid.py`` holds the two to agreement).
+
+    Raises:
+        ValueError: an unknown layout or a negative count (as :func:`plan_grid`).
+    """
+    if min(n_seq, n_heads, n_blocks) < 0:
+        raise ValueError(f"work counts must be >= 0, got n_seq={n_seq}, n_heads={n_heads}, n_blocks={n_blocks}")
+    g = caps.grid
+    counts = (int(n_seq), int(n_heads), int(n_blocks))
+    work = counts[0] * counts[1] * counts[2]
+    if work == 0:
+        return True
+    if g.total is not None and work > g.total:
+        return False
+    if layout == "folded":
+        return counts[2] <= g.y and counts[0] * counts[1] <= g.z
+    if layout != "split":
+        raise ValueError(f"layout={layout!r}; known layouts: {', '.join(LAYOUTS)}")
+    limits = (g.x, g.y, g.z)
+    return any(all(counts[d] <= limits[perm[d]] for d in range(3)) for perm in _SPLIT_ORDER)
+
+
 def decode_pid_py(plan: GridPlan, pid: tuple[int, int, int]) -> tuple[int, int, int]:
     """Pure-Python model of ``decode_pid``: program coordinates -> ``(i_blk, i_seq, i_head)``."""
     c = plan.constexprs

@@ -139,6 +139,20 @@ def _int_class(a: int):
     return (a & 15 == 0, -2147483648 <= a <= 2147483647, a < 9223372036854775808)
 
 
+def _scalar_class(a):
+    """What Triton specializes a non-tensor argument on, as :func:`_launch_key` keys it."""
+    cls = a.__class__
+    if cls is int:
+        return _int_class(a)
+    if cls is bool:
+        return bool, a
+    if a is None:
+        return None
+    if isinstance(a, int):
+        return _int_class(int(a))
+    return cls
+
+
 def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:
     key = [kernel, device, options]
     append = key.append
@@ -230,6 +244,11 @@ def launch(kernel, grid: tuple, args: tuple, constexprs: dict, *, num_warps: int
                  compiled.packed_metadata, None, None, None, *full)
 
 
+#: the key of a :class:`PreparedLaunch`'s compiled kernels under which the rest of its argument
+#: tuple after the scalars (constexprs, defaults) is kept, for the launches that share them
+_REST = object()
+
+
 class PreparedLaunch:
     """A launch of one kernel whose grid, constexprs, options and trailing scalar arguments are
     fixed, so that only the leading tensor arguments change from call to call (a launch planned
@@ -269,6 +288,24 @@ class PreparedLaunch:
         new.grid, new._grid3 = grid, (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
         return new
 
+    def with_scalars(self, scalars: tuple, grid: Optional[tuple] = None) -> "PreparedLaunch":
+        """This launch with other trailing scalars (and grid, if given): the same kernel, constexprs
+        and options. Where every scalar is of the same Triton specialization as this launch's (an int
+        by :func:`_int_class`, any other by its type), it shares this launch's compiled kernels and
+        argument order, so its first call launches them directly (a value check of a new T or N,
+        issue 28); else it starts without them, as a new launch does."""
+        old = self.scalars
+        new = self.with_grid(grid if grid is not None else self.grid)
+        new.scalars = scalars
+        if len(scalars) != len(old):
+            new._compiled, new._tail = {}, None
+            return new
+        if any(_scalar_class(a) != _scalar_class(b) for a, b in zip(scalars, old)):
+            new._compiled = {}
+        if self._tail is not None:  # the positions after the scalars are the constexprs' and defaults'
+            new._tail = scalars + self._tail[len(old):]
+        return new
+
     def _full_tail(self, n_tensors: int) -> Optional[tuple]:
         order = _argument_order(self.kernel, n_tensors + len(self.scalars), self.constexprs)
         if order is None or order[:n_tensors + len(self.scalars)] != tuple(range(n_tensors + len(self.scalars))):
@@ -282,6 +319,8 @@ class PreparedLaunch:
         device = _current_device()
         key = (device, *[(t.data_ptr() & 15) == 0 for t in tensors])  # the dtypes are fixed (class docstring)
         compiled = self._compiled.get(key)
+        if compiled is not None and self._tail is None:  # compiled by a launch it shares them with (with_scalars)
+            self._tail = self.scalars + self._compiled[_REST]
         if compiled is None:
             if self._tail is None:
                 self._tail = self._full_tail(len(tensors))
@@ -293,11 +332,13 @@ class PreparedLaunch:
             if hit is None or self._tail is None:
                 compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
                 if compiled is not None and self._tail is not None and hasattr(compiled, "packed_metadata"):
+                    self._compiled[_REST] = self._tail[len(self.scalars):]
                     self._compiled[key] = compiled
                     order = _argument_order(self.kernel, len(args), self.constexprs)
                     if order is not None:
                         _store_compiled(shared, (compiled, order))
                 return
+            self._compiled[_REST] = self._tail[len(self.scalars):]
             compiled = self._compiled[key] = hit[0]
         g0, g1, g2 = self._grid3
         if direct_launch_log is not None:

@@ -201,7 +201,8 @@ class DecodeValueCheck:
     Use :func:`plan_decode_value_check`, which returns None where the kernel does not apply.
     """
 
-    def __init__(self, args: dict, *, slots: int, rows: Optional[int], tokens: int, shared_slots: bool):
+    def __init__(self, args: dict, *, slots: int, rows: Optional[int], tokens: int, shared_slots: bool,
+                 like: Optional["DecodeValueCheck"] = None):
         idx, inter, acc = args["state_indices"], args.get("intermediate_state_indices"), args.get("num_accepted_tokens")
         a_log, dt_bias, g = args.get("A_log"), args.get("dt_bias"), args.get("g")
         has_inter, has_acc, has_gates, has_g = _present(inter), _present(acc), _present(a_log), _present(g)
@@ -212,7 +213,10 @@ class DecodeValueCheck:
                    a_log.numel() if has_gates else 0, dt_bias.numel() if has_gates else 0, g.numel() if has_g else 0)
         constexprs = dict(IDX=_present(idx), IDX_SHARED=shared_slots and _present(idx) and idx.shape[0] > 1,
                           INTER=has_inter, ACCEPTED=has_acc, GATE_PARAMS=has_gates, G=has_g, BLOCK=BLOCK, TILE=TILE)
-        self.launch = PreparedLaunch(decode_value_flags_kernel, (1,), constexprs, scalars, num_warps=4)
+        if like is not None and like.launch.constexprs == constexprs:  # another length of its class
+            self.launch = like.launch.with_scalars(scalars)
+        else:
+            self.launch = PreparedLaunch(decode_value_flags_kernel, (1,), constexprs, scalars, num_warps=4)
         # the kernel's operands by argument name; one it does not read gets state_indices (always a tensor)
         given = (True, has_inter, has_acc, has_gates, has_gates, has_g)
         names = ("state_indices", "intermediate_state_indices", "num_accepted_tokens", "A_log", "dt_bias", "g")
@@ -227,10 +231,12 @@ class DecodeValueCheck:
 
 
 def plan_decode_value_check(args: dict, *, slots: int, rows: Optional[int], tokens: int,
-                            shared_slots: bool) -> Optional[DecodeValueCheck]:
+                            shared_slots: bool, like: Optional[DecodeValueCheck] = None) -> Optional[DecodeValueCheck]:
     """A :class:`DecodeValueCheck` for a decode call, or None where the torch rules stay: a float
     array that is not contiguous (the kernel streams them flat), a table checked pair by pair of
-    more than :data:`MAX_PAIRWISE` entries, more than :data:`MAX_ELEMENTS` elements in all."""
+    more than :data:`MAX_PAIRWISE` entries, more than :data:`MAX_ELEMENTS` elements in all.
+    ``like``: the check of another length of the call's class, whose launch it derives from
+    (``PreparedLaunch.with_scalars``: its compiled kernel where the scalars' specialization is the same)."""
     idx = args["state_indices"]
     if not isinstance(idx, torch.Tensor) or idx.dim() > 2:
         return None
@@ -245,7 +251,7 @@ def plan_decode_value_check(args: dict, *, slots: int, rows: Optional[int], toke
         return None
     if sum(x.numel() for x in floats if _present(x)) > MAX_ELEMENTS:
         return None
-    return DecodeValueCheck(args, slots=slots, rows=rows, tokens=tokens, shared_slots=shared_slots)
+    return DecodeValueCheck(args, slots=slots, rows=rows, tokens=tokens, shared_slots=shared_slots, like=like)
 
 
 class PrefillValueCheck:
@@ -271,7 +277,8 @@ class PrefillValueCheck:
         (0, 16)
     """
 
-    def __init__(self, args: dict, *, slots: int, tokens: int, shared_slots: bool, programs: int):
+    def __init__(self, args: dict, *, slots: int, tokens: int, shared_slots: bool, programs: int,
+                 like: Optional["PrefillValueCheck"] = None):
         cu, idx, g = args["cu_seqlens"], args.get("state_indices"), args.get("g")
         has_idx, has_g = _present(idx), _present(g)
         n_cu, s_cu = cu.numel(), cu.stride(0)
@@ -281,7 +288,10 @@ class PrefillValueCheck:
         constexprs = dict(IDX=has_idx, IDX_SHARED=shared_slots and has_idx and idx.numel() > 1, G=has_g,
                           BLOCK=PREFILL_BLOCK, TILE=TILE)
         self.programs = programs
-        self.launch = PreparedLaunch(prefill_value_flags_kernel, (programs,), constexprs, scalars, num_warps=4)
+        if like is not None and like.launch.constexprs == constexprs:  # another length of its class
+            self.launch = like.launch.with_scalars(scalars, (programs,))
+        else:
+            self.launch = PreparedLaunch(prefill_value_flags_kernel, (programs,), constexprs, scalars, num_warps=4)
         # the kernel's operands by argument name; one it does not read gets cu_seqlens (always a tensor)
         self._pick = operator.itemgetter("cu_seqlens", "state_indices" if has_idx else "cu_seqlens",
                                          "g" if has_g else "cu_seqlens")
@@ -305,7 +315,7 @@ def _prefill_programs(n_cu: int, n_idx: int, n_g: int, pairwise: bool) -> int:
 
 
 def plan_prefill_value_check(args: dict, *, slots: Optional[int], tokens: int,
-                             shared_slots: bool) -> Optional[PrefillValueCheck]:
+                             shared_slots: bool, like: Optional[PrefillValueCheck] = None) -> Optional[PrefillValueCheck]:
     """A :class:`PrefillValueCheck` for a ``gdn_prefill`` / ``kda_prefill`` call, planned from
     metadata only (no values read, no sync).
 
@@ -314,6 +324,8 @@ def plan_prefill_value_check(args: dict, *, slots: Optional[int], tokens: int,
             int32/int64 or None (dense mode), ``g [T, HV]`` (KDA ``[T, HV, K]``) fp32/fp64.
         slots: ``state_pool.shape[0]`` (P), or None in dense mode. tokens: T (``q.shape[0]``).
         shared_slots: also refuse a slot named by two sequences (the call writes the pool).
+        like: the check of another length of the call's class, whose launch it derives from
+            (``PreparedLaunch.with_scalars``: its compiled kernel where the scalars' specialization is the same).
 
     Returns:
         The check, or None where the torch rules stay: ``cu_seqlens`` or ``state_indices`` not
@@ -334,4 +346,5 @@ def plan_prefill_value_check(args: dict, *, slots: Optional[int], tokens: int,
     if (pairwise and n_idx > PREFILL_MAX_PAIRWISE) or max(cu.numel(), n_idx, n_g) > MAX_STREAM:
         return None
     programs = _prefill_programs(cu.numel(), n_idx, n_g, pairwise)
-    return PrefillValueCheck(args, slots=slots or 0, tokens=tokens, shared_slots=shared_slots, programs=programs)
+    return PrefillValueCheck(args, slots=slots or 0, tokens=tokens, shared_slots=shared_slots, programs=programs,
+                             like=like)

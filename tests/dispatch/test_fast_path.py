@@ -192,6 +192,24 @@ def test_a_new_prefill_length_of_a_known_class_skips_the_full_validation(count_v
     assert linattn.last_decision("gdn_prefill").problem.t == 14
 
 
+def test_a_size_class_outcome_seen_before_in_a_class_skips_the_full_validation(count_validations):
+    """Lengths going back and forth across a backend's size threshold (torch-chunked's tokens per
+    sequence on the CPU) take the full path once per outcome, then derive from that outcome's plan
+    with that outcome's decision."""
+    chosen = {}
+    for t in (10, 40, 12, 44):  # 5 and 20 tokens per sequence, then 6 and 22: below and above it
+        linattn.gdn_prefill(**_prefill(t, seed=t))
+        decision = linattn.last_decision("gdn_prefill")
+        assert decision.problem.t == t
+        chosen[t] = decision.chosen
+    assert count_validations == ["gdn_prefill", "gdn_prefill"]
+    assert chosen[10] == chosen[12] and chosen[40] == chosen[44] and chosen[10] != chosen[40]
+    fast_path.clear()
+    for t in (12, 44):  # the full path decides the same
+        linattn.gdn_prefill(**_prefill(t, seed=t))
+        assert linattn.last_decision("gdn_prefill").chosen == chosen[t]
+
+
 @pytest.mark.parametrize("case", ["decode_v_rows", "decode_indices", "prefill_k_tokens", "prefill_indices"])
 def test_lengths_that_disagree_in_a_known_class_get_the_full_validation_refusal(count_validations, case):
     """The size check sends a call whose T or N disagree across arguments to the full validation,

@@ -466,3 +466,34 @@ def test_the_fused_checks_are_the_cuda_default_where_the_direct_launch_runs(monk
         monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", env)
     assert value_rules._fusable_device(torch.device("cuda", 0)) is want
     assert value_rules._fusable_device(torch.device("cpu")) is False
+
+
+@pytest.mark.parametrize("op", ["gdn_decode", "gdn_prefill"])
+def test_a_new_length_of_a_class_derives_its_check_and_it_is_a_fresh_plans(fused, op):
+    """A class plan's new N or T takes its fused check from the class's (``like``): the same launch
+    (scalars, grid, constexprs) as a check planned afresh, and it refuses what the torch rules refuse."""
+    def args(n, slots):
+        if op == "gdn_decode":
+            return _decode_args(n=n, state_indices=slots)
+        t = 3 * n
+        g = torch.Generator().manual_seed(n)
+        return dict(q=torch.randn(t, H, K, generator=g), k=torch.randn(t, H, K, generator=g),
+                    v=torch.randn(t, HV, V, generator=g), g=-torch.rand(t, HV, generator=g),
+                    beta=torch.rand(t, HV, generator=g), cu_seqlens=torch.arange(0, t + 1, 3, dtype=torch.int32),
+                    state_pool=torch.randn(P, HV, V, K, generator=g), state_indices=slots)
+    call = getattr(linattn, op)
+    call(**args(3, _idx(0, 1, 2)))
+    x = args(5, _idx(4, 0, 3, 1, 2))
+    call(**x)
+    (plan,) = [p for k, p in fast_path._plans.items() if k[0] == op and p.dims["n"] == 5]
+    (first,) = [p for k, p in fast_path._plans.items() if k[0] == op and p.dims["n"] == 3]
+    assert plan.value_check.check.launch._compiled is first.value_check.check.launch._compiled  # derived
+    nargs, _, dims = validate_call(op, x, check_values=False)
+    fresh = value_rules.fused_value_check(plan.rules, nargs, dims)
+    got, want = plan.value_check.check.launch, fresh.check.launch
+    assert (got.scalars, got.grid, got.constexprs) == (want.scalars, want.grid, want.constexprs)
+    bad = args(4, _idx(0, 1, P, 2))  # a slot out of range, in the same class
+    pool0 = bad["state_pool"].clone()
+    with pytest.raises(ValueError, match="state_indices"):
+        call(**bad)
+    assert torch.equal(bad["state_pool"], pool0)

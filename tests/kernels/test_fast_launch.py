@@ -161,6 +161,28 @@ def test_a_prepared_launch_reuses_a_kernel_compiled_for_other_scalars(fast):
     assert [r[1] for r in compiled.runs] == [9, 9]
 
 
+def test_a_launch_with_other_scalars_of_the_same_class_shares_the_compiled_kernel(fast):
+    """with_scalars (a value check of a new T or N): derived before the first launch, it runs the
+    kernel that launch compiled directly, with its own scalars and grid, without the shared cache;
+    a scalar of another specialization (a multiple of 16 here) takes the ordinary launch."""
+    import torch
+
+    k, x = _CompilingKernel(), torch.zeros(4)
+    base = launch_mod.PreparedLaunch(k, (2,), {"BLOCK": 8}, (7,), num_warps=4)
+    same, other = base.with_scalars((9,), (5,)), base.with_scalars((16,))
+    assert same.grid == (5,) and same.scalars == (9,) and other.grid == (2,) and base.scalars == (7,)
+    base((x,))
+    assert len(k.ordinary) == 1
+    launch_mod._compiled.clear()  # only the launch's own compiled kernels are left
+    same((x,))
+    assert len(k.ordinary) == 1
+    (compiled,) = [c for key, c in base._compiled.items() if key is not launch_mod._REST]
+    assert [r[1] for r in compiled.runs] == [9] and compiled.runs[0][2] == 8  # its scalar, then BLOCK
+    other((x,))
+    assert len(k.ordinary) == 2 and k.ordinary[-1][1] == 16
+    assert launch_mod.PreparedLaunch(k, (2,), {"BLOCK": 8}, (True,), num_warps=4).with_scalars((False,))._compiled == {}
+
+
 def test_rocm_takes_the_ordinary_launch(monkeypatch):
     """Triton's HIP backend also specializes a tensor on whether its storage is under 2 GiB, which the
     launch keys do not hold: on ROCm every launch is the ordinary one, and the status says why."""

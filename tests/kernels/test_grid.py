@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from linattn.capabilities import PROFILES, GridLimits, profile
 from linattn.kernels.grid import (GridLimitError, all_programs, decode_pid_py, default_layout,
-                                  encode_work_item, plan_grid)
+                                  encode_work_item, grid_fits, plan_grid)
 
 INT31 = 2**31 - 1
 profiles = st.sampled_from(sorted(PROFILES))
@@ -136,11 +136,30 @@ def test_no_work_launches_nothing():
         assert plan.empty and plan.programs == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(lx=st.integers(1, 50), ly=st.integers(1, 50), lz=st.integers(1, 50), total=st.one_of(st.none(), st.integers(1, 3000)),
+       n_seq=st.integers(0, 60), n_heads=st.integers(0, 60), n_blocks=st.integers(0, 60), layout=layouts)
+def test_grid_fits_is_whether_plan_grid_plans(lx, ly, lz, total, n_seq, n_heads, n_blocks, layout):
+    """grid_fits (the Triton backends' size class, by arithmetic) is True exactly when plan_grid
+    returns a plan, False exactly when it raises GridLimitError."""
+    caps = profile("sm90").model_copy(update={"grid": GridLimits(x=lx, y=ly, z=lz, total=total, source="test")})
+    try:
+        plan_grid(n_seq, n_heads, n_blocks, caps, layout)
+        planned = True
+    except GridLimitError:
+        planned = False
+    assert grid_fits(n_seq, n_heads, n_blocks, caps, layout) is planned
+
+
 def test_bad_arguments_are_value_errors():
     with pytest.raises(ValueError, match="layout"):
         plan_grid(1, 1, 1, profile("sm90"), "diagonal")
     with pytest.raises(ValueError, match=">= 0"):
         plan_grid(-1, 1, 1, profile("sm90"), "split")
+    with pytest.raises(ValueError, match="layout"):
+        grid_fits(1, 1, 1, profile("sm90"), "diagonal")
+    with pytest.raises(ValueError, match=">= 0"):
+        grid_fits(-1, 1, 1, profile("sm90"), "split")
     assert issubclass(GridLimitError, ValueError)
 
 
