@@ -28,7 +28,8 @@ first-release backend implements one method per op, named after it, taking keywo
   output_state_indices) -> o``
 - ``kda_decode(<as gdn_decode>, lower_bound) -> o``
 - ``gdn_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-  use_qk_l2norm, state_layout, has_initial_state, output_state_indices) -> (o, final_state or None)``
+  use_qk_l2norm, state_layout, has_initial_state, output_state_indices, checkpoint_every,
+  checkpoint_indices) -> (o, final_state or None)``
 - ``kda_prefill(<as gdn_prefill>) -> (o, final_state or None)``
 - ``silu_and_mul_clamp(x, limit) -> out``
 
@@ -38,7 +39,7 @@ backend is run through the adapter (:meth:`Backend.execute`): ``run(op, **call.a
 so a first-release plugin, an override of ``run`` included, keeps working unchanged.
 
 The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``,
-``output_state_indices``) reach a
+``output_state_indices``, prefill's ``checkpoint_every`` / ``checkpoint_indices``) reach a
 per-op method only when the caller gives them (declare them as optional keywords, default None),
 and only a backend that declares them in :attr:`Backend.features` is chosen for such a call (the
 ``supports_features`` predicate rejects the others with reason ``feature``).
@@ -61,7 +62,7 @@ __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "Clamp
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
 #: Optional call features (``Problem`` fields) a backend must declare in ``Backend.features`` to run.
-FEATURES = ("precomputed_gates", "has_initial_state", "output_state_indices")
+FEATURES = ("precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints")
 
 
 def _fmt(values: Iterable) -> str:
@@ -125,7 +126,9 @@ class Backend:
     verified_archs: ClassVar[Optional[frozenset[str]]] = None
     #: Optional call features the backend implements (see :data:`FEATURES`): ``precomputed_gates``
     #: (decode from ready ``g`` / ``beta``), ``has_initial_state`` (pool-mode mask of fresh
-    #: sequences) and ``output_state_indices`` (separate write slots). A call using a feature the backend does not declare is rejected (reason
+    #: sequences), ``output_state_indices`` (separate write slots) and ``checkpoints`` (pool-mode
+    #: prefill's ``checkpoint_every`` / ``checkpoint_indices``: states at chunk-multiple token counts
+    #: written to named slots). A call using a feature the backend does not declare is rejected (reason
     #: ``feature``), so the dispatcher falls back. A subclass that overrides an op method must declare
     #: the features again (its own ``features``): inherited declarations do not cover a method written
     #: without them (:meth:`declared_features`).
@@ -193,7 +196,9 @@ class Backend:
                 "has_initial_state": "has_initial_state= (sequences starting from a zero state without reading "
                                      "their slot)",
                 "output_state_indices": "output_state_indices= (final states written to other slots than "
-                                        "the ones read)"}
+                                        "the ones read)",
+                "checkpoints": "checkpoint_every= / checkpoint_indices= (states every checkpoint_every tokens "
+                               "written to pool slots)"}
         return Check.failed(Reason.FEATURE, f"{p.op} with {'; '.join(what[f] for f in missing)}: {self.name} does "
                             f"not declare {', '.join(repr(f) for f in missing)} (declared: "
                             f"{_fmt(self.declared_features(p.op))})",

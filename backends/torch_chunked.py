@@ -220,9 +220,10 @@ def _heads_first(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x[idx].transpose(1, 2).contiguous()
 
 
-def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool):
+def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool, entering: Optional[list] = None):
     """Chunks ``lo:hi`` of a window (steps ``states`` = ``[(first chunk, running)]``); ``S [n, HV, K, V]``
-    updated in place. Returns ``O [hi - lo, HV, C, V]``."""
+    updated in place. Returns ``O [hi - lo, HV, C, V]``; appends every chunk's entering state
+    ``[(hi - lo) * HV, K, V]`` to ``entering`` when given (the checkpoints read them)."""
     q, k, v, g, beta = inp
     idx, keep = tok[lo:hi], real[lo:hi]
     n, c = idx.shape
@@ -254,6 +255,8 @@ def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool):
     Vdim = vv.shape[-1]
     kt = (kv * tail).transpose(1, 2)  # [M, K, C]
     S_in = _recurrence(S, U, W, kt, dC, [((f - lo) * HV, r * HV) for f, r in states])
+    if entering is not None:
+        entering.append(S_in)
     O = torch.baddbmm(Aqk @ U, qkv[:, 0] * eG, S_in)
     return O.view(n, HV, c, Vdim)
 
@@ -363,7 +366,8 @@ def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev)
 @pinned_fp32_matmul
 def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None, initial_state=None,
                     scale=None, use_qk_l2norm=True, state_layout="vk", *, has_initial_state=None,
-                    output_state_indices=None, compute_dtype: Optional[torch.dtype] = None):
+                    output_state_indices=None, checkpoint_every=None, checkpoint_indices=None,
+                    compute_dtype: Optional[torch.dtype] = None):
     """GDN (``g [T, HV]``) or KDA (``g [T, HV, K]``) varlen prefill in chunked form (module docstring).
 
     Args:
@@ -384,6 +388,11 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
             state without reading its slot (its final state is written there as usual).
         output_state_indices: pool mode, optional ``[N]``: the final state of sequence ``n`` goes to
             slot ``output_state_indices[n]`` and ``state_indices[n]`` is only read (None: in place).
+        checkpoint_every, checkpoint_indices: pool mode, both or neither: ``checkpoint_every`` a
+            multiple of the chunk (64) and ``checkpoint_indices [N, max_checkpoints]`` (-1 = none):
+            the state of sequence ``n`` after ``(j + 1) * checkpoint_every`` tokens, i.e. the state
+            entering its chunk ``(j + 1) * checkpoint_every / 64`` (its final state when that is its
+            length), is written to slot ``checkpoint_indices[n, j]``; past its length, nothing.
         compute_dtype: float32 or float64; None: float64 when q, the pool or the initial state
             is float64, else float32.
 
@@ -426,14 +435,45 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     chunk_seq, chunk_j, windows = _plan(lens, order, HV, K, V, torch.finfo(cd).bits // 8, C)
     tok, real = _rows(chunk_seq, chunk_j, [cu[n] for n in order], [lens[n] for n in order], C, dev)
     dest = torch.where(real, tok, T)
+    marks = _checkpoint_marks(checkpoint_every, checkpoint_indices, order, lens, C) if pool_mode else {}
     for lo, hi, steps in windows:
-        O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3)
+        entering = [] if any(lo <= ci < hi for ci in marks) else None
+        O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, entering)
         o[dest[lo:hi].reshape(-1)] = O.transpose(1, 2).reshape(-1, HV, V)
+        for ci in (range(lo, hi) if entering else ()):
+            if ci in marks:  # the state entering chunk ci: after the chunks before it
+                s_in = entering[0][(ci - lo) * HV:(ci - lo + 1) * HV]
+                state_pool[marks[ci]].copy_(s_in.transpose(-1, -2) if state_layout == "vk" else s_in)
 
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):
         dst[dests[n]].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+        for slot in marks.get(("end", i), ()):  # a checkpoint at exactly the sequence's length
+            state_pool[slot].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
+
+
+def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> dict:
+    """Where the checkpoints are, in :func:`_plan`'s chunk numbering: ``{chunk: slot}`` for a
+    checkpoint that is the state entering that chunk, ``{("end", i): [slot]}`` for one at exactly the
+    length of sequence ``order[i]`` (its final state). Empty without checkpoints. ``every`` is a
+    multiple of the chunk ``c`` (any call with a checkpoint inside a sequence has ``c`` = 64)."""
+    if table is None:
+        return {}
+    rows = table.tolist()
+    counts = [-(-lens[n] // c) for n in order]
+    out: dict = {}
+    for i, n in enumerate(order):
+        for j, slot in enumerate(rows[n]):
+            t = (j + 1) * every
+            if slot < 0 or t > lens[n]:
+                continue
+            if t == lens[n]:
+                out.setdefault(("end", i), []).append(slot)
+                continue
+            ci = t // c  # the chunk that starts after t tokens: step ci, sequence position i
+            out[sum(min(cnt, ci) for cnt in counts) + i] = slot
+    return out
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -537,7 +577,7 @@ class TorchChunkedBackend(Backend):
     state_dtypes = frozenset({"float32", "bfloat16", "float64"})
     state_layouts = frozenset({"vk", "kv"})
     strided_state_ops = frozenset(ops)  # pool rows through views and copy_: any strides
-    features = frozenset({"has_initial_state", "precomputed_gates", "output_state_indices"})
+    features = frozenset({"has_initial_state", "precomputed_gates", "output_state_indices", "checkpoints"})
 
     def rank(self, p, caps) -> int:
         cpu = caps.vendor == "cpu"
@@ -578,4 +618,5 @@ class TorchChunkedBackend(Backend):
         return chunked_prefill(call.q, call.k, call.v, call.g, call.beta, call.cu_seqlens,
                                call.state_pool, call.state_indices, call.initial_state, call.scale,
                                call.use_qk_l2norm, call.state_layout, has_initial_state=call.has_initial_state,
-                               output_state_indices=call.output_state_indices)
+                               output_state_indices=call.output_state_indices,
+                               checkpoint_every=call.checkpoint_every, checkpoint_indices=call.checkpoint_indices)

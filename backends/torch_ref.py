@@ -429,7 +429,8 @@ def seq_lengths(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
 
 @pinned_fp32_matmul
 def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, cd, has_initial_state=None, output_state_indices=None):
+             use_qk_l2norm, state_layout, cd, has_initial_state=None, output_state_indices=None,
+             checkpoint_every=None, checkpoint_indices=None):
     T, _, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     dev = q.device
@@ -443,6 +444,9 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
         carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
         # the final state goes to output_state_indices[n] when given (padding on the same rows)
         dests = slots if output_state_indices is None else [int(s) for s in output_state_indices.tolist()]
+        # checkpoints: the state after (j + 1) * every tokens of sequence n goes to marks[n][j] (-1: none)
+        every = checkpoint_every or 0
+        marks = checkpoint_indices.tolist() if checkpoint_indices is not None else [[] for _ in range(N)]
         final = None
     else:
         valid = [True] * N
@@ -483,6 +487,10 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
             width = bisect.bisect_left(neg_lens, -t)  # sequences with len > t
             tok = starts[:width] + t
             o[tok] = _step_(S[:width], qc[tok], kc[tok], vc[tok], decay[tok], bc[tok])
+            if pool_mode and every and (t + 1) % every == 0:  # the state after t + 1 tokens
+                j = (t + 1) // every - 1
+                _store(state_pool, [marks[n][j] if j < len(marks[n]) else -1 for n in seqs[:width]], S,
+                       state_layout)
         _store(state_pool if pool_mode else final, [dests[n] for n in seqs] if pool_mode else seqs, S,
                state_layout)
     return o.to(q.dtype), final
@@ -509,6 +517,11 @@ _PREFILL_DOC = """
         output_state_indices: pool mode only, optional ``[N]``: the final state of sequence ``n``
             (an empty sequence's: its initial state) goes to ``output_state_indices[n]``, and
             ``state_indices[n]`` is only read. None = write where read.
+        checkpoint_every, checkpoint_indices: pool mode only, both or neither: the state of sequence
+            ``n`` after ``(j + 1) * checkpoint_every`` of its tokens is stored (pool dtype and layout)
+            to slot ``checkpoint_indices[n, j]`` (``[N, max_checkpoints]``, -1 = none) when the
+            sequence has that many tokens (at exactly its length: its final state); the validation
+            layer refuses the rest (docs/ops.md "State checkpoints").
         compute_dtype: float32 (token-serial fp32 accumulation) or float64 (oracle).
 
     Returns:
@@ -521,16 +534,20 @@ _PREFILL_DOC = """
 
 def gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    has_initial_state=None, output_state_indices=None, compute_dtype=torch.float32):
+                    has_initial_state=None, output_state_indices=None, checkpoint_every=None,
+                    checkpoint_indices=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices,
+                    checkpoint_every, checkpoint_indices)
 
 
 def kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", *,
-                    has_initial_state=None, output_state_indices=None, compute_dtype=torch.float32):
+                    has_initial_state=None, output_state_indices=None, checkpoint_every=None,
+                    checkpoint_indices=None, compute_dtype=torch.float32):
     return _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices)
+                    use_qk_l2norm, state_layout, compute_dtype, has_initial_state, output_state_indices,
+                    checkpoint_every, checkpoint_indices)
 
 
 gdn_prefill_ref.__doc__ = ("GDN varlen prefill, token-serial (the oracle for chunked kernels)."
@@ -607,7 +624,7 @@ class TorchRefBackend(Backend):
     state_layouts = frozenset({"vk", "kv"})
     input_strides = "any"  # PyTorch ops read every view through its strides
     strided_state_ops = frozenset(OPS)
-    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices"})
+    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints"})
 
     def rank(self, p, caps) -> int:
         return Rank.CPU_DEFAULT if caps.vendor == "cpu" else Rank.GPU_REFERENCE
@@ -651,18 +668,22 @@ class TorchRefBackend(Backend):
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
-                    has_initial_state=None, output_state_indices=None):
+                    has_initial_state=None, output_state_indices=None, checkpoint_every=None,
+                    checkpoint_indices=None):
         return gdn_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
                                has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                               checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk",
-                    has_initial_state=None, output_state_indices=None):
+                    has_initial_state=None, output_state_indices=None, checkpoint_every=None,
+                    checkpoint_indices=None):
         return kda_prefill_ref(q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                                initial_state, scale, use_qk_l2norm, state_layout,
                                has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                               checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
                                compute_dtype=_cd(q, state_pool, initial_state))
 
     def silu_and_mul_clamp(self, *, x, limit=None):

@@ -17,7 +17,7 @@ are None (``lower_bound`` of a GDN call).
 
 A plugin-API-1 backend (one method per op, named after the op, taking keywords) is run through
 the adapter: ``call.arguments()`` gives exactly the keywords of its op method, the second
-release's ``g`` / ``beta`` / ``has_initial_state`` / ``output_state_indices`` only when given (:meth:`OpCall.arguments`).
+release's ``g`` / ``beta`` / ``has_initial_state`` / ``output_state_indices`` / ``checkpoint_*`` only when given (:meth:`OpCall.arguments`).
 
 Example:
     >>> import torch
@@ -127,7 +127,9 @@ class PrefillCall(OpCall):
     Tensors: ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (KDA ``[T, HV, K]``) fp32 log decay,
     ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]``; pool mode: ``state_pool [P, HV, V, K]`` (or
     ``[P, HV, K, V]``) with ``state_indices [N]`` and optional ``has_initial_state [N]`` and
-    ``output_state_indices [N]`` (write slots; None = write where read); dense mode:
+    ``output_state_indices [N]`` (write slots; None = write where read), ``checkpoint_every`` (tokens,
+    a multiple of 64) with ``checkpoint_indices [N, max_checkpoints]`` (slots for the states after
+    every ``checkpoint_every`` tokens, -1 = none); dense mode:
     ``initial_state [N, HV, V, K]`` or None. Returns ``(o, None)`` in pool mode, ``(o, final_state)``
     in dense mode.
     """
@@ -143,6 +145,8 @@ class PrefillCall(OpCall):
     initial_state: Optional[Tensor] = None
     has_initial_state: Optional[Tensor] = None
     output_state_indices: Optional[Tensor] = None
+    checkpoint_every: Optional[int] = None
+    checkpoint_indices: Optional[Tensor] = None
     scale: float  # K ** -0.5 unless the caller gave one
     use_qk_l2norm: bool = True
     state_layout: str = "vk"

@@ -427,6 +427,41 @@ def _output_state_indices(args: dict, dims: Dims) -> None:
     dims["output_state_indices"] = True
 
 
+#: The chunk (tokens) of the contract's chunked prefill: ``checkpoint_every`` must be a multiple of it,
+#: so that every checkpoint falls on a chunk boundary (docs/ops.md "State checkpoints").
+CHECKPOINT_CHUNK = 64
+
+
+def _checkpoints(args: dict, dims: Dims) -> None:
+    """checkpoint_every (tokens, a positive multiple of :data:`CHECKPOINT_CHUNK`) with checkpoint_indices
+    ``[N, max_checkpoints]`` int32/int64 (pool-mode prefill): the state after ``(j + 1) * checkpoint_every``
+    tokens of sequence ``n`` goes to slot ``checkpoint_indices[n, j]`` (docs/ops.md "State checkpoints").
+    Both or neither; refused in dense mode."""
+    every, table = args.get("checkpoint_every"), args.get("checkpoint_indices")
+    if every is None and table is None:
+        return
+    if every is None or table is None:
+        given, missing = ("checkpoint_every", "checkpoint_indices") if table is None else \
+            ("checkpoint_indices", "checkpoint_every")
+        raise ValueError(f"{given} was given without {missing}; checkpoints need both: checkpoint_every (tokens "
+                         f"between checkpoints, a multiple of {CHECKPOINT_CHUNK}) and checkpoint_indices "
+                         f"[N, max_checkpoints] (the slot of each, -1 = none). Pass both or neither.")
+    if dims["mode"] != "pool":
+        raise ValueError("checkpoint_every / checkpoint_indices are for pool mode (state_pool + state_indices): "
+                         "checkpoints are written to pool slots. Drop them, or pass state_pool and state_indices.")
+    if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every <= 0 \
+            or every % CHECKPOINT_CHUNK:
+        raise ValueError(f"checkpoint_every must be a positive multiple of the chunk ({CHECKPOINT_CHUNK} tokens: "
+                         f"{CHECKPOINT_CHUNK}, {2 * CHECKPOINT_CHUNK}, ...), got {every!r}; a checkpoint is the "
+                         f"state at a chunk boundary.")
+    x = _tensor(args, "checkpoint_indices")
+    _expect_dtype(x, "checkpoint_indices", INDEX_DTYPES)
+    if x.dim() != 2 or x.shape[0] != dims["n"]:
+        raise ValueError(f"checkpoint_indices must have shape [N, max_checkpoints] with N = {dims['n']} "
+                         f"(one row per sequence), got {_shape(x.shape)}.")
+    dims["checkpoints"] = True
+
+
 def _intermediate(args: dict, dims: Dims) -> None:
     """intermediate_states [S, steps >= T, HV, V, K] (pool layout) with intermediate_state_indices [N]."""
     buf, idx = args["intermediate_states"], args["intermediate_state_indices"]

@@ -33,9 +33,10 @@ from typing import Any, Literal, Mapping, Optional
 from .host_rules import (_clamp_input, _cu_seqlens, _decode_flags, _decode_indices, _decode_qkv, _gdn_decode_gates,
                          _gdn_gating_inputs, _gdn_prefill_gates, _has_initial_state, _intermediate, _kda_decode_gates,
                          _kda_gating_inputs, _kda_prefill_gates, _lower_bound, _output_state_indices, _pool, _prefill_qkv, _prefill_state,
+                         _checkpoints,
                          _same_device, _scale_and_norm, _softplus, _state_layout)
 from .value_rules import (_v_cu_seqlens, _v_decode_log_decay, _v_intermediate, _v_log_decay, _v_num_accepted,
-                          _v_output_state_indices, _v_shared_gate_params, _v_state_indices)
+                          _v_output_state_indices, _v_shared_gate_params, _v_state_indices, _v_checkpoints)
 
 Family = Literal["gdn", "kda", "swiglu"]
 Phase = Literal["gating", "decode", "prefill", "mlp"]
@@ -132,14 +133,15 @@ _DECODE_OPT = {"a": None, "b": None, "A_log": None, "dt_bias": None, "g": None, 
                "disable_state_update": False, "num_accepted_tokens": None, **_SOFTPLUS}
 _PREFILL_REQ = ("q", "k", "v", "g", "beta", "cu_seqlens")
 _PREFILL_OPT = {"state_pool": None, "state_indices": None, "initial_state": None, "has_initial_state": None,
-                "output_state_indices": None, "scale": None, "use_qk_l2norm": True, "state_layout": "vk"}
+                "output_state_indices": None, "checkpoint_every": None, "checkpoint_indices": None, "scale": None,
+                "use_qk_l2norm": True, "state_layout": "vk"}
 _DECODE_RULES = (_decode_flags, _state_layout, _pool, _decode_indices, _has_initial_state, _output_state_indices,
                  _intermediate, _scale_and_norm, _softplus)
 _DECODE_VALUES = (_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted, _v_shared_gate_params,
                   _v_decode_log_decay)
 _PREFILL_RULES = (_cu_seqlens, _state_layout, _pool, _prefill_state, _has_initial_state, _output_state_indices,
-                  _scale_and_norm, _same_device)
-_PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_log_decay)
+                  _checkpoints, _scale_and_norm, _same_device)
+_PREFILL_VALUES = (_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_checkpoints, _v_log_decay)
 _DECODE_WRITES = ("state_pool", "intermediate_states")
 _PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}
 
@@ -158,7 +160,9 @@ def _decode(family: Family, opt: dict, rules: tuple) -> OpSpec:
 def _prefill(family: Family, gates) -> OpSpec:
     return OpSpec(f"{family}_prefill", family, "prefill", "prefill", True, _PREFILL_REQ,
                   MappingProxyType(dict(_PREFILL_OPT)), (_prefill_qkv, gates, *_PREFILL_RULES), _PREFILL_VALUES,
-                  "dense", ("state_pool",), ("has_initial_state", "output_state_indices"), _PRESET[family])
+                  "dense", ("state_pool",),
+                  ("has_initial_state", "output_state_indices", "checkpoint_every", "checkpoint_indices"),
+                  _PRESET[family])
 
 
 _ROWS = (

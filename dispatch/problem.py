@@ -71,6 +71,8 @@ class Problem(BaseModel):
                                     "False start from a zero state without reading their slot")
     output_state_indices: bool = Field(False, description="output_state_indices [N] is given: each sequence "
                                        "writes its final state to a slot of its own, read from state_indices")
+    checkpoints: bool = Field(False, description="checkpoint_every / checkpoint_indices are given (pool-mode "
+                              "prefill): the state every checkpoint_every tokens is written to named slots")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":

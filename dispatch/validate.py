@@ -80,7 +80,8 @@ def _signature(op: str, out: dict, dims: Dims) -> tuple:
             ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]),
             ("precomputed_gates", dims.get("precomputed_gates", False)),
             ("has_initial_state", dims.get("has_initial_state", False)),
-            ("output_state_indices", dims.get("output_state_indices", False)))
+            ("output_state_indices", dims.get("output_state_indices", False)),
+            ("checkpoints", dims.get("checkpoints", False)))
 
 
 def validate(op: str, args: dict, *, check_values: bool = True,

@@ -130,14 +130,63 @@ def _v_output_state_indices(args: dict, dims: Dims) -> list:
     return probes
 
 
-def _read_written_elsewhere(reads: torch.Tensor, writes: torch.Tensor) -> torch.Tensor:
-    """``[N]`` bool: sequence ``i`` reads a slot (``reads[i] >= 0``) that another sequence writes.
-    Sort and binary search on the device (no sync, O(N log N)); with duplicate write slots (a
-    separate rule) the writer found is one of them."""
+def _v_checkpoints(args: dict, dims: Dims) -> list:
+    """Checkpoint slots (docs/ops.md "State checkpoints"): in range (negative = no checkpoint), no slot
+    written twice in the call (the checkpoints of every sequence and the final-state write slots,
+    ``output_state_indices`` or else ``state_indices``, together), and none of them a slot that any
+    sequence reads (``state_indices``): checkpoints are written while sequences run, in parallel."""
+    table = args.get("checkpoint_indices")
+    if table is None or table.numel() == 0:
+        return []
+    probes = _range_probe(table, "checkpoint_indices", dims["p"], "slots", "state_pool.shape[0]")
+    reads = args["state_indices"].to(torch.int64).contiguous()
+    out = args.get("output_state_indices")
+    finals = reads if out is None else out.to(torch.int64)
+    marks = table.to(torch.int64).flatten()
+    keyed = torch.cat([marks, finals]).where(torch.cat([marks, finals]) >= 0, -1).sort().values
+    twice = ((keyed[1:] == keyed[:-1]) & (keyed[1:] >= 0)).any()
+
+    def explain_twice():
+        owner: dict[int, str] = {}
+        named = [(s, f"checkpoint_indices[{i // table.shape[1]}, {i % table.shape[1]}]")
+                 for i, s in enumerate(marks.tolist())]
+        named += [(s, f"{'state_indices' if out is None else 'output_state_indices'}[{n}] (a final state)")
+                  for n, s in enumerate(finals.tolist())]
+        for slot, where in named:
+            if slot < 0:
+                continue
+            if slot in owner:
+                raise ValueError(f"slot {slot} is written twice in this call: by {owner[slot]} and by {where}; "
+                                 f"each checkpoint and each final state needs a slot of its own (-1 = no "
+                                 f"checkpoint).")
+            owner[slot] = where
+        raise ValueError("checkpoint_indices: a slot is written twice in this call.")  # pragma: no cover
+    probes.append((twice, explain_twice))
+    read = _read_written_elsewhere(reads, marks, own=False)
+
+    def explain_read():
+        n = _position(read)[0]
+        slot = int(reads[n])
+        i = marks.tolist().index(slot)
+        raise ValueError(f"slot {slot} is read by sequence {n} (state_indices[{n}]) and is also a checkpoint slot "
+                         f"(checkpoint_indices[{i // table.shape[1]}, {i % table.shape[1]}]); sequences run in "
+                         f"parallel, so the read could see the checkpoint. Checkpoint slots must be slots no "
+                         f"sequence reads.")
+    probes.append((read.any(), explain_read))
+    return probes
+
+
+def _read_written_elsewhere(reads: torch.Tensor, writes: torch.Tensor, own: bool = True) -> torch.Tensor:
+    """``[N]`` bool: sequence ``i`` reads a slot (``reads[i] >= 0``) that another sequence writes
+    (``own=False``: that any entry of ``writes`` names, whatever its position). Sort and binary search
+    on the device (no sync, O(N log N)); with duplicate write slots (a separate rule) the writer found
+    is one of them."""
     order = writes.sort()
     pos = torch.searchsorted(order.values, reads).clamp(max=writes.numel() - 1)
     found = order.values[pos] == reads
     writer = order.indices[pos]
+    if not own:
+        return found & (reads >= 0)
     rows = torch.arange(reads.numel(), device=reads.device)
     return found & (reads >= 0) & (writer != rows)
 
@@ -280,7 +329,8 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 #: calls without it keep the kernel; :func:`_plan_check` declines the calls with it).
 _FUSABLE = frozenset({_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted,
                       _v_shared_gate_params, _v_decode_log_decay})
-_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_log_decay})
+_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_checkpoints,
+                              _v_log_decay})
 #: None: the fused kernel runs where the direct Triton launch does (``kernels/triton/launch.py``
 #: ``fast_launch_status``: CUDA, a tested Triton, no interpreter), unless
 #: ``LINATTN_FUSED_VALUE_CHECKS=0`` opts out (its refusals are held against the torch rules on the
@@ -322,6 +372,8 @@ def _plan_check(rules: frozenset, args: dict, dims: Dims, like=None):
     from linattn.kernels.triton import value_checks
 
     if args.get("output_state_indices") is not None:  # separate write slots: the kernel has no rule for them
+        return None
+    if args.get("checkpoint_indices") is not None:  # checkpoint slots: nor for them
         return None
     if _v_cu_seqlens in rules and rules <= _FUSABLE_PREFILL:
         return value_checks.plan_prefill_value_check(

@@ -475,11 +475,13 @@ def _make_prefill(op: str):
              state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
              scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
              validate: bool, check_finite: bool, has_initial_state: Optional[Tensor] = None,
-             output_state_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+             output_state_indices: Optional[Tensor] = None, checkpoint_every: Optional[int] = None,
+             checkpoint_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                     state_indices=state_indices, initial_state=initial_state, scale=scale,
                     use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                    has_initial_state=has_initial_state, output_state_indices=output_state_indices)
+                    has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                    checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
         o, final = _call(op, args, backend, validate, check_finite)
         if final is None:  # pool mode
             return o, q.new_empty((0,), dtype=torch.float32)
@@ -489,7 +491,8 @@ def _make_prefill(op: str):
 
     @custom.register_fake
     def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
-          state_layout, backend, validate, check_finite, has_initial_state=None, output_state_indices=None):
+          state_layout, backend, validate, check_finite, has_initial_state=None, output_state_indices=None,
+          checkpoint_every=None, checkpoint_indices=None):
         return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
 
     return impl, custom
@@ -502,13 +505,13 @@ _PREFILL = {"gdn_prefill": (_gdn_prefill_impl, _gdn_prefill_op), "kda_prefill": 
 
 def _prefill(op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
              use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None,
-             output_state_indices=None):
+             output_state_indices=None, checkpoint_every=None, checkpoint_indices=None):
     impl, custom = _PREFILL[op]
     fn = _traced(op, custom, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
                                   initial_state=initial_state)) if _compiling() else impl
     o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
                   use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state,
-                  output_state_indices)
+                  output_state_indices, checkpoint_every, checkpoint_indices)
     return o if state_pool is not None else (o, final)
 
 
@@ -517,7 +520,8 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
                 check_finite: bool = False, has_initial_state: Optional[Tensor] = None,
-                output_state_indices: Optional[Tensor] = None):
+                output_state_indices: Optional[Tensor] = None, checkpoint_every: Optional[int] = None,
+                checkpoint_indices: Optional[Tensor] = None):
     """Gated DeltaNet chunked prefill over varlen sequences (docs/ops.md; Yang et al., ICLR 2025 / NeurIPS 2024).
 
     Args:
@@ -537,6 +541,21 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
             prefix's slot stays intact). Padding on the same rows as ``state_indices``; a slot
             written by two sequences, or read by one and written by another, is a ``ValueError``
             (several sequences may read one slot).
+        checkpoint_every, checkpoint_indices: pool mode only, both or neither (prefix caching;
+            docs/ops.md "State checkpoints"). ``checkpoint_every``: tokens between checkpoints, a
+            positive multiple of the chunk (64). ``checkpoint_indices``: ``[N, max_checkpoints]``
+            int32/int64 on the pool's device, ``-1`` = no checkpoint. Sequence ``n``'s state after
+            ``(j + 1) * checkpoint_every`` of its tokens (from its initial state: the slot read, or
+            zeros where ``has_initial_state`` is False) is written, in the pool's dtype and layout,
+            to slot ``checkpoint_indices[n, j]`` when the sequence has that many tokens; a
+            checkpoint at exactly its length is written and equals its final state; a checkpoint
+            past its length is not written (the slot keeps its bits), nor are a padding sequence's.
+            ``ValueError`` before any launch for: one given without the other, dense mode,
+            ``checkpoint_every`` not a positive multiple of 64, a shape other than ``[N, *]``, a slot
+            out of range, a slot written twice in the call (checkpoints and final-state write slots
+            together), and a checkpoint slot that any sequence reads (``state_indices``).
+            Backends that do not declare the ``checkpoints`` feature are not chosen (reason
+            ``feature``): today torch-ref and torch-chunked run it.
         scale, use_qk_l2norm, state_layout, backend, validate, check_finite: as in :func:`gdn_decode`
             (NaN in ``g``, or ``g > 0``, is always refused when ``validate``: g is a log decay).
     Returns:
@@ -554,7 +573,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     """
     return _prefill("gdn_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state, output_state_indices)
+                    has_initial_state, output_state_indices, checkpoint_every, checkpoint_indices)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -562,9 +581,11 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
                 state_layout: str = "vk", backend: Optional[str] = None, validate: bool = True,
                 check_finite: bool = False, has_initial_state: Optional[Tensor] = None,
-                output_state_indices: Optional[Tensor] = None):
+                output_state_indices: Optional[Tensor] = None, checkpoint_every: Optional[int] = None,
+                checkpoint_indices: Optional[Tensor] = None):
     """Kimi Delta Attention chunked prefill: as :func:`gdn_prefill` with ``g [T, HV, K]`` (per key channel),
-    ``has_initial_state`` and ``output_state_indices`` included.
+    ``has_initial_state``, ``output_state_indices`` and the state checkpoints (``checkpoint_every``,
+    ``checkpoint_indices``) included.
 
     Returns:
         pool mode: ``o [T, HV, V]``; dense mode: ``(o, final_state)``.
@@ -580,7 +601,7 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
     """
     return _prefill("kda_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
                     initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state, output_state_indices)
+                    has_initial_state, output_state_indices, checkpoint_every, checkpoint_indices)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------

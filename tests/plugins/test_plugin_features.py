@@ -151,7 +151,7 @@ def test_a_plugin_that_declares_the_features_gets_them(registry):
 
 def test_declared_features_follow_the_class_that_defines_the_op_method():
     assert TorchRefBackend().declared_features("gdn_decode") == {"precomputed_gates", "has_initial_state",
-                                                                 "output_state_indices"}
+                                                                 "output_state_indices", "checkpoints"}
     assert V1Decode().declared_features("gdn_decode") == frozenset()  # rewrote the method, declared nothing
     assert V1Decode().declared_features("kda_decode") == TorchRefBackend.features  # inherited untouched
     assert V2Decode().declared_features("gdn_decode") == V2Decode.features

@@ -104,7 +104,8 @@ def op_kwargs(op, dtype):
                 g=-torch.rand(Tt, HV, *([K] if kda else [])), beta=torch.rand(Tt, HV),
                 cu_seqlens=torch.tensor([0, 3, 7], dtype=torch.int32), state_pool=torch.randn(P, HV, V, K).to(state),
                 state_indices=torch.tensor([4, 1]), initial_state=None, scale=0.5, use_qk_l2norm=False,
-                state_layout="vk", has_initial_state=None, output_state_indices=None)
+                state_layout="vk", has_initial_state=None, output_state_indices=None, checkpoint_every=None,
+                checkpoint_indices=None)
 
 
 REFS = {"gdn_gating": gdn_gating_ref, "kda_gating": kda_gating_ref, "gdn_decode": gdn_decode_ref,

@@ -185,7 +185,8 @@ def test_decode_signature_fields():
                        state_dtype="bfloat16", state_layout="kv", mode="pool", max_seqlen=0,
                        intermediate_states=True, num_accepted_tokens=True, disable_state_update=True,
                        lower_bound=True, clamp_limit=False, state_tiles_contiguous=True, requires_grad=False,
-                       precomputed_gates=False, has_initial_state=False, output_state_indices=False)
+                       precomputed_gates=False, has_initial_state=False, output_state_indices=False,
+                       checkpoints=False)
 
 
 def test_prefill_signature_counts_sequences_and_total_tokens():
