@@ -27,6 +27,9 @@ loops is reported); compare rows of one run.
 
     .venv/bin/python benchmarks/host_overhead_cpu.py                 # writes results/host_dispatch_cpu.json
     .venv/bin/python benchmarks/host_overhead_cpu.py --streams-only  # issue 28's stream rows only, printed
+    .venv/bin/python benchmarks/host_overhead_cpu.py --streams-only --out /tmp/run1.json   # ... to a file
+    .venv/bin/python benchmarks/host_overhead_cpu.py --merge-into results/host_dispatch_cpu.json \
+        --from-runs /tmp/run*.json [--as-kind stream_stubbed_before]  # the fastest of those runs, merged in
     .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn   # a cProfile of 20,000 decode calls instead
     .venv/bin/python benchmarks/host_overhead_cpu.py --profile gdn_prefill   # ... of prefill calls
 """
@@ -318,10 +321,7 @@ def stream_rows(calls: int, repeats: int, steps: int) -> list[dict]:
     gc.unfreeze()
     torch.set_num_threads(threads)
     out.append(unfrozen)
-    for r in out:
-        if r["stream"].startswith("new"):
-            same = next(x for x in out if x["stream"] == "same" + r["stream"][3:5] and x["validate"] == r["validate"])
-            r["vs_same"] = round(r["host_us"] / same["host_us"], 2)
+    _vs_same(out)
     return out
 
 
@@ -357,6 +357,54 @@ def profile_calls(op_name: str, validate: bool, calls: int) -> None:
     pstats.Stats(pr).sort_stats("tottime").print_stats(30)
 
 
+def _vs_same(rows: list[dict]) -> None:
+    """Each new-length row's ``vs_same``: its time over the same-length row's of its validate setting."""
+    for r in rows:
+        if r["stream"].startswith("new"):
+            same = next((x for x in rows if x["stream"] == "same" + r["stream"][3:5] and x["validate"] == r["validate"]),
+                        None)
+            if same is not None:
+                r["vs_same"] = round(r["host_us"] / same["host_us"], 2)
+
+
+def fastest_rows(paths: list[str]) -> tuple[list[dict], str]:
+    """The fastest of each stream row (by stream and validate) over the results files ``paths``
+    (``--streams-only --out`` runs of one tree, e.g. alternated with another tree's in one session),
+    ``vs_same`` taken again from those, with ``runs`` (how many files); and the files' commit."""
+    from _results import read_results
+
+    best: dict = {}
+    commits = set()
+    for path in paths:
+        doc = read_results(path)
+        commits.add(doc.commit)
+        for r in doc.rows:
+            k = (r["stream"], r["validate"])
+            if k not in best or r["host_us"] < best[k]["host_us"]:
+                best[k] = dict(r)
+    rows = list(best.values())
+    _vs_same(rows)
+    for r in rows:
+        r["runs"] = len(paths)
+    return rows, "+".join(sorted(commits))
+
+
+def merge_stream_rows(into: str, rows: list[dict], kind: str, commit: str, note: str) -> None:
+    """Rewrite the results file ``into`` with its rows of kind ``kind`` replaced by ``rows`` (given
+    that kind and ``commit``), its other rows and notes kept (each row keeps its commit), plus ``note``
+    (replacing a note about the same rows: the same text up to ' (' or ':')."""
+    from _results import read_results
+
+    old = read_results(into)
+    kept = [dict(r, commit=r.get("commit", old.commit)) for r in old.rows if r.get("kind") != kind]
+    new = [dict(r, kind=kind, commit=commit) for r in rows]
+    def head(n: str) -> str:  # what a note is about: its text up to ' (' or ':'
+        return n.split(":")[0].split(" (")[0]
+    notes = [n for n in old.notes if not n.startswith("written ") and not (note and head(n) == head(note))]
+    notes += [note] if note else []
+    write_results(into, kept + new, notes, command=old.command)  # the notes say how each kind of row was made
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -369,13 +417,29 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="steps of the engine trace")
     ap.add_argument("--streams-only", action="store_true", help="only the stream rows (printed; no results file "
                     "unless --out)")
+    ap.add_argument("--merge-into", default=None, metavar="JSON",
+                    help="with --streams-only: replace JSON's rows of kind --as-kind by the stream rows (this run's, "
+                         "or with --from-runs the fastest of those files'), in place; its other rows kept")
+    ap.add_argument("--as-kind", default="stream_stubbed", help="with --merge-into: the rows' kind "
+                    "(e.g. stream_stubbed_before for another tree's runs)")
+    ap.add_argument("--from-runs", nargs="+", default=None, metavar="JSON",
+                    help="with --merge-into: run nothing; the fastest of each row over these --streams-only --out files")
+    ap.add_argument("--note", default="", help="with --merge-into: a note added to the file (how the rows were made)")
     args = ap.parse_args(argv)
+    if args.merge_into and args.from_runs:
+        got, commit = fastest_rows(args.from_runs)
+        merge_stream_rows(args.merge_into, got, args.as_kind, commit, args.note)
+        return 0
     if args.streams_only:
         got = stream_rows(args.stream_calls, 3, args.steps)
         for r in got:
             print(r)
         if args.out:
             write_results(args.out, got, ["stream rows only (--streams-only)"])
+        if args.merge_into:
+            from _results import current_commit
+
+            merge_stream_rows(args.merge_into, got, args.as_kind, current_commit(), args.note)
         return 0
     if args.profile:
         op_name = args.profile if "_" in args.profile else f"{args.profile}_decode"
