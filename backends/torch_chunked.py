@@ -388,11 +388,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
             state without reading its slot (its final state is written there as usual).
         output_state_indices: pool mode, optional ``[N]``: the final state of sequence ``n`` goes to
             slot ``output_state_indices[n]`` and ``state_indices[n]`` is only read (None: in place).
-        checkpoint_every, checkpoint_indices: pool mode, both or neither: ``checkpoint_every`` a
-            multiple of the chunk (64) and ``checkpoint_indices [N, max_checkpoints]`` (-1 = none):
-            the state of sequence ``n`` after ``(j + 1) * checkpoint_every`` tokens, i.e. the state
-            entering its chunk ``(j + 1) * checkpoint_every / 64`` (its final state when that is its
-            length), is written to slot ``checkpoint_indices[n, j]``; past its length, nothing.
+        checkpoint_every, checkpoint_indices: pool mode (docs/ops.md "State checkpoints"): slot ``[n, j]`` gets
+            the state entering the chunk after ``(j + 1) * checkpoint_every`` tokens (at the length: the final state).
         compute_dtype: float32 or float64; None: float64 when q, the pool or the initial state
             is float64, else float32.
 
@@ -440,17 +437,22 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
         entering = [] if any(lo <= ci < hi for ci in marks) else None
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, entering)
         o[dest[lo:hi].reshape(-1)] = O.transpose(1, 2).reshape(-1, HV, V)
-        for ci in (range(lo, hi) if entering else ()):
-            if ci in marks:  # the state entering chunk ci: after the chunks before it
-                s_in = entering[0][(ci - lo) * HV:(ci - lo + 1) * HV]
-                state_pool[marks[ci]].copy_(s_in.transpose(-1, -2) if state_layout == "vk" else s_in)
+        _store_checkpoints(state_pool, marks, entering, lo, hi, HV, state_layout)
 
     dst = state_pool if pool_mode else final
-    for i, n in enumerate(order):
-        dst[dests[n]].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
-        for slot in marks.get(("end", i), ()):  # a checkpoint at exactly the sequence's length
-            state_pool[slot].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+    for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
+        for row in (dests[n], *marks.get(("end", i), ())):
+            dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
+
+
+def _store_checkpoints(pool, marks: dict, entering: Optional[list], lo: int, hi: int, hv: int, layout: str) -> None:
+    """Pool slot ``marks[ci]`` = the state entering chunk ``ci`` (the state after the chunks before it),
+    for the chunks ``lo:hi`` of a window; ``entering``: what :func:`_window` appended (None: none)."""
+    for ci in (range(lo, hi) if entering else ()):
+        if ci in marks:
+            s_in = entering[0][(ci - lo) * hv:(ci - lo + 1) * hv]
+            pool[marks[ci]].copy_(s_in.transpose(-1, -2) if layout == "vk" else s_in)
 
 
 def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> dict:

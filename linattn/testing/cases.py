@@ -16,7 +16,9 @@ A backend declares its capabilities as data (``ops``, ``dtypes``, ``state_dtypes
 - ``pool``: the pool rules on their own: a real request in slot 0 beside padding rows, a batch of
   nothing but padding, a strided view of a larger pool (slot pitch ``stride(0)``), and, for a
   backend declaring the ``output_state_indices`` feature, separate read and write slots (forks of
-  one shared slot, an empty sequence, a sequence in place): only the write slots change.
+  one shared slot, an empty sequence, a sequence in place): only the write slots change; for a
+  prefill backend declaring ``checkpoints``, state checkpoints (each against the float64 reference
+  after that many tokens, and bitwise against the same backend stopped there).
 - ``negative``: what the backend does not declare (a dtype, state dtype, head dim, layout, op or
   vendor) must be rejected by its predicates (``linattn.explain`` with the backend forced:
   nothing chosen, the backend rejected) and, where the inputs can be built here, a forced call
@@ -224,7 +226,7 @@ def problem_of(op: str, spec: dict) -> Problem:
         return Problem(n=len(lens), t=sum(lens), mode="pool" if s["mode"] == "pool" else "dense",
                        state_dtype="float32" if s["mode"] == "dense-zero" else s["state_dtype"],
                        max_seqlen=sum(lens) if len(lens) == 1 else 0, output_state_indices="out_slots" in s,
-                       **common)
+                       checkpoints="marks" in s, **common)
     return Problem(n=s["n"], t=s["t"], state_dtype=s["state_dtype"], mode="pool",
                    intermediate_states="intermediate" in s, num_accepted_tokens="num_accepted" in s,
                    disable_state_update=bool(s.get("disable_state_update")),
@@ -259,6 +261,11 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
         B.add(op, "pool", "separate-slots", {**base, **_SEPARATE[phase]},
               "output_state_indices: states read from state_indices, written to other slots (two forks of one "
               "shared slot, a sequence in place); the read slots and every unwritten row bitwise unchanged")
+    if phase == "prefill" and "checkpoints" in _features(B.backend, op):
+        B.add(op, "pool", "checkpoints", {**base, **_CHECKPOINTS},
+              "checkpoint_every=64: each checkpoint is the float64 reference state after that many tokens and "
+              "bitwise the same backend's prefill stopped there; one at exactly a length is the final state; "
+              "slots past a length, an empty sequence's and padding's are not written")
 
 
 def _features(backend, op: str) -> frozenset:
@@ -279,6 +286,21 @@ _ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -1), p=4),
 #: in prefill: its initial state is copied), one sequence in place (7 / 6), padding, slot P - 1 unused
 _SEPARATE = {"prefill": dict(slots=(3, 3, 7, 1, 5, -1), out_slots=(2, 4, 7, 6, 0, -1)),
              "decode": dict(t=2, slots=(4, -1, 4, 6, -1), out_slots=(1, -1, 5, 6, -1))}
+#: checkpoints every 64 tokens: sequence 0 (130 tokens) writes slots 4 and 5, not 6 (192 > 130);
+#: sequence 1 (64) writes 7, its final state; the empty sequence (8) and padding (9) write nothing;
+#: sequence 4 (70) writes 10; slot 11 unused
+_CHECKPOINTS = dict(lens=(130, 64, 0, 3, 70), slots=(0, 1, 2, -1, 3), p=12, checkpoint_every=64,
+                    marks=((4, 5, 6), (7, -1, -1), (8, -1, -1), (9, -1, -1), (10, -1, -1)))
+
+
+def checkpoints_written(s: dict) -> list:
+    """``[(sequence, tokens, slot)]``: the checkpoints a case's call writes (``marks``, ``lens``)."""
+    every, out = s.get("checkpoint_every", 0), []
+    for n, row in enumerate(s.get("marks", ())):
+        for j, slot in enumerate(row):
+            if slot >= 0 and s["slots"][n] >= 0 and (j + 1) * every <= s["lens"][n]:
+                out.append((n, (j + 1) * every, slot))
+    return out
 
 
 def _prefill_cases(B: _Builder, op: str, pairs) -> None:

@@ -30,7 +30,7 @@ import linattn
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.verdict import NoBackendError, Reason
 
-from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, problem_of
+from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, checkpoints_written, problem_of
 from .gates import DEFAULT_MODEL, model_gates
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
@@ -96,6 +96,10 @@ class Checker:
         self.errors[name] = err
         if not err <= tol:
             self.failures.append(f"{name}: relative error {err:.2e} > tolerance {tol:.0e}")
+
+    def bitwise(self, name: str, x: torch.Tensor, want: torch.Tensor, what: str) -> None:
+        if not torch.equal(x.detach().cpu(), want.detach().cpu()):
+            self.failures.append(f"{name}: not bitwise equal to {what}")
 
     def dtype(self, name: str, x: torch.Tensor, want: torch.dtype) -> None:
         if x.dtype != want:
@@ -260,6 +264,9 @@ def _prefill_inputs(case: Case, s: dict, device):
         args["state_indices"] = torch.tensor(s["slots"], dtype=INDEX[s["index_dtype"]]).to(device)
         if "out_slots" in s:
             args["output_state_indices"] = torch.tensor(s["out_slots"], dtype=INDEX[s["index_dtype"]]).to(device)
+        if "marks" in s:
+            args["checkpoint_every"] = s["checkpoint_every"]
+            args["checkpoint_indices"] = torch.tensor(s["marks"], dtype=INDEX[s["index_dtype"]]).to(device)
     elif s["mode"] == "dense":
         init = (_randn(gen, len(lens), *_state_shape(s)) * 0.5).to(DTYPES[s["state_dtype"]])
         args["initial_state"] = init.to(device)
@@ -270,10 +277,12 @@ def _run_prefill(case: Case, device) -> Outcome:
     s = case.spec
     args, pool = _prefill_inputs(case, s, device)
     snaps = _snapshots(args, skip=("state_pool",))
-    ref_args = {n: _to64(x) if n not in ("cu_seqlens", "state_indices", "output_state_indices") else _cpu(x)
+    ref_args = {n: _to64(x) if n not in ("cu_seqlens", "state_indices", "output_state_indices",
+                                         "checkpoint_indices") else _cpu(x)
                 for n, x in args.items()}
     if pool is not None:
         ref_args["state_pool"] = _to64(pool[0]).contiguous()
+        start = pool[0].detach().clone()  # the pool before the call (a prefill stopped at a checkpoint)
     out = _call(case.op, case.backend, args)
     ro, rfinal = _reference(case.op)(**ref_args, compute_dtype=torch.float64)
     tol_o, tol_s = tolerances(s["dtype"], "float32" if s["mode"] == "dense-zero" else s["state_dtype"])
@@ -290,6 +299,8 @@ def _run_prefill(case: Case, device) -> Outcome:
         view, base_dev, base_before, base_row = pool
         slots = list(s["slots"])
         written = list(s.get("out_slots", slots))  # separate write slots: the read slots stay as they were
+        marks = checkpoints_written(s)
+        written += [slot for _, _, slot in marks]
         owned = {base_row(x) for x in written if x >= 0}
         pad_tokens = [t for n, x in enumerate(slots) if x < 0 for t in range(cu[n], cu[n + 1])]
         c.zero_rows("o", o, pad_tokens, "tokens of padding sequences (slot -1)")
@@ -297,6 +308,9 @@ def _run_prefill(case: Case, device) -> Outcome:
         if mine:
             c.close("state_pool[owned slots]", view[mine], ref_args["state_pool"][mine], tol_s)
         c.untouched("state_pool", base_dev, base_before, owned, "pool rows")
+        for n, t, slot in marks:
+            c.bitwise(f"checkpoint_indices slot {slot} (sequence {n} after {t} tokens)", view[slot],
+                      _stopped(case, args, start, cu[n], t, slots[n]), "the same backend's prefill stopped there")
     else:
         if not (isinstance(out, tuple) and len(out) == 2):
             return Outcome("failed", f"dense mode must return (o, final_state), got {type(out).__name__}")
@@ -308,6 +322,19 @@ def _run_prefill(case: Case, device) -> Outcome:
         c.dtype("final_state", final, want)
     c.inputs_unchanged(args, snaps)
     return c.outcome()
+
+
+def _stopped(case: Case, args: dict, start: torch.Tensor, first: int, t: int, slot: int) -> torch.Tensor:
+    """Slot ``slot`` after a prefill of the same backend over the ``t`` tokens from ``first`` alone,
+    on a copy of the pool as it was before the call."""
+    pool = start.clone()
+    cut = {n: args[n][first:first + t] for n in ("q", "k", "v", "g", "beta")}
+    idx = args["state_indices"]
+    _call(case.op, case.backend, dict(cut, cu_seqlens=torch.tensor([0, t], dtype=idx.dtype, device=idx.device),
+                                      state_pool=pool, state_indices=torch.tensor([slot], dtype=idx.dtype,
+                                                                                  device=idx.device),
+                                      state_layout=args["state_layout"]))
+    return pool[slot]
 
 
 # -- decode ------------------------------------------------------------------------------------------

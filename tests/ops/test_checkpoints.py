@@ -15,6 +15,7 @@ import torch
 from separate_slots_cases import bits, prefill_fn
 
 import linattn
+from linattn.backends.torch_chunked import TorchChunkedBackend
 from linattn.dispatch.verdict import Reason
 
 H, HV, K, V = 1, 2, 16, 16
@@ -204,3 +205,50 @@ def test_fake_gives_the_output_shape_with_checkpoints():
                                                  "", True, False, None, None, E,
                                                  mode.from_tensor(torch.tensor([[2, 3], [4, -1]])))
     assert tuple(o.shape) == (194, HV, V) and tuple(final.shape) == (0,)
+
+
+class _DropsCheckpoints(TorchChunkedBackend):
+    """Declares checkpoints and writes none: the conformance case must fail."""
+
+    name = "drops-checkpoints"
+    features = TorchChunkedBackend.features
+
+    def rank(self, p, caps) -> int:
+        return 900
+
+    def prefill(self, call):
+        return super().prefill(call.replace(checkpoint_every=None, checkpoint_indices=None))
+
+
+class _FinalStateCheckpoints(_DropsCheckpoints):
+    """Declares checkpoints and writes each sequence's final state there: the case must fail."""
+
+    name = "final-state-checkpoints"
+    features = TorchChunkedBackend.features
+
+    def prefill(self, call):
+        out = super().prefill(call)
+        for n, row in enumerate([] if call.checkpoint_indices is None else call.checkpoint_indices.tolist()):
+            for slot in row:
+                if slot >= 0 and int(call.state_indices[n]) >= 0:
+                    call.state_pool[slot].copy_(call.state_pool[int(call.state_indices[n])])
+        return out
+
+
+@pytest.mark.parametrize("cls, message", [(_DropsCheckpoints, "state_pool[owned slots]"),
+                                          (_FinalStateCheckpoints, "not bitwise equal")])
+def test_conformance_case_catches_wrong_checkpoints(registry, cls, message):
+    from linattn.dispatch import resolve_device
+    from linattn.dispatch.hookspecs import BackendPlugin
+    from linattn.testing import generate_cases
+    from linattn.testing.runner import run_case
+
+    registry.add_plugin(BackendPlugin(cls), name=cls.name, distribution="tests")
+    good = [c for c in generate_cases(registry.backends["torch-chunked"], ops=["gdn_prefill"], kinds=["pool"],
+                                      caps=resolve_device(torch.device("cpu"))) if "/checkpoints[" in c.id]
+    assert len(good) == 1 and run_case(good[0], "cpu").status == "passed"
+    case = [c for c in generate_cases(registry.backends[cls.name], ops=["gdn_prefill"], kinds=["pool"],
+                                      caps=resolve_device(torch.device("cpu"))) if "/checkpoints[" in c.id]
+    assert len(case) == 1
+    result = run_case(case[0], "cpu")
+    assert result.status == "failed" and message in result.message, result.message
