@@ -432,7 +432,7 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     chunk_seq, chunk_j, windows = _plan(lens, order, HV, K, V, torch.finfo(cd).bits // 8, C)
     tok, real = _rows(chunk_seq, chunk_j, [cu[n] for n in order], [lens[n] for n in order], C, dev)
     dest = torch.where(real, tok, T)
-    marks = _checkpoint_marks(checkpoint_every, checkpoint_indices, order, lens, C) if pool_mode else {}
+    marks, ends = _checkpoint_marks(checkpoint_every, checkpoint_indices, order, lens, C)
     for lo, hi, steps in windows:
         entering = [] if any(lo <= ci < hi for ci in marks) else None
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, entering)
@@ -441,7 +441,7 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
 
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
-        for row in (dests[n], *marks.get(("end", i), ())):
+        for row in (dests[n], *ends.get(i, ())):
             dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
 
@@ -455,27 +455,28 @@ def _store_checkpoints(pool, marks: dict, entering: Optional[list], lo: int, hi:
             pool[marks[ci]].copy_(s_in.transpose(-1, -2) if layout == "vk" else s_in)
 
 
-def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> dict:
-    """Where the checkpoints are, in :func:`_plan`'s chunk numbering: ``{chunk: slot}`` for a
-    checkpoint that is the state entering that chunk, ``{("end", i): [slot]}`` for one at exactly the
-    length of sequence ``order[i]`` (its final state). Empty without checkpoints. ``every`` is a
+def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> tuple[dict, dict]:
+    """Where the checkpoints are, in :func:`_plan`'s chunk numbering: ``({chunk: slot}, {i: [slot]})``,
+    the first for a checkpoint that is the state entering that chunk, the second for one at exactly
+    the length of sequence ``order[i]`` (its final state). Empty without checkpoints. ``every`` is a
     multiple of the chunk ``c`` (any call with a checkpoint inside a sequence has ``c`` = 64)."""
+    out: dict = {}
+    ends: dict = {}
     if table is None:
-        return {}
+        return out, ends
     rows = table.tolist()
     counts = [-(-lens[n] // c) for n in order]
-    out: dict = {}
     for i, n in enumerate(order):
         for j, slot in enumerate(rows[n]):
             t = (j + 1) * every
             if slot < 0 or t > lens[n]:
                 continue
             if t == lens[n]:
-                out.setdefault(("end", i), []).append(slot)
+                ends.setdefault(i, []).append(slot)
                 continue
             ci = t // c  # the chunk that starts after t tokens: step ci, sequence position i
             out[sum(min(cnt, ci) for cnt in counts) + i] = slot
-    return out
+    return out, ends
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

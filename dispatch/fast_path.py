@@ -89,7 +89,8 @@ _DECODE_N = ("q", "k", "v", "a", "b", "g", "beta", "state_indices", "num_accepte
 #: which length (``t`` = T, ``n`` = N; ``cu_seqlens`` is N + 1 long)
 LENGTH_ARGUMENTS = {
     "prefill": {"q": "t", "k": "t", "v": "t", "g": "t", "beta": "t", "cu_seqlens": "n", "state_indices": "n",
-                "initial_state": "n", "has_initial_state": "n", "output_state_indices": "n"},
+                "initial_state": "n", "has_initial_state": "n", "output_state_indices": "n",
+                "checkpoint_indices": "n"},
     "decode": dict.fromkeys(_DECODE_N, "n"),
 }
 #: per decode or prefill op: its length arguments (:data:`LENGTH_ARGUMENTS` of its phase)

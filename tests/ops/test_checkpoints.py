@@ -252,3 +252,28 @@ def test_conformance_case_catches_wrong_checkpoints(registry, cls, message):
     assert len(case) == 1
     result = run_case(case[0], "cpu")
     assert result.status == "failed" and message in result.message, result.message
+
+
+@pytest.mark.parametrize("backend", ["torch-ref", "torch-chunked"])
+def test_only_checkpoints_at_the_sequence_ends(backend):
+    """Every sequence 64 tokens long, a checkpoint at each one's length: each equals its final state."""
+    d, pool = _inputs("gdn", seed=6, lens=[64] * 5), _pool(seed=7)
+    p = pool.clone()
+    linattn.gdn_prefill(**d, state_pool=p, state_indices=torch.arange(5), checkpoint_every=E,
+                        checkpoint_indices=torch.arange(10, 15).view(5, 1), backend=backend)
+    _untouched(pool, p, list(range(5)) + list(range(10, 15)))
+    assert torch.equal(bits(p[10:15]), bits(p[0:5]))
+
+
+def test_a_new_length_of_a_cached_class_checks_the_checkpoint_rows():
+    """The fast path's class plan (a new N of a known class) still checks ``checkpoint_indices.shape[0]
+    == N``: the table's rows are a length argument of the class key."""
+    kw = dict(state_pool=_pool(), checkpoint_every=E, backend="torch-chunked")
+    for _ in range(2):
+        linattn.gdn_prefill(**_inputs("gdn", lens=[64] * 5), state_indices=torch.arange(5),
+                            checkpoint_indices=torch.arange(10, 15).view(5, 1), **kw)
+    before = kw["state_pool"].clone()
+    with pytest.raises(ValueError, match=r"N = 6 \(one row per sequence\), got \[5, 1\]"):
+        linattn.gdn_prefill(**_inputs("gdn", lens=[64] * 6), state_indices=torch.arange(6),
+                            checkpoint_indices=torch.arange(10, 15).view(5, 1), **kw)
+    assert torch.equal(bits(kw["state_pool"]), bits(before))
