@@ -59,6 +59,13 @@ HAS_INITIAL_STATE = (True, False, True, False, True)  # prefill sequences / deco
 # prefill's empty sequence 0 copies slot 1 into slot 2); the read slots must stay bitwise unchanged
 PREFILL_OUT_SLOTS = (2, 6, 4, 5, -1)
 DECODE_OUT_SLOTS = (1, -1, 0, 5, -1)
+# checkpoints (prefill, every 64 tokens): in five rows added after the pool's PREFILL_P (so they
+# combine with output_state_indices): the 65-token sequence's after 64 tokens, the 130-token one's
+# after 64 and 128; the 1-token and the padding sequence name slots that must not be written
+PREFILL_CHECKPOINT_EVERY = 64
+PREFILL_CHECKPOINTS = ((-1, -1), (PREFILL_P + 3, -1), (PREFILL_P, -1), (PREFILL_P + 1, PREFILL_P + 2),
+                       (PREFILL_P + 4, -1))
+PREFILL_CHECKPOINTS_WRITTEN = (PREFILL_P, PREFILL_P + 1, PREFILL_P + 2)
 GATING_ROWS = 7
 CLAMP_ROWS = 5
 FULL_PRECISION = ("float32", "float64")
@@ -97,7 +104,8 @@ def kernel_class(p: Problem) -> str:
         return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.spec.per_channel_gates else "") + (
             " lower_bound" if p.lower_bound else "")
     flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound",
-                               "precomputed_gates", "has_initial_state", "output_state_indices") if getattr(p, name)]
+                               "precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints")
+             if getattr(p, name)]
     mode = f" {p.mode}" if p.phase == "prefill" else ""
     return (f"{p.dtype} state={p.state_dtype}/{p.state_layout}{mode} H={p.h} HV={p.hv} K={p.k} V={p.v}"
             + "".join(f" {f}" for f in flags))
@@ -339,7 +347,12 @@ def _prefill_case(p: Problem, gen, device):
         args["has_initial_state"] = torch.tensor(HAS_INITIAL_STATE[:len(PREFILL_LENS)])
     if p.output_state_indices and p.mode == "pool":
         args["output_state_indices"] = torch.tensor(PREFILL_OUT_SLOTS, dtype=torch.int32)
-    return {n: x.to(device) for n, x in args.items()}, dict(state_layout=p.state_layout)
+    opts = dict(state_layout=p.state_layout)
+    if p.checkpoints and p.mode == "pool":
+        args["state_pool"] = torch.cat([args["state_pool"], (r(5, *_state_shape(p)) * 0.5).to(sdt)])
+        args["checkpoint_indices"] = torch.tensor(PREFILL_CHECKPOINTS, dtype=torch.int32)
+        opts["checkpoint_every"] = PREFILL_CHECKPOINT_EVERY
+    return {n: x.to(device) for n, x in args.items()}, opts
 
 
 def _decode_case(p: Problem, gen, device):
@@ -455,6 +468,7 @@ def check_against_reference(backend, p: Problem, device) -> Check:
             pad = [t for n, s in enumerate(PREFILL_SLOTS) if s < 0 for t in range(cu[n], cu[n + 1])]
             c.zero("o", o[pad], "tokens of the padding sequence (slot -1)")
             written = PREFILL_OUT_SLOTS if p.output_state_indices else PREFILL_SLOTS
+            written += PREFILL_CHECKPOINTS_WRITTEN if p.checkpoints else ()
             owned = sorted({s for s in written if s >= 0})
             c.close("state", args["state_pool"][owned], ref_args["state_pool"][owned], tol_s)
             c.untouched(args["state_pool"], before["state_pool"], set(owned))

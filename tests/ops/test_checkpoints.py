@@ -277,3 +277,19 @@ def test_a_new_length_of_a_cached_class_checks_the_checkpoint_rows():
         linattn.gdn_prefill(**_inputs("gdn", lens=[64] * 6), state_indices=torch.arange(6),
                             checkpoint_indices=torch.arange(10, 15).view(5, 1), **kw)
     assert torch.equal(bits(kw["state_pool"]), bits(before))
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_self_check_runs_checkpoints_and_catches_a_backend_that_drops_them(separate):
+    """The first-call self-check (unverified archs) builds its prefill case with checkpoints (with and
+    without output_state_indices), so a backend that declares the feature and drops them fails it."""
+    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.self_check import check_against_reference, kernel_class
+
+    p = Problem(op="kda_prefill", h=1, hv=2, k=16, v=16, dtype="float32", mode="pool", checkpoints=True,
+                output_state_indices=separate)
+    assert "checkpoints" in kernel_class(p)
+    for good in ("torch-ref", "torch-chunked"):
+        result = check_against_reference(linattn.dispatch.get_registry().backends[good], p, "cpu")
+        assert result.ok, result.message
+    assert not check_against_reference(_DropsCheckpoints(), p, "cpu").ok
