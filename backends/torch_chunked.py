@@ -605,6 +605,8 @@ class TorchChunkedBackend(Backend):
                 "steps per sequence")
         if caps.vendor == "cpu" and per_seq < SHORT[p.family]:
             note += f"; below {SHORT[p.family]} tokens per sequence torch-ref's token-serial prefill is first"
+        if p.checkpoints:
+            note += "; checkpoints: the state entering the chunk at each checkpoint_every boundary, copied from the recurrence"
         return note
 
     def decode(self, call: DecodeCall):

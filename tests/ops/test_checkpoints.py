@@ -293,3 +293,10 @@ def test_self_check_runs_checkpoints_and_catches_a_backend_that_drops_them(separ
         result = check_against_reference(linattn.dispatch.get_registry().backends[good], p, "cpu")
         assert result.ok, result.message
     assert not check_against_reference(_DropsCheckpoints(), p, "cpu").ok
+
+
+def test_explain_names_the_checkpoints_in_torch_chunkeds_plan():
+    kw = dict(n=4, t=4096, h=16, hv=32, k=128, v=128, dtype="bfloat16", mode="pool")
+    note = {v.backend: v.message for v in linattn.explain("gdn_prefill", "cpu", checkpoints=True, **kw).verdicts}
+    plain = {v.backend: v.message for v in linattn.explain("gdn_prefill", "cpu", **kw).verdicts}
+    assert "checkpoint_every boundary" in note["torch-chunked"] and "checkpoint" not in plain["torch-chunked"]
