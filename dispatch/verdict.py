@@ -28,6 +28,7 @@ class Rank(enum.IntEnum):
 
     CPU_FIRST = 4  # torch-chunked on a CPU: the prefill default (but for the shortest sequences)
     PREFERRED = 5  # measured ahead of the native kernels here (cutedsl on SM100/SM103, cpu-chunked long prefills)
+    CPU_DECODE = 8  # torch-chunked's decode step on a CPU: ahead of torch-ref, behind PREFERRED plugins
     CPU_DEFAULT = 10  # torch-ref on a CPU: the embedded default
     NATIVE = 20  # a compiled-kernel backend on its native vendor (triton-split on NVIDIA, triton-folded on AMD/Intel)
     BEHIND_NATIVE = 60  # eligible but measured slower than the native one (cutedsl on SM90, cpu-chunked short prefills)
@@ -35,7 +36,7 @@ class Rank(enum.IntEnum):
     DEFAULT = 100  # Backend.rank's default: a plugin that says nothing
     CHUNKED_FALLBACK = 500  # torch-chunked: on a GPU where no kernel fits; on a CPU for short prefills (behind torch-ref)
     GPU_REFERENCE = 1000  # torch-ref on a GPU: the token-serial last resort
-    BEHIND_REFERENCE = 1500  # behind torch-ref everywhere: torch-chunked's decode (runs when forced or torch-ref is off)
+    BEHIND_REFERENCE = 1500  # behind torch-ref: torch-chunked's decode off the CPU (runs when forced or torch-ref is off)
     FORCED_ONLY = 2000  # off its native vendor or in the Triton interpreter: eligible only when forced
 
 

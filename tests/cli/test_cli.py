@@ -65,8 +65,8 @@ def test_report_lists_every_backend_with_a_verdict_per_op(registry):
             assert v["status"] in ("accepted", "rejected")
             if v["status"] == "rejected":
                 assert v["reason"] in REASONS and v["message"]
-        # the CPU's defaults: torch-chunked for prefill, torch-ref for the rest
-        assert row["chosen"] == ("torch-chunked" if op.endswith("_prefill") else "torch-ref"), op
+        # the CPU's defaults: torch-chunked for prefill and decode, torch-ref for the rest
+        assert row["chosen"] == ("torch-chunked" if op.endswith(("_prefill", "_decode")) else "torch-ref"), op
         assert by_op[op]["test-nvidia-only"]["status"] == "rejected"
     assert by_op["gdn_decode"]["test-nvidia-only"]["reason"] == "device"
     assert by_op["gdn_prefill"]["test-nvidia-only"]["reason"] == "op"
@@ -84,7 +84,7 @@ def test_report_sweeps_every_preset_over_decode_batches_and_prefill_tokens(regis
             assert (model, b) in decode
     for t in (256, 1024, 4096, 16384, 65536):
         assert ("qwen3-next", "gdn_prefill", t) in prefill and ("kimi-linear", "kda_gating", t) in prefill
-    assert all(r["chosen"] == ("torch-chunked" if r["op"].endswith("_prefill") else "torch-ref")
+    assert all(r["chosen"] == ("torch-chunked" if r["op"].endswith(("_prefill", "_decode")) else "torch-ref")
                for r in doc["sweep"])
 
 

@@ -79,13 +79,13 @@ def test_piped_report_keeps_every_backend_name_whole_in_header_and_cells(registr
     header, body = table_rows(res.stdout, "Verdict per op")
     assert header == ["op", "problem", *sorted(registry.backends)]
     assert [row[0] for row in body] == list(OPS)  # one line per op
-    for row in body:  # the CPU's defaults: torch-chunked for prefill, torch-ref for the rest
-        chosen = "torch-chunked" if row[0].endswith("_prefill") else "torch-ref"
+    for row in body:  # the CPU's defaults: torch-chunked for prefill and decode, torch-ref for the rest
+        chosen = "torch-chunked" if row[0].endswith(("_prefill", "_decode")) else "torch-ref"
         assert row[2 + sorted(registry.backends).index(chosen)].startswith("* rank")
     for title in ("Sweep: backend chosen per batch (decode)", "Sweep: backend chosen per tokens (prefill)"):
         _, sweep = table_rows(res.stdout, title)
         assert sweep and all(
-            cell in ("torch-chunked" if row[1].endswith("_prefill") else "torch-ref", "-")
+            cell in ("torch-chunked" if row[1].endswith(("_prefill", "_decode")) else "torch-ref", "-")
             for row in sweep for cell in row[2:])
 
 

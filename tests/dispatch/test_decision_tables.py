@@ -16,7 +16,7 @@ DECODE_TABLE = {
     "sm120": ("triton-split", "triton-split"),
     "mi300x": ("triton-folded", "triton-folded"),
     "xpu-pvc": ("triton-folded", "triton-folded"),
-    "cpu": ("torch-ref", "torch-ref"),
+    "cpu": ("torch-chunked", "torch-chunked"),  # torch-chunked's step: the CPU decode default (issue 31)
 }
 
 
@@ -63,7 +63,7 @@ def test_cpu_with_the_interpreter_runs_triton_only_when_forced(fresh_registry):
     caps = profile("cpu").with_toolchain(triton="3.6.0", triton_interpreter=True)
     p = Problem(op="gdn_decode", n=3, h=2, hv=4, k=16, v=16)
     d = explain(p, caps)
-    assert d.chosen == "torch-ref"  # F24: the dispatcher routes to the reference and says why
+    assert d.chosen == "torch-chunked"  # F24: the dispatcher routes to the PyTorch paths and says why
     assert d.verdict("triton-split").reason == Reason.NOT_FORCED
     assert explain(p, caps, backend="triton-split").chosen == "triton-split"
     assert explain(p, caps, backend="triton-folded").chosen == "triton-folded"

@@ -52,7 +52,7 @@ def test_a_dispatcher_of_its_own_shares_nothing_with_the_process_one(fresh_regis
     assert impl.name == "fp32-k16" and mine.last_decision("gdn_decode") is d
     assert last_decision("gdn_decode") is before  # the process dispatcher saw nothing
     assert "fp32-k16" not in get_registry().backends and not dispatcher().cached_decisions()
-    assert explain(DECODE, "cpu").chosen == "torch-ref" and mine.explain(DECODE, "cpu").chosen == "fp32-k16"
+    assert explain(DECODE, "cpu").chosen == "torch-chunked" and mine.explain(DECODE, "cpu").chosen == "fp32-k16"
 
 
 def test_clearing_and_resetting_forget_every_cached_decision(fresh_registry):
@@ -68,7 +68,7 @@ def test_clearing_and_resetting_forget_every_cached_decision(fresh_registry):
 
 def test_a_registry_change_is_a_new_cache_key_not_a_stale_hit(fresh_registry):
     cpu = torch.device("cpu")
-    assert select("gdn_decode", _sig(DECODE), cpu)[0].name == "torch-ref"
+    assert select("gdn_decode", _sig(DECODE), cpu)[0].name == "torch-chunked"
     fresh_registry.add_plugin(BackendPlugin(Fp32K16), name="late")
     assert select("gdn_decode", _sig(DECODE), cpu)[0].name == "fp32-k16"
     assert {e.generation for e in dispatcher().cached_decisions()} == {fresh_registry.generation - 1,

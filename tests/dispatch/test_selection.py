@@ -30,9 +30,9 @@ class RaisingPredicate(Backend):
         raise RuntimeError("predicate exploded")
 
 
-def test_cpu_default_is_the_reference(fresh_registry):
+def test_cpu_decode_default_is_torch_chunked(fresh_registry):
     d = explain(DECODE, "cpu")
-    assert d.chosen == "torch-ref"
+    assert d.chosen == "torch-chunked"
     assert {v.backend for v in d.verdicts} == set(fresh_registry.backends)
 
 
@@ -52,7 +52,7 @@ def test_plugin_registered_through_the_hook_is_discovered_ranked_and_explained(f
     assert "torch-ref" in d.runners_up
     # a shape it does not declare: rejected with the field, the value and the supported set
     d = explain(DECODE.model_copy(update={"k": 32}), "cpu")
-    assert d.chosen == "torch-ref"
+    assert d.chosen == "torch-chunked"
     v = d.verdict("test-fast")
     assert v.reason == Reason.SHAPE and "K=32" in v.message and "16" in v.message
     # wrong vendor
@@ -67,7 +67,7 @@ def test_plugin_with_wrong_api_version_is_rejected_not_loaded(fresh_registry):
     assert rec.status == "api_version" and "test-fast" not in fresh_registry.backends
     d = explain(DECODE, "cpu")
     assert d.verdict("plugin:future-plugin").reason == Reason.API_VERSION
-    assert d.chosen == "torch-ref"
+    assert d.chosen == "torch-chunked"
 
 
 def test_predicate_that_raises_is_reported_and_skipped(fresh_registry):
@@ -75,7 +75,7 @@ def test_predicate_that_raises_is_reported_and_skipped(fresh_registry):
     d = explain(DECODE, "cpu")
     v = d.verdict("test-raises")
     assert v.reason == Reason.BACKEND_ERROR and "predicate exploded" in v.message
-    assert d.chosen == "torch-ref"
+    assert d.chosen == "torch-chunked"
 
 
 def test_duplicate_backend_name_is_a_load_failure(fresh_registry):
@@ -113,7 +113,7 @@ def test_policy_forces_and_disables_scoped_and_nested(fresh_registry):
             assert d.chosen is None  # forced (outer) and disabled (inner): never a silent fallback
             assert d.verdict("torch-ref").reason == Reason.DISABLED
     with policy(disable=["test-fast"]):
-        assert explain(DECODE, "cpu").chosen == "torch-ref"
+        assert explain(DECODE, "cpu").chosen == "torch-chunked"
     assert explain(DECODE, "cpu").chosen == "test-fast"
 
 
@@ -142,7 +142,7 @@ def test_env_vars_force_and_disable(fresh_registry, monkeypatch):
     assert d.chosen == "torch-ref" and d.forced_by == "env"
     monkeypatch.setenv("LINATTN_BACKEND", "")
     monkeypatch.setenv("LINATTN_DISABLE", "test-fast")
-    assert explain(DECODE, "cpu").chosen == "torch-ref"
+    assert explain(DECODE, "cpu").chosen == "torch-chunked"
     # a scoped policy beats the environment
     monkeypatch.setenv("LINATTN_DISABLE", "")
     monkeypatch.setenv("LINATTN_BACKEND", "torch-ref")
@@ -233,7 +233,7 @@ def test_disabling_an_unknown_backend_is_logged(fresh_registry, caplog):
     with caplog.at_level(logging.WARNING, logger="linattn"):
         with policy(disable=["torch_ref_typo"]):
             d = explain(DECODE, "cpu")
-    assert d.chosen == "torch-ref"
+    assert d.chosen == "torch-chunked"
     assert any("torch_ref_typo" in r.getMessage() and "not a registered backend" in r.getMessage()
                for r in caplog.records)
 

@@ -144,7 +144,7 @@ def test_f42_calls_follow_the_innermost_scope_through_the_caches(other, monkeypa
 
 def test_f42_disable_accumulates_and_forcing_a_disabled_backend_is_refused(other, monkeypatch):
     monkeypatch.setenv("LINATTN_DISABLE", "other-ref")
-    assert _run_decode() == "torch-ref/None"
+    assert _run_decode() == "torch-chunked/None"  # the CPU decode default
     with policy(decode="other-ref"):
         with pytest.raises(NoBackendError, match="other-ref"):
             linattn.gdn_decode(*_decode_args())

@@ -55,7 +55,7 @@ def test_eager_decode_matches_the_float64_reference_and_reports_its_backend():
     assert (pool.double() - ref_pool).norm() / ref_pool.norm() < 1e-5
     assert torch.equal(o[2], torch.zeros_like(o[2]))
     d = linattn.last_decision()
-    assert d.op == "gdn_decode" and d.chosen == "torch-ref"
+    assert d.op == "gdn_decode" and d.chosen == "torch-chunked"
     assert linattn.last_decision("gdn_decode") is d
 
 

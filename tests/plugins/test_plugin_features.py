@@ -99,12 +99,12 @@ def test_v1_plugin_is_rejected_for_a_new_argument_and_the_call_falls_back(regist
     p = pool.clone()
     o = linattn.gdn_decode(**d, state_pool=p, state_indices=idx, **kw)
     dec = linattn.last_decision()
-    assert dec.chosen == "torch-ref" and CALLS == []
+    assert dec.chosen == "torch-chunked" and CALLS == []
     rej = _rejection("v1-decode")
     assert rej.reason == Reason.FEATURE and feature in rej.message
     assert ("g=, beta=" if feature == "precomputed_gates" else "has_initial_state=") in rej.message
     ref = pool.clone()
-    assert torch.equal(o, linattn.gdn_decode(**d, state_pool=ref, state_indices=idx, backend="torch-ref", **kw))
+    assert torch.equal(o, linattn.gdn_decode(**d, state_pool=ref, state_indices=idx, backend=dec.chosen, **kw))  # the fallback's bits
     assert torch.equal(p, ref)
     assert torch.equal(p[[1, 2, 3]], pool[[1, 2, 3]])  # unowned rows
 

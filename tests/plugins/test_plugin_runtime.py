@@ -224,7 +224,8 @@ def test_wrong_result_is_a_backend_run_error_then_backend_error_and_never_return
     snap = _unowned_rows(kwargs)
     out = call()
     d = linattn.last_decision(op)
-    assert d.chosen == "torch-ref" and d.verdict("mangler").reason == Reason.BACKEND_ERROR
+    default = "torch-chunked" if op.endswith("_decode") else "torch-ref"  # the CPU's defaults
+    assert d.chosen == default and d.verdict("mangler").reason == Reason.BACKEND_ERROR
     _assert_unowned_unchanged(snap)
     _, _, ref_kwargs, ref_call = _run(case)
     ref = ref_call(backend="torch-ref")
@@ -498,17 +499,21 @@ def test_adding_and_removing_a_plugin_while_another_thread_dispatches_new_shapes
             expected = gdn_decode_ref(**dict(args, state_pool=expected_pool))
             o = linattn.gdn_decode(**args)
             d = linattn.last_decision("gdn_decode")
-            assert d.chosen in ("flappy", "torch-ref") and d.verdict(d.chosen).ok
+            assert d.chosen in ("flappy", "torch-chunked") and d.verdict(d.chosen).ok
             assert d.problem.n == N and d.problem.t == T
-            assert o.shape == (N, T, HV, V) and torch.equal(o, expected)
-            assert torch.equal(args["state_pool"], expected_pool)
+            assert o.shape == (N, T, HV, V)
+            if d.chosen == "torch-chunked":  # its own fp32 step (fewer passes over the state): fp32's tolerance
+                assert torch.allclose(o, expected, rtol=1e-5, atol=1e-6)
+                assert torch.allclose(args["state_pool"], expected_pool, rtol=1e-5, atol=1e-6)
+            else:
+                assert torch.equal(o, expected) and torch.equal(args["state_pool"], expected_pool)
             _assert_unowned_unchanged(snap)
             seen.add(d.chosen)
             calls += 1
         stop.set()
         t.join(10)
         assert not t.is_alive() and not errors, errors
-        assert calls > 20 and cycles[0] > 20 and seen == {"flappy", "torch-ref"}, (calls, cycles, seen)
+        assert calls > 20 and cycles[0] > 20 and seen == {"flappy", "torch-chunked"}, (calls, cycles, seen)
         assert not reg.broken
     finally:
         reset_registry()
