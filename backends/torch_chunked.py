@@ -236,29 +236,33 @@ def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool, 
     bb = _heads_first(beta, idx).masked_fill_(~keep[:, None], 0.0).view(n * HV, c, 1)
     gg = gg.view(n * HV, c, *gg.shape[3:])
     G, Gl = cumsum2(gg)
-    if group > 1:  # GVA: value head hv reads q/k head hv // group
-        qkv = qk[:, :, None].expand(n, H, group, 2, c, kd).reshape(n * HV, 2, c, kd)
-    else:
-        qkv = qk.view(n * HV, 2, c, kd)
     if kda:
+        if group > 1:  # GVA: value head hv reads q/k head hv // group
+            qkv = qk[:, :, None].expand(n, H, group, 2, c, kd).reshape(n * HV, 2, c, kd)
+        else:
+            qkv = qk.view(n * HV, 2, c, kd)
         Aqk, Akk = _grams_kda(qkv, G, Gl)
         eG = _exp_le0(G.clone())  # [M, C, K]
         tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))  # exp(G_C - G_r): 1 on the last row
         dC = eG[:, -1:].transpose(1, 2)  # [M, K, 1]
+        qE, kE, kT = qkv[:, 0] * eG, qkv[:, 1] * eG, qkv[:, 1] * tail
     else:
         Aqk, Akk = _grams_gdn(qk.view(n * H, 2, c, kd), G, Gl, group)
         eG = _exp_le0(G.clone())[:, :, None]  # [M, C, 1]
         tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))[:, :, None]
         dC = eG[:, -1:]  # [M, 1, 1]
-    kv = qkv[:, 1]
+
+        def per_value_head(x, f):  # key heads x [n, H, C, K] times a value head's f [M, C, 1]: [M, C, K]
+            return (x[:, :, None] * f.view(n, H, group, c, 1)).view(n * HV, c, kd)  # GVA by broadcasting
+
+        qE, kE, kT = per_value_head(qk[:, :, 0], eG), per_value_head(qk[:, :, 1], eG), per_value_head(qk[:, :, 1], tail)
     X = _unit_lower_inverse(Akk.mul_(bb))
-    U, W = X @ vv.mul_(bb), X @ (kv * eG).mul_(bb)  # (I + Akk)^-1 diag(beta) [V | K exp(G)]
+    U, W = X @ vv.mul_(bb), X @ kE.mul_(bb)  # (I + Akk)^-1 diag(beta) [V | K exp(G)]
     Vdim = vv.shape[-1]
-    kt = (kv * tail).transpose(1, 2)  # [M, K, C]
-    S_in = _recurrence(S, U, W, kt, dC, [((f - lo) * HV, r * HV) for f, r in states])
+    S_in = _recurrence(S, U, W, kT.transpose(1, 2), dC, [((f - lo) * HV, r * HV) for f, r in states])
     if entering is not None:
         entering.append(S_in)
-    O = torch.baddbmm(Aqk @ U, qkv[:, 0] * eG, S_in)
+    O = torch.baddbmm(Aqk @ U, qE, S_in)
     return O.view(n, HV, c, Vdim)
 
 
