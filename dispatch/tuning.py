@@ -263,24 +263,56 @@ class Tuned(BaseModel):
                           times_ms=dict(e.times_ms) if e else {}, failed=dict(e.failed) if e else {})
 
 
+def _read(key: TableKey, path: Path) -> tuple[Optional[TuneTable], str]:
+    """The table at ``path`` when it parses and has ``key``, else None and why it cannot be used."""
+    try:
+        table = TuneTable.model_validate_json(path.read_text())
+    except ValidationError as e:  # invalid JSON too: name the first field (or the JSON error) that fails
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ())) or "JSON"
+        return None, f"not a table of format {FORMAT} ({where}: {err.get('msg', '')})"
+    except (OSError, ValueError) as e:
+        return None, f"not a table of format {FORMAT} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if table.key != key:
+        return None, f"made for other versions ({'; '.join(table.key.differences(key))})"
+    return table, ""
+
+
 def load(key: TableKey, paths: list[tuple[str, Optional[Path]]]) -> Optional[Tuned]:
     """The first of ``paths`` (``(origin, path)``) that exists, parses and has ``key``; every one that
     exists but is not used gets one INFO line saying why."""
     for origin, path in paths:
         if path is None or not path.is_file():
             continue
-        try:
-            table = TuneTable.model_validate_json(path.read_text())
-        except (OSError, ValueError, ValidationError) as e:
-            log.info("linattn: tuned table %s ignored: not a table of format %d (%s); rerun `linattn tune`",
-                     path, FORMAT, str(e).splitlines()[0])
-            continue
-        if table.key != key:
-            log.info("linattn: tuned table %s ignored: made for other versions (%s); static ranks apply until "
-                     "`linattn tune` measures again", path, "; ".join(table.key.differences(key)))
+        table, why = _read(key, path)
+        if table is None:
+            log.info("linattn: tuned table %s ignored: %s; static ranks apply until `linattn tune` measures again",
+                     path, why)
             continue
         return Tuned(table=table, origin=origin, path=str(path))
     return None
+
+
+def ignored(caps) -> list[str]:
+    """For ``linattn explain`` when no table is in force for the probed device ``caps``: one line per
+    table file that exists (the user's, the shipped one) but cannot be used, ``"<path>: <why>"``
+    (unparsable, another format, made for other versions); ``LINATTN_TUNED=0`` is named as such.
+    Empty for a profile and where no file exists. Never raises (an unreadable cache dir is a line)."""
+    if caps.profile is not None:
+        return []
+    if not env_switch(TUNED_VAR, default=True):
+        return [f"{TUNED_VAR}=0 turns tables off (unset it to use them)"]
+    try:
+        key = current_key(caps)
+        out = []
+        for path in (table_path(key), shipped_path(key.arch)):
+            if path is not None and path.is_file():
+                table, why = _read(key, path)
+                if table is None:
+                    out.append(f"{path}: {why}; `linattn tune` measures again")
+        return out
+    except Exception as e:  # noqa: BLE001 - a diagnostic line, never a failure of explain
+        return [f"{type(e).__name__}: {e}"]
 
 
 _UNREAD = object()

@@ -41,6 +41,7 @@ from linattn.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.tuning import ignored as tuning_ignored
 # The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
 from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
                             SIZE_MAX, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
@@ -279,10 +280,14 @@ def _trace_table(d) -> Table:
     return t
 
 
-def _tuning_line(d) -> Text:
-    """Which tuned table the decision read, and what it holds for the problem's bucket."""
+def _tuning_line(d, caps=None) -> Text:
+    """Which tuned table the decision read, and what it holds for the problem's bucket; where none is
+    in force, why a table file that exists was not used (``caps``: the probed device)."""
     n = d.tuning
     if n is None:
+        why = tuning_ignored(caps) if caps is not None else []
+        if why:
+            return Text.assemble(("tuning ", "bold"), "no tuned table in force, static ranks; ignored: " + "; ".join(why))
         return Text.assemble(("tuning ", "bold"), "no tuned table for this device: static ranks (`linattn tune` makes one)")
     what = "measured" if n.measured else "no entry for this bucket: static ranks"
     return Text.assemble(("tuning ", "bold"), f"{n.origin} table {n.path} (made {n.made}); bucket {n.bucket.label()}: {what}")
@@ -301,7 +306,7 @@ def _outcome(d) -> list[Text]:
     return [Text("no backend accepts this problem", style="bold red")]
 
 
-def _render_decision(d, prob: Problem, model: str) -> None:
+def _render_decision(d, prob: Problem, model: str, caps=None) -> None:
     con = stdout_console()
     device = f"{d.device.removesuffix(' (profile)')} (profile {d.profile})" if d.profile else d.device
     con.print(Text.assemble(("op ", "bold"), d.op, ("   model ", "bold"), model, ("   device ", "bold"), device))
@@ -310,7 +315,7 @@ def _render_decision(d, prob: Problem, model: str) -> None:
     pol = d.policy
     pol_txt = f"force={pol.force} disable={pol.disable} source={pol.source}"
     con.print(Text.assemble(("forced ", "bold"), forced, ("   policy ", "bold"), pol_txt))
-    con.print(_tuning_line(d))
+    con.print(_tuning_line(d, caps))
     con.print(_trace_table(d))
     for line in _outcome(d):
         con.print(line)
@@ -355,7 +360,7 @@ def explain(
     if as_json:
         _emit_json(decision_doc(d, prob, model))
     else:
-        _render_decision(d, prob, model)
+        _render_decision(d, prob, model, caps)
     raise typer.Exit(code=0 if d.chosen else 1)
 
 

@@ -90,6 +90,34 @@ def test_a_table_of_other_versions_is_ignored_with_one_info_line(tuned, caplog):
     assert d1.chosen == d2.chosen == "torch-chunked"  # the static rank
 
 
+def test_explain_says_why_a_table_file_on_disk_is_not_used(tuned, monkeypatch):
+    """A stale, a truncated or a malformed table and LINATTN_TUNED=0 are named in `explain`, not
+    reported as "no tuned table"."""
+    key = current_key(_caps())
+    stale = key.model_copy(update={"versions": {**key.versions, "torch": "0.0.1"}})
+    _write_table([Entry(bucket=bucket_of(_prefill(2, 128)), times_ms={"torch-ref": 1.0})], stale)
+    path = table_path(key)
+    full = path.read_text()
+
+    def line() -> str:
+        clear_cache()
+        res = CliRunner().invoke(cli.app, ["explain", "gdn_decode"], env={"COLUMNS": "400"})
+        assert res.exit_code == 0
+        return next(ln for ln in res.stdout.splitlines() if ln.startswith("tuning"))
+
+    assert "no tuned table in force" in line() and f"torch: 0.0.1 != {torch.__version__}" in line() and str(path) in line()
+    path.write_text(full[: len(full) // 2])  # cut short
+    assert "Invalid JSON" in line()
+    path.write_text(full.replace('"format": 1', '"format": 99'))
+    assert "format: Input should be 1" in line()
+    monkeypatch.setenv("LINATTN_TUNED", "0")
+    assert "LINATTN_TUNED=0 turns tables off" in line()
+    monkeypatch.setenv("LINATTN_TUNED", "1")
+    path.unlink()
+    assert "no tuned table for this device" in line()
+    assert tuning_mod.ignored(linattn.capabilities.profile("cpu")) == []  # a profile reads no table
+
+
 def test_inside_a_bucket_the_table_ranks_and_outside_it_the_static_rank(tuned):
     assert explain(_prefill(2, 128), "cpu").chosen == "torch-chunked"  # static: what the table must overturn
     _write_table([Entry(bucket=bucket_of(_prefill(2, 128)), times_ms={"torch-ref": 1.0, "torch-chunked": 9.0})])
