@@ -343,10 +343,10 @@ def _slots(state_pool, state_indices, initial_state, has_initial_state, output_s
         slots = [int(s) for s in state_indices.tolist()]
         dests = slots if output_state_indices is None else [int(s) for s in output_state_indices.tolist()]
         carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
-        for n in range(N):
-            if slots[n] >= 0 and lens[n] == 0 and not carry[n]:
+        for n in range(N):  # a negative write slot (validate=False, as the other backends) stores nothing
+            if slots[n] >= 0 and dests[n] >= 0 and lens[n] == 0 and not carry[n]:
                 state_pool[dests[n]].zero_()
-            elif slots[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
+            elif slots[n] >= 0 and dests[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
                 state_pool[dests[n]].copy_(state_pool[slots[n]])
         return slots, dests, carry, None
     if initial_state is not None:
@@ -447,7 +447,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
         for row in (dests[n], *ends.get(i, ())):
-            dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+            if row >= 0:  # a negative write slot (only with validate=False) stores nothing, as in torch-ref
+                dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
 
 
@@ -575,6 +576,8 @@ def decode_step(call: DecodeCall) -> torch.Tensor:
             S.mul_(d_state).addcmul_(*outer)
         else:
             for i, r in enumerate(rows):
+                if dests[r] < 0:  # a negative write slot (only with validate=False) stores nothing, as in torch-ref
+                    continue
                 S = pool[slots[r]]
                 if dests[r] != slots[r]:  # separate write slot: the state is advanced there (validated: no one reads it)
                     S = pool[dests[r]].copy_(S)

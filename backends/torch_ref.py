@@ -460,10 +460,10 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
     # sequences that run, longest first, so that at step t a block's running ones are a prefix
     active = sorted((n for n in range(N) if valid[n] and lens[n] > 0), key=lambda n: -lens[n])
     if pool_mode:  # an empty sequence: its final state is the state it starts from (zeros when fresh)
-        for n in range(N):
-            if valid[n] and lens[n] == 0 and not carry[n]:
+        for n in range(N):  # a negative write slot (validate=False) stores nothing, as _store skips it
+            if valid[n] and dests[n] >= 0 and lens[n] == 0 and not carry[n]:
                 state_pool[dests[n]].zero_()
-            elif valid[n] and lens[n] == 0 and dests[n] != slots[n]:
+            elif valid[n] and dests[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
                 state_pool[dests[n]].copy_(state_pool[slots[n]])
     if not active:
         return o.to(q.dtype), final

@@ -153,6 +153,24 @@ def test_padding_on_other_rows_than_state_indices_is_refused(call):
     _refused(call([1, 2, 3], [4, -1, 3]), r"sequence 1: .* padding \(a negative index\) must be on the same rows")
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_without_validation_a_negative_write_slot_stores_nothing(op, backend):
+    """validate=False (or CUDA-graph capture) skips the padding-rows rule; a row with a real read slot
+    and a negative write slot then stores nothing on every backend (torch-chunked once wrote it to
+    the pool's last row, Python's index -1), and its output is the one the read state gives."""
+    d = (decode_inputs("gdn", 3, 1, H, HV, K, V, torch.float32, "cpu") if op == "decode"
+         else prefill_inputs("gdn", [3, 0, 3], H, HV, K, V, torch.float32, "cpu"))
+    run = run_decode if op == "decode" else run_prefill
+    outs = []
+    for write in ([4, -1, 3], [4, 5, 3]):
+        pool = _pool()
+        outs.append(run("gdn", d, pool, [1, 2, 3], write, backend=backend, validate=False))
+        kept = [r for r in range(P) if r not in write]
+        assert torch.equal(pool[kept], _pool()[kept])  # with -1: slot 5 and the last row keep their bits
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_a_fresh_sequence_does_not_read_its_slot_so_another_may_write_it():
     pool = _pool()
     his = torch.tensor([False, True, True])
