@@ -446,9 +446,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
 
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
-        for row in (dests[n], *ends.get(i, ())):
-            if row >= 0:  # a negative write slot (only with validate=False) stores nothing, as in torch-ref
-                dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
+        for row in (r for r in (dests[n], *ends.get(i, ())) if r >= 0):  # a negative write slot (validate=False): none
+            dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
     return o[:T].to(q.dtype), final
 
 
