@@ -25,6 +25,7 @@ Examples::
 from __future__ import annotations
 
 import functools
+import os
 import statistics
 import time
 from pathlib import Path
@@ -36,7 +37,8 @@ import typer
 import linattn
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.policy import Policy, current_policy
-from linattn.dispatch.tuning import TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, write
+from linattn.dispatch.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
+                                     write)
 from linattn.dispatch.problem import Problem
 
 #: the family presets the default buckets use (their heads and head dims)
@@ -277,6 +279,7 @@ def tune(
         sh = _parse_shape(shape)
         chosen = (parse_buckets(buckets, sh, dtype, state_dtype) if buckets
                   else default_buckets(dev.type, quick, sh, dtype, state_dtype))
+        _check_writable(out)  # before minutes of measuring, not after the first bucket
     except (ValueError, RuntimeError) as e:  # UsageError is a ValueError
         _fail_usage(e, as_json)
     err = Console(stderr=True)
@@ -291,6 +294,23 @@ def tune(
         _emit_json(doc)
         return
     _render(doc, stdout_console())
+
+
+def _check_writable(out: Optional[Path]) -> None:
+    """Raise ``UsageError`` when the table's folder (``--out``'s, else the user's tune dir) cannot be
+    created or written."""
+    from linattn.report import UsageError
+
+    folder = Path(out).expanduser().parent if out is not None else tune_dir()
+    what = f"--out {out}" if out is not None else f"the tuned-table folder {folder} ({TUNE_DIR_VAR} or the user cache dir)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{what} cannot be created ({e.strerror or e}); nothing was measured. "
+                         f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} is not writable; nothing was measured. "
+                         f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}")
 
 
 def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out) -> str:

@@ -238,6 +238,22 @@ def test_tune_cli_refuses_a_malformed_bucket(tuned, spec):
     assert res.exit_code == 2 and "--buckets item" in res.output
 
 
+def test_tune_cli_refuses_a_folder_it_cannot_write_before_measuring(tuned, monkeypatch):
+    """An unwritable LINATTN_TUNE_DIR or --out is a usage error up front (it was a warning per bucket
+    and exit 0 naming a file never written; --out a traceback after the first bucket)."""
+    blocker = tuned / "a-file"
+    blocker.write_text("")
+    measured = []
+    monkeypatch.setattr(tune, "run", lambda *a, **k: measured.append(1) or [])
+    args = ["tune", "--device", "cpu", "--buckets", "gdn_decode:1", "--shape", "1,1,8,8", "--repeats", "1"]
+    res = CliRunner().invoke(cli.app, [*args, "--out", str(blocker / "t.json")])
+    assert res.exit_code == 2 and "cannot be created" in res.output and "nothing was measured" in res.output
+    monkeypatch.setenv("LINATTN_TUNE_DIR", str(blocker / "sub"))
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 2 and "tuned-table folder" in res.output and "LINATTN_TUNE_DIR" in res.output
+    assert measured == []
+
+
 def test_a_table_written_in_the_process_replaces_the_decisions_and_call_plans_made_before_it(tuned):
     assert _run_prefill(2, 128).chosen == "torch-chunked"  # decided, and the call's plan kept
     entry = Entry(bucket=bucket_of(_prefill(2, 128)), times_ms={"torch-ref": 1.0, "torch-chunked": 9.0})
