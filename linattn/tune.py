@@ -276,6 +276,9 @@ def tune(
             raise UsageError(f"--device {device}: no CUDA/ROCm device is visible to torch {torch.__version__}; tune "
                              "measures on a device that is present (--device cpu times the CPU backends)")
         resolve_device(dev)  # a device that is not there is a usage error
+        if quick and buckets:
+            raise UsageError("--quick and --buckets both choose the buckets; give one (--quick: a few of the default "
+                             "buckets; --buckets: exactly these)")
         sh = _parse_shape(shape)
         chosen = (parse_buckets(buckets, sh, dtype, state_dtype) if buckets
                   else default_buckets(dev.type, quick, sh, dtype, state_dtype))

@@ -238,6 +238,11 @@ def test_tune_cli_refuses_a_malformed_bucket(tuned, spec):
     assert res.exit_code == 2 and "--buckets item" in res.output
 
 
+def test_tune_cli_refuses_quick_with_buckets(tuned):
+    res = CliRunner().invoke(cli.app, ["tune", "--device", "cpu", "--quick", "--buckets", "gdn_decode:1"])
+    assert res.exit_code == 2 and "--quick and --buckets" in res.output  # was: --quick silently ignored
+
+
 def test_tune_cli_refuses_a_folder_it_cannot_write_before_measuring(tuned, monkeypatch):
     """An unwritable LINATTN_TUNE_DIR or --out is a usage error up front (it was a warning per bucket
     and exit 0 naming a file never written; --out a traceback after the first bucket)."""
