@@ -123,12 +123,15 @@ def summary(rows: list[dict], target: float = TARGET, not_started: tuple = ()) -
 def paired_ms(a: Callable[[], object], b: Callable[[], object], device: torch.device,
               repeats: int) -> tuple[float, float]:
     """Median milliseconds of ``a`` and of ``b``, timed one call of each per round (each warmed up
-    once), with ``linattn tune``'s one-call timer."""
+    once), with the one-call timer ``linattn tune`` uses (:class:`linattn.bench.Timer`, no L2 flush)."""
+    from linattn.bench import Timer
+
+    once = Timer(device, flush=False).once
     a(), b()
     ta, tb = [], []
     for _ in range(max(repeats, 1)):
-        ta.append(tune._once(a, device))
-        tb.append(tune._once(b, device))
+        ta.append(once(a))
+        tb.append(once(b))
     return statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
 
 

@@ -97,28 +97,16 @@ def inputs(p: Problem, device: torch.device, seed: int = 0) -> dict:
                 cu_seqlens=torch.arange(0, T + 1, L, device=device, dtype=torch.int32), **common)
 
 
-def _once(fn: Callable[[], object], device: torch.device) -> float:
-    """Seconds of one call of ``fn``, the device idle before it (CUDA events on CUDA)."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    torch.cuda.synchronize(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e-3
-
-
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int, best_ms: Optional[float] = None) -> float:
     """Median milliseconds of ``fn``: one warm-up call, then ``repeats`` timed calls (one when the
     first is over :data:`SLOW_FACTOR` times ``best_ms``)."""
-    _once(fn, device)
-    times = [_once(fn, device)]
+    from linattn.bench import Timer
+
+    once = Timer(device, flush=False).once  # CUDA events after a sync on CUDA, perf_counter elsewhere
+    once(fn)
+    times = [once(fn)]
     if best_ms is None or times[0] * 1e3 <= SLOW_FACTOR * best_ms:
-        times += [_once(fn, device) for _ in range(max(repeats, 1) - 1)]
+        times += [once(fn) for _ in range(max(repeats, 1) - 1)]
     return statistics.median(times) * 1e3
 
 
