@@ -208,6 +208,9 @@ def bench_target_decode(family: str, batch: int, repeats: int) -> dict:
     fns = {"linattn": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"], beta=x["beta"]),
            "torch-chunked": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"],
                                        beta=x["beta"], backend="torch-chunked"),
+           # the float64-exact oracle, the CPU decode default before torch-chunked's step (f537d4f)
+           "torch-ref": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"],
+                                   beta=x["beta"], backend="torch-ref"),
            "transformers": lambda: hf(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=state,
                                       output_final_state=True, use_qk_l2norm_in_kernel=True)}
     times = _interleaved(fns, repeats, inner=20)
