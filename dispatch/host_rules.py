@@ -382,16 +382,25 @@ def _prefill_state(args: dict, dims: Dims) -> None:
         dims["state_dtype"] = _state_tensor(args, dims, "initial_state", (dims["n"],), "N")
 
 
+def _pool_mode_tensor(args: dict, dims: Dims, name: str, refusal: str) -> Optional[torch.Tensor]:
+    """``args[name]`` (a tensor), or None when it is not given; ``ValueError(refusal)`` when it is
+    given outside pool mode (an argument that only names or flags pool slots)."""
+    if args.get(name) is None:
+        return None
+    x = _tensor(args, name)
+    if dims["mode"] != "pool":
+        raise ValueError(refusal)
+    return x
+
+
 def _has_initial_state(args: dict, dims: Dims) -> None:
     """has_initial_state [N] bool (pool-mode prefill and decode): False = start from a zero state
     without reading the slot. Refused in dense-mode prefill (initial_state says it there)."""
-    x = args.get("has_initial_state")
+    x = _pool_mode_tensor(args, dims, "has_initial_state",
+                          "has_initial_state is for pool mode (state_pool + state_indices); in dense mode "
+                          "pass initial_state (None, or zeros for the sequences that start fresh) instead.")
     if x is None:
         return
-    x = _tensor(args, "has_initial_state")
-    if dims["mode"] != "pool":
-        raise ValueError("has_initial_state is for pool mode (state_pool + state_indices); in dense mode "
-                         "pass initial_state (None, or zeros for the sequences that start fresh) instead.")
     if x.dtype != torch.bool:
         raise TypeError(f"has_initial_state has dtype {x.dtype}; allowed: {{torch.bool}} (True: continue from "
                         f"the slot's state, False: start from zeros). Convert it with .bool() or (x != 0).")
@@ -406,14 +415,12 @@ def _output_state_indices(args: dict, dims: Dims) -> None:
     sequence's final state is written to, read from ``state_indices`` (None = write where read).
     Same dtypes and shape as ``state_indices [N]``; refused in dense mode, with a per-token slot
     table ``[N, T]`` and with ``disable_state_update=True`` (docs/ops.md "Separate read and write slots")."""
-    x = args.get("output_state_indices")
+    x = _pool_mode_tensor(args, dims, "output_state_indices",
+                          "output_state_indices is for pool mode (state_pool + state_indices: the read slots); "
+                          "in dense mode the final state is returned, so there is no slot to write. Drop it, "
+                          "or pass state_pool and state_indices.")
     if x is None:
         return
-    x = _tensor(args, "output_state_indices")
-    if dims["mode"] != "pool":
-        raise ValueError("output_state_indices is for pool mode (state_pool + state_indices: the read slots); "
-                         "in dense mode the final state is returned, so there is no slot to write. Drop it, "
-                         "or pass state_pool and state_indices.")
     if dims.get("table"):
         raise ValueError("output_state_indices applies to state_indices [N]; with a per-token slot table "
                          "state_indices [N, T] the table already names where the state after each token "
