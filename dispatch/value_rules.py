@@ -54,19 +54,25 @@ def _range_probe(idx: torch.Tensor, name: str, bound: int, what: str, source: st
     return [(bad.any(), explain)]
 
 
+def _repeats(slots: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: a valid slot (``>= 0``) appears twice in ``slots`` (any shape; negative entries
+    never count). One sort on the device, no sync."""
+    keyed = slots.flatten().sort().values
+    return ((keyed[1:] == keyed[:-1]) & (keyed[1:] >= 0)).any()
+
+
 def _duplicate_probe(idx: torch.Tensor, name: str) -> list:
     """No valid slot may be named by two sequences (rows); a row may repeat its own slot."""
     table = idx if idx.dim() == 2 else idx.unsqueeze(1)
     if table.shape[0] < 2 or table.shape[1] == 0:
         return []
     if table.shape[1] == 1:
-        keyed = idx.flatten().sort().values
+        flag = _repeats(idx)
     else:  # drop a row's repeats of its own slots, then look for a slot shared by two rows
         rows = table.sort(dim=1).values
         fresh = torch.ones_like(rows, dtype=torch.bool)
         fresh[:, 1:] = rows[:, 1:] != rows[:, :-1]
-        keyed = torch.where(fresh & (rows >= 0), rows, -1).flatten().sort().values
-    flag = ((keyed[1:] == keyed[:-1]) & (keyed[1:] >= 0)).any()
+        flag = _repeats(torch.where(fresh & (rows >= 0), rows, -1))
 
     def explain():
         owner: dict[int, int] = {}
@@ -143,8 +149,7 @@ def _v_checkpoints(args: dict, dims: Dims) -> list:
     out = args.get("output_state_indices")
     finals = reads if out is None else out.to(torch.int64)
     marks = table.to(torch.int64).flatten()
-    keyed = torch.cat([marks, finals]).where(torch.cat([marks, finals]) >= 0, -1).sort().values
-    twice = ((keyed[1:] == keyed[:-1]) & (keyed[1:] >= 0)).any()
+    twice = _repeats(torch.cat([marks, finals]))
 
     def explain_twice():
         owner: dict[int, str] = {}
