@@ -55,7 +55,8 @@ from linattn.dispatch.verdict import Rank
 from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
 
 from .base import ALL_VENDORS, Backend, DecodeCall, PrefillCall
-from .torch_ref import G_MIN, gdn_decode_ref, gdn_gating_ref, kda_decode_ref, kda_gating_ref, l2norm_ref, seq_lengths
+from .torch_ref import (G_MIN, gdn_decode_ref, gdn_gating_ref, kda_decode_ref, kda_gating_ref, l2norm_ref, seq_lengths,
+                        store_empty_sequences)
 
 __all__ = ["CHUNK", "TorchChunkedBackend", "chunked_prefill"]
 
@@ -343,11 +344,7 @@ def _slots(state_pool, state_indices, initial_state, has_initial_state, output_s
         slots = [int(s) for s in state_indices.tolist()]
         dests = slots if output_state_indices is None else [int(s) for s in output_state_indices.tolist()]
         carry = [True] * N if has_initial_state is None else [bool(x) for x in has_initial_state.tolist()]
-        for n in range(N):  # a negative write slot (validate=False, as the other backends) stores nothing
-            if slots[n] >= 0 and dests[n] >= 0 and lens[n] == 0 and not carry[n]:
-                state_pool[dests[n]].zero_()
-            elif slots[n] >= 0 and dests[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
-                state_pool[dests[n]].copy_(state_pool[slots[n]])
+        store_empty_sequences(state_pool, slots, dests, carry, lens)
         return slots, dests, carry, None
     if initial_state is not None:
         rows = list(range(N))

@@ -420,6 +420,21 @@ kda_decode_ref.__doc__ = ("KDA decode / speculative verify: as :func:`gdn_decode
 
 # -- prefill ------------------------------------------------------------------------------------
 
+def store_empty_sequences(state_pool: torch.Tensor, slots: list, dests: list, carry: list, lens: list) -> None:
+    """Pool mode of the PyTorch prefills: an empty sequence's final state is the state it starts
+    from, so for each ``n`` with ``lens[n] == 0`` and a read slot ``slots[n] >= 0``, its write slot
+    ``dests[n]`` gets zeros when fresh (``carry[n]`` False) or a copy of the read slot when it is
+    another. A negative write slot (reachable only with ``validate=False``) stores nothing, as
+    :func:`_store` skips one."""
+    for n, (s, d) in enumerate(zip(slots, dests)):
+        if s < 0 or d < 0 or lens[n]:
+            continue
+        if not carry[n]:
+            state_pool[d].zero_()
+        elif d != s:
+            state_pool[d].copy_(state_pool[s])
+
+
 def seq_lengths(cu_seqlens: torch.Tensor) -> tuple[list[int], list[int]]:
     """``(cu, lens)``: the offsets of ``cu_seqlens [N + 1]`` as Python ints (one host read) and each
     sequence's length ``cu[n + 1] - cu[n]`` (the PyTorch prefills' loop bounds)."""
@@ -459,12 +474,8 @@ def _prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_st
     o = torch.zeros(T, HV, V, dtype=cd, device=dev)
     # sequences that run, longest first, so that at step t a block's running ones are a prefix
     active = sorted((n for n in range(N) if valid[n] and lens[n] > 0), key=lambda n: -lens[n])
-    if pool_mode:  # an empty sequence: its final state is the state it starts from (zeros when fresh)
-        for n in range(N):  # a negative write slot (validate=False) stores nothing, as _store skips it
-            if valid[n] and dests[n] >= 0 and lens[n] == 0 and not carry[n]:
-                state_pool[dests[n]].zero_()
-            elif valid[n] and dests[n] >= 0 and lens[n] == 0 and dests[n] != slots[n]:
-                state_pool[dests[n]].copy_(state_pool[slots[n]])
+    if pool_mode:
+        store_empty_sequences(state_pool, slots, dests, carry, lens)
     if not active:
         return o.to(q.dtype), final
     qc = _prep_qk(q, HV, K ** -0.5 if scale is None else scale, use_qk_l2norm, cd)
