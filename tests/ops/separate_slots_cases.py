@@ -122,23 +122,31 @@ def _forked_rows(read: list, write: list, fresh: list | None) -> list:
     return [n for n, (r, w) in enumerate(zip(read, write)) if r >= 0 and r != w and not (fresh and fresh[n])]
 
 
-def check_decode_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
-                      state_layout: str = "vk", read: list = DECODE_READ, write: list = DECODE_WRITE) -> None:
-    """Decode with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
+def _check_against_oracle(run, family: str, backend: str, pool: torch.Tensor, d: dict, read: list, write: list,
+                          fresh: list | None, state_layout: str) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """``run`` (run_decode or run_prefill) with separate slots equals the in-place oracle bitwise
+    (outputs and written slots), on ``backend``; rows not written keep their bits. Returns the
+    output, the pool after the call and the forked rows (at least one)."""
     kw = dict(backend=backend, state_layout=state_layout)
-    his = None if fresh is None else torch.tensor([not f for f in fresh], device=pool.device)
-    if his is not None:
-        kw["has_initial_state"] = his
+    if fresh is not None:
+        kw["has_initial_state"] = torch.tensor([not f for f in fresh], device=pool.device)
     got_pool = pool.clone()
-    o = run_decode(family, d, got_pool, read, write, **kw)
+    o = run(family, d, got_pool, read, write, **kw)
     assert linattn.last_decision().chosen == backend
     want_pool = forked_pool(pool, read, write, fresh)
-    o_want = run_decode(family, d, want_pool, write, **kw)
+    o_want = run(family, d, want_pool, write, **kw)
     assert torch.equal(o, o_want)
     assert torch.equal(got_pool[written(write)], want_pool[written(write)])
     assert_untouched(pool, got_pool, write)
     forks = _forked_rows(read, write, fresh)
-    assert forks, "the case must fork at least one row"
+    assert forks, "the case must fork at least one row (sequence)"
+    return o, got_pool, forks
+
+
+def check_decode_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *, fresh: list | None = None,
+                      state_layout: str = "vk", read: list = DECODE_READ, write: list = DECODE_WRITE) -> None:
+    """Decode with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
+    o, got_pool, forks = _check_against_oracle(run_decode, family, backend, pool, d, read, write, fresh, state_layout)
     for n in forks:  # the forked row was advanced, its source was not
         assert not torch.equal(got_pool[write[n]], pool[read[n]])
     for n in (n for n, r in enumerate(read) if r < 0):
@@ -149,18 +157,7 @@ def check_prefill_fork(family: str, backend: str, pool: torch.Tensor, d: dict, *
                        state_layout: str = "vk", read: list = PREFILL_READ, write: list = PREFILL_WRITE,
                        lens: list = PREFILL_LENS) -> None:
     """Prefill with separate slots equals the in-place oracle bitwise; unwritten rows unchanged."""
-    kw = dict(backend=backend, state_layout=state_layout)
-    if fresh is not None:
-        kw["has_initial_state"] = torch.tensor([not f for f in fresh], device=pool.device)
-    got_pool = pool.clone()
-    o = run_prefill(family, d, got_pool, read, write, **kw)
-    assert linattn.last_decision().chosen == backend
-    want_pool = forked_pool(pool, read, write, fresh)
-    o_want = run_prefill(family, d, want_pool, write, **kw)
-    assert torch.equal(o, o_want)
-    assert torch.equal(got_pool[written(write)], want_pool[written(write)])
-    assert_untouched(pool, got_pool, write)
-    forks = _forked_rows(read, write, fresh)
-    assert forks, "the case must fork at least one sequence"
+    _, got_pool, forks = _check_against_oracle(run_prefill, family, backend, pool, d, read, write, fresh,
+                                               state_layout)
     for n in forks:  # an empty sequence: its initial state, copied; a longer one: advanced, its source not
         assert torch.equal(got_pool[write[n]], pool[read[n]]) == (lens[n] == 0)
