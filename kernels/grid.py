@@ -97,6 +97,13 @@ def _limits_text(x: int, y: int, z: int, total: Optional[int], source: str) -> s
     return f"x<={x:,}, y<={y:,}, z<={z:,}{t} ({source})"
 
 
+def _split_placement(counts: tuple, limits: tuple) -> Optional[tuple]:
+    """The first of :data:`_SPLIT_ORDER`'s placements (``perm[d]``: the axis of dimension ``d``) under
+    which every count fits its axis's limit, or None: the split layout's search, for :func:`plan_grid`
+    and :func:`grid_fits` alike."""
+    return next((perm for perm in _SPLIT_ORDER if all(counts[d] <= limits[perm[d]] for d in range(3))), None)
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(n_seq: int, n_heads: int, n_blocks: int, lx: int, ly: int, lz: int,
           total: Optional[int], source: str, layout: str) -> GridPlan:
@@ -124,17 +131,17 @@ def _plan(n_seq: int, n_heads: int, n_blocks: int, lx: int, ly: int, lz: int,
                         constexprs={"LAYOUT": "folded", "AX_SEQ": 2, "AX_HEAD": 2, "AX_BLK": 1})
     if layout != "split":
         raise ValueError(f"layout={layout!r}; known layouts: {', '.join(LAYOUTS)}")
-    for perm in _SPLIT_ORDER:  # perm[d] = axis of dimension d
-        if all(counts[d] <= limits[perm[d]] for d in range(3)):
-            grid = [1, 1, 1]
-            axes = ["", "", ""]
-            for d in range(3):
-                grid[perm[d]] = counts[d]
-                axes[perm[d]] = _DIMS[d]
-            return GridPlan(grid=tuple(grid), layout="split", axes=tuple(axes), n_seq=n_seq,
-                            n_heads=n_heads, n_blocks=n_blocks,
-                            constexprs={"LAYOUT": "split", "AX_SEQ": perm[0], "AX_HEAD": perm[1],
-                                        "AX_BLK": perm[2]})
+    perm = _split_placement(counts, limits)  # perm[d] = axis of dimension d
+    if perm is not None:
+        grid = [1, 1, 1]
+        axes = ["", "", ""]
+        for d in range(3):
+            grid[perm[d]] = counts[d]
+            axes[perm[d]] = _DIMS[d]
+        return GridPlan(grid=tuple(grid), layout="split", axes=tuple(axes), n_seq=n_seq,
+                        n_heads=n_heads, n_blocks=n_blocks,
+                        constexprs={"LAYOUT": "split", "AX_SEQ": perm[0], "AX_HEAD": perm[1],
+                                    "AX_BLK": perm[2]})
     raise GridLimitError(
         f"split layout: no placement of {what} on the grid axes fits the device's limits ({lim}); "
         "split the batch into several launches")
@@ -186,8 +193,7 @@ def grid_fits(n_seq: int, n_heads: int, n_blocks: int, caps: DeviceCapabilities,
         return counts[2] <= g.y and counts[0] * counts[1] <= g.z
     if layout != "split":
         raise ValueError(f"layout={layout!r}; known layouts: {', '.join(LAYOUTS)}")
-    limits = (g.x, g.y, g.z)
-    return any(all(counts[d] <= limits[perm[d]] for d in range(3)) for perm in _SPLIT_ORDER)
+    return _split_placement(counts, (g.x, g.y, g.z)) is not None
 
 
 def decode_pid_py(plan: GridPlan, pid: tuple[int, int, int]) -> tuple[int, int, int]:
