@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import linattn
+from cuda_launches import cuda_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -178,18 +179,6 @@ def test_prefill_has_initial_state_on_nan_slots_equals_zeroed_slots_bitwise(fami
     assert torch.equal(nan_pool[rest], pool[rest])
 
 
-def _cuda_kernels(fn) -> list[str]:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()  # compile / warm up first
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                  and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
-
-
 @pytest.mark.parametrize("backend", _prefill_backends())
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_has_initial_state_adds_no_launch(family, backend):
@@ -200,14 +189,14 @@ def test_has_initial_state_adds_no_launch(family, backend):
     idx = torch.tensor(SLOTS, device=DEV, dtype=torch.int32)
     his = torch.tensor([not f for f in FRESH], device=DEV)
     pool = torch.zeros(8, s["HV"], s["V"], s["K"], device=DEV)
-    with_mask = _cuda_kernels(lambda: _prefill(family, inp, pool, idx, backend, has_initial_state=his,
-                                               validate=False))
-    without = _cuda_kernels(lambda: _prefill(family, inp, pool, idx, backend, validate=False))
+    with_mask = cuda_kernels(lambda: _prefill(family, inp, pool, idx, backend, has_initial_state=his,
+                                              validate=False))
+    without = cuda_kernels(lambda: _prefill(family, inp, pool, idx, backend, validate=False))
     assert len(with_mask) == len(without) and with_mask == without, (with_mask, without)
     d, dpool = _decode_inputs(family, 8, 1, P=10, seed=1, **s)
     didx = torch.arange(8, device=DEV, dtype=torch.int32)
     dhis = torch.tensor([True, False] * 4, device=DEV)
-    with_mask = _cuda_kernels(lambda: _decode(family, d, dpool, didx, "triton-split", has_initial_state=dhis,
-                                              validate=False))
-    without = _cuda_kernels(lambda: _decode(family, d, dpool, didx, "triton-split", validate=False))
+    with_mask = cuda_kernels(lambda: _decode(family, d, dpool, didx, "triton-split", has_initial_state=dhis,
+                                             validate=False))
+    without = cuda_kernels(lambda: _decode(family, d, dpool, didx, "triton-split", validate=False))
     assert len(with_mask) == len(without) == 1 and with_mask == without, (with_mask, without)

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import linattn
+from cuda_launches import cuda_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
 from separate_slots_cases import (assert_untouched, check_decode_fork, check_prefill_fork, decode_inputs,  # noqa: E402
@@ -157,18 +158,6 @@ def test_prefill_separate_slots_cutedsl(family):
     check_prefill_fork(family, "cutedsl", pool, d, read=read, write=write, lens=lens)
 
 
-def _cuda_kernels(fn) -> list[str]:
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()  # compile / warm up first
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sorted(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                  and "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
-
-
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_launches_decode_none_extra_prefill_one_copy(family):
     """Decode stores through its second row pointer: the same single kernel. Prefill adds exactly one
@@ -178,14 +167,14 @@ def test_launches_decode_none_extra_prefill_one_copy(family):
     read, write = fork_pattern(N, P, seed=21)
     d = decode_inputs(family, N, 1, dtype=BF, device=DEV, seed=21, **s)
     pool = _pool(P, s["HV"], s["K"], s["V"], seed=21)
-    sep = _cuda_kernels(lambda: run_decode(family, d, pool, read, write, backend="triton-split", validate=False))
-    inplace = _cuda_kernels(lambda: run_decode(family, d, pool, write, backend="triton-split", validate=False))
+    sep = cuda_kernels(lambda: run_decode(family, d, pool, read, write, backend="triton-split", validate=False))
+    inplace = cuda_kernels(lambda: run_decode(family, d, pool, write, backend="triton-split", validate=False))
     assert len(sep) == len(inplace) == 1 and sep == inplace, (sep, inplace)
     lens = PREFILL_CASES["mixed"]
     read, write = PREFILL_FORKS["mixed"]
     dp = prefill_inputs(family, lens, dtype=BF, device=DEV, seed=21, **s)
     ppool = _pool(max(read + write) + 2, s["HV"], s["K"], s["V"], seed=21)
-    sep = _cuda_kernels(lambda: run_prefill(family, dp, ppool, read, write, backend="triton-split", validate=False))
-    inplace = _cuda_kernels(lambda: run_prefill(family, dp, ppool, write, backend="triton-split", validate=False))
+    sep = cuda_kernels(lambda: run_prefill(family, dp, ppool, read, write, backend="triton-split", validate=False))
+    inplace = cuda_kernels(lambda: run_prefill(family, dp, ppool, write, backend="triton-split", validate=False))
     copies = [k for k in sep if "fork_slots" in k]
     assert len(copies) == 1 and [k for k in sep if "fork_slots" not in k] == inplace, (sep, inplace)
