@@ -139,20 +139,6 @@ def _int_class(a: int):
     return (a & 15 == 0, -2147483648 <= a <= 2147483647, a < 9223372036854775808)
 
 
-def _scalar_class(a):
-    """What Triton specializes a non-tensor argument on, as :func:`_launch_key` keys it."""
-    cls = a.__class__
-    if cls is int:
-        return _int_class(a)
-    if cls is bool:
-        return bool, a
-    if a is None:
-        return None
-    if isinstance(a, int):
-        return _int_class(int(a))
-    return cls
-
-
 def _launch_key(kernel, args: tuple, constexprs: dict, options: tuple, device: int) -> tuple:
     key = [kernel, device, options]
     append = key.append
@@ -300,7 +286,7 @@ class PreparedLaunch:
         if len(scalars) != len(old):
             new._compiled, new._tail = {}, None
             return new
-        if any(_scalar_class(a) != _scalar_class(b) for a, b in zip(scalars, old)):
+        if _launch_key(None, scalars, {}, (), 0) != _launch_key(None, old, {}, (), 0):  # keyed as launch() keys them
             new._compiled = {}
         if self._tail is not None:  # the positions after the scalars are the constexprs' and defaults'
             new._tail = scalars + self._tail[len(old):]
