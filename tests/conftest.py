@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Static ranks only: no tuned table of this machine (``linattn tune``, the table shipped for the arch)
-# changes a choice a test expects; tests/dispatch/test_tuning.py turns tables on in its own folder.
+# changes a choice a test expects; the ``tuned`` fixture below turns tables on in a folder of the test's.
 os.environ["LINATTN_TUNED"] = "0"
 os.environ.pop("LINATTN_AUTOTUNE", None)
 
@@ -83,3 +83,20 @@ def site(tmp_path, monkeypatch, registry):
     for name, mod in list(sys.modules.items()):
         if str(getattr(mod, "__file__", "") or "").startswith(str(root)):
             del sys.modules[name]
+
+
+# -- the tuned-table fixture shared by tests/dispatch/test_tuning.py and tests/gpu/test_tuning_gpu.py ----
+
+
+@pytest.fixture
+def tuned(tmp_path, monkeypatch):
+    """Tuned tables on (``LINATTN_TUNED=1``), read from and written to an empty folder of this
+    test's (yielded); autotuning off; the dispatcher's cache cleared before and after."""
+    from linattn.dispatch import clear_cache
+
+    monkeypatch.setenv("LINATTN_TUNE_DIR", str(tmp_path))
+    monkeypatch.setenv("LINATTN_TUNED", "1")
+    monkeypatch.delenv("LINATTN_AUTOTUNE", raising=False)
+    clear_cache()
+    yield tmp_path
+    clear_cache()

@@ -26,14 +26,10 @@ SHAPE = dict(h=1, hv=1, k=8, v=8)
 
 
 @pytest.fixture
-def tuned(tmp_path, monkeypatch, fresh_registry):
-    """Tables on, in an empty folder of this test's; autotuning off; the built-ins only."""
-    monkeypatch.setenv("LINATTN_TUNE_DIR", str(tmp_path))
-    monkeypatch.setenv("LINATTN_TUNED", "1")
-    monkeypatch.delenv("LINATTN_AUTOTUNE", raising=False)
-    clear_cache()
-    yield tmp_path
-    clear_cache()
+def tuned(fresh_registry, tuned):
+    """tests/conftest.py's ``tuned`` (tables on, in an empty folder of this test's; autotuning off)
+    with the built-ins only."""
+    return tuned
 
 
 def _caps():

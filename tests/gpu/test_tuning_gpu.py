@@ -25,16 +25,6 @@ from linattn.dispatch.tuning import TuneTable, current_key, table_path  # noqa: 
 CUDA = torch.device("cuda")
 
 
-@pytest.fixture
-def tuned(tmp_path, monkeypatch):
-    monkeypatch.setenv("LINATTN_TUNE_DIR", str(tmp_path))
-    monkeypatch.setenv("LINATTN_TUNED", "1")
-    monkeypatch.delenv("LINATTN_AUTOTUNE", raising=False)
-    clear_cache()
-    yield tmp_path
-    clear_cache()
-
-
 def test_tune_times_the_gpu_backends_and_selection_follows_the_table(tuned):
     res = CliRunner().invoke(cli.app, ["tune", "--device", "cuda", "--buckets", "gdn_decode:64,gdn_prefill:2x256",
                                        "--shape", "2,4,128,128", "--repeats", "3", "--json"])
