@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from separate_slots_cases import bits, prefill_fn
+from separate_slots_cases import assert_untouched, bits, prefill_fn
 
 import linattn
 from linattn.backends.torch_chunked import TorchChunkedBackend
@@ -52,11 +52,6 @@ def _cut(d, n, t):
     return dict(out, cu_seqlens=torch.tensor([0, t], dtype=torch.int32))
 
 
-def _untouched(before, after, written):
-    rest = [i for i in range(P) if i not in set(written)]
-    assert torch.equal(bits(after[rest]), bits(before[rest]))
-
-
 @pytest.mark.parametrize("backend", ["torch-ref", "torch-chunked"])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("layout", ["vk", "kv"])
@@ -71,7 +66,7 @@ def test_checkpoints_are_the_states_after_that_many_tokens(family, backend, layo
     assert linattn.last_decision().chosen == backend
     finals = [s for s in READ if s >= 0]
     assert torch.equal(bits(o), bits(o_plain)) and torch.equal(bits(p[finals]), bits(plain[finals]))
-    _untouched(pool, p, finals + list(WRITTEN.values()))
+    assert_untouched(pool, p, finals + list(WRITTEN.values()))
     ref = linattn.kda_prefill if family == "kda" else linattn.gdn_prefill
     for (n, j), slot in WRITTEN.items():
         t = (j + 1) * E
@@ -97,7 +92,7 @@ def test_checkpoints_with_fresh_sequences_and_separate_write_slots(backend):
     p = pool.clone()
     linattn.gdn_prefill(**d, state_pool=p, state_indices=read, output_state_indices=out, has_initial_state=fresh,
                         checkpoint_every=E, checkpoint_indices=torch.tensor(MARKS), backend=backend)
-    _untouched(pool, p, [14, 15, 16, 18, 19, *WRITTEN.values()])
+    assert_untouched(pool, p, [14, 15, 16, 18, 19, *WRITTEN.values()])
     for (n, j), slot in WRITTEN.items():
         stopped = pool.clone()
         linattn.gdn_prefill(**_cut(d, n, (j + 1) * E), state_pool=stopped, state_indices=torch.tensor([READ[n]]),
@@ -111,7 +106,7 @@ def test_checkpoint_every_128_and_int32_table():
     linattn.kda_prefill(**d, state_pool=p, state_indices=torch.tensor([0, 1]), checkpoint_every=128,
                         checkpoint_indices=torch.tensor([[2, 3, 4], [5, 6, -1]], dtype=torch.int32),
                         backend="torch-chunked")
-    _untouched(pool, p, [0, 1, 2, 3, 5])  # slot 4 (after 384 > 300 tokens) and 6 (256 > 128) not written
+    assert_untouched(pool, p, [0, 1, 2, 3, 5])  # slot 4 (after 384 > 300 tokens) and 6 (256 > 128) not written
     assert torch.equal(bits(p[5]), bits(p[1]))
     for slot, t in ((2, 128), (3, 256)):
         stopped = pool.clone()
@@ -261,7 +256,7 @@ def test_only_checkpoints_at_the_sequence_ends(backend):
     p = pool.clone()
     linattn.gdn_prefill(**d, state_pool=p, state_indices=torch.arange(5), checkpoint_every=E,
                         checkpoint_indices=torch.arange(10, 15).view(5, 1), backend=backend)
-    _untouched(pool, p, list(range(5)) + list(range(10, 15)))
+    assert_untouched(pool, p, list(range(5)) + list(range(10, 15)))
     assert torch.equal(bits(p[10:15]), bits(p[0:5]))
 
 
