@@ -274,15 +274,13 @@ class TritonBackend(Backend):
     def _prefill(self, family, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                  initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None,
                  output_state_indices=None):
-        from linattn.kernels.triton.prefill import chunk_prefill, forked
+        from linattn.kernels.triton.prefill import chunk_prefill
 
-        if output_state_indices is not None:  # the read rows copied into the write rows, then in place there
-            state_indices = forked(dict(state_pool=state_pool, state_indices=state_indices, has_initial_state=
-                                        has_initial_state, output_state_indices=output_state_indices))["state_indices"]
         return chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                              state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                              scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                             layout=self.layout, caps=self._caps(q), has_initial_state=has_initial_state)
+                             layout=self.layout, caps=self._caps(q), has_initial_state=has_initial_state,
+                             output_state_indices=output_state_indices)
 
     def gdn_prefill(self, **kw):
         """GDN chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""

@@ -40,9 +40,10 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
         scale, use_qk_l2norm, state_layout: as in docs/ops.md.
         has_initial_state: pool mode, ``[N]`` bool or None: False starts that sequence from a zero
             state (the state kernel does not read its slot) and stores its final state as usual.
-        output_state_indices: pool mode, ``[N]`` write slots or None: the read rows are copied into
-            the write rows first (:func:`linattn.kernels.triton.prefill.forked`), and the prefill runs
-            in place on the write slots (docs/ops.md "Separate read and write slots").
+        output_state_indices: pool mode, ``[N]`` write slots or None: handed to ``chunk_prefill``,
+            which copies the read rows into the write rows first
+            (:func:`linattn.kernels.triton.prefill.forked`) and runs in place on the write slots
+            (docs/ops.md "Separate read and write slots").
     Returns:
         ``(o [T, HV, V] bf16, final_state)``: final_state is a new fp32 ``[N, HV, V, K]`` (or
         ``[N, HV, K, V]``) tensor in dense mode, None in pool mode (the pool was updated in place).
@@ -54,9 +55,8 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
 
     if q.dtype != torch.bfloat16:
         raise ValueError(f"cutedsl prefill: dtype {q.dtype}; supported: bfloat16")
-    kw = tp.forked(dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
-                        state_indices=state_indices, initial_state=initial_state, scale=scale,
-                        use_qk_l2norm=use_qk_l2norm, state_layout=state_layout, has_initial_state=has_initial_state,
-                        output_state_indices=output_state_indices))
-    kw.pop("output_state_indices")
-    return tp.chunk_prefill(family, state_kernel=cutedsl_chunk_state, **kw)
+    return tp.chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+                            state_indices=state_indices, initial_state=initial_state, scale=scale,
+                            use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                            has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                            state_kernel=cutedsl_chunk_state)

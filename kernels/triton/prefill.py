@@ -1592,7 +1592,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   state_kernel=None,
                   has_initial_state: Optional[torch.Tensor] = None,
                   segment_chunks: Optional[int] = None,
-                  fused: Optional[bool] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  fused: Optional[bool] = None,
+                  output_state_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode:
     :func:`plan_prefill` then :func:`run_prefill`.
 
@@ -1626,6 +1627,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
             planner's choice, 0 off, ``L >= 1`` segments of ``L`` chunks (tests, sweeps).
         fused: the fused prefill (GDN, KDA) (:func:`plan_fused`): None the planner's choice, True forced
             on, False off (tests, sweeps).
+        output_state_indices: pool mode only, ``[N]`` write slots or None: the read rows are first
+            copied into the write rows (:func:`forked`) and the prefill runs in place on the write
+            slots (docs/ops.md "Separate read and write slots").
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
         ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
@@ -1645,8 +1649,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         ...     cu_seqlens=torch.tensor([0, 30, 100]), state_pool=None, state_indices=None,
         ...     initial_state=None, scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk")
     """
-    states = dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
-                  has_initial_state=has_initial_state)
+    states = forked(dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
+                         has_initial_state=has_initial_state, output_state_indices=output_state_indices))
+    del states["output_state_indices"]  # None now: the call runs in place on the write slots
     plan = plan_prefill(family, q=q, v=v, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
                         state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel,
                         segment_chunks=segment_chunks, fused=fused, **states)
