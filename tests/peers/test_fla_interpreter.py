@@ -36,16 +36,13 @@ def test_fla_decode_in_the_triton_interpreter_matches_the_reference():
     assert run.stdout.count("ok ") == 8, run.stdout
 
 
-def _rel(a, b) -> float:
-    return float((a.double() - b.double()).norm() / b.double().norm())
-
-
 def main() -> None:
     import torch
 
     from linattn.backends.fla import FLABackend
     from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
     from linattn.dispatch.calls import make_call
+    from linattn.testing.execute import rel_error as _rel
 
     N, H, HV, K, V, P = 3, 1, 2, 16, 16, 6
     for family in ("gdn", "kda"):
