@@ -315,7 +315,9 @@ def ignored(caps) -> list[str]:
         return [f"{type(e).__name__}: {e}"]
 
 
-_UNREAD = object()
+def _device_key(caps) -> tuple:
+    """The key of :attr:`Tuning._tables`: one probed device (or profile) of the process."""
+    return caps.device_type, caps.device_index, caps.name, caps.profile
 
 
 class Tuning:
@@ -346,7 +348,7 @@ class Tuning:
 
     def table_for(self, caps) -> Optional[Tuned]:
         """The table in force for ``caps`` (the user's, else the shipped one), or None."""
-        dev = (caps.device_type, caps.device_index, caps.name, caps.profile)
+        dev = _device_key(caps)
         try:
             return self._tables[dev]
         except KeyError:
@@ -374,10 +376,7 @@ class Tuning:
         autotuning applies to ``caps`` and the op is tuned; else None (the shape class alone decides)."""
         if p.op not in TUNED_OPS:
             return None
-        tuned = self._tables.get((caps.device_type, caps.device_index, caps.name, caps.profile), _UNREAD)
-        if tuned is _UNREAD:
-            tuned = self.table_for(caps)
-        if tuned is None and not self.autotune(caps):
+        if self.table_for(caps) is None and not self.autotune(caps):
             return None
         return _log2(p.t), _log2(p.n)
 
@@ -416,7 +415,7 @@ class Tuning:
                         "writable folder", path, e, TUNE_DIR_VAR)
         tuned = Tuned(table=table, origin="user", path=str(path))
         with self._lock:
-            self._tables[(caps.device_type, caps.device_index, caps.name, caps.profile)] = tuned
+            self._tables[_device_key(caps)] = tuned
         return tuned
 
 
