@@ -119,57 +119,62 @@ def _gen(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def decode_case(op: str, n: int, shape: tuple[int, int, int, int], device: torch.device, seed: int = 0) -> Case:
-    """GDN/KDA decode inputs: ``N`` rows of one token, an fp32 pool ``[2N, HV, V, K]``, distinct random slots.
+def decode_case(op: str, n: int, shape: tuple[int, int, int, int], device: torch.device, seed: int = 0, *,
+                t: int = 1, dtype: torch.dtype = torch.bfloat16, state_dtype: torch.dtype = torch.float32) -> Case:
+    """GDN/KDA decode inputs: ``N`` rows of ``t`` tokens (default one), a pool ``[2N, HV, V, K]``
+    (default fp32), distinct random slots.
 
     Args:
         op: ``gdn_decode`` or ``kda_decode``. n: rows N. shape: ``(H, HV, K, V)``.
-        device: where the tensors live. seed: the generator seed.
+        device: where the tensors live. seed: the generator seed. t: tokens per row T.
+        dtype: of ``q, k, v, a, b`` (default bf16). state_dtype: of the pool (default fp32).
     Returns:
-        Case: args ``q, k [N, 1, H, K]``, ``v [N, 1, HV, V]`` bf16, ``a [N, 1, HV]`` (KDA
-        ``[N, 1, HV, K]``) and ``b [N, 1, HV]`` bf16, ``A_log [HV]``, ``dt_bias [HV]`` (KDA
-        ``[HV, K]``) fp32, ``state_pool [2N, HV, V, K]`` fp32, ``state_indices [N]`` int32.
+        Case: args ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``a [N, T, HV]`` (KDA
+        ``[N, T, HV, K]``) and ``b [N, T, HV]`` in ``dtype``, ``A_log [HV]``, ``dt_bias [HV]`` (KDA
+        ``[HV, K]``) fp32, ``state_pool [2N, HV, V, K]`` in ``state_dtype``, ``state_indices [N]`` int32.
     """
     H, HV, K, V = shape
     kda = OP_TABLE[op].per_channel_gates
     g = _gen(device, seed)
-    bf = torch.bfloat16
+    bf = dtype
     P = 2 * n
 
     def rnd(*s, scale=1.0):
         return torch.randn(*s, device=device, generator=g) * scale
 
     args = dict(
-        q=rnd(n, 1, H, K).to(bf), k=rnd(n, 1, H, K).to(bf), v=rnd(n, 1, HV, V).to(bf),
-        a=rnd(n, 1, HV, *((K,) if kda else ())).to(bf), b=rnd(n, 1, HV).to(bf),
+        q=rnd(n, t, H, K).to(bf), k=rnd(n, t, H, K).to(bf), v=rnd(n, t, HV, V).to(bf),
+        a=rnd(n, t, HV, *((K,) if kda else ())).to(bf), b=rnd(n, t, HV).to(bf),
         A_log=rnd(HV, scale=0.5), dt_bias=rnd(HV, *((K,) if kda else ()), scale=0.5),
-        state_pool=rnd(P, HV, V, K, scale=0.1),
+        state_pool=rnd(P, HV, V, K, scale=0.1).to(state_dtype),
         state_indices=torch.randperm(P, device=device, generator=g)[:n].to(torch.int32),
     )
-    state = 2 * n * HV * V * K * 4
-    qkvo = n * (2 * H * K + 2 * HV * V) * 2
-    gates = n * HV * ((K if kda else 1) + 1) * 2
-    return Case(op=op, label=f"N={n}", sizes=dict(N=n, T=1, H=H, HV=HV, K=K, V=V, P=P), args=args,
+    state = 2 * n * HV * V * K * state_dtype.itemsize
+    qkvo = n * t * (2 * H * K + 2 * HV * V) * bf.itemsize
+    gates = n * t * HV * ((K if kda else 1) + 1) * bf.itemsize
+    return Case(op=op, label=f"N={n}", sizes=dict(N=n, T=t, H=H, HV=HV, K=K, V=V, P=P), args=args,
                 nbytes=state + qkvo + gates + 4 * n, index_bytes=4 * n)
 
 
 def prefill_case(op: str, n: int, L: int, shape: tuple[int, int, int, int], device: torch.device,
-                 seed: int = 0) -> Case:
-    """Varlen pool-mode prefill inputs: ``N`` sequences of ``L`` tokens, fp32 pool ``[2N, HV, V, K]``.
+                 seed: int = 0, *, dtype: torch.dtype = torch.bfloat16,
+                 state_dtype: torch.dtype = torch.float32) -> Case:
+    """Varlen pool-mode prefill inputs: ``N`` sequences of ``L`` tokens, a pool ``[2N, HV, V, K]``
+    (default fp32).
 
     Args:
         op: ``gdn_prefill`` or ``kda_prefill``. n: sequences N. L: tokens per sequence.
-        shape: ``(H, HV, K, V)``. device, seed: as :func:`decode_case`.
+        shape: ``(H, HV, K, V)``. device, seed, dtype, state_dtype: as :func:`decode_case`.
     Returns:
-        Case: args ``q, k [T, H, K]``, ``v [T, HV, V]`` bf16 (``T = N L``), ``g [T, HV]`` (KDA
+        Case: args ``q, k [T, H, K]``, ``v [T, HV, V]`` in ``dtype`` (``T = N L``), ``g [T, HV]`` (KDA
         ``[T, HV, K]``) fp32 log-decays (``logsigmoid(x + 3)``), ``beta [T, HV]`` fp32,
-        ``cu_seqlens [N + 1]`` int32, ``state_pool``, ``state_indices [N]`` int32.
+        ``cu_seqlens [N + 1]`` int32, ``state_pool`` in ``state_dtype``, ``state_indices [N]`` int32.
     """
     H, HV, K, V = shape
     kda = OP_TABLE[op].per_channel_gates
     g = _gen(device, seed)
     T = n * L
-    bf = torch.bfloat16
+    bf = dtype
 
     def rnd(*s):
         return torch.randn(*s, device=device, generator=g)
@@ -180,7 +185,7 @@ def prefill_case(op: str, n: int, L: int, shape: tuple[int, int, int, int], devi
         g=torch.nn.functional.logsigmoid(rnd(T, HV, *((K,) if kda else ())) + 3.0),
         beta=torch.sigmoid(rnd(T, HV)),
         cu_seqlens=torch.arange(0, T + 1, L, device=device, dtype=torch.int32),
-        state_pool=rnd(P, HV, V, K) * 0.1,
+        state_pool=(rnd(P, HV, V, K) * 0.1).to(state_dtype),
         state_indices=torch.randperm(P, device=device, generator=g)[:n].to(torch.int32),
     )
     return Case(op=op, label=f"{n}x{L}", sizes=dict(N=n, L=L, T=T, H=H, HV=HV, K=K, V=V, P=P), args=args,

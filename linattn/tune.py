@@ -72,29 +72,16 @@ def inputs(p: Problem, device: torch.device, seed: int = 0) -> dict:
     in ``p.dtype``; ``A_log [HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``) fp32. Prefill: ``N``
     sequences of ``T // N`` tokens, ``q, k [T, H, K]``, ``v [T, HV, V]`` in ``p.dtype``, log-decays
     ``g [T, HV]`` (KDA ``[T, HV, K]``) and ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]`` int32. Both:
-    ``state_pool [2N, HV, V, K]`` in ``p.state_dtype``, ``state_indices [N]`` int32 (distinct slots).
+    ``state_pool [2N, HV, V, K]`` in ``p.state_dtype``, ``state_indices [N]`` int32 (distinct slots):
+    ``linattn bench``'s inputs (:func:`linattn.bench.decode_case`, :func:`~linattn.bench.prefill_case`).
     """
-    gen = torch.Generator(device=device).manual_seed(seed)
+    from linattn.bench import decode_case, prefill_case
+
     dt, sdt = getattr(torch, p.dtype), getattr(torch, p.state_dtype)
-    kda = OP_TABLE[p.op].per_channel_gates
-    H, HV, K, V, n = p.h, p.hv, p.k, p.v, max(p.n, 1)
-
-    def rnd(*s):
-        return torch.randn(*s, device=device, generator=gen)
-
-    common = dict(state_pool=(rnd(2 * n, HV, V, K) * 0.1).to(sdt),
-                  state_indices=torch.randperm(2 * n, device=device, generator=gen)[:n].to(torch.int32))
-    ch = (K,) if kda else ()
+    shape, n = (p.h, p.hv, p.k, p.v), max(p.n, 1)
     if OP_TABLE[p.op].phase == "decode":
-        T = p.t
-        return dict(q=rnd(n, T, H, K).to(dt), k=rnd(n, T, H, K).to(dt), v=rnd(n, T, HV, V).to(dt),
-                    a=rnd(n, T, HV, *ch).to(dt), b=rnd(n, T, HV).to(dt), A_log=rnd(HV) * 0.5, dt_bias=rnd(HV, *ch) * 0.5,
-                    **common)
-    L = max(p.t // n, 1)
-    T = n * L
-    return dict(q=rnd(T, H, K).to(dt), k=rnd(T, H, K).to(dt), v=rnd(T, HV, V).to(dt),
-                g=torch.nn.functional.logsigmoid(rnd(T, HV, *ch) + 3.0), beta=torch.sigmoid(rnd(T, HV)),
-                cu_seqlens=torch.arange(0, T + 1, L, device=device, dtype=torch.int32), **common)
+        return decode_case(p.op, n, shape, device, seed, t=p.t, dtype=dt, state_dtype=sdt).args
+    return prefill_case(p.op, n, max(p.t // n, 1), shape, device, seed, dtype=dt, state_dtype=sdt).args
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int, best_ms: Optional[float] = None) -> float:
