@@ -277,9 +277,7 @@ def _run_prefill(case: Case, device) -> Outcome:
     s = case.spec
     args, pool = _prefill_inputs(case, s, device)
     snaps = _snapshots(args, skip=("state_pool",))
-    ref_args = {n: _to64(x) if n not in ("cu_seqlens", "state_indices", "output_state_indices",
-                                         "checkpoint_indices") else _cpu(x)
-                for n, x in args.items()}
+    ref_args = {n: _to64(x) for n, x in args.items()}  # the index tensors (integers) as they are
     if pool is not None:
         ref_args["state_pool"] = _to64(pool[0]).contiguous()
         start = pool[0].detach().clone()  # the pool before the call (a prefill stopped at a checkpoint)
@@ -394,8 +392,7 @@ def _run_decode(case: Case, device) -> Outcome:
     s = case.spec
     args, pool, inter = _decode_inputs(case, s, device)
     snaps = _snapshots(args, skip=("state_pool", "intermediate_states"))
-    ref_args = {n: _to64(x) if n not in ("state_indices", "intermediate_state_indices", "num_accepted_tokens",
-                                         "output_state_indices") else _cpu(x) for n, x in args.items()}
+    ref_args = {n: _to64(x) for n, x in args.items()}  # the index tensors (integers) as they are
     ref_args["state_pool"] = _to64(pool[0]).contiguous()
     if inter is not None:
         ref_args["intermediate_states"] = _to64(args["intermediate_states"]).contiguous()
