@@ -12,11 +12,10 @@ subpackages, so the inventory functions carry other names.)
 
 from __future__ import annotations
 
-from typing import Optional
-
+from linattn._namespace import public_dir
 from linattn.capabilities import DeviceCapabilities, probe
 from linattn.context_parallel import context_parallel_prefill
-from linattn.dispatch import Decision, NoBackendError, Problem, Reason, get_registry, last_decision, policy
+from linattn.dispatch import Decision, NoBackendError, Problem, Reason, last_decision, policy
 from linattn.dispatch import explain as _explain
 from linattn.ops import (BackendRunError, GradModeError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
                          kda_prefill, silu_and_mul_clamp)
@@ -25,7 +24,7 @@ from linattn.presets import ModelPreset, preset, presets
 __version__ = "0.1.0"
 
 
-def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = None, model: Optional[str] = None,
+def explain(problem: "Problem | str", device=None, *, backend: "str | None" = None, model: "str | None" = None,
             **shape) -> Decision:
     """The decision trace for a problem: a verdict for every backend, and the one chosen.
 
@@ -64,11 +63,15 @@ def explain(problem: "Problem | str", device=None, *, backend: Optional[str] = N
 
 def list_backends() -> dict:
     """Registered backends by name (instances of ``linattn.backends.base.Backend``)."""
+    from linattn.dispatch import get_registry
+
     return dict(get_registry().backends)
 
 
 def list_plugins() -> list:
     """Every plugin seen (built-in and external) with its status."""
+    from linattn.dispatch import get_registry
+
     return list(get_registry().plugins)
 
 
@@ -84,3 +87,7 @@ __all__ = [
     "context_parallel_prefill", "device_capabilities", "explain", "gdn_decode", "gdn_gating", "gdn_prefill", "kda_decode", "kda_gating",
     "kda_prefill", "last_decision", "list_backends", "list_plugins", "policy", "preset", "presets", "probe", "silu_and_mul_clamp",
 ]
+
+#: Subpackages users import (``linattn.testing``, ...); ``dir(linattn)`` lists those already imported.
+_SUBPACKAGES = ("backends", "capabilities", "compat", "dispatch", "integrations", "kernels", "testing")
+__dir__ = public_dir(__name__, __all__, _SUBPACKAGES)

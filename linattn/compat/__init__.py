@@ -4,9 +4,10 @@
   ``fused_recurrent_gated_delta_rule``, ``chunk_kda``, ``fused_recurrent_kda``.
 """
 
-from __future__ import annotations
+from linattn._namespace import public_dir
 
 __all__ = ["fla"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def __getattr__(name: str):

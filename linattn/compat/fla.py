@@ -85,8 +85,11 @@ import torch
 
 import linattn
 
+from linattn._namespace import public_dir
+
 __all__ = ["FLA_VERSION", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda",
-           "fused_recurrent_kda", "chunk_gdn", "fused_recurrent_gdn", "options"]
+           "fused_recurrent_kda", "chunk_gdn", "fused_recurrent_gdn", "options", "recurrent_route"]
+__dir__ = public_dir(__name__, __all__)
 
 #: The fla-core release whose signatures these functions reproduce.
 FLA_VERSION = "0.6.0"

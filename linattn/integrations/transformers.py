@@ -63,8 +63,11 @@ import torch
 import linattn
 import linattn.compat.fla as fla
 
+from linattn._namespace import public_dir
+
 __all__ = ["enable", "disable", "is_enabled", "enabled_layers", "supported_layers", "tiny_random_model",
-           "TINY_MODELS"]
+           "TINY_MODELS", "FUNCTIONS", "LAYERS"]
+__dir__ = public_dir(__name__, __all__)
 
 logger = logging.getLogger("linattn.integrations.transformers")
 

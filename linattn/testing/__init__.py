@@ -11,6 +11,8 @@ Cases are generated from the backend's declared capabilities (:mod:`linattn.test
 compared with the float64 reference at docs/ops.md's tolerances (:mod:`linattn.testing.execute`).
 """
 
+from linattn._namespace import public_dir
+
 from .cases import KINDS, Case, base_spec, generate_cases, head_dim_pairs, problem_of
 from .execute import Outcome, execute, rel_error, tolerances
 from .runner import CaseResult, SuiteReport, run_case, run_suite
@@ -26,3 +28,10 @@ try:  # ``pytest -p linattn.testing`` registers this module: expose the plugin's
     from .pytest_plugin import pytest_addoption, pytest_collection_modifyitems, pytest_configure  # noqa: F401
 except ImportError:  # pytest is not installed: the suite still runs through ``linattn check``
     pass
+
+#: The submodules (``dir()`` lists those imported) and pytest's hooks: pluggy finds a plugin's hooks
+#: through ``dir()``, so they are listed there, but not in ``__all__`` (``import *`` into a conftest.py
+#: would register them twice).
+_SUBMODULES = ("cases", "cli", "execute", "gates", "pytest_plugin", "runner", "xfail")
+_PYTEST_HOOKS = tuple(n for n in ("pytest_addoption", "pytest_collection_modifyitems", "pytest_configure") if n in globals())
+__dir__ = public_dir(__name__, (*__all__, *_PYTEST_HOOKS), _SUBMODULES)

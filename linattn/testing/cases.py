@@ -41,6 +41,13 @@ from linattn.dispatch.ops_table import OP_TABLE, OPS
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Reason
 
+from linattn._namespace import public_dir
+
+__all__ = ["KINDS", "Kind", "INPUT_DTYPES", "STATE_DTYPES", "LAYOUTS", "DEFAULT_HEAD_DIMS", "CANDIDATE_HEAD_DIMS",
+           "PROBE_HEAD_DIMS", "PREFILL_LENS", "PREFILL_SLOTS", "PREFILL_P", "FLOOR_GATES", "DECODE_SLOTS", "DECODE_P",
+           "Case", "head_dim_pairs", "base_spec", "problem_of", "checkpoints_written", "generate_cases"]
+__dir__ = public_dir(__name__, __all__)
+
 Kind = Literal["accuracy", "pool", "negative", "contract"]
 KINDS: tuple[str, ...] = ("accuracy", "pool", "negative", "contract")
 

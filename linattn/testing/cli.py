@@ -28,6 +28,11 @@ from linattn.dispatch import OPS, get_registry
 from .runner import SuiteReport, availability, plan, run_suite
 from .xfail import load_xfail
 
+from linattn._namespace import public_dir
+
+__all__ = ["check"]
+__dir__ = public_dir(__name__, __all__)
+
 _STATUS_STYLE = {"passed": "green", "failed": "bold red", "xfail": "yellow", "xpass": "magenta", "skipped": "dim"}
 
 

@@ -33,6 +33,11 @@ from linattn.dispatch.verdict import NoBackendError, Reason
 from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, checkpoints_written, problem_of
 from .gates import DEFAULT_MODEL, model_gates
 
+from linattn._namespace import public_dir
+
+__all__ = ["DTYPES", "INDEX", "FULL_PRECISION", "Outcome", "tolerances", "rel_error", "Checker", "execute"]
+__dir__ = public_dir(__name__, __all__)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 INDEX = {"int32": torch.int32, "int64": torch.int64}
 FULL_PRECISION = ("float32", "float64")

@@ -59,6 +59,13 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from linattn._namespace import public_dir
+
+__all__ = ["KDA_FAST_SPAN", "KDA_BLOCK_K", "KDA_REF_ROW", "CHUNK", "G_FLOOR", "GATE_KINDS", "DEFAULT_MODEL",
+           "STRONG_SHIFT", "STRONG_EVERY", "GateModel", "MODELS", "resolve", "ModelGates", "model_gates",
+           "mild_gates", "gate_tensors", "kda_fast_path_misses", "decay_summary"]
+__dir__ = public_dir(__name__, __all__)
+
 #: The fast path of KDA's stage 1 needs every row's cumulative log decay within this of row 31's,
 #: per block of ``KDA_BLOCK_K`` key channels (kernels/triton/chunk_intra.py, ``KDA_FAST_SPAN``; a
 #: CPU test keeps the two equal).

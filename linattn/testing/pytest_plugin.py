@@ -18,6 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from linattn._namespace import public_dir
+
+__all__ = ["pytest_addoption", "pytest_configure", "pytest_collection_modifyitems", "ConformanceFailure",
+           "ConformanceItem", "ConformanceSuite"]
+__dir__ = public_dir(__name__, __all__)
+
 
 def pytest_addoption(parser) -> None:
     group = parser.getgroup("linattn", "linattn conformance suite")

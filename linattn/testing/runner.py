@@ -19,6 +19,12 @@ from .cases import Case, base_spec, generate_cases, problem_of
 from .execute import Outcome, execute
 from .xfail import XfailRule, match
 
+from linattn._namespace import public_dir
+
+__all__ = ["Status", "UNAVAILABLE", "CaseResult", "SuiteReport", "availability", "apply_xfail", "run_case", "plan",
+           "run_suite"]
+__dir__ = public_dir(__name__, __all__)
+
 Status = Literal["passed", "failed", "skipped", "xfail", "xpass"]
 #: Reasons that mean "this backend does not run on this device", not "this case is declined".
 UNAVAILABLE = frozenset({Reason.DEVICE, Reason.ARCH, Reason.TOOLCHAIN, Reason.INTERPRETER, Reason.DISABLED})

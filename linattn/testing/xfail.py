@@ -26,6 +26,11 @@ from typing import Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from linattn._namespace import public_dir
+
+__all__ = ["XfailRule", "load_xfail", "match"]
+__dir__ = public_dir(__name__, __all__)
+
 
 class XfailRule(BaseModel):
     """One known gap: a case-id pattern and why it fails."""
