@@ -6,10 +6,10 @@ backends import triton lazily) and answers with a ``toolchain`` rejection instea
 The peer backends (another library's kernels under linattn's contract, ``backends/peer.py``) are
 registered only when their library is installed (found on the path; not imported here: the
 import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device)
-and named in ``LINATTN_PEERS`` (comma-separated, or ``all``): opt-in until each has passed the
-conformance suite on a GPU (:data:`PEERS_VERIFIED`, none yet: on the H200 fla's decode ops passed,
-55 of 55 cases, but its prefill check did not finish within a device call, and FlashInfer has not
-run; ``benchmarks/results/check_h200.json``).
+and either verified (:data:`PEERS_VERIFIED`: it passed the conformance suite on a GPU) or named in
+``LINATTN_PEERS`` (comma-separated, or ``all``). fla passed every op's suite on the H200 (decode 55 of
+55 cases, prefill 58 of 58, gating and SwiGLU clamp; ``benchmarks/results/check_h200.json``);
+FlashInfer has not run there yet and stays opt-in.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ PEERS = (
     ("flashinfer", "linattn.backends.flashinfer:FlashInferBackend"),
 )
 #: peers registered by default where installed: those that passed ``linattn check --backend NAME
-#: --device cuda`` on a GPU (none yet); the others only when ``LINATTN_PEERS`` names them
-PEERS_VERIFIED: frozenset[str] = frozenset()
+#: --device cuda`` on a GPU for every op they declare (fla: the H200, 2026-12-02); the others only
+#: when ``LINATTN_PEERS`` names them
+PEERS_VERIFIED: frozenset[str] = frozenset({"fla"})
 
 
 def enabled_peers() -> frozenset[str]:
