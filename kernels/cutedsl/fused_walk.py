@@ -295,3 +295,36 @@ def _launch(fn, key: WalkKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV: 
        I64(g.stride(0)), I64(g.stride(1)),
        I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
        I32(N), I32(HV), I32(HV // H), stream)
+
+
+def run_for_plan(plan, x, b, st) -> bool:
+    """Run this walk for a planned fused GDN call in place of the Triton walk, after the prep kernel
+    (:func:`linattn.kernels.triton.prefill.launch_fused_stages` calls it where :func:`enabled`).
+
+    Args:
+        plan: the call's ``PrefillPlan`` (fused GDN); x, b, st: its ``PrefillInputs``,
+            ``PrefillBuffers`` and ``PrefillState``.
+    Returns:
+        True where it ran; False where :func:`walk_refusal` refuses the call (the caller runs the
+        Triton walk: the switch asks, it does not force).
+    Raises:
+        linattn.kernels.triton.launch.NotReplayable: while launches are being recorded for replay
+            (:class:`~linattn.kernels.triton.prefill.PrefillLaunch` records Triton launches only):
+            the call is then not replayed, and runs its stages directly each time.
+    """
+    from linattn.kernels.triton import launch as tl_launch
+    from linattn.kernels.triton.prefill import _state_strides
+
+    why = walk_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
+                       device=x.q.device, checkpoints=getattr(st, "checkpoints", None) is not None)
+    if why:
+        return False
+    if getattr(tl_launch._recording, "records", None) is not None:
+        raise tl_launch.NotReplayable("the CuTe DSL fused walk (LINATTN_CUTEDSL_WALK=1) is not a Triton launch")
+    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    cutedsl_fused_walk(q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
+                       o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
+                       has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
+                       ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
+                       st=_state_strides(st.ht, plan.state_layout))
+    return True

@@ -1540,6 +1540,10 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
                       rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
                       items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
                       PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
+    if not plan.kda:  # opt-in: the CuTe DSL walk where LINATTN_CUTEDSL_WALK=1 (kernels/cutedsl/fused_walk.py)
+        from linattn.kernels.cutedsl import fused_walk
+        if fused_walk.enabled() and fused_walk.run_for_plan(plan, x, b, st):
+            return
     s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     launch_fused(_launch_plain, fused, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb,
                  aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs, o=b.o, cu_seqlens=x.cu_seqlens,
