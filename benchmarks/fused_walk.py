@@ -1,0 +1,163 @@
+"""The fused GDN prefill's walk: Triton (``chunk_gdn_fused_kernel``) against CuTe DSL
+(kernels/cutedsl/fused_walk.py, ``LINATTN_CUTEDSL_WALK=1``), on the same prep outputs (issue 27).
+
+Per shape (bf16 q/k/v, l2norm in the prep, fp32 "vk" pool with ``state_indices`` a permutation of
+half the pool's rows; gates ``logsigmoid(N(3, 1))`` as benchmarks/prefill.py's "mild"): the call is
+planned once (``fused=True``), its tables made once, then ``launch_fused_stages`` is timed
+(``triton.testing.do_bench`` medians, ms) three ways: prep + Triton walk (switch off), prep + CuTe
+walk (switch on), prep alone (switch on, the walk replaced by nothing); each walk's time is the
+difference. Before timing, both walks run once from the same pool: the relative difference of their
+outputs and of the pool rows written, and whether the rows not owned stayed bitwise unchanged.
+
+Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_walk_<device>.json``;
+default benchmarks/results/) after every shape, so a timeout keeps the shapes done.
+
+Usage:  python benchmarks/fused_walk.py [--shapes 16x4096@16/32,8x1024@16/32] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
+
+K = V = 128
+SHAPES = "16x4096@16/32,8x1024@16/32"
+
+
+def parse(spec: str) -> list[tuple[int, int, int, int]]:
+    """``"16x4096@16/32,..."`` -> ``[(N, L, H, HV), ...]``."""
+    out = []
+    for s in spec.split(","):
+        nl, hh = s.split("@")
+        n, l_ = nl.split("x")
+        h, hv = hh.split("/")
+        out.append((int(n), int(l_), int(h), int(hv)))
+    return out
+
+
+def make(N, L, H, HV, seed=0):
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    T, bf = N * L, torch.bfloat16
+    d = dict(q=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+             k=torch.randn(T, H, K, device=dev, generator=gen).to(bf),
+             v=torch.randn(T, HV, V, device=dev, generator=gen).to(bf),
+             g=torch.nn.functional.logsigmoid(torch.randn(T, HV, device=dev, generator=gen) + 3.0),
+             beta=torch.sigmoid(torch.randn(T, HV, device=dev, generator=gen)),
+             cu_seqlens=torch.arange(0, T + 1, L, device=dev, dtype=torch.int32))
+    P = 2 * N
+    idx = torch.randperm(P, device=dev, generator=gen)[:N].to(torch.int32)
+    pool = torch.randn(P, HV, V, K, device=dev, generator=gen) * 0.1
+    return d, pool, idx
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+class Call:
+    """One planned fused call whose stages (prep + walk) can be run again and again."""
+
+    def __init__(self, d, pool, idx):
+        from linattn.kernels.triton import prefill as pm
+
+        self.pm, self.pool = pm, pool
+        self.plan = pm.plan_prefill("gdn", q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool,
+                                    state_indices=idx, use_qk_l2norm=True, state_layout="vk", fused=True)
+        assert self.plan.fused is not None, self.plan.fused_reason
+        self.bufs = pm.allocate_buffers(self.plan)
+        self.x = pm.conform_inputs(self.plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"])
+        self.st = pm.prefill_state(self.plan, self.bufs, pool, idx, None, None)
+        self.tables = pm.launch_tables(self.plan, self.x.cu_seqlens)
+        self.scale = K ** -0.5
+
+    def __call__(self):
+        self.pm.launch_fused_stages(self.plan, self.x, self.tables, self.bufs, self.st, self.scale)
+
+
+def switch(on: bool):
+    from linattn.kernels.cutedsl import fused_walk as fw
+
+    if on:
+        os.environ[fw.ENV_SWITCH] = "1"
+    else:
+        os.environ.pop(fw.ENV_SWITCH, None)
+
+
+def measure(N, L, H, HV) -> dict:
+    from triton.testing import do_bench
+
+    from linattn.kernels.cutedsl import fused_walk as fw
+
+    d, pool0, idx = make(N, L, H, HV)
+    row = dict(N=N, L=L, H=H, HV=HV, K=K, V=V, tokens=N * L, pool="fp32 vk", walk_block_v=fw.block_v(V))
+    why = fw.walk_refusal(family="gdn", K=K, V=V, dtype=torch.bfloat16, buf_dtype=torch.bfloat16,
+                          device=torch.device("cuda"))
+    row["cutedsl_refusal"] = why
+    outs = {}
+    for name, on in (("triton", False), ("cutedsl", True)):
+        pool = pool0.clone()
+        call = Call(d, pool, idx)
+        switch(on)
+        call()
+        torch.cuda.synchronize()
+        own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
+        own[idx.long()] = True
+        outs[name] = (call.bufs.o.clone(), pool[idx.long()].clone(), torch.equal(pool[~own], pool0[~own]))
+    switch(False)
+    row["o_rel_cutedsl_vs_triton"] = rel(outs["cutedsl"][0], outs["triton"][0])
+    row["pool_rel_cutedsl_vs_triton"] = rel(outs["cutedsl"][1], outs["triton"][1])
+    row["rows_not_owned_unchanged"] = outs["triton"][2] and outs["cutedsl"][2]
+    row["o_finite"] = bool(torch.isfinite(outs["cutedsl"][0].float()).all())
+
+    call = Call(d, pool0.clone(), idx)
+    switch(False)
+    row["prep_triton_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+    switch(True)
+    row["prep_cutedsl_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+    real = fw.run_for_plan
+    fw.run_for_plan = lambda *a: True  # the prep alone
+    try:
+        row["prep_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+    finally:
+        fw.run_for_plan = real
+        switch(False)
+    row["triton_walk_ms"] = row["prep_triton_walk_ms"] - row["prep_ms"]
+    row["cutedsl_walk_ms"] = row["prep_cutedsl_walk_ms"] - row["prep_ms"]
+    row["walk_speedup"] = row["triton_walk_ms"] / max(row["cutedsl_walk_ms"], 1e-9)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    out = a.out or results_path("fused_walk")
+    rows, rc = [], 0
+    notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "
+             "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms",
+             "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; opt-in "
+             "LINATTN_CUTEDSL_WALK=1)"]
+    for N, L, H, HV in parse(a.shapes):
+        try:
+            row = measure(N, L, H, HV)
+        except Exception as e:  # noqa: BLE001 - recorded in the row, the next shape still runs
+            traceback.print_exc()
+            row, rc = dict(N=N, L=L, H=H, HV=HV, error=f"{type(e).__name__}: {e}"[:2000]), 1
+        rows.append(row)
+        print(row, flush=True)
+        write_results(out, rows, notes)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The CuTe DSL walk of the fused GDN prefill (kernels/cutedsl/fused_walk.py) on the H200 (device tool),
+# after the CuTe DSL bundle is in /tmp/site (../shared/ENVIRONMENT.md: call 1 carry [".cute_a"],
+# `bash .cute_a/install.sh`; call 2 carry [".cute_b", ".whl"],
+# `bash .cute_b/install.sh && bash benchmarks/fused_walk_device.sh`; on a machine still warm from those,
+# carry [".whl"] and run this script alone).
+#   a. pytest tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py  -> $OUT/fused_walk_tests.xml
+#   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + CuTe walk, 16 x 4,096 and 8 x 1,024
+#      at (16, 32))                                                              -> $OUT/fused_walk_<device>.json
+# Pass LINATTN_COMMIT=<commit> to record the commit; T_TESTS / T_BENCH cap each step (seconds).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >/tmp/fused_walk_install.log 2>&1 || { echo "wheel install rc=$?"; tail -5 /tmp/fused_walk_install.log; }
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade --target /tmp/site . \
+  >>/tmp/fused_walk_install.log 2>&1 || { echo "linattn install rc=$?"; tail -20 /tmp/fused_walk_install.log; }
+export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONSAFEPATH=1 LINATTN_RESULTS_DIR="$OUT"
+python3 -c "import cutlass, cutlass.cute; print('CuTe DSL', cutlass.__version__)" \
+  || echo "WARNING: CuTe DSL does not import from /tmp/site (install the bundle first: see above)"
+timeout -k 5 "${T_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
+  tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py --junitxml="$OUT/fused_walk_tests.xml" 2>&1 | tail -40
+echo "step a rc=${PIPESTATUS[0]}"
+timeout -k 5 "${T_BENCH:-200}" python3 benchmarks/fused_walk.py 2>&1 | grep -v Warning | tail -30
+echo "step b rc=${PIPESTATUS[0]}"
