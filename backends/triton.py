@@ -83,8 +83,10 @@ class TritonBackend(Backend):
     #: decode from precomputed gates (``GATES_PRECOMPUTED``), has_initial_state in decode and in
     #: the prefill's state kernel (a masked h0 load, ``HAS_INITIAL_STATE`` / ``HAS_INIT``), and
     #: output_state_indices (decode: a second row pointer, ``HAS_OUT_SLOTS``; prefill: the read rows
-    #: copied into the write rows first, ``kernels/triton/fork_slots.py``, then in place there)
-    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices"})
+    #: copied into the write rows first, ``kernels/triton/fork_slots.py``, then in place there) and
+    #: prefill's state checkpoints (stored in the state kernel's chunk loop or the fused walk,
+    #: ``HAS_CKPT``: docs/ops.md "State checkpoints")
+    features = frozenset({"precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints"})
 
     # -- predicates -------------------------------------------------------------------------------
 
@@ -189,6 +191,9 @@ class TritonBackend(Backend):
         note = self._prefill_note(p, caps)
         if note and p.output_state_indices:
             note += "; output_state_indices: each read row copied into its write row first (fork_slots, one launch)"
+        if note and p.checkpoints and p.mode == "pool":
+            note += ("; checkpoints: stored in the state loop after each chunk that ends at a multiple of "
+                     "checkpoint_every (HAS_CKPT builds), not replayed")
         return note
 
     @staticmethod
@@ -202,6 +207,7 @@ class TritonBackend(Backend):
             return ""
         family = OP_TABLE[p.op].family
         dtype = getattr(torch, p.dtype)
+        ckpt = p.checkpoints and p.mode == "pool"  # the state stage in one pass per sequence
         fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps,
                                  cfg=fused_config(p.k, p.v, dtype))
         if fused:
@@ -209,7 +215,10 @@ class TritonBackend(Backend):
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).half_hbuf
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
-                               block_v=cfg.state.block_v, caps=caps, even=even, fp32=p.dtype == "float32")
+                               block_v=cfg.state.block_v, caps=caps, even=even, fp32=p.dtype == "float32",
+                               forced=0 if ckpt else None)
+        if ckpt:
+            why = "state checkpoints: no segment-parallel pass"
         state = f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
         return f"prefill: the pipeline ({fwhy}); {state}"
 
@@ -273,14 +282,15 @@ class TritonBackend(Backend):
 
     def _prefill(self, family, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                  initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None,
-                 output_state_indices=None):
+                 output_state_indices=None, checkpoint_every=None, checkpoint_indices=None):
         from linattn.kernels.triton.prefill import chunk_prefill
 
         return chunk_prefill(family, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
                              state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                              scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                              layout=self.layout, caps=self._caps(q), has_initial_state=has_initial_state,
-                             output_state_indices=output_state_indices)
+                             output_state_indices=output_state_indices, checkpoint_every=checkpoint_every,
+                             checkpoint_indices=checkpoint_indices)
 
     def gdn_prefill(self, **kw):
         """GDN chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""

@@ -149,7 +149,8 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
             chunk_off, hh0, ht, hbuf, vn, None, None, None, None, None,
             k.stride(0), k.stride(1), g.stride(0), g.stride(1), 0, 0,
             *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
-            grp, HV, K=K, V=V, BV=bv, **plan.constexprs, KDA=kda, POOL=pool is not None,
+            grp, HV, None, None, None, K=K, V=V, BV=bv,  # no checkpoints (ckpt, ck_n, ck_every)
+            **plan.constexprs, KDA=kda, POOL=pool is not None,
             HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_O=False,
             **cfg["state"])  # q, aqk, o, v, tm_beta: not read without FUSE_O / UTM
     return hbuf, vn, final

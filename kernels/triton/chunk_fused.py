@@ -60,7 +60,7 @@ from ._gates import cumsum2
 from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
 from .chunk_intra import _ld, _solve
-from .chunk_state import pool_slot
+from .chunk_state import pool_slot, store_checkpoint
 from .decode import G_MIN
 
 #: the largest key and value head dims of the fused kernel (the state tile ``[K, BV]`` fp32 lives in
@@ -327,17 +327,21 @@ def chunk_gdn_fused_prep_kernel(
 def chunk_gdn_fused_kernel(
     q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
     sqt, sqh, skt, skh, svt, svh, sgt, sgh,
-    s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, GROUP, HV,
+    s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, GROUP, HV, ckpt, ck_n, ck_every,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
+    HAS_CKPT: tl.constexpr = False,
 ):
     """The fused prefill's sequential part (module docstring, 2): one program per (value block,
     sequence, value head), the state transposed (``S^T [BV, K]``). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (raw log
     decays) and the prep kernel's ``tmb, aqk [T, HV, 64]``, ``rk [T, HV]``, ``qs [T, HV, 2]``; writes
     ``o [T, HV, V]``. ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
     negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
-    state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
+    state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements.
+    ``HAS_CKPT`` (pool mode): state checkpoints from the slot table ``ckpt [N, ck_n]`` every ``ck_every``
+    chunks, stored in the walk (:func:`.chunk_state.store_checkpoint`); else those three are None."""
+    tl.static_assert(not HAS_CKPT or POOL, "checkpoints are pool rows")
     i_h, i_hv, v0, bos, eos, nc, S, slot, live = walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h,
                                                             s0_k, s0_v, GROUP, HV, K, BV, LAYOUT, AX_SEQ, AX_HEAD,
                                                             AX_BLK, POOL, HAS_H0, HAS_INIT, True)
@@ -366,6 +370,10 @@ def chunk_gdn_fused_kernel(
         tl.store(o + (t0 * HV + i_hv) * V + v0 + (r[None, :] * (HV * V) + cv[:, None]),
                  tl.where(live, acc, 0.0).to(o.dtype.element_ty), mask=m[None, :])
         S = tl.dot((vf * (rkv * esuf)[None, :]).to(DT), kt.to(DT), acc=S * egl, input_precision=PREC)
+        if HAS_CKPT:
+            _, i_n, _ = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+            store_checkpoint(ckpt, ck_n, ck_every, t, i_n, eos - bos, live, ht, S, i_hv, v0, st_p, st_h, st_k, st_v,
+                             K, BV, True)
     walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K, BV, POOL, True)
 
 
@@ -430,16 +438,20 @@ def launch_fused_prep(launch, kernel, *, q, k, g, beta, cu_seqlens, chunk_seq, c
 
 def launch_fused(launch, kernel, grid, *, q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0,
                  ht, s0: tuple, st: tuple, group: int, HV: int, K: int, V: int, pool: bool, has_h0: bool,
-                 has_init_flags: bool, DT, PREC: str, cfg: FusedConfig, **family) -> None:
+                 has_init_flags: bool, DT, PREC: str, cfg: FusedConfig, checkpoints=None, checkpoint_every: int = 0,
+                 **family) -> None:
     """Launch a fused kernel (:func:`chunk_gdn_fused_kernel` or
     :func:`.chunk_fused_kda.chunk_kda_fused_kernel`: the same parameters) on ``grid`` (a
     :class:`linattn.kernels.grid.GridPlan` of ``N x HV x V // cfg.block_v``); ``s0``, ``st``: the
-    ``(slot, head, k, v)`` strides of ``h0`` and ``ht``; ``family``: the kernel's own constexprs."""
+    ``(slot, head, k, v)`` strides of ``h0`` and ``ht``; ``checkpoints``: the checkpoint slot table
+    ``[N, max_checkpoints]`` (contiguous; pool mode) with ``checkpoint_every`` in tokens, or None (the
+    build without ``HAS_CKPT``); ``family``: the kernel's own constexprs."""
     if grid.empty:
         return
+    ck = (None, None, None) if checkpoints is None else (checkpoints, checkpoints.shape[1], checkpoint_every // 64)
     launch(kernel, grid.grid,
            (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
-            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *s0, *st, group, HV),
+            *q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *s0, *st, group, HV, *ck),
            dict(K=K, V=V, BV=cfg.block_v, **grid.constexprs, POOL=pool, HAS_H0=has_h0, HAS_INIT=has_init_flags,
-                DT=DT, PREC=PREC, **family),
+                DT=DT, PREC=PREC, **family, **({} if checkpoints is None else {"HAS_CKPT": True})),
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -53,8 +53,9 @@ import triton
 import triton.language as tl
 
 from ._gates import cum_gates
-from ._pid import chunk_span
+from ._pid import chunk_span, decode_pid
 from .chunk_fused import chunk_tiles, store_tmb, walk_end, walk_start
+from .chunk_state import store_checkpoint
 from .chunk_intra import _ld, _norms, _solve, kda_block_products, kda_store_system
 from .decode import G_MIN
 
@@ -130,11 +131,11 @@ def chunk_kda_fused_prep_kernel(
 def chunk_kda_fused_kernel(
     q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_init, h0, ht,
     sqt, sqh, skt, skh, svt, svh, sgt, sgh,
-    s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, GROUP, HV,
+    s0_p, s0_h, s0_k, s0_v, st_p, st_h, st_k, st_v, GROUP, HV, ckpt, ck_n, ck_every,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     POOL: tl.constexpr, HAS_H0: tl.constexpr, HAS_INIT: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-    LATE_KD: tl.constexpr,
+    LATE_KD: tl.constexpr, HAS_CKPT: tl.constexpr = False,
 ):
     """The fused KDA prefill's sequential part (module docstring, 2): one program per (value block,
     sequence, value head). Reads ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV, K]`` (raw log
@@ -144,7 +145,9 @@ def chunk_kda_fused_kernel(
     same bits), else with the other operands (:class:`.chunk_fused.FusedConfig`'s ``late_keys``).
     ``h0``/``ht``: the pool (both) in pool mode (``state_indices [N]``; a
     negative slot is padding; ``has_init [N]`` bytes with ``HAS_INIT``), else the dense initial
-    state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements."""
+    state (``HAS_H0``; else None) and final state; strides ``(slot, head, k, v)`` in elements.
+    ``HAS_CKPT`` (pool mode): state checkpoints as :func:`.chunk_fused.chunk_gdn_fused_kernel`'s."""
+    tl.static_assert(not HAS_CKPT or POOL, "checkpoints are pool rows")
     i_h, i_hv, v0, bos, eos, nc, S, slot, live = walk_start(cu_seqlens, state_indices, has_init, h0, s0_p, s0_h,
                                                             s0_k, s0_v, GROUP, HV, K, BV, LAYOUT, AX_SEQ, AX_HEAD,
                                                             AX_BLK, POOL, HAS_H0, HAS_INIT)
@@ -183,5 +186,9 @@ def chunk_kda_fused_kernel(
             kt = tl.load(k + t0 * skt + i_h * skh + (r[:, None] * skt + kk[None, :]), mask=m[:, None], other=0.0)
             kd = (kt.to(tl.float32) * rkv[:, None] * tl.exp(tl.cumsum(gt, axis=0, reverse=True) - gt)).to(DT)
         S = tl.dot(tl.trans(kd), vd, acc=S * egl[:, None], input_precision=PREC)
+        if HAS_CKPT:
+            _, i_n, _ = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+            store_checkpoint(ckpt, ck_n, ck_every, t, i_n, eos - bos, live, ht, S, i_hv, v0, st_p, st_h, st_k, st_v,
+                             K, BV)
     walk_end(ht, S, slot, live, i_hv, v0, st_p, st_h, st_k, st_v, K, BV, POOL)
 

@@ -48,6 +48,32 @@ def pool_slot(state_indices, has_init, i_n, HAS_INIT: tl.constexpr):
 
 
 @triton.jit
+def store_checkpoint(ckpt, ck_n, ck_every, t, i_n, length, live, ht, S, i_hv, v0, st_p, st_h, st_k, st_v,
+                     K: tl.constexpr, BV: tl.constexpr, TRANS: tl.constexpr = False):
+    """State checkpoints (docs/ops.md "State checkpoints"): after chunk ``t`` (0-based) of sequence
+    ``i_n`` (``length`` tokens; ``live``: its slot is not padding), where ``t + 1`` is a multiple of
+    ``ck_every`` (``checkpoint_every`` in chunks of 64) and the chunk is full, checkpoint
+    ``j = (t + 1) / ck_every - 1`` of the table ``ckpt [N, ck_n]`` (int32/int64; ``j < ck_n``) names
+    the pool row that gets ``S`` (``[K, BV]`` fp32, ``[BV, K]`` with ``TRANS``; value columns ``v0 ..``),
+    in the pool's dtype and strides ``(slot, head, k, v)``, as the final store; a negative entry
+    stores nothing. So a checkpoint is the state a prefill stopped after those tokens stores."""
+    done = t + 1
+    j = done // ck_every - 1
+    if (done % ck_every == 0) & (done * 64 <= length) & (j < ck_n) & live:
+        cs = tl.load(ckpt + i_n * ck_n + j).to(tl.int64)
+        kk = tl.arange(0, K)
+        cv = tl.arange(0, BV)
+        if TRANS:
+            off = cv[:, None] * st_v + kk[None, :] * st_k
+            all_k = kk[None, :] >= 0
+        else:
+            off = kk[:, None] * st_k + cv[None, :] * st_v
+            all_k = kk[:, None] >= 0
+        tl.store(ht + cs * st_p + i_hv * st_h + v0 * st_v + off, S.to(ht.dtype.element_ty),
+                 mask=(all_k & (cs >= 0)) != 0)
+
+
+@triton.jit
 def _gate_factors(g):
     """The log decays of GDN's state update for one chunk, from its raw gates ``g`` (rows along
     axis 0; rows past the sequence loaded as 0), floored at -1000: ``G_C - G_r`` per row and
@@ -65,13 +91,13 @@ def chunk_state_kernel(
     skt, skh, sgt, sgh, sxt, sxh,
     s0_p, s0_h, s0_k, s0_v,
     st_p, st_h, st_k, st_v,
-    GROUP, HV,
+    GROUP, HV, ckpt, ck_n, ck_every,
     K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     KDA: tl.constexpr, POOL: tl.constexpr, HAS_H0: tl.constexpr,
     DT: tl.constexpr, PREC: tl.constexpr, FUSE_O: tl.constexpr, HOIST: tl.constexpr = False,
     HSTEP: tl.constexpr = 1, UTM: tl.constexpr = False, HAS_INIT: tl.constexpr = False,
-    SEGMENT: tl.constexpr = 0,
+    SEGMENT: tl.constexpr = 0, HAS_CKPT: tl.constexpr = False,
 ):
     """See the module docstring. GDN: ``k [T, H, K]`` the keys (normalised here by ``rk``) and
     ``g [T, HV]`` the raw log decays. KDA: stage 1's (``chunk_kda_system_kernel``) decayed keys
@@ -111,7 +137,12 @@ def chunk_state_kernel(
     segment's ``[B | M]``; nothing else is written. ``2``, the rerun: ``h0 [NSEG, HV, K, V]`` holds
     each segment's entering state (from :func:`chunk_segment_combine_kernel`), the final store is
     dense (``ht``, scratch) and with ``POOL`` ``state_indices`` holds each segment's slot (negative:
-    padding, zero output rows where ``FUSE_O``)."""
+    padding, zero output rows where ``FUSE_O``).
+
+    ``HAS_CKPT`` (pool mode, one pass per sequence: ``SEGMENT = 0``): state checkpoints, written in the
+    chunk loop by :func:`store_checkpoint` from ``ckpt [N, ck_n]`` (the slot table) every ``ck_every``
+    chunks; without it ``ckpt``, ``ck_n``, ``ck_every`` are None and the build is the one before."""
+    tl.static_assert(not HAS_CKPT or (POOL and SEGMENT == 0), "checkpoints: pool mode, one pass per sequence")
     tl.static_assert(HSTEP == 1 or HSTEP == 2, "HSTEP: every chunk's state (1) or every second one (2)")
     tl.static_assert(not KDA or not (HOIST or UTM or HSTEP != 1), "HOIST, UTM and HSTEP = 2 are GDN's")
     tl.static_assert(SEGMENT != 1 or not (FUSE_O or POOL or HAS_H0), "the summary pass starts from [I | 0], dense")
@@ -206,6 +237,9 @@ def chunk_state_kernel(
                 egl = tl.exp(gl)
                 vs = vnew * (tl.exp(suf) * rkv)[:, None]
             S = tl.dot(tl.trans(kt.to(DT)), vs.to(DT), acc=S * egl, input_precision=PREC)
+        if HAS_CKPT:  # the state after t + 1 chunks, where a checkpoint falls there
+            store_checkpoint(ckpt, ck_n, ck_every, t, i_n, eos - bos, live, ht, S, i_hv, v0, st_p, st_h, st_k, st_v,
+                             K, BV)
 
     if POOL and SEGMENT == 0:  # same row as the load; the store strides come in separately so that the compiler
         # does not keep the load's address tensor alive across the loop

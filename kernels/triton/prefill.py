@@ -432,6 +432,9 @@ class PrefillPlan:
     empty: bool
     #: the buffers the call allocates, by :class:`PrefillBuffers` field
     buffers: tuple[BufferSpec, ...]
+    #: pool mode: state checkpoints are written (``checkpoint_indices`` given: docs/ops.md "State
+    #: checkpoints"); the state stage runs one pass per sequence and the plan is not replayed
+    checkpoints: bool = False
     config: Optional[PrefillConfig] = None
     stages: Optional[StageOptions] = None
     #: the state stage writes the output (:attr:`StateConfig.writes_output`); no output stage
@@ -479,7 +482,8 @@ class PrefillPlan:
         """Its stages make Triton launches only, so :class:`PrefillLaunch` can record and replay
         them: a non-empty call with the Triton chunk tables (up to :data:`TABLES_TRITON_MAX_N`
         sequences), one pass of the state stage and no replacement state kernel."""
-        return not self.empty and self.triton_tables and not self.segment_chunks and self.state_kernel is None
+        return (not self.empty and self.triton_tables and not self.segment_chunks and self.state_kernel is None
+                and not self.checkpoints)
 
     @property
     def group(self) -> int:
@@ -570,12 +574,15 @@ class ChunkTables(NamedTuple):
 class PrefillState(NamedTuple):
     """Where the state stage reads ``h0`` and writes the final state: the pool (both) in pool mode,
     else the initial state (None: zeros) and ``final``; ``state_indices`` and the
-    ``has_initial_state`` bytes in pool mode only."""
+    ``has_initial_state`` bytes in pool mode only; pool mode with checkpoints: the slot table
+    ``checkpoints [N, max_checkpoints]`` (contiguous) and ``checkpoint_every`` (tokens)."""
 
     h0: Optional[torch.Tensor]
     ht: torch.Tensor
     state_indices: Optional[torch.Tensor]
     has_initial_state: Optional[torch.Tensor]
+    checkpoints: Optional[torch.Tensor] = None
+    checkpoint_every: int = 0
 
 
 def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
@@ -584,7 +591,8 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
                  use_qk_l2norm: bool = True, state_layout: str = "vk", layout: str = "split",
                  caps: Optional[DeviceCapabilities] = None, state_kernel: Optional[Callable] = None,
                  config: Optional[PrefillConfig] = None, segment_chunks: Optional[int] = None,
-                 fused: Optional[bool] = None, fused_cfg: Optional[FusedConfig] = None) -> PrefillPlan:
+                 fused: Optional[bool] = None, fused_cfg: Optional[FusedConfig] = None,
+                 checkpoint_indices: Optional[torch.Tensor] = None) -> PrefillPlan:
     """Plan a :func:`chunk_prefill` call from the shapes, dtypes and flags of its arguments.
 
     Reads only metadata (``shape``, ``dtype``, ``device``, ``numel``; whether optional tensors are
@@ -592,7 +600,13 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     overrides the pinned configuration (:func:`prefill_config`); ``segment_chunks`` the planner's
     choice of the segment-parallel state pass (:func:`plan_segments`; tests and sweeps); ``fused``
     the planner's choice of the fused prefill (:func:`plan_fused`: None the planner's, True
-    forced (a ``ValueError`` where it cannot run), False off) and ``fused_cfg`` its configuration.
+    forced (a ``ValueError`` where it cannot run), False off) and ``fused_cfg`` its configuration;
+    ``checkpoint_indices`` (pool mode; only whether it is given is read): state checkpoints, which
+    the state kernel (or the fused walk) stores when the chunk that ends at a multiple of
+    ``checkpoint_every`` tokens is done (``HAS_CKPT``), no extra pass over the data: bitwise the state
+    a prefill stopped there stores under the same plan choices (pipeline or fused); a checkpoint past
+    the sequence's length or of a padding sequence writes nothing. The state stage then runs one pass
+    per sequence (no segment-parallel pass) and the call is not replayed (:class:`PrefillLaunch`).
     Returns:
         A frozen :class:`PrefillPlan`.
     Raises:
@@ -614,11 +628,17 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
         raise ValueError("pool mode (state_pool given) needs state_indices [N]: the slot of each "
                          "sequence, read as h0 and overwritten with the final state")
     N = cu_seqlens.numel() - 1
+    checkpoints = checkpoint_indices is not None
+    if checkpoints and not pool_mode:
+        raise ValueError("checkpoint_indices: checkpoints are pool rows; pass state_pool and state_indices")
+    if checkpoints and (state_kernel is not None or segment_chunks):
+        raise ValueError("checkpoints are written by the Triton state kernel in one pass per sequence: not with a "
+                         "replacement state_kernel or a forced segment-parallel pass (segment_chunks)")
     final_dtype = None if pool_mode else (initial_state.dtype if initial_state is not None else torch.float32)
     facts = dict(family=family, T=T, N=N, H=H, HV=HV, K=K, V=V, dtype=q.dtype, device=q.device,
                  pool_mode=pool_mode, has_h0=initial_state is not None,
                  has_init_flags=has_initial_state is not None, final_dtype=final_dtype,
-                 state_layout=state_layout, use_qk_l2norm=bool(use_qk_l2norm))
+                 state_layout=state_layout, use_qk_l2norm=bool(use_qk_l2norm), checkpoints=checkpoints)
     if T == 0 or N == 0:
         return PrefillPlan(**facts, empty=True, buffers=_output_specs(facts))
     if has_initial_state is not None and not pool_mode:
@@ -630,7 +650,10 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     caps = probe(q.device) if caps is None else caps
     cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
     cfg = config_on_target(cfg, caps, interp)
-    plan = _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, segment_chunks)
+    plan = _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, 0 if checkpoints else segment_chunks)
+    if checkpoints:
+        plan = dataclasses.replace(plan, segment_reason="state checkpoints: one pass per sequence (each checkpoint "
+                                   "is the state of the sequence's own walk after a chunk)")
     return _with_fused(plan, caps, layout, fused, fused_cfg, segment_chunks)
 
 
@@ -914,11 +937,13 @@ def conform_inputs(plan: PrefillPlan, q, k, v, g, beta, cu_seqlens) -> PrefillIn
 
 
 def prefill_state(plan: PrefillPlan, bufs: PrefillBuffers, state_pool, state_indices, initial_state,
-                  has_initial_state) -> PrefillState:
+                  has_initial_state, checkpoint_indices=None, checkpoint_every: int = 0) -> PrefillState:
     """Where the state stage reads and writes (:class:`PrefillState`)."""
     if plan.pool_mode:
         flags = None if has_initial_state is None else has_initial_state.contiguous().view(torch.uint8)
-        return PrefillState(state_pool, state_pool, state_indices, flags)  # flags read as [N] bytes
+        table = None if checkpoint_indices is None else checkpoint_indices.contiguous()
+        # flags read as [N] bytes
+        return PrefillState(state_pool, state_pool, state_indices, flags, table, int(checkpoint_every or 0))
     return PrefillState(initial_state, bufs.final, None, None)
 
 
@@ -926,7 +951,8 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
                 beta: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
                 state_pool: Optional[torch.Tensor] = None, state_indices: Optional[torch.Tensor] = None,
                 initial_state: Optional[torch.Tensor] = None,
-                has_initial_state: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                has_initial_state: Optional[torch.Tensor] = None, checkpoint_every: Optional[int] = None,
+                checkpoint_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Run a planned call on tensors of the plan's signature: the stages in order.
 
     A :attr:`~PrefillPlan.replayable` plan notes, per signature of the tensors (which are given,
@@ -956,12 +982,16 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
             return run(*tensors)
         first = key if run is _UNKNOWN else None
     _check_signature(plan, q, v, cu_seqlens, state_pool, initial_state, has_initial_state)
+    if (checkpoint_indices is not None) != plan.checkpoints:
+        raise ValueError("run_prefill: checkpoint_indices given to a plan made without them, or the reverse; plan "
+                         "the call again (plan_prefill(checkpoint_indices=...))")
     bufs = allocate_buffers(plan)
-    if plan.empty:
+    if plan.empty:  # no chunk runs, so no checkpoint falls inside a sequence (each is past its length)
         _run_empty(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
         return bufs.o, bufs.final
     x = conform_inputs(plan, q, k, v, g, beta, cu_seqlens)
-    st = prefill_state(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
+    st = prefill_state(plan, bufs, state_pool, state_indices, initial_state, has_initial_state, checkpoint_indices,
+                       checkpoint_every)
     launch_stages(plan, x, bufs, st, scale)
     if first is not None:
         _keep_launch(plan, first, _SEEN_ONCE)
@@ -1192,7 +1222,8 @@ class PrefillReplay:
         return plan_prefill(self.family, q=q, v=a["v"], cu_seqlens=a["cu_seqlens"], state_pool=a.get("state_pool"),
                             state_indices=a.get("state_indices"), initial_state=a.get("initial_state"),
                             has_initial_state=a.get("has_initial_state"), use_qk_l2norm=self.flags[1],
-                            state_layout=self.flags[2], layout=self.layout, caps=self.caps)
+                            state_layout=self.flags[2], layout=self.layout, caps=self.caps,
+                            checkpoint_indices=a.get("checkpoint_indices"))
 
     def _bucket(self, a: dict, key: tuple) -> list:
         """Plan the bucket ``key = (T_b, N)`` from the call ``a``'s metadata (the bucket's q shape
@@ -1221,7 +1252,7 @@ class PrefillReplay:
         a = forked(a)
         q = a["q"]
         T, N = q.shape[0], a["cu_seqlens"].shape[0] - 1
-        if T and N:
+        if T and N and a.get("checkpoint_indices") is None:  # a call with checkpoints: its own plan, not replayed
             key = (replay_tokens(T), N)
             entry = self.entries.get(key)
             first = entry is None
@@ -1286,7 +1317,7 @@ def _tensors(a: dict) -> tuple:
 
 def _prefill_kwargs(a: dict) -> dict:
     names = ("q", "k", "v", "g", "beta", "cu_seqlens", "state_pool", "state_indices", "initial_state",
-             "has_initial_state")
+             "has_initial_state", "checkpoint_every", "checkpoint_indices")
     return {n: a.get(n) for n in names}
 
 
@@ -1412,14 +1443,17 @@ def launch_state(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: Prefill
     _launch_state_kernel(plan, x, b, grid=plan.grids.state, cu=x.cu_seqlens, chunk_off=t.chunk_off,
                          state_indices=st.state_indices, flags=st.has_initial_state, h0=st.h0, ht=st.ht,
                          s0=s0, st=_state_strides(st.ht, plan.state_layout), pool=plan.pool_mode,
-                         has_h0=plan.has_h0, has_init=plan.has_init_flags, fused=plan.output_in_state)
+                         has_h0=plan.has_h0, has_init=plan.has_init_flags, fused=plan.output_in_state,
+                         checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every)
 
 
 def _launch_state_kernel(plan: PrefillPlan, x: PrefillInputs, b: PrefillBuffers, *, grid: GridPlan, cu, chunk_off,
                          state_indices, flags, h0, ht, s0: tuple, st: tuple, pool: bool, has_h0: bool,
-                         has_init: bool, fused: bool, segment: int = 0) -> None:
+                         has_init: bool, fused: bool, segment: int = 0, checkpoints=None,
+                         checkpoint_every: int = 0) -> None:
     """One launch of the state kernel on ``grid`` with the given tables and state operands
-    (``s0``, ``st``: the ``(slot, head, k, v)`` element strides of ``h0`` and ``ht``)."""
+    (``s0``, ``st``: the ``(slot, head, k, v)`` element strides of ``h0`` and ``ht``); ``checkpoints``
+    (pool mode, one pass): the slot table, with ``checkpoint_every`` in tokens (``HAS_CKPT``)."""
     opt, kda = plan.stages, plan.kda
     if kda:  # stage 1's decayed keys and per-chunk total log decays, per value head (GROUP 1)
         keys, gate, row, group = b.kda_kd, b.kda_gl, None, 1
@@ -1436,11 +1470,15 @@ def _launch_state_kernel(plan: PrefillPlan, x: PrefillInputs, b: PrefillBuffers,
                       HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_init)
     if segment:
         constexprs["SEGMENT"] = segment
+    ck = (None, None, None)
+    if checkpoints is not None:  # the build without HAS_CKPT takes the three as None (constexpr-folded)
+        constexprs["HAS_CKPT"] = True
+        ck = (checkpoints, checkpoints.shape[1], checkpoint_every // CHUNK)
     _launch(chunk_state_kernel, grid.grid,
             (keys, gate, b.w, b.u, row, cu, chunk_off, state_indices, flags,
              h0, ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
              *(q.stride()[:2] if fused else v.stride()[:2] if opt.state_u else (0, 0)),  # q's or v's: one pair
-             *s0, *st, group, plan.HV),
+             *s0, *st, group, plan.HV, *ck),
             constexprs, plan.config.state.fused_launch if fused else plan.config.state.launch)
 
 
@@ -1550,7 +1588,7 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
                  state_indices=st.state_indices, has_init=st.has_initial_state, h0=st.h0, ht=st.ht, s0=s0,
                  st=_state_strides(st.ht, plan.state_layout), group=plan.group, HV=plan.HV, K=plan.K, V=plan.V,
                  pool=plan.pool_mode, has_h0=plan.has_h0, has_init_flags=plan.has_init_flags, DT=plan.DT,
-                 PREC=plan.PREC, cfg=cfg, **walk)
+                 PREC=plan.PREC, cfg=cfg, checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every, **walk)
 
 
 def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):
@@ -1597,7 +1635,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
                   has_initial_state: Optional[torch.Tensor] = None,
                   segment_chunks: Optional[int] = None,
                   fused: Optional[bool] = None,
-                  output_state_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  output_state_indices: Optional[torch.Tensor] = None,
+                  checkpoint_every: Optional[int] = None,
+                  checkpoint_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (ops.md ``gdn_prefill`` / ``kda_prefill``), pool or dense mode:
     :func:`plan_prefill` then :func:`run_prefill`.
 
@@ -1634,6 +1674,10 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         output_state_indices: pool mode only, ``[N]`` write slots or None: the read rows are first
             copied into the write rows (:func:`forked`) and the prefill runs in place on the write
             slots (docs/ops.md "Separate read and write slots").
+        checkpoint_every, checkpoint_indices: pool mode, both or neither (docs/ops.md "State
+            checkpoints"; validated upstream): tokens (a multiple of 64) and ``[N, max_checkpoints]``
+            int32/int64 slots (-1: none); the state after ``(j + 1) * checkpoint_every`` tokens of
+            sequence ``n`` goes to slot ``[n, j]`` from the state loop (:func:`plan_prefill`).
     Returns:
         ``(o, final_state)``: ``o [T, HV, V]`` in q's dtype; ``final_state`` is a new tensor
         ``[N, HV, V, K]`` (layout as ``state_layout``) in ``initial_state``'s dtype (fp32 without
@@ -1658,8 +1702,9 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
     del states["output_state_indices"]  # None now: the call runs in place on the write slots
     plan = plan_prefill(family, q=q, v=v, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
                         state_layout=state_layout, layout=layout, caps=caps, state_kernel=state_kernel,
-                        segment_chunks=segment_chunks, fused=fused, **states)
-    return run_prefill(plan, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, scale=scale, **states)
+                        segment_chunks=segment_chunks, fused=fused, checkpoint_indices=checkpoint_indices, **states)
+    return run_prefill(plan, q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, scale=scale,
+                       checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices, **states)
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -68,6 +68,26 @@ def test_floor_gate_cases_pass_on_the_triton_prefill_in_the_interpreter(registry
     assert all(r.status == "passed" for r in results), [(r.id, r.status, r.message) for r in results]
 
 
+@pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill"])
+def test_checkpoint_cases_pass_on_the_triton_prefill_in_the_interpreter(registry, op):
+    """The conformance suite's ``checkpoints`` case (issue 32 item 1) on the Triton chunked prefill in
+    the interpreter: each checkpoint the state kernel stores (``HAS_CKPT``) within tolerance of the
+    float64 token-serial reference after that many tokens, bitwise the same backend's prefill stopped
+    there (the same pipeline: on the CPU the planner never picks the fused prefill), the outputs and
+    final states as the reference, every row not written bitwise unchanged."""
+    pytest.importorskip("triton")
+    if not linattn.capabilities.interpreter_enabled():
+        pytest.skip("needs TRITON_INTERPRET=1 on a CPU (tests/conftest.py sets it)")
+    from linattn.dispatch import resolve_device
+    from linattn.testing.runner import run_case
+
+    cases = [c for c in generate_cases(registry.backends["triton-split"], ops=[op], kinds=["pool"],
+                                       caps=resolve_device(torch.device("cpu"))) if "/checkpoints[" in c.id]
+    assert len(cases) == 1
+    result = run_case(cases[0], "cpu")
+    assert result.status == "passed", (result.id, result.status, result.message)
+
+
 def test_check_of_a_backend_that_does_not_run_on_the_device_is_not_a_pass(registry):
     """cutedsl needs an SM90/SM100 GPU: on the CPU only its negative cases run, and the report
     says NOT AVAILABLE with the reason and exits 3 (neither a crash nor a pass)."""
