@@ -4,15 +4,17 @@
 Per shape (bf16 q/k/v, l2norm in the prep, fp32 "vk" pool with ``state_indices`` a permutation of
 half the pool's rows; gates ``logsigmoid(N(3, 1))`` as benchmarks/prefill.py's "mild"): the call is
 planned once (``fused=True``), its tables made once, then ``launch_fused_stages`` is timed
-(``triton.testing.do_bench`` medians, ms) three ways: prep + Triton walk (switch off), prep + CuTe
-walk (switch on), prep alone (switch on, the walk replaced by nothing); each walk's time is the
-difference. Before timing, both walks run once from the same pool: the relative difference of their
-outputs and of the pool rows written, and whether the rows not owned stayed bitwise unchanged.
+(``triton.testing.do_bench`` medians, ms) four ways: prep + Triton walk (switch off), prep + CuTe
+walk (switch on; its value block :func:`fused_walk.block_v`, 128), the same at value block 64, prep
+alone (switch on, the walk replaced by nothing); each walk's time is the difference. Before
+timing, both walks run once from the same pool: the relative difference of their outputs and of
+the pool rows written, and whether the rows not owned stayed bitwise unchanged.
 
 Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_walk_<device>.json``;
 default benchmarks/results/) after every shape, so a timeout keeps the shapes done.
 
 Usage:  python benchmarks/fused_walk.py [--shapes 16x4096@16/32,8x1024@16/32] [--out FILE]
+        python benchmarks/fused_walk.py --once [--shapes ...]   # one prep + CuTe walk call (for ncu)
 """
 
 from __future__ import annotations
@@ -123,15 +125,19 @@ def measure(N, L, H, HV) -> dict:
     row["prep_triton_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
     switch(True)
     row["prep_cutedsl_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
-    real = fw.run_for_plan
-    fw.run_for_plan = lambda *a: True  # the prep alone
+    real, real_bv = fw.run_for_plan, fw.block_v
     try:
+        fw.block_v = lambda V: 64  # the other value block: 4 warps, twice the CTAs
+        row["prep_cutedsl_walk_bv64_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+        fw.block_v = real_bv
+        fw.run_for_plan = lambda *a: True  # the prep alone
         row["prep_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
     finally:
-        fw.run_for_plan = real
+        fw.run_for_plan, fw.block_v = real, real_bv
         switch(False)
     row["triton_walk_ms"] = row["prep_triton_walk_ms"] - row["prep_ms"]
     row["cutedsl_walk_ms"] = row["prep_cutedsl_walk_ms"] - row["prep_ms"]
+    row["cutedsl_walk_bv64_ms"] = row["prep_cutedsl_walk_bv64_ms"] - row["prep_ms"]
     row["walk_speedup"] = row["triton_walk_ms"] / max(row["cutedsl_walk_ms"], 1e-9)
     return row
 
@@ -140,7 +146,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--once", action="store_true", help="run prep + CuTe walk once per shape, time nothing (ncu)")
     a = ap.parse_args(argv)
+    if a.once:
+        for N, L, H, HV in parse(a.shapes):
+            d, pool, idx = make(N, L, H, HV)
+            switch(True)
+            Call(d, pool, idx)()
+            torch.cuda.synchronize()
+        return 0
     out = a.out or results_path("fused_walk")
     rows, rc = [], 0
     notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "

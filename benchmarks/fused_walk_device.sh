@@ -7,7 +7,8 @@
 #   a. pytest tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py  -> $OUT/fused_walk_tests.xml
 #   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + CuTe walk, 16 x 4,096 and 8 x 1,024
 #      at (16, 32))                                                              -> $OUT/fused_walk_<device>.json
-# Pass LINATTN_COMMIT=<commit> to record the commit; T_TESTS / T_BENCH cap each step (seconds).
+#   c. with NCU=1: ncu of one CuTe walk at 16 x 4,096 (16, 32)                  -> $OUT/fused_walk_ncu.txt
+# Pass LINATTN_COMMIT=<commit> to record the commit; T_TESTS / T_BENCH / T_NCU cap each step (seconds).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -25,3 +26,9 @@ timeout -k 5 "${T_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -p no:wa
 echo "step a rc=${PIPESTATUS[0]}"
 timeout -k 5 "${T_BENCH:-200}" python3 benchmarks/fused_walk.py 2>&1 | grep -v Warning | tail -30
 echo "step b rc=${PIPESTATUS[0]}"
+if [ "${NCU:-0}" = 1 ]; then
+  timeout -k 5 "${T_NCU:-150}" ncu --clock-control none -k regex:FusedWalk -c 1 --set full \
+    python3 benchmarks/fused_walk.py --once --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
+  echo "step c rc=$?"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Stall|Tensor" \
+    "$OUT/fused_walk_ncu.txt" | head -30
+fi
