@@ -12,7 +12,7 @@ and ``Aqk`` ``[C, 64]``; the rows of ``g``, ``rk``, ``qs``) come into shared mem
 Per chunk, with the maths of :mod:`linattn.kernels.triton.chunk_fused` (its module docstring)::
 
     factors   G = cumsum(max(g, G_MIN)); c = min(sq); fx = rk e^G / c; fo = qs e^G sq / c;
-              fs = rk e^(G_C - G); dec = e^(G_C)                        (64 threads, shared memory)
+              fs = rk e^(G_C - G); dec = e^(G_C)        (each warp: shuffle scans; shared memory)
     P1, P2  = bf16(c S^T) k^T, bf16(c S^T) q^T                          (A: the state, registers)
     X       = v^T - P1 diag(fx)
     Vn^T    = bf16(X) Tb^T                                               (A: X, registers)
@@ -43,14 +43,19 @@ class FusedWalkKernel:
         has_h0: dense mode with an initial state (ignored in pool mode).
         has_init: pool mode with a ``has_initial_state [N]`` byte mask (0: a zero h0, the slot not read).
         g_min: the floor of the log decays (``limits.G_MIN``).
+        warp_factors: every warp forms the chunk's factors itself with shuffle scans
+            (:meth:`warp_factors`; no CTA barrier); else 64 threads with serial sums
+            (:meth:`factors`) and a CTA barrier.
     """
 
-    def __init__(self, K: int, V: int, BV: int, pool: bool, has_h0: bool, has_init: bool, g_min: float):
+    def __init__(self, K: int, V: int, BV: int, pool: bool, has_h0: bool, has_init: bool, g_min: float,
+                 warp_factors: bool = True):
         assert K % 16 == 0 and V % BV == 0 and BV % 16 == 0
         self.K, self.V, self.BV = K, V, BV
         self.pool, self.has_h0 = pool, has_h0
         self.has_init = has_init and pool
         self.g_min = float(g_min)
+        self.warp_factors = warp_factors
         self.NW = BV // 16
         self.NT = 32 * self.NW
         assert self.NT >= C, "one thread per chunk row forms the gate factors"
@@ -141,9 +146,14 @@ class FusedWalkKernel:
         sA = smem.allocate_tensor(BFloat16, cute.make_layout((C, C, 2), stride=(PC, 1, C * PC)), 16)
         # per-row scalars of both stages: g, rk, qs[.., 0] (scale uq), qs[.., 1] (sq)
         sRow = smem.allocate_tensor(Float32, cute.make_layout((C, 4, 2), stride=(1, C, 4 * C)), 16)
-        # this chunk's factors: fx, fo, fs per row; dec and c
-        sFac = smem.allocate_tensor(Float32, cute.make_layout((C, 3), stride=(1, C)), 16)
+        # this chunk's factors fx, fo, fs per row (one copy per warp with warp_factors); dec and c
+        nf = self.NW if const_expr(self.warp_factors) else 1
+        sFac = smem.allocate_tensor(Float32, cute.make_layout((C, 3 * nf), stride=(1, C)), 16)
         sDec = smem.allocate_tensor(Float32, cute.make_layout(2), 16)
+        lane = tid % 32
+        sFacW = sFac
+        if const_expr(self.warp_factors):
+            sFacW = cute.make_tensor(sFac.iterator + (tid // 32) * (3 * C), cute.make_layout((C, 3), stride=(1, C)))
         # B operand of the state update: k viewed as (key channel, row)
         sKt = cute.make_tensor(sK.iterator, cute.make_layout((K, C, 2), stride=(1, PK, C * PK)))
 
@@ -232,13 +242,20 @@ class FusedWalkKernel:
             cute.arch.cp_async_wait_group(1)
             cute.arch.sync_threads()
 
-            # (a) the chunk's gate and scale factors, one thread per row
-            if tid < C:
-                self.factors(stage, tid, sRow, sFac, sDec)
-            cute.arch.sync_threads()
+            # (a) the chunk's gate and scale factors
+            dec = Float32(1.0)
+            cs = Float32(1.0)
+            if const_expr(self.warp_factors):
+                dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
+                cute.arch.sync_warp()
+            else:
+                if tid < C:
+                    self.factors(stage, tid, sRow, sFac, sDec)
+                cute.arch.sync_threads()
+                dec = sDec[0]
+                cs = sDec[1]
 
             # (b) P1 = bf16(c S^T) k^T, P2 = bf16(c S^T) q^T  (F44: c = 1 unless a query row reaches 2**32)
-            cs = sDec[1]
             rS = cute.make_fragment_like(acc_S, BFloat16)
             rS.store((acc_S.load() * cs).to(BFloat16))
             tSA = self.acc_as_a(rS)
@@ -253,7 +270,7 @@ class FusedWalkKernel:
             # (c) X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
             for i in cutlass.range_constexpr(cute.size(acc_X)):
                 crd = tPcP[i]  # (value channel, row)
-                acc_X[i] = Float32(sV[crd[1], crd[0], stage]) - acc_X[i] * sFac[crd[1], 0]
+                acc_X[i] = Float32(sV[crd[1], crd[0], stage]) - acc_X[i] * sFacW[crd[1], 0]
             rX = cute.make_fragment_like(acc_X, BFloat16)
             rX.store(acc_X.load().to(BFloat16))
             tXA = self.acc_as_a(rX)
@@ -264,7 +281,7 @@ class FusedWalkKernel:
 
             # (d) O^T = P2 diag(fo) + bf16(Vn^T) Aqk^T
             for i in cutlass.range_constexpr(cute.size(acc_O)):
-                acc_O[i] = acc_O[i] * sFac[tPcP[i][1], 1]
+                acc_O[i] = acc_O[i] * sFacW[tPcP[i][1], 1]
             rN = cute.make_fragment_like(acc_N, BFloat16)
             rN.store(acc_N.load().to(BFloat16))
             tNA = self.acc_as_a(rN)
@@ -277,11 +294,10 @@ class FusedWalkKernel:
                 sV[crd[1], crd[0], stage] = BFloat16(acc_O[i] * keep)
 
             # (e) S^T = dec S^T + bf16(Vn^T diag(fs)) k
-            dec = sDec[0]
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 acc_S[i] = acc_S[i] * dec
             for i in cutlass.range_constexpr(cute.size(acc_N)):
-                acc_N[i] = acc_N[i] * sFac[tPcP[i][1], 2]
+                acc_N[i] = acc_N[i] * sFacW[tPcP[i][1], 2]
             rU = cute.make_fragment_like(acc_N, BFloat16)
             rU.store(acc_N.load().to(BFloat16))
             tUA = self.acc_as_a(rU)
@@ -323,6 +339,48 @@ class FusedWalkKernel:
             stride=((d.stride[0], d.stride[2][0]), d.stride[1], d.stride[2][1]),
         )
         return cute.make_tensor(r.iterator, lay)
+
+    @cute.jit
+    def warp_factors_of(self, stage, lane, sRow, sF):
+        """The chunk's factors (module docstring) formed by one warp, lane ``l`` taking rows ``l`` and
+        ``l + 32``, into the warp's own ``sF [C, 3]``; returns ``(e^(G_C), c)``. Prefix sums ``G`` and
+        suffix sums ``sum_{j>r} g_j`` by shuffle scans over each half, the halves joined by adding the
+        other half's total; the suffixes summed directly (never ``G_C - G``: no cancellation where
+        the gates are strongly negative), as the Triton walk's reverse cumsum."""
+        g_min = Float32(self.g_min)
+        zero = Float32(0.0)
+        glo = cute.arch.fmax(sRow[lane, 0, stage], g_min)
+        ghi = cute.arch.fmax(sRow[lane + 32, 0, stage], g_min)
+        plo, phi, rlo, rhi = glo, ghi, glo, ghi
+        for s in cutlass.range_constexpr(5):  # inclusive scans: prefix (up), suffix (down)
+            off = 1 << s
+            ulo = cute.arch.shuffle_sync_up(plo, off)
+            uhi = cute.arch.shuffle_sync_up(phi, off)
+            dlo = cute.arch.shuffle_sync_down(rlo, off)
+            dhi = cute.arch.shuffle_sync_down(rhi, off)
+            plo = plo + cutlass.select_(lane >= off, ulo, zero)
+            phi = phi + cutlass.select_(lane >= off, uhi, zero)
+            rlo = rlo + cutlass.select_(lane + off < 32, dlo, zero)
+            rhi = rhi + cutlass.select_(lane + off < 32, dhi, zero)
+        phi = phi + cute.arch.shuffle_sync(plo, 31)  # the lower half's total
+        total = cute.arch.shuffle_sync(phi, 31)
+        thi = cute.arch.shuffle_sync(rhi, 0)  # the upper half's total
+        slo = cute.arch.shuffle_sync_down(rlo, 1)
+        shi = cute.arch.shuffle_sync_down(rhi, 1)
+        slo = cutlass.select_(lane == 31, zero, slo) + thi  # exclusive: sum over j > r
+        shi = cutlass.select_(lane == 31, zero, shi)
+        c = cute.arch.fmin(sRow[lane, 3, stage], sRow[lane + 32, 3, stage])
+        for s in cutlass.range_constexpr(5):
+            c = cute.arch.fmin(c, cute.arch.shuffle_sync_bfly(c, 1 << s))
+        ic = Float32(1.0) / c  # c a power of two in [2**-96, 1]: exact
+        for h in cutlass.range_constexpr(2):
+            r = lane + 32 * h
+            eg = cute.math.exp(plo if h == 0 else phi, fastmath=False)
+            rkv = sRow[r, 1, stage]
+            sF[r, 0] = rkv * eg * ic
+            sF[r, 1] = sRow[r, 2, stage] * eg * (sRow[r, 3, stage] * ic)
+            sF[r, 2] = rkv * cute.math.exp(slo if h == 0 else shi, fastmath=False)
+        return cute.math.exp(total, fastmath=False), c
 
     @cute.jit
     def factors(self, stage, tid, sRow, sFac, sDec):

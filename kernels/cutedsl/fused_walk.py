@@ -16,12 +16,15 @@ Triton walk runs, as without the switch). The planner never sets it.
 Scope of this step: GDN, bf16 ``q/k/v`` and prep buffers, ``K = V = 128``, chunk 64, fp32 or bf16
 states, no state checkpoints; anything else is refused (:func:`walk_refusal`).
 
-Status (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk_compile.py);
-never run on a GPU yet.** Tensor cores through warp-level ``mma.sync`` m16n8k16 (as
-:mod:`._state_kernel`), not ``wgmma``: the state is the A operand from registers, 8 warps each
-owning 16 value rows, ``cp.async`` double-buffering of the next chunk's tiles issued by all
-threads (no producer warp, no TMA). Correctness against the Triton walk: tests/gpu/test_fused_walk_gpu.py;
-timing: benchmarks/fused_walk.py (both to be run on the H200).
+Status (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
+registers, no local memory, ~143 KB of shared memory at BV = 128); never run on a GPU yet, so
+neither correct nor faster is known.** Tensor cores through warp-level ``mma.sync`` m16n8k16 (as
+:mod:`._state_kernel`), not ``wgmma``: the state is the A operand from registers, each warp owning
+16 value rows (8 warps at BV = 128, 4 at 64); the next chunk's tiles come by ``cp.async`` issued
+by all threads, two stages (no producer warp, no TMA); each warp forms the chunk's gate factors
+itself with shuffle scans (``WalkKey.warp_factors``; False: 64 threads, serial sums, one more CTA
+barrier per chunk). Correctness against the Triton walk: tests/gpu/test_fused_walk_gpu.py; timing:
+benchmarks/fused_walk.py; both through benchmarks/fused_walk_device.sh on the H200.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class WalkKey(NamedTuple):
     cu_dtype: str  # cu_seqlens'
     arch: str  # "sm_90a", ...
     has_init: bool = False  # pool mode with has_initial_state [N] (uint8)
+    warp_factors: bool = True  # each warp forms the gate factors (shuffle scans); False: 64 threads, serial sums
 
 
 def enabled() -> bool:
@@ -158,7 +162,7 @@ def compile_walk(key: WalkKey, dump_dir: Optional[str] = None):
 
     from ._fused_walk_kernel import FusedWalkKernel
 
-    kern = FusedWalkKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN)
+    kern = FusedWalkKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN, key.warp_factors)
     opts = f"--gpu-arch {key.arch}"
     if dump_dir is not None:
         os.makedirs(dump_dir, exist_ok=True)

@@ -34,15 +34,19 @@ def test_pool_walk_compiles_for_sm90a_with_warp_mma_and_cp_async(tmp_path):
     # two load_chunk bodies (prologue, loop) of k, q (4 row passes each), v (4), Tb, Aqk (2 each)
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 32
     assert re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx), "the has_initial_state byte is read"
+    # the gate factors by warp shuffle scans (prefix up, suffix down over two halves; min of sq)
+    assert len(re.findall(r"shfl\.sync\.up", ptx)) == 10 and len(re.findall(r"shfl\.sync\.bfly", ptx)) == 5
+    assert len(re.findall(r"\bbar\.sync\b", ptx)) == 3  # per chunk: loads landed, O^T staged, stage free
     for bad in ("wgmma", "tcgen05", "cp.async.bulk"):
         assert bad not in ptx, bad
 
 
-def test_dense_walk_with_bf16_state_and_half_value_block_compiles(tmp_path):
+def test_dense_walk_with_bf16_state_half_value_block_and_serial_factors_compiles(tmp_path):
     ptx = _compile(tmp_path, BV=64, pool=False, has_h0=False, state_dtype="bfloat16", h0_dtype="bfloat16",
-                   index_dtype="int64", cu_dtype="int64", has_init=False)
+                   index_dtype="int64", cu_dtype="int64", has_init=False, warp_factors=False)
     assert ".reqntid 128, 1, 1" in ptx
     assert len(re.findall(MMA, ptx)) == 256
+    assert "shfl.sync.up" not in ptx and len(re.findall(r"\bbar\.sync\b", ptx)) == 4
     assert not re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx)
 
 
