@@ -7,8 +7,9 @@
 #   a. pytest tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py  -> $OUT/fused_walk_tests.xml
 #   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + CuTe walk, 16 x 4,096 and 8 x 1,024
 #      at (16, 32))                                                              -> $OUT/fused_walk_<device>.json
-#   c. with NCU=1: ncu of one CuTe walk at 16 x 4,096 (16, 32)                  -> $OUT/fused_walk_ncu.txt
-# Pass LINATTN_COMMIT=<commit> to record the commit; T_TESTS / T_BENCH / T_NCU cap each step (seconds).
+#   c. ncu of one CuTe walk at 16 x 4,096 (16, 32)                               -> $OUT/fused_walk_ncu.txt
+# STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c). Pass LINATTN_COMMIT=<commit>
+# to record the commit; T_TESTS / T_BENCH / T_NCU cap each step (seconds; the device allows 600 per call).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -21,12 +22,17 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages PYTHONSAFEPATH=1 LINATTN_RESULTS_DIR="$OUT"
 python3 -c "import cutlass, cutlass.cute; print('CuTe DSL', cutlass.__version__)" \
   || echo "WARNING: CuTe DSL does not import from /tmp/site (install the bundle first: see above)"
-timeout -k 5 "${T_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
+STEPS=${STEPS:-ab}
+if [[ $STEPS == *a* ]]; then
+timeout -k 5 "${T_TESTS:-380}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
   tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py --junitxml="$OUT/fused_walk_tests.xml" 2>&1 | tail -40
 echo "step a rc=${PIPESTATUS[0]}"
-timeout -k 5 "${T_BENCH:-200}" python3 benchmarks/fused_walk.py 2>&1 | grep -v Warning | tail -30
+fi
+if [[ $STEPS == *b* ]]; then
+timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_walk.py 2>&1 | grep -v Warning | tail -30
 echo "step b rc=${PIPESTATUS[0]}"
-if [ "${NCU:-0}" = 1 ]; then
+fi
+if [[ $STEPS == *c* ]]; then
   timeout -k 5 "${T_NCU:-150}" ncu --clock-control none -k regex:FusedWalk -c 1 --set full \
     python3 benchmarks/fused_walk.py --once --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
   echo "step c rc=$?"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Stall|Tensor" \
