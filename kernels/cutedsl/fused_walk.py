@@ -69,13 +69,14 @@ def enabled() -> bool:
 
 
 def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None, checkpoints: bool = False,
-                 chunk: int = WALK_CHUNK) -> str:
+                 g_dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
+                 checkpoints: bool = False, chunk: int = WALK_CHUNK) -> str:
     """Why the CuTe DSL walk cannot run a call ('' where it can), from host-known facts only.
 
     Args:
         family: ``"gdn"`` (KDA is not written yet). K, V: head dims (128 only). dtype: ``q/k/v``'s
             (bf16 only). buf_dtype: the prep buffers' (``tmb``, ``aqk``; bf16 only; None: not checked).
+        g_dtype: the log decays' (fp32 only, as docs/ops.md's ``gdn_prefill``; None: not checked).
         device: the call's device (None: not checked): CUDA of compute capability 9.x.
         checkpoints: state checkpoints asked for (not supported). chunk: the chunk size (64 only).
     """
@@ -87,6 +88,8 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
         return f"the CuTe DSL fused walk takes bf16 q/k/v; got {str(dtype).removeprefix('torch.')}"
     if buf_dtype is not None and buf_dtype != torch.bfloat16:
         return f"the CuTe DSL fused walk takes bf16 prep buffers; got {str(buf_dtype).removeprefix('torch.')}"
+    if g_dtype is not None and g_dtype != torch.float32:
+        return f"the CuTe DSL fused walk reads fp32 gates g; got {str(g_dtype).removeprefix('torch.')}"
     if chunk != WALK_CHUNK:
         return f"the CuTe DSL fused walk walks chunks of {WALK_CHUNK} rows; got {chunk}"
     if checkpoints:
@@ -320,7 +323,7 @@ def run_for_plan(plan, x, b, st) -> bool:
     from linattn.kernels.triton.prefill import _state_strides
 
     why = walk_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
-                       device=x.q.device, checkpoints=getattr(st, "checkpoints", None) is not None)
+                       g_dtype=x.g.dtype, device=x.q.device, checkpoints=getattr(st, "checkpoints", None) is not None)
     if why:
         return False
     if getattr(tl_launch._recording, "records", None) is not None:

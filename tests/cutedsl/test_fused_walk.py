@@ -56,6 +56,7 @@ def test_dense_walk_with_bf16_state_half_value_block_and_serial_factors_compiles
     (dict(V=256), "K = V = 128"),
     (dict(dtype=torch.float16), "bf16 q/k/v"),
     (dict(buf_dtype=torch.float32), "bf16 prep buffers"),
+    (dict(g_dtype=torch.bfloat16), "fp32 gates"),
     (dict(chunk=32), "chunks of 64"),
     (dict(checkpoints=True), "checkpoints"),
     (dict(device=torch.device("cpu")), "CUDA GPUs"),
