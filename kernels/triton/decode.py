@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import functools
 import operator
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -77,28 +77,20 @@ def _l2norm(x):
 
 
 @triton.jit
-def _recurrent_decode_kernel(
-    q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices, has_init,
-    out_indices, scale, softplus_beta, softplus_threshold, lower_bound,
-    T,
-    s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
-    s_an, s_at, s_ah, s_bn, s_bt, s_bh,
-    s_pool_slot, s_pool_h, s_idx_n, s_idx_t,
-    s_inter_slot, s_inter_t, s_inter_h,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr,
-    GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    STATE_LAYOUT: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_NUM_ACCEPTED: tl.constexpr,
-    HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
-    GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr,
-    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
-    STATE_EVICTION: tl.constexpr = "",
-):
-    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
-    i_h = i_hv // (HV // H)
+def _tile(i_blk, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, STATE_LAYOUT: tl.constexpr,
+          STATE_VEC: tl.constexpr):
+    """Value block ``i_blk`` of a ``[V, K]`` state slot: its rows, the key columns, their masks, the
+    tile mask and the tile's element offsets in the slot (layout ``"vk"`` or ``"kv"``).
 
-    offs_v = i_v * BV + tl.arange(0, BV)
-    offs_k = tl.arange(0, BK)
+    ``STATE_VEC > 0``: the key columns written ``(c // STATE_VEC) * STATE_VEC + c % STATE_VEC`` (the
+    same values), which Triton's contiguity analysis sees as runs of ``STATE_VEC``: its loads and
+    stores of the tile then move ``STATE_VEC`` elements per thread (not 16 bytes' worth)."""
+    offs_v = i_blk * BV + tl.arange(0, BV)
+    if STATE_VEC > 0:
+        c = tl.arange(0, BK)
+        offs_k = (c // STATE_VEC) * STATE_VEC + c % STATE_VEC
+    else:
+        offs_k = tl.arange(0, BK)
     mask_v = offs_v < V
     mask_k = offs_k < K
     mask_s = mask_v[:, None] & mask_k[None, :]  # `(mask_s & scalar) != 0` below: bool masks for Triton 3.9's
@@ -107,28 +99,24 @@ def _recurrent_decode_kernel(
         offs_s = offs_v[:, None] * K + offs_k[None, :]
     else:
         offs_s = offs_k[None, :] * V + offs_v[:, None]
+    return offs_v, offs_k, mask_v, mask_k, mask_s, offs_s
 
-    # The load slot, and padding: a row whose load slot is negative is padding (zero output,
-    # nothing read or written). With num_accepted_tokens, the load slot is the table entry of
-    # token num_accepted - 1; 0 accepted starts from a zero state, and then the row's first
-    # entry decides padding (as backends/torch_ref.py).
-    idx_row = state_indices + i_n * s_idx_n
-    load_slot = tl.load(idx_row).to(tl.int64)
-    do_load = load_slot >= 0
-    if PER_TOKEN_SLOTS:
-        if HAS_NUM_ACCEPTED:
-            na = tl.load(num_accepted + i_n).to(tl.int64)
-            na = tl.minimum(tl.maximum(na, 0), T)  # never reads outside the row
-            acc_slot = tl.load(idx_row + tl.maximum(na - 1, 0) * s_idx_t).to(tl.int64)
-            load_slot = tl.where(na > 0, acc_slot, load_slot)
-            do_load = (load_slot >= 0) & (na > 0)
-    if HAS_INITIAL_STATE:  # False: a zero state, the slot is never read (a masked load)
-        do_load = do_load & (tl.load(has_init + i_n) != 0)
-    valid = load_slot >= 0
-    p_state = pool + i_hv * s_pool_h + offs_s
-    h = tl.load(p_state + load_slot * s_pool_slot, mask=(mask_s & do_load) != 0, other=0.0,
-                eviction_policy=STATE_EVICTION).to(tl.float32)
 
+@triton.jit
+def _decode_rows(
+    h, offs_v, mask_v, mask_s, offs_s, offs_k, mask_k, p_state, load_slot, valid, idx_row, i_n, i_h, i_hv,
+    q, k, v, a, b, A_log, dt_bias, o, pool, inter, inter_indices, out_indices,
+    scale, softplus_beta, softplus_threshold, lower_bound, T,
+    s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh, s_an, s_at, s_ah, s_bn, s_bt, s_bh,
+    s_pool_slot, s_idx_t, s_inter_slot, s_inter_t, s_inter_h,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    PER_TOKEN_SLOTS: tl.constexpr, HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
+    GATES_PRECOMPUTED: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, STATE_EVICTION: tl.constexpr,
+):
+    """The tokens of one sequence on one state tile ``h`` (fp32 ``[BV, BK]``, loaded by the caller
+    from ``p_state + load_slot * s_pool_slot``): gating, the delta rule, the output rows and the
+    state stores (the kernel's docstring and the module's)."""
     if not GATES_PRECOMPUTED:
         exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
         if GATE == "gdn":
@@ -202,17 +190,115 @@ def _recurrent_decode_kernel(
                      eviction_policy=STATE_EVICTION)
 
 
+@triton.jit
+def _recurrent_decode_kernel(
+    q, k, v, a, b, A_log, dt_bias, o, pool, state_indices, num_accepted, inter, inter_indices, has_init,
+    out_indices, scale, softplus_beta, softplus_threshold, lower_bound,
+    T,
+    s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh,
+    s_an, s_at, s_ah, s_bn, s_bt, s_bh,
+    s_pool_slot, s_pool_h, s_idx_n, s_idx_t,
+    s_inter_slot, s_inter_t, s_inter_h,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    STATE_LAYOUT: tl.constexpr, PER_TOKEN_SLOTS: tl.constexpr, HAS_NUM_ACCEPTED: tl.constexpr,
+    HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
+    GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr,
+    LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
+    STATE_EVICTION: tl.constexpr = "", BLOCKS: tl.constexpr = 1, STATE_VEC: tl.constexpr = 0,
+):
+    """One program: ``BLOCKS`` consecutive value blocks of ``BV`` rows of one (sequence, value head).
+    ``BLOCKS = 1`` (every shipped build but those :data:`PINNED` says otherwise): one tile, loaded
+    then updated. ``BLOCKS > 1``: the tiles one after another, each next tile's state load issued
+    before the current tile's update (in its pool dtype; converted to fp32 when its turn comes), so
+    that a program keeps a load in flight while it computes; the same instructions per tile, so
+    the results equal ``BLOCKS = 1``'s bitwise. ``STATE_VEC``: :func:`_tile` (0: every shipped build)."""
+    i_v, i_n, i_hv = decode_pid(LAYOUT, AX_SEQ, AX_HEAD, AX_BLK, HV)
+    i_h = i_hv // (HV // H)
+
+    if BLOCKS == 1:
+        i_first = i_v
+    else:
+        i_first = i_v * BLOCKS
+    offs_v, offs_k, mask_v, mask_k, mask_s, offs_s = _tile(i_first, K, V, BK, BV, STATE_LAYOUT, STATE_VEC)
+
+    # The load slot, and padding: a row whose load slot is negative is padding (zero output,
+    # nothing read or written). With num_accepted_tokens, the load slot is the table entry of
+    # token num_accepted - 1; 0 accepted starts from a zero state, and then the row's first
+    # entry decides padding (as backends/torch_ref.py).
+    idx_row = state_indices + i_n * s_idx_n
+    load_slot = tl.load(idx_row).to(tl.int64)
+    do_load = load_slot >= 0
+    if PER_TOKEN_SLOTS:
+        if HAS_NUM_ACCEPTED:
+            na = tl.load(num_accepted + i_n).to(tl.int64)
+            na = tl.minimum(tl.maximum(na, 0), T)  # never reads outside the row
+            acc_slot = tl.load(idx_row + tl.maximum(na - 1, 0) * s_idx_t).to(tl.int64)
+            load_slot = tl.where(na > 0, acc_slot, load_slot)
+            do_load = (load_slot >= 0) & (na > 0)
+    if HAS_INITIAL_STATE:  # False: a zero state, the slot is never read (a masked load)
+        do_load = do_load & (tl.load(has_init + i_n) != 0)
+    valid = load_slot >= 0
+    p_head = pool + i_hv * s_pool_h
+    raw = tl.load(p_head + offs_s + load_slot * s_pool_slot, mask=(mask_s & do_load) != 0, other=0.0,
+                  eviction_policy=STATE_EVICTION)
+    for j in tl.static_range(BLOCKS):
+        h = raw.to(tl.float32)
+        if j + 1 < BLOCKS:  # the next tile's load, ahead of this tile's update
+            offs_v1, _, mask_v1, _, mask_s1, offs_s1 = _tile(i_first + j + 1, K, V, BK, BV, STATE_LAYOUT, STATE_VEC)
+            raw = tl.load(p_head + offs_s1 + load_slot * s_pool_slot, mask=(mask_s1 & do_load) != 0, other=0.0,
+                          eviction_policy=STATE_EVICTION)
+        _decode_rows(h, offs_v, mask_v, mask_s, offs_s, offs_k, mask_k, p_head + offs_s, load_slot, valid, idx_row,
+                     i_n, i_h, i_hv, q, k, v, a, b, A_log, dt_bias, o, pool, inter, inter_indices, out_indices,
+                     scale, softplus_beta, softplus_threshold, lower_bound, T,
+                     s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh, s_an, s_at, s_ah, s_bn, s_bt, s_bh,
+                     s_pool_slot, s_idx_t, s_inter_slot, s_inter_t, s_inter_h,
+                     HV, K, V, GATE, HAS_LOWER_BOUND, USE_QK_L2NORM, PER_TOKEN_SLOTS, HAS_INTER, HAS_INTER_IDX,
+                     UPDATE_STATE, GATES_PRECOMPUTED, HAS_OUT_SLOTS, STATE_EVICTION)
+        if j + 1 < BLOCKS:
+            offs_v, mask_v, mask_s, offs_s = offs_v1, mask_v1, mask_s1, offs_s1  # the tile loaded ahead
+
+
 # --- host side -------------------------------------------------------------------------------
 
-#: Pinned tile configs ``(block_v, num_warps)`` per ``(gate, K, V, batch class)``
-#: (docs/performance.md#decode-tile-configs). No
-#: autotuning: the kernel writes the pool in place, so it must run exactly once per call.
-PINNED: dict[tuple[str, int, int, str], tuple[int, int]] = {
-    ("gdn", 128, 128, "small"): (8, 1),
-    ("gdn", 128, 128, "large"): (8, 1),
-    ("kda", 128, 128, "small"): (8, 1),
-    ("kda", 128, 128, "large"): (8, 1),
+class DecodeConfig(NamedTuple):
+    """One launch configuration of the decode kernel (docs/performance.md#decode-tile-configs, and
+    #decode-on-bf16-pools for the fields a bf16 pool may need).
+
+    Fields:
+        block_v: ``BV``, value rows of the ``[BV, BK]`` state tile (fp32 in registers).
+        num_warps: warps per program.
+        num_stages: Triton's pipelining stages (None: Triton's default, as every build shipped so far;
+            the kernel has no loop over tiles for the pipeliner, so it is a sweep's knob, not a promise).
+        maxnreg: a register cap per thread (None: the compiler's choice): more programs per SM
+            (sm_90: 65,536 registers, at most 32 programs) at the risk of spills.
+        blocks: value blocks per program (the kernel's ``BLOCKS``): each next tile's load issued
+            before the current tile's update; 1 (every shipped build): one tile per program.
+        state_vec: key elements per thread in the state tile's loads and stores (the kernel's
+            ``STATE_VEC``; 0, every shipped build: the compiler's choice, 16-byte runs: 4 fp32 or 8
+            bf16). 4 on a bf16 pool gives the tile the layout of the key vectors (4 per thread over
+            32 lanes: q, k, KDA's gate), so they reach it without shuffles, in 8-byte loads.
+    """
+
+    block_v: int
+    num_warps: int
+    num_stages: Optional[int] = None
+    maxnreg: Optional[int] = None
+    blocks: int = 1
+    state_vec: int = 0
+
+
+#: Pinned launch configs per ``(gate, K, V, batch class, state pool dtype)``
+#: (docs/performance.md#decode-tile-configs; the pool dtype's name: ``fp32``, ``bf16``, ``fp16``). No
+#: autotuning: the kernel writes the pool in place, so it must run exactly once per call. The bf16
+#: rows repeat the fp32 ones until ``benchmarks/decode_sweep.py`` has measured their own (issue 32).
+PINNED: dict[tuple[str, int, int, str, str], DecodeConfig] = {
+    **{(gate, 128, 128, cls, dt): DecodeConfig(8, 1) for gate in ("gdn", "kda") for cls in ("small", "large")
+       for dt in ("fp32", "bf16")},
 }
+#: the pool dtype's name in :data:`PINNED` keys
+STATE_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
 def _batch_class(n_seq: int) -> str:
@@ -224,30 +310,44 @@ def _pow2(x: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _config(K: int, V: int, cls: str, gate: str) -> tuple[int, int, int]:
+def _config(K: int, V: int, cls: str, gate: str, state_dtype: str) -> tuple[int, DecodeConfig]:
     if not (1 <= K <= MAX_HEAD_DIM and 1 <= V <= MAX_HEAD_DIM):
         raise ValueError(f"unsupported head_dim K={K}, V={V}: the Triton decode kernels take "
                          f"1 <= K, V <= {MAX_HEAD_DIM}")
     BK = _pow2(K)
-    pinned = PINNED.get((gate, K, V, cls))
+    pinned = PINNED.get((gate, K, V, cls, state_dtype))
     if pinned is not None:
-        return BK, pinned[0], pinned[1]
+        return BK, pinned
     BV = min(_pow2(V), max(1, TILE_ELEMENTS // BK), 32)
     num_warps = 4 if BV * BK >= 2048 else (2 if BV * BK >= 512 else 1)
-    return BK, BV, num_warps
+    return BK, DecodeConfig(BV, num_warps)
 
 
-def decode_config(K: int, V: int, n_seq: int, caps=None, gate: str = "gdn") -> tuple[int, int, int]:
-    """Tile config ``(BK, BV, num_warps)`` for head dims ``K x V`` and ``n_seq`` sequences.
+def decode_launch_config(K: int, V: int, n_seq: int, gate: str = "gdn",
+                         state_dtype: torch.dtype = torch.float32) -> tuple[int, DecodeConfig]:
+    """``(BK, config)`` for head dims ``K x V``, ``n_seq`` sequences and a pool of ``state_dtype``.
 
-    The whole key dim is one block (``BK = next_pow2(K)``); ``BV`` keeps the fp32 state tile
-    ``BV x BK`` within :data:`TILE_ELEMENTS` so it stays in registers. Pinned configs
-    (:data:`PINNED`) win where measured.
+    The whole key dim is one block (``BK = next_pow2(K)``); unpinned shapes get a ``BV`` that keeps
+    the fp32 state tile ``BV x BK`` within :data:`TILE_ELEMENTS` so it stays in registers. Pinned
+    configs (:data:`PINNED`, by the pool dtype's name) win where measured.
 
     Raises:
         ValueError: K or V above :data:`MAX_HEAD_DIM` or below 1 ("unsupported head_dim").
     """
-    return _config(int(K), int(V), _batch_class(n_seq), gate)
+    name = STATE_DTYPE_NAMES.get(state_dtype, str(state_dtype))
+    return _config(int(K), int(V), _batch_class(n_seq), gate, name)
+
+
+def decode_config(K: int, V: int, n_seq: int, caps=None, gate: str = "gdn",
+                  state_dtype: torch.dtype = torch.float32) -> tuple[int, int, int]:
+    """Tile config ``(BK, BV, num_warps)`` of :func:`decode_launch_config` (a program covers
+    ``BV`` value rows times its config's ``blocks``).
+
+    Raises:
+        ValueError: K or V above :data:`MAX_HEAD_DIM` or below 1 ("unsupported head_dim").
+    """
+    BK, cfg = decode_launch_config(K, V, n_seq, gate, state_dtype)
+    return BK, cfg.block_v, cfg.num_warps
 
 
 def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -255,13 +355,16 @@ def _inner_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def recurrent_decode(*, gate: str, caps, layout: str, block_v: Optional[int] = None,
-                     num_warps: Optional[int] = None, **tensors_and_options) -> torch.Tensor:
+                     num_warps: Optional[int] = None, config: Optional[DecodeConfig] = None,
+                     **tensors_and_options) -> torch.Tensor:
     """Launch the GDN/KDA recurrent decode kernel on a state pool (in place).
 
     Args:
         gate: ``"gdn"`` (scalar gate per head) or ``"kda"`` (one gate per key channel).
         caps: DeviceCapabilities of the tensors' device (grid limits). layout: ``split``/``folded``.
         block_v, num_warps: override the pinned tile config (tests, tuning).
+        config: a whole :class:`DecodeConfig` instead of the pinned one (sweeps; ``block_v`` and
+            ``num_warps`` still override its fields).
         tensors_and_options: the op's arguments, as :class:`DecodeLaunch` takes them.
     Returns:
         o: ``[N, T, HV, V]`` in q's dtype.
@@ -269,7 +372,7 @@ def recurrent_decode(*, gate: str, caps, layout: str, block_v: Optional[int] = N
         GridLimitError, ValueError: as :class:`DecodeLaunch`.
     """
     plan = DecodeLaunch(gate=gate, caps=caps, layout=layout, block_v=block_v, num_warps=num_warps,
-                        **tensors_and_options)
+                        config=config, **tensors_and_options)
     return plan(tensors_and_options)
 
 
@@ -311,7 +414,8 @@ class DecodeLaunch:
             state is stored to this slot (``HAS_OUT_SLOTS``: a second row pointer, the load slot
             only read); negative: no store. Contiguous.
         caps: DeviceCapabilities of the tensors' device. layout: ``split`` / ``folded``.
-        block_v, num_warps: override the pinned tile config.
+        block_v, num_warps: override the pinned tile config. config: a :class:`DecodeConfig` in place
+            of the pinned one (:func:`decode_launch_config`, by the pool's dtype).
         state_eviction_policy: Triton's cache hint on the state tile's load and store (``""``: none,
             as shipped; ``"evict_first"`` / ``"evict_last"``: benchmarks' experiments).
     Raises:
@@ -321,7 +425,7 @@ class DecodeLaunch:
     """
 
     def __init__(self, *, gate: str, caps, layout: str, block_v: Optional[int] = None,
-                 num_warps: Optional[int] = None, q, k, v, state_pool, state_indices, scale: Optional[float] = None,
+                 num_warps: Optional[int] = None, config: Optional[DecodeConfig] = None, q, k, v, state_pool, state_indices, scale: Optional[float] = None,
                  use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states=None,
                  disable_state_update: bool = False, num_accepted_tokens=None, softplus_beta: float = 1.0,
                  softplus_threshold: float = 20.0, lower_bound: Optional[float] = None, g=None,
@@ -330,15 +434,19 @@ class DecodeLaunch:
         N, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         self.out_shape, self.out_dtype = (N, T, HV, V), q.dtype
-        BK, BV, warps = decode_config(K, V, N, caps, gate)
+        BK, pinned = decode_launch_config(K, V, N, gate, state_pool.dtype)
         #: what :meth:`with_rows` must find again for another N (None: the tile config was overridden)
-        self.rows_class = None if block_v is not None or num_warps is not None else (
-            (K, V, gate, caps, layout), (BK, BV, warps))
-        self.num_warps = num_warps if num_warps is not None else warps
-        BV = block_v if block_v is not None else BV
-        plan = plan_grid(N, HV, -(-V // BV), caps, layout)
+        self.rows_class = None if block_v is not None or num_warps is not None or config is not None else (
+            (K, V, gate, caps, layout, state_pool.dtype), (BK, pinned))
+        cfg = (config or pinned)._replace(**{n: x for n, x in (("block_v", block_v), ("num_warps", num_warps))
+                                             if x is not None})
+        if cfg.blocks < 1 or cfg.block_v < 1 or cfg.state_vec < 0:
+            raise ValueError(f"decode config {cfg}: block_v and blocks must be >= 1, state_vec >= 0")
+        self.num_warps, BV = cfg.num_warps, cfg.block_v
+        self.blocks = -(-V // (BV * cfg.blocks))  # programs per (sequence, value head)
+        plan = plan_grid(N, HV, self.blocks, caps, layout)
         self.grid, self.skip = plan.grid, plan.empty or T == 0
-        self.grid_constexprs, self.blocks = plan.constexprs, -(-V // BV)
+        self.grid_constexprs = plan.constexprs
         self._check_state_tiles(state_pool, intermediate_states, state_layout, V, K)
         self.copy_qkv = q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1
         self.precomputed = g is not None
@@ -359,6 +467,12 @@ class DecodeLaunch:
             HAS_INITIAL_STATE=self.has_init, HAS_OUT_SLOTS=self.has_out, **plan.constexprs)
         if state_eviction_policy:  # an experiment's cache hint on the state tile; shipped builds pass none
             self.constexprs["STATE_EVICTION"] = state_eviction_policy
+        if cfg.blocks != 1:  # only where the config asks: the one-tile builds keep their constexprs
+            self.constexprs["BLOCKS"] = cfg.blocks
+        if cfg.state_vec:
+            self.constexprs["STATE_VEC"] = cfg.state_vec
+        if cfg.maxnreg is not None:  # a compile option Triton takes among the keywords (as prefill._launch)
+            self.constexprs["maxnreg"] = cfg.maxnreg
         self.launch: Optional[PreparedLaunch] = None
         self._pick = self._operand_picker()
         if not self.skip:  # the strides of the tensors as the kernel gets them (after the row copies)
@@ -369,7 +483,8 @@ class DecodeLaunch:
                                                         has_initial_state=has_initial_state,
                                                         output_state_indices=output_state_indices), o=None))
             self.launch = PreparedLaunch(_recurrent_decode_kernel, self.grid, self.constexprs,
-                                         (*self.scalars, *strides), num_warps=self.num_warps)
+                                         (*self.scalars, *strides), num_warps=self.num_warps,
+                                         num_stages=cfg.num_stages)
 
     @staticmethod
     def _check_state_tiles(state_pool, intermediate_states, state_layout: str, V: int, K: int) -> None:
@@ -429,15 +544,15 @@ class DecodeLaunch:
     def with_rows(self, n: int) -> Optional["DecodeLaunch"]:
         """This launch for a batch of ``n`` rows of the same class (issue 28: a decode batch that
         changes from call to call), or None where ``n`` needs a plan of its own: another tile
-        configuration (:func:`decode_config`'s batch class), another grid layout, no launch.
+        configuration (:func:`decode_launch_config`'s batch class and pool dtype), another grid layout, no launch.
 
         The kernel takes no argument that depends on N (the rows come from the grid; strides, ``T``
         and the scalars are the class's), so the copy differs in its grid and output shape only and
         shares the compiled kernels of this launch (:meth:`.launch.PreparedLaunch.with_grid`)."""
         if self.rows_class is None or self.launch is None or n < 1:
             return None
-        (K, V, gate, caps, layout), config = self.rows_class
-        if decode_config(K, V, n, caps, gate) != config:
+        (K, V, gate, caps, layout, state_dtype), config = self.rows_class
+        if decode_launch_config(K, V, n, gate, state_dtype) != config:
             return None
         plan = plan_grid(n, self.constexprs["HV"], self.blocks, caps, layout)
         if plan.empty or plan.constexprs != self.grid_constexprs:

@@ -266,6 +266,8 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}._pid:chunk_span",
     f"{KERNEL_PACKAGE}.decode:_log1p_exp_neg",
     f"{KERNEL_PACKAGE}.decode:_softplus",
+    f"{KERNEL_PACKAGE}.decode:_tile",
+    f"{KERNEL_PACKAGE}.decode:_decode_rows",
     f"{KERNEL_PACKAGE}.chunk_intra:_ld",
     f"{KERNEL_PACKAGE}.chunk_intra:_st",
     f"{KERNEL_PACKAGE}.chunk_intra:_norms",

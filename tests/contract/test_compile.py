@@ -92,6 +92,19 @@ SCRIPT = textwrap.dedent(r'''
                                  state_indices=torch.zeros(N, dtype=torch.int32),
                                  has_initial_state=torch.ones(N, dtype=torch.bool),
                                  scale=None, caps=profile("sm90"), layout="split")
+            # a bf16 pool (issue 32 item 5): its own PINNED row (config None) and the kernel variants that
+            # benchmarks/decode_sweep.py times (value blocks per program, 4 key elements per thread)
+            from linattn.kernels.triton.decode import DecodeConfig
+            N = 64
+            for cfg in (None, DecodeConfig(8, 1, blocks=2), DecodeConfig(8, 1, state_vec=4),
+                        DecodeConfig(8, 1, blocks=2, state_vec=4)):
+                recurrent_decode(gate=gate, q=torch.zeros(N, 1, H, K, dtype=bf), k=torch.zeros(N, 1, H, K, dtype=bf),
+                                 v=torch.zeros(N, 1, HV, K, dtype=bf),
+                                 a=torch.zeros(N, 1, HV, *((K,) if gate == "kda" else ()), dtype=bf),
+                                 b=torch.zeros(N, 1, HV, dtype=bf), A_log=torch.zeros(HV),
+                                 dt_bias=torch.zeros(HV, *((K,) if gate == "kda" else ())),
+                                 state_pool=torch.zeros(2, HV, K, K, dtype=bf), state_indices=torch.zeros(N, dtype=torch.int32),
+                                 scale=None, caps=profile("sm90"), layout="split", config=cfg)
         # separate write slots in prefill: the read rows copied into the write rows (kernels/triton/fork_slots.py)
         from linattn.kernels.triton.fork_slots import fork_slots
         for dt, his in ((torch.float32, None), (torch.bfloat16, torch.tensor([True, False]))):

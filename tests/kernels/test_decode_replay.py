@@ -46,9 +46,10 @@ def test_a_new_n_runs_the_class_launch_on_its_own_grid_with_the_bits_of_its_own_
 
 def test_a_new_n_of_another_tile_class_gets_a_launch_of_its_own(monkeypatch):
     """A tile configuration that differs by batch class (none does in ``PINNED`` today; one is made here)."""
-    real = dm.decode_config
-    monkeypatch.setattr(dm, "decode_config", lambda K, V, n, caps=None, gate="gdn":
-                        real(K, V, n, caps, gate) if n < 16 else (real(K, V, n, caps, gate)[0], 8, 1))
+    real = dm.decode_launch_config
+    monkeypatch.setattr(dm, "decode_launch_config", lambda K, V, n, gate="gdn", state_dtype=torch.float32:
+                        real(K, V, n, gate, state_dtype) if n < 16
+                        else (real(K, V, n, gate, state_dtype)[0], dm.DecodeConfig(8, 1)))
     caps = probe(torch.device("cpu"))
     replay = dm.DecodeReplay(gate="gdn", caps=caps, layout="split", **_call(3, seed=0))
     assert replay.first.with_rows(16) is None

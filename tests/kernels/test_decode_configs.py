@@ -1,0 +1,118 @@
+"""The decode launch configuration per state pool dtype (``decode.PINNED``, ``DecodeConfig``; issue 32
+item 5) and the kernel's variants: ``BLOCKS`` (several value blocks per program, the next tile's load
+issued ahead of the current tile's update) and ``STATE_VEC`` (the key offsets written in runs of
+``STATE_VEC``, which changes the compiled tile layout, not the elements touched).
+
+``BLOCKS > 1`` runs the same instructions per tile as one tile per program; in the interpreter
+(no layouts) ``STATE_VEC`` does too; so output and pool must equal the one-tile launch's bitwise, on fp32 and bf16 pools, both state layouts, padding rows,
+``has_initial_state``, separate write slots and the per-token (speculative) form; pool rows the
+call does not own stay bitwise unchanged. Interpreter, small shapes (K = V = 16, BV = 4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from linattn.capabilities import interpreter_enabled, probe  # noqa: E402
+from linattn.kernels.triton import decode as dm  # noqa: E402
+
+H, HV, K, V, P = 1, 2, 16, 16, 9
+interp = pytest.mark.skipif(not interpreter_enabled(), reason="runs kernels in the interpreter (TRITON_INTERPRET=1)")
+
+
+def _call(gate: str, pool_dtype: torch.dtype, layout: str, feature: str, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    T = 3 if feature == "per_token" else 1
+    N, kda = 3, gate == "kda"
+    shape = (P, HV, V, K) if layout == "vk" else (P, HV, K, V)
+    d = dict(q=r(N, T, H, K), k=r(N, T, H, K), v=r(N, T, HV, V), a=r(N, T, HV, *((K,) if kda else ())),
+             b=r(N, T, HV), A_log=r(HV) * 0.5, dt_bias=r(HV, *((K,) if kda else ())) * 0.5,
+             state_pool=(r(*shape) * 0.3).to(pool_dtype), state_indices=torch.tensor([5, -1, 0], dtype=torch.int32),
+             scale=K ** -0.5, state_layout=layout)
+    if feature == "has_init":
+        d["has_initial_state"] = torch.tensor([False, True, True])
+    elif feature == "out_slots":
+        d["output_state_indices"] = torch.tensor([7, 3, -1], dtype=torch.int32)
+    elif feature == "per_token":
+        d["state_indices"] = torch.tensor([[1, 2, 3], [-1, 4, 6], [0, 8, -1]], dtype=torch.int32)
+        d["num_accepted_tokens"] = torch.tensor([2, 1, 3], dtype=torch.int32)
+    return d
+
+
+def _written(d: dict) -> set:
+    """The pool slots a call may write (every other slot must keep its bits)."""
+    idx = d.get("output_state_indices", d["state_indices"])
+    return {int(s) for s in idx.flatten() if int(s) >= 0}
+
+
+def _run(d: dict, gate: str, config) -> tuple[torch.Tensor, torch.Tensor]:
+    pool = d["state_pool"].clone()
+    o = dm.recurrent_decode(gate=gate, caps=probe(torch.device("cpu")), layout="split", config=config,
+                            **dict(d, state_pool=pool))
+    return o, pool
+
+
+@interp
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+@pytest.mark.parametrize("pool_dtype,layout,feature", [
+    (torch.bfloat16, "vk", "plain"), (torch.float32, "kv", "plain"), (torch.bfloat16, "kv", "has_init"),
+    (torch.bfloat16, "vk", "out_slots"), (torch.float32, "vk", "per_token")])
+def test_the_kernel_variants_give_the_bits_of_one_block_per_program(gate, pool_dtype, layout, feature):
+    d = _call(gate, pool_dtype, layout, feature)
+    o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))
+    assert not torch.equal(pool1, d["state_pool"]), "the call wrote nothing: the comparison would prove nothing"
+    # blocks=3: V = 16 is not a multiple of 3 x 4 rows (the last program's last tiles are masked)
+    for cfg in (dm.DecodeConfig(4, 1, blocks=2), dm.DecodeConfig(4, 1, blocks=3), dm.DecodeConfig(4, 1, state_vec=4),
+                dm.DecodeConfig(4, 1, blocks=2, state_vec=2)):
+        o, pool = _run(d, gate, cfg)
+        assert torch.equal(o, o1), f"{cfg}: output differs"
+        assert torch.equal(pool, pool1), f"{cfg}: pool differs"
+        for slot in set(range(P)) - _written(d):
+            assert torch.equal(pool[slot], d["state_pool"][slot]), f"unowned slot {slot} changed"
+
+
+@interp
+def test_blocks_variant_can_fail():
+    """The comparison above sees a wrong tile walk: tiles of half the rows on the same grid leave
+    rows of the pool unwritten."""
+    d = _call("gdn", torch.bfloat16, "vk", "plain")
+    _, pool1 = _run(d, "gdn", dm.DecodeConfig(4, 1))
+    launch = dm.DecodeLaunch(gate="gdn", caps=probe(torch.device("cpu")), layout="split",
+                             config=dm.DecodeConfig(4, 1, blocks=2), **d)
+    launch.launch.constexprs["BV"] = 2  # the same grid, tiles of half the rows: some rows untouched
+    pool = d["state_pool"].clone()
+    launch(dict(d, state_pool=pool))  # (its output's unwritten rows are uninitialised memory: not compared)
+    assert not torch.equal(pool, pool1)
+
+
+def test_the_launch_config_is_chosen_by_the_pool_dtype(monkeypatch):
+    """A bf16 row of ``PINNED`` reaches bf16-pool launches only (BV, warps, stages, register cap,
+    ``BLOCKS``); fp32 pools keep theirs, and their constexprs carry no ``BLOCKS`` / ``maxnreg``."""
+    key = ("gdn", K, V, "small")
+    monkeypatch.setitem(dm.PINNED, (*key, "fp32"), dm.DecodeConfig(8, 1))
+    monkeypatch.setitem(dm.PINNED, (*key, "bf16"), dm.DecodeConfig(4, 2, num_stages=1, maxnreg=64, blocks=2, state_vec=4))
+    dm._config.cache_clear()
+    try:
+        caps = probe(torch.device("cpu"))
+        f32 = dm.DecodeLaunch(gate="gdn", caps=caps, layout="split", **_call("gdn", torch.float32, "vk", "plain"))
+        b16 = dm.DecodeLaunch(gate="gdn", caps=caps, layout="split", **_call("gdn", torch.bfloat16, "vk", "plain"))
+        assert dm.decode_config(K, V, 3, gate="gdn", state_dtype=torch.bfloat16) == (16, 4, 2)
+    finally:
+        dm._config.cache_clear()
+    assert f32.constexprs["BV"] == 8 and f32.num_warps == 1 and f32.blocks == 2
+    assert not {"BLOCKS", "STATE_VEC", "maxnreg"} & set(f32.constexprs)
+    assert f32.launch.options == {"num_warps": 1}
+    assert (b16.constexprs["BV"], b16.constexprs["BLOCKS"], b16.constexprs["STATE_VEC"], b16.constexprs["maxnreg"]) == (4, 2, 4, 64)
+    assert b16.blocks == 2 and b16.grid[b16.grid_constexprs["AX_BLK"]] == 2
+    assert b16.launch.options == {"num_warps": 2, "num_stages": 1}
+    assert b16.with_rows(4) is not None  # same class (pool dtype and batch class): the launch is shared
+
+
+def test_a_config_of_no_rows_is_refused_before_launch():
+    for bad in (dm.DecodeConfig(4, 1, blocks=0), dm.DecodeConfig(0, 1), dm.DecodeConfig(4, 1, state_vec=-1)):
+        with pytest.raises(ValueError, match="block_v and blocks must be >= 1"):
+            dm.DecodeLaunch(gate="gdn", caps=probe(torch.device("cpu")), layout="split", config=bad,
+                            **_call("gdn", torch.float32, "vk", "plain"))
