@@ -3,8 +3,9 @@
 # compute-sanitizer memcheck (F22), tile sweep and the decode benchmark; JSON under $OUT in the
 # benchmarks/_results.py schema: decode_<device>.json (the benchmark: copy it to benchmarks/results/),
 # decode_tune.json (the sweep, an experiment) and decode_tests_<device>.json (the tests, a run log).
-# Usage (device tool, carry [".whl"]):  LINATTN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/decode_device.sh [all|final|bench|tests|tune]
+# Usage (device tool, carry [".whl"]):  LINATTN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/decode_device.sh [all|final|bench|tests|tune|sweep]
 # final = contract + GPU tests + placement experiment + benchmark (no sanitizer, no tuning sweep)
+# sweep = only the bf16-pool launch config sweep (benchmarks/decode_sweep.py -> $OUT/decode_sweep_<device>.json; issue 32 item 5)
 # The recipe is written up in /work/notes/device-recipe.md.
 set -u
 MODE=${1:-all}
@@ -26,6 +27,9 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
 fi
 if [ "$MODE" = all ] || [ "$MODE" = tune ]; then
   python3 benchmarks/decode.py --tune --out "$OUT/decode_tune.json" 2>&1 | grep -v "^  (graph"
+fi
+if [ "$MODE" = sweep ]; then
+  python3 benchmarks/decode_sweep.py 2>&1   # -> $OUT/decode_sweep_<device>.json
 fi
 if [ "$MODE" = all ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   python3 benchmarks/decode.py --explore 2>&1 | grep -v "^  (graph"   # -> $OUT/decode_<device>.json

@@ -1,0 +1,256 @@
+"""bf16 state pool decode sweep on a CUDA GPU (issue 32 item 5): every candidate launch config of the
+Triton decode for GDN and KDA, timed and checked in one process, so that one device call picks the
+bf16 row of ``kernels/triton/decode.py``'s ``PINNED``.
+
+What it measures, per family (GDN at Qwen3-Next heads H=16 HV=32, KDA at Kimi-Linear heads H=HV=32,
+K = V = 128) and N (256, 1,024, 4,096 by default):
+
+- every :data:`CANDIDATES` config (``DecodeConfig``: BV, warps, stages, register cap, value blocks
+  per program, key elements per thread) on a bf16 pool, and the pinned fp32 config on the fp32 pool
+  of the same values (the reference row of benchmarks/decode.py, as a check of the method);
+- the method of benchmarks/decode.py: its inputs (``make_inputs``: bf16 q/k/v/a/b, a pool of 2N
+  slots, random slots; here the pool cast to bf16), its bytes (``decode_bytes``, the state read and
+  written counted at the pool's itemsize), its timer (median of CUDA-graph replays below N = 4,096,
+  graphs of :data:`GRAPH_MS` ms of kernels instead of 100 to fit one device call; eager ``do_bench``
+  median at 4,096) and its copy ceiling (4 GiB device copy) of the same run;
+- checks, before any timing and on fresh copies of the pool: each config's output and written pool
+  rows against the pinned bf16 config's (max abs diff; ``bitwise`` where equal), that the pool rows
+  the call does not own keep their bits, and the error against the float64 reference
+  (``torch_ref``'s oracle mode, first :data:`ORACLE_ROWS` sequences): ``||x - ref|| / ||ref||`` of
+  the output and of the new state (the state as the pool stores it, bf16: its rounding included).
+
+Writes the ``benchmarks/_results.py`` schema (``decode_sweep_<device>.json`` under
+``$LINATTN_RESULTS_DIR``, an experiment: not for benchmarks/results/), after every (family, N).
+Rows: ``kind`` copy | sweep (one per family, N, config). A config that fails to build or run
+gets a row with its ``error``.
+
+Usage:
+    python benchmarks/decode_sweep.py                       # about 3 minutes on an H200 (estimate; not run yet)
+    python benchmarks/decode_sweep.py --ns 1024 --families gdn --configs pinned,vec4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import device_tag, results_path, write_results  # noqa: E402
+from decode import SHAPES, copy_bandwidth, decode_bytes, make_inputs  # noqa: E402
+
+from linattn.kernels.triton.decode import DecodeConfig, decode_launch_config, recurrent_decode  # noqa: E402
+
+NS = (256, 1024, 4096)
+#: milliseconds of kernels per CUDA graph (benchmarks/decode.py: 100); the median of 10 replays either way
+GRAPH_MS = 50
+#: sequences whose output and state are held against the float64 reference
+ORACLE_ROWS = 32
+#: the candidates, by name: ``None`` is the pinned bf16 config (the baseline every other is checked against)
+CANDIDATES: dict[str, DecodeConfig | None] = {
+    "pinned": None,
+    # why each: docs/performance.md#decode-on-bf16-pools (register counts and layouts of the sm_90 builds)
+    "bv8_w1_reg64": DecodeConfig(8, 1, maxnreg=64),          # register cap: more programs per SM
+    "bv8_w1_vec4": DecodeConfig(8, 1, state_vec=4),          # the key vectors' layout: no shuffles
+    "bv8_w1_stages1": DecodeConfig(8, 1, num_stages=1),      # Triton's default is 3: does it matter here?
+    "bv8_w2": DecodeConfig(8, 2),
+    "bv4_w1": DecodeConfig(4, 1),
+    "bv16_w1": DecodeConfig(16, 1),                          # fp32's bytes per program
+    "bv16_w2": DecodeConfig(16, 2),
+    "bv16_w2_vec4": DecodeConfig(16, 2, state_vec=4),
+    "bv32_w4": DecodeConfig(32, 4),
+    "bv8_w1_blk2": DecodeConfig(8, 1, blocks=2),             # the next tile's load ahead of this tile's update
+    "bv8_w1_blk2_vec4": DecodeConfig(8, 1, blocks=2, state_vec=4),  # fp32's bytes per program
+    "bv8_w1_blk4_vec4": DecodeConfig(8, 1, blocks=4, state_vec=4),
+    "bv4_w1_blk2_vec4": DecodeConfig(4, 1, blocks=2, state_vec=4),
+    "bv4_w1_blk2": DecodeConfig(4, 1, blocks=2),
+    "bv4_w1_blk4": DecodeConfig(4, 1, blocks=4),
+}
+
+
+def _time(fn, graph: bool = True) -> tuple[float, str]:
+    """benchmarks/decode.py's timer: the median of CUDA-graph replays (graphs of :data:`GRAPH_MS`), or
+    eager ``do_bench`` for long kernels."""
+    import triton.testing as tt
+
+    if not graph:
+        torch.cuda.synchronize()
+        return tt.do_bench(fn, warmup=10, rep=100, return_mode="median"), "eager"
+    return tt.do_bench_cudagraph(fn, rep=GRAPH_MS, return_mode="median"), "cudagraph"
+
+
+def _bytes(gate: str, N: int, state_itemsize: int) -> int:
+    """benchmarks/decode.py's bytes with the state read and written counted at ``state_itemsize``."""
+    s = SHAPES[gate]
+    return decode_bytes(gate, N) - 2 * N * s["HV"] * s["K"] * s["V"] * (4 - state_itemsize)
+
+
+def _max_diff(x: torch.Tensor, y: torch.Tensor, chunk: int = 256) -> float:
+    """max |x - y| in float32, a chunk of rows at a time."""
+    m = 0.0
+    for i in range(0, x.shape[0], chunk):
+        m = max(m, float((x[i:i + chunk].float() - y[i:i + chunk].float()).abs().max()))
+    return m
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
+
+
+def _oracle(gate: str, d: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 output and new state of the first :data:`ORACLE_ROWS` sequences (torch_ref, oracle mode)."""
+    from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
+
+    r = ORACLE_ROWS
+    idx = d["state_indices"][:r].long()
+    args = {n: d[n][:r].double() for n in ("q", "k", "v", "a", "b")}
+    pool = d["state_pool"][idx].double()  # the bf16 values, exactly
+    fn = gdn_decode_ref if gate == "gdn" else kda_decode_ref
+    o = fn(**args, A_log=d["A_log"].double(), dt_bias=d["dt_bias"].double(), state_pool=pool,
+           state_indices=torch.arange(r, device=pool.device), scale=d["scale"], compute_dtype=torch.float64)
+    return o, pool
+
+
+def _call(gate: str, d: dict, pool: torch.Tensor, caps, cfg):
+    return lambda: recurrent_decode(gate=gate, **dict(d, state_pool=pool), caps=caps, layout="split", config=cfg)
+
+
+def _check(gate: str, d: dict, base: torch.Tensor, caps, cfg, ref, oracle) -> tuple[dict, torch.Tensor, tuple]:
+    """Run ``cfg`` once on a fresh copy of ``base``: ``(checks, the pool it ran on, (o, new rows))``;
+    the checks hold its differences from the pinned run ``ref`` (``(o, new rows)``, None for the
+    pinned run itself) and from the float64 ``oracle``."""
+    idx = d["state_indices"].long()
+    pool = base.clone()
+    o = _call(gate, d, pool, caps, cfg)()
+    torch.cuda.synchronize()
+    unowned = torch.ones(base.shape[0], dtype=torch.bool, device=base.device)
+    unowned[idx] = False
+    row = dict(unowned_rows_unchanged=bool(torch.equal(pool[unowned], base[unowned])))
+    rows = pool[idx]
+    if ref is not None:
+        row.update(max_abs_diff_o=_max_diff(o, ref[0]), max_abs_diff_state=_max_diff(rows, ref[1]),
+                   bitwise=bool(torch.equal(o, ref[0]) and torch.equal(rows, ref[1])))
+    o64, s64 = oracle
+    r = ORACLE_ROWS
+    row.update(rel_err_o_vs_fp64=_rel(o[:r], o64), rel_err_state_vs_fp64=_rel(rows[:r], s64))
+    return row, pool, (o, rows)
+
+
+def _measure(gate: str, N: int, d: dict, caps, copy_tbps: float, cfg, pool, state_itemsize: int) -> dict:
+    nbytes = _bytes(gate, N, state_itemsize)
+    ms, how = _time(_call(gate, d, pool, caps, cfg), graph=N < 4096)
+    tbps = nbytes / (ms * 1e-3) / 1e12
+    return dict(us=ms * 1e3, TBps=tbps, frac_of_copy=tbps / copy_tbps, timing=how, bytes=nbytes)
+
+
+def _config_fields(cfg: DecodeConfig) -> dict:
+    return dict(BV=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
+                blocks=cfg.blocks, state_vec=cfg.state_vec)
+
+
+def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool) -> list[dict]:
+    """Every config of ``names`` at one (family, N): the checks first, then the timings."""
+    d = make_inputs(gate, N)
+    fp32_pool = d["state_pool"]
+    base = fp32_pool.to(torch.bfloat16)
+    args = dict(d, state_pool=base)
+    oracle = _oracle(gate, args)
+    s = SHAPES[gate]
+    _, pinned = decode_launch_config(s["K"], s["V"], N, gate, torch.bfloat16)
+    rows, ref = [], None
+    head = dict(op=f"{gate}_decode", N=N, state_dtype="bf16", **SHAPES[gate])
+    for name in names:
+        cfg = CANDIDATES[name] or pinned
+        row = dict(head, config=name, pinned=cfg == pinned, **_config_fields(cfg))
+        try:
+            checks, pool, out = _check(gate, args, base, caps, cfg, ref, oracle)
+            if ref is None:
+                ref = out  # the first name is the pinned config (main() puts it first)
+            row.update(checks)
+            row.update(_measure(gate, N, args, caps, copy_tbps, cfg, pool, 2))
+            del pool
+        except Exception as e:  # noqa: BLE001 - a config that does not build or run is a result
+            row["error"] = f"{type(e).__name__}: {e}"[:500]
+        rows.append(row)
+        print(f"  {gate} N={N:5d} {name:20s} " + (f"{row['TBps']:.3f} TB/s ({row['frac_of_copy']:.1%})"
+              f" diff o {row.get('max_abs_diff_o', 0):.2e} state {row.get('max_abs_diff_state', 0):.2e}"
+              f" fp64 o {row['rel_err_o_vs_fp64']:.1e} state {row['rel_err_state_vs_fp64']:.1e}"
+              if "TBps" in row else row.get("error", "")), flush=True)
+    del ref, base
+    if fp32_row:  # the shipped fp32 pool at its pinned config: the method's check against decode_h200.json
+        _, cfg32 = decode_launch_config(s["K"], s["V"], N, gate, torch.float32)
+        m = _measure(gate, N, args, caps, copy_tbps, cfg32, fp32_pool, 4)
+        rows.append(dict(head, state_dtype="fp32", config="fp32_pinned", pinned=True, **_config_fields(cfg32), **m))
+        print(f"  {gate} N={N:5d} {'fp32 pool, pinned':20s} {m['TBps']:.3f} TB/s ({m['frac_of_copy']:.1%})", flush=True)
+    return rows
+
+
+NOTES = [
+    "Triton decode on a bf16 state pool, candidate launch configs (benchmarks/decode_sweep.py CANDIDATES; "
+    "DecodeConfig fields BV, num_warps, num_stages, maxnreg, blocks, state_vec) at GDN Qwen3-Next heads "
+    "(H=16 HV=32) and KDA Kimi-Linear heads (H=HV=32), K=V=128, bf16 q/k/v/a/b, pool of 2N slots, random slots; "
+    "benchmarks/decode.py's inputs, bytes (state at the pool's itemsize), timer and copy ceiling.",
+    "kind: copy | sweep. config 'pinned' = the PINNED bf16 row when it ran; 'fp32_pinned' = the fp32 pool at its "
+    "pinned config (state_dtype fp32). max_abs_diff_* and bitwise: against the pinned bf16 config's output and "
+    "written pool rows on the same fresh pool; rel_err_*_vs_fp64: first 32 sequences against torch_ref's float64 "
+    "oracle (state as stored in bf16); unowned_rows_unchanged: pool rows no sequence owns keep their bits.",
+    "Times: medians of 10 CUDA-graph replays (graphs of 50 ms of kernels; benchmarks/decode.py: 100) below N = 4,096, "
+    "eager do_bench at 4,096 (as benchmarks/decode.py).",
+]
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="results file (default: decode_sweep_<device>.json under "
+                                                "$LINATTN_RESULTS_DIR, else ./)")
+    ap.add_argument("--ns", default=",".join(map(str, NS)))
+    ap.add_argument("--families", default="gdn,kda")
+    ap.add_argument("--configs", default=",".join(CANDIDATES), help="names from CANDIDATES ('pinned' always runs first)")
+    ap.add_argument("--no-fp32", action="store_true", help="skip the fp32-pool reference rows")
+    args = ap.parse_args(argv)
+    names = ["pinned"] + [n for n in args.configs.split(",") if n and n != "pinned"]
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        ap.error(f"unknown configs {unknown}; known: {', '.join(CANDIDATES)}")
+    from linattn.capabilities import probe
+
+    caps = probe(torch.device("cuda"))
+    out = args.out or (results_path("decode_sweep") if os.environ.get("LINATTN_RESULTS_DIR")
+                       else f"decode_sweep_{device_tag()}.json")
+    command = "python benchmarks/decode_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    t0 = time.time()
+    copy_tbps = copy_bandwidth()
+    rows: list[dict] = [dict(kind="copy", bytes=2 * (4 << 30), TBps=copy_tbps)]
+    print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
+    for gate in args.families.split(","):
+        for N in (int(n) for n in args.ns.split(",")):
+            rows += [dict(kind="sweep", **r) for r in sweep_one(gate, N, caps, copy_tbps, names, not args.no_fp32)]
+            write_results(out, rows, NOTES + [f"elapsed {time.time() - t0:.0f} s"], command=command.strip())
+            torch.cuda.empty_cache()
+    _summary(rows, out, time.time() - t0)
+    return rows
+
+
+def _summary(rows: list[dict], out: str, elapsed: float) -> None:
+    """Per family: each config's share of copy at every N, worst N first (the target: >= 93% at every N)."""
+    print(f"\nwrote {out} ({elapsed:.0f} s)")
+    for gate in sorted({r["op"] for r in rows if r["kind"] == "sweep"}):
+        mine = [r for r in rows if r.get("op") == gate and "frac_of_copy" in r]
+        by = {}
+        for r in mine:
+            by.setdefault(r["config"], []).append(r)
+        ranked = sorted(by.items(), key=lambda kv: -min(r["frac_of_copy"] for r in kv[1]))
+        print(f"{gate}: config, min share of copy over N, then per N (diff vs pinned: o / state)")
+        for name, rs in ranked:
+            print(f"  {name:20s} min {min(r['frac_of_copy'] for r in rs):.1%}  " + "  ".join(
+                f"N={r['N']}: {r['frac_of_copy']:.1%}" for r in sorted(rs, key=lambda r: r["N"]))
+                + (f"  diff {max(r.get('max_abs_diff_o', 0) for r in rs):.1e} / "
+                   f"{max(r.get('max_abs_diff_state', 0) for r in rs):.1e}" if name != "fp32_pinned" else ""))
+
+
+if __name__ == "__main__":
+    main()

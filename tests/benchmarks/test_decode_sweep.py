@@ -1,0 +1,78 @@
+"""benchmarks/decode_sweep.py (issue 32 item 5: the bf16-pool decode configs) on the CPU, in the Triton
+interpreter with tiny heads: every candidate's checks run (output and written rows against the pinned
+config, unowned rows, float64 reference) and its row carries the config's fields, the bf16 bytes and
+the share of copy; the fp32 reference row counts the state at 4 bytes. The timer and the copy
+ceiling are stand-ins (no GPU): what is asserted is how the rows follow from them."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from linattn.capabilities import interpreter_enabled, probe
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not interpreter_enabled(), reason="runs kernels in the interpreter (TRITON_INTERPRET=1)")
+
+
+def _load():
+    saved = list(sys.path)
+    spec = importlib.util.spec_from_file_location("decode_sweep_under_test", ROOT / "benchmarks" / "decode_sweep.py")
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = saved
+    return mod
+
+
+def test_every_candidate_is_checked_and_timed_into_its_row(monkeypatch):
+    sweep = _load()
+    dec = sys.modules["decode"]  # benchmarks/decode.py, whose inputs, bytes and timer the sweep uses
+    monkeypatch.setattr(dec, "_dev", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setitem(dec.SHAPES, "kda", dict(H=1, HV=2, K=16, V=16))
+    monkeypatch.setattr(sweep, "ORACLE_ROWS", 2)
+    monkeypatch.setattr(sweep, "_time", lambda fn, graph=True: (fn(), (0.5, "stand-in"))[1])
+    names = ["pinned", "bv4_w1_blk2", "bv8_w1_vec4", "bv16_w1"]
+    rows = sweep.sweep_one("kda", 3, probe(torch.device("cpu")), 2.0, names, fp32_row=True)
+    assert [r["config"] for r in rows] == names + ["fp32_pinned"]
+    state = 2 * 3 * 2 * 16 * 16
+    for r in rows[:-1]:
+        assert "error" not in r, r
+        assert r["unowned_rows_unchanged"] and r["state_dtype"] == "bf16"
+        assert r["bytes"] == dec.decode_bytes("kda", 3) - state * 2
+        assert r["TBps"] == pytest.approx(r["bytes"] / 0.5e-3 / 1e12) and r["frac_of_copy"] == pytest.approx(r["TBps"] / 2.0)
+        assert r["rel_err_o_vs_fp64"] < 2e-2 and r["rel_err_state_vs_fp64"] < 1e-2
+    assert rows[0]["pinned"] and "bitwise" not in rows[0]
+    blk = rows[1]
+    assert (blk["BV"], blk["blocks"], blk["bitwise"], blk["max_abs_diff_o"], blk["max_abs_diff_state"]) == (4, 2, True, 0.0, 0.0)
+    assert rows[2]["state_vec"] == 4 and rows[2]["bitwise"]  # the interpreter has no layouts: the same sums
+    assert rows[-1]["state_dtype"] == "fp32" and rows[-1]["bytes"] == dec.decode_bytes("kda", 3)
+
+
+def test_the_checks_see_a_config_that_computes_something_else(monkeypatch):
+    """A candidate whose tiles miss rows (BV 2 on a grid planned for BV 4) shows a nonzero difference."""
+    sweep = _load()
+    dec = sys.modules["decode"]
+    monkeypatch.setattr(dec, "_dev", lambda: torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setitem(dec.SHAPES, "gdn", dict(H=1, HV=2, K=16, V=16))
+    monkeypatch.setattr(sweep, "ORACLE_ROWS", 2)
+    monkeypatch.setattr(sweep, "_time", lambda fn, graph=True: (0.5, "stand-in"))
+    real = sweep.recurrent_decode
+
+    def broken(**kw):
+        if kw["config"].num_warps != 2:  # the pinned config (1 warp) runs as shipped
+            return real(**kw)
+        from linattn.kernels.triton.decode import DecodeLaunch
+
+        plan = DecodeLaunch(**kw)
+        plan.launch.constexprs["BV"] = kw["config"].block_v // 2  # half the rows of the planned tiles
+        return plan(kw)
+    monkeypatch.setattr(sweep, "recurrent_decode", broken)
+    rows = sweep.sweep_one("gdn", 3, probe(torch.device("cpu")), 2.0, ["pinned", "bv8_w2"], fp32_row=False)
+    assert rows[0]["rel_err_state_vs_fp64"] < 1e-2
+    assert rows[1]["max_abs_diff_state"] > 0 and not rows[1]["bitwise"] and rows[1]["rel_err_state_vs_fp64"] > 1e-2
