@@ -87,7 +87,7 @@ rc_c=""
 for spec in "gdn_prefill qwen3-next" "kda_prefill kimi-linear"; do
   set -- $spec
   skip_if_late "c-$1" && { rc_c="$rc_c $1=skipped"; continue; }
-  timeout -k 5 "$(cap 40)" python3 -m linattn explain "$1" --model "$2" --tokens 65536 --seqs 16 --json \
+  timeout -k 5 "$(cap 40)" python3 -m linattn explain "$1" --model "$2" --total-tokens 65536 --seqs 16 --json \
     >"$OUT/cutedsl_explain_${1}.json" 2>/tmp/cutedsl_explain.err
   rc=$?; rc_c="$rc_c $1=$rc"; [ "$rc" = 0 ] || { echo "step c (explain $1) rc=$rc"; tail -3 /tmp/cutedsl_explain.err; }
   python3 - "$OUT/cutedsl_explain_${1}.json" <<'PY' || echo "step c summary rc=$?"

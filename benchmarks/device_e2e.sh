@@ -16,7 +16,7 @@ RUNS=(
   "demo_qwen3-next|demo --model qwen3-next --device cuda --json"
   "demo_kimi-linear|demo --model kimi-linear --device cuda --json"
   "demo_qwen3-next_b32|demo --model qwen3-next --device cuda --requests 64 --decode-batch 32 --steps 48 --json"
-  "explain_gdn_prefill|explain gdn_prefill --model qwen3-next --tokens 8192 --seqs 8 --json"
+  "explain_gdn_prefill|explain gdn_prefill --model qwen3-next --total-tokens 8192 --seqs 8 --json"
 )
 for run in "${RUNS[@]}"; do
   name=${run%%|*}; args=${run#*|}

@@ -63,6 +63,7 @@ import typer
 import linattn
 from linattn.report import SIZE_MAX
 from linattn.bench_plot import FLA, FLA_GS
+from linattn.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
@@ -444,7 +445,8 @@ def _shapes(op: str, dev: torch.device, batch: Optional[list[int]], tokens: Opti
             raise BenchUsageError(f"--{name} values must be >= 1, got {vals}")
     if phase != "prefill":
         if tokens:
-            raise BenchUsageError(f"--tokens is for prefill ops (tokens per sequence); {op} takes --batch only")
+            raise BenchUsageError(f"--tokens (tokens per sequence) is for prefill ops here: bench times {op} at one "
+                                  f"token per row (decode) or over --batch rows (the clamp); give --batch only")
         return list(batch) if batch else list(defaults[phase])
     if not batch and not tokens:
         return list(defaults["prefill"])
@@ -661,20 +663,23 @@ def render(doc: dict, console=None) -> None:
 # -- the command -----------------------------------------------------------------------------------
 
 def bench(
-    op: str = typer.Argument(..., help=f"The op: {', '.join(BENCH_OPS)}."),
+    op: Optional[str] = op_argument(BENCH_OPS),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: Optional[list[int]] = typer.Option(None, "--batch", max=SIZE_MAX, help="Decode rows N, prefill sequences N or clamp rows "
-                                                                    "M; repeat for several shapes."),
-    tokens: Optional[list[int]] = typer.Option(None, "--tokens", max=SIZE_MAX, help="Prefill: tokens per sequence L, paired with "
-                                                                      "--batch (alone: N = 65,536 / L on CUDA)."),
+    batch: Optional[list[int]] = typer.Option(None, "--batch", "--seqs", metavar="N", max=SIZE_MAX,
+                                              help="Sequences N: decode rows, prefill sequences; clamp rows M. Repeat "
+                                                   "for several shapes."),
+    tokens: Optional[list[int]] = typer.Option(None, "--tokens", metavar="L", max=SIZE_MAX,
+                                               help="Prefill only: tokens per sequence L, paired with --batch (alone: "
+                                                    "N = 65,536 / L on CUDA). Decode is timed at one token per row."),
     backend: Optional[list[str]] = typer.Option(None, "--backend", help="Backends to time (repeat); default: every "
                                                                         "backend the dispatcher accepts here, plus "
                                                                         "flash-linear-attention on CUDA."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda or cuda:N (default: cuda if available)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help=DEVICE_HELP + " Default: cuda if "
+                                                                                           "visible, else cpu."),
     repeats: Optional[int] = typer.Option(None, "--repeats", max=SIZE_MAX, help="Timed calls per row, median reported "
                                                                   "(default 25 on CUDA, 5 on the CPU)."),
-    json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    json_: bool = JSON_OPT,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG here (needs matplotlib): decode and clamp "
                                                              "GB/s over N with the copy ceiling, prefill Mtok/s per "
@@ -686,16 +691,21 @@ def bench(
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (or D for the clamp)."),
     copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, max=SIZE_MAX >> 20, help="MiB of the copy measurement."),
     seed: int = typer.Option(0, "--seed", hidden=True, help="Input seed."),
+    op_opt: Optional[str] = op_option(),
+    profile: Optional[str] = hidden_profile_option(),
 ) -> None:
     """Time every eligible backend of OP at a model preset's shapes, against the copy bandwidth (and FLA on CUDA).
 
     Decode and clamp report effective GB/s (bytes the op must move / median time) and the fraction
     of the device's copy bandwidth measured in the same run; prefill reports tokens/s. A forced
     backend that is not eligible is a row with its rejection reason. With --from, nothing is
-    measured: OP's rows of that results file are plotted. Exit 2 on a bad argument.
+    measured: OP's rows of that results file are plotted. Runs on --device. Exit 2 on a bad
+    argument.
     """
     from linattn.bench_plot import PlotError, png_path, require_matplotlib
 
+    op = one_op(op, op_opt)
+    no_profile(profile, "bench")
     measuring = {"--batch": batch, "--tokens": tokens, "--backend": backend, "--device": device,
                  "--repeats": repeats, "--out": out}
     try:
@@ -748,15 +758,7 @@ def check_writable(path: Path, option: str) -> None:
 
 
 def _fail_usage(err: Exception, json_: bool) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    if json_:
-        typer.echo(json.dumps({"error": str(err), "type": "UsageError"}, indent=2))
-    else:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(str(err))}", markup=True, highlight=False,
-                                   soft_wrap=True)
-    raise typer.Exit(code=2)
+    fail(err, json_, 2)
 
 
 def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: bool) -> None:

@@ -3,20 +3,30 @@
 Every command prints a rich table by default and, with ``--json``, exactly one JSON document on
 stdout (nothing else), so scripts can parse it::
 
-    linattn report [--profile sm90]                         # device, every backend's verdict per op, sweep
+    linattn --version
+    linattn report [--profile sm90 | --device cuda:1]       # device, every backend's verdict per op, sweep
     linattn explain gdn_decode --model qwen3-next --batch 4096 --profile sm90
+    linattn explain --op gdn_prefill --batch 16 --tokens 4096    # 16 sequences of 4,096 tokens
     linattn backends / linattn plugins
     linattn demo --model qwen3-next                          # the main job (see linattn/demo.py)
     linattn tune [--quick | --buckets gdn_decode:1,gdn_prefill:16x4096]   # measure, write the tuned table
 
-On a terminal, tables fit its width; piped or redirected, they are as wide as their cells, so no
-name is ever broken across lines (``linattn backends | grep torch-ref``).
+One grammar for every verb (``linattn/cli_common.py``): the op as ``OP`` or ``--op OP``;
+``--batch N`` (or ``--seqs N``) the sequences of a call, ``--tokens L`` tokens per sequence;
+``--device`` a torch device a verb runs on or probes, ``--profile`` a device ``explain`` and
+``report`` plan for without having it; with ``--json`` an error is the document
+``{"error": {"type", "message", "exit_code"}}``, also for an error of the command line itself.
+
+On a terminal, tables fit its width; piped or redirected, they fit ``COLUMNS`` when it is set, else
+they are as wide as their cells, so no name is ever broken across lines (``linattn backends | grep
+torch-ref``). Help text reflows to the width (typer's markdown mode).
 
 Exit codes: 0 success; 1 ``explain`` found no backend (or the forced one is not eligible), the
 demo's errors exceed the docs/ops.md tolerances, or a demo call found no backend; 2 a bad argument
 (unknown op, model, profile or backend, an option that does not apply to the op, a size beyond
-``SIZE_MAX``, an unusable file path) or a malformed ``LINATTN_*`` variable (``ConfigError``), in
-every command: one ``error:`` line, never a traceback.
+``SIZE_MAX``, an unusable file path, an error of the command line) or a malformed ``LINATTN_*``
+variable (``ConfigError``), in every command: one ``error:`` line (or the JSON error document),
+never a traceback.
 
 This module holds the typer commands and their rich rendering only; the documents they print
 (report, decision, backend and plugin rows, and the problems built from the model presets) are
@@ -26,21 +36,22 @@ built by ``linattn/report.py``, so text and ``--json`` always show the same data
 from __future__ import annotations
 
 import importlib
-import json
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup
+from typer.exceptions import TyperException
 
 import linattn
+from linattn.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, emit_json, fail,  # noqa: F401
+                                hidden_profile_option, no_profile, one_op, op_argument, op_option, stdout_console)
 from linattn.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.problem import Problem
 from linattn.dispatch.tuning import ignored as tuning_ignored
 # The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
 from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
@@ -64,15 +75,31 @@ class Command(_FlagHelp, TyperCommand):
 
     A malformed ``LINATTN_*`` variable (``ConfigError``, ``dispatch/env.py``), wherever the
     command reads it, is a usage error: one ``error:`` line (or the ``--json`` error document) and
-    exit 2, never a traceback. Other exceptions propagate: they are bugs, not usage errors.
+    exit 2, never a traceback. With ``--json``, an error of the command line itself (a missing
+    argument, an unknown option, a value out of range, an op given twice: typer's usage errors) is
+    the same JSON error document, exit 2; without it, typer's usage panel. Other exceptions
+    propagate: they are bugs, not usage errors.
     """
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        as_json = "--json" in args  # before parsing: the parser consumes ``args``
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except TyperException as e:
+            if as_json:
+                fail(e, True, getattr(e, "exit_code", 2))
+            raise
+
     def invoke(self, ctx):
+        as_json = any(ctx.params.get(k) for k in ("as_json", "json_"))
         try:
             return super().invoke(ctx)
         except ConfigError as e:
-            as_json = any(ctx.params.get(k) for k in ("as_json", "json_"))
-            _fail_usage(e, as_json)
+            fail(e, as_json)
+        except TyperException as e:
+            if as_json:
+                fail(e, True, getattr(e, "exit_code", 2))
+            raise
 
 
 class Group(_FlagHelp, TyperGroup):
@@ -86,38 +113,35 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # help paragraphs reflow to the terminal's (or COLUMNS') width
 )
 
-JSON_OPT = typer.Option(False, "--json", help="Print one JSON document instead of tables.")
-PROFILE_OPT = typer.Option(None, "--profile", help="A device profile: sm100, sm90, sm103, sm120, mi300x, "
-                                                   "xpu-pvc, cpu (default: the probed device).")
-#: Width of tables written to a pipe or file: wide enough that no cell is ever cut or folded.
-PIPE_WIDTH = 10_000
+PROFILE_OPT = typer.Option(None, "--profile", metavar="NAME", help=PROFILE_HELP)
+PROBE_DEVICE_OPT = typer.Option(None, "--device", metavar="DEV", help="Probe this torch device instead of the default "
+                                "(cuda when visible, else cpu): cpu, cuda, cuda:N. Not with --profile.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"linattn {linattn.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print linattn's version and exit.")) -> None:
+    """Explainable dispatch for linear-attention kernels (GDN, KDA) over a state pool."""
 
 
 # -- helpers -------------------------------------------------------------------------------------
 
-def stdout_console() -> Console:
-    """A console on stdout: the terminal's width on a terminal; when piped, :data:`PIPE_WIDTH`.
-
-    Tables fold long cells to fit a terminal; written to a pipe or a file they keep every cell
-    whole on its line (``linattn backends | grep torch-ref`` finds the whole row).
-    """
-    con = Console(soft_wrap=False)
-    return con if con.is_terminal else Console(soft_wrap=False, width=PIPE_WIDTH)
-
-
 def _emit_json(doc: Any) -> None:
-    typer.echo(json.dumps(doc, indent=2, default=str))
+    emit_json(doc)
 
 
 def _fail_usage(err: Exception, as_json: bool) -> None:
-    msg = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
-    if as_json:
-        _emit_json({"error": msg, "type": type(err).__name__})
-    else:
-        Console(stderr=True).print(f"[bold red]error:[/] {escape(msg)}", markup=True, highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
+    """A usage error: the JSON error document or one ``error:`` line, exit 2 (see linattn/cli_common.py)."""
+    fail(err, as_json, 2)
 
 
 def _caps_rows(caps) -> list[tuple[str, str]]:
@@ -235,12 +259,12 @@ def _render_report(doc: dict, caps) -> None:
     _print_report_notes(doc, con)
 
 
-@app.command(cls=Command)
-def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT) -> None:
+@app.command(cls=Command, epilog=EPILOG)
+def report(profile: Optional[str] = PROFILE_OPT, as_json: bool = JSON_OPT, device: Optional[str] = PROBE_DEVICE_OPT) -> None:
     """Device capabilities, every backend's verdict per op, and a sweep of choices over the model presets."""
     try:
-        doc = build_report(profile)
-        caps = resolve_target(profile)
+        doc = build_report(profile, device=device)
+        caps = resolve_target(profile, device)
     except UsageError as e:
         _fail_usage(e, as_json)
     if as_json:
@@ -321,15 +345,20 @@ def _render_decision(d, prob: Problem, model: str, caps=None) -> None:
         con.print(line)
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=EPILOG)
 def explain(
-    op: str = typer.Argument(..., help=f"The op: {', '.join(OPS)}."),
+    op: Optional[str] = op_argument(),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: int = typer.Option(1, "--batch", max=SIZE_MAX, help="Decode rows N (gating / clamp rows when --tokens is not given)."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", max=SIZE_MAX, help="Prefill: total packed tokens (default 4096). "
-                                                                "Decode: tokens per row (default 1; >1 = verify)."),
-    seqs: Optional[int] = typer.Option(None, "--seqs", max=SIZE_MAX, help="Prefill: number of sequences (default 1)."),
+    batch: Optional[int] = typer.Option(None, "--batch", "--seqs", metavar="N", max=SIZE_MAX,
+                                        help="Sequences N (default 1): decode rows, prefill sequences; gating and "
+                                             "the clamp take N x L rows."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", metavar="L", max=SIZE_MAX,
+                                         help="Tokens per sequence L: decode tokens per row (default 1; > 1 = "
+                                              "speculative verify), prefill tokens per sequence (default 4,096)."),
+    total_tokens: Optional[int] = typer.Option(None, "--total-tokens", metavar="T", max=SIZE_MAX,
+                                               help="Prefill only, instead of --tokens: T packed tokens in all, "
+                                                    "sequence lengths unknown (max_seqlen 0 unless N = 1)."),
     profile: Optional[str] = PROFILE_OPT,
     dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
     state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="Decode, prefill: pool dtype, float32 "
@@ -340,17 +369,22 @@ def explain(
                                                             "or dense."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Force this backend (as a call's backend=)."),
     as_json: bool = JSON_OPT,
+    device: Optional[str] = PROBE_DEVICE_OPT,
+    op_opt: Optional[str] = op_option(),
 ) -> None:
     """The whole decision trace for one problem. Exit 0 when a backend was chosen, 1 otherwise.
 
-    An option that does not apply to the op (--mode on a decode, --seqs outside prefill, ...) is
-    an error (exit 2), never silently ignored.
+    Nothing runs: the problem is built from a model preset and the sizes, and every backend's
+    verdict is asked on the probed device (--device) or a profile (--profile). An option that does
+    not apply to the op (--mode on a decode, --tokens on nothing, ...) is an error (exit 2), never
+    silently ignored.
     """
+    op = one_op(op, op_opt)
     try:
         model = model or (OP_TABLE[op].default_preset if op in OP_TABLE else "qwen3-next")
-        prob = problem_for(op, model, batch=batch, tokens=tokens, seqs=seqs, dtype=dtype,
+        prob = problem_for(op, model, batch=batch, tokens=tokens, total_tokens=total_tokens, dtype=dtype,
                            state_dtype=state_dtype, layout=layout, mode=mode)
-        caps = resolve_target(profile)
+        caps = resolve_target(profile, device)
         try:
             d = linattn.explain(prob, caps, backend=backend)
         except ValueError as e:  # an unregistered forced backend
@@ -366,7 +400,7 @@ def explain(
 
 # -- inventory -------------------------------------------------------------------------------------
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=EPILOG)
 def backends(as_json: bool = JSON_OPT) -> None:
     """Registered backends: where each comes from and what it declares."""
     rows = backend_rows()
@@ -385,7 +419,7 @@ def backends(as_json: bool = JSON_OPT) -> None:
         con.print(Text("no backend is registered: see `linattn plugins`", style="bold red"))
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=EPILOG)
 def plugins(as_json: bool = JSON_OPT) -> None:
     """Plugins seen (built-in, and external from the entry-point group linattn.backends) and their status."""
     rows = plugin_rows()
@@ -440,27 +474,24 @@ def _demo_overrides(shape: Optional[str], prompt_len: Optional[str], output_len:
 
 
 def _fail_run(err: Exception, as_json: bool) -> None:
-    """A demo call found no backend, or a backend failed: the trace says why; exit 1, not a traceback."""
-    if as_json:
-        doc = {"error": str(err), "type": type(err).__name__}
-        if isinstance(err, linattn.NoBackendError):
-            doc["decision"] = err.decision.model_dump(mode="json")
-        _emit_json(doc)
-    else:
-        Console(stderr=True).print(Text(str(err), style="red"))
-    raise typer.Exit(code=1)
+    """A demo call found no backend, or a backend failed: the trace says why; exit 1, not a traceback.
+    The JSON error document carries the decision (``error.decision``) of a ``NoBackendError``."""
+    extra = {"decision": err.decision.model_dump(mode="json")} if isinstance(err, linattn.NoBackendError) else {}
+    fail(err, as_json, 1, **extra)
 
 
-@app.command(cls=Command)
+@app.command(cls=Command, epilog=EPILOG)
 def demo(
     model: str = typer.Option(DEMO_DEFAULTS["model"], "--model", help="qwen3-next (GDN) or kimi-linear (KDA), "
                                                                       "or any gdn/kda preset."),
     requests: int = typer.Option(DEMO_DEFAULTS["requests"], "--requests", max=SIZE_MAX, help="Requests in the stream."),
-    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", max=SIZE_MAX,
-                                     help="Fixed decode batch (CUDA-graph size); free rows are padding (-1)."),
+    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", "--batch", metavar="N",
+                                     max=SIZE_MAX, help="Decode rows N, fixed (the CUDA-graph size); free rows are "
+                                                        "padding (-1)."),
     steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps", max=SIZE_MAX,
                               help="Scheduler iterations (each: admit + prefill, one decode step)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help=DEVICE_HELP + " Default: cuda if "
+                                                                                           "visible, else cpu."),
     seed: int = typer.Option(DEMO_DEFAULTS["seed"], "--seed", help="Seed of the request stream and the random inputs."),
     as_json: bool = JSON_OPT,
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (tests)."),
@@ -471,13 +502,21 @@ def demo(
     context_parallel: Optional[int] = typer.Option(None, "--context-parallel", metavar="N", max=SIZE_MAX,
                                                    help="Instead: one long prompt across N ranks (gloo on the CPU, "
                                                         "NCCL with >= N GPUs): per-rank time, agreement with one rank."),
-    cp_tokens: Optional[int] = typer.Option(None, "--cp-tokens", hidden=True, max=SIZE_MAX, help="--context-parallel prompt tokens."),
+    cp_tokens: Optional[int] = typer.Option(None, "--tokens", "--cp-tokens", metavar="L", max=SIZE_MAX,
+                                            help="With --context-parallel: the prompt's tokens L (one sequence)."),
+    profile: Optional[str] = hidden_profile_option(),
 ) -> None:
     """The main job: serve a request stream through one linear-attention layer over a state pool.
 
-    Exit 1 when an error against the float64 reference exceeds the docs/ops.md tolerance.
+    Runs on --device (a model preset's heads; --shape makes them small for tests). Exit 1 when an
+    error against the float64 reference exceeds the docs/ops.md tolerance.
     """
     from linattn.demo import DemoConfigError, render_demo, run_demo
+
+    no_profile(profile, "demo")
+    if cp_tokens is not None and context_parallel is None:
+        _fail_usage(UsageError(f"--tokens {cp_tokens} is the --context-parallel prompt's length; the request-stream "
+                               "demo draws its prompt lengths itself"), as_json)
 
     if context_parallel is not None:
         stream = dict(requests=requests, decode_batch=decode_batch, steps=steps)
@@ -541,7 +580,7 @@ def register_optional(module: str, attr: str, name: str, into: Optional[typer.Ty
         if missing and (module == missing or module.startswith(missing + ".")):
             return False  # that module is not written yet
         raise
-    (into or app).command(name, cls=Command)(getattr(mod, attr))
+    (into or app).command(name, cls=Command, epilog=EPILOG)(getattr(mod, attr))
     return True
 
 

@@ -69,19 +69,33 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def resolve_target(profile: Optional[str]):
-    """Capabilities of the named profile, or of the probed default device.
+def resolve_target(profile: Optional[str], device: Optional[str] = None):
+    """Capabilities of the named profile, of the probed ``device``, or of the probed default device.
 
     Args:
         profile: a profile name (``sm90``, ``cpu``, ... see ``linattn.capabilities.PROFILES``),
-            or None to probe :func:`default_device`.
+            or None.
+        device: a torch device string to probe (``cpu``, ``cuda``, ``cuda:1``), or None; with
+            neither, :func:`default_device` is probed.
     Returns:
         DeviceCapabilities.
     Raises:
-        UsageError: an unknown profile name (the message lists the known ones).
+        UsageError: an unknown profile name (the message lists the known ones), both given, or a
+            device that is not a torch device or not present.
     """
     from linattn.capabilities import PROFILES
 
+    if profile is not None and device is not None:
+        raise UsageError(f"--profile {profile} and --device {device} both name the device; give one (--profile: plan "
+                         f"for a device you do not have; --device: probe one you have)")
+    if device is not None:
+        if device in PROFILES and device != "cpu":
+            raise UsageError(f"--device {device}: {device!r} is a profile; give it as --profile {device} (--device is "
+                             f"a torch device: cpu, cuda, cuda:N)")
+        try:
+            return resolve_device(device)
+        except ValueError as e:
+            raise UsageError(f"--device {device}: {e}") from None
     if profile is not None:
         if profile not in PROFILES:
             raise UsageError(f"unknown device profile {profile!r}; known profiles: {', '.join(sorted(PROFILES))}")
@@ -160,24 +174,29 @@ def preset_shape(op: str, model: str) -> dict:
     return dict(h=p.H, hv=p.HV, k=p.K, v=p.V)
 
 
-def _sizes(op: str, batch: int, tokens: Optional[int], seqs: Optional[int]) -> dict:
-    """``n``, ``t`` (and ``max_seqlen``) from the CLI's sizes; a size that does not apply is an error."""
-    for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs)):
+def _sizes(op: str, batch: Optional[int], tokens: Optional[int], seqs: Optional[int],
+           total_tokens: Optional[int]) -> dict:
+    """``n``, ``t`` (and ``max_seqlen``) from the CLI's sizes (the grammar of linattn/cli_common.py):
+    ``batch`` (= ``seqs``) sequences N, ``tokens`` per sequence L; ``total_tokens``: a prefill's packed
+    T in all instead (lengths unknown). A size that does not apply is an error."""
+    for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs), ("total_tokens", total_tokens)):
         if val is not None and val < 0:
-            raise UsageError(f"--{name} must be >= 0, got {val}")
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {val}")
+    if batch is not None and seqs is not None and batch != seqs:
+        raise UsageError(f"--batch {batch} and --seqs {seqs}: both are the call's sequences N; give one")
+    n = next((x for x in (batch, seqs) if x is not None), 1)
     phase = op_spec(op).phase
+    if total_tokens is not None:
+        if phase != "prefill" or tokens is not None:
+            raise UsageError(f"--total-tokens is a prefill's packed tokens in all, instead of --tokens (tokens per "
+                             f"sequence): {'give one of them' if tokens is not None else f'not for {op}'}")
+        return dict(n=n, t=total_tokens, max_seqlen=total_tokens if n == 1 else 0)
     if phase == "prefill":
-        if batch != 1:
-            raise UsageError(f"{op} takes --seqs (sequences) and --tokens (packed tokens in all), not --batch "
-                             f"(decode rows, gating / clamp rows)")
-        t = tokens if tokens is not None else 4096
-        n = seqs if seqs is not None else 1
-        return dict(n=n, t=t, max_seqlen=t if n == 1 else 0)
-    if seqs is not None:
-        raise UsageError(f"{op} takes --batch (rows) and --tokens, not --seqs (prefill sequences)")
+        L = tokens if tokens is not None else 4096
+        return dict(n=n, t=n * L, max_seqlen=L)
     if phase == "decode":
-        return dict(n=batch, t=tokens if tokens is not None else 1)
-    return dict(n=tokens if tokens is not None else batch)
+        return dict(n=n, t=tokens if tokens is not None else 1)
+    return dict(n=n * (tokens if tokens is not None else 1))
 
 
 def _state_options(op: str, state_dtype: Optional[str], layout: Optional[str], mode: Optional[str]) -> dict:
@@ -197,36 +216,40 @@ def _state_options(op: str, state_dtype: Optional[str], layout: Optional[str], m
                 **({"mode": mode or "pool"} if spec.phase == "prefill" else {}))
 
 
-def problem_for(op: str, model: str, *, batch: int = 1, tokens: Optional[int] = None, seqs: Optional[int] = None,
-                dtype: str = "bfloat16", state_dtype: Optional[str] = None, layout: Optional[str] = None,
-                mode: Optional[str] = None) -> Problem:
+def problem_for(op: str, model: str, *, batch: Optional[int] = None, tokens: Optional[int] = None,
+                seqs: Optional[int] = None, dtype: str = "bfloat16", state_dtype: Optional[str] = None,
+                layout: Optional[str] = None, mode: Optional[str] = None,
+                total_tokens: Optional[int] = None) -> Problem:
     """The :class:`Problem` a call of ``op`` at a model preset's shapes would produce.
 
-    Fields follow the validation layer (``dispatch/validate.py``):
+    Sizes follow the CLI's grammar (``linattn/cli_common.py``): ``batch`` (or its synonym ``seqs``,
+    default 1) is the call's sequences N, ``tokens`` the tokens per sequence L. Fields follow the
+    validation layer (``dispatch/validate.py``):
 
-    - decode: ``n = batch`` rows, ``t = tokens`` per row (1 = plain decode, > 1 = speculative verify);
-    - prefill: ``t = tokens`` packed tokens in ``n = seqs`` sequences (``max_seqlen = t`` when one);
-    - gating: ``n = tokens`` (or ``batch``) rows of gates;
-    - ``silu_and_mul_clamp``: ``M = tokens`` (or ``batch``) rows of width ``D`` from the preset.
+    - decode: ``n = N`` rows, ``t = L`` per row (default 1; > 1 = speculative verify);
+    - prefill: ``N`` sequences of ``L`` tokens (default 4,096): ``t = N L`` packed, ``max_seqlen = L``;
+      or ``total_tokens = T`` packed in all, lengths unknown (``max_seqlen`` 0 unless N = 1);
+    - gating: ``n = N L`` rows of gates;
+    - ``silu_and_mul_clamp``: ``M = N L`` rows of width ``D`` from the preset.
 
     Args:
         op: an op name (see ``linattn.dispatch.OPS``).
         model: a preset name whose family matches the op (``qwen3-next`` for GDN ops, ...).
-        batch, tokens, seqs: sizes as above (``seqs`` defaults to 1).
+        batch, seqs, tokens, total_tokens: sizes as above.
         dtype: q/k/v dtype. state_dtype, layout: pool dtype (default float32) and layout (default
             ``vk``), decode and prefill only. mode: ``pool`` (default) or ``dense``, prefill only.
     Returns:
         Problem.
     Raises:
         UsageError: an unknown op or model, a model of another family, a bad size or value, or a
-            size or option that does not apply to the op (``batch`` other than 1 for a prefill,
-            ``seqs`` for anything else, ``mode`` for a decode, state options for gating / clamp).
+            size or option that does not apply to the op (``batch`` and ``seqs`` that differ,
+            ``total_tokens`` outside prefill, ``mode`` for a decode, state options for gating / clamp).
     Example:
         >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
         'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
     """
     shape = preset_shape(op, model)
-    sizes = _sizes(op, batch, tokens, seqs)
+    sizes = _sizes(op, batch, tokens, seqs, total_tokens)
     options = _state_options(op, state_dtype, layout, mode)
     return make_problem(op, dtype=dtype, **shape, **sizes, **options)
 
@@ -240,7 +263,7 @@ def representative_problem(op: str) -> Problem:
     if spec.phase == "decode":
         return problem_for(op, model, batch=REPORT_DECODE_BATCH)
     if spec.phase == "prefill":
-        return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS, seqs=REPORT_PREFILL_SEQS)
+        return problem_for(op, model, total_tokens=REPORT_PREFILL_TOKENS, seqs=REPORT_PREFILL_SEQS)
     return problem_for(op, model, tokens=REPORT_PREFILL_TOKENS)
 
 
@@ -264,7 +287,7 @@ def sweep_problems() -> list[tuple[str, str, str, int, Problem]]:
         for t in SWEEP_TOKENS:
             seqs = max(1, -(-t // SWEEP_SEQ_TOKENS))
             out.append((name, p.gating_op, "prefill", t, problem_for(p.gating_op, name, tokens=t)))
-            out.append((name, p.prefill_op, "prefill", t, problem_for(p.prefill_op, name, tokens=t, seqs=seqs)))
+            out.append((name, p.prefill_op, "prefill", t, problem_for(p.prefill_op, name, total_tokens=t, seqs=seqs)))
     return out
 
 
@@ -292,11 +315,12 @@ def _sweep_rows(caps) -> list[dict]:
     return rows
 
 
-def build_report(profile: Optional[str] = None) -> dict:
+def build_report(profile: Optional[str] = None, *, device: Optional[str] = None) -> dict:
     """The ``linattn report`` document.
 
     Args:
-        profile: a device profile name, or None for the probed default device.
+        profile: a device profile name, or None for the probed device.
+        device: a torch device to probe (not with ``profile``); None: the default device.
     Returns:
         dict with ``device`` (capabilities), ``probed``, ``profile``, ``backends`` (sorted names),
         ``ops`` (op -> the :func:`decision_doc` of its representative problem: the same document
@@ -309,11 +333,11 @@ def build_report(profile: Optional[str] = None) -> dict:
         (one line per problem of the ``LINATTN_PRESETS`` file, naming it: those presets are left
         out of the sweep, the rest reported).
     Raises:
-        UsageError: an unknown profile.
+        UsageError: an unknown profile, or a device that is not there (see :func:`resolve_target`).
     """
     from linattn.dispatch.self_check import results as self_check_results
 
-    caps = resolve_target(profile)
+    caps = resolve_target(profile, device)
     ops, unverified = _op_rows(caps)
     plugins = plugin_rows()
     return {

@@ -35,6 +35,7 @@ import torch
 import typer
 
 import linattn
+from linattn.cli_common import JSON_OPT, hidden_profile_option, no_profile, one_op, op_option
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.policy import Policy, current_policy
 from linattn.dispatch.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
@@ -217,11 +218,15 @@ def save(entries: list[Entry], device: torch.device, command: str, out: Optional
 # -- the command -------------------------------------------------------------------------------------
 
 def tune(
-    device: Optional[str] = typer.Option(None, "--device", help="Torch device to measure: cuda, cuda:1, cpu "
-                                                                "(default: cuda when visible, else cpu)."),
+    op: Optional[str] = typer.Argument(None, metavar="OP", show_default=False,
+                                       help=f"Only this op's buckets: {', '.join(TUNED_OPS)}. Or give it as --op."),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help="The torch device to measure on: cpu, "
+                                                                              "cuda or cuda:N. Default: cuda if "
+                                                                              "visible, else cpu."),
     quick: bool = typer.Option(False, "--quick", help="A few of the default buckets."),
-    buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated OP:N (decode rows, or NxT) and "
-                                          "OP:NxL (prefill: N sequences of L tokens), e.g. gdn_decode:1,gdn_prefill:16x4096 "
+    buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated OP:N or OP:NxL, N sequences "
+                                          "(decode rows, prefill sequences) of L tokens each (decode default 1), as "
+                                          "--batch N --tokens L elsewhere; e.g. gdn_decode:1,gdn_prefill:16x4096 "
                                           "(default: the benchmark shapes of both families)."),
     shape: Optional[str] = typer.Option(None, "--shape", help="H,HV,K,V for every bucket (default: the family's "
                                                               "preset, qwen3-next for GDN, kimi-linear for KDA)."),
@@ -233,16 +238,25 @@ def tune(
     out: Optional[Path] = typer.Option(None, "--out", help="Write a new table here (e.g. linattn/tuned/sm_90.json, "
                                        "the table shipped for sm_90) instead of the user's table (LINATTN_TUNE_DIR "
                                        "or the user cache dir)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    as_json: bool = JSON_OPT,
+    op_opt: Optional[str] = op_option(),
+    profile: Optional[str] = hidden_profile_option(),
 ) -> None:
-    """Time every eligible backend over shape buckets and write the tuned table selection ranks by."""
+    """Time every eligible backend over shape buckets and write the tuned table selection ranks by.
+
+    Runs on --device. With OP (or --op), only that op's buckets are measured.
+    """
     from linattn.cli import _emit_json, _fail_usage, _parse_shape, stdout_console
     from linattn.report import UsageError
     from rich.console import Console
 
     from linattn.dispatch.selection import resolve_device
 
+    op = one_op(op, op_opt, required=False)
+    no_profile(profile, "tune")
     try:
+        if op is not None and op not in TUNED_OPS:
+            raise UsageError(f"unknown op {op!r} for tune; tuned ops: {', '.join(TUNED_OPS)}")
         if dtype not in DTYPES or state_dtype not in STATE_DTYPES:
             raise UsageError(f"--dtype {dtype} --state-dtype {state_dtype}: the dtype is one of {', '.join(DTYPES)}, "
                              f"the state dtype one of {', '.join(STATE_DTYPES)}")
@@ -257,11 +271,16 @@ def tune(
         sh = _parse_shape(shape)
         chosen = (parse_buckets(buckets, sh, dtype, state_dtype) if buckets
                   else default_buckets(dev.type, quick, sh, dtype, state_dtype))
+        if op is not None:
+            chosen = [b for b in chosen if b.op == op]
+            if not chosen:
+                raise UsageError(f"--buckets {buckets} has no bucket of {op}; give {op}:N or {op}:NxL items, or leave "
+                                 f"out the op")
         _check_writable(out)  # before minutes of measuring, not after the first bucket
     except (ValueError, RuntimeError) as e:  # UsageError is a ValueError
         _fail_usage(e, as_json)
     err = Console(stderr=True)
-    command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out)
+    command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op)
     entries = run(chosen, dev, repeats=repeats, max_seconds=max_seconds,
                   progress=None if as_json else lambda line: err.print(line, highlight=False, soft_wrap=True),
                   on_entry=lambda done: save(done, dev, command, out))  # saved bucket by bucket
@@ -291,8 +310,8 @@ def _check_writable(out: Optional[Path]) -> None:
                          f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}")
 
 
-def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out) -> str:
-    parts = ["linattn tune", f"--device {dev}"]
+def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op=None) -> str:
+    parts = ["linattn tune"] + ([op] if op else []) + [f"--device {dev}"]
     parts += ["--quick"] if quick else []
     parts += [f"--buckets {buckets}"] if buckets else []
     parts += [f"--shape {shape}"] if shape else []

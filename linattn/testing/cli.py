@@ -1,7 +1,7 @@
 """``linattn check``: the conformance suite on this device, with progress and a summary table.
 
     linattn check --backend cpu-chunked                 # one backend, every op it declares
-    linattn check --backend torch-ref --op gdn_decode   # one op
+    linattn check --backend torch-ref --op gdn_decode   # one op (or: linattn check gdn_decode --backend torch-ref)
     linattn check --xfail linattn-xfail.toml --json     # every backend available here, as JSON
 
 Exit codes: 0 every case passed (or is a recorded xfail); 1 a case failed; 2 a bad argument (an
@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from linattn.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument
 from linattn.dispatch import OPS, get_registry
 
 from .runner import SuiteReport, availability, plan, run_suite
@@ -173,13 +174,17 @@ def _run_json(names: list[str], ops: Optional[list[str]], device: str, rules, no
 
 
 def check(
+    op_arg: Optional[str] = op_argument(required=False),
     backend: Optional[str] = typer.Option(None, "--backend", help="The backend to check (default: every "
                                                                  "registered backend available on the device)."),
-    op: Optional[str] = typer.Option(None, "--op", help=f"Only this op: {', '.join(OPS)}."),
-    json_: bool = typer.Option(False, "--json", help="Print one JSON document instead of tables."),
+    op: Optional[str] = typer.Option(None, "--op", metavar="OP", help="Only this op, as an option (the same as the "
+                                                                     "positional OP)."),
+    json_: bool = JSON_OPT,
     xfail: Optional[Path] = typer.Option(None, "--xfail", help=escape("A TOML file of known gaps: [[xfail]] tables "
-                                                                      "of case = '<id pattern>', reason = '...'.")),
-    device: Optional[str] = typer.Option(None, "--device", help="A torch device: cpu (default), cuda, cuda:1, ..."),
+                                                                      "of case = 'ID-PATTERN', reason = '...'.")),
+    device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help=DEVICE_HELP + " Default: cpu (the "
+                                                                                           "suite's cases are small)."),
+    profile: Optional[str] = hidden_profile_option(),
 ) -> None:
     """Run the conformance suite: cases from each backend's declared capabilities, compared with the
     float64 reference at the docs/ops.md tolerances, negative cases, the pool rules.
@@ -188,15 +193,13 @@ def check(
     (an unknown backend or op, an unreadable xfail file, a device that cannot hold data such as
     meta); 3 the backend named with --backend does not run on this device (not a pass).
     """
+    op = one_op(op_arg, op, required=False)
+    no_profile(profile, "check")
     dev = device or "cpu"
     try:
         rules, names, notes = _prepare(backend, op, xfail, dev)
     except (ValueError, FileNotFoundError) as e:
-        if json_:
-            typer.echo(json.dumps({"error": str(e), "type": type(e).__name__}))
-        else:
-            Console(stderr=True).print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=2) from None
+        fail(e, json_, 2)
     ops = [op] if op else None
     reports = (_run_json if json_ else _run_text)(names, ops, dev, rules, notes)
     status = _status(reports)

@@ -229,7 +229,7 @@ def test_measure_warms_up_then_times_separate_calls_within_the_budget(seconds, r
 def test_bad_arguments_exit_2_with_what_is_allowed(registry, args, needle):
     res, doc = bench_json(*args)
     assert res.exit_code == 2
-    assert needle in doc["error"]
+    assert needle in doc["error"]["message"] and doc["error"]["exit_code"] == 2
 
 
 def test_unknown_op_in_text_mode_exits_2_and_lists_the_ops(registry):

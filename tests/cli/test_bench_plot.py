@@ -134,7 +134,7 @@ def test_bench_from_refuses_what_does_not_apply(tmp_path, extra, needle):
     src = tmp_path / "results.json"
     src.write_text(json.dumps(COMMON_DECODE))
     res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(src), *extra, "--json"])
-    assert res.exit_code == 2 and needle in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and needle in json.loads(res.stdout)["error"]["message"]
 
 
 def test_bench_from_a_file_without_the_op_or_a_missing_file_exits_2(tmp_path):
@@ -142,10 +142,10 @@ def test_bench_from_a_file_without_the_op_or_a_missing_file_exits_2(tmp_path):
     src.write_text(json.dumps(COMMON_DECODE))
     res = runner.invoke(cli.app, ["bench", "kda_prefill", "--from", str(src), "--plot", str(tmp_path / "p.png"),
                                   "--json"])
-    assert res.exit_code == 2 and "gdn_decode, kda_decode" in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and "gdn_decode, kda_decode" in json.loads(res.stdout)["error"]["message"]
     res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(tmp_path / "none.json"), "--plot", "p.png",
                                   "--json"])
-    assert res.exit_code == 2 and "cannot read results" in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and "cannot read results" in json.loads(res.stdout)["error"]["message"]
 
 
 def test_bench_plot_without_a_suffix_reports_the_png_it_wrote(tmp_path):

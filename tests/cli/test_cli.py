@@ -134,11 +134,11 @@ def test_explain_lists_a_failed_plugin_in_the_trace(registry):
     assert v["reason"] == "plugin_load_failed"
 
 
-def test_explain_prefill_builds_the_problem_from_tokens_and_seqs(registry):
-    _, doc = invoke_json("explain", "gdn_prefill", "--tokens", "5000", "--seqs", "7", "--profile", "cpu",
+def test_explain_prefill_builds_the_problem_from_tokens_per_sequence_and_seqs(registry):
+    _, doc = invoke_json("explain", "gdn_prefill", "--tokens", "500", "--seqs", "7", "--profile", "cpu",
                          "--layout", "kv", "--state-dtype", "bfloat16", "--dtype", "float16")
-    p = doc["problem"]
-    assert (p["t"], p["n"], p["h"], p["hv"], p["k"], p["v"]) == (5000, 7, 16, 32, 128, 128)
+    p = doc["problem"]  # 7 sequences of 500 tokens: T = 3,500 packed, max_seqlen 500
+    assert (p["t"], p["n"], p["max_seqlen"], p["h"], p["hv"], p["k"], p["v"]) == (3500, 7, 500, 16, 32, 128, 128)
     assert (p["state_layout"], p["state_dtype"], p["dtype"], p["mode"]) == ("kv", "bfloat16", "float16", "pool")
     _, one = invoke_json("explain", "kda_prefill", "--tokens", "300", "--profile", "cpu")
     assert (one["problem"]["n"], one["problem"]["max_seqlen"], one["model"]) == (1, 300, "kimi-linear")
@@ -151,13 +151,13 @@ def test_explain_prefill_builds_the_problem_from_tokens_and_seqs(registry):
     (("explain", "gdn_decode", "--profile", "sm42"), "known profiles"),
     (("explain", "gdn_decode", "--backend", "no-such-backend"), "not registered"),
     (("report", "--profile", "sm42"), "known profiles"),
-    (("explain", "gdn_prefill", "--batch", "16"), "takes --seqs"),
-    (("explain", "gdn_decode", "--seqs", "16"), "not --seqs"),
+    (("explain", "gdn_prefill", "--mode", "sparse"), "mode"),
+    (("explain", "gdn_decode", "--mode", "dense"), "does not apply"),
 ])
 def test_bad_arguments_exit_2_with_a_message_naming_what_is_allowed(registry, args, needle):
     res, doc = invoke_json(*args)
     assert res.exit_code == 2
-    assert needle in doc["error"]
+    assert needle in doc["error"]["message"] and doc["error"]["exit_code"] == 2
 
 
 def test_backends_lists_where_each_backend_comes_from(registry):

@@ -6,9 +6,9 @@ typer's CliRunner captures stdout in a buffer, which is not a terminal: exactly 
 import json
 import re
 
-import click
 import pytest
 import typer
+from typer.core import TyperOption
 from typer.testing import CliRunner
 
 import linattn
@@ -18,7 +18,7 @@ from linattn.dispatch.verdict import DecisionPolicy
 from linattn.report import REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS, UsageError
 
 runner = CliRunner()
-NARROW = {"COLUMNS": "80"}  # what a pipe reports; piped tables must not fold to it
+PIPED = {"COLUMNS": None}  # piped without COLUMNS: tables keep every cell whole
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def table_rows(text: str, title: str) -> tuple[list[str], list[list[str]]]:
     return header[0], body
 
 
-def invoke(*args, env=NARROW):
+def invoke(*args, env=PIPED):
     res = runner.invoke(cli.app, list(args), env=env)
     assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
     return res
@@ -89,11 +89,24 @@ def test_piped_report_keeps_every_backend_name_whole_in_header_and_cells(registr
             for row in sweep for cell in row[2:])
 
 
-def test_a_terminal_gets_its_own_width_and_a_pipe_gets_whole_cells(monkeypatch):
+def test_a_terminal_gets_its_own_width_and_a_pipe_gets_whole_cells_or_columns(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert cli.stdout_console().width == cli.PIPE_WIDTH  # under pytest stdout is captured: not a terminal
+    monkeypatch.setenv("COLUMNS", "72")
+    assert cli.stdout_console().width == 72  # piped with COLUMNS: its width
     monkeypatch.setattr("rich.console.Console.is_terminal", property(lambda self: True))
     monkeypatch.setenv("COLUMNS", "80")
     assert cli.stdout_console().width == 80
+
+
+@pytest.mark.parametrize("args", [("backends",), ("plugins",), ("report", "--profile", "cpu"),
+                                  ("explain", "gdn_decode", "--profile", "sm90")])
+def test_piped_output_honours_columns(registry, args):
+    res = invoke(*args, env={"COLUMNS": "60"})
+    assert res.exit_code == 0, res.output
+    widest = max(len(line) for line in res.stdout.splitlines())
+    assert widest <= 60, f"a line of {widest} columns with COLUMNS=60"
+    assert max(len(line) for line in invoke(*args).stdout.splitlines()) > 60  # without COLUMNS: whole cells
 
 
 # -- report --json and explain --json: one verdict structure --------------------------------------------
@@ -102,8 +115,8 @@ def _explain_args(op: str) -> list[str]:
     """``linattn explain`` options that ask about report's representative problem of ``op``."""
     if op.endswith("_decode"):
         return ["--batch", str(REPORT_DECODE_BATCH)]
-    if op.endswith("_prefill"):
-        return ["--tokens", str(REPORT_PREFILL_TOKENS), "--seqs", str(REPORT_PREFILL_SEQS)]
+    if op.endswith("_prefill"):  # packed tokens in all, lengths unknown
+        return ["--total-tokens", str(REPORT_PREFILL_TOKENS), "--seqs", str(REPORT_PREFILL_SEQS)]
     return ["--tokens", str(REPORT_PREFILL_TOKENS)]
 
 
@@ -141,7 +154,8 @@ def test_an_option_that_does_not_apply_to_the_op_exits_2_and_says_where_it_appli
     res = invoke(*args, "--json")
     assert res.exit_code == 2
     err = json.loads(res.stdout)["error"]
-    assert needle in err and ("prefill" in err or "decode and prefill" in err)
+    assert err["type"] == "UsageError" and err["exit_code"] == 2
+    assert needle in err["message"] and "prefill" in err["message"]
     text = invoke(*args)
     assert text.exit_code == 2 and "does not apply" in text.output
 
@@ -168,7 +182,7 @@ def test_help_shows_every_bracket_of_the_option_help_and_no_type_for_flags(name)
     out = " ".join(res.stdout.split())
     assert "<bool>" not in out  # flags take no value
     for p in cmd.params:
-        if isinstance(p, click.Option) and p.help and not p.hidden:
+        if isinstance(p, TyperOption) and p.help and not p.hidden:
             shown = " ".join(p.help.replace("\\[", "[").split())
             assert shown in out, (name, p.name)
     assert "<bool>" not in " ".join(invoke("--help", env={"COLUMNS": "1000"}).stdout.split())
@@ -176,7 +190,7 @@ def test_help_shows_every_bracket_of_the_option_help_and_no_type_for_flags(name)
 
 def test_the_conformance_help_names_the_xfail_table_whole():
     out = " ".join(invoke("check", "--help", env={"COLUMNS": "1000"}).stdout.split())
-    assert "[[xfail]] tables of case = '<id pattern>'" in out and "([] case" not in out
+    assert "[[xfail]] tables of case = 'ID-PATTERN'" in out and "([] case" not in out
     layout = " ".join(invoke("explain", "--help", env={"COLUMNS": "1000"}).stdout.split())
     assert "vk ([P, HV, V, K], default) or kv ([P, HV, K, V])" in layout
 

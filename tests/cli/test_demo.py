@@ -94,7 +94,7 @@ def test_demo_cli_table_says_pass(builtin_registry):
 def test_demo_bad_arguments_exit_2(builtin_registry, args, needle):
     res = runner.invoke(cli.app, ["demo", "--device", "cpu", *args, "--json"])
     assert res.exit_code == 2
-    assert needle in json.loads(res.stdout)["error"]
+    assert needle in json.loads(res.stdout)["error"]["message"]
 
 
 def test_demo_rejects_a_non_linear_attention_model():
@@ -207,9 +207,10 @@ def test_demo_with_a_forced_ineligible_backend_exits_1_with_the_trace(monkeypatc
     finally:
         reset_registry()
     assert res.exit_code == 1
-    doc = json.loads(res.stdout)
-    assert doc["type"] == "NoBackendError" and "test-nvidia-only" in doc["error"] and "[device]" in doc["error"]
-    assert doc["decision"]["forced"] == "test-nvidia-only" and doc["decision"]["chosen"] is None
+    err = json.loads(res.stdout)["error"]  # the one error shape, exit 1 (the run failed), the trace inside
+    assert (err["type"], err["exit_code"]) == ("NoBackendError", 1)
+    assert "test-nvidia-only" in err["message"] and "[device]" in err["message"]
+    assert err["decision"]["forced"] == "test-nvidia-only" and err["decision"]["chosen"] is None
 
 
 @pytest.mark.interpreter

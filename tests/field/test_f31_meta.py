@@ -185,7 +185,7 @@ def test_cli_refuses_device_meta_as_one_json_document(args):
     res = runner.invoke(cli.app, args)
     assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
     doc = json.loads(res.stdout)
-    assert doc["error"].startswith("--device meta") and "no data" in doc["error"]
+    assert doc["error"]["message"].startswith("--device meta") and "no data" in doc["error"]["message"]
 
 
 @pytest.mark.parametrize("cmd", ["demo", "check"])

@@ -72,7 +72,8 @@ def test_f46_the_cli_exits_2_with_the_line_not_a_traceback(tmp_path, monkeypatch
         res = runner.invoke(cli.app, [*args, "--json"])
         assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # no traceback
         doc = json.loads(res.stdout)
-        assert res.exit_code == 2 and str(path) in doc["error"] and "\n" not in doc["error"], args
+        msg = doc["error"]["message"]
+        assert res.exit_code == 2 and str(path) in msg and "\n" not in msg, args
 
 
 def test_f46_report_lists_the_bad_preset_and_reports_the_rest(tmp_path, monkeypatch):

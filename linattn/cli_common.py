@@ -1,0 +1,146 @@
+"""The grammar every ``linattn`` verb shares: its options, one JSON error shape, the stdout console.
+
+One meaning per name, in every verb that takes it (issue 30, section 5):
+
+- the op: ``OP`` positional or ``--op OP`` (one of them, the same value if both);
+- ``--batch N`` (also spelt ``--seqs N``): the sequences of the call, decode rows N or prefill
+  sequences N (``cu_seqlens [N+1]``); gating and the clamp have no sequences, their rows are N x L;
+- ``--tokens L``: tokens per sequence, decode tokens per row T (1 = decode, > 1 = speculative
+  verify) or prefill tokens per sequence L (packed ``T = N L``);
+- ``--device DEV``: the torch device a verb runs on, or probes (``cpu``, ``cuda``, ``cuda:N``);
+- ``--profile NAME``: a device a verb plans for without having it (``sm90``, ``mi300x``, ...):
+  only the verbs that decide (``explain``, ``report``); the verbs that run kernels refuse it and
+  say which verb to use;
+- ``--json``: exactly one JSON document on stdout; an error is ``{"error": {"type", "message",
+  "exit_code", ...}}`` with the exit code of the text mode (2: a usage error).
+
+The verbs' modules (``linattn/cli.py``, ``bench.py``, ``tune.py``, ``testing/cli.py``) take their
+options and error handling from here, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.exceptions import TyperException
+
+from linattn.dispatch.problem import OPS
+
+__all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "error_doc", "emit_json",
+           "fail", "hidden_profile_option", "no_profile", "one_op", "op_argument", "op_option", "stdout_console"]
+
+#: Width of tables written to a pipe or file when ``COLUMNS`` is not set: no cell is cut or folded.
+PIPE_WIDTH = 10_000
+
+PROFILES_TEXT = "sm90, sm100, sm103, sm120, mi300x, mi355x, xpu-pvc, cpu"
+PROFILE_HELP = (f"Plan for this device without having it: a profile ({PROFILES_TEXT}). Default: the probed "
+                "device. Not with --device.")
+DEVICE_HELP = "The torch device to run on: cpu, cuda or cuda:N."
+
+#: Under every verb's help: what the shared names mean (typer shows it below the options).
+EPILOG = ("**Sizes** (every verb): `--batch N` (or `--seqs N`) is the sequences of a call: decode rows, prefill "
+          "sequences; `--tokens L` is tokens per sequence: decode tokens per row (> 1 = speculative verify), "
+          "prefill tokens per sequence; gating and the clamp take N x L rows; a verb refuses a size it cannot "
+          "take (exit 2). "
+          "**Where**: `--device` is a torch device a verb runs on (demo, bench, tune, check) or probes (explain, "
+          "report); `--profile` is a device explain and report plan for without having it (sm90, mi300x, ...). "
+          "`--json`: one JSON document; an error is `{\"error\": {\"type\", \"message\", \"exit_code\"}}`.")
+
+JSON_OPT = typer.Option(False, "--json", help="Print one JSON document instead of tables (an error too).")
+
+
+def op_argument(ops: tuple[str, ...] = OPS, required: bool = True):
+    """The op as a positional ``OP`` (or ``--op``, :func:`op_option`); resolved by :func:`one_op`."""
+    what = "The op" if required else "Only this op"
+    return typer.Argument(None, metavar="OP", show_default=False,
+                          help=f"{what}: {', '.join(ops)}. Or give it as --op.")
+
+
+def op_option():
+    """``--op OP``: the same as the positional op (:func:`op_argument`)."""
+    return typer.Option(None, "--op", metavar="OP", help="The op, as an option (the same as the positional OP).")
+
+
+def one_op(positional: Optional[str], option: Optional[str], *, required: bool = True) -> Optional[str]:
+    """The op a verb was given, as ``OP`` or ``--op OP``.
+
+    Raises:
+        typer.BadParameter: neither was given (``required``), or both with different values (a usage
+            error: exit 2, or the JSON error document with ``--json``).
+    """
+    if positional is not None and option is not None and positional != option:
+        raise typer.BadParameter(f"the op is given twice, as {positional!r} and as --op {option!r}; give one",
+                                 param_hint="OP / --op")
+    op = positional if positional is not None else option
+    if op is None and required:
+        raise typer.BadParameter(f"missing: give the op as OP or --op OP, one of {', '.join(OPS)}",
+                                 param_hint="OP / --op")
+    return op
+
+
+def no_profile(profile: Optional[str], verb: str) -> None:
+    """A verb that runs kernels is given ``--profile``: refuse it, saying what to do instead.
+
+    Raises:
+        typer.BadParameter: ``profile`` is not None (a usage error, as :func:`one_op`).
+    """
+    if profile is not None:
+        raise typer.BadParameter(f"--profile {profile} plans for a device without having it, but `linattn {verb}` runs "
+                               f"kernels, so it runs on --device (cpu, cuda, cuda:N); to see what would run on "
+                               f"{profile}: linattn explain OP --profile {profile}", param_hint="'--profile'")
+
+
+def hidden_profile_option():
+    """``--profile`` on a verb that runs kernels: accepted by the parser, refused by :func:`no_profile`."""
+    return typer.Option(None, "--profile", hidden=True, help="Refused: see --device.")
+
+
+def stdout_console() -> Console:
+    """A console on stdout: on a terminal its width; piped, ``COLUMNS`` when set, else :data:`PIPE_WIDTH`.
+
+    Tables fold long cells to fit the width; written to a pipe or a file without ``COLUMNS`` they keep
+    every cell whole on its line (``linattn backends | grep torch-ref`` finds the whole row);
+    ``COLUMNS=100 linattn report | less`` gets tables 100 columns wide (rich reads ``COLUMNS``).
+    """
+    con = Console(soft_wrap=False)
+    if con.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
+        return con
+    return Console(soft_wrap=False, width=PIPE_WIDTH)
+
+
+def emit_json(doc: Any) -> None:
+    """Print ``doc`` as the one JSON document of a ``--json`` run."""
+    typer.echo(json.dumps(doc, indent=2, default=str))
+
+
+def error_doc(err: BaseException, exit_code: int, **extra: Any) -> dict:
+    """The JSON error document every verb prints with ``--json``.
+
+    Returns:
+        ``{"error": {"type": <exception class>, "message": <text>, "exit_code": <code>, **extra}}``.
+    """
+    if isinstance(err, TyperException):  # typer's (click's) usage errors: "Invalid value for ..."
+        msg = err.format_message()
+    elif isinstance(err, KeyError) and err.args:
+        msg = str(err.args[0])
+    else:
+        msg = str(err)
+    return {"error": {"type": type(err).__name__, "message": msg, "exit_code": exit_code, **extra}}
+
+
+def fail(err: BaseException, as_json: bool, exit_code: int = 2, **extra: Any) -> NoReturn:
+    """End the verb on ``err``: the JSON error document (``as_json``) on stdout, else one ``error:``
+    line on stderr; exit ``exit_code`` (2: a usage error, 1: the run failed). ``extra`` goes into the
+    JSON document only."""
+    doc = error_doc(err, exit_code, **extra)
+    if as_json:
+        emit_json(doc)
+    else:
+        Console(stderr=True).print(f"[bold red]error:[/] {escape(doc['error']['message'])}", markup=True,
+                                   highlight=False, soft_wrap=True)
+    raise typer.Exit(code=exit_code)

@@ -1,0 +1,172 @@
+"""One grammar for every verb (issue 30, section 5): the op as OP or --op, one meaning of --batch
+(= --seqs) and --tokens, --device / --profile, --version, one JSON error shape, help that reflows.
+"""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import linattn
+import linattn.cli as cli
+
+runner = CliRunner()
+PIPED = {"COLUMNS": None}
+
+
+def run(*args, env=PIPED):
+    res = runner.invoke(cli.app, list(args), env=env)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # never a traceback
+    return res
+
+
+def problem(*args) -> dict:
+    res = run("explain", *args, "--profile", "cpu", "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["problem"]
+
+
+def json_error(res, exit_code=2) -> dict:
+    assert res.exit_code == exit_code, res.output
+    doc = json.loads(res.stdout)
+    assert set(doc) == {"error"} and {"type", "message", "exit_code"} <= set(doc["error"]), doc
+    assert doc["error"]["exit_code"] == exit_code
+    return doc["error"]
+
+
+# -- the op: OP or --op ----------------------------------------------------------------------------
+
+def test_explain_takes_the_op_as_positional_or_option_alike():
+    assert problem("gdn_decode", "--batch", "8") == problem("--op", "gdn_decode", "--batch", "8")
+    assert problem("kda_prefill") == problem("kda_prefill", "--op", "kda_prefill")  # both, the same: fine
+
+
+@pytest.mark.parametrize("verb", ["explain", "bench", "check", "tune"])
+def test_an_op_given_twice_differently_is_a_usage_error_in_every_verb(verb):
+    err = json_error(run(verb, "gdn_decode", "--op", "kda_decode", "--json"))
+    assert "given twice" in err["message"] and "'gdn_decode'" in err["message"] and "'kda_decode'" in err["message"]
+
+
+@pytest.mark.parametrize("verb", ["explain", "bench"])
+def test_a_verb_that_needs_an_op_says_both_spellings_when_it_is_missing(verb):
+    err = json_error(run(verb, "--json"))
+    assert "OP or --op OP" in err["message"] and "gdn_decode" in err["message"]
+    text = run(verb)
+    assert text.exit_code == 2 and "OP or --op OP" in text.output
+
+
+def test_check_takes_its_op_as_a_positional_too():
+    a = run("check", "silu_and_mul_clamp", "--backend", "torch-ref", "--json")
+    b = run("check", "--op", "silu_and_mul_clamp", "--backend", "torch-ref", "--json")
+    assert a.exit_code == b.exit_code == 0, a.output
+    ops = lambda res: {r["op"] for r in json.loads(res.stdout)["backends"][0]["results"]}
+    assert ops(a) == ops(b) == {"silu_and_mul_clamp"}
+
+
+def test_tune_takes_an_op_and_measures_only_its_buckets(monkeypatch, tmp_path):
+    import linattn.tune as T
+
+    seen = []
+    monkeypatch.setattr(T, "run", lambda buckets, *a, **k: seen.extend(buckets) or [])
+    res = run("tune", "kda_decode", "--device", "cpu", "--quick", "--out", str(tmp_path / "t.json"), "--json")
+    assert res.exit_code == 0, res.output
+    assert seen and {b.op for b in seen} == {"kda_decode"}
+    assert json.loads(res.stdout)["command"].startswith("linattn tune kda_decode ")
+    err = json_error(run("tune", "--op", "gdn_gating", "--device", "cpu", "--json"))
+    assert "gdn_decode" in err["message"]  # the tuned ops
+
+
+# -- sizes: --batch (= --seqs) sequences N, --tokens tokens per sequence L -------------------------------
+
+def test_batch_and_seqs_are_one_option_the_sequences_of_the_call():
+    assert problem("gdn_prefill", "--batch", "16", "--tokens", "256") == problem("gdn_prefill", "--seqs", "16",
+                                                                                  "--tokens", "256")
+    assert problem("gdn_decode", "--seqs", "32")["n"] == 32 == problem("gdn_decode", "--batch", "32")["n"]
+
+
+def test_tokens_is_tokens_per_sequence_in_decode_and_prefill():
+    p = problem("gdn_prefill", "--batch", "16", "--tokens", "4096")
+    assert (p["n"], p["t"], p["max_seqlen"]) == (16, 65536, 4096)  # 16 sequences of 4,096: T = 65,536 packed
+    d = problem("gdn_decode", "--batch", "16", "--tokens", "4")
+    assert (d["n"], d["t"]) == (16, 4)  # 4 tokens per row (speculative verify)
+
+
+def test_gating_and_clamp_rows_are_sequences_times_tokens():
+    assert problem("gdn_gating", "--batch", "4", "--tokens", "100")["n"] == 400
+    assert problem("silu_and_mul_clamp", "--tokens", "100")["n"] == 100 == problem("silu_and_mul_clamp",
+                                                                                    "--batch", "100")["n"]
+
+
+def test_total_tokens_keeps_uneven_packing_and_refuses_tokens_with_it():
+    p = problem("gdn_prefill", "--seqs", "7", "--total-tokens", "5000")
+    assert (p["n"], p["t"], p["max_seqlen"]) == (7, 5000, 0)
+    err = json_error(run("explain", "gdn_prefill", "--total-tokens", "5000", "--tokens", "10", "--json"))
+    assert "give one of them" in err["message"]
+    assert "not for gdn_decode" in json_error(run("explain", "gdn_decode", "--total-tokens", "5", "--json"))["message"]
+
+
+def test_bench_takes_seqs_as_batch(monkeypatch):
+    import linattn.bench as B
+
+    got = {}
+
+    def seen(op, **kw):  # stop before measuring: the sizes are what this test is about
+        got.update(kw)
+        raise B.BenchUsageError("sizes seen")
+
+    monkeypatch.setattr(B, "run_bench", seen)
+    res = run("bench", "gdn_prefill", "--seqs", "2", "--seqs", "3", "--tokens", "5", "--device", "cpu")
+    assert res.exit_code == 2 and "sizes seen" in res.output
+    assert got["batch"] == [2, 3] and got["tokens"] == [5]
+
+
+# -- --device and --profile ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verb", [("bench", "gdn_decode"), ("tune",), ("check",), ("demo",)])
+def test_a_verb_that_runs_kernels_refuses_profile_and_says_what_to_use(verb):
+    err = json_error(run(*verb, "--profile", "sm90", "--json"))
+    assert "--device" in err["message"] and "linattn explain OP --profile sm90" in err["message"]
+
+
+def test_explain_and_report_probe_a_device_or_plan_for_a_profile_not_both():
+    assert run("explain", "gdn_decode", "--device", "cpu", "--json").exit_code == 0
+    assert json.loads(run("report", "--device", "cpu", "--json").stdout)["probed"] is True
+    for verb in (("explain", "gdn_decode"), ("report",)):
+        assert "give one" in json_error(run(*verb, "--device", "cpu", "--profile", "sm90", "--json"))["message"]
+    assert "--profile sm90" in json_error(run("explain", "gdn_decode", "--device", "sm90", "--json"))["message"]
+
+
+@pytest.mark.parametrize("verb", ["report", "explain", "backends", "plugins", "demo", "check", "bench", "tune"])
+def test_every_verb_help_explains_device_profile_and_the_sizes(verb):
+    out = " ".join(run(verb, "--help", env={"COLUMNS": "1000"}).stdout.split())
+    assert "--device is a torch device" in out and "--profile is a device explain and report plan for" in out
+    assert "--batch N (or --seqs N) is the sequences of a call" in out and "--tokens L is tokens per sequence" in out
+
+
+# -- --version, the JSON error shape, help that reflows ------------------------------------------------------
+
+def test_version_prints_the_package_version():
+    res = run("--version")
+    assert res.exit_code == 0 and res.stdout.strip() == f"linattn {linattn.__version__}"
+
+
+@pytest.mark.parametrize("args, kind", [
+    (("explain", "gdn_decode", "--batch", "x"), "BadParameter"),       # typer's own parse error
+    (("explain", "gdn_decode", "--no-such-option"), "NoSuchOption"),
+    (("explain", "no_such_op"), "UsageError"),                          # linattn's usage error
+    (("bench", "gdn_decode", "--device", "tpu"), "BenchUsageError"),
+    (("check", "--op", "no_such_op"), "ValueError"),
+    (("tune", "--dtype", "fp8"), "UsageError"),
+    (("demo", "--model", "no-such-model"), "DemoConfigError"),
+])
+def test_every_verb_prints_the_one_json_error_shape_with_exit_2(args, kind):
+    err = json_error(run(*args, "--json"))
+    assert err["type"] == kind and err["message"]
+
+
+def test_help_paragraphs_reflow_to_the_width():
+    narrow = run("explain", "--help", env={"COLUMNS": "60"}).stdout
+    wide = run("explain", "--help", env={"COLUMNS": "1000"}).stdout
+    assert max(len(line) for line in narrow.splitlines()) <= 60
+    line = next(ln for ln in wide.splitlines() if "Nothing runs:" in ln)
+    assert "never silently ignored" in line  # the docstring's 5-line paragraph is one line at 1000 columns
