@@ -120,3 +120,20 @@ def test_cutedsl_walk_at_a_throughput_shape_matches_triton_walk(monkeypatch):
     assert rel(o_c, o_t) < 1e-2, rel(o_c, o_t)
     assert rel(work_c[idx.long()], work_t[idx.long()]) < 1e-2
     assert torch.equal(work_c[[1, 2]], pool[[1, 2]])
+
+
+@pytest.mark.parametrize("which", ["q", "qk"])
+def test_cutedsl_walk_with_huge_rows_equals_the_unscaled_problem(monkeypatch, which):
+    """F44: q (and k) rows of one sequence times 1e30 (finite bf16; l2norm makes it the same
+    problem): the chunk's query scale ``c`` takes the state operand down by a power of two."""
+    inp = make_inputs("gdn", [200, 70], H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=7)
+    big = dict(inp)
+    for n in which:
+        big[n] = inp[n].clone()
+        big[n][:200] = big[n][:200] * 1e30
+    h0 = random_states(2, 4, 128, 128, device=DEV) * 0.1
+    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, big, initial_state=h0)
+    (_, _, _), (o_u, ht_u, _) = _both(monkeypatch, inp, initial_state=h0)
+    assert torch.isfinite(o_c.float()).all() and torch.isfinite(ht_c).all()
+    assert rel(o_c, o_u) < 2e-2 and rel(ht_c, ht_u) < 2e-2, (rel(o_c, o_u), rel(ht_c, ht_u))
+    assert rel(o_c, o_t) < 2e-2 and rel(ht_c, ht_t) < 2e-2
