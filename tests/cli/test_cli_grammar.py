@@ -170,3 +170,19 @@ def test_help_paragraphs_reflow_to_the_width():
     assert max(len(line) for line in narrow.splitlines()) <= 60
     line = next(ln for ln in wide.splitlines() if "Nothing runs:" in ln)
     assert "never silently ignored" in line  # the docstring's 5-line paragraph is one line at 1000 columns
+
+
+def test_demo_batch_is_the_decode_batch_and_tokens_is_the_context_parallel_prompt(monkeypatch):
+    import linattn.demo as D
+
+    got = {}
+
+    def seen(**kw):  # stop before serving: the options are what this test is about
+        got.update(kw)
+        raise D.DemoConfigError("options seen")
+
+    monkeypatch.setattr(D, "run_demo", seen)
+    res = run("demo", "--batch", "4", "--device", "cpu")
+    assert res.exit_code == 2 and "options seen" in res.output and got["decode_batch"] == 4
+    err = json_error(run("demo", "--tokens", "64", "--json"))
+    assert "--context-parallel" in err["message"]
