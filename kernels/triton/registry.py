@@ -282,6 +282,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_intra:_mm",
     f"{KERNEL_PACKAGE}.chunk_state:_gate_factors",
     f"{KERNEL_PACKAGE}.chunk_state:pool_slot",
+    f"{KERNEL_PACKAGE}.chunk_state:store_checkpoint",
     f"{KERNEL_PACKAGE}.chunk_fused:_rnorm",
     f"{KERNEL_PACKAGE}.chunk_fused:_chunk_scale",
     f"{KERNEL_PACKAGE}.chunk_fused:_prep_chunk",
