@@ -217,82 +217,82 @@ def _unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
     return X.view(m, c, c)
 
 
-def _heads_first(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Rows ``idx [n, C]`` of ``x [T, H, ...]`` as ``[n, H, C, ...]`` (one gather, one copy)."""
-    return x[idx].transpose(1, 2).contiguous()
+def _gather(x: torch.Tensor, rows: torch.Tensor, n: int, c: int) -> torch.Tensor:
+    """Rows ``rows [n * C]`` of ``x [T, H, ...]`` as a ``[n, H, C, ...]`` view (one row gather, no other copy)."""
+    return x.index_select(0, rows).view(n, c, *x.shape[1:]).transpose(1, 2)
 
 
-def _window(inp, tok, real, S, states, lo: int, hi: int, group: int, kda: bool, entering: Optional[list] = None):
-    """Chunks ``lo:hi`` of a window (steps ``states`` = ``[(first chunk, running)]``); ``S [n, HV, K, V]``
-    updated in place. Returns ``O [hi - lo, HV, C, V]``; appends every chunk's entering state
-    ``[(hi - lo) * HV, K, V]`` to ``entering`` when given (the checkpoints read them)."""
-    q, k, v, g, beta = inp
-    idx, keep = tok[lo:hi], real[lo:hi]
-    n, c = idx.shape
-    qk = torch.stack([_heads_first(q, idx), _heads_first(k, idx)], dim=2)  # [n, H, 2, C, K]
+def _scaled_qk(qs, ks, rows, n: int, c: int) -> torch.Tensor:
+    """``[n, H, 2, C, K]``: the chunks' q and k rows as the maths reads them (:func:`_row_factors`)."""
+    x = qs[0]
+    out = x.new_empty(n, x.shape[1], 2, c, x.shape[2])
+    for i, (y, f) in enumerate((qs, ks)):
+        torch.mul(_gather(y, rows, n, c), _gather(f, rows, n, c) if torch.is_tensor(f) else f, out=out[:, :, i])
+    return out
+
+
+def _window(inp, tok, real, S, steps, lo: int, hi: int, group: int, kda: bool, store=None):
+    """Chunks ``lo:hi`` of a window (steps ``[(first chunk, running)]``); ``S [n, HV, K, V]`` updated in
+    place. Returns ``O [hi - lo, HV, C, V]``; ``store(first, S[:running])`` is called before each step
+    with the states entering its chunks ``first, first + 1, ...`` (the checkpoints read them)."""
+    qs, ks, v, g, beta = inp
+    n, c = tok[lo:hi].shape
+    rows, keep = tok[lo:hi].reshape(-1), real[lo:hi, None, :]
+    qk = _scaled_qk(qs, ks, rows, n, c)  # [n, H, 2, C, K]
     H, kd = qk.shape[1], qk.shape[-1]
     HV = H * group
-    vv = _heads_first(v, idx).view(n * HV, c, -1)
-    gg = _heads_first(g, idx).masked_fill_(~keep.view(n, 1, c, *(1,) * (g.dim() - 2)), 0.0)
-    bb = _heads_first(beta, idx).masked_fill_(~keep[:, None], 0.0).view(n * HV, c, 1)
-    gg = gg.view(n * HV, c, *gg.shape[3:])
-    G, Gl = cumsum2(gg)
+    M = n * HV
+    vv = _gather(v, rows, n, c)  # [n, HV, C, V], a strided view
+    gg, zero = _gather(g, rows, n, c), g.new_zeros(())  # padded rows: g = beta = 0
+    gg = torch.where(keep.view(n, 1, c, *(1,) * (g.dim() - 2)), gg, zero, out=gg.new_empty(gg.shape))
+    bb = torch.where(keep, _gather(beta, rows, n, c), zero, out=beta.new_empty(n, HV, c)).view(M, c, 1)
+    G, Gl = cumsum2(gg.view(M, c, *gg.shape[3:]))
+    tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))  # exp(G_C - G_r): 1 on the last row
     if kda:
         if group > 1:  # GVA: value head hv reads q/k head hv // group
-            qkv = qk[:, :, None].expand(n, H, group, 2, c, kd).reshape(n * HV, 2, c, kd)
+            qkv = qk[:, :, None].expand(n, H, group, 2, c, kd).reshape(M, 2, c, kd)
         else:
-            qkv = qk.view(n * HV, 2, c, kd)
+            qkv = qk.view(M, 2, c, kd)
         Aqk, Akk = _grams_kda(qkv, G, Gl)
-        eG = _exp_le0(G.clone())  # [M, C, K]
-        tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))  # exp(G_C - G_r): 1 on the last row
+        eG = _exp_le0(G)  # [M, C, K] (G is not read again)
         dC = eG[:, -1:].transpose(1, 2)  # [M, K, 1]
-        qE, kE, kT = qkv[:, 0] * eG, qkv[:, 1] * eG, qkv[:, 1] * tail
+        qkE, kT = qkv * eG[:, None], qkv[:, 1] * tail
     else:
         Aqk, Akk = _grams_gdn(qk.view(n * H, 2, c, kd), G, Gl, group)
-        eG = _exp_le0(G.clone())[:, :, None]  # [M, C, 1]
-        tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))[:, :, None]
-        dC = eG[:, -1:]  # [M, 1, 1]
-
-        def per_value_head(x, f):  # key heads x [n, H, C, K] times a value head's f [M, C, 1]: [M, C, K]
-            return (x[:, :, None] * f.view(n, H, group, c, 1)).view(n * HV, c, kd)  # GVA by broadcasting
-
-        qE, kE, kT = per_value_head(qk[:, :, 0], eG), per_value_head(qk[:, :, 1], eG), per_value_head(qk[:, :, 1], tail)
-    X = _unit_lower_inverse(Akk.mul_(bb))
-    U, W = X @ vv.mul_(bb), X @ kE.mul_(bb)  # (I + Akk)^-1 diag(beta) [V | K exp(G)]
-    Vdim = vv.shape[-1]
-    S_in = _recurrence(S, U, W, kT.transpose(1, 2), dC, [((f - lo) * HV, r * HV) for f, r in states])
-    if entering is not None:
-        entering.append(S_in)
-    O = torch.baddbmm(Aqk @ U, qE, S_in)
-    return O.view(n, HV, c, Vdim)
+        eG = _exp_le0(G)  # [M, C]
+        dC = eG[:, -1:, None]  # [M, 1, 1]
+        qkE = (qk[:, :, None] * eG.view(n, H, group, 1, c, 1)).view(M, 2, c, kd)  # GVA by broadcasting
+        kT = (qk[:, :, None, 1] * tail.view(n, H, group, c, 1)).view(M, c, kd)
+    Xb = _unit_lower_inverse(Akk.mul_(bb)).mul_(bb.view(M, 1, c))  # (I + Akk)^-1 diag(beta)
+    P = _recurrence(S, qkE.view(M, 2 * c, kd), vv, Xb, Aqk, kT.transpose(1, 2), dC, steps, lo, store)
+    return P.view(n, HV, 2 * c, -1)[:, :, :c]  # O = (Q exp(G)) S0 + Aqk Vn
 
 
-def _recurrence(S: torch.Tensor, U, W, kt, dC, steps: list) -> torch.Tensor:
-    """The serial part: over the steps ``[(first row, rows)]`` of a window (rows of ``U [M, C, V]``,
-    ``W [M, C, K]``, ``kt [M, K, C]``, ``dC``: a step's rows are the running sequences' heads, a
-    prefix of ``S [n, HV, K, V]``'s), ``Vn = U - W S`` (written over ``U``) and
-    ``S = dC * S + kt Vn``. Returns every chunk's entering state ``[M, K, V]``; ``S`` is updated in
-    place to the states after the window."""
+def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int, store=None) -> torch.Tensor:
+    """The serial part, over the steps ``[(first chunk, running)]`` of a window whose first chunk is
+    ``lo``: a step's rows are the running sequences' value heads, a prefix of ``S [n, HV, K, V]``'s
+    and consecutive rows of the window's ``qkE [M, 2C, K]`` (``[Q exp(G); K exp(G)]``), ``Xb``,
+    ``Aqk [M, C, C]``, ``kt [M, K, C]``, ``dC`` and chunks of ``vv [n, HV, C, V]``. Per step:
+    ``P = qkE S`` (one matmul), ``Vn = Xb (V - K exp(G) S)``, the output ``P[:, :C] += Aqk Vn``
+    and ``S = dC * S + kt Vn`` in place. Returns ``P [M, 2C, V]``, the outputs in its first ``C`` rows."""
     hv, kd, vd = S.shape[1:]
-    S_in = S.new_empty(U.shape[0], kd, vd)
-    a, b = steps[0]
-    S_in[a:a + b] = S[:b // hv].view(b, kd, vd)
-    for i, (a, b) in enumerate(steps):
-        cur = S_in[a:a + b]
-        vn = U[a:a + b]
-        vn.baddbmm_(W[a:a + b], cur, alpha=-1.0)  # Vn = U - W S
-        nxt_b = steps[i + 1][1] if i + 1 < len(steps) else 0
-        if nxt_b == b:  # the same sequences run on: straight into the next step's entering states
-            dst = S_in[steps[i + 1][0]:steps[i + 1][0] + b]
-        else:
-            dst = S.new_empty(b, kd, vd)
-        torch.bmm(kt[a:a + b], vn, out=dst)
-        dst.addcmul_(cur, dC[a:a + b])
-        if nxt_b != b:
-            if nxt_b:
-                S_in[steps[i + 1][0]:steps[i + 1][0] + nxt_b] = dst[:nxt_b]
-            S[nxt_b // hv:b // hv] = dst[nxt_b:].view(-1, hv, kd, vd)
-    return S_in
+    c = Xb.shape[-1]
+    Sf = S.view(-1, kd, vd)
+    P = qkE.new_empty(qkE.shape[0], 2 * c, vd)
+    width = steps[0][1] * hv  # the most rows a step has
+    R, Vn = qkE.new_empty(width, c, vd), qkE.new_empty(width, c, vd)
+    for first, running in steps:
+        a, b = (first - lo) * hv, running * hv
+        s, p = Sf[:b], P[a:a + b]
+        if store is not None:
+            store(first, S[:running])
+        torch.bmm(qkE[a:a + b], s, out=p)
+        torch.sub(vv[first - lo:first - lo + running], p[:, c:].view(running, hv, c, vd),
+                  out=R[:b].view(running, hv, c, vd))  # V - K exp(G) S
+        vn = torch.bmm(Xb[a:a + b], R[:b], out=Vn[:b])
+        p[:, :c].baddbmm_(Aqk[a:a + b], vn)
+        s.mul_(dC[a:a + b]).baddbmm_(kt[a:a + b], vn)
+    return P
 
 
 def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize: int, c: int = CHUNK):
@@ -424,11 +424,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
 
     S = _load_states(state_pool if pool_mode else initial_state, [slots[n] if carry[n] else None for n in order],
                      (HV, K, V), state_layout, cd, dev)
-    qn, kn = q.to(cd), k.to(cd)
-    if use_qk_l2norm:
-        qn, kn = _l2norm(qn), _l2norm(kn)
-    qn = qn * (K ** -0.5 if scale is None else scale)
-    inp = (qn, kn, v.to(cd), torch.clamp(g.to(cd), min=G_MIN), beta.to(cd))
+    qs = _row_factors(q.to(cd), use_qk_l2norm, K ** -0.5 if scale is None else scale)
+    inp = (qs, _row_factors(k.to(cd), use_qk_l2norm, 1.0), v.to(cd), torch.clamp(g.to(cd), min=G_MIN), beta.to(cd))
 
     C = chunk_size(lens[order[0]])
     chunk_seq, chunk_j, windows = _plan(lens, order, HV, K, V, torch.finfo(cd).bits // 8, C)
@@ -436,10 +433,9 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     dest = torch.where(real, tok, T)
     marks, ends = _checkpoint_marks(checkpoint_every, checkpoint_indices, order, lens, C)
     for lo, hi, steps in windows:
-        entering = [] if any(lo <= ci < hi for ci in marks) else None
-        O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, entering)
-        o[dest[lo:hi].reshape(-1)] = O.transpose(1, 2).reshape(-1, HV, V)
-        _store_checkpoints(state_pool, marks, entering, lo, hi, HV, state_layout)
+        store = _checkpoint_store(state_pool, marks, state_layout) if any(lo <= ci < hi for ci in marks) else None
+        O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, store)  # [n, HV, C, V]
+        o.index_put_((dest[lo:hi, None, :], torch.arange(HV, device=dev)[:, None]), O)
 
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
@@ -448,13 +444,14 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     return o[:T].to(q.dtype), final
 
 
-def _store_checkpoints(pool, marks: dict, entering: Optional[list], lo: int, hi: int, hv: int, layout: str) -> None:
-    """Pool slot ``marks[ci]`` = the state entering chunk ``ci`` (the state after the chunks before it),
-    for the chunks ``lo:hi`` of a window; ``entering``: what :func:`_window` appended (None: none)."""
-    for ci in (range(lo, hi) if entering else ()):
-        if ci in marks:
-            s_in = entering[0][(ci - lo) * hv:(ci - lo + 1) * hv]
-            pool[marks[ci]].copy_(s_in.transpose(-1, -2) if layout == "vk" else s_in)
+def _checkpoint_store(pool, marks: dict, layout: str):
+    """The ``store`` of :func:`_window`: pool slot ``marks[ci]`` = the state entering chunk ``ci`` (the
+    state after the chunks before it), copied before chunk ``ci`` runs."""
+    def store(first: int, entering: torch.Tensor) -> None:
+        for i in range(entering.shape[0]):
+            if first + i in marks:
+                pool[marks[first + i]].copy_(entering[i].transpose(-1, -2) if layout == "vk" else entering[i])
+    return store
 
 
 def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> tuple[dict, dict]:
@@ -479,6 +476,20 @@ def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> tuple[di
             ci = t // c  # the chunk that starts after t tokens: step ci, sequence position i
             out[sum(min(cnt, ci) for cnt in counts) + i] = slot
     return out, ends
+
+
+def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
+    """``(x', f)`` with ``x' * f`` the rows of ``x [T, H, K]`` as the maths reads them: l2-normalised
+    (docs/ops.md's plain ``x / sqrt(sum(x^2) + 1e-6)``, as ``f = scale / sqrt(...)`` ``[T, H, 1]``, applied
+    while the rows are gathered into chunks) and scaled. Rows whose sums of squares are not all finite
+    take torch-ref's overflow-safe l2norm (F44) first (one host read of their total: finite exactly
+    when every sum is, save a total that itself overflows, which also takes the safe form)."""
+    if not l2norm:
+        return x, scale
+    ss = torch.linalg.vecdot(x, x).unsqueeze_(-1)
+    if not math.isfinite(float(ss.sum())):
+        return l2norm_ref(x), scale
+    return x, ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
