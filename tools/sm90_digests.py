@@ -74,7 +74,9 @@ def _prefill_call(family: str, dtype_name: str, K: int, V: int, group: int, mode
     ``sm120`` device (less shared memory: the unpipelined state kernel), ``i64`` index tensors,
     ``pool-bf16``, ``no-l2norm``, ``ext-state`` (a replacement state kernel, as the CuTe DSL
     backend passes), ``fused`` (the fused prefill, which the planner picks for GDN's bf16 where its grid
-    fills the SMs: two sequences at 32 value heads do not; KDA's: prefill.FUSED_KDA_DEFAULT))."""
+    fills the SMs: two sequences at 32 value heads do not; KDA's: prefill.FUSED_KDA_DEFAULT)), ``ckpt``
+    (state checkpoints every 64 tokens, the ``HAS_CKPT`` builds: the 65-token sequence's to slot 1),
+    ``fused+ckpt`` (both)."""
     import torch
 
     from linattn.capabilities import profile
@@ -107,8 +109,10 @@ def _prefill_call(family: str, dtype_name: str, K: int, V: int, group: int, mode
                       initial_state=torch.zeros(N, *sshape) if mode == "dense+h0" else None)
         if variant == "ext-state":
             kw["state_kernel"] = lambda **_: None
-        if variant == "fused":
+        if variant in ("fused", "fused+ckpt"):
             kw["fused"] = True
+        if variant.endswith("ckpt"):
+            kw.update(checkpoint_every=64, checkpoint_indices=torch.tensor([[-1], [1]], dtype=idt))
         from linattn.kernels.triton.prefill import chunk_prefill
 
         chunk_prefill(family, **kw)
@@ -184,7 +188,8 @@ def call_classes() -> Iterator[CallClass]:
     has_initial_state, dense with and without h0) at every GVA group class (GDN 1, 2, 4; KDA 1,
     2) and, one at a time, each other departure that selects other code (state layout, grid layout,
     a device with less shared memory, int64 index tensors, a bf16 pool, no l2norm, a replacement
-    state kernel) and the bf16 fused prefill (GDN's, KDA's) in every state mode. Decode: both gates at the pinned K = V = 128 (small and large batch class:
+    state kernel, state checkpoints) and the bf16 fused prefill (GDN's, KDA's) in every state mode
+    (and with checkpoints). Decode: both gates at the pinned K = V = 128 (small and large batch class:
     their two tile configs) plus K = V = 64 and 256, and the flag classes (precomputed gates,
     speculative decode, the rest, a bf16 pool). The SwiGLU clamp: its block classes with and without limit."""
     dtypes = ("bfloat16", "float16", "float32")
@@ -202,13 +207,14 @@ def call_classes() -> Iterator[CallClass]:
                     if (group, mode) != ((2 if family == "gdn" else 1), "pool"):  # in the sweep above
                         yield _prefill_call(family, dt, 128, 128, group, mode)
             main = 2 if family == "gdn" else 1
-            for variant in ("kv", "folded", "sm120", "i64", "pool-bf16", "no-l2norm", "ext-state"):
+            for variant in ("kv", "folded", "sm120", "i64", "pool-bf16", "no-l2norm", "ext-state", "ckpt"):
                 if variant == "ext-state" and dt != "bfloat16":
                     continue  # a replacement state kernel runs on the bf16 path only
                 yield _prefill_call(family, dt, 128, 128, main, "pool", variant)
             if dt == "bfloat16":  # the fused prefill's builds (GDN's shipped, KDA's opt-in), every state mode
                 for mode in ("pool", "pool+has_init", "dense", "dense+h0"):
                     yield _prefill_call(family, dt, 128, 128, main, mode, "fused")
+                yield _prefill_call(family, dt, 128, 128, main, "pool", "fused+ckpt")
     for gate in ("gdn", "kda"):
         for n_seq in (1, 64):
             for variant in ("", "gates", "spec", "misc", "pool-bf16"):
