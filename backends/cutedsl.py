@@ -81,8 +81,9 @@ class CuteDSLBackend(Backend):
     strided_state_ops: ClassVar[frozenset[str]] = frozenset({"gdn_prefill", "kda_prefill"})
     #: pool-mode has_initial_state: the state kernel skips the h0 load of a fresh sequence (HAS_INIT);
     #: output_state_indices: the read rows are copied into the write rows first (Triton's fork_slots),
-    #: then the state kernel runs in place there
-    features: ClassVar[frozenset[str]] = frozenset({"has_initial_state", "output_state_indices"})
+    #: then the state kernel runs in place there; checkpoints: the state kernel stores them in its chunk
+    #: loop (StateKernel.store_checkpoint; docs/ops.md "State checkpoints")
+    features: ClassVar[frozenset[str]] = frozenset({"has_initial_state", "output_state_indices", "checkpoints"})
 
     def predicates(self):
         ps = super().predicates()
@@ -133,21 +134,23 @@ class CuteDSLBackend(Backend):
 
     def gdn_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None,
-                    output_state_indices=None):
+                    output_state_indices=None, checkpoint_every=None, checkpoint_indices=None):
         """GDN chunked prefill (docs/ops.md ``gdn_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("gdn", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
                              use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                             has_initial_state=has_initial_state, output_state_indices=output_state_indices)
+                             has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
 
     def kda_prefill(self, *, q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices=None,
                     initial_state=None, scale=None, use_qk_l2norm=True, state_layout="vk", has_initial_state=None,
-                    output_state_indices=None):
+                    output_state_indices=None, checkpoint_every=None, checkpoint_indices=None):
         """KDA chunked prefill (docs/ops.md ``kda_prefill``); see :mod:`linattn.kernels.cutedsl.prefill`."""
         return self._prefill("kda", q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
                              state_indices=state_indices, initial_state=initial_state, scale=scale,
                              use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                             has_initial_state=has_initial_state, output_state_indices=output_state_indices)
+                             has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                             checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
 
     @staticmethod
     def _prefill(family, *, scale, **kw):

@@ -27,7 +27,10 @@ negative index reads nothing (zero state), stores nothing, and writes zero ``vn`
 the sequence, so the output stage gives the zero output docs/ops.md asks of padding. Dense mode reads
 ``initial_state[n]`` (or zeros) and writes ``final_state[n]``. Both modes run the same
 instructions on the same data, so they agree bitwise. All token-row, chunk and pool offsets are
-64-bit.
+64-bit. State checkpoints (pool mode, ``ckpt``; docs/ops.md "State checkpoints"): after a chunk
+that ends at a multiple of ``ck_every`` chunks, full, the state goes to the slot the table
+``[N, ck_n]`` names for it (none for ``-1``, past the table, or a padding sequence), stored as the
+final state is.
 """
 
 from __future__ import annotations
@@ -51,13 +54,17 @@ class StateKernel:
         has_h0: dense mode with an initial state (ignored in pool mode).
         has_init: pool mode with a ``has_initial_state [N]`` byte mask: 0 = a zero h0, the slot
             not read (the final state is stored as usual).
+        ckpt: pool mode with state checkpoints (``ck_ptr``: the ``[N, ck_n]`` slot table; ``ck_every``:
+            checkpoint_every in chunks). Without it the three are not read.
     """
 
-    def __init__(self, K: int, V: int, BV: int, kda: bool, pool: bool, has_h0: bool, has_init: bool = False):
+    def __init__(self, K: int, V: int, BV: int, kda: bool, pool: bool, has_h0: bool, has_init: bool = False,
+                 ckpt: bool = False):
         assert K % 16 == 0 and V % BV == 0 and BV % 16 == 0
         self.K, self.V, self.BV = K, V, BV
         self.kda, self.pool, self.has_h0 = kda, pool, has_h0
         self.has_init = has_init and pool
+        self.ckpt = ckpt and pool
         self.NW = BV // 16
         self.NT = 32 * self.NW
         self.PK = K + 8  # padded smem row pitch (elements) of the W and K tiles
@@ -73,11 +80,11 @@ class StateKernel:
         k_ptr: cute.Pointer, g_ptr: cute.Pointer, w_ptr: cute.Pointer, u_ptr: cute.Pointer,
         rk_ptr: cute.Pointer, cu_ptr: cute.Pointer, coff_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         h0_ptr: cute.Pointer, ht_ptr: cute.Pointer, hbuf_ptr: cute.Pointer, vn_ptr: cute.Pointer,
-        hinit_ptr: cute.Pointer,
+        hinit_ptr: cute.Pointer, ck_ptr: cute.Pointer,
         skt: Int64, skh: Int64, sgt: Int64, sgh: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
-        N: Int32, HV: Int32, GROUP: Int32,
+        N: Int32, HV: Int32, GROUP: Int32, ck_n: Int32, ck_every: Int32,
         stream,
     ):
         K, BV, NT = self.K, self.BV, self.NT
@@ -107,8 +114,8 @@ class StateKernel:
         nvb = self.V // BV
         self.kernel(
             k_ptr, g_ptr, w_ptr, u_ptr, rk_ptr, cu_ptr, coff_ptr, sidx_ptr, h0_ptr, ht_ptr,
-            hbuf_ptr, vn_ptr, hinit_ptr, skt, skh, sgt, sgh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
-            N, HV, GROUP, tiled_mma, copy_wk, copy_u, store_v, copy_g, g2s4,
+            hbuf_ptr, vn_ptr, hinit_ptr, ck_ptr, skt, skh, sgt, sgh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
+            N, HV, GROUP, ck_n, ck_every, tiled_mma, copy_wk, copy_u, store_v, copy_g, g2s4,
         ).launch(grid=[N * HV * nvb, 1, 1], block=[NT, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
@@ -118,11 +125,11 @@ class StateKernel:
         k_ptr: cute.Pointer, g_ptr: cute.Pointer, w_ptr: cute.Pointer, u_ptr: cute.Pointer,
         rk_ptr: cute.Pointer, cu_ptr: cute.Pointer, coff_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         h0_ptr: cute.Pointer, ht_ptr: cute.Pointer, hbuf_ptr: cute.Pointer, vn_ptr: cute.Pointer,
-        hinit_ptr: cute.Pointer,
+        hinit_ptr: cute.Pointer, ck_ptr: cute.Pointer,
         skt: Int64, skh: Int64, sgt: Int64, sgh: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
-        N: Int32, HV: Int32, GROUP: Int32,
+        N: Int32, HV: Int32, GROUP: Int32, ck_n: Int32, ck_every: Int32,
         tiled_mma: cute.TiledMma, copy_wk: cute.TiledCopy, copy_u: cute.TiledCopy,
         store_v: cute.TiledCopy, copy_g: cute.TiledCopy, g2s4: cute.CopyAtom,
     ):
@@ -309,6 +316,9 @@ class StateKernel:
             for kb in cutlass.range_constexpr(C // 16):
                 cute.copy(s2r_k, tKs[None, None, kb, stage], tKr_v[None, None, kb])
                 cute.gemm(tiled_mma, acc_S, tPA[None, None, kb], tKr[None, None, kb], acc_S)
+            if const_expr(self.ckpt):  # the state after t + 1 chunks, where a checkpoint falls there
+                self.store_checkpoint(t, i_n, seqlen, live, ck_ptr, ck_n, ck_every, N, ht_ptr, hv64, v0, st_p, st_h,
+                                      st_v, st_k, acc_S, tScS)
             cute.arch.sync_threads()
 
             # (f) vn rows of this chunk: sU (now Vn) -> vn[row, hv, v0:v0+BV]
@@ -339,6 +349,28 @@ class StateKernel:
                                   cute.make_layout((BV, K), stride=(st_v, st_k)))
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 ht[tScS[i]] = acc_S[i].to(ht.element_type)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def store_checkpoint(self, t, i_n, seqlen, live, ck_ptr, ck_n, ck_every, N, ht_ptr, hv64, v0, st_p, st_h, st_v,
+                         st_k, acc_S: cute.Tensor, tScS: cute.Tensor):
+        """Checkpoint ``j = (t + 1) / ck_every - 1`` of sequence ``i_n`` after chunk ``t``: where ``t + 1``
+        is a multiple of ``ck_every``, the chunk full (``(t + 1) C <= seqlen``), ``j < ck_n``, the
+        sequence live and ``ck_ptr[i_n, j] >= 0``, the fp32 state ``acc_S`` goes to that pool row in
+        the pool's dtype and strides, as the final state is stored."""
+        done = Int32(t + 1)
+        if live:
+            if done % ck_every == 0:
+                j = done // ck_every - 1
+                if j < ck_n:
+                    if done * C <= seqlen:
+                        mck = cute.make_tensor(ck_ptr, cute.make_layout(N * ck_n))
+                        cs = Int64(mck[i_n * ck_n + j])
+                        if cs >= 0:
+                            ck = cute.make_tensor(ht_ptr + (cs * st_p + hv64 * st_h + Int64(v0) * Int64(st_v)),
+                                                  cute.make_layout((self.BV, self.K), stride=(st_v, st_k)))
+                            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                                ck[tScS[i]] = acc_S[i].to(ck.element_type)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit

@@ -41,6 +41,7 @@ class KernelKey(NamedTuple):
     cu_dtype: str  # dtype of cu_seqlens
     arch: str  # "sm_90a", "sm_100a", ...
     has_init: bool = False  # pool mode with has_initial_state [N] (uint8): 0 = zero h0, the slot not read
+    ckpt_dtype: str = ""  # pool mode with state checkpoints: the slot table's dtype ("int32" | "int64"); "": none
 
 
 def block_v(V: int, kda: bool = False) -> int:
@@ -77,10 +78,10 @@ def _dummy_args(key: KernelKey):
         P(cutlass.BFloat16, 16), P(cutlass.Float32, 16 if key.kda else 4), P(cutlass.BFloat16, 16),
         P(cutlass.BFloat16, 16), P(cutlass.Float32, 4), P(cu, cu.width // 8), P(cutlass.Int64, 8),
         P(ix, ix.width // 8), P(s0, s0.width // 8), P(st, st.width // 8), P(cutlass.BFloat16, 16),
-        P(cutlass.BFloat16, 16), P(cutlass.Uint8, 1),
+        P(cutlass.BFloat16, 16), P(cutlass.Uint8, 1), P(T[key.ckpt_dtype or "int64"], 8 if key.ckpt_dtype != "int32" else 4),
         *[cutlass.Int64(8)] * 4, cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
         cutlass.Int64(1), cutlass.Int64(1), cutlass.Int32(1), cutlass.Int32(1),
-        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cuda.CUstream(0),
+        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cuda.CUstream(0),
     ]
 
 
@@ -108,7 +109,7 @@ def compile_state_kernel(key: KernelKey, dump_dir: Optional[str] = None):
 
     from ._state_kernel import StateKernel
 
-    kern = StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0, key.has_init)
+    kern = StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0, key.has_init, bool(key.ckpt_dtype))
     opts = f"--gpu-arch {key.arch}"
     if dump_dir is not None:
         os.makedirs(dump_dir, exist_ok=True)
@@ -144,7 +145,8 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
                         rk: torch.Tensor, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
                         state_indices: Optional[torch.Tensor], h0: Optional[torch.Tensor], ht: torch.Tensor,
                         hbuf: torch.Tensor, vn: torch.Tensor, state_layout: str, bv: Optional[int] = None,
-                        has_initial_state: Optional[torch.Tensor] = None) -> None:
+                        has_initial_state: Optional[torch.Tensor] = None,
+                        checkpoint_indices: Optional[torch.Tensor] = None, checkpoint_every: int = 0) -> None:
     """The chunked-prefill state stage on a CUDA GPU (SM90 / SM100), in CuTe DSL.
 
     Maths: docs/ops.md "Chunked form" (Yang et al., NeurIPS 2024; Yang, Kautz, Hatamizadeh, ICLR 2025;
@@ -170,6 +172,10 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         has_initial_state: pool mode only: ``[N]`` bool (or its uint8 view) or None; 0 / False
             starts that sequence from a zero state without reading its slot (the final state is
             stored as usual).
+        checkpoint_indices, checkpoint_every: pool mode only, state checkpoints (docs/ops.md "State
+            checkpoints"; validated upstream): ``[N, max_checkpoints]`` int32/int64 slots (-1: none) and
+            the tokens between them (a multiple of 64); the state after each such chunk is stored in the
+            chunk loop (:meth:`._state_kernel.StateKernel.store_checkpoint`).
     Raises:
         ValueError: a dtype, head dim or buffer layout the kernel does not take.
         ImportError: nvidia-cutlass-dsl is not installed.
@@ -185,6 +191,10 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
         raise ValueError("cutedsl state kernel: has_initial_state is for pool mode")
     if has_initial_state is not None:
         has_initial_state = has_initial_state.contiguous().view(torch.uint8)
+    if checkpoint_indices is not None:
+        if not pool or checkpoint_every <= 0 or checkpoint_every % 64:
+            raise ValueError("cutedsl state kernel: checkpoints need pool mode and checkpoint_every a multiple of 64")
+        checkpoint_indices = checkpoint_indices.contiguous()
     if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
         raise ValueError("cutedsl state kernel: pool mode needs h0 and ht to be the same pool")
     for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
@@ -208,12 +218,15 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
     h0_dt = h0.dtype if h0 is not None else ht.dtype
     key = KernelKey(K, V, block_v(V, kda) if bv is None else bv, bool(kda), pool, h0 is not None, _dt(ht.dtype),
                     _dt(h0_dt), _dt(state_indices.dtype) if pool else "int64", _dt(cu_seqlens.dtype),
-                    device_arch(k.device), has_initial_state is not None)
+                    device_arch(k.device), has_initial_state is not None,
+                    "" if checkpoint_indices is None else _dt(checkpoint_indices.dtype))
     sidx = state_indices if pool else chunk_off
+    ck = (chunk_off, 0, 1) if checkpoint_indices is None else (checkpoint_indices, checkpoint_indices.shape[1],
+                                                                checkpoint_every // 64)
     _launch(compile_state_kernel(key), key, (k, g, w, u, rk, cu_seqlens, chunk_off, sidx,
                                              h0 if h0 is not None else ht, ht, hbuf, vn,
                                              has_initial_state if has_initial_state is not None else sidx),
-            s0, st, N, HV, H)
+            s0, st, N, HV, H, ck)
 
 
 def _check_buffers(k, w, u, hbuf, vn, K: int, V: int) -> None:
@@ -226,12 +239,13 @@ def _check_buffers(k, w, u, hbuf, vn, K: int, V: int) -> None:
             raise ValueError(f"cutedsl state kernel: {name} must be bfloat16, got {x.dtype}")
 
 
-def _launch(fn, key: KernelKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV: int, H: int) -> None:
+def _launch(fn, key: KernelKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV: int, H: int, ck: tuple) -> None:
     """Call the compiled kernel on the current stream of ``k``'s device: pointers, strides, sizes.
 
     ``tensors`` are ``(k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, h0, ht, hbuf, vn,
     has_initial_state)`` (dense mode: ``chunk_off`` for the indices, ``ht`` for a missing ``h0``,
-    and the indices for a missing mask; the kernel reads neither then).
+    and the indices for a missing mask; the kernel reads neither then); ``ck``: the checkpoint table,
+    its width and checkpoint_every in chunks (``chunk_off``, 0, 1 without checkpoints: not read).
     """
     import cuda.bindings.driver as cuda
     import cutlass
@@ -251,6 +265,7 @@ def _launch(fn, key: KernelKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV
        P(sidx, T[key.index_dtype], sidx.element_size()),
        P(h0t, T[key.h0_dtype], h0t.element_size()), P(ht, T[key.state_dtype], ht.element_size()),
        P(hbuf, BF16, 16), P(vn, BF16, 16), P(mask, cutlass.Uint8, 1),
+       P(ck[0], T[key.ckpt_dtype or "int64"], ck[0].element_size()),
        I64(k.stride(0)), I64(k.stride(1)), I64(g.stride(0)), I64(g.stride(1)),
        I64(s0[0]), I64(s0[1]), I32(s0[2]), I32(s0[3]), I64(st[0]), I64(st[1]), I32(st[2]), I32(st[3]),
-       I32(N), I32(HV), I32(HV // H), stream)
+       I32(N), I32(HV), I32(HV // H), I32(ck[1]), I32(ck[2]), stream)

@@ -26,7 +26,8 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
                     state_pool: Optional[torch.Tensor], state_indices: Optional[torch.Tensor],
                     initial_state: Optional[torch.Tensor], scale: float, use_qk_l2norm: bool,
                     state_layout: str, has_initial_state: Optional[torch.Tensor] = None,
-                    output_state_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+                    output_state_indices: Optional[torch.Tensor] = None, checkpoint_every: Optional[int] = None,
+                    checkpoint_indices: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """GDN / KDA chunked prefill (docs/ops.md ``gdn_prefill`` / ``kda_prefill``) on SM90 / SM100.
 
     Args:
@@ -44,6 +45,8 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
             which copies the read rows into the write rows first
             (:func:`linattn.kernels.triton.prefill.forked`) and runs in place on the write slots
             (docs/ops.md "Separate read and write slots").
+        checkpoint_every, checkpoint_indices: pool mode, state checkpoints (docs/ops.md "State
+            checkpoints"): stored by the CuTe DSL state kernel in its chunk loop.
     Returns:
         ``(o [T, HV, V] bf16, final_state)``: final_state is a new fp32 ``[N, HV, V, K]`` (or
         ``[N, HV, K, V]``) tensor in dense mode, None in pool mode (the pool was updated in place).
@@ -59,4 +62,5 @@ def cutedsl_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.
                             state_indices=state_indices, initial_state=initial_state, scale=scale,
                             use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                             has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                            checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices,
                             state_kernel=cutedsl_chunk_state)

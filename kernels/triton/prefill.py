@@ -631,9 +631,9 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     checkpoints = checkpoint_indices is not None
     if checkpoints and not pool_mode:
         raise ValueError("checkpoint_indices: checkpoints are pool rows; pass state_pool and state_indices")
-    if checkpoints and (state_kernel is not None or segment_chunks):
-        raise ValueError("checkpoints are written by the Triton state kernel in one pass per sequence: not with a "
-                         "replacement state_kernel or a forced segment-parallel pass (segment_chunks)")
+    if checkpoints and segment_chunks:
+        raise ValueError("checkpoints are written by the state kernel in one pass per sequence: not with a forced "
+                         "segment-parallel pass (segment_chunks)")
     final_dtype = None if pool_mode else (initial_state.dtype if initial_state is not None else torch.float32)
     facts = dict(family=family, T=T, N=N, H=H, HV=HV, K=K, V=V, dtype=q.dtype, device=q.device,
                  pool_mode=pool_mode, has_h0=initial_state is not None,
@@ -1369,6 +1369,8 @@ def _run_state_kernel(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: Pr
                       st: PrefillState) -> None:
     """Stage 2 by the replacement state kernel, on the same buffers (the raw k and g)."""
     extra = {} if st.has_initial_state is None else {"has_initial_state": st.has_initial_state}
+    if st.checkpoints is not None:  # state checkpoints: the replacement kernel stores them (CuTe DSL's does)
+        extra.update(checkpoint_indices=st.checkpoints, checkpoint_every=st.checkpoint_every)
     plan.state_kernel(kda=plan.kda, k=x.k, g=x.g, w=b.w, u=b.u, rk=b.rk, cu_seqlens=x.cu_seqlens,
                       chunk_off=t.chunk_off, state_indices=st.state_indices, h0=st.h0, ht=st.ht, hbuf=b.hbuf,
                       vn=b.vn, state_layout=plan.state_layout, **extra)
@@ -1662,8 +1664,8 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         state_kernel: an alternative implementation of stage 2 (the sequential state kernel), e.g.
             :func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`; called with the
             keywords ``kda, k, g, w, u, rk, cu_seqlens, chunk_off, state_indices, h0, ht, hbuf, vn,
-            state_layout`` on the same buffers (bf16 path only), plus ``has_initial_state`` when
-            given. None: the Triton state kernel.
+            state_layout`` on the same buffers (bf16 path only), plus ``has_initial_state`` and
+            ``checkpoint_indices``, ``checkpoint_every`` when given. None: the Triton state kernel.
         has_initial_state: pool mode only: ``[N]`` bool or None. False starts that sequence from a
             zero state: the state kernel's h0 load is masked (the slot is never read, NaN there is
             harmless) and the final state is stored as usual. No extra launch.

@@ -60,6 +60,21 @@ def test_state_kernel_with_has_initial_state_compiles_with_a_guarded_h0_load(tmp
         assert bad not in ptx, bad
 
 
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_state_kernel_with_checkpoints_compiles_with_one_more_state_store(tmp_path, kda):
+    """Pool mode with state checkpoints (issue 32 item 1; ``ckpt_dtype``): the chunk loop gains one
+    guarded store of the state tile (per thread as many ``st.global`` as the final store: 64 at
+    K = 128, BV = 64, 4 warps), the MMA count and the instruction set unchanged."""
+    key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", "sm_90a", False, "int64")
+    ptx = compile_state_kernel(key, dump_dir=str(tmp_path)).artifacts.PTX
+    plain = compile_state_kernel(key._replace(ckpt_dtype=""), dump_dir=str(tmp_path / "plain")).artifacts.PTX
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == 128
+    stores = len(re.findall(r"st\.global", ptx)) - len(re.findall(r"st\.global", plain))
+    assert stores == 128 * 64 // 128, stores  # the [BV, K] fp32 tile over 128 threads
+    for bad in FORBIDDEN:
+        assert bad not in ptx, bad
+
+
 def test_compiled_kernels_are_cached_by_their_key():
     key = KernelKey(64, 64, 64, False, True, True, "float32", "float32", "int32", "int32", "sm_90a")
     a = compile_state_kernel(key)

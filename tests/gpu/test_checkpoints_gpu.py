@@ -7,7 +7,8 @@ kernel, the fused walk). Each checkpoint is held bitwise to the same kernels sto
 tokens (the pipeline or the fused prefill forced on both calls, so the chunk decomposition is
 identical) and to the float64 token-serial reference within the bf16 state tolerance; outputs and
 final states bitwise to the call without checkpoints (tests/ops/checkpoint_cases.py). The public op
-picks a Triton backend for a call with checkpoints. The PyTorch fallbacks on CUDA (torch-chunked,
+picks a Triton backend for a call with checkpoints. The CuTe DSL prefill (its state kernel stores
+them in its chunk loop) is held bitwise to its own prefill stopped there and to float64. The PyTorch fallbacks on CUDA (torch-chunked,
 torch-ref) are held to the float64 reference within the same tolerance only: cuBLAS picks other
 algorithms for other shapes, so a prefill stopped there need not agree bitwise (it did not, to 4-5
 digits, on the H200). Every pool row a call does not own keeps its bits.
@@ -93,6 +94,30 @@ def test_the_public_op_picks_triton_and_its_checkpoints_match_float64(family):
        checkpoint_indices=torch.tensor(table, device=DEV))
     dec = linattn.last_decision()
     assert dec.chosen in ("triton-split", "triton-folded"), dec
+    _held_to_float64(family, d, pool, p, table)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_cutedsl_checkpoints_are_the_states_of_a_prefill_stopped_there(family):
+    """backend='cutedsl' (Triton stages 1 and 3 around the CuTe DSL state kernel, which stores the
+    checkpoints): each bitwise the same backend stopped there (the same kernels per chunk), within TOL
+    of float64; rows not owned unchanged."""
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+    fn = linattn.kda_prefill if family == "kda" else linattn.gdn_prefill
+    d, pool = _inputs(family, LENS), _pool(family)
+    table = _table(LENS)
+    idx = torch.tensor(READ, device=DEV)
+    p = pool.clone()
+    fn(**d, state_pool=p, state_indices=idx, checkpoint_every=EVERY, checkpoint_indices=torch.tensor(table, device=DEV),
+       backend="cutedsl")
+    assert linattn.last_decision().chosen == "cutedsl"
+    for (n, j), slot in written_checkpoints(LENS, READ, table, EVERY).items():
+        t, c0 = (j + 1) * EVERY, int(d["cu_seqlens"][n])
+        stopped = pool.clone()
+        fn(**{x: d[x][c0:c0 + t] for x in ("q", "k", "v", "g", "beta")},
+           cu_seqlens=torch.tensor([0, t], dtype=torch.int32, device=DEV), state_pool=stopped,
+           state_indices=idx[n:n + 1], backend="cutedsl")
+        assert torch.equal(p[slot], stopped[READ[n]]), (n, j)
     _held_to_float64(family, d, pool, p, table)
 
 

@@ -6,7 +6,8 @@ bitwise, to a prefill of the same backend stopped there; the outputs and final s
 the same call without checkpoints; every pool row the call does not write (checkpoint slots past a
 sequence's length, a padding sequence's, the read slots with ``output_state_indices``) keeps its
 bits. Then the refusals (each before anything is written), and the backends that do not declare
-the feature (refused with reason ``feature``). The Triton prefill: tests/ops/test_checkpoints_triton.py."""
+the feature (the peers, refused with reason ``feature``). The Triton prefill:
+tests/ops/test_checkpoints_triton.py."""
 
 from __future__ import annotations
 
@@ -163,17 +164,14 @@ def test_a_cached_call_plan_still_checks_the_checkpoints():
     _refused("positive multiple", checkpoint_every=96)
 
 
-@pytest.mark.parametrize("backend", ["cutedsl"])
-def test_kernel_backends_are_refused_with_reason_feature(backend):
-    """The CuTe DSL prefill does not write checkpoints yet: refused (reason ``feature``), never a call
-    that drops them (the Triton prefill writes them: tests/ops/test_checkpoints_triton.py)."""
+@pytest.mark.parametrize("backend", ["triton-split", "triton-folded", "cutedsl"])
+def test_kernel_backends_declare_checkpoints(backend):
+    """The Triton and CuTe DSL prefills write checkpoints in their state loops
+    (tests/ops/test_checkpoints_triton.py; the CuTe DSL kernel: tests/cutedsl, tests/gpu): never
+    refused for them with reason ``feature``."""
     kw = dict(n=4, t=4096, h=16, hv=32, k=128, v=128, dtype="bfloat16", mode="pool")
-    dec = linattn.explain("gdn_prefill", "sm90", checkpoints=True, **kw)
-    verdict = {v.backend: v for v in dec.verdicts}[backend]
-    assert not verdict.ok and verdict.reason == Reason.FEATURE and "checkpoint_every" in verdict.message
-    assert dec.chosen != backend
-    plain = {v.backend: v for v in linattn.explain("gdn_prefill", "sm90", **kw).verdicts}[backend]
-    assert getattr(plain, "reason", None) != Reason.FEATURE
+    verdict = {v.backend: v for v in linattn.explain("gdn_prefill", "sm90", checkpoints=True, **kw).verdicts}[backend]
+    assert getattr(verdict, "reason", None) != Reason.FEATURE, verdict
 
 
 def test_peers_are_refused_with_reason_feature():

@@ -91,7 +91,7 @@ def test_explain_accepts_checkpoints_on_triton_and_says_how():
     verdicts = {v.backend: v for v in linattn.explain("gdn_prefill", "sm90", checkpoints=True, **kw).verdicts}
     for name in ("triton-split", "triton-folded"):
         assert verdicts[name].ok or verdicts[name].reason != Reason.FEATURE, verdicts[name]
-    assert not verdicts["cutedsl"].ok and verdicts["cutedsl"].reason == Reason.FEATURE
+    assert getattr(verdicts["cutedsl"], "reason", None) != Reason.FEATURE  # its state kernel writes them too
     from linattn.backends.triton_split import TritonSplitBackend
     from linattn.capabilities import profile
     from linattn.dispatch.problem import Problem

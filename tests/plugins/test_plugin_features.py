@@ -163,7 +163,8 @@ def test_declared_features_follow_the_class_that_defines_the_op_method():
         assert cls().declared_features("kda_decode") == {"precomputed_gates", "has_initial_state",
                                                          "output_state_indices", "checkpoints"}
         assert {"has_initial_state", "checkpoints"} <= cls().declared_features("gdn_prefill")
-    assert CuteDSLBackend().declared_features("kda_prefill") == {"has_initial_state", "output_state_indices"}
+    assert CuteDSLBackend().declared_features("kda_prefill") == {"has_initial_state", "output_state_indices",
+                                                                 "checkpoints"}
     assert Backend.features == frozenset()
 
 
