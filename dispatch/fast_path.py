@@ -70,7 +70,7 @@ from .ops_table import OP_TABLE
 from .policy import current_policy
 from .registry import get_registry
 from . import selection
-from .selection import note_decision, resolve_device, select, shape_class
+from .selection import dispatcher, resolve_device, select, shape_class
 from .validate import validate_call, value_rules_of, written_arguments
 from .value_rules import _run_value_rules, fused_value_check
 
@@ -78,10 +78,11 @@ _Tensor = torch.Tensor
 _NoneType = type(None)
 _SCALARS = frozenset({_NoneType, bool, int, float, str})
 _grad_enabled = torch.is_grad_enabled
+_note_decision = dispatcher().note_decision  # selection.note_decision without its wrapper (one call less per hit)
 #: the call plans, least recently used dropped first (dispatch/lru.py)
-_plans: LRUCache = LRUCache(CALL_PLANS_MAX)
+_plans: LRUCache = LRUCache(CALL_PLANS_MAX, distinct_values=True)
 #: the class plans (module docstring): per class key, the class's first plan and its length facts
-_classes: LRUCache = LRUCache(CLASS_PLANS_MAX)
+_classes: LRUCache = LRUCache(CLASS_PLANS_MAX, distinct_values=True)
 _LENGTH_BUCKETS = 3  # dim-0 sizes 0, 1, 2 are classes of their own; 3 and more share one
 _DECODE_N = ("q", "k", "v", "a", "b", "g", "beta", "state_indices", "num_accepted_tokens",
              "intermediate_state_indices", "has_initial_state", "output_state_indices")
@@ -137,8 +138,11 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
             # a pool that requires grad is refused in every grad mode: requires_grad is part of the key;
             # so is a lazily negated or conjugated view (same strides, other values: refused, F33), and
             # the layout (a sparse COO or mkldnn tensor reports strides, e.g. (0, 0), that no dense
-            # call's plan may match: validation refuses it)
-            extend((x.dtype, shape, stride, x.device, x.requires_grad, x.is_neg() or x.is_conj(), x.layout))
+            # call's plan may match: validation refuses it). Only a complex tensor can carry the conj
+            # bit (torch asserts it), so a real one's is_conj() is not asked (one call less per tensor)
+            dtype = x.dtype
+            extend((dtype, shape, stride, x.device, x.requires_grad,
+                    x.is_neg() or (dtype.is_complex and x.is_conj()), x.layout))
         else:
             append(x)
             append(cls)  # True == 1 == 1.0 as values: the type tells them apart (validation does)
@@ -149,7 +153,9 @@ def _key(op: str, args: dict, backend: Optional[str], validate: bool, check_fini
 class CallPlan:
     """What the first call with a key derived, to run later calls with the same key.
 
-    Fields: ``op``; ``impl`` the chosen backend instance and ``decision`` its trace; ``scalars``
+    Fields: ``op``; ``impl`` the chosen backend instance and ``decision`` its trace (a plan derived
+    for a new length keeps its class's decision and its own problem, and makes the copy of the one
+    with the other only when the decision is read: ``linattn.last_decision``); ``scalars``
     the normalised non-tensor keyword arguments; ``tensors`` the names of the caller's tensor
     arguments passed through; ``dims`` the validation layer's derived facts (for the value rules);
     ``rules`` the value rules to run per call and ``value_check`` the same as one kernel launch
@@ -160,12 +166,12 @@ class CallPlan:
     share it), ``prepared`` then being its launch for this plan's lengths (``replay.bind``).
     """
 
-    __slots__ = ("op", "impl", "decision", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
+    __slots__ = ("op", "impl", "_decision", "_problem", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
                  "written", "prepare", "prepared", "builtin", "copies", "value_check", "spans", "replay")
 
     def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool,
                  spans: Optional[dict] = None):
-        self.op, self.impl, self.decision, self.dims, self.rules = op, impl, decision, dims, rules
+        self.op, self.impl, self._decision, self._problem, self.dims, self.rules = op, impl, decision, None, dims, rules
         self.refuse_in_capture = "check_finite=True" if check_finite else None
         self.scalars = {n: x for n, x in nargs.items() if not isinstance(x, _Tensor)}
         self.tensors = tuple(n for n, x in nargs.items() if isinstance(x, _Tensor))
@@ -183,14 +189,27 @@ class CallPlan:
         self.copies: Optional[tuple] = None  # the arguments the backend gets contiguous copies of (first run)
         self.value_check = fused_value_check(rules, nargs, dims) if rules else None
 
-    def for_lengths(self, nargs: dict, dims: dict, decision, spans: dict) -> "CallPlan":
+    @property
+    def decision(self):
+        """The decision behind this plan (for a plan derived for a new length: its class's decision
+        with this plan's problem, copied on the first read)."""
+        problem = self._problem
+        if problem is None:
+            return self._decision
+        decision = self._decision = self._decision.model_copy(update={"problem": problem})
+        self._problem = None
+        return decision
+
+    def for_lengths(self, nargs: dict, dims: dict, problem, spans: dict) -> "CallPlan":
         """This plan for another T or N of its class (:func:`_from_class`): the given ``dims``,
-        ``decision`` and byte ``spans``, the written buffers' spans and the fused value check taken
-        again from them; the rest (backend, scalars, rules, a class-serving prepared launch) shared."""
+        ``problem`` (the decision's, which is copied with it when read: :attr:`decision`) and byte
+        ``spans``, the written buffers' spans and the fused value check taken again from them; the
+        rest (backend, scalars, rules, a class-serving prepared launch) shared."""
         new = CallPlan.__new__(CallPlan)
         for name in CallPlan.__slots__:
             setattr(new, name, getattr(self, name))
-        new.dims, new.decision, new.spans = dims, decision, spans
+        new._decision = self.decision
+        new.dims, new._problem, new.spans = dims, problem, spans
         new.written = tuple((n, spans[n], tuple((o, spans[o]) for o, _ in others)) for n, _, others in self.written)
         new.value_check = fused_value_check(self.rules, nargs, dims, like=self.value_check) if self.rules else None
         if self.replay is not None:  # one prepared launch for every length of the class: its launch for these
@@ -369,14 +388,12 @@ def _from_class(entry: _ClassPlan, args: dict) -> Optional[CallPlan]:
             return None
         dims, problem = _problem_for(entry, got)
     tmpl = entry.plan
-    decision = tmpl.decision
     spans = dict(tmpl.spans)
     for name, sym, offset in entry.members:
         if spans[name]:  # non-empty in the whole class (dim 0 of size 0 is a class of its own)
             x = args[name]
             spans[name] += (x.shape[0] - tmpl.dims[sym] - offset) * x.stride(0) * x.element_size()
-    return tmpl.for_lengths(tmpl.arguments(args) if tmpl.rules else args, dims,
-                            decision.model_copy(update={"problem": problem}), spans)
+    return tmpl.for_lengths(tmpl.arguments(args) if tmpl.rules else args, dims, problem, spans)
 
 
 def plan_miss(op: str, args: dict, key: Optional[tuple], exact_miss: bool, backend: Optional[str], validate: bool,
@@ -444,7 +461,7 @@ def prepare_hit(plan: CallPlan, args: dict) -> Optional[dict]:
         return None  # the full validation decides (and refuses an unwritable buffer: F33)
     if plan.rules:
         plan.check_values(args)
-    note_decision(plan.op, plan.decision)
+    _note_decision(plan.op, plan)  # the plan stands for its decision (CallPlan.decision, read when asked)
     return args if plan.prepared is not None else plan.arguments(args)
 
 

@@ -75,6 +75,10 @@ class LRUCache(OrderedDict):
 
     Args:
         maxsize: entries kept, >= 1.
+        distinct_values: every value is stored under one key only (a call plan, a class plan): then a
+            :meth:`get` of the entry used last (the same value as the last get or put) skips the
+            reordering, which is a no-op for it, so a repeated hit costs one dict lookup (one hash of
+            the key) instead of two (``dispatch/fast_path.py``'s call keys hash some 90 items).
     Raises:
         ValueError: ``maxsize < 1``.
 
@@ -84,13 +88,26 @@ class LRUCache(OrderedDict):
         ['a', 'c']
     """
 
-    def __init__(self, maxsize: int):
+    def __init__(self, maxsize: int, *, distinct_values: bool = False):
         if not isinstance(maxsize, int) or maxsize < 1:
             raise ValueError(f"an LRU cache needs maxsize >= 1 (an int); got {maxsize!r}")
         super().__init__()
         self.maxsize = maxsize
+        self._distinct = distinct_values
+        self._recent: Any = _NONE  # distinct_values: the value used last (at the recent end)
 
     def get(self, key: Hashable, default: Any = None) -> Any:
+        if self._distinct:
+            value = _dict_get(self, key, _NONE)
+            if value is _NONE:
+                return default
+            if value is not self._recent:  # else it is at the recent end already
+                try:
+                    self.move_to_end(key)
+                except KeyError:  # dropped by another thread meanwhile: a miss
+                    return default
+                self._recent = value
+            return value
         try:
             self.move_to_end(key)
             return self[key]
@@ -98,10 +115,23 @@ class LRUCache(OrderedDict):
             return default
 
     def put(self, key: Hashable, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
+        size = len(self)
+        _od_setdefault(self, key, value)  # a new key: stored at the recent end (one hash of the key)
+        if len(self) == size:  # the key was there: replace its value and mark it used
+            self[key] = value
+            self.move_to_end(key)
+        self._recent = value
         while len(self) > self.maxsize:
             try:
                 self.popitem(last=False)
             except KeyError:  # emptied by another thread meanwhile
                 break
+
+    def clear(self) -> None:
+        super().clear()
+        self._recent = _NONE
+
+
+_NONE = object()  # no value (a stored value may be None)
+_dict_get = dict.get
+_od_setdefault = OrderedDict.setdefault

@@ -237,7 +237,7 @@ class Dispatcher:
         self._loading: Optional[Registry] = None
         self._cache: LRUCache = LRUCache(cache_size)  # shape-class key -> (backend, Decision)
         self._local = threading.local()
-        self._last_by_op: dict[str, Decision] = {}
+        self._last_by_op: dict = {}  # op -> its last Decision, or a call plan standing for it (note_decision)
         self._logged: LRUCache = LRUCache(FIRST_CHOICE_LOG_MAX)  # (device, op, backend, reason) already logged
         self._warned_disabled: set[str] = set()
         self.self_checks = SelfChecks()
@@ -408,17 +408,18 @@ class Dispatcher:
 
     # -- what it remembers -------------------------------------------------------------------------
 
-    def note_decision(self, op: str, decision: Decision) -> None:
+    def note_decision(self, op: str, decision) -> None:
         """Record ``decision`` as the last one (of this thread, and of ``op``): for calls that reuse a
-        cached call plan (``dispatch/fast_path.py``) instead of calling :meth:`select`."""
+        cached call plan (``dispatch/fast_path.py``) instead of calling :meth:`select`. ``decision``:
+        a :class:`Decision`, or an object whose ``decision`` attribute gives one (a call plan, whose
+        decision for a new length is made only when read), read by :meth:`last_decision`."""
         self._local.last = decision
         self._last_by_op[op] = decision
 
     def last_decision(self, op: Optional[str] = None) -> Optional[Decision]:
         """The decision behind the last op call (in this thread), or the last call of ``op`` (any thread)."""
-        if op is not None:
-            return self._last_by_op.get(op)
-        return getattr(self._local, "last", None)
+        got = self._last_by_op.get(op) if op is not None else getattr(self._local, "last", None)
+        return got if got is None or isinstance(got, Decision) else got.decision
 
     def cached_decisions(self) -> list[CachedDecision]:
         """The decision cache's entries, each with the parts of its key (a snapshot; ``signature`` is

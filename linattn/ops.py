@@ -110,7 +110,7 @@ torch.fx.node.has_side_effect(torch.ops.linattn.grad_refused.default)  # never r
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
     """Validate, select and run one call: through its cached call plan when one exists for the
     call's key (``dispatch/fast_path.py``: the same checks, the derivable ones done once)."""
-    key = _fast.call_key(op, args, backend, validate, check_finite)
+    key = _fast._key(op, args, backend, validate, check_finite, ())  # call_key, one call less
     plan = _fast.lookup(key)
     nargs = None if plan is None else _fast.prepare_hit(plan, args)
     if nargs is None:  # first call with this key (its class's plan, or the full validation), or an overlap
