@@ -197,14 +197,22 @@ def _grams_kda(qk: torch.Tensor, G, Gl) -> tuple[torch.Tensor, torch.Tensor]:
     return grams[:, 0].masked_fill_(~_tril(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(~_tril(c, -1, G.device), 0.0)
 
 
+BASE = 16
+""":func:`_unit_lower_inverse`: diagonal blocks of this size are inverted by one batched triangular solve."""
+
+
 def _unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
-    """``(I + A)^-1`` for strictly lower triangular ``A [M, C, C]`` (``C`` a power of two), by
-    doubling: the inverses of the diagonal blocks of size ``s`` give those of size ``2 s`` as
-    ``[[X11, 0], [-X22 A21 X11, X22]]``. Two batched matmuls a level, ``log2 C`` levels (on a CPU
-    several times faster than a batched triangular solve)."""
+    """``(I + A)^-1`` for strictly lower triangular ``A [M, C, C]`` (``C`` a power of two). The
+    diagonal blocks of :data:`BASE` rows by one batched unit-triangular solve; then by doubling: the
+    inverses of the diagonal blocks of size ``s`` give those of size ``2 s`` as
+    ``[[X11, 0], [-X22 A21 X11, X22]]``, two batched matmuls a level. (Doubling from 1, or one solve
+    for the whole ``C``: more operations on tiny matrices, measured slower on a CPU at 8 and 256
+    chunk-heads, benchmarks/cpu_chunked.py's shapes.)"""
     m, c, _ = A.shape
-    X = A.new_ones(m, c, 1, 1)
-    s = 1
+    s = min(BASE, c)
+    eye = torch.eye(s, dtype=A.dtype, device=A.device)
+    diag = A.view(m, c // s, s, c // s, s).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [M, c / s, s, s]
+    X = torch.linalg.solve_triangular(diag + eye, eye.expand(diag.shape), upper=False, unitriangular=True)
     while s < c:
         nb = c // (2 * s)
         a21 = A.view(m, nb, 2 * s, nb, 2 * s).diagonal(dim1=1, dim2=3)[:, s:, :s].permute(0, 3, 1, 2)
