@@ -370,22 +370,28 @@ def _vs_same(rows: list[dict]) -> None:
 def fastest_rows(paths: list[str]) -> tuple[list[dict], str]:
     """The fastest of each stream row (by stream and validate) over the results files ``paths``
     (``--streams-only --out`` runs of one tree, e.g. alternated with another tree's in one session),
-    ``vs_same`` taken again from those, with ``runs`` (how many files); and the files' commit."""
+    ``vs_same`` taken again from those, with ``runs`` (how many files) and ``median_us`` (the median
+    of the runs' ``host_us``); and the files' commit."""
     from _results import read_results
 
+    import statistics
+
     best: dict = {}
+    every: dict = {}
     commits = set()
     for path in paths:
         doc = read_results(path)
         commits.add(doc.commit)
         for r in doc.rows:
             k = (r["stream"], r["validate"])
+            every.setdefault(k, []).append(r["host_us"])
             if k not in best or r["host_us"] < best[k]["host_us"]:
                 best[k] = dict(r)
     rows = list(best.values())
     _vs_same(rows)
     for r in rows:
         r["runs"] = len(paths)
+        r["median_us"] = round(statistics.median(every[(r["stream"], r["validate"])]), 2)  # of the runs' rows
     return rows, "+".join(sorted(commits))
 
 
