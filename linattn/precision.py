@@ -77,6 +77,28 @@ else:  # torch 2.4 .. 2.8: the legacy switches (set_float32_matmul_precision set
     _FLAGS = ((torch.backends.cuda.matmul, "allow_tf32", False),
               (torch.backends.cudnn, "allow_tf32", False))
 
+
+
+def _accessors(obj, attr: str) -> tuple[Callable[[], object], Callable[[object], None]]:
+    """(read, write) of one flag of :data:`_FLAGS`: for the new API's ``fp32_precision`` attributes,
+    the torch C functions their own ``__getattr__`` / ``__setattr__`` call (``backend``, ``op`` of
+    an ``_FP32Precision``; ``("cuda", "matmul")`` for cuBLAS), since reading the attribute goes
+    through Python's failed-lookup fallback first (2-3 us a read on torch 2.13, six reads and up to
+    six writes per pinned call); else ``getattr`` / ``setattr`` of the attribute."""
+    get_c = getattr(torch._C, "_get_fp32_precision_getter", None)
+    set_c = getattr(torch._C, "_set_fp32_precision_setter", None)
+    if _NEW_API and attr == "fp32_precision" and get_c is not None and set_c is not None:
+        if obj is torch.backends.cuda.matmul:
+            backend, op = "cuda", "matmul"
+        else:
+            backend, op = getattr(obj, "backend", None), getattr(obj, "op", None)
+        if isinstance(backend, str) and isinstance(op, str) and get_c(backend, op) == getattr(obj, attr):
+            return functools.partial(get_c, backend, op), functools.partial(set_c, backend, op)
+    return (lambda: getattr(obj, attr)), (lambda value: setattr(obj, attr, value))
+
+
+#: per flag of :data:`_FLAGS`: its (read, write) functions
+_ACCESS = tuple(_accessors(obj, attr) for obj, attr, _ in _FLAGS)
 _lock = threading.Lock()
 _depth = 0
 _saved: tuple = ()
@@ -97,7 +119,7 @@ def precision_flags() -> dict[str, object]:
 
 
 def _read() -> tuple:
-    values = tuple(getattr(obj, attr) for obj, attr, _ in _FLAGS)
+    values = tuple([read() for read, _ in _ACCESS])
     return values if _NEW_API else (torch.get_float32_matmul_precision(), *values)
 
 
@@ -105,9 +127,9 @@ def _pin(saved: tuple) -> None:
     if not _NEW_API:
         torch.set_float32_matmul_precision("highest")
         saved = saved[1:]
-    for (obj, attr, value), old in zip(_FLAGS, saved):
+    for (_, _, value), (_, write), old in zip(_FLAGS, _ACCESS, saved):
         if old != value:
-            setattr(obj, attr, value)
+            write(value)
 
 
 def _restore(saved: tuple) -> None:
@@ -116,9 +138,9 @@ def _restore(saved: tuple) -> None:
         if torch.get_float32_matmul_precision() == "highest":
             torch.set_float32_matmul_precision(saved[0])
         saved = saved[1:]
-    for (obj, attr, value), old in zip(_FLAGS, saved):
-        if old != value and getattr(obj, attr) == value:
-            setattr(obj, attr, old)
+    for (_, _, value), (read, write), old in zip(_FLAGS, _ACCESS, saved):
+        if old != value and read() == value:
+            write(old)
 
 
 class ieee_fp32_matmul:  # noqa: N801 (a context manager, named as one)
