@@ -272,8 +272,8 @@ def _window(inp, tok, real, S, steps, lo: int, hi: int, group: int, kda: bool, s
         qkE = (qk[:, :, None] * eG.view(n, H, group, 1, c, 1)).view(M, 2, c, kd)  # GVA by broadcasting
         kT = (qk[:, :, None, 1] * tail.view(n, H, group, c, 1)).view(M, c, kd)
     Xb = _unit_lower_inverse(Akk.mul_(bb)).mul_(bb.view(M, 1, c))  # (I + Akk)^-1 diag(beta)
-    P = _recurrence(S, qkE.view(M, 2 * c, kd), vv, Xb, Aqk, kT.transpose(1, 2), dC, steps, lo, store)
-    return P.view(n, HV, 2 * c, -1)[:, :, :c]  # O = (Q exp(G)) S0 + Aqk Vn
+    O = _recurrence(S, qkE.view(M, 2 * c, kd), vv, Xb, Aqk, kT.transpose(1, 2), dC, steps, lo, store)
+    return O.view(n, HV, c, -1)
 
 
 def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int, store=None) -> torch.Tensor:
@@ -281,12 +281,13 @@ def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int,
     ``lo``: a step's rows are the running sequences' value heads, a prefix of ``S [n, HV, K, V]``'s
     and consecutive rows of the window's ``qkE [M, 2C, K]`` (``[Q exp(G); K exp(G)]``), ``Xb``,
     ``Aqk [M, C, C]``, ``kt [M, K, C]``, ``dC`` and chunks of ``vv [n, HV, C, V]``. Per step:
-    ``P = qkE S`` (one matmul), ``Vn = Xb (V - K exp(G) S)``, the output ``P[:, :C] += Aqk Vn``
-    and ``S = dC * S + kt Vn`` in place. Returns ``P [M, 2C, V]``, the outputs in its first ``C`` rows."""
+    ``P = qkE S`` (one matmul), ``Vn = Xb (V - K exp(G) S)``, the output ``O = P[:C] + Aqk Vn``
+    (into a contiguous buffer: a product added into the strided ``P[:, :C]`` ran several times slower
+    with two threads) and ``S = dC * S + kt Vn`` in place. Returns ``O [M, C, V]``."""
     hv, kd, vd = S.shape[1:]
     c = Xb.shape[-1]
     Sf = S.view(-1, kd, vd)
-    P = qkE.new_empty(qkE.shape[0], 2 * c, vd)
+    P, O = qkE.new_empty(qkE.shape[0], 2 * c, vd), qkE.new_empty(qkE.shape[0], c, vd)
     width = steps[0][1] * hv  # the most rows a step has
     R, Vn = qkE.new_empty(width, c, vd), qkE.new_empty(width, c, vd)
     for first, running in steps:
@@ -298,9 +299,9 @@ def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int,
         torch.sub(vv[first - lo:first - lo + running], p[:, c:].view(running, hv, c, vd),
                   out=R[:b].view(running, hv, c, vd))  # V - K exp(G) S
         vn = torch.bmm(Xb[a:a + b], R[:b], out=Vn[:b])
-        p[:, :c].baddbmm_(Aqk[a:a + b], vn)
+        torch.baddbmm(p[:, :c], Aqk[a:a + b], vn, out=O[a:a + b])
         s.mul_(dC[a:a + b]).baddbmm_(kt[a:a + b], vn)
-    return P
+    return O
 
 
 def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize: int, c: int = CHUNK):
