@@ -427,7 +427,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     slots, dests, carry, final = _slots(state_pool, state_indices, initial_state, has_initial_state,
                                         output_state_indices, lens, (HV, K, V), state_layout, cd, dev)
     order = sorted((n for n in range(N) if slots[n] >= 0 and lens[n] > 0), key=lambda n: -lens[n])
-    o = torch.zeros(T + 1, HV, V, dtype=cd, device=dev)  # row T takes the padded rows
+    every_row = sum(lens[n] for n in order) == T  # then every output row is written below
+    o = (torch.empty if every_row else torch.zeros)(T + 1, HV, V, dtype=cd, device=dev)  # row T: the padded rows
     if not order:
         return o[:T].to(q.dtype), final
 
