@@ -21,11 +21,14 @@ row with ``beta = 0`` has zero rows in ``Akk``, ``U`` and ``W``, so it adds noth
 keeps ``G_C`` the decay of the last real row; its output is dropped). Sequences are sorted longest
 first and chunks are numbered step-major: step ``j`` holds chunk ``j`` of every sequence still
 running, which are a prefix of that order. Everything that does not read the state (``Akk``,
-``Aqk``, the triangular solve, ``U``, ``W``) runs batched over every chunk and value head of a
-window of steps; then the recurrence runs over the steps only (two batched matmuls a step, over
-the running sequences and heads), keeping each chunk's entering state; then the outputs of the
-whole window are one batched product. A window holds at most :data:`WINDOW_BYTES` of entering
-states, so memory stays bounded for any length.
+``Aqk``, the inverse ``X = (I + Akk)^-1`` times ``diag(beta)``, ``[Q; K] * exp(G)``,
+``K * exp(G_C - G)``) runs batched over every chunk and value head of a window of steps. The
+recurrence then runs over the steps only, over the running sequences and heads: ``P = [Q exp(G);
+K exp(G)] S0`` (one matmul), ``Vn = X diag(beta) (V - K exp(G) S0)`` (the same ``Vn`` as
+``U - W S0``, with no ``U`` or ``W`` formed), ``O = P_q + Aqk Vn`` and the state update, all in
+place on preallocated buffers; a checkpoint is copied from the state before its chunk runs. A
+window holds at most :data:`WINDOW_BYTES` of these per-chunk buffers, so memory stays bounded for
+any length.
 
 Numerics. Decays enter as exponentials of differences that are ``<= 0``, or (KDA's factorised
 matrices) bounded by :data:`SAFE_HALF`, never as a ratio of exponentials: gates at the floor
@@ -84,8 +87,9 @@ SAFE_HALF = 40.0
 """A factorised KDA block keeps every factor in ``[e^-40, e^40]`` (normal fp32 numbers)."""
 GATE_GRID = 128.0
 """:func:`cumsum2` splits each gate into a multiple of ``2**-7`` and a remainder of at most ``2**-8``."""
-WINDOW_BYTES = 64 << 20
-"""Entering states kept per window of chunk steps (the outputs of a window are one batched product)."""
+WINDOW_BYTES = 128 << 20
+"""The per-chunk buffers of one window of chunk steps (:func:`_plan`): 1 x 2,048 tokens at HV = 8,
+K = V = 128, fp32 (about 63 MiB) is one window."""
 SHORT = {"gdn": 16, "kda": 16}
 """Average tokens per sequence below which torch-ref's token-serial prefill is the CPU's default
 (a chunk is mostly padding there; measured in benchmarks/cpu_chunked.py, docs/performance.md)."""
@@ -309,7 +313,7 @@ def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize
 
     Returns ``(chunk_seq, chunk_j, windows)``: for every chunk its sequence's position in ``order``
     and its index ``j``; ``windows`` a list of ``(lo, hi, [(first chunk, running)])``, each window
-    holding at most :data:`WINDOW_BYTES` of entering states (at least one step)."""
+    holding at most :data:`WINDOW_BYTES` of :func:`_window`'s per-chunk buffers (at least one step)."""
     counts = [-(-lens[n] // c) for n in order]  # non-increasing
     chunk_seq, chunk_j, steps = [], [], []
     for j in range(counts[0] if counts else 0):
@@ -317,7 +321,7 @@ def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize
         steps.append((len(chunk_seq), running))
         chunk_seq.extend(range(running))
         chunk_j.extend([j] * running)
-    per_chunk = hv * kd * vd * itemsize
+    per_chunk = hv * itemsize * (c * (3 * kd + 3 * vd) + 3 * c * c)  # [Q; K] exp(G), K exp(G_C - G), P, O, V; Aqk, X, grams
     windows, cur = [], []
     for first, running in steps:
         if cur and (first + running - cur[0][0]) * per_chunk > WINDOW_BYTES:
