@@ -50,6 +50,7 @@ the pool or the initial state is float64; matmuls run in IEEE fp32 whatever the 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Optional
 
 import torch
@@ -234,10 +235,34 @@ def _gather(x: torch.Tensor, rows: torch.Tensor, n: int, c: int) -> torch.Tensor
     return x.index_select(0, rows).view(n, c, *x.shape[1:]).transpose(1, 2)
 
 
+_WORKSPACE = threading.local()
+
+
+def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised ``shape`` tensor of ``like``'s dtype and device kept by this thread between
+    calls under ``name`` (one per name, replaced when the shape changes): repeated prefills of one
+    size reuse their largest buffers instead of asking the allocator for fresh pages each call (on
+    the 2-vCPU VM of benchmarks/cpu_chunked.py a new page costs a fault of several microseconds)."""
+    cache = getattr(_WORKSPACE, "buffers", None)
+    if cache is None:
+        cache = _WORKSPACE.buffers = {}
+    key = (name, like.dtype, like.device)
+    buf = cache.get(key)
+    if buf is None or tuple(buf.shape) != tuple(shape):
+        buf = cache[key] = like.new_empty(shape)
+    return buf
+
+
+def clear_workspace() -> None:
+    """Drop the buffers this thread keeps between prefills (:func:`_buffer`; at most about
+    :data:`WINDOW_BYTES` of them, 56 MiB after a 1 x 2,048-token GDN prefill at HV = 8, K = V = 128)."""
+    _WORKSPACE.__dict__.pop("buffers", None)
+
+
 def _scaled_qk(qs, ks, rows, n: int, c: int) -> torch.Tensor:
     """``[n, H, 2, C, K]``: the chunks' q and k rows as the maths reads them (:func:`_row_factors`)."""
     x = qs[0]
-    out = x.new_empty(n, x.shape[1], 2, c, x.shape[2])
+    out = _buffer("qk", (n, x.shape[1], 2, c, x.shape[2]), x)
     for i, (y, f) in enumerate((qs, ks)):
         torch.mul(_gather(y, rows, n, c), _gather(f, rows, n, c) if torch.is_tensor(f) else f, out=out[:, :, i])
     return out
@@ -268,13 +293,16 @@ def _window(inp, tok, real, S, steps, lo: int, hi: int, group: int, kda: bool, s
         Aqk, Akk = _grams_kda(qkv, G, Gl)
         eG = _exp_le0(G)  # [M, C, K] (G is not read again)
         dC = eG[:, -1:].transpose(1, 2)  # [M, K, 1]
-        qkE, kT = qkv * eG[:, None], qkv[:, 1] * tail
+        qkE = torch.mul(qkv, eG[:, None], out=_buffer("qkE", qkv.shape, qkv))
+        kT = torch.mul(qkv[:, 1], tail, out=_buffer("kT", (M, c, kd), qkv))
     else:
         Aqk, Akk = _grams_gdn(qk.view(n * H, 2, c, kd), G, Gl, group)
         eG = _exp_le0(G)  # [M, C]
         dC = eG[:, -1:, None]  # [M, 1, 1]
-        qkE = (qk[:, :, None] * eG.view(n, H, group, 1, c, 1)).view(M, 2, c, kd)  # GVA by broadcasting
-        kT = (qk[:, :, None, 1] * tail.view(n, H, group, c, 1)).view(M, c, kd)
+        qkE = torch.mul(qk[:, :, None], eG.view(n, H, group, 1, c, 1),  # GVA by broadcasting
+                        out=_buffer("qkE", (n, H, group, 2, c, kd), qk)).view(M, 2, c, kd)
+        kT = torch.mul(qk[:, :, None, 1], tail.view(n, H, group, c, 1),
+                       out=_buffer("kT", (n, H, group, c, kd), qk)).view(M, c, kd)
     Xb = _unit_lower_inverse(Akk.mul_(bb)).mul_(bb.view(M, 1, c))  # (I + Akk)^-1 diag(beta)
     O = _recurrence(S, qkE.view(M, 2 * c, kd), vv, Xb, Aqk, kT.transpose(1, 2), dC, steps, lo, store)
     return O.view(n, HV, c, -1)
@@ -291,7 +319,7 @@ def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int,
     hv, kd, vd = S.shape[1:]
     c = Xb.shape[-1]
     Sf = S.view(-1, kd, vd)
-    P, O = qkE.new_empty(qkE.shape[0], 2 * c, vd), qkE.new_empty(qkE.shape[0], c, vd)
+    P, O = _buffer("P", (qkE.shape[0], 2 * c, vd), qkE), _buffer("O", (qkE.shape[0], c, vd), qkE)
     width = steps[0][1] * hv  # the most rows a step has
     R, Vn = qkE.new_empty(width, c, vd), qkE.new_empty(width, c, vd)
     for first, running in steps:

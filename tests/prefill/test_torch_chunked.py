@@ -199,3 +199,22 @@ def test_decode_other_than_one_token_over_an_fp32_pool_runs_torch_refs_code_bitw
                                num_accepted_tokens=nacc, backend=backend)
         outs.append((o, p, inter))
     assert all(torch.equal(x, y) for x, y in zip(*outs))
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+def test_buffers_kept_between_calls_change_no_result_and_no_returned_tensor(kda):
+    """The per-thread buffers reused between prefills: a second call of the same size leaves the first
+    call's output and state untouched and gives the same bits; a call of another size in between, and
+    a call after clear_workspace, too."""
+    tc.clear_workspace()
+    a = _inputs(kda, (130, 64), "mixed")
+    b = _inputs(kda, (70,), "strong", seed=1)
+    o1, h1 = tc.chunked_prefill(*a)
+    keep = (o1.clone(), h1.clone())
+    tc.chunked_prefill(*b)
+    o2, h2 = tc.chunked_prefill(*a)
+    assert torch.equal(o1, keep[0]) and torch.equal(h1, keep[1])
+    assert torch.equal(o2, o1) and torch.equal(h2, h1)
+    tc.clear_workspace()
+    o3, h3 = tc.chunked_prefill(*a)
+    assert torch.equal(o3, o1) and torch.equal(h3, h1)
