@@ -7,9 +7,10 @@ The peer backends (another library's kernels under linattn's contract, ``backend
 registered only when their library is installed (found on the path; not imported here: the
 import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device)
 and either verified (:data:`PEERS_VERIFIED`: it passed the conformance suite on a GPU) or named in
-``LINATTN_PEERS`` (comma-separated, or ``all``). fla passed every op's suite on the H200 (decode 55 of
-55 cases, prefill 58 of 58, gating and SwiGLU clamp; ``benchmarks/results/check_h200.json``);
-FlashInfer has not run there yet and stays opt-in.
+``LINATTN_PEERS`` (comma-separated, or ``all``). Both passed their suites on the H200
+(``benchmarks/results/check_h200.json``): fla every op (decode 55 of 55 cases, prefill 58 of 58,
+gating and SwiGLU clamp), FlashInfer gdn_decode 21 and gdn_prefill 24 (the rest declined by its
+predicates; dense-mode prefill refused since its translation failed the self-check there).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ PEERS = (
     ("flashinfer", "linattn.backends.flashinfer:FlashInferBackend"),
 )
 #: peers registered by default where installed: those that passed ``linattn check --backend NAME
-#: --device cuda`` on a GPU for every op they declare (fla: the H200, 2026-12-02); the others only
-#: when ``LINATTN_PEERS`` names them
-PEERS_VERIFIED: frozenset[str] = frozenset({"fla"})
+#: --device cuda`` on a GPU for every op they declare (fla and flashinfer: the H200, 2026-12-02); the
+#: others only when ``LINATTN_PEERS`` names them
+PEERS_VERIFIED: frozenset[str] = frozenset({"fla", "flashinfer"})
 
 
 def enabled_peers() -> frozenset[str]:

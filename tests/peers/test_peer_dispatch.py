@@ -20,7 +20,7 @@ from linattn.dispatch.registry import Registry
 @pytest.fixture
 def peers_installed(monkeypatch):
     """Both libraries count as installed (``find_spec``), whatever this machine has, and enabled
-    (``LINATTN_PEERS=all``: FlashInfer is not verified on a GPU yet); a fresh registry."""
+    (and ``LINATTN_PEERS=all``); a fresh registry."""
     monkeypatch.setattr(peer, "installed", lambda module: True)
     monkeypatch.setenv("LINATTN_PEERS", "all")
     linattn.dispatch.reset_registry()
@@ -41,9 +41,9 @@ DECODE = dict(op="gdn_decode", n=64, t=1, h=2, hv=8, k=128, v=128, dtype="bfloat
 def test_peers_register_only_when_installed_and_enabled(monkeypatch):
     monkeypatch.setattr(peer, "installed", lambda module: True)
     monkeypatch.delenv("LINATTN_PEERS", raising=False)
-    assert builtin.PEERS_VERIFIED == frozenset({"fla"})  # fla passed conformance on the H200, FlashInfer not run
+    assert builtin.PEERS_VERIFIED == frozenset({"fla", "flashinfer"})  # both passed conformance on the H200
     # installed and verified: registered without LINATTN_PEERS; installed and unverified: not
-    assert {"fla"} == {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
+    assert {"fla", "flashinfer"} == {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
     monkeypatch.setattr(builtin, "PEERS_VERIFIED", frozenset())
     assert not {"fla", "flashinfer"} & {c.name for c in builtin.linattn_register_backends()}
     monkeypatch.setenv("LINATTN_PEERS", "fla")
@@ -92,6 +92,7 @@ def test_flashinfer_accepts_its_declared_prefill_and_decode(peers_installed):
     (dict(state_layout="kv"), Reason.LAYOUT),
     (dict(dtype="float32"), Reason.DTYPE),
     (dict(op="kda_prefill"), Reason.OP),
+    (dict(mode="dense"), Reason.FEATURE),  # failed its self-check on the H200: pool mode only
 ])
 def test_flashinfer_rejects_undeclared_prefill_with_its_reason(peers_installed, change, reason):
     v, d = _verdict(Problem(**{**PREFILL, **change}), "flashinfer")
