@@ -159,9 +159,9 @@ class TritonBackend(Backend):
     def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
         """Only :meth:`supports_grid` reads the sizes (N, through the grid and decode's block
         width): its outcome. :meth:`plan_note` reads T and N for its message only. Kept per what
-        the grid reads (``_work``: op, N, heads, head dims, dtype; the layout and the device), so a
-        new prefill length T of a known N asks no grid planner (issue 28)."""
-        key = (self.layout, p.op, p.n, p.hv, p.k, p.v, p.d, p.dtype, id(caps))
+        the grid reads (``_work``: op, N, heads, head dims, dtype, state pool dtype (decode's config);
+        the layout and the device), so a new prefill length T of a known N asks no grid planner (issue 28)."""
+        key = (self.layout, p.op, p.n, p.hv, p.k, p.v, p.d, p.dtype, p.state_dtype, id(caps))
         hit = _GRID_FITS.get(key)
         if hit is None or hit[0] is not caps:  # the id of a freed capabilities object may be reused
             hit = (caps, self._grid_fits(p, caps))
@@ -245,10 +245,14 @@ class TritonBackend(Backend):
             bd, _ = silu_config(p.d)
             return p.n, 1, -(-p.d // bd)
         if p.phase == "decode" and 1 <= p.k <= MAX_HEAD_DIM and 1 <= p.v <= MAX_HEAD_DIM:
-            from linattn.kernels.triton.decode import decode_config
+            import torch
 
-            _, bv, _ = decode_config(p.k, p.v, p.n, caps=None, gate=p.family)
-            return p.n, p.hv, -(-p.v // bv)
+            from linattn.kernels.triton.decode import decode_launch_config
+
+            # the pool dtype's config (decode.PINNED): a program covers BV value rows times its blocks
+            _, cfg = decode_launch_config(p.k, p.v, p.n, gate=p.family,
+                                          state_dtype=getattr(torch, p.state_dtype, torch.float32))
+            return p.n, p.hv, -(-p.v // (cfg.block_v * cfg.blocks))
         if p.phase == "prefill" and p.k in (64, 128, 256) and p.v in (64, 128, 256):
             return p.n, p.hv, p.v // _prefill_state_bv(p.family, p.k, p.v, p.dtype)
         return p.n, p.hv, 1

@@ -291,11 +291,14 @@ class DecodeConfig(NamedTuple):
 
 #: Pinned launch configs per ``(gate, K, V, batch class, state pool dtype)``
 #: (docs/performance.md#decode-tile-configs; the pool dtype's name: ``fp32``, ``bf16``, ``fp16``). No
-#: autotuning: the kernel writes the pool in place, so it must run exactly once per call. The bf16
-#: rows repeat the fp32 ones until ``benchmarks/decode_sweep.py`` has measured their own (issue 32).
+#: autotuning: the kernel writes the pool in place, so it must run exactly once per call. bf16 pools,
+#: batch class ``large``: BV 16, 1 warp, the best config of ``benchmarks/decode_sweep.py`` on the H200
+#: that gives the same bits as BV 8 (docs/performance.md#decode-on-bf16-pools); ``small`` is unmeasured
+#: and keeps fp32's config.
 PINNED: dict[tuple[str, int, int, str, str], DecodeConfig] = {
     **{(gate, 128, 128, cls, dt): DecodeConfig(8, 1) for gate in ("gdn", "kda") for cls in ("small", "large")
        for dt in ("fp32", "bf16")},
+    **{(gate, 128, 128, "large", "bf16"): DecodeConfig(16, 1) for gate in ("gdn", "kda")},
 }
 #: the pool dtype's name in :data:`PINNED` keys
 STATE_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}

@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
 from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref, silu_and_mul_clamp_ref  # noqa: E402
 from linattn.capabilities import probe  # noqa: E402
 from linattn.kernels.grid import GridLimitError, plan_grid  # noqa: E402
-from linattn.kernels.triton.decode import decode_config, recurrent_decode  # noqa: E402
+from linattn.kernels.triton.decode import decode_launch_config, recurrent_decode  # noqa: E402
 from linattn.kernels.triton.probe import probe_visits  # noqa: E402
 from linattn.kernels.triton.silu_clamp import silu_and_mul_clamp  # noqa: E402
 
@@ -81,13 +81,15 @@ def reference_rows(d, rows, gate="gdn"):
     return o, pool, valid
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N", [2_050, 8_192])
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
-def test_split_past_65535_programs_visits_once_and_matches_reference(N, gate):
-    """HV=32: N*HV = 65,600 and 262,144 work items on the split grid (CUDA)."""
-    d = make_decode(N, gate=gate, pad_every=97, P=N + 64)
-    _, BV, _ = decode_config(128, 128, N, gate=gate)
-    plan = plan_grid(N, 32, 128 // BV, CAPS, "split")
+def test_split_past_65535_programs_visits_once_and_matches_reference(N, gate, pool_dtype):
+    """HV=32: N*HV = 65,600 and 262,144 (sequence, head) pairs on the split grid (CUDA), fp32 and
+    bf16 pools (each its own pinned config: the grid is planned from the pool dtype's BV x blocks)."""
+    d = make_decode(N, gate=gate, pad_every=97, P=N + 64, pool_dtype=pool_dtype)
+    _, cfg = decode_launch_config(128, 128, N, gate=gate, state_dtype=pool_dtype)
+    plan = plan_grid(N, 32, -(-128 // (cfg.block_v * cfg.blocks)), CAPS, "split")
     counts, overflow = probe_visits(plan, DEV)
     assert overflow == 0 and bool((counts == 1).all())
     before = d["state_pool"].clone()

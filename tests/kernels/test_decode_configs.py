@@ -116,3 +116,25 @@ def test_a_config_of_no_rows_is_refused_before_launch():
         with pytest.raises(ValueError, match="block_v and blocks must be >= 1"):
             dm.DecodeLaunch(gate="gdn", caps=probe(torch.device("cpu")), layout="split", config=bad,
                             **_call("gdn", torch.float32, "vk", "plain"))
+
+
+def test_the_backend_plans_the_pool_dtypes_grid(monkeypatch):
+    """The Triton backend's grid check (``_work``) counts the programs the launch makes: the pool
+    dtype's pinned BV (bf16, batch class large: BV 16) times its ``blocks``, not fp32's BV."""
+    from linattn.backends.triton import TritonBackend
+    from linattn.dispatch.problem import Problem
+
+    def work(n, state_dtype):
+        return TritonBackend._work(Problem(op="gdn_decode", n=n, h=16, hv=32, k=128, v=128, state_dtype=state_dtype))
+
+    dm._config.cache_clear()
+    try:
+        assert work(64, "float32") == (64, 32, 128 // dm.PINNED[("gdn", 128, 128, "large", "fp32")].block_v)
+        assert work(64, "bfloat16") == (64, 32, 128 // dm.PINNED[("gdn", 128, 128, "large", "bf16")].block_v)
+        assert dm.PINNED[("gdn", 128, 128, "large", "bf16")] == dm.DecodeConfig(16, 1)
+        monkeypatch.setitem(dm.PINNED, ("gdn", 128, 128, "large", "bf16"), dm.DecodeConfig(8, 1, blocks=4))
+        dm._config.cache_clear()
+        assert work(64, "bfloat16") == (64, 32, 4)  # 128 rows / (BV 8 x 4 blocks)
+        assert work(64, "float32") == (64, 32, 16)
+    finally:
+        dm._config.cache_clear()
