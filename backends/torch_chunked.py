@@ -242,19 +242,25 @@ def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     """An uninitialised ``shape`` tensor of ``like``'s dtype and device kept by this thread between
     calls under ``name`` (one per name, replaced when the shape changes): repeated prefills of one
     size reuse their largest buffers instead of asking the allocator for fresh pages each call (on
-    the 2-vCPU VM of benchmarks/cpu_chunked.py a new page costs a fault of several microseconds)."""
+    the 2-vCPU VM of benchmarks/cpu_chunked.py a new page costs a fault of several microseconds).
+    A buffer that would take the thread's kept bytes past :data:`WINDOW_BYTES` is returned without
+    being kept (a window of one step of many sequences can exceed the window bound)."""
     cache = getattr(_WORKSPACE, "buffers", None)
     if cache is None:
         cache = _WORKSPACE.buffers = {}
     key = (name, like.dtype, like.device)
     buf = cache.get(key)
-    if buf is None or tuple(buf.shape) != tuple(shape):
-        buf = cache[key] = like.new_empty(shape)
+    if buf is not None and tuple(buf.shape) == tuple(shape):
+        return buf
+    cache.pop(key, None)
+    buf = like.new_empty(shape)
+    if buf.nbytes + sum(b.nbytes for b in cache.values()) <= WINDOW_BYTES:
+        cache[key] = buf
     return buf
 
 
 def clear_workspace() -> None:
-    """Drop the buffers this thread keeps between prefills (:func:`_buffer`; at most about
+    """Drop the buffers this thread keeps between prefills (:func:`_buffer`; at most
     :data:`WINDOW_BYTES` of them, 56 MiB after a 1 x 2,048-token GDN prefill at HV = 8, K = V = 128)."""
     _WORKSPACE.__dict__.pop("buffers", None)
 

@@ -218,3 +218,18 @@ def test_buffers_kept_between_calls_change_no_result_and_no_returned_tensor(kda)
     tc.clear_workspace()
     o3, h3 = tc.chunked_prefill(*a)
     assert torch.equal(o3, o1) and torch.equal(h3, h1)
+
+
+def test_buffers_kept_between_calls_stay_within_window_bytes(monkeypatch):
+    """A window of one step of many sequences can be larger than WINDOW_BYTES: its buffers are then
+    used for that call but not all kept, so a thread keeps at most WINDOW_BYTES between prefills; the
+    outputs are those of the same call again (the buffers not kept are fresh, the kept reused)."""
+    tc.clear_workspace()
+    monkeypatch.setattr(tc, "WINDOW_BYTES", 1 << 20)  # one step of 12 chunks: 2.1 MiB of buffers
+    a = _inputs(False, (64,) * 12, "mixed")
+    o1, h1 = tc.chunked_prefill(*a)
+    kept = sum(b.nbytes for b in tc._WORKSPACE.buffers.values())
+    assert 0 < kept <= tc.WINDOW_BYTES
+    o2, h2 = tc.chunked_prefill(*a)
+    assert torch.equal(o2, o1) and torch.equal(h2, h1)
+    tc.clear_workspace()
