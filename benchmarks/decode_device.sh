@@ -5,7 +5,8 @@
 # decode_tune.json (the sweep, an experiment) and decode_tests_<device>.json (the tests, a run log).
 # Usage (device tool, carry [".whl"]):  LINATTN_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/decode_device.sh [all|final|bench|tests|tune|sweep]
 # final = contract + GPU tests + placement experiment + benchmark (no sanitizer, no tuning sweep)
-# sweep = only the bf16-pool launch config sweep (benchmarks/decode_sweep.py -> $OUT/decode_sweep_<device>.json; issue 32 item 5)
+# sweep = only the bf16-pool launch config sweep (benchmarks/decode_sweep.py -> $OUT/decode_sweep_<device>.json; issue 32 item 5;
+#   into benchmarks/results/decode_<device>.json as bf16_sweep rows: python benchmarks/decode_sweep.py --merge <that file> --note "...")
 # The recipe is written up in /work/notes/device-recipe.md.
 set -u
 MODE=${1:-all}

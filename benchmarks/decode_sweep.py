@@ -20,21 +20,27 @@ K = V = 128) and N (256, 1,024, 4,096 by default):
   the output and of the new state (the state as the pool stores it, bf16: its rounding included).
 
 Writes the ``benchmarks/_results.py`` schema (``decode_sweep_<device>.json`` under
-``$LINATTN_RESULTS_DIR``, an experiment: not for benchmarks/results/), after every (family, N).
-Rows: ``kind`` copy | sweep (one per family, N, config). A config that fails to build or run
-gets a row with its ``error``.
+``$LINATTN_RESULTS_DIR``), after every (family, N). Rows: ``kind`` copy | sweep (one per family,
+N, config). A config that fails to build or run gets a row with its ``error``. benchmarks/results/
+keeps no file of its own for it (at most 15 files): ``--merge`` puts a run's rows into the decode
+benchmark's file, ``benchmarks/results/decode_<device>.json``, as rows of ``kind`` bf16_sweep /
+bf16_sweep_copy (replacing the previous sweep's rows and note; the other rows kept).
 
 Usage:
-    python benchmarks/decode_sweep.py                       # about 3 minutes on an H200 (estimate; not run yet)
+    python benchmarks/decode_sweep.py                       # 61 s on the H200 (2026-12-02)
     python benchmarks/decode_sweep.py --ns 1024 --families gdn --configs pinned,vec4
+    python benchmarks/decode_sweep.py --merge /path/to/decode_sweep_h200.json --note "how it ran"
+        # -> benchmarks/results/decode_h200.json (--into another file); no GPU needed
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -203,6 +209,42 @@ NOTES = [
 ]
 
 
+#: the ``kind`` of a sweep's rows in the decode benchmark's results file (:func:`merge_into`)
+MERGED_KINDS = {"sweep": "bf16_sweep", "copy": "bf16_sweep_copy"}
+MERGED_NOTE = "rows of kind bf16_sweep / bf16_sweep_copy"
+
+
+def merge_into(sweep_path, target, note: str = "") -> dict:
+    """Put the rows of the sweep's results file ``sweep_path`` into the results file ``target``
+    (benchmarks/results/decode_<device>.json) as rows of kind bf16_sweep (sweep rows) and
+    bf16_sweep_copy (its copy ceiling), replacing rows of those kinds and the note that begins
+    :data:`MERGED_NOTE`; every other row and note is kept. The new note carries the sweep's command,
+    commit, notes and ``note`` (how it ran). Both files in the ``benchmarks/_results.py`` schema.
+
+    Returns the merged document (written to ``target``).
+    Raises:
+        ValueError: the sweep file has a row of another kind, or a device other than the target's.
+    """
+    from _results import Results, read_results
+
+    sweep, doc = read_results(sweep_path), read_results(target)
+    if sweep.device.get("name") != doc.device.get("name"):
+        raise ValueError(f"sweep ran on {sweep.device.get('name')!r}, {target} holds {doc.device.get('name')!r}")
+    bad = {r.get("kind") for r in sweep.rows} - set(MERGED_KINDS)
+    if bad:
+        raise ValueError(f"{sweep_path}: rows of kind {sorted(bad)}; a sweep file holds {sorted(MERGED_KINDS)}")
+    rows = [r for r in doc.rows if r.get("kind") not in MERGED_KINDS.values()]
+    rows += [dict(r, kind=MERGED_KINDS[r["kind"]]) for r in sweep.rows]
+    text = (f"{MERGED_NOTE} (benchmarks/decode_sweep.py, merged by its --merge): `{sweep.command}`, "
+            f"commit field {sweep.commit}" + (f"; {note}" if note else "") + ". The sweep's notes: "
+            + " | ".join(n.replace("kind: copy | sweep", "kind (here): bf16_sweep_copy | bf16_sweep") for n in sweep.notes))
+    notes = [n for n in doc.notes if not n.startswith(MERGED_NOTE)] + [text]
+    merged = Results(command=doc.command, commit=doc.commit, device=doc.device, toolchain=doc.toolchain,
+                     rows=rows, notes=notes)
+    Path(target).write_text(json.dumps(merged.model_dump(), indent=1, default=str) + "\n")
+    return merged.model_dump()
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="results file (default: decode_sweep_<device>.json under "
@@ -211,7 +253,18 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--configs", default=",".join(CANDIDATES), help="names from CANDIDATES ('pinned' always runs first)")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32-pool reference rows")
+    ap.add_argument("--merge", metavar="SWEEP_JSON", help="no run: merge this sweep file's rows into --into")
+    ap.add_argument("--into", default=None, help="with --merge: the results file (default: "
+                                                 "benchmarks/results/decode_<device tag of the sweep file>.json)")
+    ap.add_argument("--note", default="", help="with --merge: how the sweep ran (the device command, tree, date)")
     args = ap.parse_args(argv)
+    if args.merge:
+        from _results import RESULTS, read_results
+
+        into = args.into or RESULTS / f"decode_{device_tag(read_results(args.merge).device.get('name'))}.json"
+        merged = merge_into(args.merge, into, args.note)
+        print(f"merged {sum(r.get('kind') in MERGED_KINDS.values() for r in merged['rows'])} sweep rows into {into}")
+        return merged["rows"]
     names = ["pinned"] + [n for n in args.configs.split(",") if n and n != "pinned"]
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:

@@ -76,3 +76,36 @@ def test_the_checks_see_a_config_that_computes_something_else(monkeypatch):
     rows = sweep.sweep_one("gdn", 3, probe(torch.device("cpu")), 2.0, ["pinned", "bv8_w2"], fp32_row=False)
     assert rows[0]["rel_err_state_vs_fp64"] < 1e-2
     assert rows[1]["max_abs_diff_state"] > 0 and not rows[1]["bitwise"] and rows[1]["rel_err_state_vs_fp64"] > 1e-2
+
+
+def test_merge_puts_the_sweep_rows_into_the_decode_file_and_replaces_them_next_time(tmp_path):
+    """--merge: the sweep's rows join the decode file as kind bf16_sweep / bf16_sweep_copy, with one
+    note; the file's other rows and notes stay; a second merge replaces the first's rows and note;
+    a sweep file from another device, or with rows of another kind, is refused."""
+    mod = _load()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _results import read_results, write_results
+
+        dev = {"name": "NVIDIA H200", "kind": "cuda"}
+        target, sweep = tmp_path / "decode_h200.json", tmp_path / "decode_sweep_h200.json"
+        write_results(target, [dict(kind="copy", TBps=4.0), dict(kind="decode", op="gdn", N=256)], ["decode note"],
+                      device=dev, command="python benchmarks/decode.py", commit="abc1234")
+        write_results(sweep, [dict(kind="copy", TBps=4.2), dict(kind="sweep", op="gdn", N=256, config="pinned")],
+                      ["sweep note"], device=dev, command="python benchmarks/decode_sweep.py", commit="def5678")
+        for _ in range(2):
+            mod.merge_into(sweep, target, "how it ran")
+            doc = read_results(target)
+            assert [r["kind"] for r in doc.rows] == ["copy", "decode", "bf16_sweep_copy", "bf16_sweep"]
+            assert doc.rows[0]["TBps"] == 4.0 and doc.rows[2]["TBps"] == 4.2 and doc.commit == "abc1234"
+            assert doc.notes[0] == "decode note" and sum(n.startswith(mod.MERGED_NOTE) for n in doc.notes) == 1
+            assert "how it ran" in doc.notes[-1] and "def5678" in doc.notes[-1]
+        write_results(sweep, [dict(kind="copy", TBps=4.2)], device={"name": "NVIDIA B200", "kind": "cuda"},
+                      command="x", commit="y")
+        with pytest.raises(ValueError, match="B200"):
+            mod.merge_into(sweep, target)
+        write_results(sweep, [dict(kind="decode")], device=dev, command="x", commit="y")
+        with pytest.raises(ValueError, match="kind"):
+            mod.merge_into(sweep, target)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
