@@ -236,6 +236,7 @@ def _gather(x: torch.Tensor, rows: torch.Tensor, n: int, c: int) -> torch.Tensor
 
 
 _WORKSPACE = threading.local()
+_inference_mode = torch.is_inference_mode_enabled
 
 
 def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
@@ -244,13 +245,15 @@ def _buffer(name: str, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     size reuse their largest buffers instead of asking the allocator for fresh pages each call (on
     the 2-vCPU VM of benchmarks/cpu_chunked.py a new page costs a fault of several microseconds).
     A buffer that would take the thread's kept bytes past :data:`WINDOW_BYTES` is returned without
-    being kept (a window of one step of many sequences can exceed the window bound)."""
+    being kept (a window of one step of many sequences can exceed the window bound). A buffer made
+    under ``torch.inference_mode`` is replaced, not written, by a call outside it."""
     cache = getattr(_WORKSPACE, "buffers", None)
     if cache is None:
         cache = _WORKSPACE.buffers = {}
     key = (name, like.dtype, like.device)
     buf = cache.get(key)
-    if buf is not None and tuple(buf.shape) == tuple(shape):
+    # an inference tensor (made under torch.inference_mode) cannot be written outside it
+    if buf is not None and tuple(buf.shape) == tuple(shape) and (not buf.is_inference() or _inference_mode()):
         return buf
     cache.pop(key, None)
     buf = like.new_empty(shape)

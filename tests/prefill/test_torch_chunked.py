@@ -233,3 +233,18 @@ def test_buffers_kept_between_calls_stay_within_window_bytes(monkeypatch):
     o2, h2 = tc.chunked_prefill(*a)
     assert torch.equal(o2, o1) and torch.equal(h2, h1)
     tc.clear_workspace()
+
+
+def test_buffers_kept_under_inference_mode_serve_a_later_no_grad_call():
+    """A call under torch.inference_mode keeps inference tensors, which cannot be written outside it:
+    a later call under torch.no_grad on the same thread replaces them and gives the same bits."""
+    tc.clear_workspace()
+    a = _inputs(False, (130, 64), "mixed")
+    with torch.inference_mode():
+        o1, h1 = tc.chunked_prefill(*a)
+    with torch.no_grad():
+        o2, h2 = tc.chunked_prefill(*a)
+    with torch.inference_mode():
+        o3, h3 = tc.chunked_prefill(*a)
+    assert torch.equal(o2, o1) and torch.equal(h2, h1) and torch.equal(o3, o1) and torch.equal(h3, h1)
+    tc.clear_workspace()
