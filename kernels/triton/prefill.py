@@ -61,6 +61,7 @@ norms and zero-size tensors (:func:`launch_state`).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -985,6 +986,7 @@ def run_prefill(plan: PrefillPlan, *, q: torch.Tensor, k: torch.Tensor, v: torch
     if (checkpoint_indices is not None) != plan.checkpoints:
         raise ValueError("run_prefill: checkpoint_indices given to a plan made without them, or the reverse; plan "
                          "the call again (plan_prefill(checkpoint_indices=...))")
+    _check_checkpoint_every(checkpoint_indices, checkpoint_every)
     bufs = allocate_buffers(plan)
     if plan.empty:  # no chunk runs, so no checkpoint falls inside a sequence (each is past its length)
         _run_empty(plan, bufs, state_pool, state_indices, initial_state, has_initial_state)
@@ -1699,6 +1701,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         ...     cu_seqlens=torch.tensor([0, 30, 100]), state_pool=None, state_indices=None,
         ...     initial_state=None, scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk")
     """
+    _check_checkpoint_every(checkpoint_indices, checkpoint_every)  # before forked() writes any pool row
     states = forked(dict(state_pool=state_pool, state_indices=state_indices, initial_state=initial_state,
                          has_initial_state=has_initial_state, output_state_indices=output_state_indices))
     del states["output_state_indices"]  # None now: the call runs in place on the write slots
@@ -1710,6 +1713,18 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
 
 
 # -- helpers -----------------------------------------------------------------------------------
+
+def _check_checkpoint_every(checkpoint_indices: Optional[torch.Tensor], checkpoint_every) -> None:
+    """With ``checkpoint_indices``, ``checkpoint_every`` must be a positive multiple of :data:`CHUNK`
+    (the kernels divide by it in chunks; the op layer's host rules check it too, this guards direct
+    callers). Raises ValueError before any launch or pool write."""
+    if checkpoint_indices is None:
+        return
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, numbers.Integral) \
+            or checkpoint_every <= 0 or checkpoint_every % CHUNK:
+        raise ValueError(f"checkpoint_every must be a positive multiple of {CHUNK} tokens with checkpoint_indices, "
+                         f"got {checkpoint_every!r}")
+
 
 def chunk_tables(cu_seqlens: torch.Tensor, T: int):
     """Chunk index tables, built on the device with no host sync (torch ops).

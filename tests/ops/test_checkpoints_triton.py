@@ -100,3 +100,20 @@ def test_explain_accepts_checkpoints_on_triton_and_says_how():
     note = TritonSplitBackend().plan_note(p.model_copy(update={"checkpoints": True}), profile("sm90"))
     assert "checkpoints" in note and "segments of" not in note, note
     assert "segments of" in TritonSplitBackend().plan_note(p, profile("sm90"))  # the pass the checkpoints turn off
+
+
+@pytest.mark.parametrize("every", [None, 0, 96, 64.0, True])
+def test_the_kernel_entry_refuses_a_bad_checkpoint_every_before_any_pool_write(every):
+    """chunk_prefill called directly (below the op layer's host rules): checkpoint_every must be a
+    positive multiple of 64 with checkpoint_indices, else the kernels would divide by 0 chunks or
+    store off the chunk grid; refused before forked() copies read rows into the write rows."""
+    from linattn.kernels.triton.prefill import chunk_prefill
+
+    pool = _pool()
+    before = pool.clone()
+    with pytest.raises(ValueError, match="checkpoint_every must be a positive multiple of 64"):
+        chunk_prefill("gdn", **_inputs("gdn"), state_pool=pool, state_indices=torch.tensor(READ), initial_state=None,
+                      scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk",
+                      output_state_indices=torch.tensor([14, 15, 16, 18, 19, -1]), checkpoint_every=every,
+                      checkpoint_indices=torch.tensor(MARKS))
+    assert torch.equal(pool, before)
