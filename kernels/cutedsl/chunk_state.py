@@ -187,19 +187,8 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
     if N == 0:
         return
     pool = state_indices is not None
-    if has_initial_state is not None and not pool:
-        raise ValueError("cutedsl state kernel: has_initial_state is for pool mode")
-    if has_initial_state is not None:
-        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
-    if checkpoint_indices is not None:
-        if not pool or checkpoint_every <= 0 or checkpoint_every % 64:
-            raise ValueError("cutedsl state kernel: checkpoints need pool mode and checkpoint_every a multiple of 64")
-        checkpoint_indices = checkpoint_indices.contiguous()
-    if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
-        raise ValueError("cutedsl state kernel: pool mode needs h0 and ht to be the same pool")
-    for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"cutedsl state kernel: {name} dtype {x.dtype}; supported: float32, bfloat16")
+    has_initial_state, checkpoint_indices = _mode_args(pool, h0, ht, has_initial_state, checkpoint_indices,
+                                                       checkpoint_every)
     if not _aligned(k, 8, (k.stride(0), k.stride(1))) or k.stride(2) != 1:
         k = k.contiguous()
     g = g.clamp_min(G_MIN)  # the kernel reads g raw: floored here as the Triton stages floor it on load
@@ -227,6 +216,25 @@ def cutedsl_chunk_state(*, kda: bool, k: torch.Tensor, g: torch.Tensor, w: torch
                                              h0 if h0 is not None else ht, ht, hbuf, vn,
                                              has_initial_state if has_initial_state is not None else sidx),
             s0, st, N, HV, H, ck)
+
+
+def _mode_args(pool: bool, h0, ht, has_initial_state, checkpoint_indices, checkpoint_every: int):
+    """Checks the mode-dependent arguments of :func:`cutedsl_chunk_state` (raising its ``ValueError``)
+    and returns ``has_initial_state`` as a uint8 view and ``checkpoint_indices`` contiguous (or None)."""
+    if has_initial_state is not None and not pool:
+        raise ValueError("cutedsl state kernel: has_initial_state is for pool mode")
+    if has_initial_state is not None:
+        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
+    if checkpoint_indices is not None:
+        if not pool or checkpoint_every <= 0 or checkpoint_every % 64:
+            raise ValueError("cutedsl state kernel: checkpoints need pool mode and checkpoint_every a multiple of 64")
+        checkpoint_indices = checkpoint_indices.contiguous()
+    if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
+        raise ValueError("cutedsl state kernel: pool mode needs h0 and ht to be the same pool")
+    for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"cutedsl state kernel: {name} dtype {x.dtype}; supported: float32, bfloat16")
+    return has_initial_state, checkpoint_indices
 
 
 def _check_buffers(k, w, u, hbuf, vn, K: int, V: int) -> None:

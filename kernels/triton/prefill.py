@@ -1660,8 +1660,7 @@ def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Te
         state_indices: ``[N]`` int32/int64 (pool mode), valid and distinct (checked upstream).
         initial_state: dense mode: ``[N, HV, V, K]`` (or ``[N, HV, K, V]`` for ``"kv"``) or None.
         scale: query scale (> 0). use_qk_l2norm: l2-normalise q and k in the kernels.
-        state_layout: ``"vk"`` or ``"kv"``.
-        layout: launch-grid layout of the state kernel (``"split"`` or ``"folded"``).
+        state_layout: ``"vk"`` or ``"kv"``; layout: the state kernel's grid (``"split"`` or ``"folded"``).
         caps: device capabilities (default: probed from q's device).
         state_kernel: an alternative implementation of stage 2 (the sequential state kernel), e.g.
             :func:`linattn.kernels.cutedsl.chunk_state.cutedsl_chunk_state`; called with the
