@@ -38,6 +38,8 @@ import torch
 
 from linattn.kernels.triton.limits import G_MIN
 
+from .chunk_state import _cutlass_types, _dt  # the state kernel's dtype names and CuTe types
+
 _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: the environment switch that runs this walk in place of the Triton one (``"1"``: on)
@@ -117,12 +119,6 @@ def block_v(V: int) -> int:
     return V
 
 
-def _cutlass_types():
-    import cutlass
-    return {"float32": cutlass.Float32, "bfloat16": cutlass.BFloat16, "int32": cutlass.Int32,
-            "int64": cutlass.Int64}
-
-
 def _dummy_args(key: WalkKey):
     """Arguments with the right types for compiling without a GPU (values are never read)."""
     import cuda.bindings.driver as cuda
@@ -175,10 +171,6 @@ def compile_walk(key: WalkKey, dump_dir: Optional[str] = None):
     with _LOCK:
         _CACHE.setdefault(key, fn)
         return _CACHE[key]
-
-
-def _dt(x: torch.dtype) -> str:
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.int32: "int32", torch.int64: "int64"}[x]
 
 
 def _rows_aligned(x: torch.Tensor) -> bool:
