@@ -100,24 +100,33 @@ def compile_state_kernel(key: KernelKey, dump_dir: Optional[str] = None):
         >>> fn = compile_state_kernel(KernelKey(128, 128, 64, False, True, True, "float32", "float32",
         ...                                     "int32", "int32", "sm_100a"))  # doctest: +SKIP
     """
+    def kernel():
+        from ._state_kernel import StateKernel
+
+        return StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0, key.has_init, bool(key.ckpt_dtype))
+
+    return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
+
+
+def compile_cached(cache: dict, lock, key, kernel, args, arch: str, dump_dir: Optional[str]):
+    """``cute.compile(kernel(), *args(), options="--gpu-arch ARCH")`` once per ``key`` in ``cache``
+    (under ``lock``); with ``dump_dir``, compiled afresh (not cached) keeping its PTX and cubin there.
+    Shared by the CuTe DSL state kernel and the fused walk (:mod:`.fused_walk`)."""
     if dump_dir is None:
-        with _LOCK:
-            fn = _CACHE.get(key)
+        with lock:
+            fn = cache.get(key)
             if fn is not None:
                 return fn
     import cutlass.cute as cute
 
-    from ._state_kernel import StateKernel
-
-    kern = StateKernel(key.K, key.V, key.BV, key.kda, key.pool, key.has_h0, key.has_init, bool(key.ckpt_dtype))
-    opts = f"--gpu-arch {key.arch}"
+    opts = f"--gpu-arch {arch}"
     if dump_dir is not None:
         os.makedirs(dump_dir, exist_ok=True)
-        return cute.compile(kern, *_dummy_args(key), options=f"{opts} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
-    fn = cute.compile(kern, *_dummy_args(key), options=opts)
-    with _LOCK:
-        _CACHE.setdefault(key, fn)
-        return _CACHE[key]
+        return cute.compile(kernel(), *args(), options=f"{opts} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
+    fn = cute.compile(kernel(), *args(), options=opts)
+    with lock:
+        cache.setdefault(key, fn)
+        return cache[key]
 
 
 def cache_info() -> list[KernelKey]:

@@ -38,7 +38,7 @@ import torch
 
 from linattn.kernels.triton.limits import G_MIN
 
-from .chunk_state import _cutlass_types, _dt  # the state kernel's dtype names and CuTe types
+from .chunk_state import _cutlass_types, _dt, compile_cached  # the state kernel's dtype names, CuTe types, cache
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -153,24 +153,12 @@ def compile_walk(key: WalkKey, dump_dir: Optional[str] = None):
     Raises:
         ImportError: nvidia-cutlass-dsl is not installed.
     """
-    if dump_dir is None:
-        with _LOCK:
-            fn = _CACHE.get(key)
-            if fn is not None:
-                return fn
-    import cutlass.cute as cute
+    def kernel():
+        from ._fused_walk_kernel import FusedWalkKernel
 
-    from ._fused_walk_kernel import FusedWalkKernel
+        return FusedWalkKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN, key.warp_factors)
 
-    kern = FusedWalkKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN, key.warp_factors)
-    opts = f"--gpu-arch {key.arch}"
-    if dump_dir is not None:
-        os.makedirs(dump_dir, exist_ok=True)
-        return cute.compile(kern, *_dummy_args(key), options=f"{opts} --keep-ptx --keep-cubin --dump-dir {dump_dir}")
-    fn = cute.compile(kern, *_dummy_args(key), options=opts)
-    with _LOCK:
-        _CACHE.setdefault(key, fn)
-        return _CACHE[key]
+    return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
 
 
 def _rows_aligned(x: torch.Tensor) -> bool:
