@@ -49,7 +49,6 @@ the pool or the initial state is float64; matmuls run in IEEE fp32 whatever the 
 
 from __future__ import annotations
 
-import math
 import threading
 from typing import Optional
 
@@ -532,25 +531,27 @@ def _checkpoint_marks(every, table, order: list, lens: list, c: int) -> tuple[di
 def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
     """``(x', f)`` with ``x' * f`` the rows of ``x [T, H, K]`` as the maths reads them: l2-normalised
     (docs/ops.md's plain ``x / sqrt(sum(x^2) + 1e-6)``, as ``f = scale / sqrt(...)`` ``[T, H, 1]``, applied
-    while the rows are gathered into chunks) and scaled. Rows whose sums of squares are not all finite
-    take torch-ref's overflow-safe l2norm (F44) first (one host read of their total: finite exactly
-    when every sum is, save a total that itself overflows, which also takes the safe form)."""
+    while the rows are gathered into chunks) and scaled. A row whose sum of squares is not finite (past
+    ``2**64``, or NaN / inf in it) takes torch-ref's overflow-safe l2norm (F44) instead, that row only,
+    so that the other rows' bits do not depend on it (F29; one host read: whether any row is such)."""
     if not l2norm:
         return x, scale
     ss = torch.linalg.vecdot(x, x).unsqueeze_(-1)
-    if not math.isfinite(float(ss.sum())):
-        return l2norm_ref(x), scale
-    return x, ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
+    bad = ~torch.isfinite(ss)
+    f = ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
+    if bool(bad.any()):
+        return torch.where(bad, l2norm_ref(x), x), torch.where(bad, torch.full_like(f, scale), f)
+    return x, f
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
     """docs/ops.md's l2norm: the plain ``x / sqrt(sum(x^2) + 1e-6)`` (bitwise torch-ref's for rows under
-    ``2**32``), torch-ref's overflow-safe form (F44) when the sums of squares are not all finite (one
-    host read of their total: finite exactly when every sum is, save a total that itself overflows,
-    which also takes the safe form)."""
+    ``2**32``), torch-ref's overflow-safe form (F44) for a row whose sum of squares is not finite, that
+    row only (F29: the other rows' bits do not depend on it; one host read: whether any row is such)."""
     ss = (x * x).sum(-1, keepdim=True)
-    if not math.isfinite(float(ss.sum())):
-        return l2norm_ref(x)
+    bad = ~torch.isfinite(ss)
+    if bool(bad.any()):
+        return torch.where(bad, l2norm_ref(x), x / torch.sqrt(ss + 1e-6))
     return x / torch.sqrt(ss + 1e-6)
 
 

@@ -14,8 +14,10 @@ def test_demo_context_parallel_prints_per_rank_times_and_agrees_with_one_rank():
     rep = json.loads(res.output)
     assert rep["ranks"] == 2 and rep["rank_tokens"] == [75, 75] and rep["process_group"] == "gloo"
     assert len(rep["rank_seconds"]) == 2 and all(s > 0 for s in rep["rank_seconds"]) and rep["one_rank_seconds"] > 0
-    # fp32 state, bf16 inputs computed in fp32 on both sides: far inside the bf16 tolerances
-    assert rep["rel_diff_output"] < 1e-4 and rep["rel_diff_state"] < 1e-4 and rep["passed"]
+    # fp32 state, bf16 inputs computed in fp32 on both sides: the fp32 state agrees far inside 1e-4; the
+    # output is bf16, where an fp32 difference of 1e-7 (the ranks' other chunk boundaries) can flip a
+    # rounding: a flip is one bf16 unit (2**-8 relative), more than that is a real difference
+    assert rep["rel_diff_state"] < 1e-4 and rep["rel_diff_output"] < 2**-8 and rep["passed"]
 
 
 def test_demo_context_parallel_refuses_zero_ranks_as_a_usage_error():
