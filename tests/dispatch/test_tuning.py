@@ -162,7 +162,8 @@ def test_explain_shows_the_measured_times_and_the_tables_origin(tuned):
     doc = json.loads(res.stdout)
     assert res.exit_code == 0 and doc["chosen"] == "torch-chunked"
     assert doc["tuning"]["origin"] == "user" and doc["tuning"]["times_ms"] == {"torch-ref": 2.5, "torch-chunked": 0.5}
-    text = CliRunner().invoke(cli.app, ["explain", "gdn_decode"]).stdout
+    # whole cells whatever COLUMNS the run left set (a piped table honours it: 80 wraps the column names)
+    text = CliRunner().invoke(cli.app, ["explain", "gdn_decode"], env={"COLUMNS": "400"}).stdout
     assert "measured ms" in text and "user table" in text and "2.5" in text
     # a profile has no table: static ranks, said so
     assert explain(p, "cpu").tuning is not None and linattn.explain(p, linattn.capabilities.profile("cpu")).tuning is None
