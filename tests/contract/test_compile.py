@@ -73,8 +73,10 @@ SCRIPT = textwrap.dedent(r'''
                           caps=profile("sm90"), layout="split", has_initial_state=torch.tensor([True, False]),
                           fused=True)
             # state checkpoints (issue 32 item 1): the HAS_CKPT builds of the state kernel and the fused walks,
-            # bf16 K = 128 and fp32 K = 64 (checked under their own kernel name, '+HAS_CKPT', below)
-            for dt, KC in ((bf, K), (torch.float32, 64)):
+            # bf16 K = 128, the shipped builds (checked under their own kernel name, '+HAS_CKPT', below); the
+            # fp32 K = 64 ones (680-10,000 B of stack, the fp32 builds' as without checkpoints) are left out
+            # for make test's time
+            for dt, KC in ((bf, K),):
                 for fused in (False, True):
                     chunk_prefill(family, q=torch.zeros(T, H, KC, dtype=dt), k=torch.zeros(T, H, KC, dtype=dt),
                                   v=torch.zeros(T, HV, KC, dtype=dt),
@@ -233,12 +235,8 @@ SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
     # offsets; measured under Triton 3.6 only)
     ("chunk_state_kernel+HAS_CKPT", "False", "bf16", "128"): (72, _CKPT),
     ("chunk_state_kernel+HAS_CKPT", "True", "bf16", "128"): (56, _CKPT),
-    ("chunk_state_kernel+HAS_CKPT", "False", "fp32", "64"): (680, _CKPT),
-    ("chunk_state_kernel+HAS_CKPT", "True", "fp32", "64"): (624, _CKPT),
     ("chunk_gdn_fused_kernel+HAS_CKPT", "", "bf16", "128"): (16, _CKPT),
-    ("chunk_gdn_fused_kernel+HAS_CKPT", "", "fp32", "64"): (9688, _CKPT),
     ("chunk_kda_fused_kernel+HAS_CKPT", "", "bf16", "128"): (16, _CKPT),
-    ("chunk_kda_fused_kernel+HAS_CKPT", "", "fp32", "64"): (10000, _CKPT),
 }
 
 
