@@ -25,6 +25,9 @@ The translation (the backend's, counted in its time):
   sync: prefill is eager). FlashInfer writes nothing for an empty sequence, so the slot of an
   empty fresh one gets its zeros from the backend. A pool whose rows are not dense ``[HV, V, K]``
   blocks is gathered into a dense fp32 copy and written back.
+- **dense mode**: ``initial_state`` (made contiguous) and a final-state buffer that starts as a copy
+  of it (zeros without one): FlashInfer writes no final state for an empty sequence, whose final
+  state is its initial state.
 - **the pool, decode**: FlashInfer's fp32 pool kernel skips a ``-1`` row entirely (zero output,
   nothing read or written); every negative slot is handed over as ``-1``.
 
@@ -105,7 +108,7 @@ class FlashInferBackend(PeerBackend):
     def predicates(self):
         ps = super().predicates()
         i = ps.index(self.supports_device) + 1
-        return ps[:i] + [self.supports_arch] + ps[i:] + [self.supports_prefill_mode, self.supports_decode]
+        return ps[:i] + [self.supports_arch] + ps[i:] + [self.supports_decode]
 
     def supports_arch(self, p: Problem, caps: DeviceCapabilities) -> Check:
         archs = PREFILL_ARCHS if p.phase == "prefill" else DECODE_ARCHS
@@ -134,18 +137,6 @@ class FlashInferBackend(PeerBackend):
                                 f"(flashinfer.gdn_kernels.chunk_gated_delta_rule_sm90 is None{': ' + err if err else ''})",
                                 "install CuTe DSL: pip install 'nvidia-cutlass-dsl>=4.4'")
         return base
-
-    def supports_prefill_mode(self, p: Problem, caps: DeviceCapabilities) -> Check:
-        """Prefill in pool mode only: on the H200 (2026-12-02, ``benchmarks/results/check_h200.json``)
-        the dense-mode translation's final state failed the first-call self-check against torch-ref
-        (relative error 1.07) while pool mode passed every case; refused until a GPU run proves a fix
-        (suspect: ``use_cp`` left to FlashInfer's choice, which takes its context-parallel kernel for
-        few sequences x heads; pool mode never reaches it)."""
-        if p.phase == "prefill" and p.mode == "dense":
-            return Check.failed(Reason.FEATURE, "gdn_prefill in dense mode (initial_state= / a returned final "
-                                "state): its translation failed the H200 self-check; flashinfer runs pool mode only",
-                                "pass state_pool= and state_indices=, or another backend runs dense mode")
-        return Check.passed()
 
     def supports_decode(self, p: Problem, caps: DeviceCapabilities) -> Check:
         """Decode: one token, raw gates at the default softplus, an fp32 pool, no verify features."""
@@ -196,7 +187,12 @@ class FlashInferBackend(PeerBackend):
             if T == 0:
                 return call.v.new_zeros(0, HV, V), (h0.clone() if h0 is not None else
                                                     torch.zeros(N, HV, V, K, device=call.q.device))
-            out_state = torch.empty_like(h0) if h0 is not None else torch.empty(N, HV, V, K, device=call.q.device)
+            # FlashInfer reads and writes dense [N, HV, V, K] blocks and writes nothing for a zero-length
+            # sequence (the H200 self-check's final state failed, relative error 1.07, with an empty
+            # output buffer): the buffer starts as the initial state (zeros without one), which is an
+            # empty sequence's final state.
+            h0 = h0.contiguous() if h0 is not None else None
+            out_state = h0.clone() if h0 is not None else torch.zeros(N, HV, V, K, device=call.q.device)
             o, ht = fn(call.q, call.k, call.v, self.alpha(call.g), call.beta.float(), initial_state=h0,
                        output_state=out_state, **kw)
             return o, ht

@@ -47,8 +47,9 @@ FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear"}
 #: default buckets, as ``(phase, sizes)``: decode rows N; prefill (sequences N, tokens per sequence L).
 #: CUDA: the benchmark shapes (benchmarks/decode.py, prefill.py, prefill_long.py); CPU: small ones.
 DEFAULT_SIZES = {
-    "cuda": {"decode": ((1, 1), (32, 1), (256, 1), (1024, 1), (4096, 1)),
-             "prefill": ((16, 4096), (64, 1024), (256, 256), (1, 65536))},
+    # every shape of benchmarks/dispatch_choice.py (decode.py's N, prefill.py's and prefill_long.py's shapes)
+    "cuda": {"decode": ((1, 1), (8, 1), (32, 1), (64, 1), (256, 1), (1024, 1), (4096, 1)),
+             "prefill": ((16, 4096), (64, 1024), (256, 256), (1, 8192), (1, 32768), (1, 65536))},
     "cpu": {"decode": ((1, 1), (8, 1)), "prefill": ((2, 64), (1, 256))},
 }
 QUICK_SIZES = {

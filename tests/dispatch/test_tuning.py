@@ -266,9 +266,9 @@ def test_a_table_written_in_the_process_replaces_the_decisions_and_call_plans_ma
 def test_the_default_cuda_buckets_are_the_benchmark_shapes_of_both_families():
     got = {(b.op, 1 << b.log2_seqs, 1 << b.log2_tokens, b.h, b.hv) for b in tune.default_buckets("cuda")}
     decode = {(op, n, 1, h, hv) for op, h, hv in (("gdn_decode", 16, 32), ("kda_decode", 32, 32))
-              for n in (1, 32, 256, 1024, 4096)}
-    prefill = {(op, n, 65536, h, hv) for op, h, hv in (("gdn_prefill", 16, 32), ("kda_prefill", 32, 32))
-               for n in (16, 64, 256, 1)}
+              for n in (1, 8, 32, 64, 256, 1024, 4096)}  # benchmarks/dispatch_choice.py's DECODE_N and 32
+    prefill = {(op, n, t, h, hv) for op, h, hv in (("gdn_prefill", 16, 32), ("kda_prefill", 32, 32))  # its prefill
+               for n, t in ((16, 65536), (64, 65536), (256, 65536), (1, 8192), (1, 32768), (1, 65536))}
     assert got == decode | prefill
     assert {b.op for b in tune.default_buckets("cuda", quick=True)} == set(tuning_mod.TUNED_OPS)
     assert len(tune.default_buckets("cuda", quick=True)) < len(got)

@@ -143,7 +143,9 @@ def flashinfer_prefill(log: Log):
         if state_indices is None:
             o, ht = gdn_prefill_ref(q, k, v, log_g, beta, cu_seqlens, initial_state=initial_state, scale=scale,
                                     use_qk_l2norm=use_qk_l2norm_in_kernel)
-            output_state.copy_(ht)
+            for n in range(N):  # dense too: a zero-length sequence writes nothing (H200, 2026-12-02)
+                if int(cu_seqlens[n + 1]) > int(cu_seqlens[n]):
+                    output_state[n] = ht[n].to(output_state.dtype)
             return o, output_state
         read = state_indices
         write = output_state_indices if output_state_indices is not None else state_indices

@@ -106,6 +106,22 @@ def test_prefill_dense_mode_returns_the_final_state_in_the_initial_states_dtype(
     assert ht.dtype == torch.bfloat16 and torch.equal(ht, ht_ref.to(torch.bfloat16)) and torch.equal(h0, pool[:2])
 
 
+@pytest.mark.parametrize("with_h0", [True, False])
+def test_prefill_dense_mode_gives_an_empty_sequence_its_initial_state(fi_log, with_h0):
+    """FlashInfer writes no final state for a zero-length sequence: the H200 self-check found the
+    dense translation's final state wrong there (relative error 1.07) while it handed over an empty
+    buffer. Now the buffer starts as the initial state (zeros without one)."""
+    d, pool = _prefill((0, 5, 0, 9))
+    h0 = pool[:4].clone() if with_h0 else None
+    o, ht = FlashInferBackend().prefill(_call(d, None, None, initial_state=h0))
+    o_ref, ht_ref = gdn_prefill_ref(**d, initial_state=h0)
+    torch.testing.assert_close(o.float(), o_ref.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ht, ht_ref, rtol=0, atol=1e-6)
+    expect_empty = pool[[0, 2]] if with_h0 else torch.zeros_like(pool[[0, 2]])
+    assert torch.equal(ht[[0, 2]], expect_empty)
+    assert fi_log[0]["output_state"] is not h0 and fi_log[0]["state_indices"] is None
+
+
 def test_decode_hands_negative_slots_over_as_minus_one_with_fp32_gating_parameters(fi_log):
     gen = torch.Generator().manual_seed(3)
     r = lambda *s: torch.randn(*s, generator=gen)

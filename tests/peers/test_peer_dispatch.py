@@ -80,7 +80,8 @@ def test_peers_rank_behind_linattns_own_backends_and_explain_says_so(peers_insta
 
 
 def test_flashinfer_accepts_its_declared_prefill_and_decode(peers_installed):
-    for shape in (PREFILL, {**PREFILL, "state_dtype": "bfloat16", "has_initial_state": True}, DECODE):
+    for shape in (PREFILL, {**PREFILL, "state_dtype": "bfloat16", "has_initial_state": True},
+                  {**PREFILL, "mode": "dense"}, DECODE):
         v, _ = _verdict(Problem(**shape), "flashinfer")
         assert v.ok and v.rank == Rank.PEER, v
     for device in ("sm100", "sm103", "sm120"):
@@ -92,7 +93,6 @@ def test_flashinfer_accepts_its_declared_prefill_and_decode(peers_installed):
     (dict(state_layout="kv"), Reason.LAYOUT),
     (dict(dtype="float32"), Reason.DTYPE),
     (dict(op="kda_prefill"), Reason.OP),
-    (dict(mode="dense"), Reason.FEATURE),  # failed its self-check on the H200: pool mode only
 ])
 def test_flashinfer_rejects_undeclared_prefill_with_its_reason(peers_installed, change, reason):
     v, d = _verdict(Problem(**{**PREFILL, **change}), "flashinfer")
