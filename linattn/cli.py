@@ -8,7 +8,7 @@ stdout (nothing else), so scripts can parse it::
     linattn explain gdn_decode --model qwen3-next --batch 4096 --profile sm90
     linattn explain --op gdn_prefill --batch 16 --tokens 4096    # 16 sequences of 4,096 tokens
     linattn backends / linattn plugins
-    linattn demo --model qwen3-next                          # the main job (see linattn/demo.py)
+    linattn demo --model qwen3-next                          # the main job (see apps/demo.py)
     linattn tune [--quick | --buckets gdn_decode:1,gdn_prefill:16x4096]   # measure, write the tuned table
 
 One grammar for every verb (``linattn/cli_common.py``): the op as ``OP`` or ``--op OP``;
@@ -48,7 +48,7 @@ from typer.exceptions import TyperException
 import linattn
 from linattn.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, emit_json, fail,  # noqa: F401
                                 hidden_profile_option, no_profile, one_op, op_argument, op_option, stdout_console)
-from linattn.demo import DEFAULTS as DEMO_DEFAULTS
+from linattn.apps.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
@@ -462,7 +462,7 @@ def _parse_range(text: Optional[str], name: str) -> Optional[tuple[int, int]]:
 
 def _demo_overrides(shape: Optional[str], prompt_len: Optional[str], output_len: Optional[str],
                     check_every: Optional[int]) -> dict:
-    """The demo's hidden test options as :func:`linattn.demo.run_demo` keywords (only those given)."""
+    """The demo's hidden test options as :func:`linattn.apps.demo.run_demo` keywords (only those given)."""
     kw = {"check_every": check_every if check_every is not None else DEMO_DEFAULTS["check_every"]}
     if (s := _parse_shape(shape)) is not None:
         kw["shape"] = s
@@ -511,7 +511,7 @@ def demo(
     Runs on --device (a model preset's heads; --shape makes them small for tests). Exit 1 when an
     error against the float64 reference exceeds the docs/ops.md tolerance.
     """
-    from linattn.demo import DemoConfigError, render_demo, run_demo
+    from linattn.apps.demo import DemoConfigError, render_demo, run_demo
 
     no_profile(profile, "demo")
     if cp_tokens is not None and context_parallel is None:
@@ -551,8 +551,8 @@ def _finish_demo(rep, render, as_json: bool) -> None:
 
 def _demo_context_parallel(ranks: int, model: str, seed: int, shape: Optional[str], tokens: Optional[int],
                            as_json: bool) -> None:
-    """``linattn demo --context-parallel N``: linattn/demo.py's run_context_parallel_demo; exit 0 / 1 / 2."""
-    from linattn.demo import CP_TOKENS, DemoConfigError, render_context_parallel_demo, run_context_parallel_demo
+    """``linattn demo --context-parallel N``: apps/demo.py's run_context_parallel_demo; exit 0 / 1 / 2."""
+    from linattn.apps.demo import CP_TOKENS, DemoConfigError, render_context_parallel_demo, run_context_parallel_demo
 
     try:
         rep = run_context_parallel_demo(ranks, model=model, tokens=tokens or CP_TOKENS, seed=seed,

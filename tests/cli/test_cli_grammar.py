@@ -173,7 +173,7 @@ def test_help_paragraphs_reflow_to_the_width():
 
 
 def test_demo_batch_is_the_decode_batch_and_tokens_is_the_context_parallel_prompt(monkeypatch):
-    import linattn.demo as D
+    import linattn.apps.demo as D
 
     got = {}
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 import linattn.cli as cli
 from linattn.backends.torch_ref import TorchRefBackend
-from linattn.demo import (TOL_OUTPUT_BF16, TOL_STATE_BF16, DemoConfigError, DemoReport, SlotAllocator,
+from linattn.apps.demo import (TOL_OUTPUT_BF16, TOL_STATE_BF16, DemoConfigError, DemoReport, SlotAllocator,
                           render_demo, run_demo)
 from linattn.dispatch import reset_registry
 from linattn.dispatch.hookspecs import hookimpl

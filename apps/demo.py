@@ -25,7 +25,7 @@ inputs with an fp32 state (2e-2 outputs, 1e-2 states; gates are computed in fp32
 inputs and held to the fp32 tolerance 1e-5).
 
 Example:
-    >>> from linattn.demo import run_demo
+    >>> from linattn.apps.demo import run_demo
     >>> rep = run_demo(requests=3, decode_batch=2, steps=2, shape=(1, 2, 8, 8), prompt_len=(2, 5),
     ...                output_len=(1, 2), device="cpu")
     >>> rep.passed
