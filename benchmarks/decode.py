@@ -1,4 +1,4 @@
-"""Decode and SwiGLU-clamp benchmark on a CUDA GPU (the H200 through the device tool); installed equivalent: `linattn bench gdn_decode` (linattn/bench.py).
+"""Decode and SwiGLU-clamp benchmark on a CUDA GPU (the H200 through the device tool); installed equivalent: `linattn bench gdn_decode` (apps/bench.py).
 
 What it measures (issue 3, item 7), all in one process so the ceilings and the kernels see the
 same card:

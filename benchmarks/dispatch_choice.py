@@ -67,7 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import device_tag, write_results  # noqa: E402
 
 import linattn  # noqa: E402
-from linattn import tune  # noqa: E402
+from linattn import tune as measuring  # noqa: E402
+from linattn.apps import tune  # noqa: E402
 
 #: the target: the choice within 3% of the fastest eligible backend
 TARGET = 1.03
@@ -123,8 +124,8 @@ def summary(rows: list[dict], target: float = TARGET, not_started: tuple = ()) -
 def paired_ms(a: Callable[[], object], b: Callable[[], object], device: torch.device,
               repeats: int) -> tuple[float, float]:
     """Median milliseconds of ``a`` and of ``b``, timed one call of each per round (each warmed up
-    once), with the one-call timer ``linattn tune`` uses (:class:`linattn.bench.Timer`, no L2 flush)."""
-    from linattn.bench import Timer
+    once), with the one-call timer ``linattn tune`` uses (:class:`linattn.apps.bench.Timer`, no L2 flush)."""
+    from linattn.apps.bench import Timer
 
     once = Timer(device, flush=False).once
     a(), b()
@@ -173,7 +174,7 @@ def direct_ms(backend: str, forced: Callable[[], object], device: torch.device, 
     calls: list = []
     with recording(library_module(backend), LIBRARY_GETTER[backend], calls):
         forced()
-    return tune.time_call(replay(calls), device, repeats) if calls else None
+    return measuring.time_call(replay(calls), device, repeats) if calls else None
 
 
 def _error(e: Exception) -> str:
@@ -187,7 +188,7 @@ def measure(item: str, bucket, device: torch.device, repeats: int, validate: boo
     p = bucket.problem()
     d = linattn.explain(p, device)
     eligible = [v.backend for v in sorted((v for v in d.verdicts if v.ok), key=lambda v: (v.rank, v.backend))]
-    args = tune.inputs(p, device)
+    args = measuring.inputs(p, device)
     op = getattr(linattn, p.op)
     call = functools.partial(op, **args, validate=validate)
     times: dict[str, float] = {}
@@ -198,7 +199,7 @@ def measure(item: str, bucket, device: torch.device, repeats: int, validate: boo
         for b in eligible:  # step b
             forced = functools.partial(call, backend=b)
             try:
-                times[b] = tune.time_call(forced, device, repeats, min(times.values(), default=None))
+                times[b] = measuring.time_call(forced, device, repeats, min(times.values(), default=None))
             except Exception as e:  # noqa: BLE001 - a backend that raises is recorded, not ranked
                 failed[b] = _error(e)
                 continue
@@ -243,7 +244,7 @@ def main(argv: Optional[list[str]] = None) -> int:
              else None if dev.type == "cuda" else CPU_SHAPE)
     items = [x.strip() for x in (a.shapes or default_shapes(dev.type, a.quick)).split(",") if x.strip()]
     buckets = [tune.parse_buckets(x, shape, "bfloat16", "float32")[0] for x in items]
-    repeats = a.repeats or tune.REPEATS.get(dev.type, 5)
+    repeats = a.repeats or measuring.REPEATS.get(dev.type, 5)
     tag = "cpu" if dev.type == "cpu" else device_tag()
     out = Path(a.out or Path(os.environ.get("LINATTN_RESULTS_DIR") or "/tmp") / f"dispatch_choice_{tag}.json")
     notes = [f"issue 29's target: the dispatcher's choice within {TARGET:.2f}x of the fastest eligible backend; "

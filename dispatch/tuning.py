@@ -1,6 +1,6 @@
 """Selection by measurement: the tuned table, its key, where it lives, and what selection reads of it.
 
-``linattn tune`` (``linattn/tune.py``) times every eligible backend of this device over shape
+``linattn tune`` (``apps/tune.py``) times every eligible backend of this device over shape
 **buckets** and writes a :class:`TuneTable`; selection then ranks the accepted backends of a call
 by the table's measured times where the table has the call's bucket, and by their static rank
 (:class:`~linattn.dispatch.verdict.Rank`) elsewhere (``docs/architecture.md``, "Selection by

@@ -54,7 +54,7 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
             raise ValueError(f"explain() got a Problem and also {given}: pass the Problem alone, or an op name "
                              f"with model= and shape keywords")
     else:
-        from linattn.report import make_problem, preset_shape
+        from linattn.presets import make_problem, preset_shape
 
         base = preset_shape(problem, model) if model is not None else {}
         problem = make_problem(problem, **{**base, **shape})

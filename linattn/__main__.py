@@ -1,5 +1,5 @@
 """``python -m linattn`` is the ``linattn`` command."""
 
-from linattn.cli import app
+from linattn.apps.cli import app
 
 app()

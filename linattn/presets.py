@@ -32,7 +32,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from linattn.dispatch.ops_table import find_op, ops_of
+from linattn.dispatch.ops_table import OP_TABLE, find_op, ops_of
+from linattn.dispatch.problem import OPS, Problem
 
 log = logging.getLogger("linattn")
 
@@ -214,3 +215,78 @@ def preset(name: str) -> ModelPreset:
                               f"problems: {' | '.join(table.problems)}")
     raise KeyError(f"unknown model preset {name!r}; known: {known} "
                    f"(add your own with LINATTN_PRESETS=/path/to/presets.toml)")
+
+
+# -- problems from presets (``linattn.explain(op, model=...)``, the CLI's verbs) ---------------------
+
+class UsageError(ValueError):
+    """A bad argument: printed (as JSON with --json) and exit code 2."""
+
+
+def _problem_error(err: dict) -> str:
+    """One pydantic error as ``field=value: what is allowed`` (or the unknown field and the known ones)."""
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    msg = err.get("msg", "").removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
+        known = ", ".join(f for f in Problem.model_fields if f != "op")
+        return f"unknown field {loc!r}; Problem fields: {known}"
+    return f"{loc}={err.get('input')!r}: {msg}" if loc else msg
+
+
+def make_problem(op: str, **fields) -> Problem:
+    """``Problem(op=op, **fields)``, with an error that names each bad field, its value and what is allowed.
+
+    Args:
+        op: an op name (see ``linattn.dispatch.OPS``).
+        fields: :class:`Problem` fields (``n``, ``t``, ``h``, ``hv``, ``k``, ``v``, ``d``, ``dtype``, ...).
+    Returns:
+        Problem.
+    Raises:
+        UsageError: (a ValueError) an unknown op or field, a bad value, or an impossible shape.
+    Example:
+        >>> make_problem("gdn_decode", n=2, h=1, hv=2, k=8, v=8).brief()
+        'N=2 T=1 H=1 HV=2 K=8 V=8 bfloat16 state=float32/vk mode=pool'
+    """
+    try:
+        return Problem(op=op, **fields)
+    except ValidationError as e:
+        raise UsageError(f"bad problem for {op}: " + "; ".join(_problem_error(err) for err in e.errors())) from None
+
+
+def _preset_for(op: str, model: str):
+    """The preset ``model``, checked against ``op``'s family."""
+    if op not in OPS:
+        raise UsageError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    try:
+        p = preset(model)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+    fam = OP_TABLE[op].family
+    if p.family != fam:
+        ops = ops_of(p.family)
+        raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
+                         f"such as {OP_TABLE[op].default_preset!r}. Ops for {model!r}: {', '.join(ops)}")
+    return p
+
+
+def preset_shape(op: str, model: str) -> dict:
+    """The :class:`Problem` fields a model preset fixes for ``op`` (head counts and dims, or ``D``).
+
+    Args:
+        op: an op name. model: a preset of the op's family (``qwen3-next`` for GDN ops, ...).
+    Returns:
+        dict: ``h, hv, k, v`` (decode, prefill); ``hv, k, mode`` (gating; ``k = 0`` for GDN);
+        ``d, clamp_limit, mode`` (``silu_and_mul_clamp``).
+    Raises:
+        UsageError: an unknown op or model, or a model of another family.
+    Example:
+        >>> preset_shape("gdn_decode", "qwen3-next")
+        {'h': 16, 'hv': 32, 'k': 128, 'v': 128}
+    """
+    p = _preset_for(op, model)
+    spec = OP_TABLE[op]
+    if spec.method == "clamp":
+        return dict(d=p.D, clamp_limit=p.limit is not None, mode="none")
+    if spec.phase == "gating":
+        return dict(hv=p.HV, k=p.K if spec.per_channel_gates else 0, mode="none")
+    return dict(h=p.H, hv=p.HV, k=p.K, v=p.V)

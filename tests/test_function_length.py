@@ -1,6 +1,6 @@
 """No host-side function or method in shipped code is longer than 80 lines.
 
-Shipped code: the folders pyproject.toml maps into the ``linattn`` package (``linattn/``,
+Shipped code: the folders pyproject.toml maps into the ``linattn`` package (``linattn/``, ``apps/``,
 ``dispatch/``, ``backends/``, ``kernels/``, ``capabilities/``) and the example plugin. A function's
 length runs from its ``def`` line to its last line (docstring included, decorators not). Device
 code is exempt: functions decorated with ``triton.jit`` / ``jit`` and CuTe DSL kernels
@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("linattn", "dispatch", "backends", "kernels", "capabilities", "examples/linattn-cpu-chunked")
+SHIPPED = ("linattn", "apps", "dispatch", "backends", "kernels", "capabilities", "examples/linattn-cpu-chunked")
 MAX_LINES = 80
 #: Decorators of device code, as dotted names (a call such as ``@triton.jit(...)`` counts too).
 DEVICE_DECORATORS = {"triton.jit", "jit", "tl.jit", "cute.kernel", "cute.jit"}

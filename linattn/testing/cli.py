@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from linattn.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument
+from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument
 from linattn.dispatch import OPS, get_registry
 
 from .runner import SuiteReport, availability, plan, run_suite
@@ -151,7 +151,7 @@ def _run_with_progress(names: list[str], ops: Optional[list[str]], device: str, 
 
 def _run_text(names: list[str], ops: Optional[list[str]], device: str, rules, notes: list[str]) -> list[SuiteReport]:
     """Run with progress, then print each report, the notes, or that nothing could be checked."""
-    from linattn.cli import stdout_console
+    from linattn.apps.cli import stdout_console
 
     console = stdout_console()
     reports = _run_with_progress(names, ops, device, rules, console)

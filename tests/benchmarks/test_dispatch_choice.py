@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import linattn
-from linattn import tune
+from linattn import tune as measuring
+from linattn.apps import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +129,7 @@ def test_recorder_sees_the_fla_peers_library_call_and_replays_it(bench, monkeypa
     assert importlib.import_module(fla_backend.FLABackend.__module__) is fla_backend
     log = Log()
     monkeypatch.setattr(fla_backend, bench.LIBRARY_GETTER["fla"], lambda family, phase: fla_chunk(family, log))
-    args = tune.inputs(tune.bucket_for("gdn_prefill", 2, 4, (1, 2, 8, 8), "bfloat16", "float32").problem(),
+    args = measuring.inputs(tune.bucket_for("gdn_prefill", 2, 4, (1, 2, 8, 8), "bfloat16", "float32").problem(),
                        torch.device("cpu"))
     pool = args.pop("state_pool")
     before = pool.clone()

@@ -12,8 +12,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import linattn.cli as cli
-from linattn import bench as B
+import linattn.apps.cli as cli
+from linattn.apps import bench as B
 from linattn.dispatch import explain
 
 runner = CliRunner()

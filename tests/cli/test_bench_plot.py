@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import linattn.cli as cli
-from linattn import bench_plot as BP
+import linattn.apps.cli as cli
+from linattn.apps import bench_plot as BP
 
 pytest.importorskip("matplotlib")
 
@@ -113,7 +113,7 @@ def test_bench_plot_of_a_cpu_run_shows_each_timed_backend_and_the_copy_ceiling(n
 
 
 def test_bench_from_plots_an_existing_results_file_without_measuring(tmp_path, monkeypatch):
-    from linattn import bench as B
+    from linattn.apps import bench as B
 
     monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("--from measured"))
     src, png = tmp_path / "results.json", tmp_path / "plot.png"

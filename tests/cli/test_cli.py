@@ -7,7 +7,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.dispatch import OPS, Problem, Reason
 from linattn.dispatch.hookspecs import hookimpl
 

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 import linattn
-import linattn.cli as cli
+import linattn.apps.cli as cli
 
 runner = CliRunner()
 PIPED = {"COLUMNS": None}
@@ -64,7 +64,7 @@ def test_check_takes_its_op_as_a_positional_too():
 
 
 def test_tune_takes_an_op_and_measures_only_its_buckets(monkeypatch, tmp_path):
-    import linattn.tune as T
+    import linattn.apps.tune as T
 
     seen = []
     monkeypatch.setattr(T, "run", lambda buckets, *a, **k: seen.extend(buckets) or [])
@@ -106,7 +106,7 @@ def test_total_tokens_keeps_uneven_packing_and_refuses_tokens_with_it():
 
 
 def test_bench_takes_seqs_as_batch(monkeypatch):
-    import linattn.bench as B
+    import linattn.apps.bench as B
 
     got = {}
 

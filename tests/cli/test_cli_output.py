@@ -12,10 +12,10 @@ from typer.core import TyperOption
 from typer.testing import CliRunner
 
 import linattn
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.dispatch import OPS, Problem
 from linattn.dispatch.verdict import DecisionPolicy
-from linattn.report import REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS, UsageError
+from linattn.apps.report import REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS, UsageError
 
 runner = CliRunner()
 PIPED = {"COLUMNS": None}  # piped without COLUMNS: tables keep every cell whole

@@ -7,7 +7,7 @@ the user's to fix; a genuine internal error still propagates (it is not a usage 
 import pytest
 from typer.testing import CliRunner
 
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.dispatch import ConfigError, dispatcher
 
 runner = CliRunner()
@@ -86,7 +86,7 @@ def test_a_bad_xfail_entry_is_one_line_naming_file_entry_and_field(tmp_path):
 
 @pytest.fixture
 def no_measuring(monkeypatch):
-    from linattn import bench as B
+    from linattn.apps import bench as B
 
     monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("measured before checking the output paths"))
 

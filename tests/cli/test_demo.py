@@ -6,7 +6,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.backends.torch_ref import TorchRefBackend
 from linattn.apps.demo import (TOL_OUTPUT_BF16, TOL_STATE_BF16, DemoConfigError, DemoReport, SlotAllocator,
                           render_demo, run_demo)

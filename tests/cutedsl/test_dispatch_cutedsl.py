@@ -10,7 +10,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.backends.builtin import BUILTIN
 from linattn.backends.cutedsl import RANK_BEHIND, RANK_FIRST, SM90_FASTER, CuteDSLBackend, shape_class
 from linattn.capabilities import PROFILES, profile

@@ -105,7 +105,7 @@ PARSING = re.compile(rf"""{_SUBJECT}\.(split|rsplit|partition|rpartition)\(\s*['
 BUILDING = re.compile(r"""\{[^{}]*\b(family|fam|gate)\b[^{}]*\}_(\{|gating\b|decode\b|prefill\b)""")
 NAMES_ARE_MADE_IN = "dispatch/ops_table.py"
 #: The shipped tree: the package (``pyproject.toml``'s package-dir) and the examples.
-SHIPPED = ("linattn", "dispatch", "backends", "kernels", "capabilities", "examples")
+SHIPPED = ("linattn", "apps", "dispatch", "backends", "kernels", "capabilities", "examples")
 
 
 def _sources():

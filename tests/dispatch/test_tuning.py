@@ -1,4 +1,4 @@
-"""Selection by measurement (dispatch/tuning.py, linattn/tune.py): the tuned table is written,
+"""Selection by measurement (dispatch/tuning.py, apps/tune.py): the tuned table is written,
 loaded and keyed; a table of other versions is ignored with one INFO line; inside a bucket the
 table ranks, outside it the static rank does; explain shows the times and the table's origin;
 LINATTN_AUTOTUNE measures a missing bucket on the first eager call and never during capture.
@@ -16,7 +16,8 @@ import torch
 from typer.testing import CliRunner
 
 import linattn
-from linattn import cli, tune
+from linattn import tune as measuring
+from linattn.apps import cli, tune
 from linattn.dispatch import Problem, clear_cache, dispatcher, explain, selection
 from linattn.dispatch import tuning as tuning_mod
 from linattn.dispatch.tuning import Entry, TuneTable, bucket_of, current_key, table_path, write
@@ -47,7 +48,7 @@ def _write_table(entries, key=None):
 
 
 def _run_prefill(n: int, t: int):
-    args = tune.inputs(_prefill(n, t), CPU)
+    args = measuring.inputs(_prefill(n, t), CPU)
     pool = args["state_pool"].clone()
     linattn.gdn_prefill(**args)
     owned = set(args["state_indices"].tolist())
@@ -139,15 +140,15 @@ def test_an_accepted_backend_the_table_did_not_time_runs_after_the_timed_ones(tu
 
 
 def test_a_backend_that_raises_while_timed_is_recorded_as_failed(tuned, monkeypatch):
-    timed = tune.time_call
+    timed = measuring.time_call
 
     def fail_chunked(fn, device, repeats, best_ms=None):
         if fn.keywords["backend"] == "torch-chunked":
             raise RuntimeError("out of memory (simulated)")
         return timed(fn, device, repeats, best_ms)
 
-    monkeypatch.setattr(tune, "time_call", fail_chunked)
-    e = tune.measure_bucket(bucket_of(_prefill(2, 64)), CPU, repeats=1)
+    monkeypatch.setattr(measuring, "time_call", fail_chunked)
+    e = measuring.measure_bucket(bucket_of(_prefill(2, 64)), CPU, repeats=1)
     assert set(e.times_ms) == {"torch-ref"} and e.failed == {"torch-chunked": "RuntimeError: out of memory (simulated)"}
 
 
@@ -190,8 +191,8 @@ def test_autotune_measures_a_missing_bucket_on_its_first_eager_call(tuned, monke
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
     clear_cache()  # read with the tables
     calls = []
-    measure = tune.measure_bucket
-    monkeypatch.setattr(tune, "measure_bucket", lambda b, d, **kw: calls.append(b) or measure(b, d, repeats=1))
+    measure = measuring.measure_bucket
+    monkeypatch.setattr(measuring, "measure_bucket", lambda b, d, **kw: calls.append(b) or measure(b, d, repeats=1))
     d = _run_prefill(2, 64)
     assert calls == [bucket_of(_prefill(2, 64))]
     assert d.tuning is not None and d.tuning.measured and set(d.tuning.times_ms) == {"torch-ref", "torch-chunked"}
@@ -206,9 +207,9 @@ def test_autotune_measures_a_missing_bucket_on_its_first_eager_call(tuned, monke
 def test_autotune_never_measures_during_capture(tuned, monkeypatch):
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
     clear_cache()
-    monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
+    monkeypatch.setattr(measuring, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
     monkeypatch.setattr(selection, "stream_capturing", lambda device: True)
-    args = tune.inputs(Problem(op="gdn_decode", n=2, **SHAPE), CPU)
+    args = measuring.inputs(Problem(op="gdn_decode", n=2, **SHAPE), CPU)
     linattn.gdn_decode(**args, validate=False)
     d = linattn.last_decision("gdn_decode")
     assert d.capturing and d.chosen == "torch-ref" and d.tuning is None
@@ -281,12 +282,12 @@ def test_a_malformed_tuning_switch_is_a_config_error(tuned, monkeypatch, var):
     monkeypatch.setenv(var, "sometimes")
     clear_cache()
     with pytest.raises(ConfigError, match=var):  # a decision reads both
-        args = tune.inputs(_prefill(2, 128), CPU)
+        args = measuring.inputs(_prefill(2, 128), CPU)
         linattn.gdn_prefill(**args)
 
 
 def test_a_tune_run_cut_short_keeps_the_buckets_it_measured(tuned, monkeypatch):
-    measure = tune.measure_bucket
+    measure = measuring.measure_bucket
     seen = []
 
     def cut_after_one(b, device, **kw):
@@ -295,7 +296,7 @@ def test_a_tune_run_cut_short_keeps_the_buckets_it_measured(tuned, monkeypatch):
         seen.append(b)
         return measure(b, device, **kw)
 
-    monkeypatch.setattr(tune, "measure_bucket", cut_after_one)
+    monkeypatch.setattr(measuring, "measure_bucket", cut_after_one)
     res = CliRunner().invoke(cli.app, ["tune", "--device", "cpu", "--buckets", "gdn_decode:1,gdn_decode:4",
                                        "--shape", "1,1,8,8", "--repeats", "1"])
     assert res.exit_code != 0
@@ -318,7 +319,7 @@ def test_tables_off_keep_the_users_other_buckets_and_autotune_nothing(tuned, mon
     assert explain(Problem(op="gdn_decode", n=16, **SHAPE), "cpu").tuning is None  # tables off: static ranks
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
     clear_cache()
-    monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured with tables off"))
+    monkeypatch.setattr(measuring, "measure_bucket", lambda *a, **kw: pytest.fail("measured with tables off"))
     assert _run_prefill(2, 64).tuning is None
 
 
@@ -328,13 +329,13 @@ def test_an_autotune_measurement_that_raises_leaves_the_call_to_the_static_ranks
     with one WARNING; the bucket is not tried again in the process (until clear_cache)."""
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
     clear_cache()
-    make_inputs, tries = tune.inputs, []
+    make_inputs, tries = measuring.inputs, []
 
     def no_memory(*a, **kw):
         tries.append(a)
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(tune, "inputs", no_memory)
+    monkeypatch.setattr(measuring, "inputs", no_memory)
     with caplog.at_level(logging.WARNING, logger="linattn"):
         decisions = []
         for t in (128, 192):  # one bucket: T~2^7, N~2^1

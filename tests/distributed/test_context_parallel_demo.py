@@ -4,7 +4,7 @@ import json
 
 from typer.testing import CliRunner
 
-import linattn.cli as cli
+import linattn.apps.cli as cli
 
 
 def test_demo_context_parallel_prints_per_rank_times_and_agrees_with_one_rank():

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from typer.testing import CliRunner
 
 import linattn
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.dispatch import fast_path
 from linattn.dispatch import Problem, explain, resolve_device
 

@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 import linattn
-import linattn.cli as cli
+import linattn.apps.cli as cli
 from linattn.backends.cutedsl import RANK_FIRST, CuteDSLBackend
 from linattn.backends.torch_ref import TorchRefBackend, gdn_prefill_ref
 from linattn.capabilities import DeviceCapabilities, profile

@@ -13,7 +13,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from linattn import cli
+from linattn.apps import cli
 from linattn.presets import PresetFileError, preset, preset_table, presets
 
 GOOD = '[mine]\ntitle="m"\nfamily="gdn"\nH=2\nHV=4\nK=64\nV=64\nsource="x"\n'

@@ -1,4 +1,4 @@
-"""Selection by measurement on a CUDA GPU (dispatch/tuning.py, linattn/tune.py): ``linattn tune``
+"""Selection by measurement on a CUDA GPU (dispatch/tuning.py, apps/tune.py): ``linattn tune``
 times the GPU backends of a small bucket and the dispatcher follows the table; the table's key
 carries the driver; a call captured into a real CUDA graph with ``LINATTN_AUTOTUNE=1`` measures
 nothing (the measurement syncs) and replays.
@@ -18,7 +18,8 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 import linattn  # noqa: E402
-from linattn import cli, tune  # noqa: E402
+from linattn import tune as measuring  # noqa: E402
+from linattn.apps import cli  # noqa: E402
 from linattn.dispatch import Problem, clear_cache, explain, selection  # noqa: E402
 from linattn.dispatch.tuning import TuneTable, current_key, table_path  # noqa: E402
 
@@ -45,8 +46,8 @@ def test_tune_times_the_gpu_backends_and_selection_follows_the_table(tuned):
 def test_a_captured_call_measures_nothing_and_replays(tuned, monkeypatch):
     monkeypatch.setenv("LINATTN_AUTOTUNE", "1")
     clear_cache()  # read with the tables
-    monkeypatch.setattr(tune, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
-    args = tune.inputs(Problem(op="gdn_decode", n=8, h=2, hv=4, k=128, v=128), CUDA)
+    monkeypatch.setattr(measuring, "measure_bucket", lambda *a, **kw: pytest.fail("measured during capture"))
+    args = measuring.inputs(Problem(op="gdn_decode", n=8, h=2, hv=4, k=128, v=128), CUDA)
     linattn.gdn_decode(**args, backend="torch-ref", validate=False)  # forced: warms up without autotuning
     pool = args["state_pool"].clone()
     g = torch.cuda.CUDAGraph()

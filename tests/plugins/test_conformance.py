@@ -93,7 +93,7 @@ def test_check_of_a_backend_that_does_not_run_on_the_device_is_not_a_pass(regist
     says NOT AVAILABLE with the reason and exits 3 (neither a crash nor a pass)."""
     from typer.testing import CliRunner
 
-    from linattn.cli import app
+    from linattn.apps.cli import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["check", "--backend", "cutedsl", "--device", "cpu", "--json"])
@@ -223,7 +223,7 @@ def test_contract_cases_run_for_a_backend_that_declares_triton_kernels(registry)
 def test_linattn_check_command_json_and_exit_codes(registry):
     from typer.testing import CliRunner
 
-    from linattn.cli import app
+    from linattn.apps.cli import app
 
     runner = CliRunner()
     res = runner.invoke(app, ["check", "--backend", "torch-ref", "--op", "silu_and_mul_clamp", "--json"])

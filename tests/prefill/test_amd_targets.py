@@ -57,7 +57,7 @@ def test_mi300x_runs_the_chunked_prefill_unpipelined_and_a_smaller_lds_is_refuse
 @pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill"])
 def test_the_dispatcher_plans_triton_prefill_on_the_mi300x_profile(op):
     import linattn
-    from linattn.report import representative_problem
+    from linattn.apps.report import representative_problem
 
     d = linattn.explain(representative_problem(op), profile("mi300x"))
     assert d.chosen == "triton-folded", [(v.backend, v.message) for v in d.verdicts]

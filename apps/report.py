@@ -1,10 +1,10 @@
 """The documents behind ``linattn report``, ``explain``, ``backends`` and ``plugins``: plain dicts, no printing.
 
-Each builder returns the one document a command prints; ``linattn/cli.py`` renders it as rich
+Each builder returns the one document a command prints; ``apps/cli.py`` renders it as rich
 tables or, with ``--json``, dumps it as is. So a script that imports these functions sees the
 same data as ``linattn <command> --json``::
 
-    >>> from linattn.report import problem_for, build_report
+    >>> from linattn.apps.report import problem_for, build_report
     >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
     'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
     >>> sorted(build_report("sm90"))[:3]
@@ -19,13 +19,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import ValidationError
-
 import linattn
 from linattn.dispatch import resolve_device
-from linattn.dispatch.ops_table import OP_TABLE, ops_of, op_spec
+from linattn.dispatch.ops_table import OP_TABLE, op_spec
 from linattn.dispatch.problem import OPS, Problem
-from linattn.presets import preset_table
+from linattn.presets import UsageError, make_problem, preset_shape, preset_table  # noqa: F401 - UsageError: the CLI's and tests' name
 
 #: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
 #: From the op table's ``default_preset`` (``{"gdn": "qwen3-next", "kda": "kimi-linear", "swiglu": "deepseek-v4"}``).
@@ -42,10 +40,6 @@ REPORT_PREFILL_SEQS = 4
 #: The largest count a size option of the command line takes (rows, tokens, sequences, steps,
 #: repeats): an int32, as the kernels index with; larger is refused as a usage error (exit 2).
 SIZE_MAX = 2**31 - 1
-
-
-class UsageError(ValueError):
-    """A bad argument: printed (as JSON with --json) and exit code 2."""
 
 
 # -- targets and problems --------------------------------------------------------------------------
@@ -105,78 +99,9 @@ def resolve_target(profile: Optional[str], device: Optional[str] = None):
     return resolve_device(default_device())
 
 
-def _describe(err: dict) -> str:
-    """One pydantic error as ``field=value: what is allowed`` (or the unknown field and the known ones)."""
-    loc = ".".join(str(x) for x in err.get("loc", ()))
-    msg = err.get("msg", "").removeprefix("Value error, ")
-    if err.get("type") == "extra_forbidden":
-        known = ", ".join(f for f in Problem.model_fields if f != "op")
-        return f"unknown field {loc!r}; Problem fields: {known}"
-    return f"{loc}={err.get('input')!r}: {msg}" if loc else msg
-
-
-def make_problem(op: str, **fields) -> Problem:
-    """``Problem(op=op, **fields)``, with an error that names each bad field, its value and what is allowed.
-
-    Args:
-        op: an op name (see ``linattn.dispatch.OPS``).
-        fields: :class:`Problem` fields (``n``, ``t``, ``h``, ``hv``, ``k``, ``v``, ``d``, ``dtype``, ...).
-    Returns:
-        Problem.
-    Raises:
-        UsageError: (a ValueError) an unknown op or field, a bad value, or an impossible shape.
-    Example:
-        >>> make_problem("gdn_decode", n=2, h=1, hv=2, k=8, v=8).brief()
-        'N=2 T=1 H=1 HV=2 K=8 V=8 bfloat16 state=float32/vk mode=pool'
-    """
-    try:
-        return Problem(op=op, **fields)
-    except ValidationError as e:
-        raise UsageError(f"bad problem for {op}: " + "; ".join(_describe(err) for err in e.errors())) from None
-
-
-def _preset_for(op: str, model: str):
-    """The preset ``model``, checked against ``op``'s family."""
-    if op not in OPS:
-        raise UsageError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    try:
-        p = linattn.preset(model)
-    except KeyError as e:
-        raise UsageError(e.args[0]) from None
-    fam = OP_TABLE[op].family
-    if p.family != fam:
-        ops = ops_of(p.family)
-        raise UsageError(f"model {model!r} ({p.title}) is a {p.family!r} model; {op} needs a {fam!r} model "
-                         f"such as {FAMILY_PRESET[fam]!r}. Ops for {model!r}: {', '.join(ops)}")
-    return p
-
-
-def preset_shape(op: str, model: str) -> dict:
-    """The :class:`Problem` fields a model preset fixes for ``op`` (head counts and dims, or ``D``).
-
-    Args:
-        op: an op name. model: a preset of the op's family (``qwen3-next`` for GDN ops, ...).
-    Returns:
-        dict: ``h, hv, k, v`` (decode, prefill); ``hv, k, mode`` (gating; ``k = 0`` for GDN);
-        ``d, clamp_limit, mode`` (``silu_and_mul_clamp``).
-    Raises:
-        UsageError: an unknown op or model, or a model of another family.
-    Example:
-        >>> preset_shape("gdn_decode", "qwen3-next")
-        {'h': 16, 'hv': 32, 'k': 128, 'v': 128}
-    """
-    p = _preset_for(op, model)
-    spec = OP_TABLE[op]
-    if spec.method == "clamp":
-        return dict(d=p.D, clamp_limit=p.limit is not None, mode="none")
-    if spec.phase == "gating":
-        return dict(hv=p.HV, k=p.K if spec.per_channel_gates else 0, mode="none")
-    return dict(h=p.H, hv=p.HV, k=p.K, v=p.V)
-
-
 def _sizes(op: str, batch: Optional[int], tokens: Optional[int], seqs: Optional[int],
            total_tokens: Optional[int]) -> dict:
-    """``n``, ``t`` (and ``max_seqlen``) from the CLI's sizes (the grammar of linattn/cli_common.py):
+    """``n``, ``t`` (and ``max_seqlen``) from the CLI's sizes (the grammar of apps/cli_common.py):
     ``batch`` (= ``seqs``) sequences N, ``tokens`` per sequence L; ``total_tokens``: a prefill's packed
     T in all instead (lengths unknown). A size that does not apply is an error."""
     for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs), ("total_tokens", total_tokens)):
@@ -222,7 +147,7 @@ def problem_for(op: str, model: str, *, batch: Optional[int] = None, tokens: Opt
                 total_tokens: Optional[int] = None) -> Problem:
     """The :class:`Problem` a call of ``op`` at a model preset's shapes would produce.
 
-    Sizes follow the CLI's grammar (``linattn/cli_common.py``): ``batch`` (or its synonym ``seqs``,
+    Sizes follow the CLI's grammar (``apps/cli_common.py``): ``batch`` (or its synonym ``seqs``,
     default 1) is the call's sequences N, ``tokens`` the tokens per sequence L. Fields follow the
     validation layer (``dispatch/validate.py``):
 

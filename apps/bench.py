@@ -31,7 +31,7 @@ gathered once outside the timing), ``chunk_gated_delta_rule`` / ``chunk_kda`` fo
 ``[N, HV, K, V]``), and for prefill also with the gather / scatter around it that an engine with
 a pool needs (``flash-linear-attention+gather-scatter``). Its bytes exclude the slot indices.
 
-``--plot PATH`` writes a PNG (``linattn/bench_plot.py``): decode and clamp GB/s over N against
+``--plot PATH`` writes a PNG (``apps/bench_plot.py``): decode and clamp GB/s over N against
 the copy ceiling, prefill Mtok/s per shape, each beside FLA when it ran. ``--from RESULTS.json``
 plots an earlier run (a ``--out`` file, or a file of ``benchmarks/results/``) without measuring.
 
@@ -61,9 +61,9 @@ import torch
 import typer
 
 import linattn
-from linattn.report import SIZE_MAX
-from linattn.bench_plot import FLA, FLA_GS
-from linattn.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
+from linattn.apps.report import SIZE_MAX
+from linattn.apps.bench_plot import FLA, FLA_GS
+from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
@@ -638,7 +638,7 @@ def render(doc: dict, console=None) -> None:
     from rich.text import Text
 
     if console is None:
-        from linattn.cli import stdout_console
+        from linattn.apps.cli import stdout_console
 
         console = stdout_console()
     cb = doc["copy_bandwidth"]
@@ -702,7 +702,7 @@ def bench(
     measured: OP's rows of that results file are plotted. Runs on --device. Exit 2 on a bad
     argument.
     """
-    from linattn.bench_plot import PlotError, png_path, require_matplotlib
+    from linattn.apps.bench_plot import PlotError, png_path, require_matplotlib
 
     op = one_op(op, op_opt)
     no_profile(profile, "bench")
@@ -763,7 +763,7 @@ def _fail_usage(err: Exception, json_: bool) -> None:
 
 def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: bool) -> None:
     """The JSON file, the PNG, and the document on stdout (JSON or the table)."""
-    from linattn.bench_plot import plot_data, render_png
+    from linattn.apps.bench_plot import plot_data, render_png
 
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -780,7 +780,7 @@ def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: 
 
 def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[str], json_: bool) -> None:
     """``--from``: plot ``op``'s rows of an existing results file; nothing is measured."""
-    from linattn.bench_plot import load_plot_data, render_png
+    from linattn.apps.bench_plot import load_plot_data, render_png
 
     if op not in BENCH_OPS:
         raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")

@@ -14,7 +14,7 @@ One meaning per name, in every verb that takes it (issue 30, section 5):
 - ``--json``: exactly one JSON document on stdout; an error is ``{"error": {"type", "message",
   "exit_code", ...}}`` with the exit code of the text mode (2: a usage error).
 
-The verbs' modules (``linattn/cli.py``, ``bench.py``, ``tune.py``, ``testing/cli.py``) take their
+The verbs' modules (``apps/cli.py``, ``bench.py``, ``tune.py``, ``testing/cli.py``) take their
 options and error handling from here, so they cannot drift apart.
 """
 

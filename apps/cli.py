@@ -11,7 +11,7 @@ stdout (nothing else), so scripts can parse it::
     linattn demo --model qwen3-next                          # the main job (see apps/demo.py)
     linattn tune [--quick | --buckets gdn_decode:1,gdn_prefill:16x4096]   # measure, write the tuned table
 
-One grammar for every verb (``linattn/cli_common.py``): the op as ``OP`` or ``--op OP``;
+One grammar for every verb (``apps/cli_common.py``): the op as ``OP`` or ``--op OP``;
 ``--batch N`` (or ``--seqs N``) the sequences of a call, ``--tokens L`` tokens per sequence;
 ``--device`` a torch device a verb runs on or probes, ``--profile`` a device ``explain`` and
 ``report`` plan for without having it; with ``--json`` an error is the document
@@ -30,7 +30,7 @@ never a traceback.
 
 This module holds the typer commands and their rich rendering only; the documents they print
 (report, decision, backend and plugin rows, and the problems built from the model presets) are
-built by ``linattn/report.py``, so text and ``--json`` always show the same data.
+built by ``apps/report.py``, so text and ``--json`` always show the same data.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 import linattn
-from linattn.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, emit_json, fail,  # noqa: F401
+from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, emit_json, fail,  # noqa: F401
                                 hidden_profile_option, no_profile, one_op, op_argument, op_option, stdout_console)
 from linattn.apps.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.tuning import ignored as tuning_ignored
-# The data builders live in linattn/report.py; re-exported here because tests and scripts import them from linattn.cli.
-from linattn.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
+# The data builders live in apps/report.py; re-exported here because tests and scripts import them from linattn.apps.cli.
+from linattn.apps.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
                             SIZE_MAX, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
                             representative_problem, resolve_target, sweep_problems)
@@ -140,7 +140,7 @@ def _emit_json(doc: Any) -> None:
 
 
 def _fail_usage(err: Exception, as_json: bool) -> None:
-    """A usage error: the JSON error document or one ``error:`` line, exit 2 (see linattn/cli_common.py)."""
+    """A usage error: the JSON error document or one ``error:`` line, exit 2 (see apps/cli_common.py)."""
     fail(err, as_json, 2)
 
 
@@ -585,8 +585,8 @@ def register_optional(module: str, attr: str, name: str, into: Optional[typer.Ty
 
 
 register_optional("linattn.testing.cli", "check", "check")
-register_optional("linattn.bench", "bench", "bench")
-register_optional("linattn.tune", "tune", "tune")
+register_optional("linattn.apps.bench", "bench", "bench")
+register_optional("linattn.apps.tune", "tune", "tune")
 
 
 if __name__ == "__main__":  # pragma: no cover
