@@ -756,7 +756,7 @@ def run_context_parallel_demo(ranks: int, model: str = DEFAULTS["model"], tokens
     """
     import os
 
-    from linattn.context_parallel import spawn_ranks
+    from linattn.testing.spawn import spawn_ranks
 
     pre, hs, _ = _checked_config(model, 1, 1, 1, shape, (1, 1), (1, 1), None)
     if ranks < 1 or tokens < ranks:

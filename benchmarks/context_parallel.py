@@ -186,7 +186,7 @@ def _row(model, tokens, w, part, per_rank, state, ref, rows):
 def main(argv=None) -> int:
     cfg = _parse(argv)
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (the H200 machines require it); inherited by the ranks
-    from linattn.context_parallel import spawn_ranks
+    from linattn.testing.spawn import spawn_ranks
 
     world = max(cfg.gpus)
     rows = spawn_ranks(_bench_rank, world, cfg, backend="nccl" if cfg.device == "cuda" else "gloo",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from linattn._namespace import public_dir
 from linattn.capabilities import DeviceCapabilities, probe
-from linattn.context_parallel import context_parallel_prefill
 from linattn.dispatch import Decision, NoBackendError, Problem, Reason, last_decision, policy
 from linattn.dispatch import explain as _explain
 from linattn.ops import (BackendRunError, GradModeError, gdn_decode, gdn_gating, gdn_prefill, kda_decode, kda_gating,
@@ -59,6 +58,17 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
         base = preset_shape(problem, model) if model is not None else {}
         problem = make_problem(problem, **{**base, **shape})
     return _explain(problem, device, backend=backend)
+
+
+def __getattr__(name: str):
+    """``linattn.context_parallel_prefill``, imported on first use: :mod:`linattn.context_parallel`
+    needs ``torch.distributed``'s collectives, which ``import linattn`` leaves alone."""
+    if name == "context_parallel_prefill":
+        from linattn.context_parallel import context_parallel_prefill
+
+        globals()[name] = context_parallel_prefill
+        return context_parallel_prefill
+    raise AttributeError(f"module 'linattn' has no attribute {name!r}")
 
 
 def list_backends() -> dict:

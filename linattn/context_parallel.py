@@ -15,8 +15,9 @@ piece with values ``[v | 0]`` (``V + K`` columns) from the state ``[0 | I]`` end
 needed an entering state. The rank holding a sequence's last token stores its final state.
 
 Host-only planning (:func:`make_plan`) is separate from the execution, so the plan can be read and
-tested without a process group. Nothing here creates a process group except :func:`spawn_ranks`,
-a helper for tests, the demo and the benchmark.
+tested without a process group. Nothing here creates a process group: the tests, the demo and the
+benchmark start their ranks with :func:`linattn.testing.spawn.spawn_ranks`. ``import linattn`` does
+not import this module (``linattn.context_parallel_prefill`` loads it on first use).
 
 Example (a group of one rank is exactly the ordinary call)::
 
@@ -36,13 +37,6 @@ Example (a group of one rank is exactly the ordinary call)::
 from __future__ import annotations
 
 import bisect
-import datetime
-import os
-import pickle
-import queue
-import shutil
-import tempfile
-import time
 from typing import Callable, Literal, NamedTuple, Optional, Sequence
 
 import torch
@@ -56,7 +50,7 @@ FAMILIES = ("gdn", "kda")
 PieceKind = Literal["whole", "first", "middle", "last"]
 
 __all__ = ["ContextParallelPlan", "Piece", "RankPlan", "context_parallel_prefill", "make_plan", "op_summary",
-           "spawn_ranks", "summary_mode"]
+           "summary_mode"]
 
 
 # -- the plan (host only) -------------------------------------------------------------------------
@@ -349,7 +343,7 @@ def _world(group) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("context_parallel_prefill needs torch.distributed initialised: call "
                          "torch.distributed.init_process_group(...) in every rank first (gloo on the CPU, nccl on "
-                         "GPUs), or use linattn.context_parallel.spawn_ranks in tests")
+                         "GPUs), or use linattn.testing.spawn.spawn_ranks in tests")
     return dist.get_world_size(group), dist.get_rank(group)
 
 
@@ -744,75 +738,3 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
     plan = make_plan(meta["cu"], [(m["offset"], m["tokens"]) for m in metas],
                      None if slots is None else [s < 0 for s in slots])
     return _execute(family, x, args, out, meta, plan, rank, summary, group, world)
-
-
-# -- spawning ranks (tests, demo, benchmark) -----------------------------------------------------------
-
-def _rank_main(rank: int, fn, args: tuple, world_size: int, backend: str, store: str, timeout_s: float,
-               results) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        results.put((rank, pickle.dumps(fn(rank, world_size, *args))))
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_ranks(fn: Callable, world_size: int, *args, backend: Optional[str] = None,
-                timeout_s: float = 300.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` new processes joined in a default process group.
-
-    Args:
-        fn: a module-level function (it is pickled by name); its return value must pickle. The
-            ranks are started with the ``spawn`` method, which re-imports the caller's main module:
-            a script that calls this needs the usual ``if __name__ == "__main__":`` guard.
-        world_size: processes to start (>= 1).
-        args: passed to ``fn`` after ``rank, world_size``.
-        backend: ``"gloo"`` (CPU), ``"nccl"`` (rank r on ``cuda:r``), or None: nccl when torch sees at
-            least ``world_size`` CUDA devices, else gloo.
-        timeout_s: the collectives' timeout and the limit on the whole run.
-    Returns:
-        ``[fn's return value of rank 0, rank 1, ...]``.
-    Raises:
-        torch.multiprocessing.ProcessRaisedException: a rank raised (its traceback in the message);
-            the other ranks are terminated. TimeoutError: the ranks ran past ``timeout_s``.
-    """
-    import torch.multiprocessing as mp
-
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "gloo"
-    folder = tempfile.mkdtemp(prefix="linattn-cp-")
-    results = mp.get_context("spawn").Queue()
-    ctx = mp.start_processes(_rank_main, args=(fn, args, world_size, backend, os.path.join(folder, "store"),
-                                               timeout_s, results), nprocs=world_size, join=False, start_method="spawn")
-    got, deadline = {}, time.monotonic() + timeout_s
-    try:
-        while True:  # read results while waiting, so that no rank blocks on a full pipe at exit
-            _drain(results, got, 0.05)
-            if ctx.join(timeout=0.05):  # raises when a rank raised
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"spawn_ranks: {world_size} ranks ran past {timeout_s} s "
-                                   f"(results from ranks {sorted(got)})")
-        while len(got) < world_size and time.monotonic() < deadline:
-            _drain(results, got, 0.5)
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.terminate()
-        shutil.rmtree(folder, ignore_errors=True)  # the rendezvous file's folder
-    missing = [r for r in range(world_size) if r not in got]
-    if missing:
-        raise RuntimeError(f"spawn_ranks: ranks {missing} exited without a result")
-    return [got[r] for r in range(world_size)]
-
-
-def _drain(results, got: dict, timeout: float) -> None:
-    try:
-        while True:
-            rank, blob = results.get(timeout=timeout)
-            got[rank] = pickle.loads(blob)
-    except queue.Empty:
-        pass

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from cp_cases import Case, cases, make_inputs, run_cases
 
 import linattn
-from linattn.context_parallel import context_parallel_prefill, make_plan, spawn_ranks, summary_mode
+from linattn.context_parallel import context_parallel_prefill, make_plan, summary_mode
+from linattn.testing.spawn import spawn_ranks
 
 SPAWN_TIMEOUT_S = 150
 

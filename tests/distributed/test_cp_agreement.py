@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 from cp_agreement_cases import AGREED, CASES, _base, global_inputs, run_all
 
-from linattn.context_parallel import _agreed, _check_local, spawn_ranks
+from linattn.context_parallel import _agreed, _check_local
+from linattn.testing.spawn import spawn_ranks
 
 PG_TIMEOUT_S = 45  # the whole spawn and every collective; a hang fails the module's tests within it
 K_DEFAULT = 8 ** -0.5  # the scale validation fills in for K = 8
