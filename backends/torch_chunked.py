@@ -49,6 +49,7 @@ the pool or the initial state is float64; matmuls run in IEEE fp32 whatever the 
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Optional
 
@@ -544,108 +545,193 @@ def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
     return x, f
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    """docs/ops.md's l2norm: the plain ``x / sqrt(sum(x^2) + 1e-6)`` (bitwise torch-ref's for rows under
-    ``2**32``), torch-ref's overflow-safe form (F44) for a row whose sum of squares is not finite, that
-    row only (F29: the other rows' bits do not depend on it; one host read: whether any row is such)."""
-    ss = (x * x).sum(-1, keepdim=True)
-    bad = ~torch.isfinite(ss)
-    if bool(bad.any()):
-        return torch.where(bad, l2norm_ref(x), x / torch.sqrt(ss + 1e-6))
-    return x / torch.sqrt(ss + 1e-6)
+GATHER_ROW_BYTES = 128 << 10
+"""Scattered slots (neither one view of the pool nor ``output_state_indices`` that are) are gathered into
+one batch with ``index_select`` and written back with ``index_copy_`` when a row's state is smaller than
+this; larger rows run the state passes row by row through views of the pool (the two extra copies would
+cost more than the per-row calls)."""
 
 
 def plain_decode(call: DecodeCall) -> bool:
     """Whether :func:`decode_step` runs the call: one token (``T = 1``, ``state_indices [N]``), an fp32
     pool and non-fp64 inputs, no intermediate states, ``num_accepted_tokens`` or ``has_initial_state``
     (every other decode runs torch-ref's code, the same results)."""
-    return (call.q.shape[1] == 1 and call.state_indices.dim() == 1 and call.state_pool.dtype == torch.float32
-            and call.q.dtype != torch.float64 and call.intermediate_states is None
-            and call.num_accepted_tokens is None and call.has_initial_state is None)
+    return _plain(call.q, call.state_indices, call.state_pool, call.intermediate_states, call.num_accepted_tokens,
+                  call.has_initial_state)
 
 
-def _slot_block(slots: list, dests: list, rows: list) -> Optional[slice]:
-    """The pool slice ``[s, s + n)`` when the running rows read and write consecutive slots ``s, s + 1, ...``
-    in order (then the state of every row is one view of the pool), else None."""
-    s = slots[rows[0]]
-    block = list(range(s, s + len(rows)))
-    if [slots[n] for n in rows] == block and [dests[n] for n in rows] == block:
-        return slice(s, s + len(rows))
-    return None
+def _plain(q, state_indices, pool, intermediate_states, num_accepted_tokens, has_initial_state) -> bool:
+    return (q.shape[1] == 1 and state_indices.dim() == 1 and pool.dtype == torch.float32
+            and q.dtype != torch.float64 and intermediate_states is None
+            and num_accepted_tokens is None and has_initial_state is None)
+
+
+def _rows_view(pool: torch.Tensor, slots: list) -> Optional[torch.Tensor]:
+    """``pool[slots]`` as a view when ``slots`` is an increasing arithmetic progression ``s, s + d, ...``
+    (one slot, consecutive slots, every other slot, ...), else None."""
+    s, n = slots[0], len(slots)
+    if s < 0:
+        return None
+    if n == 1:
+        return pool.narrow(0, s, 1)
+    d = slots[1] - s
+    if d <= 0 or slots != list(range(s, s + d * n, d)):
+        return None
+    return pool.narrow(0, s, 1 + d * (n - 1)) if d == 1 else pool[s:s + d * (n - 1) + 1:d]
 
 
 @pinned_fp32_matmul
 def decode_step(call: DecodeCall) -> torch.Tensor:
     """One decode token for every row, in place on an fp32 pool (the case :func:`plain_decode` names).
 
-    Per row and value head, with ``d = exp(g)`` (KDA: per key channel) and ``S`` the stored state:
-    ``[S^T (d q), S^T (d k)]`` in one read of ``S``, ``u = beta (v - S^T (d k))``,
-    ``o = S^T (d q) + (q . k) u`` and ``S = d S + k u^T`` (two in-place passes; skipped with
-    ``disable_state_update``). The same maths as torch-ref's ``_step_`` in fewer passes over the state
-    and fewer operations: everything but the state passes runs once over all rows and value heads;
-    the state passes run once over all rows too when they read and write consecutive slots in order
-    (one view of the pool), else once per row, each row's slot through a view (never a gather or
-    scatter copy of the pool). With ``output_state_indices`` a row's read slot is copied into its write
-    slot, which is then updated in place (the bits of an in-place call on that copy). Padding rows
-    (negative slot): zero output, slot untouched. Returns ``o [N, 1, HV, V]`` in q's dtype.
+    Per row and value head, with ``d = exp(g)`` (KDA: per key channel), ``q`` and ``k`` l2-normalised
+    (``x * rsqrt(sum(x^2) + 1e-6)``, ``q`` times ``scale``) and ``S`` the stored state: ``[S^T (d q),
+    S^T (d k)]`` in one batched product over ``S``, ``u = beta (v - S^T (d k))``, ``o = S^T (d q) +
+    (q . k) u`` and ``S = d S + k u^T`` (two in-place passes; skipped with ``disable_state_update``).
+    The same maths as torch-ref's ``_step_`` (docs/ops.md, "Decode"), in fewer passes over the state
+    and about 20 small torch operations whatever N, HV or GVA (value head ``hv`` reads key head
+    ``hv // (HV // H)`` by broadcasting, never an expanded copy).
+
+    The state: one view of the pool when the rows read (and write) slots in an increasing arithmetic
+    progression (consecutive slots, one row); else gathered with ``index_select`` and written back
+    with ``index_copy_`` (rows of at most :data:`GATHER_ROW_BYTES`), or row by row through views.
+    With ``output_state_indices`` a row's read slot is advanced into its write slot (the bits of an
+    in-place call on that slot). Padding rows (negative slot): zero output, slot untouched; no slot
+    but the rows' own is read or written. A row whose ``sum(q^2)`` or ``sum(k^2)`` is not finite
+    takes torch-ref's overflow-safe l2norm (F44), that row only (F29; one host read: whether any is).
+    Returns ``o [N, 1, HV, V]`` in q's dtype.
     """
-    q, v, pool = call.q, call.v, call.state_pool
-    N, _, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    slots = call.state_indices.tolist()
-    dests = slots if call.output_state_indices is None else call.output_state_indices.tolist()
-    rows = [n for n in range(N) if slots[n] >= 0]
-    if not rows:
-        return torch.zeros(N, 1, HV, V, dtype=q.dtype, device=q.device)
-    sel = slice(None) if len(rows) == N else torch.tensor(rows, device=q.device)  # no copy when all rows run
     kda = call.family == "kda"
     if call.g is not None:
-        g, beta = torch.clamp(call.g[sel, 0].float(), min=G_MIN), call.beta[sel, 0].float()
+        gates = (call.g, call.beta)
     else:
-        gate, extra = (kda_gating_ref, {"lower_bound": call.lower_bound}) if kda else (gdn_gating_ref, {})
-        g, beta = gate(call.A_log, call.a[sel, 0], call.b[sel, 0], call.dt_bias, softplus_beta=call.softplus_beta,
-                       softplus_threshold=call.softplus_threshold, **extra)
-    qk = torch.stack([q[sel, 0], call.k[sel, 0]], dim=-2).float()  # [n, H, 2, K]
-    if call.use_qk_l2norm:
-        qk = _l2norm(qk)
-    if call.scale != 1.0:
-        qk[..., 0, :] *= call.scale
-    n = qk.shape[0]
-    if HV != H:  # GVA: head hv reads hv // (HV // H)
-        qk = qk[:, :, None].expand(n, H, HV // H, 2, K).reshape(n, HV, 2, K)
-    vk = call.state_layout == "vk"
-    d = torch.exp(g)  # [n, HV, K] or [n, HV]
-    # d as it scales the state [n, HV, V, K] ("vk") or [n, HV, K, V] ("kv"); as it scales (q, k) [n, HV, 2, K]
-    d_state = (d[:, :, None, :] if vk else d[:, :, :, None]) if kda else d[:, :, None, None]
-    dqk = qk * (d[:, :, None, :] if kda else d_state)  # (d q, d k) as row vectors (the fast gemm form on CPUs)
-    kn = qk[:, :, 1]  # [n, HV, K]
-    qk_dot = (qk[:, :, 0] * kn).sum(-1, keepdim=True)  # [n, HV, 1]
-    block = _slot_block(slots, dests, rows)
-    if block is not None:
-        S = pool[block]
-        P = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)  # [n, HV, 2, V]: (d q)^T S, (d k)^T S
-    else:
-        P = torch.stack([torch.matmul(dqk[i], pool[slots[r]].transpose(-1, -2) if vk else pool[slots[r]])
-                         for i, r in enumerate(rows)])
-    u = beta[..., None] * (v[sel, 0].float() - P[:, :, 1])  # [n, HV, V]
-    o_rows = torch.addcmul(P[:, :, 0], qk_dot, u)  # [n, HV, V]
-    if not call.disable_state_update:
-        outer = (u[..., :, None], kn[..., None, :]) if vk else (kn[..., :, None], u[..., None, :])
-        if block is not None:
-            S.mul_(d_state).addcmul_(*outer)
-        else:
-            for i, r in enumerate(rows):
-                if dests[r] < 0:  # a negative write slot (only with validate=False) stores nothing, as in torch-ref
-                    continue
-                S = pool[slots[r]]
-                if dests[r] != slots[r]:  # separate write slot: the state is advanced there (validated: no one reads it)
-                    S = pool[dests[r]].copy_(S)
-                S.mul_(d_state[i]).addcmul_(outer[0][i], outer[1][i])
-    if len(rows) == N:
-        return o_rows[:, None].to(q.dtype)
-    o = torch.zeros(N, 1, HV, V, dtype=q.dtype, device=q.device)
-    o[sel, 0] = o_rows.to(q.dtype)
-    return o
+        gates = (call.A_log, call.a, call.b, call.dt_bias,
+                 dict(softplus_beta=call.softplus_beta, softplus_threshold=call.softplus_threshold,
+                      **({"lower_bound": call.lower_bound} if kda else {})))
+    return _decode(kda, call.q, call.k, call.v, gates, call.state_pool, call.state_indices,
+                   call.output_state_indices, call.scale, call.use_qk_l2norm, call.state_layout == "vk",
+                   not call.disable_state_update)
+
+
+def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, l2norm: bool, vk: bool,
+            update: bool) -> torch.Tensor:
+    """:func:`decode_step`'s body on the call's tensors; ``gates`` is ``(g, beta)`` or ``(A_log, a, b,
+    dt_bias, gating keywords)``. Matmuls pinned by the caller."""
+    N, _, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    r = HV // H
+    per_row = gates if len(gates) == 2 else gates[1:3]  # (g, beta) or (a, b): [N, 1, HV(, K)]
+    slots = idx.tolist()
+    dests = slots if out_idx is None else out_idx.tolist()
+    if N and min(slots) >= 0:  # every row runs: the inputs are read in place
+        sel, n = None, N
+        x1, y1 = per_row
+    else:  # the running rows' inputs gathered
+        rows = [i for i in range(N) if slots[i] >= 0]
+        if not rows:
+            return q.new_zeros(N, 1, HV, V)
+        n, sel = len(rows), torch.tensor(rows, device=q.device)
+        slots, dests = [slots[i] for i in rows], [dests[i] for i in rows]
+        q, k, v, x1, y1 = (x.index_select(0, sel) for x in (q, k, v, *per_row))
+    if len(gates) == 2:  # the gate form: g [n, 1, HV] (KDA [n, 1, HV, K]) and beta [n, 1, HV], fp32
+        d = torch.exp(x1 if x1.dtype == torch.float32 else x1.float())  # = exp(max(g, G_MIN)) in fp32
+        beta1 = y1 if y1.dtype == torch.float32 else y1.float()
+    else:  # the raw form (a, b): torch-ref's gating, its bits (g floored at G_MIN)
+        g1, beta1 = (kda_gating_ref if kda else gdn_gating_ref)(gates[0], x1, y1, gates[3], **gates[4])
+        d = g1.exp_()
+    qk = torch.cat((q, k), 1)  # [n, 2, H, K]: q's rows, then k's
+    if qk.dtype != torch.float32:
+        qk = qk.float()
+    if l2norm:
+        fold = 2.0 ** -60 <= scale <= 2.0 ** 60  # scale^-2 within fp32's range: folded into the norm
+        c, eps_c = _scale_consts(scale if fold else 1.0, qk.device)
+        f = torch.addcmul(eps_c, torch.linalg.vecdot(qk, qk).unsqueeze_(-1), c)  # [n, 2, H, 1]: (ss + eps) c
+        if not math.isfinite(f.sum().item()):  # one host read: a row past fp32's range (or NaN / inf in it)
+            bad = ~torch.isfinite(f)  # takes torch-ref's overflow-safe l2norm (F44), that row only (F29)
+            f = torch.where(bad, c, f)
+            qk = torch.where(bad, l2norm_ref(qk), qk)
+        qk.mul_(f.rsqrt_())  # q * scale / sqrt(sum(q^2) + eps), k / sqrt(sum(k^2) + eps)
+        if not fold:
+            qk.select(1, 0).mul_(scale)
+    elif scale != 1.0:
+        qk.select(1, 0).mul_(scale)
+    qn, kn = qk.select(1, 0), qk.select(1, 1)  # [n, H, K]
+    qk_dot = torch.linalg.vecdot(qn, kn).view(n, H, 1, 1)  # q . k per key head
+    # d grouped as (key head, value heads of that key head): GDN [n, H, r, 1, 1], KDA [n, H, r, 1, K]
+    dg = d.view(n, H, r, 1, K) if kda else d.view(n, H, r, 1, 1)
+    dqk = torch.empty(n, HV, 2, K, dtype=qk.dtype, device=qk.device)  # (d q, d k) per value head, as rows
+    torch.mul(qk.transpose(1, 2).unsqueeze(2), dg, out=dqk.view(n, H, r, 2, K))  # GVA: a broadcast, no copy
+    S, gathered = _rows_view(pool, slots), False
+    if S is None and HV * K * V * pool.element_size() <= GATHER_ROW_BYTES and min(dests) >= 0:
+        S, gathered = pool.index_select(0, idx if sel is None else torch.tensor(slots, device=q.device)), True
+    if S is not None:
+        P = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)  # [n, HV, 2, V]
+    else:  # large rows at scattered slots: the state passes row by row
+        P = torch.cat([torch.matmul(dqk.narrow(0, i, 1), pool.narrow(0, s, 1).transpose(-1, -2) if vk
+                                    else pool.narrow(0, s, 1)) for i, s in enumerate(slots)])
+    # u = beta (v - (d k)^T S), o = (d q)^T S + (q . k) u, grouped [n, H, r, V]
+    u = torch.sub(v.view(n, HV, V), P.select(2, 1)).mul_(beta1.view(n, HV, 1)).view(n, H, r, V)
+    o = torch.addcmul(P.select(2, 0).view(n, H, r, V), qk_dot, u)
+    if update:
+        if vk:  # S [., HV, V, K] grouped [., H, r, V, K]: d S + u k^T
+            dS, u5, k5 = (d.view(n, H, r, 1, K) if kda else dg), u.view(n, H, r, V, 1), kn.view(n, H, 1, 1, K)
+        else:  # S [., HV, K, V]: d S + k u^T
+            dS, u5, k5 = (d.view(n, H, r, K, 1) if kda else dg), u.view(n, H, r, 1, V), kn.view(n, H, 1, K, 1)
+        _advance(pool, S, gathered, slots, dests, dS, u5, k5)
+    o = o.view(n, 1, HV, V)
+    if o.dtype != q.dtype:
+        o = o.to(q.dtype)
+    if sel is None:
+        return o
+    return q.new_zeros(N, 1, HV, V).index_copy_(0, sel, o)
+
+
+_SCALES: dict = {}
+
+
+def _scale_consts(scale: float, device) -> tuple:
+    """``c = [scale^-2, 1]`` and ``eps c`` as ``[2, 1, 1]`` fp32 tensors, kept per (scale, device): the
+    l2norm's ``rsqrt(ss c + eps c)`` is ``scale / sqrt(ss + eps)`` for q and ``1 / sqrt(ss + eps)`` for k
+    in one operation (a tensor operand also costs less than a Python scalar's conversion)."""
+    key = (scale, device)
+    got = _SCALES.get(key)
+    if got is None:
+        if len(_SCALES) > 64:
+            _SCALES.clear()
+        c = torch.tensor([[[scale ** -2]], [[1.0]]], dtype=torch.float32, device=device)
+        got = _SCALES[key] = (c, c * 1e-6)
+    return got
+
+
+def _advance(pool, S: Optional[torch.Tensor], gathered: bool, slots: list, dests: list, dS, u5, k5) -> None:
+    """``S = d S + (u k^T or k u^T)`` into the write slots: ``S`` the rows' states gathered (written back
+    with ``index_copy_``), a view of the pool (written in place, or copied first into the write slots'
+    view), or None (row by row)."""
+    n, H, r = dS.shape[:3]
+    if gathered:
+        S.view(n, H, r, *S.shape[2:]).mul_(dS).addcmul_(u5, k5)
+        pool.index_copy_(0, torch.tensor(dests, device=pool.device), S)
+        return
+    W = None if S is None else S if dests == slots else _rows_view(pool, dests)
+    if W is None:
+        _update_rows(pool, slots, dests, dS, u5, k5)
+        return
+    if W is not S:  # separate write slots in one view: the read states copied there first
+        W.copy_(S)
+    W.view(n, H, r, *W.shape[2:]).mul_(dS).addcmul_(u5, k5)
+
+
+def _update_rows(pool, slots: list, dests: list, dS, u5, k5) -> None:
+    """The state update row by row through views of the pool: row ``i`` reads ``slots[i]`` and writes
+    ``dests[i]`` (a negative write slot, only with validate=False, stores nothing, as in torch-ref)."""
+    for i, (s, w) in enumerate(zip(slots, dests)):
+        if w < 0:
+            continue
+        S = pool.narrow(0, s, 1)
+        if w != s:  # separate write slot: the state is advanced there (validated: no one reads it)
+            S = pool.narrow(0, w, 1).copy_(S)
+        S.view(1, *dS.shape[1:3], *S.shape[2:]).mul_(dS.narrow(0, i, 1)).addcmul_(u5.narrow(0, i, 1),
+                                                                                   k5.narrow(0, i, 1))
 
 
 class TorchChunkedBackend(Backend):
@@ -702,6 +788,34 @@ class TorchChunkedBackend(Backend):
         if p.checkpoints:
             note += "; checkpoints: the state entering the chunk at each checkpoint_every boundary, copied from the recurrence"
         return note
+
+    def prepare(self, op: str, args: dict):
+        """The dispatcher's cached launch (``dispatch/fast_path.py``) for a decode that :func:`plain_decode`
+        names: the call key fixes what that depends on (dtypes, T, which optional tensors are given), so a
+        later call with the key runs :func:`decode_step`'s body straight from its keyword arguments, with
+        the first call's scalars (also in the key), no call object built. None for everything else
+        (:meth:`run`: the call object and :meth:`decode` / :meth:`prefill`)."""
+        if op not in ("gdn_decode", "kda_decode") or not _plain(
+                args["q"], args["state_indices"], args["state_pool"], args.get("intermediate_states"),
+                args.get("num_accepted_tokens"), args.get("has_initial_state")):
+            return None
+        kda = op == "kda_decode"
+        fixed = (args["scale"], args["use_qk_l2norm"], args["state_layout"] == "vk", not args["disable_state_update"])
+        if args.get("g") is not None:
+            def gates(a):
+                return a["g"], a["beta"]
+        else:
+            kw = dict(softplus_beta=args["softplus_beta"], softplus_threshold=args["softplus_threshold"],
+                      **({"lower_bound": args["lower_bound"]} if kda else {}))
+
+            def gates(a):
+                return a["A_log"], a["a"], a["b"], a["dt_bias"], kw
+
+        @pinned_fp32_matmul
+        def run(a: dict) -> torch.Tensor:
+            return _decode(kda, a["q"], a["k"], a["v"], gates(a), a["state_pool"], a["state_indices"],
+                           a.get("output_state_indices"), *fixed)
+        return run
 
     def decode(self, call: DecodeCall):
         """:func:`decode_step` where :func:`plain_decode` says so, else torch-ref's decode."""

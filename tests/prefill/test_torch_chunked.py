@@ -157,27 +157,80 @@ def _decode_inputs(kda, layout, N=4, H=2, HV=4, K=32, V=16, seed=0):
     return (q, k, v, a, b, A_log, dt), pool
 
 
+#: slot patterns of decode_step's state paths: one view of the pool (consecutive, every other slot,
+#: after a padding row), gathered rows (scattered), row by row (scattered, GATHER_ROW_BYTES = 0)
+DECODE_SLOTS = {"scattered": [5, -1, 0, 3], "consecutive": [2, 3, 4, 5], "strided": [0, 2, 4, 6],
+                "padded_block": [-1, 3, 4, 5], "rowwise": [5, -1, 0, 3]}
+
+
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("layout", ["vk", "kv"])
 @pytest.mark.parametrize("frozen", [False, True], ids=["update", "disable_state_update"])
-def test_decode_step_matches_the_float64_recurrence_in_place(kda, layout, frozen):
-    """One token over an fp32 pool through the public op, forced (torch-chunked's own step): within fp32's
-    tolerance of float64, padding rows zero and untouched, rows not owned bitwise unchanged."""
+@pytest.mark.parametrize("slots", list(DECODE_SLOTS))
+def test_decode_step_matches_the_float64_recurrence_in_place(kda, layout, frozen, slots, monkeypatch):
+    """One token over an fp32 pool through the public op, forced (torch-chunked's own step), on each of
+    its state paths: within fp32's tolerance of float64, padding rows zero, padding and unowned slots
+    bitwise unchanged (every slot with disable_state_update)."""
+    if slots == "rowwise":
+        monkeypatch.setattr(tc, "GATHER_ROW_BYTES", 0)
     args, pool = _decode_inputs(kda, layout)
-    idx = torch.tensor([5, -1, 0, 3])
+    idx = torch.tensor(DECODE_SLOTS[slots])
     extra = {"lower_bound": -5.0} if kda else {}
     op = linattn.kda_decode if kda else linattn.gdn_decode
     mine = pool.clone()
     o = op(*args, mine, idx, state_layout=layout, disable_state_update=frozen, backend="torch-chunked", **extra)
-    assert tc.plain_decode
+    assert linattn.last_decision().chosen == "torch-chunked"
     ref = pool.double()
     ref_fn = tc.kda_decode_ref if kda else tc.gdn_decode_ref
     ro = ref_fn(*(x.double() for x in args), ref, idx, state_layout=layout, disable_state_update=frozen,
                 compute_dtype=torch.float64, **extra)
     assert _rel(o, ro) < FP32_TOL and _rel(mine, ref) < FP32_TOL
-    assert torch.equal(o[1], torch.zeros_like(o[1]))
-    untouched = [1, 2, 4, 6] + ([0, 3, 5] if frozen else [])
+    pad = [n for n, s in enumerate(idx.tolist()) if s < 0]
+    assert torch.equal(o[pad], torch.zeros_like(o[pad]))
+    untouched = [s for s in range(pool.shape[0]) if frozen or s not in idx.tolist()]
     assert torch.equal(mine[untouched], pool[untouched])
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("form", ["raw", "gates"])
+def test_decode_prepared_launch_runs_decode_step_with_the_first_calls_scalars(kda, form):
+    """The dispatcher's cached launch (TorchChunkedBackend.prepare) gives decode_step's bits through the
+    call object, on the first call with a key and on a later one with other values (GVA, scale, KDA's
+    lower_bound, gate or raw form); slots not owned unchanged."""
+    from linattn.dispatch.calls import make_call
+
+    op = linattn.kda_decode if kda else linattn.gdn_decode
+    extra = {"lower_bound": -5.0} if kda else {}
+    for seed in (0, 1):
+        (q, k, v, a, b, A_log, dt), pool = _decode_inputs(kda, "kv", seed=seed)
+        idx = torch.tensor([4, 0, 6, 2])
+        kw = dict(scale=0.3, state_layout="kv", **(extra if form == "raw" else {}))  # the gate form: g is bounded
+        if form == "raw":
+            gates = dict(a=a, b=b, A_log=A_log, dt_bias=dt)
+        else:
+            g, beta = (linattn.kda_gating if kda else linattn.gdn_gating)(A_log, a.squeeze(1), b.squeeze(1), dt, **extra)
+            gates = dict(g=g.unsqueeze(1), beta=beta.unsqueeze(1))
+        mine, want = pool.clone(), pool.clone()
+        raw = [gates.get(n) for n in ("a", "b", "A_log", "dt_bias")]
+        o = op(q, k, v, *raw, mine, idx, backend="torch-chunked", g=gates.get("g"), beta=gates.get("beta"), **kw)
+        call = make_call(op.__name__, dict(q=q, k=k, v=v, state_pool=want, state_indices=idx, use_qk_l2norm=True,
+                                           **gates, **kw))
+        assert torch.equal(o, tc.decode_step(call)) and torch.equal(mine, want)
+        assert torch.equal(mine[[1, 3, 5]], pool[[1, 3, 5]])
+
+
+def test_decode_separate_write_slots_in_one_view_equal_the_in_place_call():
+    """Read slots 0-2, write slots 3-5 (both one view of the pool): the bits of an in-place call on the
+    write slots holding copies of the read states; the read slots and slot 6 unchanged."""
+    args, pool = _decode_inputs(False, "vk", N=3)
+    read, write = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
+    mine = pool.clone()
+    o = linattn.gdn_decode(*args, mine, read, output_state_indices=write, backend="torch-chunked")
+    want = pool.clone()
+    want[3:6] = pool[0:3]
+    o_want = linattn.gdn_decode(*args, want, write, backend="torch-chunked")
+    assert torch.equal(o, o_want) and torch.equal(mine, want)
+    assert torch.equal(mine[[0, 1, 2, 6]], pool[[0, 1, 2, 6]])
 
 
 def test_decode_other_than_one_token_over_an_fp32_pool_runs_torch_refs_code_bitwise():
