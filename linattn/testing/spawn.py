@@ -21,7 +21,10 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from linattn._namespace import public_dir
+
 __all__ = ["spawn_ranks"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _rank_main(rank: int, fn, args: tuple, world_size: int, backend: str, store: str, timeout_s: float,
