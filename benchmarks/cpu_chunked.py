@@ -29,7 +29,9 @@ Writes the ``benchmarks/_results.py`` schema (rows of every section, a ``kind`` 
 
 Usage:
     python benchmarks/cpu_chunked.py [--repeats 5] [--threads N] [--ops gdn,kda] [--tokens 2048]
-           [--sections plugin,targets,hf_example] [--label "which machine"]
+           [--sections plugin,targets,hf_example] [--target-phases prefill,decode] [--label "which machine"]
+
+A section (or targets phase) not run keeps the file's earlier rows of it, marked ``from_commit``.
 
 The plugin section needs the example installed: ``pip install -e examples/linattn-cpu-chunked``.
 """
@@ -208,6 +210,9 @@ def bench_target_decode(family: str, batch: int, repeats: int) -> dict:
     fns = {"linattn": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"], beta=x["beta"]),
            "torch-chunked": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"],
                                        beta=x["beta"], backend="torch-chunked"),
+           # the same without the value rules (validate=False): what the op layer costs beyond them
+           "torch-chunked validate=False": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots,
+                                                      g=x["g"], beta=x["beta"], backend="torch-chunked", validate=False),
            # the float64-exact oracle, the CPU decode default before torch-chunked's step (f537d4f)
            "torch-ref": lambda: op(x["q"], x["k"], x["v"], None, None, None, None, pool, slots, g=x["g"],
                                    beta=x["beta"], backend="torch-ref"),
@@ -277,14 +282,16 @@ def _only_own_kwargs(fn):
     return functools.wraps(fn)(lambda *a, **kw: fn(*a, **{k: v for k, v in kw.items() if k in params}))
 
 
-def _kept_plugin_rows(path: str) -> list:
-    """The plugin rows of an earlier run in ``path`` (a section not re-run), each marked with its commit."""
+def _kept_rows(path: str, keep) -> list:
+    """The rows of an earlier run in ``path`` that ``keep(row)`` selects (a section or phase not re-run),
+    each marked with its commit (``from_commit``, kept if it had one)."""
     if path == "-" or not os.path.exists(path):
         return []
     with open(path) as f:
         doc = json.load(f)
-    return [{**r, "kind": "plugin", "from_commit": doc["commit"]} for r in doc["rows"]
-            if r.get("kind", "plugin") == "plugin"]
+    machine = next((n for n in doc.get("notes", []) if n.startswith("machine:")), None)
+    return [{"from_commit": doc["commit"], "from_machine": machine, **r, "kind": r.get("kind", "plugin")}
+            for r in doc["rows"] if keep(r)]
 
 
 def main() -> None:
@@ -297,6 +304,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "cpu_chunked.json"), help="results file ('-': print it)")
     ap.add_argument("--sections", default="plugin,targets,hf_example")
     ap.add_argument("--label", default="", help="a note stored with the run (e.g. which machine)")
+    ap.add_argument("--target-phases", default="prefill,decode",
+                    help="the targets section's phases; the file's rows of a phase not run are kept")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -310,16 +319,21 @@ def main() -> None:
         results += [bench(f, args.sequences, t, args.repeats) for f in args.ops.split(",") for t in lengths]
     if "targets" in sections:
         for f in args.ops.split(","):
-            results += [bench_target_prefill(f, n, t, args.repeats) for n, t in TARGET_SHAPES]
-            results += [bench_target_decode(f, b, args.repeats) for b in (1, 4)]
+            phases = args.target_phases.split(",")
+            rows = [bench_target_prefill(f, n, t, args.repeats) for n, t in TARGET_SHAPES] if "prefill" in phases else []
+            rows += [bench_target_decode(f, b, args.repeats) for b in (1, 4)] if "decode" in phases else []
             print(f"  targets {f}: " + ", ".join(f"{r['op']} {r['sequences']}x{r['tokens_per_sequence']} "
-                                                 f"{r['speedup_vs_transformers']}" for r in results[-4:]),
+                                                 f"{r['speedup_vs_transformers']}" for r in rows),
                   file=sys.stderr, flush=True)
+            results += rows
     if "hf_example" in sections:
         results += [bench_hf_example(m, args.repeats) for m in ("qwen3-next", "kimi-linear")]
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    kept = _kept_plugin_rows(args.out) if "plugin" not in sections else []
-    results = kept + results
+    kept = _kept_rows(args.out, lambda r: r.get("kind", "plugin") == "plugin") if "plugin" not in sections else []
+    ran = {(f, p) for f in args.ops.split(",") for p in args.target_phases.split(",")} if "targets" in sections else set()
+    kept_targets = _kept_rows(args.out, lambda r: r.get("kind") == "target" and tuple(r["op"].split("_")) not in ran)
+    kept_hf = _kept_rows(args.out, lambda r: r.get("kind") == "hf_example") if "hf_example" not in sections else []
+    results = kept + kept_targets + results + kept_hf
     notes = ["kind=plugin: torch-chunked, the example plugin cpu-chunked and torch-ref through the public ops "
              f"(validation and dispatch included), {args.sequences} sequences of {args.tokens} tokens (one row per "
              "length) in one varlen call, bf16 q/k/v, fp32 pool; each repeat runs all back to back, each first in "
@@ -333,6 +347,9 @@ def main() -> None:
     if kept:
         notes.append(f"The kind=plugin rows were not re-run (--sections {args.sections}): kept from the file's earlier "
                      f"run, commit {kept[0]['from_commit']}, whose rows compared cpu-chunked and torch-ref only.")
+    if kept_targets or kept_hf:
+        notes.append("Rows with from_commit were not re-run (--sections / --target-phases): kept from the file's "
+                     "earlier run of that commit, with its machine and load.")
     if args.out == "-":
         print(json.dumps(make_results(results, notes).model_dump(), indent=1))
     else:
