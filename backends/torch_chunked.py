@@ -678,7 +678,7 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
         else:  # S [., HV, K, V]: d S + k u^T
             dS, u5, k5 = (d.view(n, H, r, K, 1) if kda else dg), u.view(n, H, r, 1, V), kn.view(n, H, 1, K, 1)
         _advance(pool, S, gathered, slots, dests, dS, u5, k5)
-    o = o.view(n, 1, HV, V)
+    o = o.reshape(n, 1, HV, V)  # a view (o is contiguous when its operands are)
     if o.dtype != q.dtype:
         o = o.to(q.dtype)
     if sel is None:

@@ -301,3 +301,29 @@ def test_buffers_kept_under_inference_mode_serve_a_later_no_grad_call():
         o3, h3 = tc.chunked_prefill(*a)
     assert torch.equal(o2, o1) and torch.equal(h2, h1) and torch.equal(o3, o1) and torch.equal(h3, h1)
     tc.clear_workspace()
+
+
+def test_decode_constants_kept_under_inference_mode_and_permuted_inputs_give_the_same_bits():
+    """decode_step keeps its l2norm/scale constants per (scale, device): made under torch.inference_mode,
+    they serve later calls under no_grad and with grad mode on, same bits; a value tensor and gates
+    handed in a permuted (non-contiguous, dense) layout give the bits of their contiguous copies."""
+    tc._SCALES.clear()
+    (q, k, v, a, b, A_log, dt), pool = _decode_inputs(False, "kv", N=2, H=1, HV=2, K=16, V=16)
+    g, beta = linattn.gdn_gating(A_log, a.squeeze(1), b.squeeze(1), dt)
+    g, beta = g.unsqueeze(1), beta.unsqueeze(1)
+    idx = torch.tensor([2, 0])
+
+    def run(v, g):
+        p = pool.clone()
+        return linattn.gdn_decode(q, k, v, None, None, None, None, p, idx, g=g, beta=beta, state_layout="kv",
+                                  backend="torch-chunked"), p
+    with torch.inference_mode():
+        first = run(v, g)
+    with torch.no_grad():
+        assert all(torch.equal(x, y) for x, y in zip(run(v, g), first))
+    assert all(torch.equal(x, y) for x, y in zip(run(v, g), first))
+    vt = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # same values, V-major strides
+    gt = g.squeeze(1).t().contiguous().t().unsqueeze(1)
+    assert not vt.is_contiguous() and not gt.is_contiguous()
+    o, p = run(vt, gt)
+    assert torch.equal(o, first[0]) and torch.equal(p, first[1]) and torch.equal(p[1], pool[1])
