@@ -100,7 +100,8 @@ _LENGTHS_OF = {op: LENGTH_ARGUMENTS[spec.phase] for op, spec in OP_TABLE.items()
 
 def clear() -> None:
     """Forget every cached call plan and class plan (the decision cache's ``clear_cache`` calls this),
-    and the Triton backends' grid verdicts per size (``size_class``), which are decisions too."""
+    and the Triton backends' grid verdicts per size (``size_class``), which are decisions too.
+    ``dispatcher().clear()`` empties these with every other per-process cache (``dispatch/lru.py``)."""
     _plans.clear()
     _classes.clear()
     triton_backend = sys.modules.get("linattn.backends.triton")

@@ -19,6 +19,16 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | decode launches (per class) | ``kernels/triton/decode.py`` ``DecodeReplay`` | N | :data:`DECODE_ROWS_MAX` |
 | compiled launches (not an LRU) | ``kernels/triton/launch.py`` ``_compiled`` | the launch key (what Triton specializes on) | :data:`COMPILED_LAUNCHES_MAX` |
 
+Who clears them: the process's :class:`~linattn.dispatch.selection.Dispatcher` (``dispatcher().clear()``),
+which empties its own caches (decisions, first-choice log keys, self-check results, tuned tables
+read) and every module-level cache named in :data:`PROCESS_CACHES` (issue 30): the table above and
+the memoised functions (``functools.lru_cache``) of ``dispatch/``, ``backends/``, ``kernels/`` and
+``capabilities/``. They are named as ``"module:attribute"`` strings and looked up in ``sys.modules``
+only, so clearing imports nothing and a module never imported has nothing to clear; no module
+registers itself, and no call pays a lookup for it. The per-plan caches (a call plan's prepared
+launch, ``CallPlan.prepared``; a prefill plan's recorded launches, ``PrefillPlan.launches``; a
+replay's launches per length) live in the call plans and go with them.
+
 The one exception is the compiled-launch cache of ``kernels/triton/launch.py``, read on every kernel
 launch: it is a plain dict that drops the entry stored longest ago when full (first in, first out),
 because an :class:`LRUCache` hit (``move_to_end`` in a Python method) measured about 0.3 us more
@@ -28,6 +38,7 @@ are bounded by the kernels and the classes of their arguments, not by the shapes
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from typing import Any, Hashable
 
@@ -62,6 +73,60 @@ MERGED_POLICIES_MAX = 256
 #: Compiled kernels kept by ``kernels/triton/launch.py`` (first in, first out: module docstring): one
 #: per launch key (kernel, device, options, constexprs, argument dtypes, alignment and int classes).
 COMPILED_LAUNCHES_MAX = 4096
+
+
+#: Every module-level cache of the call path, as ``"module:attribute"``: what
+#: :meth:`~linattn.dispatch.selection.Dispatcher.clear` empties (module docstring), each a dict (an
+#: :class:`LRUCache` included) or a ``functools.lru_cache`` function. The call plans, class plans and
+#: grid verdicts are dropped by ``clear_cache()`` too (``fast_path.clear``); the rest (input-copy
+#: plans, policies, memoised configurations, probes, compiled kernels) only by ``Dispatcher.clear()``.
+#: ``tests/dispatch/test_cache_owner.py`` holds this list against the modules' own caches.
+PROCESS_CACHES: tuple[str, ...] = (
+    "linattn.dispatch.fast_path:_plans",
+    "linattn.dispatch.fast_path:_classes",
+    "linattn.dispatch.fast_path:_SHAPE_AT",
+    "linattn.dispatch.layouts:_PLANS",
+    "linattn.dispatch.policy:_env_cache",
+    "linattn.dispatch.policy:_merged",
+    "linattn.backends.triton:_GRID_FITS",
+    "linattn.backends.triton:_prefill_state_bv",
+    "linattn.backends.torch_chunked:_SCALES",
+    "linattn.backends.peer:import_library",
+    "linattn.kernels.grid:_plan",
+    "linattn.kernels.triton.decode:_config",
+    "linattn.kernels.triton.silu_clamp:silu_config",
+    "linattn.kernels.cutedsl:device_arch",
+    "linattn.kernels.cutedsl:importable",
+    "linattn.capabilities.probe:_probe",
+    "linattn.kernels.triton.launch:_compiled",
+    "linattn.kernels.cutedsl.chunk_state:_CACHE",
+    "linattn.kernels.cutedsl.fused_walk:_CACHE",
+)
+
+
+def process_caches() -> dict[str, Any]:
+    """The caches of :data:`PROCESS_CACHES` whose modules are imported, by ``"module:attribute"``.
+    Imports nothing."""
+    out = {}
+    for spec in PROCESS_CACHES:
+        mod, _, attr = spec.partition(":")
+        module = sys.modules.get(mod)
+        if module is not None:
+            out[spec] = getattr(module, attr)
+    return out
+
+
+def cache_size(cache: Any) -> int:
+    """Entries held by a dict or a ``functools.lru_cache`` function."""
+    info = getattr(cache, "cache_info", None)
+    return info().currsize if info is not None else len(cache)
+
+
+def clear_process_caches() -> None:
+    """Empty every cache :func:`process_caches` gives (``Dispatcher.clear`` calls this)."""
+    for cache in process_caches().values():
+        clear = getattr(cache, "cache_clear", None)
+        (clear or cache.clear)()
 
 
 class LRUCache(OrderedDict):

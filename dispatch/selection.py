@@ -44,7 +44,7 @@ import torch
 
 from linattn.capabilities import DeviceCapabilities, probe, profile
 
-from .lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache
+from .lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache, clear_process_caches, process_caches
 from .policy import Policy, current_policy
 from .problem import Problem
 from .registry import Registry
@@ -426,13 +426,33 @@ class Dispatcher:
         the shape class, :func:`shape_class`)."""
         return [CachedDecision(*key, decision) for key, (_, decision) in list(self._cache.items())]
 
+    def clear(self) -> None:
+        """Empty every per-process cache, in one place (issue 30): :meth:`clear_cache`'s (this
+        dispatcher's decisions, first-choice log lines, self-check results and tuned tables read;
+        the call and class plans, with the prepared launches they hold) and, for the process's
+        dispatcher (:func:`dispatcher`), every other module-level cache of the call path
+        (:data:`~linattn.dispatch.lru.PROCESS_CACHES`: input-copy plans, policies, memoised
+        configurations and probes, compiled kernels). Results after it are bitwise those before
+        (``tests/dispatch/test_cache_owner.py``); only their cost differs."""
+        self.clear_cache()
+        if self is _DEFAULT:
+            clear_process_caches()
+
     def clear_cache(self) -> None:
         """Forget cached decisions, first-choice log lines, self-check results, call plans and the
-        tuned tables read (the next decision reads them again)."""
+        tuned tables read (the next decision reads them again); the caches of what does not
+        change with them (probes, configurations, compiled kernels) stay: :meth:`clear` drops all."""
         self.tuning.reload()
         self._forget_decisions()
         self._logged.clear()
         self.self_checks.reset()
+
+    def caches(self) -> dict:
+        """This dispatcher's caches and (the process's dispatcher) the module-level ones it clears, by
+        name: each a dict or a ``functools.lru_cache`` function (:func:`~linattn.dispatch.lru.cache_size`)."""
+        own = {"decisions": self._cache, "first_choice_log": self._logged, "self_checks": self.self_checks._results,
+               "tuned_tables": self.tuning._tables}
+        return {**own, **process_caches()} if self is _DEFAULT else own
 
     def tuning_changed(self) -> None:
         """Read the tuned tables again and forget the decisions and call plans made under the old
