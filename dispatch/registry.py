@@ -1,7 +1,9 @@
 """The backend registry: pluggy plugins, built-in and external, and what became of each.
 
-Built-in backends come from :mod:`linattn.backends.builtin`; external ones from the entry-point
-group ``linattn.backends``. Loading is lazy (first use), never at ``import linattn``, and never
+Built-in backends come from the plugin module :data:`BUILTIN_MODULE` (``linattn.backends.builtin``,
+whose backends are ``"module:Class"`` strings too); external ones from the entry-point group
+``linattn.backends``. Both are loaded by name (:func:`load_object`), so ``dispatch/`` imports no
+module of ``backends/`` (``tests/test_layering.py``). Loading is lazy (first use), never at ``import linattn``, and never
 fails because of a plugin: a plugin that cannot be imported (whatever it raises, ``sys.exit()``
 and other ``BaseException`` subclasses included; only ``KeyboardInterrupt`` propagates), targets an
 unsupported API version, or raises while registering is recorded with its status and skipped.
@@ -28,6 +30,7 @@ the dispatcher's (``linattn.dispatch.get_registry``).
 
 from __future__ import annotations
 
+import importlib
 import threading
 import traceback
 from importlib import metadata
@@ -40,6 +43,10 @@ from .env import env_names
 from .hookspecs import PROJECT, SUPPORTED_API_VERSIONS, LinattnSpec
 
 ENTRY_POINT_GROUP = "linattn.backends"
+#: the built-in plugin module (its hook returns the built-in backend classes), loaded by name
+BUILTIN_MODULE = "linattn.backends.builtin"
+#: the class every backend derives from, loaded by name on the first registration
+BACKEND_BASE = "linattn.backends.base:Backend"
 #: The name linattn's own backends register under; no other plugin may take it.
 BUILTIN_PLUGIN = "linattn-builtin"
 
@@ -110,8 +117,7 @@ class Registry:
     # -- loading ------------------------------------------------------------------------------------
 
     def load(self, entry_points: bool = True) -> "Registry":
-        from linattn.backends import builtin
-
+        builtin = importlib.import_module(BUILTIN_MODULE)
         builtin.enabled_peers()  # a malformed LINATTN_PEERS is the caller's ConfigError, not a failed built-in plugin
         self.add_plugin(builtin, name=BUILTIN_PLUGIN, distribution="linattn", version=_own_version())
         if entry_points:
@@ -197,8 +203,7 @@ class Registry:
         ``api_version`` on a class or a raising constructor is the plugin's failure, never ours.
         Classes are tagged (plugin, distribution, version, the plugin's API version) only once all
         passed."""
-        from linattn.backends.base import Backend
-
+        Backend = load_object(BACKEND_BASE)
         new: dict = {}
         for cls in classes:
             if not (isinstance(cls, type) and issubclass(cls, Backend)):
@@ -301,6 +306,23 @@ class Registry:
             logging.getLogger("linattn").warning("linattn: a plugin's linattn_probe_device raised for %s: %s; "
                                                  "using linattn's own probe", device, _short(e))
             return None
+
+
+def load_object(spec: str):
+    """The object a ``"module:attribute"`` string names, importing the module (``"a.b:C"`` is
+    ``a.b.C``; the attribute may be dotted).
+
+    Raises:
+        ImportError: the module does not import. AttributeError: it has no such attribute.
+        ValueError: ``spec`` has no ``":"``.
+    """
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise ValueError(f"{spec!r} is not a 'module:attribute' string")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _name_taken(taken: PluginRecord) -> str:
