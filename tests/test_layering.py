@@ -1,0 +1,178 @@
+"""The layers of linattn import only downwards (issue 30, section 2): a test that holds the line.
+
+Every module of the ``linattn`` import package (the folders ``pyproject.toml``'s ``package-dir``
+maps: ``linattn/``, ``apps/``, ``dispatch/``, ``backends/``, ``kernels/``, ``capabilities/``) is
+parsed (``ast``, nothing imported) and each of its ``import`` / ``from ... import`` statements of
+another linattn module is checked against :data:`LAYERS`, top to bottom:
+
+    tools     linattn.apps (CLI, bench, report, demo, tune), linattn.testing (conformance suite)
+    ops       the public ops and the library around them: linattn, linattn.ops, compat,
+              integrations, presets, context parallelism, the tuning measurement
+    dispatch  the runtime: selection, the per-call fast path, the registry, validation, the
+              self-check, policies, plugin result checks
+    backends  one module per backend
+    kernels   Triton and CuTe DSL kernels and their launchers, the grid planner
+    contract  what backends implement and kernels read, from dispatch/: the op table, problems,
+              verdicts, call objects, hook specs, the host and value rules, layouts, tuned-table
+              types, environment switches, the bounded caches
+    base      device capabilities, precision helpers, the comparison harness and its inputs
+
+The issue writes the layers as ops -> dispatch -> backends -> kernels; the contract modules live in
+``dispatch/`` (section 4 splits it into runtime, plugin API and rules) but sit below ``backends/``,
+since a backend is written against them (``Problem``, ``Check``, ``Rank``, ``DecodeCall``) and a
+kernel reads its cache sizes and switches from them. A module may import its own layer and any
+layer below it. Function-level (deferred) imports count too. Besides, the dispatch runtime
+imports ``backends/`` and ``kernels/`` at module level not at all (the registry loads built-ins
+from ``"module:Class"`` strings, ``dispatch/registry.py``).
+
+What the test cannot see: importing ``linattn.dispatch.problem`` runs ``linattn/dispatch/__init__``
+(the runtime) first, as Python imports a package before its module; the check is on the import
+statements each module writes.
+
+Today's violations that this session could not remove are :data:`ALLOWED`, each with why; a new
+one fails the test, and so does an entry of :data:`ALLOWED` that no longer occurs (remove it).
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: layer names, top to bottom
+ORDER = ("tools", "ops", "dispatch", "backends", "kernels", "contract", "base")
+_CONTRACT = {f"linattn.dispatch.{m}" for m in (
+    "calls", "env", "host_rules", "hookspecs", "layouts", "lru", "ops_table", "problem", "tuning", "value_rules",
+    "verdict")}
+#: (module name or package prefix ending in ".", layer): the first match wins
+LAYERS = (
+    ("linattn.apps.", "tools"), ("linattn.apps", "tools"), ("linattn.__main__", "tools"),
+    ("linattn.testing.compare", "base"), ("linattn.testing.inputs", "base"),
+    ("linattn.testing.", "tools"), ("linattn.testing", "tools"),
+    ("linattn.precision", "base"), ("linattn._namespace", "base"),
+    ("linattn.capabilities.", "base"), ("linattn.capabilities", "base"),
+    *((m, "contract") for m in sorted(_CONTRACT)),
+    ("linattn.dispatch.", "dispatch"), ("linattn.dispatch", "dispatch"),
+    ("linattn.backends.", "backends"), ("linattn.backends", "backends"),
+    ("linattn.kernels.", "kernels"), ("linattn.kernels", "kernels"),
+    ("linattn.", "ops"), ("linattn", "ops"),
+)
+
+#: upward imports that stay for now: (importer, imported, "module" or "deferred") -> why.
+ALLOWED = {
+    # backends -> dispatch runtime
+    ("linattn.backends.base", "linattn.dispatch.self_check", "deferred"):
+        "Backend.self_check / self_check_case delegate to the dispatcher's self-check, which builds the "
+        "case and compares with the float64 reference; moving that default into the contract is section 3's "
+        "comparison harness work (linattn/testing/compare.py, in progress)",
+    # kernels -> backends
+    ("linattn.kernels.cutedsl.selfcheck", "linattn.backends.torch_ref", "deferred"):
+        "the CuTe DSL sign-off checks compare the kernel with torch-ref's token-serial reference; the "
+        "reference maths belongs below kernels (a reference module in the base layer), not moved here",
+    # contract -> kernels
+    ("linattn.dispatch.value_rules", "linattn.kernels.triton.launch", "deferred"):
+        "the fused value check (one Triton kernel for every value rule on CUDA) asks whether direct "
+        "launches are on; the issue makes it a Triton-backend hook, not done in this session",
+    ("linattn.dispatch.value_rules", "linattn.kernels.triton.value_checks", "deferred"):
+        "the fused value-check kernel itself (as above: to become a Triton-backend hook)",
+    # base -> backends
+    ("linattn.testing.inputs", "linattn.backends.torch_ref", "deferred"):
+        "the seeded input builders take torch-ref's gate functions for their reference states; as the "
+        "CuTe DSL checks, waits for the reference maths to move below kernels",
+    # dispatch runtime -> ops (the tuning measurement calls the public ops)
+    ("linattn.dispatch.selection", "linattn.tune", "deferred"):
+        "LINATTN_AUTOTUNE measures a bucket through the public ops (Dispatcher.autotune); a measurement "
+        "hook the ops layer installs on the dispatcher would remove it",
+    # ops -> tools
+    ("linattn.tune", "linattn.apps.bench", "deferred"):
+        "the tuning measurement (a library module: LINATTN_AUTOTUNE) times calls with bench's Timer, left "
+        "in linattn.apps when the tools moved (apps/__init__.py says so); the Timer belongs in the library",
+}
+
+
+def _modules() -> dict[str, Path]:
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    out = {}
+    for pkg, folder in dirs.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).with_suffix("").parts
+            if len(rel) > 1 and f"{pkg}.{rel[0]}" in dirs:
+                continue  # a subpackage with its own mapping (linattn.kernels.triton)
+            out[".".join([pkg, *(p for p in rel if p != "__init__")])] = path
+    return out
+
+
+def layer(module: str) -> str:
+    for prefix, name in LAYERS:
+        if module == prefix or (prefix.endswith(".") and module.startswith(prefix)):
+            return name
+    raise AssertionError(f"{module} is in no layer: place it in tests/test_layering.py's LAYERS")
+
+
+def _imports(module: str, path: Path, modules: dict) -> list[tuple[str, str, int]]:
+    """(imported linattn module, "module" or "deferred", line) for each import statement of ``path``."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+
+    def walk(node, deferred: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = deferred or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.Import):
+                targets = {a.name for a in child.names}
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                targets = {f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in child.names}
+            else:
+                targets = set()
+            for t in sorted(targets):
+                if (t == "linattn" or t.startswith("linattn.")) and t != module:
+                    found.append((t, "deferred" if inner else "module", child.lineno))
+            walk(child, inner)
+
+    walk(ast.parse(path.read_text()), False)
+    return found
+
+
+def _violations() -> dict[tuple[str, str, str], str]:
+    modules = _modules()
+    rank = {name: i for i, name in enumerate(ORDER)}  # 0 is the top
+    out = {}
+    for module, path in sorted(modules.items()):
+        here = layer(module)
+        for target, when, line in _imports(module, path, modules):
+            there = layer(target)
+            upward = rank[there] < rank[here]
+            runtime_down = (here == "dispatch" and there in ("backends", "kernels") and when == "module")
+            if upward or runtime_down:
+                out[(module, target, when)] = f"{path.relative_to(ROOT)}:{line}: {here} -> {there}"
+    return out
+
+
+def test_every_module_has_a_layer():
+    for module in _modules():
+        layer(module)
+
+
+def test_imports_go_only_downwards():
+    found = _violations()
+    new = {k: v for k, v in found.items() if k not in ALLOWED}
+    assert not new, "imports against the layers (import downwards, or add to ALLOWED with why):\n" + \
+        "\n".join(f"  {v}  ({k[0]} -> {k[1]}, {k[2]})" for k, v in new.items())
+    gone = set(ALLOWED) - set(found)
+    assert not gone, f"ALLOWED lists imports that no longer occur (remove them): {sorted(gone)}"
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The parser finds a deferred upward import and a module-level one (the test can fail)."""
+    src = tmp_path / "k.py"
+    src.write_text("from linattn.kernels import grid\n\ndef f():\n    from linattn.dispatch import selection\n")
+    got = _imports("linattn.kernels.k", src, {})
+    assert ("linattn.dispatch", "deferred", 4) in got and ("linattn.kernels", "module", 1) in got
+    assert layer("linattn.dispatch.selection") == "dispatch" and layer("linattn.kernels.grid") == "kernels"
+    assert ORDER.index(layer("linattn.dispatch.selection")) < ORDER.index("kernels")
