@@ -777,8 +777,10 @@ class TorchChunkedBackend(Backend):
 
     def plan_note(self, p, caps) -> str:
         if p.phase == "decode":
-            return ("one token over an fp32 pool: every row and head in one pass of small ops, the state "
-                    "updated in place through views; any other decode runs torch-ref's code")
+            return ("one token over an fp32 pool: every row and head in one set of small ops, the state "
+                    "updated in place through a view of the pool (slots in an increasing progression), gathered "
+                    "and written back (scattered rows of at most 128 KiB) or row by row; any other decode runs "
+                    "torch-ref's code")
         per_seq = p.t / max(p.n, 1)
         note = (f"chunked form, C={CHUNK}: the intra-chunk matrices and triangular inverses batched over "
                 f"every chunk and value head, the recurrence over about {-(-int(per_seq) // CHUNK)} chunk "
