@@ -164,7 +164,8 @@ def test_imports_go_only_downwards():
     new = {k: v for k, v in found.items() if k not in ALLOWED}
     assert not new, "imports against the layers (import downwards, or add to ALLOWED with why):\n" + \
         "\n".join(f"  {v}  ({k[0]} -> {k[1]}, {k[2]})" for k, v in new.items())
-    gone = set(ALLOWED) - set(found)
+    modules = _modules()
+    gone = {k for k in set(ALLOWED) - set(found) if k[0] in modules}  # a module not (yet) in the tree: skipped
     assert not gone, f"ALLOWED lists imports that no longer occur (remove them): {sorted(gone)}"
 
 
