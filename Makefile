@@ -2,7 +2,8 @@
 #   make demo   set up and run the main job (linattn demo on the CPU's embedded default)
 #   make test   set up, lint (ruff check) and run the whole test suite on two workers (pytest-xdist:
 #               CI's machine has 2 cores); then the Triton kernels' interpreter and sm_90 compile
-#               tests again under the newest Triton (a second venv)
+#               tests again under the newest Triton (a second venv). The sm_90 digests are checked
+#               for the served dtypes' builds; make test-full checks all of them
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.linattn-installed
@@ -19,7 +20,7 @@ TESTS_LATEST := tests/contract/test_compile.py tests/prefill/test_prefill_compil
 	tests/prefill/test_prefill_interp.py tests/contract/test_contract.py tests/kernels \
 	--ignore=tests/kernels/test_grid.py
 
-.PHONY: demo test setup test-triton-latest
+.PHONY: demo test test-full setup test-triton-latest
 
 $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,6 +51,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2
 	$(MAKE) test-triton-latest
+
+# make test and the sm_90 digests of every recorded build (make test checks the decode, clamp and
+# bf16 prefill builds: tests/kernels/test_sm90_digests.py); run it before recording digests again
+test-full:
+	LINATTN_DIGESTS=all $(MAKE) test
 
 test-triton-latest: $(STAMP_LATEST)
 	$(PY_LATEST) -m pytest -q -n 2 -p no:cacheprovider $(TESTS_LATEST)

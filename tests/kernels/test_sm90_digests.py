@@ -4,7 +4,12 @@
 ``cuda:90`` on the CPU, disassembles it with Triton's bundled cuobjdump, normalises the code and
 hashes it. A host-side change must leave every digest as it is; a change that moves one is either
 a defect or a kernel change measured on the H200, after which the digests are recorded again
-(``--write``). Takes minutes on a cold Triton cache (about 300 builds), seconds on a warm one.
+(``--write``). Takes minutes on a cold Triton cache, seconds on a warm one.
+
+``make test`` checks the builds of :data:`SELECT` (decode, the SwiGLU clamp and the bf16 prefill:
+300 of the 728 recorded builds, the served dtypes' code) to keep CI's run under 15 minutes; the
+fp16 and fp32 prefill builds (428: the same launchers and host code with another element type) are
+checked when ``LINATTN_DIGESTS=all`` (``make test-full``, or ``.venv/bin/python tools/sm90_digests.py``).
 """
 
 import json
@@ -34,8 +39,11 @@ def _recorded() -> dict:
 # the tool's subprocess, started ahead of the test on another core (tests/subprocess_jobs.py) where the
 # test will run it: the recorded Triton version and the bundled cuobjdump present
 _RUNS = not _cuobjdump_missing() and _recorded()["triton"] == triton.__version__
+#: the call classes checked by make test (every class with LINATTN_DIGESTS=all)
+SELECT = r"^(decode|silu_clamp) |^prefill \S+ bf16 "
+_ARGS = [] if os.environ.get("LINATTN_DIGESTS") == "all" else ["--select", SELECT]
 if _RUNS:
-    subprocess_jobs.register("sm90-digests", [sys.executable, str(TOOL)],
+    subprocess_jobs.register("sm90-digests", [sys.executable, str(TOOL), *_ARGS],
                              env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, cwd=str(ROOT),
                              timeout=1800)
 
@@ -48,3 +56,14 @@ def test_every_shipped_build_keeps_its_recorded_sm90_code():
         pytest.skip(f"digests recorded with triton {recorded['triton']}, this is {triton.__version__}")
     proc = subprocess_jobs.result("sm90-digests")
     assert proc.returncode == 0, f"sm_90 code changed:\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_the_selected_classes_are_the_served_dtypes_and_every_decode_and_clamp_build():
+    import re
+
+    names = {k.split(" :: ")[0] for k in _recorded()["builds"]}
+    chosen = {n for n in names if re.search(SELECT, n)}
+    assert {n.split()[0] for n in chosen} == {"decode", "silu_clamp", "prefill"}
+    assert all(n.split()[2] == "bf16" for n in chosen if n.startswith("prefill"))
+    assert {n for n in names if not n.startswith("prefill")} <= chosen
+    assert {n for n in names if n.startswith("prefill") and n.split()[2] == "bf16"} <= chosen
