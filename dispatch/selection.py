@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import NamedTuple, Optional, Union
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
@@ -231,6 +231,11 @@ class Dispatcher:
         'torch-ref'
     """
 
+    #: ``measure_bucket(bucket, device, *, dispatch)``: times a tuned-table bucket through the public ops
+    #: for :meth:`autotune`. The ops layer installs it (``linattn/ops.py``: ``linattn.tune.measure_bucket``),
+    #: so that this layer imports nothing above it (``tests/test_layering.py``); None: nothing to measure with.
+    measure_bucket: Optional[Callable] = None
+
     def __init__(self, registry: Optional[Registry] = None, *, cache_size: int = DECISIONS_MAX) -> None:
         self._lock = threading.RLock()  # re-entrant: a plugin may ask for the registry while it loads
         self._registry: Optional[Registry] = registry
@@ -354,8 +359,9 @@ class Dispatcher:
         """
         if stream_capturing(device):
             raise RuntimeError("a tuning measurement syncs with the device: it cannot run during CUDA-graph capture")
-        from linattn.tune import measure_bucket  # the measurement calls the public ops
-
+        measure_bucket = Dispatcher.measure_bucket
+        if measure_bucket is None:
+            raise RuntimeError("no bucket measurement is installed (linattn/ops.py installs linattn.tune's on import)")
         from .tuning import bucket_of
 
         self._local.tuning = True

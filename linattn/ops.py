@@ -21,6 +21,7 @@ from torch import Tensor
 from linattn.dispatch import fast_path as _fast
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.results import final_state_dtype, gate_dtype
+from linattn.dispatch.selection import Dispatcher
 from linattn.dispatch.verdict import NoBackendError
 
 
@@ -105,6 +106,17 @@ def _(x, op, inputs):
 
 
 torch.fx.node.has_side_effect(torch.ops.linattn.grad_refused.default)  # never removed as dead code
+
+
+def _measure_bucket(bucket, device, *, dispatch):
+    """``LINATTN_AUTOTUNE``'s measurement of a bucket (:func:`linattn.tune.measure_bucket`, imported
+    when first measuring): installed on the dispatch layer, which imports nothing of this one."""
+    from linattn.tune import measure_bucket
+
+    return measure_bucket(bucket, device, dispatch=dispatch)
+
+
+Dispatcher.measure_bucket = staticmethod(_measure_bucket)
 
 
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):

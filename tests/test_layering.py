@@ -81,10 +81,6 @@ ALLOWED = {
     ("linattn.testing.inputs", "linattn.backends.torch_ref", "deferred"):
         "the seeded input builders take torch-ref's gate functions for their reference states; as the "
         "CuTe DSL checks, waits for the reference maths to move below kernels",
-    # dispatch runtime -> ops (the tuning measurement calls the public ops)
-    ("linattn.dispatch.selection", "linattn.tune", "deferred"):
-        "LINATTN_AUTOTUNE measures a bucket through the public ops (Dispatcher.autotune); a measurement "
-        "hook the ops layer installs on the dispatcher would remove it",
     # ops -> tools
     ("linattn.tune", "linattn.apps.bench", "deferred"):
         "the tuning measurement (a library module: LINATTN_AUTOTUNE) times calls with bench's Timer, left "
