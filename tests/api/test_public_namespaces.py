@@ -36,7 +36,7 @@ def public_modules() -> list[str]:
 #: (attributes of their package), and pytest's hooks on ``linattn.testing``.
 BEYOND_ALL = {
     "linattn": {"backends", "capabilities", "compat", "dispatch", "integrations", "kernels", "testing"},
-    "linattn.testing": {"cases", "cli", "execute", "gates", "pytest_plugin", "runner", "xfail",
+    "linattn.testing": {"cases", "cli", "compare", "execute", "gates", "inputs", "pytest_plugin", "runner", "xfail",
                         "pytest_addoption", "pytest_collection_modifyitems", "pytest_configure"},
 }
 

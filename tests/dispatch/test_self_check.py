@@ -27,6 +27,7 @@ from linattn.dispatch import self_check as sc
 from linattn.dispatch.hookspecs import BackendPlugin
 from linattn.dispatch.registry import Registry
 from linattn.dispatch.validate import validate
+from linattn.testing import inputs
 
 SM100 = profile("sm100").with_toolchain(triton=None, cutlass_dsl=None)  # only torch-ref and the fakes fit
 N, T, H, HV, K, V, P = 3, 1, 2, 4, 16, 8, 6
@@ -166,9 +167,7 @@ CLASSES = [
 @pytest.mark.parametrize("spec", CLASSES, ids=lambda s: s["op"] + "-" + "-".join(f"{k}" for k in s if k != "op"))
 def test_the_default_check_builds_a_case_of_the_problems_own_class_and_the_reference_passes_it(spec):
     p = _problem(**spec)
-    build = {"prefill": sc._prefill_case, "decode": sc._decode_case, "gating": sc._gating_case,
-             "mlp": sc._clamp_case}[p.phase]
-    tensors, opts = build(p, sc._gen(p), torch.device("cpu"))
+    tensors, opts = inputs.CASES[p.phase](p, sc._gen(p), torch.device("cpu"))
     _, signature = validate(p.op, {**tensors, **opts})
     assert sc.kernel_class(Problem(**dict(signature))) == sc.kernel_class(p)  # the case is of the call's class
     check = sc.check_against_reference(TorchRefBackend(), p, "cpu")
