@@ -55,6 +55,7 @@ from typing import Optional
 
 import torch
 
+from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.verdict import Rank
 from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
 
@@ -797,11 +798,12 @@ class TorchChunkedBackend(Backend):
         later call with the key runs :func:`decode_step`'s body straight from its keyword arguments, with
         the first call's scalars (also in the key), no call object built. None for everything else
         (:meth:`run`: the call object and :meth:`decode` / :meth:`prefill`)."""
-        if op not in ("gdn_decode", "kda_decode") or not _plain(
+        spec = OP_TABLE[op]
+        if spec.phase != "decode" or not _plain(
                 args["q"], args["state_indices"], args["state_pool"], args.get("intermediate_states"),
                 args.get("num_accepted_tokens"), args.get("has_initial_state")):
             return None
-        kda = op == "kda_decode"
+        kda = spec.per_channel_gates
         fixed = (args["scale"], args["use_qk_l2norm"], args["state_layout"] == "vk", not args["disable_state_update"])
         if args.get("g") is not None:
             def gates(a):
