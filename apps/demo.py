@@ -22,7 +22,8 @@ unchanged and every decode that padding rows gave zeros; sampled calls (the firs
 (``linattn.backends.torch_ref``) on copies of the involved pool rows, and the relative errors
 ``||x - ref|| / ||ref||`` of outputs and states are held against the docs/ops.md tolerances for bf16
 inputs with an fp32 state (2e-2 outputs, 1e-2 states; gates are computed in fp32 from exact
-inputs and held to the fp32 tolerance 1e-5).
+inputs and held to the fp32 tolerance 1e-5); the error and the bounds are
+:mod:`linattn.testing.compare`'s.
 
 Example:
     >>> from linattn.apps.demo import run_demo
@@ -44,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import linattn
 from linattn.dispatch import find_op
+from linattn.testing.compare import rel_error, tolerances
 
 #: Defaults of :func:`run_demo` and ``linattn demo``: small enough for a CPU with the torch-ref
 #: backend at Qwen3-Next shapes (how long that takes: docs/performance.md#demo).
@@ -51,10 +53,9 @@ DEFAULTS = dict(model="qwen3-next", requests=12, decode_batch=8, steps=24, promp
                 output_len=(2, 12), check_every=4, seed=0)
 
 #: docs/ops.md tolerances against the float64 reference (relative): bf16 inputs with an fp32 state.
-TOL_OUTPUT_BF16 = 2e-2
-TOL_STATE_BF16 = 1e-2
-#: Gates are computed in fp32 from exact inputs: the fp32 tolerance.
-TOL_FP32 = 1e-5
+TOL_OUTPUT_BF16, TOL_STATE_BF16 = tolerances("bfloat16", "float32", phase="prefill")
+#: Gates are computed in fp32 from exact inputs: the gating ops' tolerance (the fp32 one).
+TOL_FP32 = tolerances("bfloat16", phase="gating")[0]
 
 
 class DemoConfigError(ValueError):
@@ -193,13 +194,6 @@ class _Request:
         self.rid, self.arrival, self.prompt_len, self.output_len = rid, arrival, prompt_len, output_len
         self.slot: Optional[int] = None
         self.decoded = 0
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    den = ref.norm().item()
-    num = (x - ref).norm().item()
-    return num / den if den > 0 else num
 
 
 class _Tracker:
@@ -432,11 +426,11 @@ class _Engine:
         L, f64 = self.layer, torch.float64
         q, k, v, a, b = inputs
         g64, beta64 = L.gating_ref(L.A_log.to(f64), a.to(f64), b.to(f64), L.dt_bias.to(f64), compute_dtype=f64)
-        self.track.error(L.op_g, max(_rel(g, g64), _rel(beta, beta64)), TOL_FP32)
+        self.track.error(L.op_g, max(rel_error(g, g64), rel_error(beta, beta64)), TOL_FP32)
         ref_pool = before[idx.long()].to(f64)
         o64, _ = L.prefill_ref(q.to(f64), k.to(f64), v.to(f64), g64, beta64, cu, ref_pool,
                                torch.arange(len(idx), device=L.dev), compute_dtype=f64)
-        self.track.error(L.op_p, _rel(o, o64), TOL_OUTPUT_BF16, _rel(self.pool[idx.long()], ref_pool), TOL_STATE_BF16)
+        self.track.error(L.op_p, rel_error(o, o64), TOL_OUTPUT_BF16, rel_error(self.pool[idx.long()], ref_pool), TOL_STATE_BF16)
 
     def _decode(self) -> None:
         """One decode step for every running request, padded with -1 rows to the fixed batch."""
@@ -475,7 +469,7 @@ class _Engine:
         # float64 copies of the (exact) bf16 inputs: the reference output stays float64
         o64 = L.decode_ref(*(x.to(f64) for x in inputs), L.A_log.to(f64), L.dt_bias.to(f64), ref_pool, ref_idx,
                            compute_dtype=f64)
-        self.track.error(L.op_d, _rel(o[:n], o64[:n]), TOL_OUTPUT_BF16, _rel(self.pool[idx[:n].long()], ref_pool),
+        self.track.error(L.op_d, rel_error(o[:n], o64[:n]), TOL_OUTPUT_BF16, rel_error(self.pool[idx[:n].long()], ref_pool),
                          TOL_STATE_BF16)
 
     def _retire(self) -> None:
@@ -769,7 +763,7 @@ def run_context_parallel_demo(ranks: int, model: str = DEFAULTS["model"], tokens
     res = spawn_ranks(_cp_demo_rank, ranks, pre.family, hs, tokens, seed, backend=group)
     o, o1 = torch.cat([r["o"] for r in res]), res[0]["o1"]
     st, st1 = res[-1]["state"], res[0]["state1"]
-    rel_o, rel_s = _rel(o, o1), _rel(st, st1)
+    rel_o, rel_s = rel_error(o, o1), rel_error(st, st1)
     return ContextParallelReport(
         model=model, family=pre.family, shape=dict(zip(("H", "HV", "K", "V"), hs)), tokens=tokens, ranks=ranks,
         process_group=group, backend=res[0]["backend"], rank_tokens=[r["tokens"] for r in res],
