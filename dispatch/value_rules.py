@@ -6,6 +6,12 @@ device plus a zero-argument function that explains the failure by raising ``Valu
 for its diagnosis. Rules cover slot ranges, write-race duplicates, ``num_accepted_tokens``,
 ``cu_seqlens`` contents and the sign of prefill log decays (docs/ops.md).
 
+On the CPU, where each torch op costs microseconds of host time, a rule whose tensors are CPU
+tensors of at most :data:`HOST_MAX_ELEMENTS` elements is evaluated in plain Python from one
+``.tolist()`` each (:func:`_host_remaining`); a rule that fails there sends every rule to the torch
+probes, so the error raised (type, text, rule order) is always theirs. CUDA calls never take it
+(no new syncs).
+
 On a GPU each flag is a few torch ops, each a kernel launch. So on CUDA (unless
 ``LINATTN_FUSED_VALUE_CHECKS=0``: see :data:`FUSED_VALUE_CHECKS`), a cached call plan
 (``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``,
@@ -17,6 +23,7 @@ The choice is made when a call plan is made: changing the variable takes effect 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -294,6 +301,156 @@ def _v_finite_inputs(written: tuple) -> ValueRule:
     return rule
 
 
+# -- the same rules on the host, for small CPU tensors -------------------------------------------
+
+#: Largest tensor (elements) the host path reads with one ``.tolist()``; a rule reading a larger one,
+#: or a tensor not on the CPU, keeps its torch probes. At this size one ``.tolist()`` plus a Python
+#: loop costs about what one small torch op does on the CPU (benchmarks/value_rules_host.py, docs/
+#: performance.md), and each rule's torch probes are two to ten ops.
+HOST_MAX_ELEMENTS = 64
+#: False: every rule runs as torch probes (tests compare the fused kernel with them).
+HOST_VALUE_RULES = True
+
+
+class _Defer(Exception):
+    """The host path cannot read this tensor (not on the CPU, too large, an unexpected shape)."""
+
+
+def _host(x, flat: bool = False):
+    """``x``'s values as Python numbers (nested lists; ``flat``: one list), or None for None."""
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor) or x.device.type != "cpu" or x.numel() > HOST_MAX_ELEMENTS:
+        raise _Defer
+    return x.flatten().tolist() if flat else x.tolist()
+
+
+def _host_1d(x):
+    if x is not None and x.dim() != 1:
+        raise _Defer
+    return _host(x)
+
+
+def _h_shared(table) -> bool:
+    """A valid slot (>= 0) named by two rows of ``table`` (``_duplicate_probe``'s rule)."""
+    if not table or not isinstance(table[0], list):  # one slot a row
+        return _h_repeats(table)
+    seen: set = set()
+    for row in table:
+        row = {s for s in (row if isinstance(row, list) else [row]) if s >= 0}
+        if seen & row:
+            return True
+        seen |= row
+    return False
+
+
+def _h_repeats(values) -> bool:
+    valid = [s for s in values if s >= 0]
+    return len(set(valid)) != len(valid)
+
+
+def _h_state_indices(args: dict, dims: Dims) -> bool:
+    idx = args["state_indices"]
+    if idx is None:
+        return True
+    v = _host(idx)
+    if max(_host(idx, flat=True), default=-1) >= dims["p"]:
+        return False
+    return not (dims["writes_pool"] and args.get("output_state_indices") is None and _h_shared(v))
+
+
+def _h_output_state_indices(args: dict, dims: Dims) -> bool:
+    out = _host_1d(args.get("output_state_indices"))
+    if not out:
+        return True
+    src, init = _host_1d(args["state_indices"]), _host_1d(args.get("has_initial_state"))
+    if len(src) != len(out) or (init is not None and len(init) != len(out)):
+        raise _Defer
+    if max(out) >= dims["p"] or any((s < 0) != (o < 0) for s, o in zip(src, out)) or _h_shared(out):
+        return False
+    reads = src if init is None else [s if i else -1 for s, i in zip(src, init)]
+    writer = {o: j for j, o in enumerate(out)}  # no repeats here (checked above)
+    return not any(r >= 0 and writer.get(r, i) != i for i, r in enumerate(reads))
+
+
+def _h_checkpoints(args: dict, dims: Dims) -> bool:
+    table = args.get("checkpoint_indices")
+    if table is None or table.numel() == 0:
+        return True
+    marks = _host(table, flat=True)
+    reads = _host_1d(args["state_indices"])
+    out = _host_1d(args.get("output_state_indices"))
+    if max(marks) >= dims["p"] or _h_repeats(marks + (reads if out is None else out)):
+        return False
+    return not set(marks) & {r for r in reads if r >= 0}
+
+
+def _h_intermediate(args: dict, dims: Dims) -> bool:
+    idx = args["intermediate_state_indices"]
+    if idx is None:
+        return True
+    return max(_host(idx, flat=True), default=-1) < dims["s"] and not _h_shared(_host(idx))
+
+
+def _h_num_accepted(args: dict, dims: Dims) -> bool:
+    nat = args["num_accepted_tokens"]
+    return nat is None or all(0 <= n <= dims["t"] for n in _host(nat, flat=True))
+
+
+def _h_cu_seqlens(args: dict, dims: Dims) -> bool:
+    cu = _host_1d(args["cu_seqlens"])
+    if not cu:
+        raise _Defer
+    return cu[0] == 0 and cu[-1] == dims["t"] and all(a <= b for a, b in zip(cu, cu[1:]))
+
+
+def _h_log_decay(args: dict, dims: Dims) -> bool:
+    return all(x <= 0 for x in _host(args["g"], flat=True))  # False for NaN, as the torch rule
+
+
+def _h_decode_log_decay(args: dict, dims: Dims) -> bool:
+    return args.get("g") is None or _h_log_decay(args, dims)
+
+
+def _h_finite(x) -> bool:
+    return not x.is_floating_point() or all(math.isfinite(v) for v in _host(x, flat=True))
+
+
+def _h_shared_gate_params(args: dict, dims: Dims) -> bool:
+    return args.get("A_log") is None or (_h_finite(args["A_log"]) and _h_finite(args["dt_bias"]))
+
+
+#: rule -> its host form: True when the rule passes; False when the torch rules must run (they
+#: raise); :class:`_Defer` (or any error) when the host cannot read the values.
+_HOST_FORMS = {_v_state_indices: _h_state_indices, _v_output_state_indices: _h_output_state_indices,
+               _v_checkpoints: _h_checkpoints, _v_intermediate: _h_intermediate,
+               _v_num_accepted: _h_num_accepted, _v_cu_seqlens: _h_cu_seqlens, _v_log_decay: _h_log_decay,
+               _v_decode_log_decay: _h_decode_log_decay, _v_shared_gate_params: _h_shared_gate_params}
+
+
+def _host_remaining(rules: tuple, args: dict, dims: Dims):
+    """The rules still to run as torch probes after the host path: ``rules`` less those whose host
+    form passed; all of ``rules`` as soon as one host form fails (the torch rules then raise the
+    first failure in rule order, with its message). CUDA devices keep every rule (no new syncs)."""
+    dev = dims.get("device")
+    if not HOST_VALUE_RULES or (dev is not None and dev.type != "cpu"):
+        return rules
+    left = []
+    for rule in rules:
+        form = _HOST_FORMS.get(rule)
+        if form is None:
+            left.append(rule)
+            continue
+        try:
+            ok = form(args, dims)
+        except Exception:  # _Defer, or values the host form does not expect: the torch probes decide
+            left.append(rule)
+            continue
+        if not ok:
+            return rules
+    return tuple(left)
+
+
 # -- the single sync -----------------------------------------------------------------------------
 
 def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: str | None = None) -> None:
@@ -311,7 +468,7 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
                              f"{refuse_in_capture} for captured calls.")
         return  # no sync inside CUDA graph capture
     probes = []
-    for rule in rules:
+    for rule in _host_remaining(rules, args, dims):
         probes += rule(args, dims)
     if not probes:
         return
