@@ -304,10 +304,10 @@ def _v_finite_inputs(written: tuple) -> ValueRule:
 # -- the same rules on the host, for small CPU tensors -------------------------------------------
 
 #: Largest tensor (elements) the host path reads with one ``.tolist()``; a rule reading a larger one,
-#: or a tensor not on the CPU, keeps its torch probes. At this size one ``.tolist()`` plus a Python
-#: loop costs about what one small torch op does on the CPU (benchmarks/value_rules_host.py, docs/
-#: performance.md), and each rule's torch probes are two to ten ops.
-HOST_MAX_ELEMENTS = 64
+#: or a tensor not on the CPU, keeps its torch probes. The state-slot rule's host form costs as much
+#: as its torch probes at about 1,024 slots and a third of them at 256 (a [64, 4] table: also a third;
+#: benchmarks/value_rules_host.py, docs/performance.md), so 256 keeps a margin for the loaded host.
+HOST_MAX_ELEMENTS = 256
 #: False: every rule runs as torch probes (tests compare the fused kernel with them).
 HOST_VALUE_RULES = True
 
@@ -413,7 +413,7 @@ def _h_decode_log_decay(args: dict, dims: Dims) -> bool:
 
 
 def _h_finite(x) -> bool:
-    return not x.is_floating_point() or all(math.isfinite(v) for v in _host(x, flat=True))
+    return not x.is_floating_point() or all(map(math.isfinite, _host(x, flat=True)))
 
 
 def _h_shared_gate_params(args: dict, dims: Dims) -> bool:
