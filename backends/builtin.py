@@ -9,8 +9,8 @@ import, seconds for a Triton or CuTe DSL library, happens on the first decision 
 and either verified (:data:`PEERS_VERIFIED`: it passed the conformance suite on a GPU) or named in
 ``LINATTN_PEERS`` (comma-separated, or ``all``). Both passed their suites on the H200
 (``benchmarks/results/check_h200.json``): fla every op (decode 55 of 55 cases, prefill 58 of 58,
-gating and SwiGLU clamp), FlashInfer gdn_decode 21 and gdn_prefill 24 (the rest declined by its
-predicates; dense-mode prefill refused since its translation failed the self-check there).
+gating and SwiGLU clamp), FlashInfer gdn_decode 21 and gdn_prefill 26, dense mode included (the
+rest declined by its predicates).
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def _run_prefill(case: Case, device) -> Outcome:
         start = pool[0].detach().clone()  # the pool before the call (a prefill stopped at a checkpoint)
     out = _call(case.op, case.backend, args)
     ro, rfinal = _reference(case.op)(**ref_args, compute_dtype=torch.float64)
-    tol_o, tol_s = tolerances(s["dtype"], "float32" if s["mode"] == "dense-zero" else s["state_dtype"])
+    tol_o, tol_s = tolerances(s["dtype"], "float32" if s["mode"] == "dense-zero" else s["state_dtype"], phase="prefill")
     c = Checker()
     lens = list(s["lens"])
     cu = [0, *itertools.accumulate(lens)]
@@ -307,7 +307,7 @@ def _run_decode(case: Case, device) -> Outcome:
         ref_args["intermediate_states"] = to_float64(args["intermediate_states"]).contiguous()
     o = _call(case.op, case.backend, args)
     ro = _reference(case.op)(**ref_args, compute_dtype=torch.float64)
-    tol_o, tol_s = tolerances(s["dtype"], s["state_dtype"])
+    tol_o, tol_s = tolerances(s["dtype"], s["state_dtype"], phase="decode")
     c = Checker()
     c.close("o", o, ro, tol_o)
     c.dtype("o", o, DTYPES[s["dtype"]])

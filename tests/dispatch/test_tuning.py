@@ -350,3 +350,23 @@ def test_an_autotune_measurement_that_raises_leaves_the_call_to_the_static_ranks
     assert all(d.tuning is None for d in decisions) and len(tries) == 1  # not retried in the bucket
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "could not measure" in r.getMessage()]
     assert len(warned) == 1 and "OutOfMemoryError" in warned[0]
+
+
+def test_every_shipped_table_parses_is_named_by_its_arch_and_names_known_backends():
+    from importlib import resources
+
+    from linattn.backends import builtin
+    from linattn.dispatch.registry import load_object
+
+    folder = resources.files("linattn") / "tuned"
+    shipped = sorted(p for p in folder.iterdir() if p.name.endswith(".json"))
+    assert shipped, "linattn/tuned/ ships no table (sm_90.json expected)"
+    known = {load_object(spec).name for spec in (*builtin.BUILTIN, *(s for _, s in builtin.PEERS))}
+    for path in shipped:
+        table = TuneTable.model_validate_json(path.read_text())
+        arch = path.name.removesuffix(".json")
+        assert table.key.arch == arch and str(tuning_mod.shipped_path(arch)) == str(path)
+        assert table.entries and len({e.bucket for e in table.entries}) == len(table.entries), "one entry per bucket"
+        for e in table.entries:
+            assert e.times_ms and set(e.times_ms) <= known, (e.shape, set(e.times_ms) - known)
+            assert e.bucket == bucket_of(e.bucket.problem())
