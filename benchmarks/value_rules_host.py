@@ -13,6 +13,9 @@ when the tensors are on the CPU and at most ``HOST_MAX_ELEMENTS`` elements; else
   the host path runs at every n): where the host form stops being cheaper than the torch probes.
 
     .venv/bin/python benchmarks/value_rules_host.py --out /tmp/vr_host.json
+
+The canonical rows live in ``benchmarks/results/host_dispatch_cpu.json`` as ``kind:
+value_rules_host_<kind>`` (``benchmarks/results/`` holds at most 15 files: merge, do not add one).
 """
 
 from __future__ import annotations
