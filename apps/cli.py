@@ -312,6 +312,9 @@ def _tuning_line(d, caps=None) -> Text:
         why = tuning_ignored(caps) if caps is not None else []
         if why:
             return Text.assemble(("tuning ", "bold"), "no tuned table in force, static ranks; ignored: " + "; ".join(why))
+        if d.profile:
+            return Text.assemble(("tuning ", "bold"), f"a profile ({d.profile}) reads no tuned table: static ranks "
+                                 "(on the device itself its table, shipped or from `linattn tune`, ranks)")
         return Text.assemble(("tuning ", "bold"), "no tuned table for this device: static ranks (`linattn tune` makes one)")
     what = "measured" if n.measured else "no entry for this bucket: static ranks"
     return Text.assemble(("tuning ", "bold"), f"{n.origin} table {n.path} (made {n.made}); bucket {n.bucket.label()}: {what}")

@@ -228,7 +228,7 @@ class Dispatcher:
     Example:
         >>> from linattn.dispatch import Problem, dispatcher
         >>> dispatcher().explain(Problem(op="gdn_decode", n=4, h=16, hv=32, k=128, v=128), "cpu").chosen
-        'torch-ref'
+        'torch-chunked'
     """
 
     #: ``measure_bucket(bucket, device, *, dispatch)``: times a tuned-table bucket through the public ops
@@ -520,7 +520,7 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
     Example:
         >>> from linattn.dispatch import Problem, explain
         >>> explain(Problem(op="gdn_decode", n=4, h=16, hv=32, k=128, v=128), "cpu").chosen
-        'torch-ref'
+        'torch-chunked'
     """
     return _DEFAULT.explain(problem, device, backend=backend, policy=policy, capturing=capturing)
 

@@ -43,7 +43,7 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
     Example:
         >>> import linattn
         >>> linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128).chosen
-        'torch-ref'
+        'torch-chunked'
         >>> linattn.explain("gdn_decode", "cpu", model="qwen3-next", n=8).problem.hv
         32
     """

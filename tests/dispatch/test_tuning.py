@@ -113,6 +113,8 @@ def test_explain_says_why_a_table_file_on_disk_is_not_used(tuned, monkeypatch):
     path.unlink()
     assert "no tuned table for this device" in line()
     assert tuning_mod.ignored(linattn.capabilities.profile("cpu")) == []  # a profile reads no table
+    prof = CliRunner().invoke(cli.app, ["explain", "gdn_prefill", "--profile", "sm90"], env={"COLUMNS": "400"})
+    assert prof.exit_code == 0 and "a profile (sm90) reads no tuned table" in prof.stdout
 
 
 def test_inside_a_bucket_the_table_ranks_and_outside_it_the_static_rank(tuned):

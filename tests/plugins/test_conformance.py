@@ -263,3 +263,13 @@ def test_pytest_plugin_skips_a_backend_that_does_not_run_on_the_device_with_the_
     assert "PASSED linattn-conformance[cutedsl]::check[gdn_prefill/negative/" in res.stdout
     assert not any("/accuracy/" in line or "/pool/" in line for line in res.stdout.splitlines()
                    if line.startswith("PASSED"))
+
+
+def test_an_op_the_backend_does_not_declare_is_said_to_be_checked_for_its_refusal_only():
+    from linattn.testing import run_suite
+
+    rep = run_suite("triton-split", ops=["gdn_gating"], device="cpu")
+    assert [r.kind for r in rep.results] == ["negative"] and rep.results[0].status == "passed"
+    assert any("gdn_gating: not declared by triton-split: only its refusal was checked" in n for n in rep.notes)
+    declared = run_suite("torch-ref", ops=["gdn_gating"], kinds=["negative"], device="cpu")
+    assert not any("not declared" in n for n in declared.notes)
