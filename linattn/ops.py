@@ -294,6 +294,16 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
 # -- decode ------------------------------------------------------------------------------------------
 
 
+def _require_pool(op: str, state_pool: Optional[Tensor], state_indices: Optional[Tensor]) -> None:
+    """Decode's gate arguments may be left out (the precomputed-gate form), but not the pool and its
+    slots: they keep their positions after the four gates, so they default to None and are required here."""
+    missing = [n for n, x in (("state_pool", state_pool), ("state_indices", state_indices)) if x is None]
+    if missing:
+        raise TypeError(f"{op}() missing the required argument{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(repr(m) for m in missing)}: decode reads and writes the state pool at the "
+                        f"slots given (e.g. {op}(q, k, v, g=g, beta=beta, state_pool=pool, state_indices=slots)).")
+
+
 def _decode_fake(q, v):
     N, T = q.shape[0], q.shape[1]
     return q.new_empty((N, T, v.shape[2], v.shape[3]))
@@ -325,9 +335,9 @@ def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
     return _decode_fake(q, v)
 
 
-def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
-               A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-               state_pool: Tensor, state_indices: Tensor, *, scale: Optional[float] = None,
+def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: Optional[Tensor] = None,
+               A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+               state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None, *, scale: Optional[float] = None,
                use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states: Optional[Tensor] = None,
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, softplus_beta: float = 1.0,
@@ -339,7 +349,9 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
     Args:
         q, k: ``[N, T, H, K]`` bf16/fp16/fp32. v: ``[N, T, HV, V]`` (``HV % H == 0``, GVA).
         a, b: ``[N, T, HV]`` raw gate inputs; A_log, dt_bias: ``[HV]`` (gating fused, fp32 inside).
-            All four None for the precomputed-gate form (``g=``, ``beta=``, below).
+            All four None (the default; leave them out) for the precomputed-gate form (``g=``,
+            ``beta=``, below), e.g. ``gdn_decode(q, k, v, g=g, beta=beta, state_pool=pool,
+            state_indices=slots)``.
         state_pool: ``[P, HV, V, K]`` (``state_layout="vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or
             bf16; updated in place at the rows named by ``state_indices``; slot pitch ``stride(0)``.
         state_indices: ``[N]`` int32/int64 slots (negative = padding: zero output, pool untouched),
@@ -357,7 +369,7 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
             (refused during CUDA-graph capture). Without it a non-finite per-sequence input (q, k,
             v, a, b) reaches only that sequence's outputs and slot (docs/ops-decisions.md).
         g, beta: decode from precomputed gates (FLA's and transformers' form), with a, b, A_log,
-            dt_bias passed as None: ``g`` fp32 ``[N, T, HV]`` log decay (floored at -1000; ``g > 0``
+            dt_bias left out (or None): ``g`` fp32 ``[N, T, HV]`` log decay (floored at -1000; ``g > 0``
             or NaN refused when ``validate``), ``beta`` fp32 ``[N, T, HV]`` already sigmoided (not
             range-checked: OLMo passes (0, 2)). Exactly one gate form; softplus_beta / threshold
             must stay at their defaults then. Everything else (pool, padding, table, verify,
@@ -386,6 +398,7 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         >>> tuple(o.shape), bool(o[1].abs().sum() == 0)
         ((2, 1, 2, 8), True)
     """
+    _require_pool("gdn_decode", state_pool, state_indices)
     if _compiling():
         fn = _traced("gdn_decode", _gdn_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                      state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,
@@ -424,9 +437,9 @@ def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
     return _decode_fake(q, v)
 
 
-def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
-               A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-               state_pool: Tensor, state_indices: Tensor, *, scale: Optional[float] = None,
+def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: Optional[Tensor] = None,
+               A_log: Optional[Tensor] = None, dt_bias: Optional[Tensor] = None,
+               state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None, *, scale: Optional[float] = None,
                use_qk_l2norm: bool = True, state_layout: str = "vk", intermediate_states: Optional[Tensor] = None,
                intermediate_state_indices: Optional[Tensor] = None, disable_state_update: bool = False,
                num_accepted_tokens: Optional[Tensor] = None, lower_bound: Optional[float] = None,
@@ -455,6 +468,7 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional
         >>> bool(pool[1].abs().sum() == 0)
         True
     """
+    _require_pool("kda_decode", state_pool, state_indices)
     if _compiling():
         fn = _traced("kda_decode", _kda_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
                      state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,

@@ -302,3 +302,26 @@ def test_gate_form_and_has_initial_state_trace_with_torch_compile_fullgraph():
     o2 = f(*args, p2, d["state_indices"], his)
     assert torch.equal(o1, o2) and torch.equal(p1, p2)
     _assert_unowned_unchanged(d, p1, None)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_gate_form_leaves_the_raw_gate_arguments_out_as_keywords(family):
+    """a, b, A_log, dt_bias default to None: the gate form is ``fn(q, k, v, g=, beta=, state_pool=,
+    state_indices=)``, the bits of passing the four as None; the pool and slots are still required,
+    and leaving out both gate forms is still the gate rule's TypeError."""
+    fn = linattn.kda_decode if family == "kda" else linattn.gdn_decode
+    d, opts = _inputs(family, "vk", "flat", seed=13)
+    g, beta = _gates(family, d, opts)
+    o_none, p_none, _ = _run_only(family, d, opts, "torch-ref", gates=(g, beta))
+    pool = d["state_pool"].clone()
+    o_kw = fn(d["q"], d["k"], d["v"], g=g, beta=beta, state_pool=pool, state_indices=d["state_indices"],
+              backend="torch-ref")
+    assert torch.equal(o_kw, o_none) and torch.equal(pool, p_none)
+    pool = d["state_pool"].clone()
+    with pytest.raises(TypeError, match="'state_pool', 'state_indices'"):
+        fn(d["q"], d["k"], d["v"], g=g, beta=beta)
+    with pytest.raises(TypeError, match="'state_indices'"):
+        fn(d["q"], d["k"], d["v"], g=g, beta=beta, state_pool=pool)
+    with pytest.raises(TypeError, match="missing the gate arguments"):
+        fn(d["q"], d["k"], d["v"], state_pool=pool, state_indices=d["state_indices"])
+    assert torch.equal(pool, d["state_pool"])
