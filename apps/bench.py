@@ -63,7 +63,7 @@ import typer
 import linattn
 from linattn.apps.report import SIZE_MAX
 from linattn.apps.bench_plot import FLA, FLA_GS
-from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
+from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, echo, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
@@ -771,11 +771,11 @@ def _write_outputs(doc: dict, out: Optional[Path], plot: Optional[Path], json_: 
     if plot is not None:
         plot = render_png(plot_data(doc), plot)
     if json_:
-        typer.echo(json.dumps(doc, indent=2, default=str))
+        echo(json.dumps(doc, indent=2, default=str))
         return
     render(doc)
     if out is not None or plot is not None:
-        typer.echo("wrote " + ", ".join(str(x) for x in (out, plot) if x is not None))
+        echo("wrote " + ", ".join(str(x) for x in (out, plot) if x is not None))
 
 
 def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[str], json_: bool) -> None:
@@ -792,6 +792,6 @@ def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[
     data = load_plot_data(results, op)
     plot = render_png(data, plot)
     if json_:
-        typer.echo(json.dumps({"plot": str(plot), "source": str(results), **data.model_dump(mode="json")}, indent=2))
+        echo(json.dumps({"plot": str(plot), "source": str(results), **data.model_dump(mode="json")}, indent=2))
     else:
-        typer.echo(f"wrote {plot} ({op} from {results}: {', '.join(data.series)})")
+        echo(f"wrote {plot} ({op} from {results}: {', '.join(data.series)})")

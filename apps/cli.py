@@ -46,8 +46,9 @@ from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 import linattn
-from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, emit_json, fail,  # noqa: F401
-                                hidden_profile_option, no_profile, one_op, op_argument, op_option, stdout_console)
+from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, echo, emit_json, fail,  # noqa: F401
+                                hidden_profile_option, no_profile, one_op, op_argument, op_option, output_may_end_early,
+                                stdout_console)
 from linattn.apps.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
@@ -67,7 +68,12 @@ class _FlagHelp:
         for param in self.get_params(ctx):
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
-        return super().format_help(ctx, formatter)
+        try:
+            return super().format_help(ctx, formatter)
+        except SystemExit as e:  # typer's help console on a closed pipe: rich's on_broken_pipe, stdout now devnull
+            if e.code != 1:
+                raise
+            raise typer.Exit(0) from None
 
 
 class Command(_FlagHelp, TyperCommand):
@@ -103,7 +109,17 @@ class Command(_FlagHelp, TyperCommand):
 
 
 class Group(_FlagHelp, TyperGroup):
-    """The class of the ``linattn`` command group (see :class:`_FlagHelp`)."""
+    """The class of the ``linattn`` command group (see :class:`_FlagHelp`). A reader that closes
+    stdout early (``linattn report | head -1``) ends the output, never the verb with a traceback or
+    exit 1 (:func:`~linattn.apps.cli_common.output_may_end_early`)."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        with output_may_end_early():  # --help, --version
+            return super().make_context(info_name, args, parent=parent, **extra)
+
+    def invoke(self, ctx):
+        with output_may_end_early():
+            return super().invoke(ctx)
 
 
 app = typer.Typer(
@@ -123,7 +139,7 @@ PROBE_DEVICE_OPT = typer.Option(None, "--device", metavar="DEV", help="Probe thi
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"linattn {linattn.__version__}")
+        echo(f"linattn {linattn.__version__}")
         raise typer.Exit()
 
 

@@ -20,9 +20,12 @@ options and error handling from here, so they cannot drift apart.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from typing import Any, NoReturn, Optional
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -31,8 +34,9 @@ from typer.exceptions import TyperException
 
 from linattn.dispatch.problem import OPS
 
-__all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "error_doc", "emit_json",
-           "fail", "hidden_profile_option", "no_profile", "one_op", "op_argument", "op_option", "stdout_console"]
+__all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "echo", "error_doc",
+           "emit_json", "fail", "hidden_profile_option", "no_profile", "one_op", "op_argument", "op_option",
+           "output_may_end_early", "quiet_stdout", "stdout_console"]
 
 #: Width of tables written to a pipe or file when ``COLUMNS`` is not set: no cell is cut or folded.
 PIPE_WIDTH = 10_000
@@ -100,22 +104,68 @@ def hidden_profile_option():
     return typer.Option(None, "--profile", hidden=True, help="Refused: see --device.")
 
 
+def quiet_stdout() -> None:
+    """The reader of stdout went away (``linattn report | head -1``): point stdout at devnull, so that
+    neither a later write nor the interpreter's last flush raises ``BrokenPipeError``. Python's advice
+    (https://docs.python.org/3/library/signal.html#note-on-sigpipe); the verb then ends quietly with its
+    own exit code (0 when it succeeded), never a traceback. A stdout without a file descriptor (a test
+    runner's buffer) is left as it is."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+class _StdoutConsole(Console):
+    """rich's console, except that a closed pipe (rich's ``on_broken_pipe``, which exits 1) makes it
+    quiet (:func:`quiet_stdout`) and lets the verb finish."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        quiet_stdout()
+
+
 def stdout_console() -> Console:
     """A console on stdout: on a terminal its width; piped, ``COLUMNS`` when set, else :data:`PIPE_WIDTH`.
 
     Tables fold long cells to fit the width; written to a pipe or a file without ``COLUMNS`` they keep
     every cell whole on its line (``linattn backends | grep torch-ref`` finds the whole row);
-    ``COLUMNS=100 linattn report | less`` gets tables 100 columns wide (rich reads ``COLUMNS``).
+    ``COLUMNS=100 linattn report | less`` gets tables 100 columns wide (rich reads ``COLUMNS``). A reader
+    that closes the pipe early (``| head -1``) ends the output, not the verb (:func:`quiet_stdout`).
     """
-    con = Console(soft_wrap=False)
+    con = _StdoutConsole(soft_wrap=False)
     if con.is_terminal or os.environ.get("COLUMNS", "").strip().isdigit():
         return con
-    return Console(soft_wrap=False, width=PIPE_WIDTH)
+    return _StdoutConsole(soft_wrap=False, width=PIPE_WIDTH)
+
+
+def echo(text: str) -> None:
+    """``typer.echo(text)`` on stdout; a reader that closed the pipe early ends the output quietly
+    (:func:`quiet_stdout`), not the verb."""
+    try:
+        typer.echo(text)
+    except BrokenPipeError:
+        quiet_stdout()
+
+
+@contextmanager
+def output_may_end_early() -> Iterator[None]:
+    """Around the whole command: a ``BrokenPipeError`` from a write :func:`echo` and
+    :func:`stdout_console` do not cover (click's help, a plugin's print) ends the verb quietly with
+    exit 0 (:func:`quiet_stdout`), not click's exit 1."""
+    try:
+        yield
+    except BrokenPipeError:
+        quiet_stdout()
+        raise typer.Exit(0) from None
 
 
 def emit_json(doc: Any) -> None:
     """Print ``doc`` as the one JSON document of a ``--json`` run."""
-    typer.echo(json.dumps(doc, indent=2, default=str))
+    echo(json.dumps(doc, indent=2, default=str))
 
 
 def error_doc(err: BaseException, exit_code: int, **extra: Any) -> dict:

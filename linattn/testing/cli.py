@@ -12,7 +12,6 @@ not a pass).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -23,7 +22,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, fail, hidden_profile_option, no_profile, one_op, op_argument
+from linattn.apps.cli_common import (DEVICE_HELP, JSON_OPT, emit_json, fail, hidden_profile_option, no_profile, one_op,
+                                     op_argument)
 from linattn.dispatch import OPS, get_registry
 
 from .runner import SuiteReport, availability, plan, run_suite
@@ -130,13 +130,14 @@ def _prepare(backend: Optional[str], op: Optional[str], xfail: Optional[Path], d
     return rules, names, notes
 
 
-def _run_with_progress(names: list[str], ops: Optional[list[str]], device: str, rules,
-                       console: Console) -> list[SuiteReport]:
-    """Run each backend's suite under a progress bar (one task per backend)."""
+def _run_with_progress(names: list[str], ops: Optional[list[str]], device: str, rules) -> list[SuiteReport]:
+    """Run each backend's suite under a progress bar (one task per backend) on stderr, and only when
+    stderr is a terminal: stdout holds the report alone, and a pipe or log file gets no bar."""
     reports: list[SuiteReport] = []
     columns = (SpinnerColumn(), TextColumn("[bold]{task.fields[backend]}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("{task.description}"))
-    with Progress(*columns, console=console, transient=False) as progress:
+    err = Console(stderr=True)
+    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as progress:
         for name in names:
             task = progress.add_task("", backend=name, total=None)
 
@@ -154,7 +155,7 @@ def _run_text(names: list[str], ops: Optional[list[str]], device: str, rules, no
     from linattn.apps.cli import stdout_console
 
     console = stdout_console()
-    reports = _run_with_progress(names, ops, device, rules, console)
+    reports = _run_with_progress(names, ops, device, rules)
     for rep in reports:
         _render(rep, console)
     for note in notes:
@@ -169,7 +170,7 @@ def _run_json(names: list[str], ops: Optional[list[str]], device: str, rules, no
     reports = [run_suite(name, ops=ops, device=device, xfail=rules) for name in names]
     doc = {"device": device, "ok": all(r.status == "passed" for r in reports), "status": _status(reports),
            "notes": notes, "backends": [r.to_dict() for r in reports]}
-    typer.echo(json.dumps(doc, indent=2, default=str))
+    emit_json(doc)
     return reports
 
 
