@@ -52,7 +52,7 @@ from typing import Any, Callable, ClassVar, Hashable, Iterable, Optional
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.calls import ClampCall, DecodeCall, GatingCall, OpCall, PrefillCall, make_call
 from linattn.dispatch.hookspecs import PLUGIN_API_VERSION
-from linattn.dispatch.ops_table import METHODS, OP_TABLE
+from linattn.dispatch.ops_table import FEATURES, FLAGS, METHODS, OP_TABLE
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.verdict import Check, Rank, Reason
 
@@ -61,8 +61,9 @@ __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "Clamp
 
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
-#: Optional call features (``Problem`` fields) a backend must declare in ``Backend.features`` to run.
-FEATURES = ("precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints")
+#: Optional call features (``Problem`` fields) a backend must declare in ``Backend.features`` to run
+#: (the op table's ``FLAGS`` marked ``feature``).
+_NEEDS = {f.name: f.needs for f in FLAGS if f.feature}
 
 
 def _fmt(values: Iterable) -> str:
@@ -192,14 +193,7 @@ class Backend:
         missing = [f for f in used if f not in self.declared_features(p.op)]
         if not missing:
             return Check.passed()
-        what = {"precomputed_gates": "decode from precomputed gates (g=, beta= instead of a, b, A_log, dt_bias)",
-                "has_initial_state": "has_initial_state= (sequences starting from a zero state without reading "
-                                     "their slot)",
-                "output_state_indices": "output_state_indices= (final states written to other slots than "
-                                        "the ones read)",
-                "checkpoints": "checkpoint_every= / checkpoint_indices= (states every checkpoint_every tokens "
-                               "written to pool slots)"}
-        return Check.failed(Reason.FEATURE, f"{p.op} with {'; '.join(what[f] for f in missing)}: {self.name} does "
+        return Check.failed(Reason.FEATURE, f"{p.op} with {'; '.join(_NEEDS[f] for f in missing)}: {self.name} does "
                             f"not declare {', '.join(repr(f) for f in missing)} (declared: "
                             f"{_fmt(self.declared_features(p.op))})",
                             "another backend runs it (e.g. torch-ref); a plugin adds the feature to its "

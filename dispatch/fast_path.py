@@ -84,16 +84,10 @@ _plans: LRUCache = LRUCache(CALL_PLANS_MAX, distinct_values=True)
 #: the class plans (module docstring): per class key, the class's first plan and its length facts
 _classes: LRUCache = LRUCache(CLASS_PLANS_MAX, distinct_values=True)
 _LENGTH_BUCKETS = 3  # dim-0 sizes 0, 1, 2 are classes of their own; 3 and more share one
-_DECODE_N = ("q", "k", "v", "a", "b", "g", "beta", "state_indices", "num_accepted_tokens",
-             "intermediate_state_indices", "has_initial_state", "output_state_indices")
 #: per op phase: the tensor arguments whose dim 0 is a length that changes from call to call, and
-#: which length (``t`` = T, ``n`` = N; ``cu_seqlens`` is N + 1 long)
-LENGTH_ARGUMENTS = {
-    "prefill": {"q": "t", "k": "t", "v": "t", "g": "t", "beta": "t", "cu_seqlens": "n", "state_indices": "n",
-                "initial_state": "n", "has_initial_state": "n", "output_state_indices": "n",
-                "checkpoint_indices": "n"},
-    "decode": dict.fromkeys(_DECODE_N, "n"),
-}
+#: which length (``t`` = T, ``n`` = N; ``cu_seqlens`` is N + 1 long): the op table's ``Arg.length``
+LENGTH_ARGUMENTS = {spec.phase: {a.name: a.length for a in spec.args if a.length}
+                    for spec in OP_TABLE.values() if any(a.length for a in spec.args)}
 #: per decode or prefill op: its length arguments (:data:`LENGTH_ARGUMENTS` of its phase)
 _LENGTHS_OF = {op: LENGTH_ARGUMENTS[spec.phase] for op, spec in OP_TABLE.items() if spec.phase in LENGTH_ARGUMENTS}
 

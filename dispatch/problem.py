@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from .ops_table import OP_TABLE, OPS, OpSpec, Phase, op_spec
+from .ops_table import FLAGS, OP_TABLE, OPS, OpSpec, Phase, op_spec
 
 Op = Literal[OPS]  # type: ignore[valid-type]  # the op table's names (dispatch/ops_table.py)
 DTypeName = Literal["float32", "bfloat16", "float16", "float64"]
@@ -28,7 +28,7 @@ def phase_of(op: str) -> str:
     return op_spec(op).phase
 
 
-class Problem(BaseModel):
+class _Problem(BaseModel):
     """Shapes and flags of one op call.
 
     Symbols as in docs/ops.md: ``n`` sequences (decode batch rows, or prefill sequences; rows ``M`` for
@@ -55,25 +55,6 @@ class Problem(BaseModel):
     state_layout: Literal["vk", "kv"] = "vk"
     mode: Literal["pool", "dense", "none"] = "pool"
     max_seqlen: int = Field(0, ge=0, description="longest sequence (prefill); 0 = unknown")
-    intermediate_states: bool = False
-    num_accepted_tokens: bool = False
-    disable_state_update: bool = False
-    lower_bound: bool = False
-    clamp_limit: bool = False
-    state_tiles_contiguous: bool = Field(True, description="every written state buffer (pool, intermediate "
-                                         "states) holds each (slot, head) state matrix as one dense block "
-                                         "(last two dims contiguous); slot and head pitch are free")
-    requires_grad: bool = Field(False, description="grad mode is on and a tensor argument requires grad "
-                                "(only a backend declaring autograd support may run it)")
-    precomputed_gates: bool = Field(False, description="decode takes ready gates g / beta instead of a, b, "
-                                    "A_log, dt_bias (only a backend declaring the feature may run it)")
-    has_initial_state: bool = Field(False, description="a has_initial_state [N] mask is given: sequences marked "
-                                    "False start from a zero state without reading their slot")
-    output_state_indices: bool = Field(False, description="output_state_indices [N] is given: each sequence "
-                                       "writes its final state to a slot of its own, read from state_indices")
-    checkpoints: bool = Field(False, description="checkpoint_every / checkpoint_indices are given (pool-mode "
-                              "prefill): the state every checkpoint_every tokens is written to named slots")
-
     @model_validator(mode="after")
     def _consistent(self) -> "Problem":
         spec = OP_TABLE[self.op]
@@ -110,3 +91,24 @@ class Problem(BaseModel):
             return f"M={self.n} D={self.d} {self.dtype}"
         return (f"N={self.n} T={self.t} H={self.h} HV={self.hv} K={self.k} V={self.v} {self.dtype} "
                 f"state={self.state_dtype}/{self.state_layout} mode={self.mode}")
+
+
+def _flag(default: bool, doc: str) -> tuple:
+    return bool, Field(default, description=doc)
+
+
+#: The facts of a call that no argument sets by itself (the host rules find them).
+_FACTS = {
+    "state_tiles_contiguous": _flag(True, "every written state buffer (pool, intermediate "
+                                    "states) holds each (slot, head) state matrix as one dense block (last two dims "
+                                    "contiguous); slot and head pitch are free"),
+    "requires_grad": _flag(False, "grad mode is on and a tensor argument requires grad (only a "
+                           "backend declaring autograd support may run it)"),
+}
+
+#: The model: the fields above, then one bool per flag of the op table (``dispatch/ops_table.py``
+#: ``FLAGS``, set by the arguments that name them), the plain flags before the facts, the features after.
+Problem = create_model(
+    "Problem", __base__=_Problem, __module__=__name__, __doc__=_Problem.__doc__,
+    **{f.name: _flag(False, f.doc) for f in FLAGS if not f.feature}, **_FACTS,
+    **{f.name: _flag(False, f.doc) for f in FLAGS if f.feature})

@@ -38,6 +38,7 @@ from linattn.testing.compare import Comparison, tolerance_for
 from linattn.testing.inputs import (DECODE_INTERMEDIATE, PREFILL_CHECKPOINTS_WRITTEN, PREFILL_LENS, PREFILL_OUT_SLOTS,
                                     PREFILL_SLOTS)
 
+from .ops_table import FLAGS
 from .problem import Problem
 from .verdict import Accepted, Check, Reason, Rejected
 
@@ -76,9 +77,7 @@ def kernel_class(p: Problem) -> str:
     if p.phase == "gating":
         return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.spec.per_channel_gates else "") + (
             " lower_bound" if p.lower_bound else "")
-    flags = [name for name in ("intermediate_states", "num_accepted_tokens", "disable_state_update", "lower_bound",
-                               "precomputed_gates", "has_initial_state", "output_state_indices", "checkpoints")
-             if getattr(p, name)]
+    flags = [f.name for f in FLAGS if getattr(p, f.name)]  # the op table's flags, in Problem's order
     mode = f" {p.mode}" if p.phase == "prefill" else ""
     return (f"{p.dtype} state={p.state_dtype}/{p.state_layout}{mode} H={p.h} HV={p.hv} K={p.k} V={p.v}"
             + "".join(f" {f}" for f in flags))

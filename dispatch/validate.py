@@ -30,7 +30,7 @@ from typing import Optional
 
 from .host_rules import (FLOAT_DTYPES, INDEX_DTYPES, STATE_DTYPES, STATE_LAYOUTS, Dims, _dense_tensors, _grad_mode,
                          _written_buffers)
-from .ops_table import OP_TABLE, OpSpec, op_spec
+from .ops_table import FLAGS, OP_TABLE, OpSpec, op_spec
 from .value_rules import _run_value_rules, _v_finite_inputs
 
 __all__ = ["validate", "FLOAT_DTYPES", "STATE_DTYPES", "INDEX_DTYPES", "STATE_LAYOUTS"]
@@ -67,21 +67,34 @@ def _normalise(op: str, spec: OpSpec, args: dict) -> dict:
     return out
 
 
-def _signature(op: str, out: dict, dims: Dims) -> tuple:
+def _flag_args(spec: OpSpec, feature: bool) -> tuple:
+    """(flag, the first argument of ``spec`` setting it, or None) per flag of ``FLAGS`` (plain ones or features)."""
+    first: dict = {}
+    for a in spec.args:
+        first.setdefault(a.flag, a)
+    return tuple((f.name, first.get(f.name)) for f in FLAGS if f.feature == feature)
+
+
+#: per op: the flags of the signature and the argument each is read from (``Problem`` field order:
+#: the plain flags, the facts the rules find, the features)
+_FLAG_ARGS = {op: (_flag_args(spec, False), _flag_args(spec, True)) for op, spec in OP_TABLE.items()}
+
+
+def _given(out: dict, flags: tuple) -> tuple:
+    """Each flag's value: its argument's value (a bool argument) or whether it is given."""
     get = out.get
+    return tuple([(name, False if a is None else get(a.name, False) if a.type is bool else get(a.name) is not None)
+                  for name, a in flags])
+
+
+def _signature(op: str, out: dict, dims: Dims) -> tuple:
+    plain, features = _FLAG_ARGS[op]
     return (("op", op), ("n", dims["n"]), ("t", dims["t"]), ("h", dims["h"]), ("hv", dims["hv"]),
             ("k", dims["k"]), ("v", dims["v"]), ("d", dims["d"]), ("dtype", dims["dtype"]),
-            ("state_dtype", dims["state_dtype"]), ("state_layout", get("state_layout", "vk")),
-            ("mode", dims["mode"]), ("max_seqlen", dims["max_seqlen"]),
-            ("intermediate_states", get("intermediate_states") is not None),
-            ("num_accepted_tokens", get("num_accepted_tokens") is not None),
-            ("disable_state_update", get("disable_state_update", False)),
-            ("lower_bound", get("lower_bound") is not None), ("clamp_limit", get("limit") is not None),
+            ("state_dtype", dims["state_dtype"]), ("state_layout", out.get("state_layout", "vk")),
+            ("mode", dims["mode"]), ("max_seqlen", dims["max_seqlen"]), *_given(out, plain),
             ("state_tiles_contiguous", dims["state_tiles_contiguous"]), ("requires_grad", dims["requires_grad"]),
-            ("precomputed_gates", dims.get("precomputed_gates", False)),
-            ("has_initial_state", dims.get("has_initial_state", False)),
-            ("output_state_indices", dims.get("output_state_indices", False)),
-            ("checkpoints", dims.get("checkpoints", False)))
+            *_given(out, features))
 
 
 def validate(op: str, args: dict, *, check_values: bool = True,
