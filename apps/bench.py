@@ -63,7 +63,7 @@ import typer
 import linattn
 from linattn.apps.report import SIZE_MAX
 from linattn.apps.bench_plot import FLA, FLA_GS
-from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, echo, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
+from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, count_option, echo, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
 from linattn.dispatch.validate import validate as _validate
@@ -666,10 +666,10 @@ def bench(
     op: Optional[str] = op_argument(BENCH_OPS),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: Optional[list[int]] = typer.Option(None, "--batch", "--seqs", metavar="N", max=SIZE_MAX,
+    batch: Optional[list[int]] = count_option(None, "--batch", "--seqs", metavar="N",
                                               help="Sequences N: decode rows, prefill sequences; clamp rows M. Repeat "
                                                    "for several shapes."),
-    tokens: Optional[list[int]] = typer.Option(None, "--tokens", metavar="L", max=SIZE_MAX,
+    tokens: Optional[list[int]] = count_option(None, "--tokens", metavar="L",
                                                help="Prefill only: tokens per sequence L, paired with --batch (alone: "
                                                     "N = 65,536 / L on CUDA). Decode is timed at one token per row."),
     backend: Optional[list[str]] = typer.Option(None, "--backend", help="Backends to time (repeat); default: every "
@@ -677,7 +677,7 @@ def bench(
                                                                         "flash-linear-attention on CUDA."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help=DEVICE_HELP + " Default: cuda if "
                                                                                            "visible, else cpu."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", max=SIZE_MAX, help="Timed calls per row, median reported "
+    repeats: Optional[int] = count_option(None, "--repeats", help="Timed calls per row, median reported "
                                                                   "(default 25 on CUDA, 5 on the CPU)."),
     json_: bool = JSON_OPT,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
@@ -687,9 +687,10 @@ def bench(
     from_: Optional[Path] = typer.Option(None, "--from", help="Plot this results JSON instead of measuring (a "
                                                               "--out file, or benchmarks/results/*.json, old or "
                                                               "common schema); needs --plot."),
-    warmup: Optional[int] = typer.Option(None, "--warmup", hidden=True, max=SIZE_MAX, help="Warm-up calls per row."),
+    warmup: Optional[int] = count_option(None, "--warmup", hidden=True, minimum=0, help="Warm-up calls per row."),
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (or D for the clamp)."),
-    copy_mib: Optional[int] = typer.Option(None, "--copy-mib", hidden=True, max=SIZE_MAX >> 20, help="MiB of the copy measurement."),
+    copy_mib: Optional[int] = count_option(None, "--copy-mib", hidden=True, maximum=SIZE_MAX >> 20,
+                                           help="MiB of the copy measurement."),
     seed: int = typer.Option(0, "--seed", hidden=True, help="Input seed."),
     op_opt: Optional[str] = op_option(),
     profile: Optional[str] = hidden_profile_option(),

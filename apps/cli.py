@@ -46,9 +46,9 @@ from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 import linattn
-from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, echo, emit_json, fail,  # noqa: F401
-                                hidden_profile_option, no_profile, one_op, op_argument, op_option, output_may_end_early,
-                                stdout_console)
+from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, PROFILE_HELP, count_option, echo,  # noqa: F401
+                                emit_json, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option,
+                                output_may_end_early, stdout_console)
 from linattn.apps.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
 from linattn.dispatch.ops_table import OP_TABLE
@@ -369,13 +369,13 @@ def explain(
     op: Optional[str] = op_argument(),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (default by op family: qwen3-next for "
                                                               "GDN, kimi-linear for KDA, deepseek-v4 for the clamp)."),
-    batch: Optional[int] = typer.Option(None, "--batch", "--seqs", metavar="N", max=SIZE_MAX,
+    batch: Optional[int] = count_option(None, "--batch", "--seqs", metavar="N",
                                         help="Sequences N (default 1): decode rows, prefill sequences; gating and "
                                              "the clamp take N x L rows."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", metavar="L", max=SIZE_MAX,
+    tokens: Optional[int] = count_option(None, "--tokens", metavar="L",
                                          help="Tokens per sequence L: decode tokens per row (default 1; > 1 = "
                                               "speculative verify), prefill tokens per sequence (default 4,096)."),
-    total_tokens: Optional[int] = typer.Option(None, "--total-tokens", metavar="T", max=SIZE_MAX,
+    total_tokens: Optional[int] = count_option(None, "--total-tokens", metavar="T",
                                                help="Prefill only, instead of --tokens: T packed tokens in all, "
                                                     "sequence lengths unknown (max_seqlen 0 unless N = 1)."),
     profile: Optional[str] = PROFILE_OPT,
@@ -503,11 +503,11 @@ def _fail_run(err: Exception, as_json: bool) -> None:
 def demo(
     model: str = typer.Option(DEMO_DEFAULTS["model"], "--model", help="qwen3-next (GDN) or kimi-linear (KDA), "
                                                                       "or any gdn/kda preset."),
-    requests: int = typer.Option(DEMO_DEFAULTS["requests"], "--requests", max=SIZE_MAX, help="Requests in the stream."),
-    decode_batch: int = typer.Option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", "--batch", metavar="N",
-                                     max=SIZE_MAX, help="Decode rows N, fixed (the CUDA-graph size); free rows are "
+    requests: int = count_option(DEMO_DEFAULTS["requests"], "--requests", help="Requests in the stream."),
+    decode_batch: int = count_option(DEMO_DEFAULTS["decode_batch"], "--decode-batch", "--batch", metavar="N",
+                                     help="Decode rows N, fixed (the CUDA-graph size); free rows are "
                                                         "padding (-1)."),
-    steps: int = typer.Option(DEMO_DEFAULTS["steps"], "--steps", max=SIZE_MAX,
+    steps: int = count_option(DEMO_DEFAULTS["steps"], "--steps",
                               help="Scheduler iterations (each: admit + prefill, one decode step)."),
     device: Optional[str] = typer.Option(None, "--device", metavar="DEV", help=DEVICE_HELP + " Default: cuda if "
                                                                                            "visible, else cpu."),
@@ -516,12 +516,12 @@ def demo(
     shape: Optional[str] = typer.Option(None, "--shape", hidden=True, help="Override H,HV,K,V (tests)."),
     prompt_len: Optional[str] = typer.Option(None, "--prompt-len", hidden=True, help="LO,HI prompt tokens."),
     output_len: Optional[str] = typer.Option(None, "--output-len", hidden=True, help="LO,HI decode steps."),
-    check_every: Optional[int] = typer.Option(None, "--check-every", hidden=True, max=SIZE_MAX,
-                                              help="Check every k-th decode step against float64."),
-    context_parallel: Optional[int] = typer.Option(None, "--context-parallel", metavar="N", max=SIZE_MAX,
+    check_every: Optional[int] = count_option(None, "--check-every", hidden=True, minimum=0,
+                                              help="Check every k-th decode step against float64 (0: never)."),
+    context_parallel: Optional[int] = count_option(None, "--context-parallel", metavar="N",
                                                    help="Instead: one long prompt across N ranks (gloo on the CPU, "
                                                         "NCCL with >= N GPUs): per-rank time, agreement with one rank."),
-    cp_tokens: Optional[int] = typer.Option(None, "--tokens", "--cp-tokens", metavar="L", max=SIZE_MAX,
+    cp_tokens: Optional[int] = count_option(None, "--tokens", "--cp-tokens", metavar="L",
                                             help="With --context-parallel: the prompt's tokens L (one sequence)."),
     profile: Optional[str] = hidden_profile_option(),
 ) -> None:

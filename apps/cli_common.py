@@ -32,9 +32,10 @@ from rich.console import Console
 from rich.markup import escape
 from typer.exceptions import TyperException
 
+from linattn.apps.report import SIZE_MAX
 from linattn.dispatch.problem import OPS
 
-__all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "echo", "error_doc",
+__all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "count_option", "echo", "error_doc",
            "emit_json", "fail", "hidden_profile_option", "no_profile", "one_op", "op_argument", "op_option",
            "output_may_end_early", "quiet_stdout", "stdout_console"]
 
@@ -56,6 +57,28 @@ EPILOG = ("**Sizes** (every verb): `--batch N` (or `--seqs N`) is the sequences 
           "`--json`: one JSON document; an error is `{\"error\": {\"type\", \"message\", \"exit_code\"}}`.")
 
 JSON_OPT = typer.Option(False, "--json", help="Print one JSON document instead of tables (an error too).")
+
+
+def count_option(default: Any, *names: str, minimum: int = 1, maximum: int = SIZE_MAX, **kw: Any):
+    """An option that counts (sequences, tokens, requests, steps, ranks, repeats): an int from ``minimum``
+    to ``maximum``, else a usage error (exit 2) that names the option and the bound.
+
+    ``minimum`` is 1 where zero is meaningless (``--batch 0``, ``--tokens 0``), 0 where zero means
+    none (``--warmup``, ``--check-every``). Help shows ``[x>=1]``; the upper bound (an int32:
+    :data:`~linattn.apps.report.SIZE_MAX`, the kernels' index type) is checked by a callback rather
+    than click's range, whose help would print ``[1<=x<=2147483647]``. A list option (``--batch``
+    repeated) is checked item by item.
+    """
+
+    def at_most(value: Any) -> Any:
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if v is not None and v > maximum:
+                raise typer.BadParameter(f"{v} is beyond the largest count, {maximum}"
+                                         + (" (an int32: the kernels index with int32)" if maximum == SIZE_MAX else ""))
+        return value
+
+    kw.setdefault("metavar", "N")  # not typer's "<int range>"
+    return typer.Option(default, *names, min=minimum, callback=at_most, **kw)
 
 
 def op_argument(ops: tuple[str, ...] = OPS, required: bool = True):

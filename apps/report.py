@@ -37,6 +37,8 @@ SWEEP_SEQ_TOKENS = 4096
 REPORT_DECODE_BATCH = 64
 REPORT_PREFILL_TOKENS = 8192
 REPORT_PREFILL_SEQS = 4
+#: Tokens per sequence of a prefill when ``--tokens`` is not given (``explain``, ``tune --batch``).
+PREFILL_TOKENS = 4096
 #: The largest count a size option of the command line takes (rows, tokens, sequences, steps,
 #: repeats): an int32, as the kernels index with; larger is refused as a usage error (exit 2).
 SIZE_MAX = 2**31 - 1
@@ -105,8 +107,8 @@ def _sizes(op: str, batch: Optional[int], tokens: Optional[int], seqs: Optional[
     ``batch`` (= ``seqs``) sequences N, ``tokens`` per sequence L; ``total_tokens``: a prefill's packed
     T in all instead (lengths unknown). A size that does not apply is an error."""
     for name, val in (("batch", batch), ("tokens", tokens), ("seqs", seqs), ("total_tokens", total_tokens)):
-        if val is not None and val < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 0, got {val}")
+        if val is not None and val < 1:  # a call of no sequences or no tokens has nothing to decide
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1 (a count), got {val}")
     if batch is not None and seqs is not None and batch != seqs:
         raise UsageError(f"--batch {batch} and --seqs {seqs}: both are the call's sequences N; give one")
     n = next((x for x in (batch, seqs) if x is not None), 1)
@@ -117,7 +119,7 @@ def _sizes(op: str, batch: Optional[int], tokens: Optional[int], seqs: Optional[
                              f"sequence): {'give one of them' if tokens is not None else f'not for {op}'}")
         return dict(n=n, t=total_tokens, max_seqlen=total_tokens if n == 1 else 0)
     if phase == "prefill":
-        L = tokens if tokens is not None else 4096
+        L = tokens if tokens is not None else PREFILL_TOKENS
         return dict(n=n, t=n * L, max_seqlen=L)
     if phase == "decode":
         return dict(n=n, t=tokens if tokens is not None else 1)

@@ -10,6 +10,7 @@ Examples::
     linattn tune                                    # this device's default buckets (the benchmark shapes)
     linattn tune --quick                            # a few of them
     linattn tune --device cpu --buckets gdn_decode:1,gdn_prefill:2x64 --shape 2,4,16,16
+    linattn tune gdn_prefill --batch 16 --tokens 4096   # one bucket: 16 sequences of 4,096 tokens
     linattn tune --device cuda --out linattn/tuned/sm_90.json   # the table shipped for sm_90
 """
 
@@ -24,7 +25,8 @@ import torch
 import typer
 
 from linattn import tune as measuring
-from linattn.apps.cli_common import JSON_OPT, hidden_profile_option, no_profile, one_op, op_option
+from linattn.apps.cli_common import JSON_OPT, count_option, hidden_profile_option, no_profile, one_op, op_option
+from linattn.apps.report import PREFILL_TOKENS
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
                                      write)
@@ -59,6 +61,16 @@ def default_buckets(device_type: str, quick: bool = False, shape: Optional[tuple
     sizes = (QUICK_SIZES if quick else DEFAULT_SIZES)["cuda" if device_type == "cuda" else "cpu"]
     ops = sorted(TUNED_OPS, key=lambda op: (OP_TABLE[op].family, OP_TABLE[op].phase))  # family by family, decode first
     return [bucket_for(op, n, t, shape, dtype, state_dtype) for op in ops for n, t in sizes[OP_TABLE[op].phase]]
+
+
+def sized_buckets(n: Optional[int], tokens: Optional[int], shape: Optional[tuple] = None, dtype: str = "bfloat16",
+                  state_dtype: str = "float32") -> list[Bucket]:
+    """One bucket per tuned op at ``--batch N --tokens L`` as every verb reads them: N sequences
+    (decode rows, prefill sequences; default 1) of L tokens each (default 1 for decode, 4,096 for
+    prefill, as ``linattn explain``)."""
+    ops = sorted(TUNED_OPS, key=lambda op: (OP_TABLE[op].family, OP_TABLE[op].phase))
+    return [bucket_for(op, n or 1, tokens or (1 if OP_TABLE[op].phase == "decode" else PREFILL_TOKENS), shape, dtype,
+                       state_dtype) for op in ops]
 
 
 def bucket_for(op: str, n: int, t: int, shape: Optional[tuple], dtype: str, state_dtype: str) -> Bucket:
@@ -146,14 +158,18 @@ def tune(
     quick: bool = typer.Option(False, "--quick", help="A few of the default buckets."),
     buckets: Optional[str] = typer.Option(None, "--buckets", help="Comma-separated OP:N or OP:NxL, N sequences "
                                           "(decode rows, prefill sequences) of L tokens each (decode default 1), as "
-                                          "--batch N --tokens L elsewhere; e.g. gdn_decode:1,gdn_prefill:16x4096 "
+                                          "--batch N --tokens L; e.g. gdn_decode:1,gdn_prefill:16x4096 "
                                           "(default: the benchmark shapes of both families)."),
+    batch: Optional[int] = count_option(None, "--batch", "--seqs", help="Instead of the default buckets: one bucket per "
+                                        "tuned op (or OP's) of N sequences (decode rows, prefill sequences; default 1)."),
+    tokens: Optional[int] = count_option(None, "--tokens", metavar="L", help="With or without --batch: tokens per "
+                                         "sequence L (decode tokens per row, default 1; prefill, default 4,096)."),
     shape: Optional[str] = typer.Option(None, "--shape", help="H,HV,K,V for every bucket (default: the family's "
                                                               "preset, qwen3-next for GDN, kimi-linear for KDA)."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
     state_dtype: str = typer.Option("float32", "--state-dtype", help="Pool dtype: float32 or bfloat16."),
-    repeats: Optional[int] = typer.Option(None, "--repeats", min=1, help="Timed calls per backend (default 25 on "
-                                                                         "CUDA, 5 on the CPU)."),
+    repeats: Optional[int] = count_option(None, "--repeats", help="Timed calls per backend (default 25 on CUDA, 5 on "
+                                                                  "the CPU)."),
     max_seconds: float = typer.Option(MAX_SECONDS, "--max-seconds", help="Start no bucket after this many seconds."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write a new table here (e.g. linattn/tuned/sm_90.json, "
                                        "the table shipped for sm_90) instead of the user's table (LINATTN_TUNE_DIR "
@@ -185,12 +201,7 @@ def tune(
             raise UsageError(f"--device {device}: no CUDA/ROCm device is visible to torch {torch.__version__}; tune "
                              "measures on a device that is present (--device cpu times the CPU backends)")
         resolve_device(dev)  # a device that is not there is a usage error
-        if quick and buckets:
-            raise UsageError("--quick and --buckets both choose the buckets; give one (--quick: a few of the default "
-                             "buckets; --buckets: exactly these)")
-        sh = _parse_shape(shape)
-        chosen = (parse_buckets(buckets, sh, dtype, state_dtype) if buckets
-                  else default_buckets(dev.type, quick, sh, dtype, state_dtype))
+        chosen = _choose_buckets(dev, quick, buckets, batch, tokens, _parse_shape(shape), dtype, state_dtype)
         if op is not None:
             chosen = [b for b in chosen if b.op == op]
             if not chosen:
@@ -200,7 +211,7 @@ def tune(
     except (ValueError, RuntimeError) as e:  # UsageError is a ValueError
         _fail_usage(e, as_json)
     err = Console(stderr=True)
-    command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op)
+    command = _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op, batch, tokens)
     entries = run(chosen, dev, repeats=repeats, max_seconds=max_seconds,
                   progress=None if as_json else lambda line: err.print(line, highlight=False, soft_wrap=True),
                   on_entry=lambda done: save(done, dev, command, out))  # saved bucket by bucket
@@ -211,6 +222,27 @@ def tune(
         _emit_json(doc)
         return
     _render(doc, stdout_console())
+
+
+def _choose_buckets(dev: torch.device, quick: bool, buckets: Optional[str], batch: Optional[int], tokens: Optional[int],
+                    shape: Optional[tuple], dtype: str, state_dtype: str) -> list[Bucket]:
+    """The buckets one of --quick, --buckets, --batch/--tokens chooses (none: the device's defaults).
+
+    Raises:
+        UsageError: more than one of them; ValueError: a bad --buckets item.
+    """
+    from linattn.apps.report import UsageError
+
+    given = [name for name, val in (("--quick", quick), ("--buckets", buckets), ("--batch/--tokens", batch or tokens))
+             if val]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} {'both' if len(given) == 2 else 'all'} choose the buckets; give one (--quick: a few of the default "
+                         "buckets; --buckets: exactly these; --batch N --tokens L: that size for each op)")
+    if buckets:
+        return parse_buckets(buckets, shape, dtype, state_dtype)
+    if batch or tokens:
+        return sized_buckets(batch, tokens, shape, dtype, state_dtype)
+    return default_buckets(dev.type, quick, shape, dtype, state_dtype)
 
 
 def _check_writable(out: Optional[Path]) -> None:
@@ -230,10 +262,12 @@ def _check_writable(out: Optional[Path]) -> None:
                          f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}")
 
 
-def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op=None) -> str:
+def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op=None, batch=None, tokens=None) -> str:
     parts = ["linattn tune"] + ([op] if op else []) + [f"--device {dev}"]
     parts += ["--quick"] if quick else []
     parts += [f"--buckets {buckets}"] if buckets else []
+    parts += [f"--batch {batch}"] if batch else []
+    parts += [f"--tokens {tokens}"] if tokens else []
     parts += [f"--shape {shape}"] if shape else []
     parts += [f"--dtype {dtype}"] if dtype != "bfloat16" else []
     parts += [f"--state-dtype {state_dtype}"] if state_dtype != "float32" else []

@@ -223,7 +223,7 @@ def test_measure_warms_up_then_times_separate_calls_within_the_budget(seconds, r
     (("gdn_decode", "--backend", "no-such-backend"), "registered"),
     (("gdn_decode", "--tokens", "4"), "prefill"),
     (("gdn_decode", "--shape", "1,2,3"), "H,HV,K,V"),
-    (("gdn_decode", "--batch", "0"), ">= 1"),
+    (("gdn_decode", "--batch", "0"), "greater than or equal to 1"),  # typer's min=1
     (("gdn_decode", "--device", "tpu"), "cpu"),
 ])
 def test_bad_arguments_exit_2_with_what_is_allowed(registry, args, needle):

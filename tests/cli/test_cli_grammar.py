@@ -5,6 +5,7 @@
 import json
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 import linattn
@@ -118,6 +119,80 @@ def test_bench_takes_seqs_as_batch(monkeypatch):
     res = run("bench", "gdn_prefill", "--seqs", "2", "--seqs", "3", "--tokens", "5", "--device", "cpu")
     assert res.exit_code == 2 and "sizes seen" in res.output
     assert got["batch"] == [2, 3] and got["tokens"] == [5]
+
+
+def test_tune_takes_batch_and_tokens_with_the_meaning_they_have_in_every_verb(monkeypatch, tmp_path):
+    import linattn.apps.tune as T
+    from linattn.dispatch import Problem
+    from linattn.dispatch.tuning import bucket_of
+
+    seen = []
+    monkeypatch.setattr(T, "run", lambda buckets, *a, **k: seen.extend(buckets) or [])
+
+    def buckets(*args):
+        seen.clear()
+        res = run("tune", *args, "--device", "cpu", "--out", str(tmp_path / "t.json"), "--json")
+        assert res.exit_code == 0, res.output
+        return list(seen)
+
+    same = buckets("--buckets", "gdn_prefill:16x256")
+    assert buckets("gdn_prefill", "--batch", "16", "--tokens", "256") == same
+    assert buckets("--op", "gdn_prefill", "--seqs", "16", "--tokens", "256") == same
+    by_op = {b.op: b for b in buckets("--batch", "8")}  # every tuned op, at the problem explain builds
+    assert set(by_op) == {"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill"}
+    for op, b in by_op.items():
+        assert b == bucket_of(Problem.model_validate(problem(op, "--batch", "8"))), op
+    err = json_error(run("tune", "--batch", "2", "--buckets", "gdn_decode:1", "--device", "cpu", "--json"))
+    assert "--buckets and --batch/--tokens both choose the buckets" in err["message"]
+
+
+def _int_options():
+    """``(verb, option, click parameter)`` for every int-valued option of every verb."""
+    import inspect
+
+    group = typer.main.get_command(cli.app)
+    for verb, cmd in group.commands.items():
+        ann = {n: str(p.annotation) for n, p in inspect.signature(cmd.callback).parameters.items()}
+        for p in cmd.params:
+            if "int" in ann.get(p.name, "") and p.opts[0].startswith("--"):
+                yield verb, p.opts[0], p
+
+
+#: int options where 0 means "none" (no warm-up calls, no float64 checks) or that are not counts (a seed)
+ZERO_MEANS_NONE = {"--warmup", "--check-every"}
+NOT_COUNTS = {"--seed"}
+
+
+def test_every_count_option_refuses_zero_unless_zero_means_none():
+    checked = set()
+    for verb, opt, p in _int_options():
+        if opt in NOT_COUNTS:
+            continue
+        checked.add((verb, opt))
+        assert p.min == (0 if opt in ZERO_MEANS_NONE else 1), (verb, opt, p.min)
+    assert {("explain", "--batch"), ("explain", "--tokens"), ("explain", "--total-tokens"), ("tune", "--batch"),
+            ("tune", "--repeats"), ("bench", "--repeats"), ("bench", "--warmup"), ("demo", "--steps")} <= checked
+
+
+@pytest.mark.parametrize("args", [
+    ("explain", "gdn_decode", "--batch", "0"),
+    ("explain", "gdn_prefill", "--tokens", "0"),
+    ("explain", "gdn_prefill", "--total-tokens", "0"),
+    ("bench", "gdn_decode", "--batch", "4", "--batch", "0"),
+    ("tune", "--batch", "0"),
+    ("demo", "--requests", "0"),
+    ("demo", "--context-parallel", "2", "--tokens", "0"),
+])
+def test_a_zero_count_is_a_usage_error_that_names_the_option(args):
+    err = json_error(run(*args, "--json"))
+    assert f"'{args[-2]}'" in err["message"] and "greater than or equal to 1" in err["message"], err
+
+
+@pytest.mark.parametrize("verb", ["explain", "demo", "bench", "tune"])
+def test_help_shows_a_readable_range_for_counts(verb):
+    out = run(verb, "--help", env={"COLUMNS": "1000"}).stdout
+    assert "2147483647" not in out and "<int range>" not in out
+    assert "[x>=1]" in out
 
 
 # -- --device and --profile ------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def test_demo_cli_table_says_pass(builtin_registry):
     (["--model", "no-such"], "known:"),
     (["--shape", "1,2,3"], "H,HV,K,V"),
     (["--shape", "3,4,8,8"], "multiple of H"),
-    (["--requests", "0"], "requests must be >= 1"),
+    (["--requests", "0"], "'--requests': Input should be greater than or equal to 1"),  # typer's min=1
 ])
 def test_demo_bad_arguments_exit_2(builtin_registry, args, needle):
     res = runner.invoke(cli.app, ["demo", "--device", "cpu", *args, "--json"])
