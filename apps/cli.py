@@ -55,8 +55,8 @@ from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.tuning import ignored as tuning_ignored
 # The data builders live in apps/report.py; re-exported here because tests and scripts import them from linattn.apps.cli.
-from linattn.apps.report import (FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
-                            SIZE_MAX, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
+from linattn.apps.report import (DTYPE_NAMES, FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
+                            SIZE_MAX, STATE_DTYPE_NAMES, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
                             representative_problem, resolve_target, sweep_problems)
 
@@ -379,9 +379,10 @@ def explain(
                                                help="Prefill only, instead of --tokens: T packed tokens in all, "
                                                     "sequence lengths unknown (max_seqlen 0 unless N = 1)."),
     profile: Optional[str] = PROFILE_OPT,
-    dtype: str = typer.Option("bfloat16", "--dtype", help="q/k/v dtype: bfloat16, float16, float32."),
-    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="Decode, prefill: pool dtype, float32 "
-                                                                          "(default) or bfloat16."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help=f"q/k/v dtype: {', '.join(DTYPE_NAMES)} (float64: the "
+                              "reference's oracle mode, run by the PyTorch backends only)."),
+    state_dtype: Optional[str] = typer.Option(None, "--state-dtype", help="Decode, prefill: pool dtype, "
+                                              f"{', '.join(STATE_DTYPE_NAMES)} (default float32)."),
     layout: Optional[str] = typer.Option(None, "--layout", help="Decode, prefill: pool layout, vk ([P, HV, V, K], "
                                                                 "default) or kv ([P, HV, K, V])."),
     mode: Optional[str] = typer.Option(None, "--mode", help="Prefill only: pool (the state pool in place, default) "

@@ -23,6 +23,7 @@ import linattn
 from linattn.dispatch import resolve_device
 from linattn.dispatch.ops_table import OP_TABLE, op_spec
 from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.validate import FLOAT_DTYPES, STATE_DTYPES
 from linattn.presets import UsageError, make_problem, preset_shape, preset_table  # noqa: F401 - UsageError: the CLI's and tests' name
 
 #: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
@@ -37,6 +38,11 @@ SWEEP_SEQ_TOKENS = 4096
 REPORT_DECODE_BATCH = 64
 REPORT_PREFILL_TOKENS = 8192
 REPORT_PREFILL_SEQS = 4
+#: The dtypes ``explain`` takes, exactly those the ops take (``dispatch/validate.py``): q/k/v (and the
+#: gating's and the clamp's inputs) and the state pool. float64 is the reference's oracle mode, which
+#: only the PyTorch backends run (torch-ref; torch-chunked too).
+DTYPE_NAMES = tuple(FLOAT_DTYPES.values())
+STATE_DTYPE_NAMES = tuple(STATE_DTYPES.values())
 #: Tokens per sequence of a prefill when ``--tokens`` is not given (``explain``, ``tune --batch``).
 PREFILL_TOKENS = 4096
 #: The largest count a size option of the command line takes (rows, tokens, sequences, steps,
@@ -163,8 +169,9 @@ def problem_for(op: str, model: str, *, batch: Optional[int] = None, tokens: Opt
         op: an op name (see ``linattn.dispatch.OPS``).
         model: a preset name whose family matches the op (``qwen3-next`` for GDN ops, ...).
         batch, seqs, tokens, total_tokens: sizes as above.
-        dtype: q/k/v dtype. state_dtype, layout: pool dtype (default float32) and layout (default
-            ``vk``), decode and prefill only. mode: ``pool`` (default) or ``dense``, prefill only.
+        dtype: q/k/v dtype (:data:`DTYPE_NAMES`). state_dtype, layout: pool dtype (:data:`STATE_DTYPE_NAMES`,
+            default float32) and layout (default ``vk``), decode and prefill only. mode: ``pool``
+            (default) or ``dense``, prefill only.
     Returns:
         Problem.
     Raises:
@@ -175,6 +182,10 @@ def problem_for(op: str, model: str, *, batch: Optional[int] = None, tokens: Opt
         >>> problem_for("gdn_decode", "qwen3-next", batch=4096).brief()
         'N=4096 T=1 H=16 HV=32 K=128 V=128 bfloat16 state=float32/vk mode=pool'
     """
+    for option, val, allowed in (("--dtype", dtype, DTYPE_NAMES), ("--state-dtype", state_dtype, STATE_DTYPE_NAMES)):
+        if val is not None and val not in allowed:
+            raise UsageError(f"{option} {val}: the ops take {', '.join(allowed)} (float64: the reference's oracle "
+                             f"mode, run by the PyTorch backends only)")
     shape = preset_shape(op, model)
     sizes = _sizes(op, batch, tokens, seqs, total_tokens)
     options = _state_options(op, state_dtype, layout, mode)

@@ -195,6 +195,25 @@ def test_help_shows_a_readable_range_for_counts(verb):
     assert "[x>=1]" in out
 
 
+# -- dtypes: the help lists what the ops take, and explain takes exactly those ---------------------------
+
+def test_explain_dtypes_are_the_ops_dtypes_and_the_help_lists_them():
+    from linattn.dispatch.validate import FLOAT_DTYPES, STATE_DTYPES
+
+    out = " ".join(run("explain", "--help", env={"COLUMNS": "1000"}).stdout.split())
+    assert f"q/k/v dtype: {', '.join(FLOAT_DTYPES.values())}" in out and "float64" in out
+    assert f"pool dtype, {', '.join(STATE_DTYPES.values())}" in out
+    for name in FLOAT_DTYPES.values():
+        assert problem("gdn_decode", "--dtype", name)["dtype"] == name
+    for name in STATE_DTYPES.values():
+        assert problem("gdn_prefill", "--state-dtype", name)["state_dtype"] == name
+    d = json.loads(run("explain", "gdn_decode", "--dtype", "float64", "--profile", "sm90", "--json").stdout)
+    assert d["chosen"] in ("torch-ref", "torch-chunked")  # the oracle mode runs on the PyTorch backends
+    err = json_error(run("explain", "gdn_decode", "--state-dtype", "float16", "--profile", "cpu", "--json"))
+    assert "--state-dtype float16" in err["message"] and "float32, bfloat16, float64" in err["message"]
+    assert "--dtype int8" in json_error(run("explain", "gdn_decode", "--dtype", "int8", "--json"))["message"]
+
+
 # -- --device and --profile ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("verb", [("bench", "gdn_decode"), ("tune",), ("check",), ("demo",)])
