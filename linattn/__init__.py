@@ -38,8 +38,9 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
     Returns:
         Decision.
     Raises:
-        ValueError: an unknown op, model, field or value (the message names the allowed ones), a
-            model of another family, or ``model=`` / keywords given with a :class:`Problem`.
+        ValueError: an unknown device or profile (checked first, so a bad profile is named as such
+            whatever the shape), an unknown op, model, field or value (the message names the allowed
+            ones), a model of another family, or ``model=`` / keywords given with a :class:`Problem`.
     Example:
         >>> import linattn
         >>> linattn.explain("gdn_decode", "cpu", n=8, h=16, hv=32, k=128, v=128).chosen
@@ -47,6 +48,9 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
         >>> linattn.explain("gdn_decode", "cpu", model="qwen3-next", n=8).problem.hv
         32
     """
+    from linattn.dispatch import resolve_device
+
+    caps = resolve_device(device)  # a bad device or profile is the error, not the fields the shape lacks
     if isinstance(problem, Problem):
         if model is not None or shape:
             given = ", ".join([*(["model"] if model is not None else []), *shape])
@@ -57,7 +61,7 @@ def explain(problem: "Problem | str", device=None, *, backend: "str | None" = No
 
         base = preset_shape(problem, model) if model is not None else {}
         problem = make_problem(problem, **{**base, **shape})
-    return _explain(problem, device, backend=backend)
+    return _explain(problem, caps, backend=backend)
 
 
 def __getattr__(name: str):

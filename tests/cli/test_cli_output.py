@@ -223,6 +223,12 @@ def test_python_explain_errors_name_the_field_and_what_is_allowed(args, kw, patt
     assert not re.search(r"https?://errors\.pydantic", str(e.value))
 
 
+@pytest.mark.parametrize("kw", [{}, dict(n=4), dict(model="qwen3-next")])
+def test_python_explain_names_a_bad_profile_before_the_shape(kw):
+    with pytest.raises(ValueError, match=r"'sm9000' is neither a device profile \(cpu, .*sm90"):
+        linattn.explain("gdn_decode", "sm9000", **kw)  # was: 'gdn_decode needs k >= 1' without a shape
+
+
 def test_python_explain_refuses_a_problem_with_model_or_shape_keywords():
     p = cli.problem_for("gdn_decode", "qwen3-next")
     with pytest.raises(ValueError, match="got a Problem and also model, n"):
