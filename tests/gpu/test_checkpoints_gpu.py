@@ -11,7 +11,9 @@ picks a Triton backend for a call with checkpoints. The CuTe DSL prefill (its st
 them in its chunk loop) is held bitwise to its own prefill stopped there and to float64. The PyTorch fallbacks on CUDA (torch-chunked,
 torch-ref) are held to the float64 reference within the same tolerance only: cuBLAS picks other
 algorithms for other shapes, so a prefill stopped there need not agree bitwise (it did not, to 4-5
-digits, on the H200). Every pool row a call does not own keeps its bits.
+digits, on the H200). The FlashInfer peer (GDN; its non-CP kernel stores them into the named slots,
+``checkpoint_state_indices``) is held bitwise to its own prefill stopped there and to float64;
+skipped where flashinfer-python does not import. Every pool row a call does not own keeps its bits.
 """
 
 from __future__ import annotations
@@ -146,3 +148,51 @@ def _held_to_float64(family, d, pool, p, table):
     owned = {s for s in READ if s >= 0} | set(marked.values())
     rest = [i for i in range(P) if i not in owned]
     assert torch.equal(p[rest], pool[rest])
+
+
+@pytest.fixture
+def flashinfer_peer(monkeypatch):
+    """FlashInfer importable and registered (``LINATTN_PEERS=all``), a fresh registry."""
+    pytest.importorskip("flashinfer.gdn_prefill", reason="flashinfer-python does not import here")
+    monkeypatch.setenv("LINATTN_PEERS", "all")
+    linattn.dispatch.reset_registry()
+    yield
+    monkeypatch.undo()
+    linattn.dispatch.reset_registry()
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
+def test_flashinfer_checkpoints_are_the_states_of_a_prefill_stopped_there(flashinfer_peer, pool_dtype):
+    """backend='flashinfer' (GDN): FlashInfer 0.7.4's non-CP kernel stores the checkpoints into the
+    named slots (checkpoint_state_indices). Each bitwise the same backend stopped there (a call of
+    fewer than CP_MIN_TOKENS tokens: FlashInfer's non-CP kernel too), within the bf16 state tolerance
+    of float64; rows not owned unchanged. GPU verification of the declaration."""
+    d, pool = _inputs("gdn", LENS), _pool("gdn", pool_dtype)
+    table = _table(LENS)
+    idx = torch.tensor(READ, device=DEV)
+    p = pool.clone()
+    linattn.gdn_prefill(**d, state_pool=p, state_indices=idx, checkpoint_every=EVERY,
+                        checkpoint_indices=torch.tensor(table, device=DEV), backend="flashinfer")
+    assert linattn.last_decision().chosen == "flashinfer"
+    marked = written_checkpoints(LENS, READ, table, EVERY)
+    assert len(marked) == 12
+    tol = tolerances("bfloat16", str(pool_dtype)[6:])[1]
+    for (n, j), slot in marked.items():
+        t, c0 = (j + 1) * EVERY, int(d["cu_seqlens"][n])
+        stopped = pool.clone()
+        linattn.gdn_prefill(**{x: d[x][c0:c0 + t] for x in ("q", "k", "v", "g", "beta")},
+                            cu_seqlens=torch.tensor([0, t], dtype=torch.int32, device=DEV), state_pool=stopped,
+                            state_indices=idx[n:n + 1], backend="flashinfer")
+        assert torch.equal(p[slot], stopped[READ[n]]), (n, j)
+        ref = stopped_reference("gdn", d, pool, n, t, READ[n])
+        assert rel_error(p[slot], ref) <= tol, (n, j, rel_error(p[slot], ref))
+    owned = {s for s in READ if s >= 0} | set(marked.values())
+    rest = [i for i in range(P) if i not in owned]
+    assert torch.equal(p[rest], pool[rest])
+    # outputs and final states: those of the same call without checkpoints (both FlashInfer's non-CP kernel)
+    q = pool.clone()
+    o_plain = linattn.gdn_prefill(**d, state_pool=q, state_indices=idx, backend="flashinfer")
+    o_ck = linattn.gdn_prefill(**d, state_pool=pool.clone(), state_indices=idx, checkpoint_every=EVERY,
+                               checkpoint_indices=torch.tensor(table, device=DEV), backend="flashinfer")
+    finals = [s for s in READ if s >= 0]
+    assert torch.equal(o_plain, o_ck) and torch.equal(q[finals], p[finals])

@@ -110,11 +110,77 @@ def test_flashinfer_prefill_equals_flashinfer_called_directly_on_the_pool():
     pool = 0.1 * r(P, HV, K, K)
     mine, theirs = pool.clone(), pool.clone()
     o = linattn.gdn_prefill(q, k, v, gate, beta, cu, state_pool=mine, state_indices=slots, backend="flashinfer")
+    # 1,365 tokens < CP_MIN_TOKENS: the backend hands FlashInfer use_cp=False (its non-CP kernel)
     o_fi, _ = chunk_gated_delta_rule(q, k, v, gate.exp(), beta, scale=K ** -0.5, initial_state=theirs,
                                      output_state=theirs, output_final_state=True, cu_seqlens=cu,
-                                     use_qk_l2norm_in_kernel=True, state_indices=slots, backend="flashinfer")
+                                     use_qk_l2norm_in_kernel=True, state_indices=slots, backend="flashinfer",
+                                     use_cp=False)
     assert torch.equal(o, o_fi) and torch.equal(mine, theirs)
     assert torch.equal(mine[[1, 3, 4, 6, 7]], pool[[1, 3, 4, 6, 7]])
+
+
+def _fi_inputs(lens, H=2, HV=8, K=128, seed=3):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = sum(lens)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=g)  # noqa: E731
+    return dict(q=r(T, H, K).bfloat16(), k=r(T, H, K).bfloat16(), v=r(T, HV, K).bfloat16(),
+                g=torch.nn.functional.logsigmoid(r(T, HV) + 3.0), beta=torch.sigmoid(r(T, HV)),
+                cu_seqlens=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device="cuda",
+                                        dtype=torch.int32))
+
+
+def test_flashinfer_long_plain_prefill_keeps_flashinfers_own_cp_rule():
+    """From CP_MIN_TOKENS tokens on, a call in the plain form is handed use_cp='auto' as before:
+    bitwise FlashInfer called directly with its defaults."""
+    _need("flashinfer")
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+
+    from linattn.backends.flashinfer import CP_MIN_TOKENS
+
+    d = _fi_inputs([CP_MIN_TOKENS])
+    pool = 0.1 * torch.randn(4, 8, 128, 128, device="cuda")
+    slots = torch.tensor([2], device="cuda", dtype=torch.int32)
+    mine, theirs = pool.clone(), pool.clone()
+    o = linattn.gdn_prefill(**d, state_pool=mine, state_indices=slots, backend="flashinfer")
+    o_fi, _ = chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"].exp(), d["beta"], scale=128 ** -0.5,
+                                     initial_state=theirs, output_state=theirs, output_final_state=True,
+                                     cu_seqlens=d["cu_seqlens"], use_qk_l2norm_in_kernel=True, state_indices=slots,
+                                     backend="flashinfer")
+    assert torch.equal(o, o_fi) and torch.equal(mine, theirs)
+
+
+def test_flashinfer_separate_slots_and_checkpoints_equal_flashinfer_called_directly():
+    """The translation of output_state_indices and of the [N, M] checkpoint table (FlashInfer's
+    checkpoint_state_indices with per-sequence starts) against FlashInfer 0.7.4 called directly with
+    the rows written out by hand: bitwise outputs and pool; a fork of an empty sequence gets its read
+    row (FlashInfer writes nothing for it), rows not named unchanged."""
+    _need("flashinfer")
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+
+    lens = [300, 0, 129, 64]
+    d = _fi_inputs(lens)
+    P = 16
+    pool = 0.1 * torch.randn(P, 8, 128, 128, device="cuda")
+    read = torch.tensor([3, 3, 5, 7], device="cuda", dtype=torch.int32)
+    write = torch.tensor([0, 1, 5, 2], device="cuda", dtype=torch.int32)
+    marks = torch.tensor([[8, 9, 10], [11, -1, -1], [12, 13, -1], [14, -1, -1]], device="cuda", dtype=torch.int32)
+    mine = pool.clone()
+    o = linattn.gdn_prefill(**d, state_pool=mine, state_indices=read, output_state_indices=write,
+                            checkpoint_every=64, checkpoint_indices=marks, backend="flashinfer")
+    # by hand: checkpoints per sequence len // 64 = 4, 0, 2, 1 at starts 0, 4, 4, 6; M = 3 columns
+    rows = torch.tensor([8, 9, 10, -1, 12, 13, 14], device="cuda", dtype=torch.int32)
+    theirs = pool.clone()
+    o_fi, _ = chunk_gated_delta_rule(d["q"], d["k"], d["v"], d["g"].exp(), d["beta"], scale=128 ** -0.5,
+                                     initial_state=theirs, output_state=theirs, output_final_state=True,
+                                     cu_seqlens=d["cu_seqlens"], use_qk_l2norm_in_kernel=True, state_indices=read,
+                                     output_state_indices=write, use_cp=False, backend="flashinfer",
+                                     state_checkpoints=theirs, checkpoint_every_n_tokens=64,
+                                     checkpoint_cu_starts=torch.tensor([0, 4, 4, 6], device="cuda",
+                                                                       dtype=torch.int32),
+                                     checkpoint_state_indices=rows)
+    theirs[1] = pool[3]  # the empty fork: FlashInfer leaves its write row alone
+    assert torch.equal(o, o_fi) and torch.equal(mine, theirs)
+    assert torch.equal(mine[[3, 4, 6, 7, 11, 15]], pool[[3, 4, 6, 7, 11, 15]])  # read slots, 11: empty's
 
 
 @pytest.mark.parametrize("layout", ["vk", "kv"])

@@ -11,6 +11,8 @@ read slots included: a shared prefix's slot stays intact) keeps its bits.
 - Prefill: the read rows copied into the write rows (``kernels/triton/fork_slots.py``) then the
   pipeline, the segment-parallel pass (two long sequences) and the fused kernels (many short
   ones) in place; cutedsl the same where it is available.
+- FlashInfer (``backend="flashinfer"``, GDN prefill): its own ``output_state_indices``, the same
+  oracle; skipped where flashinfer-python does not import.
 - Launches (torch profiler): decode runs its one kernel either way; prefill adds exactly the row copy.
 """
 
@@ -178,3 +180,39 @@ def test_launches_decode_none_extra_prefill_one_copy(family):
     inplace = cuda_kernels(lambda: run_prefill(family, dp, ppool, write, backend="triton-split", validate=False))
     copies = [k for k in sep if "fork_slots" in k]
     assert len(copies) == 1 and [k for k in sep if "fork_slots" not in k] == inplace, (sep, inplace)
+
+
+@pytest.fixture
+def flashinfer_peer(monkeypatch):
+    """FlashInfer importable and registered (``LINATTN_PEERS=all``), a fresh registry."""
+    pytest.importorskip("flashinfer.gdn_prefill", reason="flashinfer-python does not import here")
+    monkeypatch.setenv("LINATTN_PEERS", "all")
+    linattn.dispatch.reset_registry()
+    yield
+    monkeypatch.undo()
+    linattn.dispatch.reset_registry()
+
+
+@pytest.mark.parametrize("case", ["short", "mixed"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
+@pytest.mark.parametrize("fresh", [False, True], ids=["h0", "fresh"])
+def test_prefill_separate_slots_flashinfer(flashinfer_peer, case, state_dtype, fresh):
+    """backend='flashinfer' (GDN, K = V = 128): FlashInfer 0.7.4's own read / write index pair
+    (output_state_indices, its non-CP kernel), held bitwise to the same backend in place on the
+    forked pool; an empty fork gets its read row copied by the backend (FlashInfer writes nothing
+    for it). Both calls are under CP_MIN_TOKENS tokens, so both run FlashInfer's non-CP kernel. GPU
+    verification of the declaration."""
+    lens = PREFILL_CASES[case]
+    s = SHAPES["gdn"]
+    N = len(lens)
+    read, write = PREFILL_FORKS[case]
+    P = max(read + write) + 2
+    pool = _pool(P, s["HV"], s["K"], s["V"], dtype=state_dtype, seed=13)
+    mask = None
+    if fresh:
+        mask = [n % 2 == 1 for n in range(N)]
+        for n in range(N):
+            if mask[n] and read[n] >= 0 and read[n] not in [r for m, r in enumerate(read) if not mask[m]]:
+                pool[read[n]] = float("nan")
+    d = prefill_inputs("gdn", lens, dtype=BF, device=DEV, seed=13, **s)
+    check_prefill_fork("gdn", "flashinfer", pool, d, read=read, write=write, lens=lens, fresh=mask)

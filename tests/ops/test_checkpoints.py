@@ -6,7 +6,7 @@ bitwise, to a prefill of the same backend stopped there; the outputs and final s
 the same call without checkpoints; every pool row the call does not write (checkpoint slots past a
 sequence's length, a padding sequence's, the read slots with ``output_state_indices``) keeps its
 bits. Then the refusals (each before anything is written), and the backends that do not declare
-the feature (the peers, refused with reason ``feature``). The Triton prefill:
+the feature (fla, refused with reason ``feature``; flashinfer: tests/peers/test_flashinfer_slots.py). The Triton prefill:
 tests/ops/test_checkpoints_triton.py."""
 
 from __future__ import annotations
@@ -174,16 +174,19 @@ def test_kernel_backends_declare_checkpoints(backend):
     assert getattr(verdict, "reason", None) != Reason.FEATURE, verdict
 
 
-def test_peers_are_refused_with_reason_feature():
+def test_fla_is_refused_with_reason_feature_and_flashinfer_declares_checkpoints():
+    """fla does not write checkpoints (refused, reason ``feature``); flashinfer's prefill does, through
+    FlashInfer's checkpoint_state_indices (tests/peers/test_flashinfer_slots.py; GPU:
+    tests/gpu/test_checkpoints_gpu.py)."""
     from linattn.backends.fla import FLABackend
     from linattn.backends.flashinfer import FlashInferBackend
     from linattn.dispatch.problem import Problem
 
     p = Problem(op="kda_prefill", n=4, t=256, h=1, hv=2, k=64, v=64, mode="pool", checkpoints=True)
-    for cls in (FLABackend, FlashInferBackend):
-        check = cls().supports_features(p, None)
-        assert not check.ok and check.reason == Reason.FEATURE and "'checkpoints'" in check.message
-        assert cls().supports_features(p.model_copy(update={"checkpoints": False}), None).ok
+    check = FLABackend().supports_features(p, None)
+    assert not check.ok and check.reason == Reason.FEATURE and "'checkpoints'" in check.message
+    assert FLABackend().supports_features(p.model_copy(update={"checkpoints": False}), None).ok
+    assert FlashInferBackend().supports_features(p.model_copy(update={"op": "gdn_prefill"}), None).ok
 
 
 def test_fake_gives_the_output_shape_with_checkpoints():

@@ -203,18 +203,24 @@ def test_refused_with_disable_state_update_in_dense_mode_and_with_a_wrong_shape_
 
 @pytest.mark.parametrize("op", ["gdn_decode", "kda_prefill"])
 def test_peers_refuse_with_reason_feature_naming_it(op):
-    """fla and flashinfer do not honour separate write slots: refused (reason ``feature``), so the
-    dispatcher falls back, never a silent in-place write."""
+    """fla does not honour separate write slots, and flashinfer not in decode: refused (reason
+    ``feature``), so the dispatcher falls back, never a silent in-place write. flashinfer's prefill
+    takes them (FlashInfer's own ``output_state_indices``: tests/peers/test_flashinfer_slots.py)."""
     from linattn.backends.fla import FLABackend
     from linattn.backends.flashinfer import FlashInferBackend
     from linattn.dispatch.problem import Problem
     from linattn.dispatch.verdict import Reason
 
     p = Problem(op=op, n=4, t=1, h=1, hv=2, k=64, v=64, output_state_indices=True)
-    for cls in (FLABackend, FlashInferBackend):
-        check = cls().supports_features(p, None)
+    check = FLABackend().supports_features(p, None)
+    assert not check.ok and check.reason == Reason.FEATURE and "output_state_indices" in check.message
+    assert FLABackend().supports_features(p.model_copy(update={"output_state_indices": False}), None).ok
+    fi = FlashInferBackend()
+    assert fi.supports_features(p, None).ok  # declared (prefill); decode refuses it in its own predicate
+    if op == "gdn_decode":
+        check = fi.supports_decode(p, None)
         assert not check.ok and check.reason == Reason.FEATURE and "output_state_indices" in check.message
-    assert cls().supports_features(p.model_copy(update={"output_state_indices": False}), None).ok
+        assert fi.supports_decode(p.model_copy(update={"output_state_indices": False}), None).ok
 
 
 def test_explain_and_the_call_signature_carry_the_flag():

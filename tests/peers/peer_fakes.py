@@ -119,7 +119,16 @@ FLA_STAND_INS = {("gdn", "prefill"): fla_chunk, ("kda", "prefill"): fla_chunk,
 def flashinfer_prefill(log: Log):
     """FlashInfer's ``chunk_gated_delta_rule`` (0.7.4 keywords): linear ``alpha`` gate, states
     ``[., HV, V, K]``; pool mode by ``state_indices`` (no ``-1`` without ``output_state_indices``),
-    read ``-1`` = zero state, write ``-1`` = no write."""
+    read ``-1`` = zero state, write ``-1`` = no write, a zero-length sequence writes nothing.
+
+    Checkpoints as 0.7.4's non-CP kernels store them into pool rows (``checkpoint_state_indices``,
+    ``flashinfer/gdn_kernels/delta_rule_dsl/delta_rule_sm90.py``'s ``checkpoint_entry``): the state
+    after every ``checkpoint_every_n_tokens`` tokens of sequence ``n`` up to and including its length,
+    the ``j``-th to row ``checkpoint_state_indices[checkpoint_cu_starts[n] + j]`` of
+    ``state_checkpoints`` (``-1``: skipped), from the state the sequence read. The packed form
+    (checkpoints without ``checkpoint_state_indices``) and ``prefix_lens`` are not modelled (raise).
+    FlashInfer's preconditions that the translation relies on are asserted: slot arguments only with
+    ``use_cp`` not True, dense checkpoint rows, entries read inside the index list."""
 
     def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
                                cu_seqlens=None, use_qk_l2norm_in_kernel=False, output=None, output_state=None,
@@ -130,17 +139,25 @@ def flashinfer_prefill(log: Log):
                                output_state_indices=None, checkpoint_state_indices=None, prefix_lens=None):
         log.append(dict(g=g, initial_state=initial_state, output_state=output_state, state_indices=state_indices,
                         output_state_indices=output_state_indices, use_cp=use_cp, backend=backend,
-                        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale))
+                        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
+                        state_checkpoints=state_checkpoints, checkpoint_cu_starts=checkpoint_cu_starts,
+                        checkpoint_every_n_tokens=checkpoint_every_n_tokens,
+                        checkpoint_state_indices=checkpoint_state_indices))
         assert q.dtype in (torch.bfloat16, torch.float16) and q.is_contiguous() and cu_seqlens is not None
         assert g.dtype == torch.float32 and bool((g > 0).all()) and bool((g <= 1).all()), "alpha in (0, 1]"
         assert beta.dtype == torch.float32, "FlashInfer's SM90 kernel: beta must have dtype torch.float32"
+        assert prefix_lens is None, "prefix_lens: not modelled"
         if state_indices is not None and output_state_indices is None:
             assert bool((state_indices >= 0).all()), "FlashInfer: unique, non-negative ids without output_state_indices"
+        if output_state_indices is not None or checkpoint_state_indices is not None:
+            assert use_cp is not True, "FlashInfer: use_cp=True rejects output_state_indices / checkpoint_state_indices"
         if output_state_indices is not None:
-            assert use_cp is not True, "FlashInfer: use_cp=True rejects output_state_indices"
+            assert state_indices is not None and output_state is not None and output_final_state
+            assert output_state_indices.is_contiguous() and output_state_indices.shape == state_indices.shape
         log_g = torch.log(g)
         N = cu_seqlens.numel() - 1
         if state_indices is None:
+            assert not checkpoint_every_n_tokens, "checkpoints in dense mode: not modelled"
             o, ht = gdn_prefill_ref(q, k, v, log_g, beta, cu_seqlens, initial_state=initial_state, scale=scale,
                                     use_qk_l2norm=use_qk_l2norm_in_kernel)
             for n in range(N):  # dense too: a zero-length sequence writes nothing (H200, 2026-12-02)
@@ -151,14 +168,49 @@ def flashinfer_prefill(log: Log):
         write = output_state_indices if output_state_indices is not None else state_indices
         rows = initial_state.index_select(0, read.clamp_min(0).long()).float()
         h0 = torch.where((read >= 0).view(-1, 1, 1, 1), rows, rows.new_zeros(()))
+        ckpts = _flashinfer_checkpoints(q, k, v, log_g, beta, cu_seqlens, h0, scale, use_qk_l2norm_in_kernel,
+                                        state_checkpoints, checkpoint_cu_starts, checkpoint_every_n_tokens,
+                                        checkpoint_state_indices)
         o, ht = gdn_prefill_ref(q, k, v, log_g, beta, cu_seqlens, initial_state=h0, scale=scale,
                                 use_qk_l2norm=use_qk_l2norm_in_kernel)
+        for row, state in ckpts:
+            state_checkpoints[row] = state.to(state_checkpoints.dtype)
         for n in range(N):  # FlashInfer: "a zero-length sequence writes nothing"
             if int(write[n]) >= 0 and int(cu_seqlens[n + 1]) > int(cu_seqlens[n]):
                 output_state[int(write[n])] = ht[n].to(output_state.dtype)
         return o, output_state
 
     return chunk_gated_delta_rule
+
+
+def _flashinfer_checkpoints(q, k, v, log_g, beta, cu_seqlens, h0, scale, l2norm, pool, starts, every, rows):
+    """``[(row, state)]``: the checkpoints FlashInfer's non-CP kernel stores (see flashinfer_prefill),
+    each the reference over the sequence's first ``(j + 1) * every`` tokens from its initial state."""
+    if not every:
+        assert pool is None and starts is None and rows is None, "checkpoint arguments without checkpoint_every"
+        return []
+    assert every % 64 == 0 and pool is not None and starts is not None
+    assert rows is not None, "the packed checkpoint buffer (no checkpoint_state_indices): not modelled"
+    assert rows.dim() == 1 and rows.is_contiguous() and not rows.dtype.is_floating_point
+    assert starts.dim() == 1 and starts.is_contiguous() and starts.numel() in (h0.shape[0], h0.shape[0] + 1)
+    assert pool.stride()[1:] == (pool.shape[2] * pool.shape[3], pool.shape[3], 1), "dense [H, V, K] rows"
+    assert pool.stride(0) >= pool.shape[1] * pool.shape[2] * pool.shape[3]
+    out = []
+    for n in range(h0.shape[0]):
+        s, e = int(cu_seqlens[n]), int(cu_seqlens[n + 1])
+        for j in range((e - s) // every):
+            entry = int(starts[n]) + j
+            assert entry < rows.numel(), f"sequence {n}'s checkpoint {j} reads entry {entry} of {rows.numel()}"
+            row = int(rows[entry])
+            if row < 0:
+                continue
+            assert row < pool.shape[0]
+            t = (j + 1) * every
+            cut = torch.tensor([0, t], dtype=cu_seqlens.dtype)
+            _, ht = gdn_prefill_ref(q[s:s + t], k[s:s + t], v[s:s + t], log_g[s:s + t], beta[s:s + t], cut,
+                                    initial_state=h0[n:n + 1], scale=scale, use_qk_l2norm=l2norm)
+            out.append((row, ht[0]))
+    return out
 
 
 def flashinfer_decode(log: Log):

@@ -81,6 +81,7 @@ def test_peers_rank_behind_linattns_own_backends_and_explain_says_so(peers_insta
 
 def test_flashinfer_accepts_its_declared_prefill_and_decode(peers_installed):
     for shape in (PREFILL, {**PREFILL, "state_dtype": "bfloat16", "has_initial_state": True},
+                  {**PREFILL, "output_state_indices": True, "checkpoints": True, "has_initial_state": True},
                   {**PREFILL, "mode": "dense"}, DECODE):
         v, _ = _verdict(Problem(**shape), "flashinfer")
         assert v.ok and v.rank == Rank.PEER, v
@@ -106,6 +107,7 @@ def test_flashinfer_rejects_undeclared_prefill_with_its_reason(peers_installed, 
     (dict(disable_state_update=True), Reason.FEATURE, "disable_state_update"),
     (dict(precomputed_gates=True), Reason.FEATURE, "precomputed gates"),
     (dict(has_initial_state=True), Reason.FEATURE, "has_initial_state"),
+    (dict(output_state_indices=True), Reason.FEATURE, "output_state_indices"),
     (dict(state_dtype="bfloat16"), Reason.DTYPE, "slot 0"),
 ])
 def test_flashinfer_rejects_decode_it_does_not_honour(peers_installed, change, reason, words):
