@@ -132,3 +132,22 @@ def test_nan_in_prefill_g_is_refused():
     with pytest.raises(ValueError, match=r"g\[3, 1\] = nan: g is a log-space decay"):
         linattn.gdn_prefill(**{**args, "g": g}, state_pool=pool, state_indices=torch.tensor([0, 1, 2, 3], device=DEVICE))
     assert torch.equal(pool, before)
+
+
+def test_readme_says_which_non_finite_inputs_are_contained_and_which_refused():
+    """The README's sentence on non-finite inputs holds what the code does: g is refused (a NaN in g
+    is never 'contained'), the per-sequence inputs above are contained, A_log / dt_bias refused."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    contained = re.search(r"a NaN or inf in one sequence's (.*?) stays in that sequence's outputs and slot", text)
+    assert contained, "the README no longer says which inputs a NaN stays in"
+    names = set(re.findall(r"`(\w+)`", contained.group(1)))
+    assert names == {"q", "k", "v", "beta", "a", "b"}, names  # the inputs test_*_nan_stays_in_* poison
+    assert re.search(r"a NaN or positive `g` .*? are refused by the value checks", text)
+    args, pool = prefill_inputs()
+    g = args["g"].clone()
+    g[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="g is a log-space decay"):
+        linattn.gdn_prefill(**{**args, "g": g}, state_pool=pool, state_indices=torch.tensor([0, 1, 2, 3], device=DEVICE))
