@@ -4,7 +4,8 @@ Each entry is ``module:Class``. A module whose optional toolchain is absent stil
 backends import triton lazily) and answers with a ``toolchain`` rejection instead.
 
 The peer backends (another library's kernels under linattn's contract, ``backends/peer.py``) are
-registered only when their library is installed (found on the path; not imported here: the
+registered only when their library is installed (its distribution, ``fla-core`` or
+``flash-linear-attention``, ``flashinfer-python``, and the module found on the path; not imported here: the
 import, seconds for a Triton or CuTe DSL library, happens on the first decision for a CUDA device)
 and either verified (:data:`PEERS_VERIFIED`: it passed the conformance suite on a GPU) or named in
 ``LINATTN_PEERS`` (comma-separated, or ``all``). Both passed their suites on the H200

@@ -4,7 +4,8 @@ A peer is a backend like any other (``backends/base.py``): capabilities as data,
 reject what it cannot honour with a reason, so the dispatcher falls back. What a peer adds:
 
 - **registration**: :mod:`linattn.backends.builtin` registers it only when its library is installed
-  (``importlib.util.find_spec``: nothing is imported then); the library itself is imported on the
+  (:func:`installed`: its distribution's metadata and ``importlib.util.find_spec``; nothing is
+  imported then, and a module of the same name without the distribution does not count); the library itself is imported on the
   first decision for a real CUDA device that reaches :meth:`PeerBackend.supports_toolchain`, once
   per process, and a failed import rejects the backend with reason ``toolchain`` and the error.
 - **verification**: no architecture is claimed (``verified_archs`` empty) until the peer's GPU
@@ -41,16 +42,39 @@ from linattn.dispatch.verdict import Check, Rank, Reason
 
 from .base import Backend
 
-__all__ = ["PeerBackend", "gather_states", "import_library", "installed", "scatter_states", "write_rows",
-           "zero_fresh_empty", "zero_padded_tokens"]
+__all__ = ["DISTRIBUTIONS", "PeerBackend", "distribution", "gather_states", "import_library", "installed", "scatter_states",
+           "write_rows", "zero_fresh_empty", "zero_padded_tokens"]
+
+
+#: The distributions that provide each peer library's import name: fla-core (FLA 0.3 on; the
+#: ``flash-linear-attention`` distribution before it, now a wrapper that requires fla-core) and
+#: flashinfer-python.
+DISTRIBUTIONS: dict[str, tuple[str, ...]] = {"fla": ("fla-core", "flash-linear-attention"),
+                                             "flashinfer": ("flashinfer-python",)}
+
+
+def distribution(module: str) -> Optional[str]:
+    """The installed distribution (:data:`DISTRIBUTIONS`) that provides the peer library ``module``
+    (its top-level name counts), from its metadata without importing anything; None if none is."""
+    for name in DISTRIBUTIONS.get(module.partition(".")[0], ()):
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        return name
+    return None
 
 
 def installed(module: str) -> bool:
-    """Whether ``module`` is installed (found on the path), without importing it."""
+    """Whether ``module`` is installed, without importing it: found on the path and, for a peer
+    library, provided by one of its distributions (:data:`DISTRIBUTIONS`), so a stray ``fla.py`` or
+    ``flashinfer/`` folder on ``sys.path`` registers no peer."""
     try:
-        return importlib.util.find_spec(module) is not None
+        if importlib.util.find_spec(module) is None:
+            return False
     except (ImportError, ValueError):
         return False
+    return module.partition(".")[0] not in DISTRIBUTIONS or distribution(module) is not None
 
 
 @functools.cache
@@ -87,8 +111,9 @@ class PeerBackend(Backend):
 
     def library_version(self) -> str:
         """The installed distribution's version (from its metadata: nothing is imported)."""
+        name = distribution(self.library) or self.pip_name
         try:
-            return f"{self.pip_name} {metadata.version(self.pip_name)}"
+            return f"{name} {metadata.version(name)}"
         except metadata.PackageNotFoundError:
             return f"{self.pip_name} not installed"
 

@@ -5,6 +5,7 @@ capture refused where the peer syncs, and FLA's own backend redirection detected
 
 from __future__ import annotations
 
+import importlib.util
 import types
 
 import pytest
@@ -233,3 +234,35 @@ def test_on_a_real_device_fla_kda_is_rejected_where_fla_would_redirect_inner_ker
     assert not v.ok and v.reason == Reason.TOOLCHAIN and "kda -> tilelang" in v.message
     assert "FLA_DISABLE_BACKEND_DISPATCH" in v.hint and d.chosen not in (None, "fla")
     assert _verdict(Problem(**PREFILL), "fla", _real_sm90())[0].ok  # GDN: the entry point is unwrapped
+
+
+@pytest.mark.parametrize("library, stray", [("fla", "fla.py"), ("flashinfer", "flashinfer/__init__.py")])
+def test_a_stray_module_of_a_peers_name_registers_no_peer(monkeypatch, tmp_path, library, stray):
+    """A module named like a peer's library but not installed by its distribution (a stray ``fla.py``
+    on sys.path) is not the library: the peer is not registered, and its toolchain check says the
+    distribution is missing. With the distribution's metadata present, the same module counts."""
+    (tmp_path / stray).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / stray).write_text("raise ImportError('a stray module, never imported by the check')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("LINATTN_PEERS", "all")
+    real = peer.metadata.distribution
+
+    def no_peer_distribution(name):
+        if name in {d for ds in peer.DISTRIBUTIONS.values() for d in ds}:
+            raise peer.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(peer.metadata, "distribution", no_peer_distribution)
+    assert importlib.util.find_spec(library) is not None  # importable by name: what was checked before
+    assert not peer.installed(library) and peer.distribution(library) is None
+    assert library not in {c.name for c in builtin.linattn_register_backends()}
+    from linattn.backends.flashinfer import FlashInferBackend
+
+    cls = fla_backend.FLABackend if library == "fla" else FlashInferBackend
+    v = cls().supports_toolchain(Problem(**DECODE), linattn.dispatch.resolve_device("sm90"))
+    assert not v.ok and v.reason == Reason.TOOLCHAIN and "not installed" in v.message
+
+    dist = peer.DISTRIBUTIONS[library][-1]  # e.g. the older flash-linear-attention distribution
+    monkeypatch.setattr(peer.metadata, "distribution", lambda name: object() if name == dist else no_peer_distribution(name))
+    assert peer.installed(library) and peer.distribution(library) == dist
+    assert library in {c.name for c in builtin.linattn_register_backends()}
