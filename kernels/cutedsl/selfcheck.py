@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
-from linattn.testing.compare import rel_error as rel
+from linattn.testing.compare import rel_error
 from linattn.testing.compare import tolerances
 
 from .reference import state_stage_ref
@@ -253,17 +253,17 @@ def state_vs_reference():
                 got_f = got_f.transpose(-1, -2) if lay == "vk" else got_f
                 untouched = [p for p in range(P) if p not in slots.tolist()]
                 c = {"kda": kda, "K": K, "V": V, "state_dtype": str(sdt), "layout": lay,
-                     "hbuf_rel": rel(hbuf[:nc][_live_chunks(lens, live)], rh[_live_chunks(lens, live)]),
-                     "vn_rel": rel(vn[tok_live], rv[tok_live]),
-                     "final_rel": rel(got_f, rf[live]),
+                     "hbuf_rel": rel_error(hbuf[:nc][_live_chunks(lens, live)], rh[_live_chunks(lens, live)]),
+                     "vn_rel": rel_error(vn[tok_live], rv[tok_live]),
+                     "final_rel": rel_error(got_f, rf[live]),
                      "padding_vn_zero": bool((vn[tok_pad] == 0).all()),
                      "untouched_rows_same": bool(torch.equal(pool[untouched], before[untouched])),
                      "padding_row_same": True}
                 try:
                     pool2 = before.clone()
                     th, tv, _ = run_state(kda, inp, cu, pool=pool2, slots=slots, state_layout=lay, impl="triton")
-                    c["triton_hbuf_rel"] = rel(th[:nc][_live_chunks(lens, live)], rh[_live_chunks(lens, live)])
-                    c["triton_vn_rel"] = rel(tv[tok_live], rv[tok_live])
+                    c["triton_hbuf_rel"] = rel_error(th[:nc][_live_chunks(lens, live)], rh[_live_chunks(lens, live)])
+                    c["triton_vn_rel"] = rel_error(tv[tok_live], rv[tok_live])
                 except Exception as e:  # noqa: BLE001 - informational only
                     c["triton_error"] = f"{type(e).__name__}: {e}"[:300]
                 ok = (c["hbuf_rel"] < TOL_STAGE and c["vn_rel"] < TOL_STAGE and c["final_rel"] < TOL_STAGE
@@ -381,7 +381,7 @@ def prefill_vs_reference_and_pool_equals_dense():
             h0[2] = 0
             od, fd = run_prefill(family, inp, h0=h0, state_layout=lay)
             c = {"family": family, "state_dtype": str(sdt), "layout": lay,
-                 "o_rel": rel(o, ro), "state_rel": rel(pool[ls], ref_pool[ls]),
+                 "o_rel": rel_error(o, ro), "state_rel": rel_error(pool[ls], ref_pool[ls]),
                  "padding_output_zero": bool((o[pad_tok] == 0).all()),
                  "untouched_rows_same": bool(torch.equal(pool[untouched], before[untouched])),
                  "pool_equals_dense_o": bool(torch.equal(o[_tok(cu, live)], od[_tok(cu, live)])),
@@ -415,8 +415,8 @@ def prefill_edge_cu_seqlens():
             o, _ = run_prefill(family, inp, pool=pool, slots=slots)
             rp = before.clone()
             ro, _ = reference(family, inp, pool=rp, slots=slots)
-            c = {"lens": lens, "family": family, "o_rel": rel(o, ro) if o.numel() else 0.0,
-                 "state_rel": rel(pool, rp)}
+            c = {"lens": lens, "family": family, "o_rel": rel_error(o, ro) if o.numel() else 0.0,
+                 "state_rel": rel_error(pool, rp)}
             c["ok"] = c["o_rel"] < TOL_O and c["state_rel"] < TOL_S
             out["cases"].append(c)
             out["ok"] &= c["ok"]
@@ -457,7 +457,7 @@ def prefill_many_short_sequences():
     ro, _ = reference("gdn", sub, pool=rp, slots=slots[:m])
     sl = slots[:m].long()
     c = {"halves_equal_o": bool(torch.equal(o, torch.cat(outs))), "halves_equal_pool": bool(torch.equal(pool, pool2)),
-         "o_rel_first64": rel(o[:tm], ro), "state_rel_first64": rel(pool[sl], rp[sl]),
+         "o_rel_first64": rel_error(o[:tm], ro), "state_rel_first64": rel_error(pool[sl], rp[sl]),
          "untouched_rows_same": bool(torch.equal(pool[_others(P, slots)], before[_others(P, slots)]))}
     c["ok"] = (c["halves_equal_o"] and c["halves_equal_pool"] and c["o_rel_first64"] < TOL_O
                and c["state_rel_first64"] < TOL_S and c["untouched_rows_same"])
@@ -483,7 +483,7 @@ def prefill_long_sequence():
         slots = torch.tensor([1], dtype=torch.int32, device=dev)
         o, _ = run_prefill(family, inp, pool=pool, slots=slots)
         ro, _ = reference(family, inp, pool=rp, slots=slots)
-        c = {"family": family, "g": gscale, "o_rel": rel(o, ro), "state_rel": rel(pool[1], rp[1]),
+        c = {"family": family, "g": gscale, "o_rel": rel_error(o, ro), "state_rel": rel_error(pool[1], rp[1]),
              "finite": bool(torch.isfinite(o.float()).all() and torch.isfinite(pool).all())}
         c["ok"] = c["finite"] and c["o_rel"] < TOL_O and (c["state_rel"] < TOL_S or gscale is not None
                                                           and rp[1].abs().max() < 1e-30)

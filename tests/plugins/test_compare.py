@@ -97,7 +97,8 @@ def test_the_callers_use_the_one_harness():
     from linattn.testing import execute as _  # noqa: F401 - loads the submodule
 
     ex = sys.modules["linattn.testing.execute"]
-    assert ex.rel_error is selfcheck.rel is demo.rel_error is rel_error
+    assert ex.rel_error is selfcheck.rel_error is demo.rel_error is rel_error  # one name everywhere
+    assert not hasattr(selfcheck, "rel")  # no alias
     assert ex.tolerances is tolerances and issubclass(ex.Checker, Comparison)
     assert self_check.Comparison is Comparison and self_check.tolerance_for is compare.tolerance_for
     assert (demo.TOL_OUTPUT_BF16, demo.TOL_STATE_BF16, demo.TOL_FP32) == (2e-2, 1e-2, 1e-5)
