@@ -126,8 +126,10 @@ class Arg:
             ``validate`` and ``check_finite``.
         length: what dim 0 is when it changes from call to call (``n``: sequences, ``t``: tokens);
             the per-call fast path buckets it (``dispatch/fast_path.py``).
-        filled: set on every validated call (a host rule fills in the default or requires it), so
-            the call object's field has no default.
+        filled: a host rule fills in the default (``scale``: ``K ** -0.5``), so the call object's
+            field has no default.
+        refuses_none: None is the default, but a host rule refuses it with its own message (decode's
+            ``state_indices``); the custom op and the call object take it as required.
     """
 
     name: str
@@ -139,6 +141,7 @@ class Arg:
     since: int = 1
     length: str = ""
     filled: bool = False
+    refuses_none: bool = False
 
     @property
     def required(self) -> bool:
@@ -150,8 +153,14 @@ class Arg:
 
     @property
     def annotation(self):
-        """The type a call passes: ``Optional[type]`` when the default is None."""
-        return Optional[self.type] if self.default is None else self.type
+        """The type the custom op takes: ``Optional[type]`` when None is a valid value."""
+        return Optional[self.type] if self.default is None and not self.refuses_none else self.type
+
+    @property
+    def call_annotation(self):
+        """The type of the validated call object's field (``dispatch/calls.py``)."""
+        return self.type if self.filled or self.refuses_none else Optional[self.type] if self.default is None \
+            else self.type
 
 
 #: The call options every public op and custom op takes besides its contract (``linattn/ops.py``):
@@ -295,7 +304,7 @@ def _decode_args(family: Family) -> tuple[Arg, ...]:
         Arg("state_pool", Tensor, doc="[P, HV, V, K] ('vk') or [P, HV, K, V] ('kv'), fp32/bf16/fp64; written "
             "in place at the slots named", mutated=True),
         Arg("state_indices", Tensor, None, "[N] slots (negative: padding), or [N, T] per-token slots",
-            length="n", filled=True),
+            length="n", refuses_none=True),
         *_SCALE_NORM_LAYOUT,
         Arg("intermediate_states", Tensor, None, "[S, steps >= T, HV, V, K]: the state after every token, at "
             "row intermediate_state_indices[n]", mutated=True, flag="intermediate_states"),

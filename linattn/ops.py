@@ -2,8 +2,11 @@
 
 Each op is also a ``torch.library`` custom op (namespace ``linattn``) with the state pool declared
 as mutated and a fake implementation for shapes, so functions calling these ops compile with
-``torch.compile(fullgraph=True)``. In eager mode the public functions call the implementation
-directly (no extra dispatcher hop); under ``torch.compile`` they go through the custom op.
+``torch.compile(fullgraph=True)``; both are derived from the op's row of the op table
+(``OpSpec.signature``: names, types, order, mutated arguments). In eager mode the public functions
+call the dispatcher directly (no custom-op hop); under ``torch.compile`` they go through the custom
+op. The public functions are typed signatures with docstrings, held to the op table by
+``tests/api/test_op_signatures.py``.
 
 Maths and shapes: ``docs/ops.md`` (symbols N, T, H, HV, K, V, P as in flash-linear-attention). Sources:
 Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (ICLR 2025); the Kimi Linear report (2025).
@@ -12,6 +15,7 @@ Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (ICLR 2025); the Kimi Linear re
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Optional
 
 import torch
@@ -19,7 +23,7 @@ import torch.fx
 from torch import Tensor
 
 from linattn.dispatch import fast_path as _fast
-from linattn.dispatch.ops_table import OP_TABLE
+from linattn.dispatch.ops_table import OP_TABLE, Arg
 from linattn.dispatch.results import final_state_dtype, gate_dtype
 from linattn.dispatch.selection import Dispatcher
 from linattn.dispatch.verdict import NoBackendError
@@ -55,11 +59,6 @@ class GradModeError(RuntimeError):
 
 _WHY_NO_GRAD = {True: "they write the state pool in place and record no autograd graph",
                 False: "they record no autograd graph"}  # by OpSpec.writes_pool
-
-
-def _custom_op(op: str, impl):
-    """``impl`` registered as the custom op ``linattn::<op>``, its mutated arguments from the op table."""
-    return torch.library.custom_op(f"linattn::{op}", mutates_args=OP_TABLE[op].mutates)(impl)
 
 
 def _grad_inputs(args: dict) -> list:
@@ -184,11 +183,12 @@ except AttributeError:  # a torch without the dispatch-mode query: no fake routi
 def _fake_mode_active() -> bool:
     return _get_dispatch_mode is not None and _get_dispatch_mode(_FAKE) is not None
 
-# -- gating ------------------------------------------------------------------------------------------
+# -- results and fakes -------------------------------------------------------------------------------
 # F39: every op's fake gives its real output's shape, dtype, device and strides (contiguous). The
 # dtypes come from dispatch/results.py (gate_dtype, final_state_dtype), read by both sides; the
 # real side casts a backend's gates or final state to them (a no-op on the built-in backends,
-# except Triton's fp32 gates when only b or A_log is fp64), so the two cannot drift.
+# except Triton's fp32 gates when only b or A_log is fp64), so the two cannot drift. Each takes the
+# op's arguments by name (``args``).
 
 
 def _as_declared(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -201,25 +201,109 @@ def _gates_as_declared(g: Tensor, beta: Tensor, *inputs: Tensor) -> tuple[Tensor
     return _as_declared(g, dtype), _as_declared(beta, dtype)
 
 
-def _gating_fake(A_log, a, b, dt_bias) -> tuple[Tensor, Tensor]:
-    dtype = gate_dtype(A_log, a, b, dt_bias)
+def _gating_result(out: tuple, args: dict) -> tuple[Tensor, Tensor]:
+    g, beta = out
+    return _gates_as_declared(g, beta, args["A_log"], args["a"], args["b"], args["dt_bias"])
+
+
+def _gating_fake(args: dict) -> tuple[Tensor, Tensor]:
+    a, b = args["a"], args["b"]
+    dtype = gate_dtype(args["A_log"], a, b, args["dt_bias"])
     return a.new_empty(a.shape, dtype=dtype), b.new_empty(b.shape, dtype=dtype)
 
 
-
-def _gdn_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, softplus_beta: float,
-                     softplus_threshold: float, backend: str, validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
-    g, beta = _call("gdn_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
-                                       softplus_threshold=softplus_threshold), backend, validate, check_finite)
-    return _gates_as_declared(g, beta, A_log, a, b, dt_bias)
+def _decode_fake(args: dict) -> Tensor:
+    q, v = args["q"], args["v"]
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2], v.shape[3]))
 
 
-_gdn_gating_op = _custom_op("gdn_gating", _gdn_gating_impl)
+def _prefill_result(out: tuple, args: dict) -> tuple[Tensor, Tensor]:
+    """The custom op's two tensors: ``(o, final_state)``, the second empty in pool mode (custom-op
+    outputs cannot be None)."""
+    o, final = out
+    q = args["q"]
+    if final is None:  # pool mode
+        return o, q.new_empty((0,), dtype=torch.float32)
+    return o, _as_declared(final, final_state_dtype(q, args["initial_state"]))
 
 
-@_gdn_gating_op.register_fake
-def _(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend, validate, check_finite):
-    return _gating_fake(A_log, a, b, dt_bias)
+def _prefill_output(out: tuple, args: dict):
+    """The eager prefill's return: ``o`` in pool mode, ``(o, final_state)`` in dense mode."""
+    if args["state_pool"] is not None:
+        return out[0]
+    return _prefill_result(out, args)
+
+
+def _prefill_fake(args: dict) -> tuple[Tensor, Tensor]:
+    q, v, cu_seqlens, initial_state = args["q"], args["v"], args["cu_seqlens"], args["initial_state"]
+    o = q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
+    if args["state_pool"] is not None:
+        return o, q.new_empty((0,), dtype=torch.float32)
+    N, HV, K, V = cu_seqlens.shape[0] - 1, v.shape[1], q.shape[2], v.shape[2]
+    shape = (N, HV, V, K) if args["state_layout"] == "vk" else (N, HV, K, V)
+    return o, q.new_empty(shape, dtype=final_state_dtype(q, initial_state))
+
+
+def _clamp_fake(args: dict) -> Tensor:
+    x = args["x"]
+    return x.new_empty((x.shape[0], x.shape[1] // 2))
+
+
+def _as_is(out, args: dict):
+    return out
+
+
+# -- the custom ops, derived from the op table -------------------------------------------------------
+# linattn::<op> takes OpSpec.signature's parameters in order: the first release's arguments, backend /
+# validate / check_finite, the second release's (default None). Types from Arg.annotation, the mutated
+# arguments from Arg.mutated; the implementation is _call and the method's result function, the fake
+# the method's fake.
+
+#: per backend method: (the custom op's return type, result function, fake)
+_BY_METHOD = {"gating": (tuple[Tensor, Tensor], _gating_result, _gating_fake),
+              "decode": (Tensor, _as_is, _decode_fake),
+              "prefill": (tuple[Tensor, Tensor], _prefill_result, _prefill_fake),
+              "clamp": (Tensor, _as_is, _clamp_fake)}
+_OPTION_TYPES = {"backend": str, "validate": bool, "check_finite": bool}  # the custom op's: backend "" = none
+
+
+def _parameter(a: Arg) -> inspect.Parameter:
+    return inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             annotation=_OPTION_TYPES.get(a.name) or a.annotation,
+                             default=None if a.since > 1 else inspect.Parameter.empty)
+
+
+def _custom_op(op: str):
+    """``torch.ops.linattn.<op>`` from its row of the op table (see above)."""
+    spec = OP_TABLE[op]
+    returns, result, fake = _BY_METHOD[spec.method]
+    names = tuple(a.name for a in spec.signature)
+
+    def impl(*values):
+        args = dict(zip(names, values))
+        backend, validate, check_finite = args.pop("backend"), args.pop("validate"), args.pop("check_finite")
+        return result(_call(op, args, backend, validate, check_finite), args)
+
+    impl.__name__ = impl.__qualname__ = f"_{op}_impl"
+    impl.__signature__ = inspect.Signature([_parameter(a) for a in spec.signature], return_annotation=returns)
+    custom = torch.library.custom_op(f"linattn::{op}", mutates_args=spec.mutates)(impl)
+    custom.register_fake(lambda *values: fake(dict(zip(names, values))))
+    return custom
+
+
+_CUSTOM_OPS = {op: _custom_op(op) for op in OP_TABLE}
+
+
+def _traced_call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool):
+    """A call through the custom op (while ``torch.compile`` traces or a ``FakeTensorMode`` is active:
+    :func:`_compiling`), its arguments in the op's signature order; grad refused as in eager mode."""
+    spec = OP_TABLE[op]
+    fn = _traced(op, _CUSTOM_OPS[op], args)
+    return fn(*(args[a.name] for a in spec.args if a.since == 1), backend or "", validate, check_finite,
+              *(args[a.name] for a in spec.args if a.since > 1))
+
+
+# -- gating ------------------------------------------------------------------------------------------
 
 
 def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus_beta: float = 1.0,
@@ -243,27 +327,11 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         >>> round(float(beta[0, 0]), 2)
         0.5
     """
-    fn = _traced("gdn_gating", _gdn_gating_op, dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias)) if _compiling() \
-        else _gdn_gating_impl
-    return fn(A_log, a, b, dt_bias, softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite)
-
-
-def _kda_gating_impl(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, lower_bound: Optional[float],
-                     softplus_beta: float, softplus_threshold: float, backend: str,
-                     validate: bool, check_finite: bool) -> tuple[Tensor, Tensor]:
-    g, beta = _call("kda_gating", dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound,
-                                       softplus_beta=softplus_beta, softplus_threshold=softplus_threshold),
-                    backend, validate, check_finite)
-    return _gates_as_declared(g, beta, A_log, a, b, dt_bias)
-
-
-_kda_gating_op = _custom_op("kda_gating", _kda_gating_impl)
-
-
-@_kda_gating_op.register_fake
-def _(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend, validate, check_finite):
-    return _gating_fake(A_log, a, b, dt_bias)
+    args = dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, softplus_beta=softplus_beta,
+                softplus_threshold=softplus_threshold)
+    if _compiling():
+        return _traced_call("gdn_gating", args, backend, validate, check_finite)
+    return _gating_result(_call("gdn_gating", args, backend or "", validate, check_finite), args)
 
 
 def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bound: Optional[float] = None,
@@ -285,10 +353,11 @@ def kda_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, lower_bo
         >>> tuple(g.shape)
         (3, 2, 8)
     """
-    fn = _traced("kda_gating", _kda_gating_op, dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias)) if _compiling() \
-        else _kda_gating_impl
-    return fn(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite)
+    args = dict(A_log=A_log, a=a, b=b, dt_bias=dt_bias, lower_bound=lower_bound, softplus_beta=softplus_beta,
+                softplus_threshold=softplus_threshold)
+    if _compiling():
+        return _traced_call("kda_gating", args, backend, validate, check_finite)
+    return _gating_result(_call("kda_gating", args, backend or "", validate, check_finite), args)
 
 
 # -- decode ------------------------------------------------------------------------------------------
@@ -302,37 +371,6 @@ def _require_pool(op: str, state_pool: Optional[Tensor], state_indices: Optional
         raise TypeError(f"{op}() missing the required argument{'s' if len(missing) > 1 else ''} "
                         f"{', '.join(repr(m) for m in missing)}: decode reads and writes the state pool at the "
                         f"slots given (e.g. {op}(q, k, v, g=g, beta=beta, state_pool=pool, state_indices=slots)).")
-
-
-def _decode_fake(q, v):
-    N, T = q.shape[0], q.shape[1]
-    return q.new_empty((N, T, v.shape[2], v.shape[3]))
-
-
-def _gdn_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
-                   A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-                   state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
-                   state_layout: str, intermediate_states: Optional[Tensor],
-                   intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
-                   num_accepted_tokens: Optional[Tensor], softplus_beta: float, softplus_threshold: float,
-                   backend: str, validate: bool, check_finite: bool, g: Optional[Tensor] = None,
-                   beta: Optional[Tensor] = None, has_initial_state: Optional[Tensor] = None,
-                   output_state_indices: Optional[Tensor] = None) -> Tensor:
-    args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
-                state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
-                disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, g=g, beta=beta,
-                has_initial_state=has_initial_state, output_state_indices=output_state_indices)
-    return _call("gdn_decode", args, backend, validate, check_finite)
-
-
-_gdn_decode_op = _custom_op("gdn_decode", _gdn_decode_impl)
-
-
-@_gdn_decode_op.register_fake
-def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
-    return _decode_fake(q, v)
 
 
 def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: Optional[Tensor] = None,
@@ -399,42 +437,15 @@ def gdn_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: O
         ((2, 1, 2, 8), True)
     """
     _require_pool("gdn_decode", state_pool, state_indices)
-    if _compiling():
-        fn = _traced("gdn_decode", _gdn_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                     state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,
-                     g=g, beta=beta))
-    else:
-        fn = _gdn_decode_impl  # eager: no custom-op hop
-    return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
-              intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
-              softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite, g, beta, has_initial_state, output_state_indices)
-
-
-def _kda_decode_impl(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor], b: Optional[Tensor],
-                   A_log: Optional[Tensor], dt_bias: Optional[Tensor],
-                   state_pool: Tensor, state_indices: Tensor, scale: Optional[float], use_qk_l2norm: bool,
-                   state_layout: str, intermediate_states: Optional[Tensor],
-                   intermediate_state_indices: Optional[Tensor], disable_state_update: bool,
-                   num_accepted_tokens: Optional[Tensor], lower_bound: Optional[float], softplus_beta: float,
-                   softplus_threshold: float, backend: str, validate: bool, check_finite: bool,
-                   g: Optional[Tensor] = None, beta: Optional[Tensor] = None,
-                   has_initial_state: Optional[Tensor] = None, output_state_indices: Optional[Tensor] = None) -> Tensor:
     args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
                 state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
                 disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
-                lower_bound=lower_bound, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
-                g=g, beta=beta, has_initial_state=has_initial_state, output_state_indices=output_state_indices)
-    return _call("kda_decode", args, backend, validate, check_finite)
-
-
-_kda_decode_op = _custom_op("kda_decode", _kda_decode_impl)
-
-
-@_kda_decode_op.register_fake
-def _(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, *rest):
-    return _decode_fake(q, v)
+                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, g=g, beta=beta,
+                has_initial_state=has_initial_state, output_state_indices=output_state_indices)
+    if _compiling():
+        return _traced_call("gdn_decode", args, backend, validate, check_finite)
+    return _call("gdn_decode", args, backend or "", validate, check_finite)
 
 
 def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: Optional[Tensor] = None,
@@ -469,76 +480,19 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: O
         True
     """
     _require_pool("kda_decode", state_pool, state_indices)
+    args = dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state_pool=state_pool,
+                state_indices=state_indices, scale=scale, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                intermediate_states=intermediate_states, intermediate_state_indices=intermediate_state_indices,
+                disable_state_update=disable_state_update, num_accepted_tokens=num_accepted_tokens,
+                lower_bound=lower_bound,
+                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, g=g, beta=beta,
+                has_initial_state=has_initial_state, output_state_indices=output_state_indices)
     if _compiling():
-        fn = _traced("kda_decode", _kda_decode_op, dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                     state_pool=state_pool, state_indices=state_indices, intermediate_states=intermediate_states,
-                     g=g, beta=beta))
-    else:
-        fn = _kda_decode_impl  # eager: no custom-op hop
-    return fn(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm, state_layout,
-              intermediate_states, intermediate_state_indices, disable_state_update, num_accepted_tokens,
-              lower_bound, softplus_beta, softplus_threshold, backend or "", validate,
-              check_finite, g, beta, has_initial_state, output_state_indices)
+        return _traced_call("kda_decode", args, backend, validate, check_finite)
+    return _call("kda_decode", args, backend or "", validate, check_finite)
 
 
 # -- prefill -----------------------------------------------------------------------------------------
-
-
-def _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout):
-    o = q.new_empty((q.shape[0], v.shape[1], v.shape[2]))
-    if state_pool is not None:
-        return o, q.new_empty((0,), dtype=torch.float32)
-    N, HV, K, V = cu_seqlens.shape[0] - 1, v.shape[1], q.shape[2], v.shape[2]
-    shape = (N, HV, V, K) if state_layout == "vk" else (N, HV, K, V)
-    return o, q.new_empty(shape, dtype=final_state_dtype(q, initial_state))
-
-
-def _make_prefill(op: str):
-    """(plain implementation, custom op) for ``gdn_prefill`` / ``kda_prefill``. The custom op always
-    returns a second tensor (empty in pool mode): custom-op outputs cannot be None."""
-
-    def impl(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor,
-             state_pool: Optional[Tensor], state_indices: Optional[Tensor], initial_state: Optional[Tensor],
-             scale: Optional[float], use_qk_l2norm: bool, state_layout: str, backend: str,
-             validate: bool, check_finite: bool, has_initial_state: Optional[Tensor] = None,
-             output_state_indices: Optional[Tensor] = None, checkpoint_every: Optional[int] = None,
-             checkpoint_indices: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-        args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
-                    state_indices=state_indices, initial_state=initial_state, scale=scale,
-                    use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                    has_initial_state=has_initial_state, output_state_indices=output_state_indices,
-                    checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
-        o, final = _call(op, args, backend, validate, check_finite)
-        if final is None:  # pool mode
-            return o, q.new_empty((0,), dtype=torch.float32)
-        return o, _as_declared(final, final_state_dtype(q, initial_state))
-
-    custom = _custom_op(op, impl)
-
-    @custom.register_fake
-    def _(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale, use_qk_l2norm,
-          state_layout, backend, validate, check_finite, has_initial_state=None, output_state_indices=None,
-          checkpoint_every=None, checkpoint_indices=None):
-        return _prefill_fake(q, v, cu_seqlens, state_pool, initial_state, state_layout)
-
-    return impl, custom
-
-
-_gdn_prefill_impl, _gdn_prefill_op = _make_prefill("gdn_prefill")
-_kda_prefill_impl, _kda_prefill_op = _make_prefill("kda_prefill")
-_PREFILL = {"gdn_prefill": (_gdn_prefill_impl, _gdn_prefill_op), "kda_prefill": (_kda_prefill_impl, _kda_prefill_op)}
-
-
-def _prefill(op, q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-             use_qk_l2norm, state_layout, backend, validate, check_finite, has_initial_state=None,
-             output_state_indices=None, checkpoint_every=None, checkpoint_indices=None):
-    impl, custom = _PREFILL[op]
-    fn = _traced(op, custom, dict(q=q, k=k, v=v, g=g, beta=beta, state_pool=state_pool,
-                                  initial_state=initial_state)) if _compiling() else impl
-    o, final = fn(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-                  use_qk_l2norm, state_layout, backend or "", validate, check_finite, has_initial_state,
-                  output_state_indices, checkpoint_every, checkpoint_indices)
-    return o if state_pool is not None else (o, final)
 
 
 def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -597,9 +551,15 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(ht.shape)
         (2, 1, 8, 8)
     """
-    return _prefill("gdn_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state, output_state_indices, checkpoint_every, checkpoint_indices)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+                state_indices=state_indices, initial_state=initial_state, scale=scale,
+                use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
+    if _compiling():
+        o, final = _traced_call("gdn_prefill", args, backend, validate, check_finite)
+        return o if state_pool is not None else (o, final)
+    return _prefill_output(_call("gdn_prefill", args, backend or "", validate, check_finite), args)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -625,24 +585,18 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
         >>> tuple(o.shape)
         (3, 1, 4)
     """
-    return _prefill("kda_prefill", q, k, v, g, beta, cu_seqlens, state_pool, state_indices,
-                    initial_state, scale, use_qk_l2norm, state_layout, backend, validate, check_finite,
-                    has_initial_state, output_state_indices, checkpoint_every, checkpoint_indices)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens, state_pool=state_pool,
+                state_indices=state_indices, initial_state=initial_state, scale=scale,
+                use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                has_initial_state=has_initial_state, output_state_indices=output_state_indices,
+                checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
+    if _compiling():
+        o, final = _traced_call("kda_prefill", args, backend, validate, check_finite)
+        return o if state_pool is not None else (o, final)
+    return _prefill_output(_call("kda_prefill", args, backend or "", validate, check_finite), args)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------
-
-
-def _silu_and_mul_clamp_impl(x: Tensor, limit: Optional[float], backend: str, validate: bool, check_finite: bool) -> Tensor:
-    return _call("silu_and_mul_clamp", dict(x=x, limit=limit), backend, validate, check_finite)
-
-
-_silu_and_mul_clamp_op = _custom_op("silu_and_mul_clamp", _silu_and_mul_clamp_impl)
-
-
-@_silu_and_mul_clamp_op.register_fake
-def _(x, limit, backend, validate, check_finite):
-    return x.new_empty((x.shape[0], x.shape[1] // 2))
 
 
 def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Optional[str] = None,
@@ -663,6 +617,7 @@ def silu_and_mul_clamp(x: Tensor, limit: Optional[float] = None, *, backend: Opt
         >>> linattn.silu_and_mul_clamp(torch.tensor([[100.0, -100.0]]), 10.0)
         tensor([[-99.9955]])
     """
-    fn = _traced("silu_and_mul_clamp", _silu_and_mul_clamp_op, dict(x=x)) if _compiling() \
-        else _silu_and_mul_clamp_impl
-    return fn(x, limit, backend or "", validate, check_finite)
+    args = dict(x=x, limit=limit)
+    if _compiling():
+        return _traced_call("silu_and_mul_clamp", args, backend, validate, check_finite)
+    return _call("silu_and_mul_clamp", args, backend or "", validate, check_finite)

@@ -10,6 +10,7 @@ A *place* is one innermost enclosing function or class (or the module body) hold
 listing: what a new argument's diff must touch by hand. Places are grouped by role: ``spec`` (the
 op table), ``rule`` (host and value rules), ``backend`` (backends/ and kernels/: what implements
 the argument), ``public`` (the public functions in linattn/ops.py, typed signatures by design) and
+``suite`` (linattn/testing: the conformance cases and input builders that exercise it) and
 ``plumbing`` (everything else: what issue 30 wants derived from the spec).
 
     .venv/bin/python tools/arg_sites.py has_initial_state output_state_indices num_accepted_tokens
@@ -50,6 +51,8 @@ def role(rel: str, scope: str) -> str:
         return "backend"
     if rel == "linattn/ops.py" and scope in PUBLIC:
         return "public"
+    if rel.startswith("linattn/testing/"):
+        return "suite"
     return "plumbing"
 
 
@@ -88,7 +91,7 @@ def main() -> None:
     ap.add_argument("names", nargs="+")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every place")
     a = ap.parse_args()
-    roles = ("spec", "rule", "backend", "public", "plumbing")
+    roles = ("spec", "rule", "backend", "public", "suite", "plumbing")
     print(f"{'argument':<24}" + "".join(f"{r:>10}" for r in roles) + f"{'places':>8}{'files':>7}")
     for name in a.names:
         by_role = measure(name)
