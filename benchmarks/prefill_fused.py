@@ -59,17 +59,6 @@ K = V = 128
 #: --quick only the pinned configuration with its prep keys unshared (GDN) or the first (KDA) is a variant
 VARIANTS = [(64, 4, 2, 4, 64, None), (64, 4, 3, 4, 64, None), (32, 4, 2, 4, 64, None), (128, 8, 2, 4, 64, None),
             (64, 4, 2, 4, 32, None), (64, 4, 2, 4, 32, 128), (64, 4, 2, 3, 32, 168), (64, 4, 2, 4, 64, 128)]
-#: ``--prep-variants`` (GDN): the pinned configuration with these fields replaced, each timed whole and by
-#: its prep kernel, its output against the pinned one's (issue 27: the prep's solve in registers)
-PREP_VARIANTS = {
-    "regs": dict(prep_solve_in_registers=True),
-    "regs_unshared": dict(prep_solve_in_registers=True, prep_shared_keys=False),
-    "regs_unshared_p2": dict(prep_solve_in_registers=True, prep_shared_keys=False, prep_ctas_per_sm=2),
-    "regs_w8": dict(prep_solve_in_registers=True, prep_warps=8, prep_ctas_per_sm=2),
-    "regs_unshared_w8": dict(prep_solve_in_registers=True, prep_shared_keys=False, prep_warps=8,
-                             prep_ctas_per_sm=2),
-    "scratch_p2": dict(prep_ctas_per_sm=2),
-}
 #: KDA's variants, the same fields and late_keys last (its prep runs the KDA system kernel's channel blocks:
 #: prep_block_k does not apply); the first: the pinned one
 KDA_VARIANTS = [(64, 8, 1, 4, 32, None, True), (64, 8, 1, 4, 32, None, False), (64, 8, 2, 4, 32, None, True),
@@ -163,33 +152,7 @@ def gates_row(family, N, L, H, HV, kind):
     return row
 
 
-def prep_variant_rows(family, d, pool, idx, pinned):
-    """:data:`PREP_VARIANTS` on one shape: each one's whole fused prefill median, its prep kernel's time
-    (profiler), and its output and written rows against the pinned configuration's (rows not owned
-    bitwise unchanged)."""
-    out = {}
-    base_pool = pool.clone()
-    o_pin = linattn(family, d, base_pool, idx, True, pinned)[1]()[0]
-    own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
-    own[idx.long()] = True
-    for name, fields in {"pinned": {}, **PREP_VARIANTS}.items():
-        cfg = dataclasses.replace(pinned, **fields)
-        try:
-            p = pool.clone()
-            o = linattn(family, d, p, idx, True, cfg)[1]()[0]
-            row = dict(o_rel_vs_pinned=rel(o, o_pin), ht_rel_vs_pinned=rel(p[own], base_pool[own]),
-                       rows_not_owned_unchanged=bool(torch.equal(p[~own], pool[~own])))
-            fn = linattn(family, d, pool.clone(), idx, True, cfg)[1]
-            row["fused_ms"] = bench_ms(fn)
-            row["prep_ms"] = next((t for k, t in stage_times(fn).items() if "prep" in k), None)
-        except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded
-            row = dict(error=f"{type(e).__name__}: {e}"[:300])
-        out[name] = row
-        print(name, row, flush=True)
-    return out
-
-
-def run_shape(family, N, L, H, HV, quick, kinds=("mild",), prep_variants=False):
+def run_shape(family, N, L, H, HV, quick, kinds=("mild",)):
     from linattn.kernels.triton.chunk_fused import FusedConfig, fused_config
 
     d, pool, idx = make(family, N, L, H, HV, gates=kinds[0])
@@ -223,8 +186,6 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), prep_variants=False):
         except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded
             variants[key] = f"{type(e).__name__}: {e}"[:200]
     row["fused_variants_ms"] = variants
-    if prep_variants and family == "gdn":
-        row["prep_variants"] = prep_variant_rows(family, d, pool, idx, fused_config(K, V, torch.bfloat16, family))
     row["fused_pinned"] = dataclasses.asdict(pinned)
     row["fused_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
     row["fused_stages_ms"] = stage_times(linattn(family, d, pool, idx, True, pinned)[1])
@@ -261,8 +222,6 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the output file's rows of the other families")
     ap.add_argument("--shapes", default=None, help="e.g. 16x4096@16/32,1x65536@2/8 (for every family given)")
     ap.add_argument("--quick", action="store_true", help="the pinned configuration only")
-    ap.add_argument("--prep-variants", action="store_true",
-                    help="GDN: also time PREP_VARIANTS (the prep kernel's solve in registers, warps, sharing)")
     ap.add_argument("--gates", default="mild,realistic",
                     help="gate kinds: mild, realistic, or a model of linattn.testing.gates of each family "
                          "(the first fills the row)")
@@ -301,7 +260,7 @@ def main():
     notes += [n for n in old_notes if n not in notes]
     for family in families:
         for shp in custom or (KDA_SHAPES if family == "kda" else SHAPES):
-            rows.append(run_shape(family, *shp, a.quick, kinds, a.prep_variants))
+            rows.append(run_shape(family, *shp, a.quick, kinds))
             print(rows[-1], flush=True)
             write_results(out, rows, notes=notes)
     return rows

@@ -59,7 +59,7 @@ import triton.language as tl
 from ._gates import cumsum2
 from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
-from .chunk_intra import _ld, _solve, _solve_in_registers
+from .chunk_intra import _ld, _solve
 from .chunk_state import pool_slot, store_checkpoint
 from .decode import G_MIN
 
@@ -75,9 +75,7 @@ class FusedConfig:
     persistent programs per SM, key columns per step ``prep_block_k`` (GDN's) and register cap per
     thread ``prep_maxnreg`` (None: the compiler's choice); KDA's ``late_keys``
     (:func:`.chunk_fused_kda.chunk_kda_fused_kernel`'s ``LATE_KD``); GDN's ``prep_shared_keys``
-    (:func:`chunk_gdn_fused_prep_kernel`'s ``SHARED_KEYS``: one prep item per key head under GVA);
-    GDN's ``prep_solve_in_registers`` (its ``SOLVE_IN_REGISTERS``: ``Tm`` without the scratch, where
-    the solve is the Neumann one: bf16 / fp16 inputs)."""
+    (:func:`chunk_gdn_fused_prep_kernel`'s ``SHARED_KEYS``: one prep item per key head under GVA)."""
 
     block_v: int
     num_warps: int
@@ -88,7 +86,6 @@ class FusedConfig:
     prep_maxnreg: Optional[int] = None
     late_keys: bool = False
     prep_shared_keys: bool = True
-    prep_solve_in_registers: bool = False
 
 
 @triton.jit
@@ -231,8 +228,7 @@ def chunk_tiles_t(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, s
 def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv0, HEADS,
                 sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
                 K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-                NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr,
-                SOLVE_IN_REGISTERS: tl.constexpr):
+                NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr):
     """The prep work of chunk ``i_c`` and the ``HEADS`` value heads ``i_hv0, i_hv0 + 1, ...`` (of one
     key head; :func:`chunk_gdn_fused_prep_kernel`): the norms, ``K K^T`` and ``Q K^T`` once, then each
     value head's gates, beta, solve and stores."""
@@ -276,19 +272,13 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
             i_hv = i_hv0 + j
             D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
             b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
-            if SOLVE_IN_REGISTERS:  # Tm in registers: no scratch, no barrier
-                a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
-                tm = _solve_in_registers(a * (b * uk)[:, None] * uk[None, :], DPREC, IPREC)
-                tl.store(tmb + (t0 * HV + i_hv) * 64 + r[:, None] * (HV * 64) + r[None, :],
-                         (tm * b[None, :]).to(tmb.dtype.element_ty), mask=m[:, None])
-            else:
-                tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
-                a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
-                tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
-                tl.debug_barrier()
-                _solve(sA, sT, NEUMANN, DPREC, IPREC)
-                tl.debug_barrier()
-                store_tmb(sT, tmb, (t0 * HV + i_hv) * 64, b, r, m, HV)
+            tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
+            a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
+            tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
+            tl.debug_barrier()
+            _solve(sA, sT, NEUMANN, DPREC, IPREC)
+            tl.debug_barrier()
+            store_tmb(sT, tmb, (t0 * HV + i_hv) * 64, b, r, m, HV)
 
 
 @triton.jit
@@ -310,21 +300,17 @@ def chunk_gdn_fused_prep_kernel(
     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, ITEMS, scale,
     K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, SHARED_KEYS: tl.constexpr,
-    SOLVE_IN_REGISTERS: tl.constexpr = False,
 ):
     """The fused prefill's state-independent part (module docstring, 1). Persistent grid ``(P,)``:
     program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS`` items, chunks past the real count
     doing nothing. ``SHARED_KEYS``: an item is a (chunk, key head), ``ITEMS = NT_max * HV / GROUP``
     (key head fastest), whose norms, ``K K^T`` and ``Q K^T`` serve its ``GROUP`` value heads (GVA);
-    else a (chunk, value head), ``ITEMS = NT_max * HV``, each recomputing them. ``SOLVE_IN_REGISTERS``
-    (``NEUMANN`` builds only): each value head's ``Tm`` by :func:`.chunk_intra._solve_in_registers`,
-    the scratch unused. ``q, k [T, H, K]``,
+    else a (chunk, value head), ``ITEMS = NT_max * HV``, each recomputing them. ``q, k [T, H, K]``,
     ``g, beta [T, HV]`` (strides in elements). Writes ``tmb = Tm diag(beta)`` and ``aqk``
     ``[T, HV, 64]`` (dtype DT; row ``t``: its chunk row, zeros above the diagonal), ``rk [T, HV]``
     and ``qs [T, HV, 2]`` fp32: ``scale uq`` and the power of two ``sq`` (``rq = uq sq``; both 1 and
     ``scale`` without l2norm). ``scratch [P, 2, 64, 64]`` fp32: each program's ``A`` and
     ``Tm`` (:func:`.chunk_intra._solve`, with its precisions ``NEUMANN``, ``DPREC``, ``IPREC``)."""
-    tl.static_assert(NEUMANN or not SOLVE_IN_REGISTERS, "the solve in registers is the Neumann builds'")
     pid = tl.program_id(0)
     sA = scratch + pid.to(tl.int64) * (2 * 64 * 64)
     sT = sA + 64 * 64
@@ -334,7 +320,7 @@ def chunk_gdn_fused_prep_kernel(
         _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT,
                     item // per_chunk, ((item % per_chunk) * heads).to(tl.int64), heads,
                     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh,
-                    N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC, SOLVE_IN_REGISTERS)
+                    N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)
 
 
 @triton.jit

@@ -418,44 +418,6 @@ def _solve(sA, sT, NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constex
 
 
 @triton.jit
-def _solve_in_registers(A, DPREC: tl.constexpr, IPREC: tl.constexpr):
-    """``Tm = (I + A)^-1`` for the strictly lower 64 x 64 fp32 ``A`` held in registers, returned in
-    registers (zeros above the diagonal): no scratch, no CTA barrier (issue 27's fused prep).
-
-    With ``A = A_d + A_o`` (``A_d`` the strictly lower parts of the four diagonal 16 x 16 blocks,
-    ``A_o`` the blocks below them) and ``M = (I + A_d)^-1`` (block diagonal: the four blocks
-    together on a ``[4, 16, 16]`` stack by the Neumann product of :func:`_diag_inv`, six batched
-    dots at ``DPREC``), ``I + A = (I + A_d)(I + N)`` with ``N = M A_o`` strictly block lower, so
-    ``N^4 = 0`` and ``(I + N)^-1 = I - N + N^2 - N^3``::
-
-        Tm = M - (N - N^2 + N^3) M
-
-    four 64 x 64 dots at ``IPREC`` (the block formulas of :func:`_solve` summed in another order).
-    ``N``'s diagonal blocks are exact zeros (``M``'s blocks times ``A_o``'s zero diagonal blocks),
-    so ``Tm``'s diagonal blocks are ``M``'s bit for bit."""
-    i64 = tl.arange(0, 64)
-    b4 = tl.arange(0, 4)
-    i16 = tl.arange(0, 16)
-    same = b4[:, None, None, None] == b4[None, None, :, None]  # [4, 1, 4, 1]: block row == block column
-    Ad = tl.sum(tl.where(same, tl.reshape(A, (4, 16, 4, 16)), 0.0), axis=2)  # [4, 16, 16]
-    rows3 = i16[None, :, None]
-    cols3 = i16[None, None, :]
-    X = tl.where(rows3 == cols3, 1.0, 0.0) - Ad
-    Np = tl.dot(Ad, Ad, input_precision=DPREC)
-    X = tl.dot(X, Np, acc=X, input_precision=DPREC)
-    Np = tl.dot(Np, Np, input_precision=DPREC)
-    X = tl.dot(X, Np, acc=X, input_precision=DPREC)
-    Np = tl.dot(Np, Np, input_precision=DPREC)
-    X = tl.dot(X, Np, acc=X, input_precision=DPREC)
-    M = tl.reshape(tl.where(same, tl.expand_dims(X, 2), 0.0), (64, 64))
-    Ao = tl.where((i64[:, None] // 16) > (i64[None, :] // 16), A, 0.0)
-    N = tl.dot(M, Ao, input_precision=IPREC)
-    N2 = tl.dot(N, N, input_precision=IPREC)
-    P = tl.dot(N2, N, acc=N - N2, input_precision=IPREC)
-    return M - tl.dot(P, M, input_precision=IPREC)
-
-
-@triton.jit
 def _intra_chunk(
     k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, w, u, tm_beta, rk, abuf, sA, sT, i_c, i_hv,
     skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,

@@ -1575,9 +1575,7 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
         family, walk = kda_system_constexprs(plan), dict(LATE_KD=cfg.late_keys)
     else:
         prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
-        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys,
-                      **({"SOLVE_IN_REGISTERS": True}
-                         if cfg.prep_solve_in_registers and plan.config.intra.solve.neumann else {}))
+        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
         walk = {}
     launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
                       chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from linattn.capabilities import profile
 from linattn.kernels.triton import prefill as pm
-from linattn.kernels.triton.chunk_intra import _solve_in_registers
 
 from prefill_cases import make_inputs, random_states, reference, rel, run
 
@@ -128,58 +125,3 @@ def test_planner_reasons():
     assert not on and "idle" in why  # 16 programs on 132 SMs: the pipeline's segment pass
     on, why = pm.plan_fused(family="gdn", N=1, HV=8, K=256, V=128, dtype=torch.bfloat16, caps=caps, cfg=cfg)
     assert not on and "K, V <= 128" in why
-
-
-@triton.jit
-def _solve_kernel(a_ptr, t_ptr):
-    """``(I + A)^-1`` of one row-major 64 x 64 fp32 ``A`` by :func:`_solve_in_registers` (ieee dots)."""
-    r = tl.arange(0, 64)
-    A = tl.load(a_ptr + r[:, None] * 64 + r[None, :])
-    tl.store(t_ptr + r[:, None] * 64 + r[None, :], _solve_in_registers(A, "ieee", "ieee"))
-
-
-def test_solve_in_registers_inverts_unit_lower_triangular_systems():
-    """``_solve_in_registers`` (the fused prep's solve without scratch) against float64's inverse of
-    ``I + A`` for strictly lower ``A`` of the prep's kind (``beta_r k_r . k_s`` decayed, keys of unit
-    norm, one with a run of nearly parallel keys), zeros above the diagonal exactly."""
-    gen = torch.Generator().manual_seed(3)
-    for case in range(3):
-        k = torch.nn.functional.normalize(torch.randn(64, 32, generator=gen, dtype=torch.float64), dim=-1)
-        if case == 2:  # nearly parallel keys
-            k = torch.nn.functional.normalize(k * 0.1 + torch.ones(32, dtype=torch.float64), dim=-1)
-        beta = torch.rand(64, generator=gen, dtype=torch.float64)
-        G = torch.cumsum(-torch.rand(64, generator=gen, dtype=torch.float64) * (0.05 if case else 1.0), 0)
-        A = torch.tril(beta[:, None] * (k @ k.T) * torch.exp(G[:, None] - G[None, :]), -1)
-        want = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + A)
-        got = torch.empty(64, 64)
-        _solve_kernel[(1,)](A.float().contiguous(), got)
-        assert torch.all(torch.triu(got, 1) == 0)
-        assert rel(got.double(), want) < 1e-5, case
-
-
-def test_gdn_prep_solve_in_registers_matches_the_scratch_solve():
-    """bf16 inputs (the Neumann builds): the prep with ``prep_solve_in_registers`` gives the prefill
-    of the scratch solve (the interpreter runs both on fp32 dots: equal to rounding) and the float64
-    reference within the bf16 bound; rows not owned bitwise unchanged, padding rows zero."""
-    import dataclasses
-
-    from linattn.kernels.triton.chunk_fused import fused_config
-
-    inp = make_inputs("gdn", [70, 0, 3], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16)
-    pool = random_states(5, 2, 64, 64)
-    idx = torch.tensor([3, -1, 1], dtype=torch.int32)
-    cfg = fused_config(64, 64, torch.bfloat16)
-    outs = []
-    for in_registers in (True, False):
-        work = pool.clone()
-        plan = pm.plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], state_pool=work,
-                               state_indices=idx, fused=True,
-                               fused_cfg=dataclasses.replace(cfg, prep_solve_in_registers=in_registers))
-        assert plan.config.intra.solve.neumann
-        o, _ = pm.run_prefill(plan, **inp, scale=64 ** -0.5, state_pool=work, state_indices=idx)
-        outs.append((o.float(), work))
-        assert torch.equal(work[[0, 2, 4]], pool[[0, 2, 4]])  # rows not owned: bitwise unchanged
-    assert rel(outs[0][0], outs[1][0]) < 1e-5 and rel(outs[0][1], outs[1][1]) < 1e-5
-    ref_pool = pool.clone()
-    o_ref, _ = reference("gdn", inp, state_pool=ref_pool, state_indices=idx)
-    assert rel(outs[0][0], o_ref) < 2e-2 and rel(outs[0][1][[3, 1]], ref_pool[[3, 1]]) < 1e-2
