@@ -495,6 +495,15 @@ def kda_decode(q: Tensor, k: Tensor, v: Tensor, a: Optional[Tensor] = None, b: O
 # -- prefill -----------------------------------------------------------------------------------------
 
 
+def _run_prefill(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool):
+    """A prefill op's call from its public function: traced under torch.compile, else dispatched; pool
+    mode returns ``o``, dense mode ``(o, final_state)``."""
+    if _compiling():
+        o, final = _traced_call(op, args, backend, validate, check_finite)
+        return o if args["state_pool"] is not None else (o, final)
+    return _prefill_output(_call(op, args, backend or "", validate, check_finite), args)
+
+
 def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
                 state_pool: Optional[Tensor] = None, state_indices: Optional[Tensor] = None,
                 initial_state: Optional[Tensor] = None, scale: Optional[float] = None, use_qk_l2norm: bool = True,
@@ -556,10 +565,7 @@ def gdn_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 has_initial_state=has_initial_state, output_state_indices=output_state_indices,
                 checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
-    if _compiling():
-        o, final = _traced_call("gdn_prefill", args, backend, validate, check_finite)
-        return o if state_pool is not None else (o, final)
-    return _prefill_output(_call("gdn_prefill", args, backend or "", validate, check_finite), args)
+    return _run_prefill("gdn_prefill", args, backend, validate, check_finite)
 
 
 def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *,
@@ -590,10 +596,7 @@ def kda_prefill(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seq
                 use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
                 has_initial_state=has_initial_state, output_state_indices=output_state_indices,
                 checkpoint_every=checkpoint_every, checkpoint_indices=checkpoint_indices)
-    if _compiling():
-        o, final = _traced_call("kda_prefill", args, backend, validate, check_finite)
-        return o if state_pool is not None else (o, final)
-    return _prefill_output(_call("kda_prefill", args, backend or "", validate, check_finite), args)
+    return _run_prefill("kda_prefill", args, backend, validate, check_finite)
 
 
 # -- SwiGLU clamp ------------------------------------------------------------------------------------

@@ -150,17 +150,6 @@ def _held_to_float64(family, d, pool, p, table):
     assert torch.equal(p[rest], pool[rest])
 
 
-@pytest.fixture
-def flashinfer_peer(monkeypatch):
-    """FlashInfer importable and registered (``LINATTN_PEERS=all``), a fresh registry."""
-    pytest.importorskip("flashinfer.gdn_prefill", reason="flashinfer-python does not import here")
-    monkeypatch.setenv("LINATTN_PEERS", "all")
-    linattn.dispatch.reset_registry()
-    yield
-    monkeypatch.undo()
-    linattn.dispatch.reset_registry()
-
-
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
 def test_flashinfer_checkpoints_are_the_states_of_a_prefill_stopped_there(flashinfer_peer, pool_dtype):
     """backend='flashinfer' (GDN): FlashInfer 0.7.4's non-CP kernel stores the checkpoints into the

@@ -182,17 +182,6 @@ def test_launches_decode_none_extra_prefill_one_copy(family):
     assert len(copies) == 1 and [k for k in sep if "fork_slots" not in k] == inplace, (sep, inplace)
 
 
-@pytest.fixture
-def flashinfer_peer(monkeypatch):
-    """FlashInfer importable and registered (``LINATTN_PEERS=all``), a fresh registry."""
-    pytest.importorskip("flashinfer.gdn_prefill", reason="flashinfer-python does not import here")
-    monkeypatch.setenv("LINATTN_PEERS", "all")
-    linattn.dispatch.reset_registry()
-    yield
-    monkeypatch.undo()
-    linattn.dispatch.reset_registry()
-
-
 @pytest.mark.parametrize("case", ["short", "mixed"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
 @pytest.mark.parametrize("fresh", [False, True], ids=["h0", "fresh"])
