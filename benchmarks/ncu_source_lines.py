@@ -43,7 +43,8 @@ def build_sass_lines(family: str, kernel: str):
     pool = random_states(3, 4, 128, 128)
     with registry.capture_launches() as launches:
         pm.chunk_prefill(family, **inp, state_pool=pool, state_indices=torch.tensor([2, 0]), initial_state=None,
-                         scale=0.1, use_qk_l2norm=True, state_layout="vk", caps=profile("sm90"))
+                         scale=0.1, use_qk_l2norm=True, state_layout="vk", caps=profile("sm90"),
+                         **({"fused": True} if "fused" in kernel else {}))
     launch = [x for x in launches if x.name == kernel][0]
     built = registry.compile_launch(launch, arch=90)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
