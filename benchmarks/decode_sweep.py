@@ -27,8 +27,8 @@ benchmark's file, ``benchmarks/results/decode_<device>.json``, as rows of ``kind
 bf16_sweep_copy (replacing the previous sweep's rows and note; the other rows kept).
 
 Usage:
-    python benchmarks/decode_sweep.py                       # 61 s on the H200 (2026-12-02)
-    python benchmarks/decode_sweep.py --ns 1024 --families gdn --configs pinned,vec4
+    python benchmarks/decode_sweep.py                       # 61 s on the H200 with 88722f3's 16 configs (2026-12-02)
+    python benchmarks/decode_sweep.py --ns 1024 --families gdn --configs pinned,bv16_w1_vec4
     python benchmarks/decode_sweep.py --merge /path/to/decode_sweep_h200.json --note "how it ran"
         # -> benchmarks/results/decode_h200.json (--into another file); no GPU needed
 """
@@ -58,22 +58,32 @@ ORACLE_ROWS = 32
 #: the candidates, by name: ``None`` is the pinned bf16 config (the baseline every other is checked against)
 CANDIDATES: dict[str, DecodeConfig | None] = {
     "pinned": None,
-    # why each: docs/performance.md#decode-on-bf16-pools (register counts and layouts of the sm_90 builds)
+    # why each: docs/performance.md#decode-on-bf16-pools (register counts and layouts of the sm_90 builds).
+    # Registers, spills and programs per SM below: the sm_90a builds at the sweep's shapes (Triton 3.6,
+    # cuobjdump -res-usage), GDN / KDA where they differ; 65,536 registers, at most 32 one-warp programs.
+    # The previous sweep's (88722f3, 2026-12-02) BV 4 configs, bv8_w2, bv8_w1_stages1 (no tile loop to pipeline:
+    # the same times), bv8_w1_blk2, bv8_w1_blk4_vec4 and bv16_w2_vec4 are left out: each below the pin at every N
+    # in both families (their rows: benchmarks/results/decode_h200.json@ff72420).
+    "bv16_w1": DecodeConfig(16, 1),                          # the pin's config again: its spread from 'pinned' is the noise
+    "bv8_w1": DecodeConfig(8, 1),                            # the previous pin and the fp32 pin's config (72 registers)
     "bv8_w1_reg64": DecodeConfig(8, 1, maxnreg=64),          # register cap: more programs per SM
     "bv8_w1_vec4": DecodeConfig(8, 1, state_vec=4),          # the key vectors' layout: no shuffles
-    "bv8_w1_stages1": DecodeConfig(8, 1, num_stages=1),      # Triton's default is 3: does it matter here?
-    "bv8_w2": DecodeConfig(8, 2),
-    "bv4_w1": DecodeConfig(4, 1),
-    "bv16_w1": DecodeConfig(16, 1),                          # fp32's bytes per program
+    "bv8_w1_blk2_vec4": DecodeConfig(8, 1, blocks=2, state_vec=4),  # fp32's bytes per program; GDN's best so far
     "bv16_w2": DecodeConfig(16, 2),
-    "bv16_w2_vec4": DecodeConfig(16, 2, state_vec=4),
     "bv32_w4": DecodeConfig(32, 4),
-    "bv8_w1_blk2": DecodeConfig(8, 1, blocks=2),             # the next tile's load ahead of this tile's update
-    "bv8_w1_blk2_vec4": DecodeConfig(8, 1, blocks=2, state_vec=4),  # fp32's bytes per program
-    "bv8_w1_blk4_vec4": DecodeConfig(8, 1, blocks=4, state_vec=4),
-    "bv4_w1_blk2_vec4": DecodeConfig(4, 1, blocks=2, state_vec=4),
-    "bv4_w1_blk2": DecodeConfig(4, 1, blocks=2),
-    "bv4_w1_blk4": DecodeConfig(4, 1, blocks=4),
+    # BV 16 at 1 warp (128 registers, 16 programs per SM, 4 KiB each) with the knobs the last sweep tried only
+    # with BV 8 or 2 warps (docs/performance.md#decode-on-bf16-pools, "Not tried yet" item 1)
+    "bv16_w1_vec4": DecodeConfig(16, 1, state_vec=4),                 # 96 registers: 21 programs, no SHFL.IDX
+    "bv16_w1_reg64": DecodeConfig(16, 1, maxnreg=64),                 # spills 288 / 344 B of stack
+    "bv16_w1_reg112": DecodeConfig(16, 1, maxnreg=112),               # the lowest cap without spills: 18 programs
+    "bv16_w1_vec4_reg64": DecodeConfig(16, 1, state_vec=4, maxnreg=64),  # spills 120 / 216 B
+    "bv16_w1_vec4_reg80": DecodeConfig(16, 1, state_vec=4, maxnreg=80),  # 25 programs; spills 16 / 64 B
+    "bv16_w1_vec4_reg88": DecodeConfig(16, 1, state_vec=4, maxnreg=88),  # 23 programs, no spills
+    "bv16_w1_blk2": DecodeConfig(16, 1, blocks=2),                    # 8 KiB per program; 168 / 176 registers
+    "bv16_w1_blk2_vec4": DecodeConfig(16, 1, blocks=2, state_vec=4),  # 128 registers: 16 programs x 8 KiB
+    "bv16_w1_blk2_vec4_reg112": DecodeConfig(16, 1, blocks=2, state_vec=4, maxnreg=112),  # 18 x 8 KiB, no spills
+    "bv16_w1_blk2_vec4_reg96": DecodeConfig(16, 1, blocks=2, state_vec=4, maxnreg=96),    # 21 x 8 KiB; spills 48 / 56 B
+    "bv32_w1_vec4": DecodeConfig(32, 1, state_vec=4),                 # 8 KiB per program; 168 / 254 registers, no spills
 }
 
 
