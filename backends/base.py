@@ -134,6 +134,13 @@ class Backend:
     #: the features again (its own ``features``): inherited declarations do not cover a method written
     #: without them (:meth:`declared_features`).
     features: ClassVar[frozenset[str]] = frozenset()
+    #: A hook that runs a call's value rules as one kernel launch (``dispatch/value_rules.py``
+    #: ``ValueCheckHook``: ``available()``, ``plan(rules, args, dims, like)``), or None. The registry
+    #: keeps the first one linattn's built-in backends provide (the Triton backends':
+    #: ``backends/triton.py`` ``TritonValueChecks``) and the dispatcher runs it for every call on a
+    #: device where it is available, whichever backend runs the call; a plugin's is ignored (the hook
+    #: stands in for the value rules of every backend).
+    value_check_hook: ClassVar[Optional[Any]] = None
     # Filled in by the registry: where the backend came from, and its plugin's API version.
     plugin: ClassVar[str] = "linattn"
     distribution: ClassVar[str] = "linattn"

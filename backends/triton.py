@@ -23,6 +23,7 @@ from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.lru import GRID_FITS_MAX, LRUCache
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.problem import Problem
+from linattn.dispatch.value_rules import FUSABLE_DECODE, FUSABLE_PREFILL, PREFILL_RULE, ValueCheckHook
 from linattn.dispatch.verdict import Check, Rank, Reason
 from linattn.kernels.triton.limits import MAX_HEAD_DIM
 
@@ -56,6 +57,41 @@ def _pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+class TritonValueChecks(ValueCheckHook):
+    """The Triton backends' value-check hook (``Backend.value_check_hook``, held by the registry): a
+    call's decode or prefill value rules as one kernel that computes every flag
+    (``kernels/triton/value_checks.py``) and one sync, run by the dispatcher's call plans
+    (``dispatch/value_rules.py`` ``fused_value_check``) whichever backend the call chose."""
+
+    @staticmethod
+    def available() -> bool:
+        """Where the direct Triton launch runs (``kernels/triton/launch.py`` ``fast_launch_status``:
+        CUDA, a tested Triton, no interpreter)."""
+        from linattn.kernels.triton.launch import fast_launch_status
+
+        return fast_launch_status()[0]
+
+    @staticmethod
+    def plan(rules: frozenset, args: dict, dims: dict, like=None):
+        """The kernel's planned check for ``rules`` (decode's or prefill's), or None; ``like``: the
+        planned check of another length of the call's class (its launch is derived from)."""
+        from linattn.kernels.triton import value_checks
+
+        if args.get("output_state_indices") is not None:  # separate write slots: the kernel has no rule for them
+            return None
+        if args.get("checkpoint_indices") is not None:  # checkpoint slots: nor for them
+            return None
+        if PREFILL_RULE in rules and rules <= FUSABLE_PREFILL:
+            return value_checks.plan_prefill_value_check(
+                args, slots=dims.get("p"), tokens=dims["t"], shared_slots=dims["writes_pool"],
+                like=like if isinstance(like, value_checks.PrefillValueCheck) else None)
+        if rules <= FUSABLE_DECODE:
+            return value_checks.plan_decode_value_check(
+                args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"], shared_slots=dims["writes_pool"],
+                like=like if isinstance(like, value_checks.DecodeValueCheck) else None)
+        return None
+
+
 class TritonBackend(Backend):
     """Base of the Triton backends; subclasses set ``name``, ``layout``, ``vendors``, ``native``.
 
@@ -78,6 +114,8 @@ class TritonBackend(Backend):
     #: interpreter is covered by the test suite and never self-checks (Backend.needs_self_check).
     verified_archs = frozenset({"sm_90"})
     input_strides = TRITON_INPUT_STRIDES
+    #: the decode and prefill value rules as one kernel, for every call on CUDA (the registry holds it)
+    value_check_hook = TritonValueChecks()
     #: the chunked prefill's state kernel takes every pool stride; decode reads dense state tiles
     strided_state_ops = frozenset({"gdn_prefill", "kda_prefill"})
     #: decode from precomputed gates (``GATES_PRECOMPUTED``), has_initial_state in decode and in

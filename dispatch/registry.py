@@ -2,11 +2,16 @@
 
 Built-in backends come from the plugin module :data:`BUILTIN_MODULE` (``linattn.backends.builtin``,
 whose backends are ``"module:Class"`` strings too); external ones from the entry-point group
-``linattn.backends``. Both are loaded by name (:func:`load_object`), so ``dispatch/`` imports no
-module of ``backends/`` (``tests/test_layering.py``). Loading is lazy (first use), never at ``import linattn``, and never
-fails because of a plugin: a plugin that cannot be imported (whatever it raises, ``sys.exit()``
-and other ``BaseException`` subclasses included; only ``KeyboardInterrupt`` propagates), targets an
-unsupported API version, or raises while registering is recorded with its status and skipped.
+``linattn.backends``. Both are loaded by name (:func:`load_object`), and so is the self-check's
+float64 reference (:func:`reference`), so ``dispatch/`` imports no module of ``backends/``
+(``tests/test_layering.py``). What backends provide the dispatcher besides their runs, the
+registry holds: the value rules as one kernel (:attr:`Registry.value_check_hook`, the Triton
+backends'), so ``dispatch/`` imports no module of ``kernels/`` either.
+
+Loading is lazy (first use), never at ``import linattn``, and never fails because of a plugin: a
+plugin that cannot be imported (whatever it raises, ``sys.exit()`` and other ``BaseException``
+subclasses included; only ``KeyboardInterrupt`` propagates), targets an unsupported API version,
+or raises while registering is recorded with its status and skipped.
 
 Names are first come, first served: a plugin named like one already loaded (``linattn-builtin``
 included) is recorded as ``plugin_load_failed`` next to the loaded one, which it never replaces;
@@ -113,6 +118,9 @@ class Registry:
         self.plugins: list[PluginRecord] = []
         self.broken: dict[str, str] = {}  # backend name -> error text from a failed run
         self.generation = 0
+        #: the value rules as one kernel (``dispatch/value_rules.py`` ``ValueCheckHook``): the first
+        #: ``Backend.value_check_hook`` of the built-in plugin's backends (the Triton backends'), or None
+        self.value_check_hook = None
 
     # -- loading ------------------------------------------------------------------------------------
 
@@ -182,6 +190,9 @@ class Registry:
                 return self._record(name, distribution, version, api, "plugin_load_failed", _short(e))
             if new:
                 self.backends = BackendTable({**self.backends, **new}, self._retired)
+                if name == BUILTIN_PLUGIN and self.value_check_hook is None:
+                    self.value_check_hook = next((h for h in (getattr(b, "value_check_hook", None) for b in new.values())
+                                                  if h is not None), None)
             return self._record(name, distribution, version, api, "loaded", "", tuple(new))
 
     def _register(self, plugin, name: str, distribution: str, version: str, api: str) -> dict:
@@ -306,6 +317,17 @@ class Registry:
             logging.getLogger("linattn").warning("linattn: a plugin's linattn_probe_device raised for %s: %s; "
                                                  "using linattn's own probe", device, _short(e))
             return None
+
+
+#: the float64 reference the self-check compares every backend with: torch-ref's ``<op>_ref``
+#: functions (``dispatch/self_check.py``), loaded by name as the built-ins are
+REFERENCE_MODULE = "linattn.backends.torch_ref"
+
+
+def reference(op: str):
+    """The float64 reference function of ``op`` (``<op>_ref`` of :data:`REFERENCE_MODULE`), loaded by
+    name: the self-check's reference comes through here, not from an import of ``backends/``."""
+    return load_object(f"{REFERENCE_MODULE}:{op}_ref")
 
 
 def load_object(spec: str):

@@ -50,6 +50,7 @@ from .problem import Problem
 from .registry import Registry
 from .self_check import SelfChecks
 from .tuning import Tuned, Tuning
+from . import value_rules
 from .verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, run_order
 
 log = logging.getLogger("linattn")
@@ -488,6 +489,14 @@ def _no_backend(op: str, problem: Problem, decision: Decision) -> NoBackendError
 
 
 _DEFAULT = Dispatcher()
+
+
+def _value_check_hook():
+    """The registry's value-check hook (the Triton backends'), for ``dispatch/value_rules.py``."""
+    return _DEFAULT.registry.value_check_hook
+
+
+value_rules.hook_source = _value_check_hook
 
 
 def dispatcher() -> Dispatcher:

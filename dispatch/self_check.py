@@ -40,6 +40,7 @@ from linattn.testing.inputs import (DECODE_INTERMEDIATE, PREFILL_CHECKPOINTS_WRI
 
 from .ops_table import FLAGS
 from .problem import Problem
+from .registry import reference
 from .verdict import Accepted, Check, Reason, Rejected
 
 log = logging.getLogger("linattn")
@@ -275,8 +276,6 @@ def check_against_reference(backend, p: Problem, device) -> Check:
         >>> check_against_reference(TorchRefBackend(), p, "cpu").ok
         True
     """
-    from linattn.backends import torch_ref
-
     from .validate import validate
 
     device = torch.device(device)
@@ -286,7 +285,7 @@ def check_against_reference(backend, p: Problem, device) -> Check:
     before = {n: x.detach().cpu().clone() for n, x in tensors.items() if n in ("state_pool", "intermediate_states")}
     nargs, _ = validate(p.op, args, check_values=True)
     out = backend.run(p.op, **nargs)
-    ref = getattr(torch_ref, f"{p.op}_ref")
+    ref = reference(p.op)  # torch-ref's, loaded by name through the registry (dispatch/ imports no backend)
     c = Comparison()
     tol_o, tol_s = tolerance_for(p)
     if p.phase == "prefill":

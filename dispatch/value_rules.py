@@ -17,6 +17,8 @@ On a GPU each flag is a few torch ops, each a kernel launch. So on CUDA (unless
 (``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``,
 ``kda_prefill``), instead as one Triton kernel that computes every flag (``kernels/triton/value_checks.py``) and one sync
 (:func:`fused_value_check`); a set flag runs the torch rules, so the error raised is always theirs.
+The kernel is a hook the Triton backends provide (:class:`ValueCheckHook`, held by the registry):
+this module imports no kernel.
 The choice is made when a call plan is made: changing the variable takes effect for new call keys
 (or after ``fast_path.clear()``).
 """
@@ -484,16 +486,20 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 
 # -- the decode or prefill rules in one launch ---------------------------------------------------
 
-#: The rules :func:`fused_value_check` computes in one kernel (``kernels/triton/value_checks.py``):
-#: the decode rules, and the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with
-#: value rules, ``dispatch/ops_table.py``). A call with any other rule (``check_finite``'s) keeps the
-#: torch rules, and so does a call with ``output_state_indices`` (its rule is listed so that the
-#: calls without it keep the kernel; :func:`_plan_check` declines the calls with it).
-_FUSABLE = frozenset({_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted,
-                      _v_shared_gate_params, _v_decode_log_decay})
-_FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_checkpoints,
-                              _v_log_decay})
-#: None: the fused kernel runs where the direct Triton launch does (``kernels/triton/launch.py``
+#: The rules a fused check may compute in one kernel: the decode rules (:data:`FUSABLE_DECODE`), and
+#: the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with value rules,
+#: ``dispatch/ops_table.py``; :data:`FUSABLE_PREFILL`, every set of them holding
+#: :data:`PREFILL_RULE`). A call with any other rule (``check_finite``'s) keeps the torch rules, and
+#: so does a call with ``output_state_indices`` (its rule is listed so that the calls without it keep
+#: the kernel; the hook declines the calls with it). The hook that plans the kernel
+#: (:class:`ValueCheckHook`) reads these.
+FUSABLE_DECODE = frozenset({_v_state_indices, _v_output_state_indices, _v_intermediate, _v_num_accepted,
+                            _v_shared_gate_params, _v_decode_log_decay})
+FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_indices, _v_checkpoints,
+                             _v_log_decay})
+PREFILL_RULE = _v_cu_seqlens
+#: None: the fused kernel runs where the value-check hook says it can (the Triton backends' hook,
+#: ``backends/triton.py``: where the direct Triton launch runs, ``kernels/triton/launch.py``
 #: ``fast_launch_status``: CUDA, a tested Triton, no interpreter), unless
 #: ``LINATTN_FUSED_VALUE_CHECKS=0`` opts out (its refusals are held against the torch rules on the
 #: H200 by tests/gpu/test_value_checks_gpu.py). True / False: always / never (tests run it in the
@@ -501,24 +507,56 @@ _FUSABLE_PREFILL = frozenset({_v_cu_seqlens, _v_state_indices, _v_output_state_i
 FUSED_VALUE_CHECKS: bool | None = None
 
 
+class ValueCheckHook:
+    """What a backend provides to run the value rules as one kernel launch (``Backend.value_check_hook``;
+    linattn's Triton backends provide one, ``backends/triton.py`` ``TritonValueChecks``). The registry
+    holds the one its built-in backends provide (``Registry.value_check_hook``); this module reaches it
+    through :data:`hook_source` and imports neither the dispatch runtime nor ``kernels/``.
+
+    The methods below are the interface (a hook need not derive from this class)."""
+
+    def available(self) -> bool:
+        """Whether the kernel can run on the CUDA device of the call (asked unless
+        :data:`FUSED_VALUE_CHECKS` decides)."""
+        return False
+
+    def plan(self, rules: frozenset, args: dict, dims: Dims, like=None):
+        """The planned check for ``rules`` (a callable ``check(args) -> truthy on a bad value``), or
+        None where the kernel does not apply (rules outside :data:`FUSABLE_DECODE` /
+        :data:`FUSABLE_PREFILL`, separate write slots, a call outside the kernel's limits); ``like``:
+        the planned check of another length of the call's class, its launch derived from. May raise
+        ``ImportError`` (no Triton): the torch rules stay."""
+        return None
+
+
+#: A callable returning the registry's value-check hook (or None), installed by the dispatch runtime
+#: (``dispatch/selection.py``: the process dispatcher's registry, loaded on first use).
+hook_source: Callable[[], object] | None = None
+
+
+def _value_check_hook():
+    source = hook_source
+    return None if source is None else source()
+
+
 def _fusable_device(dev) -> bool:
     if FUSED_VALUE_CHECKS is not None:
         return FUSED_VALUE_CHECKS
     if dev is None or dev.type != "cuda" or not env_switch("LINATTN_FUSED_VALUE_CHECKS", True):
         return False
-    from linattn.kernels.triton.launch import fast_launch_status
-
-    return fast_launch_status()[0]
+    hook = _value_check_hook()
+    return hook is not None and bool(hook.available())
 
 
 class _FusedCheck:
     """The value rules of one call key as one kernel launch and one sync; on a failed check the
-    torch rules run, so the error (its rule order and message) is theirs."""
+    torch rules run, so the error (its rule order and message) is theirs. ``hook``: the value-check
+    hook that planned ``check`` (a new length of the class plans with it again)."""
 
-    __slots__ = ("check", "rules", "dims", "cuda")
+    __slots__ = ("check", "rules", "dims", "cuda", "hook")
 
-    def __init__(self, check, rules: tuple, dims: Dims):
-        self.check, self.rules, self.dims = check, rules, dims
+    def __init__(self, check, rules: tuple, dims: Dims, hook):
+        self.check, self.rules, self.dims, self.hook = check, rules, dims, hook
         self.cuda = dims["device"].type == "cuda"
 
     def __call__(self, args: dict) -> None:
@@ -528,31 +566,12 @@ class _FusedCheck:
             _run_value_rules(self.rules, args, self.dims)
 
 
-def _plan_check(rules: frozenset, args: dict, dims: Dims, like=None):
-    """The kernel's planned check for ``rules`` (decode's or prefill's), or None; ``like``: the
-    planned check of another length of the call's class (its launch is derived from)."""
-    from linattn.kernels.triton import value_checks
-
-    if args.get("output_state_indices") is not None:  # separate write slots: the kernel has no rule for them
-        return None
-    if args.get("checkpoint_indices") is not None:  # checkpoint slots: nor for them
-        return None
-    if _v_cu_seqlens in rules and rules <= _FUSABLE_PREFILL:
-        return value_checks.plan_prefill_value_check(
-            args, slots=dims.get("p"), tokens=dims["t"], shared_slots=dims["writes_pool"],
-            like=like if isinstance(like, value_checks.PrefillValueCheck) else None)
-    if rules <= _FUSABLE:
-        return value_checks.plan_decode_value_check(
-            args, slots=dims["p"], rows=dims.get("s"), tokens=dims["t"], shared_slots=dims["writes_pool"],
-            like=like if isinstance(like, value_checks.DecodeValueCheck) else None)
-    return None
-
-
 def fused_value_check(rules: tuple, args: dict, dims: Dims, like=None):
     """``rules`` for calls with the metadata of ``args`` as one kernel launch (a callable
     ``check(args)`` that raises as :func:`_run_value_rules` does), or None where the torch rules
-    stay: another rule among them, a device without the direct Triton launch, or a call outside
-    the kernel's limits (``value_checks.plan_decode_value_check``, ``plan_prefill_value_check``).
+    stay: another rule among them, a device without the kernel (no value-check hook registered, or
+    the hook not available there), or a call outside the kernel's limits (the hook's ``plan``: the
+    Triton backends' reads ``value_checks.plan_decode_value_check``, ``plan_prefill_value_check``).
 
     Args:
         rules: the value rules of the call (``validate.value_rules_of``): decode's or prefill's.
@@ -571,9 +590,14 @@ def fused_value_check(rules: tuple, args: dict, dims: Dims, like=None):
     """
     if not rules or not _fusable_device(dims.get("device")):
         return None
+    if isinstance(like, _FusedCheck):
+        hook, like = like.hook, like.check
+    else:
+        hook, like = _value_check_hook(), None
+        if hook is None:
+            return None
     try:
-        check = _plan_check(frozenset(rules), args, dims,  # None for rules neither kernel computes
-                            like.check if isinstance(like, _FusedCheck) else None)
+        check = hook.plan(frozenset(rules), args, dims, like)  # None for rules neither kernel computes
     except ImportError:  # no Triton
         return None
-    return None if check is None else _FusedCheck(check, rules, dims)
+    return None if check is None else _FusedCheck(check, rules, dims, hook)

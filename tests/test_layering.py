@@ -21,9 +21,11 @@ The issue writes the layers as ops -> dispatch -> backends -> kernels; the contr
 ``dispatch/`` (section 4 splits it into runtime, plugin API and rules) but sit below ``backends/``,
 since a backend is written against them (``Problem``, ``Check``, ``Rank``, ``DecodeCall``) and a
 kernel reads its cache sizes and switches from them. A module may import its own layer and any
-layer below it. Function-level (deferred) imports count too. Besides, the dispatch runtime
-imports ``backends/`` and ``kernels/`` at module level not at all (the registry loads built-ins
-from ``"module:Class"`` strings, ``dispatch/registry.py``).
+layer below it. Function-level (deferred) imports count too. Besides, no module of ``dispatch/``
+(runtime or contract) imports ``backends/`` or ``kernels/``, at module level or deferred
+(:func:`against_the_layers`): the registry loads the built-ins and the self-check's float64
+reference from ``"module:Class"`` strings (``dispatch/registry.py``), and the fused value-check
+kernel is the Triton backends' hook, which the registry holds (``Backend.value_check_hook``).
 
 What the test cannot see: importing ``linattn.dispatch.problem`` runs ``linattn/dispatch/__init__``
 (the runtime) first, as Python imports a package before its module; the check is on the import
@@ -71,12 +73,6 @@ ALLOWED = {
     ("linattn.kernels.cutedsl.selfcheck", "linattn.backends.torch_ref", "deferred"):
         "the CuTe DSL sign-off checks compare the kernel with torch-ref's token-serial reference; the "
         "reference maths belongs below kernels (a reference module in the base layer), not moved here",
-    # contract -> kernels
-    ("linattn.dispatch.value_rules", "linattn.kernels.triton.launch", "deferred"):
-        "the fused value check (one Triton kernel for every value rule on CUDA) asks whether direct "
-        "launches are on; the issue makes it a Triton-backend hook, not done in this session",
-    ("linattn.dispatch.value_rules", "linattn.kernels.triton.value_checks", "deferred"):
-        "the fused value-check kernel itself (as above: to become a Triton-backend hook)",
     # base -> backends
     ("linattn.testing.inputs", "linattn.backends.torch_ref", "deferred"):
         "the seeded input builders take torch-ref's gate functions for their reference states; as the "
@@ -135,18 +131,24 @@ def _imports(module: str, path: Path, modules: dict) -> list[tuple[str, str, int
     return found
 
 
+def against_the_layers(module: str, target: str) -> bool:
+    """Whether ``module`` importing ``target`` (at module level or deferred) breaks the layers: an
+    upward import, or any import of ``backends/`` or ``kernels/`` from a module of ``dispatch/``
+    (the runtime's and the contract's alike)."""
+    here, there = layer(module), layer(target)
+    upward = ORDER.index(there) < ORDER.index(here)
+    from_dispatch = (module == "linattn.dispatch" or module.startswith("linattn.dispatch.")) and \
+        there in ("backends", "kernels")
+    return upward or from_dispatch
+
+
 def _violations() -> dict[tuple[str, str, str], str]:
     modules = _modules()
-    rank = {name: i for i, name in enumerate(ORDER)}  # 0 is the top
     out = {}
     for module, path in sorted(modules.items()):
-        here = layer(module)
         for target, when, line in _imports(module, path, modules):
-            there = layer(target)
-            upward = rank[there] < rank[here]
-            runtime_down = (here == "dispatch" and there in ("backends", "kernels") and when == "module")
-            if upward or runtime_down:
-                out[(module, target, when)] = f"{path.relative_to(ROOT)}:{line}: {here} -> {there}"
+            if against_the_layers(module, target):
+                out[(module, target, when)] = f"{path.relative_to(ROOT)}:{line}: {layer(module)} -> {layer(target)}"
     return out
 
 
@@ -172,3 +174,20 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert ("linattn.dispatch", "deferred", 4) in got and ("linattn.kernels", "module", 1) in got
     assert layer("linattn.dispatch.selection") == "dispatch" and layer("linattn.kernels.grid") == "kernels"
     assert ORDER.index(layer("linattn.dispatch.selection")) < ORDER.index("kernels")
+
+
+def test_dispatch_may_not_import_backends_or_kernels_even_deferred(tmp_path):
+    """A function-level import of ``backends/`` or ``kernels/`` in ``dispatch/`` (runtime or contract)
+    is found and refused; backends and kernels importing the contract below them is not."""
+    src = tmp_path / "d.py"
+    src.write_text("import torch\n\ndef f():\n    from linattn.backends import torch_ref\n\n"
+                   "class C:\n    def g(self):\n        import linattn.kernels.triton.launch\n")
+    got = _imports("linattn.dispatch.selection", src, {})
+    assert ("linattn.backends", "deferred", 4) in got and ("linattn.kernels.triton.launch", "deferred", 8) in got
+    for module in ("linattn.dispatch.selection", "linattn.dispatch.self_check", "linattn.dispatch.value_rules",
+                   "linattn.dispatch"):
+        assert against_the_layers(module, "linattn.backends.torch_ref")
+        assert against_the_layers(module, "linattn.kernels.triton.value_checks")
+    assert not against_the_layers("linattn.backends.triton", "linattn.dispatch.value_rules")
+    assert not against_the_layers("linattn.kernels.triton.launch", "linattn.dispatch.env")
+    assert not against_the_layers("linattn.dispatch.selection", "linattn.dispatch.value_rules")
