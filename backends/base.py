@@ -20,18 +20,7 @@ is how the built-in backends keep their per-op methods while being dispatched th
 interface (a subclass overriding ``gdn_decode`` is honoured), and how **plugin API 1** works: a
 first-release backend implements one method per op, named after it, taking keywords:
 
-- ``gdn_gating(A_log, a, b, dt_bias, softplus_beta, softplus_threshold) -> (g, beta)``
-- ``kda_gating(A_log, a, b, dt_bias, lower_bound, softplus_beta, softplus_threshold) -> (g, beta)``
-- ``gdn_decode(q, k, v, a, b, A_log, dt_bias, state_pool, state_indices, scale, use_qk_l2norm,
-  state_layout, intermediate_states, intermediate_state_indices, disable_state_update,
-  num_accepted_tokens, softplus_beta, softplus_threshold, g, beta, has_initial_state,
-  output_state_indices) -> o``
-- ``kda_decode(<as gdn_decode>, lower_bound) -> o``
-- ``gdn_prefill(q, k, v, g, beta, cu_seqlens, state_pool, state_indices, initial_state, scale,
-  use_qk_l2norm, state_layout, has_initial_state, output_state_indices, checkpoint_every,
-  checkpoint_indices) -> (o, final_state or None)``
-- ``kda_prefill(<as gdn_prefill>) -> (o, final_state or None)``
-- ``silu_and_mul_clamp(x, limit) -> out``
+<the op methods: filled in from the op table, _api1_methods()>
 
 The API version tells the two apart (:meth:`Backend.effective_api_version`): the class's own
 ``api_version`` when it sets one, else its plugin module's ``LINATTN_API_VERSION``. A version-1
@@ -399,3 +388,21 @@ class Backend:
         from linattn.dispatch.self_check import check_against_reference
 
         return check_against_reference(self, p, device)
+
+
+#: what each plugin-API-1 op method returns, per backend method (``OpSpec.method``)
+_API1_RETURNS = {"gating": "(g, beta)", "decode": "o", "prefill": "(o, final_state or None)", "clamp": "out"}
+
+
+def _api1_methods() -> str:
+    """Plugin API 1's op methods for the module docstring, one per op, from the op table: each
+    argument entry in table order (keywords; the second release's only when given, see below)."""
+    import textwrap
+
+    return "\n".join(textwrap.fill(f"``{op}({', '.join(a.name for a in spec.args)}) -> {_API1_RETURNS[spec.method]}``",
+                                    100, initial_indent="- ", subsequent_indent="  ")
+                      for op, spec in OP_TABLE.items())
+
+
+if __doc__:  # None under python -OO
+    __doc__ = __doc__.replace("<the op methods: filled in from the op table, _api1_methods()>", _api1_methods())
