@@ -152,7 +152,7 @@ def gates_row(family, N, L, H, HV, kind):
     return row
 
 
-def run_shape(family, N, L, H, HV, quick, kinds=("mild",)):
+def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_solves=False):
     from linattn.kernels.triton.chunk_fused import FusedConfig, fused_config
 
     d, pool, idx = make(family, N, L, H, HV, gates=kinds[0])
@@ -194,11 +194,43 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",)):
     row["speedup_vs_pipeline"] = row["pipeline_ms"] / row["fused_ms"]
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
+    if with_solves and family == "gdn":
+        row["solve_variants"] = solve_variants(family, d, pool, idx)
     del d, pool
     for kind in kinds[1:]:
         torch.cuda.empty_cache()
         row[kind] = gates_row(family, N, L, H, HV, kind)
     return row
+
+
+#: --solve-variants (GDN): the pinned fused prefill under another triangular solve (pinned_config's
+#: intra_solve, shared with the pipeline's stage 1); "diag_tf32": the diagonal 16 x 16 blocks on single TF32
+#: dots instead of 3xTF32 (the prep's largest instruction share; docs/performance.md, "Where the prep's
+#: instructions go")
+SOLVE_VARIANTS = {"diag_tf32": dict(NEUMANN=True, DPREC="tf32", IPREC="tf32")}
+
+
+def solve_variants(family, d, pool, idx) -> dict:
+    """Each :data:`SOLVE_VARIANTS` entry on the row's data: fused median and kernel times, and its output
+    and written rows against the shipped solve's (relative), rows not owned unchanged."""
+    from linattn.kernels.triton.chunk_fused import fused_config
+    from prefill import pinned_override
+
+    pinned = fused_config(K, V, torch.bfloat16, family)
+    base = pool.clone()
+    o_ref = linattn(family, d, base, idx, True, pinned)[1]()[0]
+    own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
+    own[idx.long()] = True
+    out = {}
+    for name, solve in SOLVE_VARIANTS.items():
+        with pinned_override({"intra_solve": solve}):
+            p = pool.clone()
+            o = linattn(family, d, p, idx, True, pinned)[1]()[0]
+            out[name] = dict(solve=solve, o_rel_vs_shipped=rel(o, o_ref), ht_rel_vs_shipped=rel(p[own], base[own]),
+                             rows_not_owned_unchanged=bool(torch.equal(p[~own], pool[~own])),
+                             fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, pinned)[1]),
+                             fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, pinned)[1]))
+    return out
 
 
 def kept_rows(path, families) -> tuple[list, list]:
@@ -222,6 +254,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the output file's rows of the other families")
     ap.add_argument("--shapes", default=None, help="e.g. 16x4096@16/32,1x65536@2/8 (for every family given)")
     ap.add_argument("--quick", action="store_true", help="the pinned configuration only")
+    ap.add_argument("--solve-variants", action="store_true",
+                    help="GDN: also the pinned fused prefill under each SOLVE_VARIANTS solve (row key solve_variants)")
     ap.add_argument("--gates", default="mild,realistic",
                     help="gate kinds: mild, realistic, or a model of linattn.testing.gates of each family "
                          "(the first fills the row)")
@@ -260,7 +294,7 @@ def main():
     notes += [n for n in old_notes if n not in notes]
     for family in families:
         for shp in custom or (KDA_SHAPES if family == "kda" else SHAPES):
-            rows.append(run_shape(family, *shp, a.quick, kinds))
+            rows.append(run_shape(family, *shp, a.quick, kinds, a.solve_variants))
             print(rows[-1], flush=True)
             write_results(out, rows, notes=notes)
     return rows

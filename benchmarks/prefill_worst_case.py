@@ -23,9 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
 from prefill import pinned_override  # noqa: E402
 
-#: The triangular solve's precisions (chunk_intra._solve): all 3xTF32, and fp32 forward substitution.
+#: The triangular solve's precisions (chunk_intra._solve): all 3xTF32, all TF32 (the diagonal blocks on
+#: single TF32 dots: 253 instead of 944 sm_90 instructions per warp in the fused prep, docs/performance.md
+#: "Where the prep's instructions go"), and fp32 forward substitution.
 SOLVES = [
     {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
+    {"intra_solve": dict(NEUMANN=True, DPREC="tf32", IPREC="tf32")},
     {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},
 ]
 #: GDN's bf16 stage options (prefill.stage_options), each turned off on its own and all together.
