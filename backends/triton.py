@@ -371,7 +371,7 @@ def _prefill_state_bv(family: str, k: int, v: int, dtype: str) -> int:
     one costs about 0.1 ms, and the grid predicate asks on every decision)."""
     import torch
 
-    from linattn.kernels.triton.prefill import pinned_config
+    from linattn.kernels.triton.prefill import prefill_config
 
-    return pinned_config(family, k, v, getattr(torch, dtype))["state_bv"]
+    return prefill_config(family, k, v, getattr(torch, dtype)).state.block_v
 

@@ -48,6 +48,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
 
+from linattn.kernels.triton.prefill import LaunchOptions, SolveConfig, override_config  # noqa: E402
+
 SHAPES = [(16, 4096), (64, 1024), (256, 256)]
 H, HV, K, V = 16, 32, 128, 128
 
@@ -138,43 +140,47 @@ def stage_times(fn):
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:8])
 
 
+#: Pipeline configurations (``PrefillConfig`` field paths, :func:`~linattn.kernels.triton.prefill.override_config`).
 SWEEP = [
     {},
     # KDA: the state and output kernels apart (per-chunk states and Vn through memory)
-    {"state_fuse_o": False},
+    {"state.writes_output": False},
     # KDA's fused state kernel: pipelined; 8 warps
-    {"state_fused": dict(num_warps=4, num_stages=2)},
-    {"state_fused": dict(num_warps=8, num_stages=1)},
+    {"state.fused_launch": LaunchOptions(num_warps=4, num_stages=2)},
+    {"state.fused_launch": LaunchOptions(num_warps=8, num_stages=1)},
     # GDN: the state kernel's pipelining
-    {"state": dict(num_warps=4, num_stages=1)},
+    {"state.launch": LaunchOptions(num_warps=4, num_stages=1)},
     # GDN bf16 (session 7): U formed in stage 1; every chunk's state stored; the gate factors
     # scanned in the state loop; stage 1 at the 128-register cap and 8 programs per SM
-    {"gdn_state_u": False},
-    {"gdn_half_hbuf": False},
-    {"gdn_hoist": False},
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+    {"gdn.u_in_state": False},
+    {"gdn.every_second_state": False},
+    {"gdn.gates_kernel": False},
+    {"intra.launch": LaunchOptions(num_warps=4, num_stages=1, maxnreg=128), "intra.ctas_per_sm": 8},
 ]
 
 
 @contextlib.contextmanager
-def pinned_override(over: dict | None):
-    """Within the block, ``prefill.pinned_config`` returns its configuration updated with ``over``
-    (None or {}: unchanged). Used by the sweeps here, prefill_profile.py and prefill_worst_case.py."""
+def config_override(over: dict | None):
+    """Within the block, ``prefill_config`` (the configuration the planner pins) returns its
+    configuration with the fields of ``over`` replaced (``PrefillConfig`` field paths, e.g.
+    ``{"intra.solve": SolveConfig(...)}``, ``{"state.block_v": 32}``: :func:`override_config`; None or
+    {}: unchanged). Used by the sweeps here, prefill_profile.py, prefill_worst_case.py, prefill_fused.py
+    and prefill_long.py."""
     from linattn.kernels.triton import prefill as pm
 
-    pinned = pm.pinned_config
+    pinned = pm.prefill_config
     if over:
-        pm.pinned_config = lambda *a, **k: {**pinned(*a, **k), **over}
+        pm.prefill_config = lambda *a, **k: override_config(pinned(*a, **k), over)
     try:
         yield
     finally:
-        pm.pinned_config = pinned
+        pm.prefill_config = pinned
 
 
 def run_sweep(family, d, pool, idx):
     res, ref = [], None
     for alt in SWEEP:
-        with pinned_override(alt):
+        with config_override(alt):
             try:
                 o, _ = linattn_fn(family, d, pool.clone(), idx)()  # once from the same pool: output to compare
                 ref = o if ref is None else ref
@@ -190,18 +196,18 @@ def run_sweep(family, d, pool, idx):
 #: Stage 1 alone (it touches no state, so it may be timed repeatedly): launch configurations.
 INTRA_SWEEP = [
     {},
-    {"kda_system_bf16": True},
+    {"kda_system.bf16_operands": True},
     # KDA's system kernel: the level path everywhere (no fast path); a register cap (3 CTAs per
     # SM); channel blocks of 64 and 16
-    {"kda_system_fast": False},
-    {"kda_system": dict(num_warps=4, num_stages=1, maxnreg=168)},
-    {"kda_system_bk": 64},
-    {"kda_system_bk": 16},
+    {"kda_system.fast_path": False},
+    {"kda_system.launch": LaunchOptions(num_warps=4, num_stages=1, maxnreg=168)},
+    {"kda_system.block_k": 64},
+    {"kda_system.block_k": 16},
     # the solve: all dots 3xTF32; the fp32 inputs' solve (forward substitution, ieee)
-    {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
-    {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},
+    {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32x3", below_precision="tf32x3")},
+    {"intra.solve": SolveConfig(neumann=False, diag_precision="ieee", below_precision="ieee")},
     # register cap and programs per SM (resident CTAs per SM: 65536 / (128 threads x cap))
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=96), "intra_ctas_per_sm": 10},
+    {"intra.launch": LaunchOptions(num_warps=4, num_stages=1, maxnreg=96), "intra.ctas_per_sm": 10},
 ]
 
 
@@ -216,9 +222,9 @@ def run_intra_sweep(family, d):
     caps = probe(q.device)
     res, ref = [], None
     for alt in INTRA_SWEEP:
-        if not kda and alt and all(key.startswith("kda_") for key in alt):
+        if not kda and alt and all(key.startswith("kda_system.") for key in alt):
             continue  # a KDA-only knob: GDN would time its pinned config again
-        cfg = pm.PrefillConfig.from_legacy({**pm.pinned_config(family, K, V, torch.bfloat16), **alt})
+        cfg = override_config(pm.prefill_config(family, K, V, torch.bfloat16), alt)
         # stage 1 as the pipeline runs it (GDN: Tm diag(beta) in place of U where the state stage forms U)
         plan = pm.plan_prefill(family, q=q, v=v, cu_seqlens=cu, caps=caps, config=cfg)
         bufs = pm.allocate_buffers(plan)

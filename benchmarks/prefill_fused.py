@@ -49,6 +49,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
 from prefill import bench_ms, rel, stage_times  # noqa: E402
 
+from linattn.kernels.triton.prefill import SolveConfig  # noqa: E402
+
 #: (N, L, H, HV): issue 27's shapes (GDN)
 SHAPES = [(16, 4096, 16, 32), (64, 1024, 16, 32), (8, 1024, 16, 32), (4, 8192, 16, 64), (1, 65536, 2, 8),
           (8, 1024, 2, 8)]
@@ -203,18 +205,18 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_solves=False):
     return row
 
 
-#: --solve-variants (GDN): the pinned fused prefill under another triangular solve (pinned_config's
-#: intra_solve, shared with the pipeline's stage 1); "diag_tf32": the diagonal 16 x 16 blocks on single TF32
+#: --solve-variants (GDN): the pinned fused prefill under another triangular solve (``PrefillConfig.intra.solve``,
+#: shared with the pipeline's stage 1); "diag_tf32": the diagonal 16 x 16 blocks on single TF32
 #: dots instead of 3xTF32 (the prep's largest instruction share; docs/performance.md, "Where the prep's
 #: instructions go")
-SOLVE_VARIANTS = {"diag_tf32": dict(NEUMANN=True, DPREC="tf32", IPREC="tf32")}
+SOLVE_VARIANTS = {"diag_tf32": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")}
 
 
 def solve_variants(family, d, pool, idx) -> dict:
     """Each :data:`SOLVE_VARIANTS` entry on the row's data: fused median and kernel times, and its output
     and written rows against the shipped solve's (relative), rows not owned unchanged."""
     from linattn.kernels.triton.chunk_fused import fused_config
-    from prefill import pinned_override
+    from prefill import config_override
 
     pinned = fused_config(K, V, torch.bfloat16, family)
     base = pool.clone()
@@ -223,10 +225,10 @@ def solve_variants(family, d, pool, idx) -> dict:
     own[idx.long()] = True
     out = {}
     for name, solve in SOLVE_VARIANTS.items():
-        with pinned_override({"intra_solve": solve}):
+        with config_override({"intra.solve": solve}):
             p = pool.clone()
             o = linattn(family, d, p, idx, True, pinned)[1]()[0]
-            out[name] = dict(solve=solve, o_rel_vs_shipped=rel(o, o_ref), ht_rel_vs_shipped=rel(p[own], base[own]),
+            out[name] = dict(solve=dataclasses.asdict(solve), o_rel_vs_shipped=rel(o, o_ref), ht_rel_vs_shipped=rel(p[own], base[own]),
                              rows_not_owned_unchanged=bool(torch.equal(p[~own], pool[~own])),
                              fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, pinned)[1]),
                              fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, pinned)[1]))

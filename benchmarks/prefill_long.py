@@ -34,7 +34,6 @@ every row.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -217,24 +216,13 @@ def flashinfer_columns(d, pool, idx, lens, linattn_ms, o_plan, p_plan, fla_out, 
     return row
 
 
-@contextlib.contextmanager
 def state_block_v(bv):
-    """Within the block, the pinned configuration's state stage takes ``bv`` value columns per
-    program (None: unchanged). A sweep only: the shipped value is the planner's."""
-    import dataclasses
+    """A context in which the pinned configuration's state stage takes ``bv`` value columns per
+    program (None: unchanged; benchmarks/prefill.py's ``config_override``). A sweep only: the shipped
+    value is the planner's."""
+    from prefill import config_override
 
-    from linattn.kernels.triton import prefill as pm
-
-    pinned = pm.prefill_config
-    if bv:
-        def patched(*a, **k):
-            cfg = pinned(*a, **k)
-            return dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, block_v=bv))
-        pm.prefill_config = patched
-    try:
-        yield
-    finally:
-        pm.prefill_config = pinned
+    return config_override({"state.block_v": bv} if bv else None)
 
 
 def run_case(case, segments, have_fla, block_vs=(), flashinfer=()):

@@ -15,21 +15,22 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prefill import linattn_fn, make, pinned_override  # noqa: E402
+from prefill import config_override, linattn_fn, make  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="16x4096")
     ap.add_argument("--families", default="gdn,kda")
-    ap.add_argument("--cfg", default=None, help="JSON: keys of pinned_config to override")
+    ap.add_argument("--cfg", default=None, help='JSON: PrefillConfig fields to override by their paths, e.g. '
+                    '\'{"state.block_v": 32, "intra.solve": {"neumann": false}}\' (prefill.override_config)')
     args = ap.parse_args()
     over = json.loads(args.cfg) if args.cfg else None
     N, L = map(int, args.shape.split("x"))
     for family in args.families.split(","):
         d, pool, idx = make(family, N, L)
         fn = linattn_fn(family, d, pool, idx)
-        with pinned_override(over):
+        with config_override(over):
             fn()
             fn()
         torch.cuda.synchronize()

@@ -3,7 +3,7 @@ one repeated key, beta = 1, no decay) and on ordinary inputs, against the float6
 each solve precision and (GDN) each session-7 stage option.
 
 Writes the ``benchmarks/_results.py`` schema, one row per (family, lengths, worst, config), default
-``benchmarks/results/prefill_worst_case_<device>.json``; ``config`` is the ``pinned_config`` override
+``benchmarks/results/prefill_worst_case_<device>.json``; ``config`` is the ``PrefillConfig`` override
 (``{}``: the shipped configuration), ``o_rel`` / ``state_rel`` the relative errors of the output and
 the final pool rows.
 
@@ -21,23 +21,25 @@ from prefill_cases import make_inputs, reference, rel, run, worst_conditioned  #
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
-from prefill import pinned_override  # noqa: E402
+from prefill import config_override  # noqa: E402
+
+from linattn.kernels.triton.prefill import LaunchOptions, SolveConfig  # noqa: E402
 
 #: The triangular solve's precisions (chunk_intra._solve): all 3xTF32, all TF32 (the diagonal blocks on
 #: single TF32 dots: 253 instead of 944 sm_90 instructions per warp in the fused prep, docs/performance.md
 #: "Where the prep's instructions go"), and fp32 forward substitution.
 SOLVES = [
-    {"intra_solve": dict(NEUMANN=True, DPREC="tf32x3", IPREC="tf32x3")},
-    {"intra_solve": dict(NEUMANN=True, DPREC="tf32", IPREC="tf32")},
-    {"intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")},
+    {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32x3", below_precision="tf32x3")},
+    {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")},
+    {"intra.solve": SolveConfig(neumann=False, diag_precision="ieee", below_precision="ieee")},
 ]
 #: GDN's bf16 stage options (prefill.stage_options), each turned off on its own and all together.
 GDN_OPTIONS = [
-    {"gdn_half_hbuf": False},
-    {"gdn_state_u": False},
-    {"gdn_hoist": False},
-    {"gdn_hoist": False, "gdn_half_hbuf": False, "gdn_state_u": False,
-     "intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+    {"gdn.every_second_state": False},
+    {"gdn.u_in_state": False},
+    {"gdn.gates_kernel": False},
+    {"gdn.gates_kernel": False, "gdn.every_second_state": False, "gdn.u_in_state": False,
+     "intra.launch": LaunchOptions(num_warps=4, num_stages=1, maxnreg=128), "intra.ctas_per_sm": 8},
 ]
 LENS = ([64, 130, 1000], [64, 130])
 
@@ -55,8 +57,10 @@ def main():
     notes = ["Inputs: tests/prefill/prefill_cases.make_inputs(family, lens, H=16, HV=32, K=128, V=128, bf16, "
              "seed=43), worst = worst_conditioned(...) (every key the first one, beta 1, g 0); reference: "
              "prefill_cases.reference (float64).",
-             "config: keys of kernels/triton/prefill.pinned_config overridden through benchmarks/prefill.py's "
-             "pinned_override ({} = shipped)."]
+             "config: PrefillConfig fields (kernels/triton/prefill.prefill_config) overridden by their paths "
+             "through benchmarks/prefill.py's config_override ({} = shipped; before issue 27's host split the "
+             "same overrides were named by pinned_config's keys: intra_solve = intra.solve, gdn_hoist = "
+             "gdn.gates_kernel, gdn_half_hbuf = gdn.every_second_state, gdn_state_u = gdn.u_in_state)."]
     rows = []
     for family in args.families.split(","):
         for lens in LENS:
@@ -67,7 +71,7 @@ def main():
                     inp = worst_conditioned(inp)
                 ro, rht = reference(family, inp)
                 for over in configs(family):
-                    with pinned_override(over):
+                    with config_override(over):
                         o, ht = run(family, inp)
                     row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over),
                                shipped=not over, o_rel=rel(o, ro), state_rel=rel(ht, rht))

@@ -132,12 +132,10 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
         from linattn.capabilities import probe
         from linattn.kernels.grid import plan_grid
         from linattn.kernels.triton.chunk_state import chunk_state_kernel
-        from linattn.kernels.triton.prefill import _state_strides
+        from linattn.kernels.triton.prefill import _state_strides, prefill_config
 
-        from linattn.kernels.triton.prefill import pinned_config
-
-        cfg = pinned_config("kda" if kda else "gdn", K, V, torch.bfloat16)
-        bv = cfg["state_bv"]
+        cfg = prefill_config("kda" if kda else "gdn", K, V, torch.bfloat16).state
+        bv = cfg.block_v
         plan = plan_grid(N, HV, V // bv, probe(cu.device), "split")
         hh0 = pool if pool is not None else (h0 if h0 is not None else final)
         ht = pool if pool is not None else final
@@ -153,7 +151,7 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
             grp, HV, None, None, None, K=K, V=V, BV=bv,  # no checkpoints (ckpt, ck_n, ck_every)
             **plan.constexprs, KDA=kda, POOL=pool is not None,
             HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_O=False,
-            **cfg["state"])  # q, aqk, o, v, tm_beta: not read without FUSE_O / UTM
+            num_warps=cfg.launch.num_warps, num_stages=cfg.launch.num_stages)  # q, aqk, o, v, tm_beta: not read without FUSE_O / UTM
     return hbuf, vn, final
 
 

@@ -260,43 +260,6 @@ class PrefillConfig:
     output: OutputConfig
     gdn: GdnStageSplit
 
-    def to_legacy(self) -> dict:
-        """The string-keyed form :func:`pinned_config` returns (for callers not yet moved)."""
-        i, s, st, o, d = self.intra, self.kda_system, self.state, self.output, self.gdn
-        return {
-            "intra": _opts_dict(i.launch), "intra_ctas_per_sm": i.ctas_per_sm,
-            "intra_tm": _opts_dict(i.tm_launch), "intra_tm_ctas_per_sm": i.tm_ctas_per_sm,
-            "intra_bk": i.block, "intra_solve": dict(NEUMANN=i.solve.neumann, DPREC=i.solve.diag_precision,
-                                                     IPREC=i.solve.below_precision),
-            "kda_system": _opts_dict(s.launch), "kda_system_bk": s.block_k,
-            "kda_system_bf16": s.bf16_operands, "kda_system_fast": s.fast_path,
-            "state_bv": st.block_v, "state": _opts_dict(st.launch), "state_fuse_o": st.writes_output,
-            "state_fused": _opts_dict(st.fused_launch), "output": _opts_dict(o.launch), "output_bv": o.block_v,
-            "output_group": o.grouped_at, "output_grouped": _opts_dict(o.grouped_launch),
-            "gdn_hoist": d.gates_kernel, "gdn_half_hbuf": d.every_second_state, "gdn_state_u": d.u_in_state,
-        }
-
-    @classmethod
-    def from_legacy(cls, c: Mapping) -> "PrefillConfig":
-        """The inverse of :meth:`to_legacy` (a string-keyed override, e.g. a benchmark sweep's)."""
-        s = c["intra_solve"]
-        return cls(
-            intra=IntraConfig(LaunchOptions(**c["intra"]), c["intra_ctas_per_sm"], LaunchOptions(**c["intra_tm"]),
-                              c["intra_tm_ctas_per_sm"], c["intra_bk"],
-                              SolveConfig(s["NEUMANN"], s["DPREC"], s["IPREC"])),
-            kda_system=KdaSystemConfig(LaunchOptions(**c["kda_system"]), c["kda_system_bk"],
-                                       bool(c["kda_system_bf16"]), bool(c["kda_system_fast"])),
-            state=StateConfig(c["state_bv"], LaunchOptions(**c["state"]), bool(c["state_fuse_o"]),
-                              LaunchOptions(**c["state_fused"])),
-            output=OutputConfig(LaunchOptions(**c["output"]), c["output_bv"], tuple(c["output_group"]),
-                                LaunchOptions(**c["output_grouped"])),
-            gdn=GdnStageSplit(bool(c["gdn_hoist"]), bool(c["gdn_half_hbuf"]), bool(c["gdn_state_u"])),
-        )
-
-
-def _opts_dict(o: LaunchOptions) -> dict:
-    return {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
-
 
 def prefill_config(family: str, K: int, V: int, dtype: torch.dtype,
                    smem_per_block: Optional[int] = None) -> PrefillConfig:
@@ -349,6 +312,50 @@ def prefill_config(family: str, K: int, V: int, dtype: torch.dtype,
     )
 
 
+def override_config(cfg: PrefillConfig, over: Mapping[str, object]) -> PrefillConfig:
+    """``cfg`` with the fields that ``over`` names by their dotted paths replaced, each level by
+    :func:`dataclasses.replace` (a sweep's or a test's partial override; the shipped configuration is
+    :func:`prefill_config`'s).
+
+    A path names the configuration's own fields (``"state.block_v"``, ``"intra.solve"``,
+    ``"gdn.u_in_state"``). A value is the field's new value, except that a mapping given for a part
+    that is itself a dataclass replaces that part's fields by name (``{"intra.solve": {"neumann":
+    False}}``, the form a JSON override takes) and a list given for a tuple field becomes a tuple.
+
+    Raises:
+        ValueError: a path names no field of the part it reaches.
+        TypeError: a mapping names no field of the part it replaces.
+    Example:
+        >>> cfg = prefill_config("gdn", 128, 128, torch.bfloat16)
+        >>> new = override_config(cfg, {"state.block_v": 32, "intra.solve": {"diag_precision": "tf32"}})
+        >>> new.state.block_v, new.intra.solve
+        (32, SolveConfig(neumann=True, diag_precision='tf32', below_precision='tf32'))
+    """
+    for path, value in over.items():
+        cfg = _replace_at(cfg, path.split("."), value, path)
+    return cfg
+
+
+def _replace_at(part, names: list, value, path: str):
+    """``part`` (a dataclass) with the field at ``names`` replaced by ``value`` (:func:`override_config`)."""
+    name = names[0]
+    if not dataclasses.is_dataclass(part) or name not in {f.name for f in dataclasses.fields(part)}:
+        raise ValueError(f"{path!r}: {type(part).__name__} has no field {name!r}")
+    now = getattr(part, name)
+    if names[1:]:
+        value = _replace_at(now, names[1:], value, path)
+    elif isinstance(value, Mapping) and dataclasses.is_dataclass(now):
+        value = dataclasses.replace(now, **value)
+    elif isinstance(value, list) and isinstance(now, tuple):
+        value = tuple(value)
+    return dataclasses.replace(part, **{name: value})
+
+
+def _smem_per_block(caps: DeviceCapabilities) -> Optional[int]:
+    """The shared memory per block :func:`prefill_config` plans for (None on the CPU: assume it holds)."""
+    return None if caps.device_type == "cpu" else caps.shared_memory_per_block
+
+
 class StageOptions(NamedTuple):
     """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`)."""
 
@@ -369,10 +376,7 @@ def stage_options(family: str, group: int, cfg: PrefillConfig, replaced_state: b
     second chunk's state only with the grouped output (the kernel that rebuilds the others) and
     the gates kernel's factors; ``U`` in the state stage only with that. A replacement state kernel
     (``replaced_state``, e.g. cutedsl) takes none of them: it reads ``U`` and ``g`` and writes every
-    chunk's state. KDA takes none (it has its own stage split). ``cfg`` may still be the legacy
-    dict of :func:`pinned_config`."""
-    if isinstance(cfg, Mapping):
-        cfg = PrefillConfig.from_legacy(cfg)
+    chunk's state. KDA takes none (it has its own stage split)."""
     gdn = family == "gdn" and not replaced_state
     grouped = family == "gdn" and group in cfg.output.grouped_at
     hoist = gdn and cfg.gdn.gates_kernel
@@ -649,7 +653,7 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     if state_kernel is not None and buf_dtype != torch.bfloat16:
         raise ValueError("a replacement state_kernel runs on the bf16 path only (bf16 q/k/v, compiled)")
     caps = probe(q.device) if caps is None else caps
-    cfg = config if config is not None else _config_for(family, K, V, q.dtype, caps)
+    cfg = config if config is not None else prefill_config(family, K, V, q.dtype, _smem_per_block(caps))
     cfg = config_on_target(cfg, caps, interp)
     plan = _plan_stages(facts, cfg, caps, layout, buf_dtype, state_kernel, 0 if checkpoints else segment_chunks)
     if checkpoints:
@@ -1759,26 +1763,3 @@ def _state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, i
     if state_layout == "vk":
         return x.stride(0), x.stride(1), x.stride(3), x.stride(2)
     return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
-
-
-# -- the string-keyed configuration, for callers not yet moved to PrefillConfig ----------------
-
-def pinned_config(family: str, K: int, V: int, dtype: torch.dtype, smem_per_block: Optional[int] = None) -> dict:
-    """:func:`prefill_config` as the string-keyed dict it used to be (:meth:`PrefillConfig.to_legacy`).
-
-    Kept for callers that still read or override it (backends/triton.py, kernels/cutedsl/selfcheck.py,
-    tests/contract, tests/gpu, benchmarks): while this function is replaced (an old-style override,
-    e.g. ``monkeypatch.setattr(prefill, "pinned_config", ...)``), :func:`plan_prefill` takes its
-    dict; new code overrides :func:`prefill_config` or passes ``config`` to :func:`plan_prefill`."""
-    return prefill_config(family, K, V, dtype, smem_per_block).to_legacy()
-
-
-_LEGACY_PINNED_CONFIG = pinned_config
-
-
-def _config_for(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities) -> PrefillConfig:
-    """The pinned configuration for ``caps`` (a replaced :func:`pinned_config` wins: its docstring)."""
-    smem = None if caps.device_type == "cpu" else caps.shared_memory_per_block
-    if pinned_config is not _LEGACY_PINNED_CONFIG:
-        return PrefillConfig.from_legacy(pinned_config(family, K, V, dtype, smem))
-    return prefill_config(family, K, V, dtype, smem)

@@ -114,29 +114,29 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
 
 def _prefill_plan(case: Case):
     """The case's pinned prefill configuration and the stage options the launcher resolves from it
-    (``prefill.pinned_config``, ``prefill.stage_options``)."""
-    from linattn.kernels.triton.prefill import pinned_config, stage_options
+    (``prefill.prefill_config``, ``prefill.stage_options``)."""
+    from linattn.kernels.triton.prefill import prefill_config, stage_options
 
     q, v = case.args["q"], case.args["v"]
     family = case.op.split("_")[0]
-    cfg = pinned_config(family, q.shape[2], v.shape[2], q.dtype)
+    cfg = prefill_config(family, q.shape[2], v.shape[2], q.dtype)
     return cfg, stage_options(family, v.shape[1] // q.shape[1], cfg)
 
 
 def _output_kernel(case: Case) -> str | None:
     """The registry name of the prefill's output kernel (stage 3) for the case: None where the
-    state kernel writes the output itself (pinned ``state_fuse_o``: KDA on the bf16 path at
-    K <= 128), ``chunk_output_grouped`` for GDN where the pinned ``output_group`` holds the case's
+    state kernel writes the output itself (pinned ``state.writes_output``: KDA on the bf16 path at
+    K <= 128), ``chunk_output_grouped`` for GDN where the pinned ``output.grouped_at`` holds the case's
     GVA group size (bf16, GROUP = 2), else ``chunk_output``."""
     cfg, opt = _prefill_plan(case)
-    if cfg["state_fuse_o"]:
+    if cfg.state.writes_output:
         return None
     return "chunk_output_grouped" if opt.grouped_output else "chunk_output"
 
 
 def _gdn_hoist(case: Case) -> bool:
     """Whether the case's GDN prefill forms the state loop's gate factors in their own launch
-    (``chunk_gdn_gates``: pinned ``gdn_hoist``, GDN's bf16 path)."""
+    (``chunk_gdn_gates``: pinned ``gdn.gates_kernel``, GDN's bf16 path)."""
     return _prefill_plan(case)[1].hoist
 
 

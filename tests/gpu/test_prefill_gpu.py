@@ -26,6 +26,7 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "prefill"))
 
 from linattn.kernels.triton import prefill as prefill_mod  # noqa: E402
+from linattn.kernels.triton.prefill import LaunchOptions, SolveConfig, override_config  # noqa: E402
 
 from prefill_cases import make_inputs, random_states, reference, rel, run, warm_one, worst_conditioned  # noqa: E402
 
@@ -137,9 +138,9 @@ def test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve(family, monkeypa
                                         dtype=torch.bfloat16, seed=43, device="cuda"))
     ro, rht = reference(family, inp)
     o, ht = run(family, inp)
-    pinned = prefill_mod.pinned_config
-    monkeypatch.setattr(prefill_mod, "pinned_config", lambda *a, **k: {
-        **pinned(*a, **k), "intra_solve": dict(NEUMANN=False, DPREC="ieee", IPREC="ieee")})
+    pinned = prefill_mod.prefill_config
+    monkeypatch.setattr(prefill_mod, "prefill_config", lambda *a, **k: override_config(
+        pinned(*a, **k), {"intra.solve": SolveConfig(neumann=False, diag_precision="ieee", below_precision="ieee")}))
     o32, ht32 = run(family, inp)
     eo, es, eo32, es32 = rel(o, ro), rel(ht, rht), rel(o32, ro), rel(ht32, rht)
     print(f"worst-conditioned {family}: shipped o {eo:.2e} state {es:.2e}; fp32 solve o {eo32:.2e} state {es32:.2e}")
@@ -238,25 +239,26 @@ def test_F17_fp16_inputs_with_state_past_fp16_range():
 
 
 ALT_CONFIGS = [
-    {"state_bv": 64, "state": dict(num_warps=8, num_stages=2)},
-    {"state_bv": 32, "state": dict(num_warps=8, num_stages=1)},
-    {"intra": dict(num_warps=8, num_stages=1), "output": dict(num_warps=8, num_stages=1), "intra_bk": 64},
-    {"intra": dict(num_warps=4, num_stages=1), "intra_ctas_per_sm": 1},
-    # KDA's bf16 state kernel writes the output (so the "state" and "output" entries above do not
+    {"state.block_v": 64, "state.launch": LaunchOptions(num_warps=8, num_stages=2)},
+    {"state.block_v": 32, "state.launch": LaunchOptions(num_warps=8, num_stages=1)},
+    {"intra.launch": LaunchOptions(num_warps=8, num_stages=1), "output.launch": LaunchOptions(num_warps=8, num_stages=1),
+     "intra.block": 64},
+    {"intra.launch": LaunchOptions(num_warps=4, num_stages=1), "intra.ctas_per_sm": 1},
+    # KDA's bf16 state kernel writes the output (so the "state.launch" and "output.launch" entries above do not
     # reach it): apart, and fused at 8 warps (GDN: both its pinned configuration)
-    {"state_fuse_o": False},
-    {"state_fused": dict(num_warps=8, num_stages=1)},
-    # GDN's bf16 output stage runs one program per key head ("output_grouped"; the "output" entry
+    {"state.writes_output": False},
+    {"state.fused_launch": LaunchOptions(num_warps=8, num_stages=1)},
+    # GDN's bf16 output stage runs one program per key head ("output.grouped_launch"; the "output.launch" entry
     # above does not reach it): one per value head, and per key head at 8 warps (KDA: pinned)
-    {"output_group": ()},
-    {"output_grouped": dict(num_warps=8, num_stages=1)},
+    {"output.grouped_at": ()},
+    {"output.grouped_launch": LaunchOptions(num_warps=8, num_stages=1)},
     # GDN bf16 since session 7 (KDA: pinned): U formed in stage 1 again; every chunk's state stored;
     # the gate factors scanned in the state loop (this also stores every chunk's state); stage 1
     # at the 128-register cap and 8 programs per SM
-    {"gdn_state_u": False},
-    {"gdn_half_hbuf": False},
-    {"gdn_hoist": False},
-    {"intra": dict(num_warps=4, num_stages=1, maxnreg=128), "intra_ctas_per_sm": 8},
+    {"gdn.u_in_state": False},
+    {"gdn.every_second_state": False},
+    {"gdn.gates_kernel": False},
+    {"intra.launch": LaunchOptions(num_warps=4, num_stages=1, maxnreg=128), "intra.ctas_per_sm": 8},
 ]
 
 
@@ -267,14 +269,8 @@ def test_F13_every_launch_configuration_gives_the_same_result(family, alt, monke
     function) gives the reference result within tolerance, and the pinned one does too."""
     inp = make_inputs(family, [700, 129, 1], dtype=BF, seed=24, device=DEV, **QWEN)
     base_o, base_h = run(family, inp)
-    pinned = prefill_mod.pinned_config
-
-    def forced(*a, **k):
-        c = pinned(*a, **k)
-        c.update(ALT_CONFIGS[alt])
-        return c
-
-    monkeypatch.setattr(prefill_mod, "pinned_config", forced)
+    pinned = prefill_mod.prefill_config
+    monkeypatch.setattr(prefill_mod, "prefill_config", lambda *a, **k: override_config(pinned(*a, **k), ALT_CONFIGS[alt]))
     o, ht = run(family, inp)
     ro, rht = reference(family, inp)
     assert rel(o, ro) < 2e-2 and rel(ht, rht) < 1e-2

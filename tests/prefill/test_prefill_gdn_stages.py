@@ -176,8 +176,6 @@ def test_gdn_other_group_sizes_take_the_gate_launch_only(monkeypatch, H_, HV_):
     assert pm.stage_options("gdn", 2, cfg) == (True, True, True, True)
     assert pm.stage_options("gdn", 2, cfg, replaced_state=True) == (True, False, False, False)
     assert not any(pm.stage_options("kda", 2, pm.prefill_config("kda", K, V, torch.bfloat16))[1:])
-    # the legacy string-keyed view still resolves to the same options
-    assert pm.stage_options("gdn", 2, pm.pinned_config("gdn", K, V, torch.bfloat16)) == (True, True, True, True)
     inp, idx, before, runs, (on, off) = _two_runs(monkeypatch, "gates_kernel", H=H_, HV=HV_)
     assert [(c["HOIST"], c["HSTEP"], c["UTM"]) for n, _, c in on if n == "chunk_state_kernel"] == [(True, 1, False)]
     assert [c["TMOUT"] for n, _, c in on if n == "chunk_intra_kernel"] == [False]

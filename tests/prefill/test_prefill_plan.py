@@ -25,11 +25,23 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(f, dt, K, V) for f in ("gdn", "kda") for dt in pm.DTYPES for K in pm.HEAD_DIMS for V in pm.HEAD_DIMS]
 
 
-def test_prefill_config_is_frozen_and_its_legacy_dict_round_trips():
+def test_prefill_config_is_frozen_and_overridden_by_field_paths():
     for family, dtype, K, V in SHAPES:
         cfg = pm.prefill_config(family, K, V, dtype)
-        assert pm.PrefillConfig.from_legacy(cfg.to_legacy()) == cfg
-        assert pm.pinned_config(family, K, V, dtype) == cfg.to_legacy()
+        assert pm.override_config(cfg, {}) == cfg
+        new = pm.override_config(cfg, {"state.block_v": 16, "intra.solve": {"neumann": False},
+                                       "output.grouped_launch": pm.LaunchOptions(8, 2), "output.grouped_at": [2, 4]})
+        assert new == dataclasses.replace(cfg, state=dataclasses.replace(cfg.state, block_v=16),
+                                          intra=dataclasses.replace(cfg.intra, solve=dataclasses.replace(
+                                              cfg.intra.solve, neumann=False)),
+                                          output=dataclasses.replace(cfg.output, grouped_launch=pm.LaunchOptions(8, 2),
+                                                                     grouped_at=(2, 4)))
+    with pytest.raises(ValueError, match="no field 'bv'"):
+        pm.override_config(cfg, {"state.bv": 16})
+    with pytest.raises(ValueError, match="no field"):
+        pm.override_config(cfg, {"state.block_v.x": 16})
+    with pytest.raises(TypeError):
+        pm.override_config(cfg, {"intra.solve": {"NEUMANN": True}})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.state.block_v = 16
     with pytest.raises(ValueError, match="num_warps"):
@@ -89,16 +101,18 @@ def test_run_prefill_refuses_tensors_of_another_signature():
         pm.run_prefill(plan, **other, scale=0.1)
 
 
-def test_a_replaced_legacy_pinned_config_still_steers_the_plan(monkeypatch):
-    """Old-style overrides (benchmark sweeps, GPU tests) replace the string-keyed ``pinned_config``."""
+def test_a_replaced_prefill_config_steers_the_plan(monkeypatch):
+    """Overrides (benchmark sweeps, GPU tests) replace ``prefill_config``; ``config=`` passes one to the planner."""
     inp = make_inputs("kda", [10], K=128, V=128, dtype=torch.bfloat16, device=DEV)
     kw = dict(q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], caps=profile("sm90"))
     assert pm.prefill_config("kda", 128, 128, torch.bfloat16).state.writes_output
     assert pm.plan_prefill("kda", **kw).output_in_state
-    legacy = pm.pinned_config
-    monkeypatch.setattr(pm, "pinned_config", lambda *a, **k: {**legacy(*a, **k), "state_fuse_o": False})
-    plan = pm.plan_prefill("kda", **kw)
+    off = {"state.writes_output": False}
+    plan = pm.plan_prefill("kda", **kw, config=pm.override_config(pm.prefill_config("kda", 128, 128, torch.bfloat16), off))
     assert not plan.output_in_state and plan.grids.output is not None
+    pinned = pm.prefill_config
+    monkeypatch.setattr(pm, "prefill_config", lambda *a, **k: pm.override_config(pinned(*a, **k), off))
+    assert pm.plan_prefill("kda", **kw) == plan
 
 
 def _operands(monkeypatch) -> list:
