@@ -43,6 +43,7 @@ from linattn.dispatch.calls import ClampCall, DecodeCall, GatingCall, OpCall, Pr
 from linattn.dispatch.hookspecs import PLUGIN_API_VERSION
 from linattn.dispatch.ops_table import FEATURES, FLAGS, METHODS, OP_TABLE
 from linattn.dispatch.problem import Problem
+from linattn.dispatch.self_check_case import check_against_reference, kernel_class
 from linattn.dispatch.verdict import Check, Rank, Reason
 
 __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall", "GatingCall",
@@ -368,10 +369,8 @@ class Backend:
     def self_check_class(self, p: Problem) -> str:
         """The shape class of ``p``: what this backend's kernels specialise on, so that one
         self-check stands for every call of the class. Default:
-        :func:`linattn.dispatch.self_check.kernel_class` (dtypes, state layout, mode, head counts,
+        :func:`linattn.dispatch.self_check_case.kernel_class` (dtypes, state layout, mode, head counts,
         head dims and flags; never the batch or token counts)."""
-        from linattn.dispatch.self_check import kernel_class
-
         return kernel_class(p)
 
     def self_check(self, p: Problem, caps: DeviceCapabilities, device) -> Check:
@@ -383,10 +382,8 @@ class Backend:
         (a test may pass a profile such as ``sm100`` with CPU tensors). Returns a passed
         :class:`Check` (message: the measured errors) or a failed one (reason
         ``self_check_failed``, message: what differed); raising counts as a failure. Default:
-        :func:`linattn.dispatch.self_check.check_against_reference`.
+        :func:`linattn.dispatch.self_check_case.check_against_reference`.
         """
-        from linattn.dispatch.self_check import check_against_reference
-
         return check_against_reference(self, p, device)
 
 

@@ -124,8 +124,8 @@ def summary(rows: list[dict], target: float = TARGET, not_started: tuple = ()) -
 def paired_ms(a: Callable[[], object], b: Callable[[], object], device: torch.device,
               repeats: int) -> tuple[float, float]:
     """Median milliseconds of ``a`` and of ``b``, timed one call of each per round (each warmed up
-    once), with the one-call timer ``linattn tune`` uses (:class:`linattn.apps.bench.Timer`, no L2 flush)."""
-    from linattn.apps.bench import Timer
+    once), with the one-call timer ``linattn tune`` uses (:class:`linattn.measure.Timer`, no L2 flush)."""
+    from linattn.measure import Timer
 
     once = Timer(device, flush=False).once
     a(), b()

@@ -2,9 +2,9 @@
 
 Built-in backends come from the plugin module :data:`BUILTIN_MODULE` (``linattn.backends.builtin``,
 whose backends are ``"module:Class"`` strings too); external ones from the entry-point group
-``linattn.backends``. Both are loaded by name (:func:`load_object`), and so is the self-check's
-float64 reference (:func:`reference`), so ``dispatch/`` imports no module of ``backends/``
-(``tests/test_layering.py``). What backends provide the dispatcher besides their runs, the
+``linattn.backends``. Both are loaded by name (:func:`load_object`), so ``dispatch/`` imports no
+module of ``backends/`` (``tests/test_layering.py``; the self-check's float64 reference is the
+reference maths, :mod:`linattn.reference`, below every layer). What backends provide the dispatcher besides their runs, the
 registry holds: the value rules as one kernel (:attr:`Registry.value_check_hook`, the Triton
 backends'), so ``dispatch/`` imports no module of ``kernels/`` either.
 
@@ -317,17 +317,6 @@ class Registry:
             logging.getLogger("linattn").warning("linattn: a plugin's linattn_probe_device raised for %s: %s; "
                                                  "using linattn's own probe", device, _short(e))
             return None
-
-
-#: the float64 reference the self-check compares every backend with: torch-ref's ``<op>_ref``
-#: functions (``dispatch/self_check.py``), loaded by name as the built-ins are
-REFERENCE_MODULE = "linattn.backends.torch_ref"
-
-
-def reference(op: str):
-    """The float64 reference function of ``op`` (``<op>_ref`` of :data:`REFERENCE_MODULE`), loaded by
-    name: the self-check's reference comes through here, not from an import of ``backends/``."""
-    return load_object(f"{REFERENCE_MODULE}:{op}_ref")
 
 
 def load_object(spec: str):

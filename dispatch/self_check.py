@@ -20,7 +20,10 @@ the cases are :mod:`linattn.testing.inputs`'), moved to the call's device, valid
 call (``dispatch/validate.py``) and run under ``torch.no_grad()``; the reference runs on float64 CPU
 copies. The comparison is :mod:`linattn.testing.compare`'s, at its tolerances (docs/ops.md: 1e-5
 with fp32 inputs and state, else 2e-2 on outputs and 1e-2 on states); pool rows the case does not
-own must stay bitwise unchanged and padding outputs exactly zero.
+own must stay bitwise unchanged and padding outputs exactly zero. That default check and shape
+class (:func:`check_against_reference`, :func:`kernel_class`) are ``dispatch/self_check_case.py``'s,
+a contract module that ``backends/base.py`` imports (re-exported here); this module is the runtime:
+when a check runs, its results, the verdicts and the log.
 """
 
 from __future__ import annotations
@@ -33,18 +36,12 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from linattn.testing import inputs
-from linattn.testing.compare import Comparison, tolerance_for
-from linattn.testing.inputs import (DECODE_INTERMEDIATE, PREFILL_CHECKPOINTS_WRITTEN, PREFILL_LENS, PREFILL_OUT_SLOTS,
-                                    PREFILL_SLOTS)
-
-from .ops_table import FLAGS
 from .problem import Problem
-from .registry import reference
+# the default check and shape class live in the contract (backends/base.py uses them): re-exported
+from .self_check_case import check_against_reference, kernel_class  # noqa: F401
 from .verdict import Accepted, Check, Reason, Rejected
 
 log = logging.getLogger("linattn")
-
 
 
 class SelfCheckResult(BaseModel):
@@ -60,28 +57,6 @@ class SelfCheckResult(BaseModel):
     message: str
     device: str
     seconds: float
-
-
-def kernel_class(p: Problem) -> str:
-    """The default shape class of ``p``: what the built-in kernels specialise on, as one line.
-
-    Decode and prefill: q/k/v dtype, state dtype and layout, prefill mode, ``H``, ``HV``, ``K``,
-    ``V`` and the optional features; gating: dtype, ``HV`` (and ``K`` for KDA), the bounded gate;
-    the clamp: dtype, ``D``, whether a limit is given. Never ``N`` or ``T`` (runtime sizes).
-
-    Example:
-        >>> kernel_class(Problem(op="gdn_prefill", n=4, t=8192, h=16, hv=32, k=128, v=128))
-        'bfloat16 state=float32/vk pool H=16 HV=32 K=128 V=128'
-    """
-    if p.spec.method == "clamp":
-        return f"{p.dtype} D={p.d}" + (" limit" if p.clamp_limit else "")
-    if p.phase == "gating":
-        return f"{p.dtype} HV={p.hv}" + (f" K={p.k}" if p.spec.per_channel_gates else "") + (
-            " lower_bound" if p.lower_bound else "")
-    flags = [f.name for f in FLAGS if getattr(p, f.name)]  # the op table's flags, in Problem's order
-    mode = f" {p.mode}" if p.phase == "prefill" else ""
-    return (f"{p.dtype} state={p.state_dtype}/{p.state_layout}{mode} H={p.h} HV={p.hv} K={p.k} V={p.v}"
-            + "".join(f" {f}" for f in flags))
 
 
 # -- state: one log of results per dispatcher ---------------------------------------------------
@@ -241,89 +216,3 @@ def _verdict(backend, p: Problem, caps, accepted: Accepted, capturing: bool, key
                     message=f"its self-check against torch-ref failed on {arch} for {p.op} ({cls}): {res.message}",
                     hint=f"disabled for this shape class on {arch} until the process restarts; the dispatcher "
                          f"falls back. Report it to the backend's authors (plugin {backend.plugin!r})")
-
-
-# -- the default check ---------------------------------------------------------------------------
-
-def _gen(p: Problem) -> torch.Generator:
-    """The case's generator, seeded by ``"op|shape class"``."""
-    return inputs.generator(f"{p.op}|{kernel_class(p)}")
-
-
-def _as_check(c: Comparison) -> Check:
-    if not c.ok:
-        return Check.failed(Reason.SELF_CHECK_FAILED, c.message())
-    return Check.passed(c.summary())
-
-
-def check_against_reference(backend, p: Problem, device) -> Check:
-    """The default :meth:`~linattn.backends.base.Backend.self_check`: a small case of ``p``'s shape
-    class through ``backend.run`` on ``device``, against torch-ref in float64 on the CPU.
-
-    Args:
-        backend: the backend under test.
-        p: the problem whose shape class is checked (dtypes, layout, mode, heads, flags; small sizes).
-        device: a ``torch.device`` (or string) to run the backend on.
-    Returns:
-        Check: passed with the measured relative errors, or failed (reason ``self_check_failed``)
-        naming every difference (errors beyond docs/ops.md's tolerances, non-finite values, padding not
-        zero, pool rows not owned by the case changed).
-    Raises:
-        whatever the backend raises (the caller records it as a failure).
-    Example:
-        >>> from linattn.backends.torch_ref import TorchRefBackend
-        >>> p = Problem(op="gdn_decode", n=1, t=1, h=1, hv=2, k=8, v=8, dtype="float32")
-        >>> check_against_reference(TorchRefBackend(), p, "cpu").ok
-        True
-    """
-    from .validate import validate
-
-    device = torch.device(device)
-    tensors, opts = inputs.CASES[p.phase](p, _gen(p), device)
-    args = {**tensors, **opts}
-    ref_args = {n: inputs.to_float64(x) for n, x in args.items()}
-    before = {n: x.detach().cpu().clone() for n, x in tensors.items() if n in ("state_pool", "intermediate_states")}
-    nargs, _ = validate(p.op, args, check_values=True)
-    out = backend.run(p.op, **nargs)
-    ref = reference(p.op)  # torch-ref's, loaded by name through the registry (dispatch/ imports no backend)
-    c = Comparison()
-    tol_o, tol_s = tolerance_for(p)
-    if p.phase == "prefill":
-        ro, rfinal = ref(**ref_args, compute_dtype=torch.float64)
-        o, final = out if isinstance(out, tuple) else (out, None)
-        c.close("o", o, ro, tol_o)
-        cu = [0, *torch.tensor(PREFILL_LENS).cumsum(0).tolist()]
-        if p.mode == "pool":
-            pad = [t for n, s in enumerate(PREFILL_SLOTS) if s < 0 for t in range(cu[n], cu[n + 1])]
-            c.zero("o", o[pad], "tokens of the padding sequence (slot -1)")
-            written = PREFILL_OUT_SLOTS if p.output_state_indices else PREFILL_SLOTS
-            written += PREFILL_CHECKPOINTS_WRITTEN if p.checkpoints else ()
-            owned = sorted({s for s in written if s >= 0})
-            c.close("state", args["state_pool"][owned], ref_args["state_pool"][owned], tol_s)
-            c.untouched("state_pool", args["state_pool"], before["state_pool"], set(owned), "pool rows")
-        elif final is None:
-            c.fail("dense mode returned no final state")
-        else:
-            c.close("final_state", final, rfinal, tol_s)
-    elif p.phase == "decode":
-        ro = ref(**ref_args, compute_dtype=torch.float64)
-        c.close("o", out, ro, tol_o)
-        owned, padding = inputs.decode_rows(tensors, opts)
-        c.zero("o", out[padding], "padding rows (slot -1)")
-        if owned:
-            rows = sorted(owned)
-            c.close("state", args["state_pool"][rows], ref_args["state_pool"][rows], tol_s)
-        c.untouched("state_pool", args["state_pool"], before["state_pool"], owned, "pool rows")
-        if p.intermediate_states:
-            rows = sorted({r for n, r in enumerate(DECODE_INTERMEDIATE) if r >= 0 and n not in padding})
-            c.close("intermediate_states", args["intermediate_states"][rows], ref_args["intermediate_states"][rows],
-                    tol_s)
-    elif p.phase == "gating":
-        rg, rb = ref(**ref_args, compute_dtype=torch.float64)
-        g, beta = out
-        c.close("g", g, rg, tol_o)
-        c.close("beta", beta, rb, tol_o)
-    else:
-        ref_out = ref(ref_args["x"], ref_args["limit"], compute_dtype=torch.float64)
-        c.close("out", out, ref_out, tol_o)
-    return _as_check(c)

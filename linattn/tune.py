@@ -13,10 +13,9 @@ one so far (the backends are timed in rank order) is kept at that one call: it c
 backend that raises is recorded under ``failed`` and not ranked. Outputs are not checked here (the
 self-check and conformance suites do that).
 
-The inputs and the timer are ``linattn bench``'s (:func:`linattn.apps.bench.decode_case`,
-:func:`~linattn.apps.bench.prefill_case`, :class:`~linattn.apps.bench.Timer`), imported when a
-measurement runs: the one place the library reaches into ``linattn.apps`` (issue 30 section 3's
-seeded input builders are to take them over).
+The inputs and the timer are the ones ``linattn bench`` uses too (:func:`linattn.measure.decode_case`,
+:func:`~linattn.measure.prefill_case`, :class:`~linattn.measure.Timer`): a library module, since the
+library does not import its tools (``linattn.apps``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.policy import Policy, current_policy
 from linattn.dispatch.problem import Problem
 from linattn.dispatch.tuning import Bucket, Entry
+from linattn.measure import Timer, decode_case, prefill_case
 
 REPEATS = {"cuda": 25, "cpu": 5}
 #: a backend whose timed call exceeds the fastest one's median by this factor is timed by that call only
@@ -46,10 +46,8 @@ def inputs(p: Problem, device: torch.device, seed: int = 0) -> dict:
     sequences of ``T // N`` tokens, ``q, k [T, H, K]``, ``v [T, HV, V]`` in ``p.dtype``, log-decays
     ``g [T, HV]`` (KDA ``[T, HV, K]``) and ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]`` int32. Both:
     ``state_pool [2N, HV, V, K]`` in ``p.state_dtype``, ``state_indices [N]`` int32 (distinct slots):
-    ``linattn bench``'s inputs (:func:`linattn.apps.bench.decode_case`, :func:`~linattn.apps.bench.prefill_case`).
+    ``linattn bench``'s inputs (:func:`linattn.measure.decode_case`, :func:`~linattn.measure.prefill_case`).
     """
-    from linattn.apps.bench import decode_case, prefill_case
-
     dt, sdt = getattr(torch, p.dtype), getattr(torch, p.state_dtype)
     shape, n = (p.h, p.hv, p.k, p.v), max(p.n, 1)
     if OP_TABLE[p.op].phase == "decode":
@@ -60,8 +58,6 @@ def inputs(p: Problem, device: torch.device, seed: int = 0) -> dict:
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int, best_ms: Optional[float] = None) -> float:
     """Median milliseconds of ``fn``: one warm-up call, then ``repeats`` timed calls (one when the
     first is over :data:`SLOW_FACTOR` times ``best_ms``)."""
-    from linattn.apps.bench import Timer
-
     once = Timer(device, flush=False).once  # CUDA events after a sync on CUDA, perf_counter elsewhere
     once(fn)
     times = [once(fn)]

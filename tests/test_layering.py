@@ -8,14 +8,16 @@ another linattn module is checked against :data:`LAYERS`, top to bottom:
     tools     linattn.apps (CLI, bench, report, demo, tune), linattn.testing (conformance suite)
     ops       the public ops and the library around them: linattn, linattn.ops, compat,
               integrations, presets, context parallelism, the tuning measurement
-    dispatch  the runtime: selection, the per-call fast path, the registry, validation, the
+    dispatch  the runtime: selection, the per-call fast path, the registry, the
               self-check, policies, plugin result checks
     backends  one module per backend
     kernels   Triton and CuTe DSL kernels and their launchers, the grid planner
     contract  what backends implement and kernels read, from dispatch/: the op table, problems,
-              verdicts, call objects, hook specs, the host and value rules, layouts, tuned-table
-              types, environment switches, the bounded caches
-    base      device capabilities, precision helpers, the comparison harness and its inputs
+              verdicts, call objects, hook specs, the host and value rules and the validation
+              that runs them, the default self-check case, layouts, tuned-table types,
+              environment switches, the bounded caches
+    base      device capabilities, precision helpers, the reference maths (linattn.reference),
+              the comparison harness and its inputs
 
 The issue writes the layers as ops -> dispatch -> backends -> kernels; the contract modules live in
 ``dispatch/`` (section 4 splits it into runtime, plugin API and rules) but sit below ``backends/``,
@@ -23,16 +25,17 @@ since a backend is written against them (``Problem``, ``Check``, ``Rank``, ``Dec
 kernel reads its cache sizes and switches from them. A module may import its own layer and any
 layer below it. Function-level (deferred) imports count too. Besides, no module of ``dispatch/``
 (runtime or contract) imports ``backends/`` or ``kernels/``, at module level or deferred
-(:func:`against_the_layers`): the registry loads the built-ins and the self-check's float64
-reference from ``"module:Class"`` strings (``dispatch/registry.py``), and the fused value-check
-kernel is the Triton backends' hook, which the registry holds (``Backend.value_check_hook``).
+(:func:`against_the_layers`): the registry loads the built-ins from ``"module:Class"`` strings
+(``dispatch/registry.py``), the self-check's float64 reference is the reference maths in the base
+layer (``linattn.reference``, which torch-ref runs), and the fused value-check kernel is the Triton
+backends' hook, which the registry holds (``Backend.value_check_hook``).
 
 What the test cannot see: importing ``linattn.dispatch.problem`` runs ``linattn/dispatch/__init__``
 (the runtime) first, as Python imports a package before its module; the check is on the import
 statements each module writes.
 
-Today's violations that this session could not remove are :data:`ALLOWED`, each with why; a new
-one fails the test, and so does an entry of :data:`ALLOWED` that no longer occurs (remove it).
+Violations that stay for now would be :data:`ALLOWED`, each with why (it is empty: none stays); a
+new one fails the test, and so does an entry of :data:`ALLOWED` that no longer occurs (remove it).
 """
 
 from __future__ import annotations
@@ -46,14 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 #: layer names, top to bottom
 ORDER = ("tools", "ops", "dispatch", "backends", "kernels", "contract", "base")
 _CONTRACT = {f"linattn.dispatch.{m}" for m in (
-    "calls", "env", "host_rules", "hookspecs", "layouts", "lru", "ops_table", "problem", "tuning", "value_rules",
-    "verdict")}
+    "calls", "env", "host_rules", "hookspecs", "layouts", "lru", "ops_table", "problem", "self_check_case", "tuning",
+    "validate", "value_rules", "verdict")}
 #: (module name or package prefix ending in ".", layer): the first match wins
 LAYERS = (
     ("linattn.apps.", "tools"), ("linattn.apps", "tools"), ("linattn.__main__", "tools"),
     ("linattn.testing.compare", "base"), ("linattn.testing.inputs", "base"),
     ("linattn.testing.", "tools"), ("linattn.testing", "tools"),
-    ("linattn.precision", "base"), ("linattn._namespace", "base"),
+    ("linattn.precision", "base"), ("linattn._namespace", "base"), ("linattn.reference", "base"),
     ("linattn.capabilities.", "base"), ("linattn.capabilities", "base"),
     *((m, "contract") for m in sorted(_CONTRACT)),
     ("linattn.dispatch.", "dispatch"), ("linattn.dispatch", "dispatch"),
@@ -63,25 +66,7 @@ LAYERS = (
 )
 
 #: upward imports that stay for now: (importer, imported, "module" or "deferred") -> why.
-ALLOWED = {
-    # backends -> dispatch runtime
-    ("linattn.backends.base", "linattn.dispatch.self_check", "deferred"):
-        "Backend.self_check / self_check_case delegate to the dispatcher's self-check, which builds the "
-        "case and compares with the float64 reference; the comparison itself is linattn/testing/compare.py "
-        "(base layer) now, what is left is moving the default self-check (its case runner) into the contract",
-    # kernels -> backends
-    ("linattn.kernels.cutedsl.selfcheck", "linattn.backends.torch_ref", "deferred"):
-        "the CuTe DSL sign-off checks compare the kernel with torch-ref's token-serial reference; the "
-        "reference maths belongs below kernels (a reference module in the base layer), not moved here",
-    # base -> backends
-    ("linattn.testing.inputs", "linattn.backends.torch_ref", "deferred"):
-        "the seeded input builders take torch-ref's gate functions for their reference states; as the "
-        "CuTe DSL checks, waits for the reference maths to move below kernels",
-    # ops -> tools
-    ("linattn.tune", "linattn.apps.bench", "deferred"):
-        "the tuning measurement (a library module: LINATTN_AUTOTUNE) times calls with bench's Timer, left "
-        "in linattn.apps when the tools moved (apps/__init__.py says so); the Timer belongs in the library",
-}
+ALLOWED: dict[tuple[str, str, str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -2,7 +2,7 @@
 
 Shared by ``tests/gpu/test_cutedsl_gpu.py`` (one test per check) and
 ``benchmarks/prefill_cutedsl.py`` (all checks, recorded in the committed JSON). The oracle is the
-float64 token-serial reference (``backends/torch_ref.py``) for whole prefills and
+float64 token-serial reference (:mod:`linattn.reference`, torch-ref's maths) for whole prefills and
 :func:`linattn.kernels.cutedsl.reference.state_stage_ref` for the state stage alone. The relative
 error and the tolerances are :mod:`linattn.testing.compare`'s: docs/ops.md's for bf16 inputs with
 fp32 state (2e-2 outputs, 1e-2 states); the state stage alone, whose GEMM operands are bf16, is held
@@ -338,7 +338,7 @@ def run_prefill(family, inp, *, pool=None, slots=None, h0=None, state_layout="vk
 
 
 def reference(family, inp, *, pool=None, slots=None, h0=None, state_layout="vk"):
-    from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
+    from linattn.reference import gdn_prefill_ref, kda_prefill_ref
 
     fn = gdn_prefill_ref if family == "gdn" else kda_prefill_ref
     return fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["cu_seqlens"], state_pool=pool,

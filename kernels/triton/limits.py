@@ -11,10 +11,9 @@ from typing import Optional
 import torch
 
 from linattn.capabilities import DeviceCapabilities
-
-#: Floor of the log-space decay ``g`` in every backend (docs/ops-decisions.md): ``exp(G_MIN)`` is 0
-#: in float32 and float64, so flooring changes no result and keeps chunked forms free of ``-inf``.
-G_MIN = -1000.0
+#: Floor of the log-space decay ``g`` in every backend (docs/ops-decisions.md), defined with the
+#: reference maths that states it: ``exp(G_MIN)`` is 0 in float32 and float64.
+from linattn.reference import G_MIN  # noqa: F401
 
 #: Decode: largest head dims (the whole key dim is one block of the state tile).
 MAX_HEAD_DIM = 256

@@ -9,7 +9,8 @@ per phase), with the slots, lengths and tables they use (module constants; the c
 back to know which rows each case owns).
 
 Torch only (``dispatch/`` imports it as ``import linattn`` runs); the gates of a case with
-``precomputed_gates`` come from ``linattn.backends.torch_ref``, imported when such a case is built.
+``precomputed_gates`` come from the reference maths (:mod:`linattn.reference`, below every layer),
+imported when such a case is built.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def decode_case(p, gen: torch.Generator, device):
     if p.output_state_indices and not p.num_accepted_tokens:  # [N] slots only (the table names its own)
         args["output_state_indices"] = torch.tensor(DECODE_OUT_SLOTS, dtype=torch.int32)
     if p.precomputed_gates:  # the gates as the gating op gives them; the bound goes into the gating
-        from linattn.backends.torch_ref import gdn_gating_ref, kda_gating_ref
+        from linattn.reference import gdn_gating_ref, kda_gating_ref
 
         lb = opts.pop("lower_bound", None)
         gate = kda_gating_ref if kda else gdn_gating_ref

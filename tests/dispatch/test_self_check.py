@@ -24,6 +24,7 @@ from linattn.backends.triton_split import TritonSplitBackend
 from linattn.capabilities import DeviceCapabilities, profile
 from linattn.dispatch import NoBackendError, Problem, Reason, explain, reset_registry, selection
 from linattn.dispatch import self_check as sc
+from linattn.dispatch import self_check_case
 from linattn.dispatch.hookspecs import BackendPlugin
 from linattn.dispatch.registry import Registry
 from linattn.dispatch.validate import validate
@@ -167,7 +168,7 @@ CLASSES = [
 @pytest.mark.parametrize("spec", CLASSES, ids=lambda s: s["op"] + "-" + "-".join(f"{k}" for k in s if k != "op"))
 def test_the_default_check_builds_a_case_of_the_problems_own_class_and_the_reference_passes_it(spec):
     p = _problem(**spec)
-    tensors, opts = inputs.CASES[p.phase](p, sc._gen(p), torch.device("cpu"))
+    tensors, opts = inputs.CASES[p.phase](p, self_check_case._gen(p), torch.device("cpu"))
     _, signature = validate(p.op, {**tensors, **opts})
     assert sc.kernel_class(Problem(**dict(signature))) == sc.kernel_class(p)  # the case is of the call's class
     check = sc.check_against_reference(TorchRefBackend(), p, "cpu")

@@ -92,7 +92,7 @@ def test_one_tolerance_table_holds_every_callers_bounds():
 
 def test_the_callers_use_the_one_harness():
     from linattn.apps import demo
-    from linattn.dispatch import self_check
+    from linattn.dispatch import self_check_case  # the self-check's default case (dispatch/self_check.py runs it)
     from linattn.kernels.cutedsl import selfcheck
     from linattn.testing import execute as _  # noqa: F401 - loads the submodule
 
@@ -100,7 +100,7 @@ def test_the_callers_use_the_one_harness():
     assert ex.rel_error is selfcheck.rel_error is demo.rel_error is rel_error  # one name everywhere
     assert not hasattr(selfcheck, "rel")  # no alias
     assert ex.tolerances is tolerances and issubclass(ex.Checker, Comparison)
-    assert self_check.Comparison is Comparison and self_check.tolerance_for is compare.tolerance_for
+    assert self_check_case.Comparison is Comparison and self_check_case.tolerance_for is compare.tolerance_for
     assert (demo.TOL_OUTPUT_BF16, demo.TOL_STATE_BF16, demo.TOL_FP32) == (2e-2, 1e-2, 1e-5)
     assert (selfcheck.TOL_O, selfcheck.TOL_S, selfcheck.TOL_STAGE) == (2e-2, 1e-2, 2e-2)
 
