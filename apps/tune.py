@@ -170,7 +170,8 @@ def tune(
     state_dtype: str = typer.Option("float32", "--state-dtype", help="Pool dtype: float32 or bfloat16."),
     repeats: Optional[int] = count_option(None, "--repeats", help="Timed calls per backend (default 25 on CUDA, 5 on "
                                                                   "the CPU)."),
-    max_seconds: float = typer.Option(MAX_SECONDS, "--max-seconds", help="Start no bucket after this many seconds."),
+    max_seconds: float = typer.Option(MAX_SECONDS, "--max-seconds", min=0.0, metavar="SECONDS",
+                                      help="Start no bucket after this many seconds (a duration: negative is refused)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write a new table here (e.g. linattn/tuned/sm_90.json, "
                                        "the table shipped for sm_90) instead of the user's table (LINATTN_TUNE_DIR "
                                        "or the user cache dir)."),

@@ -188,6 +188,18 @@ def test_a_zero_count_is_a_usage_error_that_names_the_option(args):
     assert f"'{args[-2]}'" in err["message"] and "greater than or equal to 1" in err["message"], err
 
 
+@pytest.mark.parametrize("value", ["-1", "-0.5"])
+def test_tune_refuses_a_negative_max_seconds_at_parse_time(value, monkeypatch):
+    """A duration below zero is a usage error naming the option, as a count below its minimum is;
+    nothing is measured (the parser stops first)."""
+    from linattn.apps import tune
+
+    monkeypatch.setattr(tune, "run", lambda *a, **k: pytest.fail("measured despite a bad --max-seconds"))
+    err = json_error(run("tune", "gdn_decode", "--device", "cpu", "--max-seconds", value, "--json"))
+    assert "'--max-seconds'" in err["message"] and "greater than or equal to 0" in err["message"], err
+    assert "[x>=0" in run("tune", "--help", env={"COLUMNS": "1000"}).stdout
+
+
 @pytest.mark.parametrize("verb", ["explain", "demo", "bench", "tune"])
 def test_help_shows_a_readable_range_for_counts(verb):
     out = run(verb, "--help", env={"COLUMNS": "1000"}).stdout
