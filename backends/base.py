@@ -17,15 +17,20 @@ and normalised (``scale`` a float, ``state_layout`` ``"vk"`` or ``"kv"``); the o
 
 The phase methods' defaults call the method named after the op with ``call.arguments()``, which
 is how the built-in backends keep their per-op methods while being dispatched through the same
-interface (a subclass overriding ``gdn_decode`` is honoured), and how **plugin API 1** works: a
-first-release backend implements one method per op, named after it, taking keywords:
+interface (a subclass overriding ``gdn_decode`` is honoured). ``Backend`` has one run path,
+:meth:`Backend.run`: the phase method the class overrides, given a call object, else the op method.
+
+**Plugin API 1** (a first-release backend) implements one method per op, named after it, taking
+keywords:
 
 <the op methods: filled in from the op table, _api1_methods()>
 
 The API version tells the two apart (:meth:`Backend.effective_api_version`): the class's own
-``api_version`` when it sets one, else its plugin module's ``LINATTN_API_VERSION``. A version-1
-backend is run through the adapter (:meth:`Backend.execute`): ``run(op, **call.arguments())``,
-so a first-release plugin, an override of ``run`` included, keeps working unchanged.
+``api_version`` when it sets one, else its plugin module's ``LINATTN_API_VERSION``. The registry
+wraps each version-1 backend once, at registration, in :class:`FirstReleaseAdapter`, which
+presents the API 2 interface (phase methods taking call objects, ``run``) over the backend's own
+``run(op, **call.arguments())``; so a first-release plugin, an override of ``run`` included, keeps
+working unchanged, and nothing asks for the API version at call time.
 
 The arguments of the second release (decode's ``g`` / ``beta``, ``has_initial_state``,
 ``output_state_indices``, prefill's ``checkpoint_every`` / ``checkpoint_indices``) reach a
@@ -46,8 +51,8 @@ from linattn.dispatch.problem import Problem
 from linattn.dispatch.self_check_case import check_against_reference, kernel_class
 from linattn.dispatch.verdict import Check, Rank, Reason
 
-__all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall", "GatingCall",
-           "OpCall", "PrefillCall", "Rank", "Reason"]
+__all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall",
+           "FirstReleaseAdapter", "GatingCall", "OpCall", "PrefillCall", "Rank", "Reason"]
 
 ALL_VENDORS = frozenset({"nvidia", "amd", "intel", "cpu", "other"})
 FLOAT_DTYPES = frozenset({"float32", "bfloat16", "float16", "float64"})
@@ -73,8 +78,9 @@ class Backend:
         state_layouts: pool layouts it reads (``vk``, ``kv``).
         requires: toolchain components it needs (``triton``, ``cutlass_dsl``).
         api_version: the plugin API version it was written for: ``"2"`` (phase methods taking call
-            objects; the default) or ``"1"`` (one keyword method per op). A class that does not set
-            it itself takes its plugin module's ``LINATTN_API_VERSION`` (:meth:`effective_api_version`).
+            objects; the default) or ``"1"`` (one keyword method per op, run through
+            :class:`FirstReleaseAdapter`). A class that does not set it itself takes its plugin
+            module's ``LINATTN_API_VERSION`` (:meth:`effective_api_version`).
         triton_kernels: names of the Triton kernels it launches (``linattn.kernels.triton.registry``);
             the conformance suite checks each one's program-id contract.
         verified_archs: the GPU architectures its kernels were verified on (None: no claim); on
@@ -131,31 +137,37 @@ class Backend:
     #: device where it is available, whichever backend runs the call; a plugin's is ignored (the hook
     #: stands in for the value rules of every backend).
     value_check_hook: ClassVar[Optional[Any]] = None
-    # Filled in by the registry: where the backend came from, and its plugin's API version.
-    plugin: ClassVar[str] = "linattn"
-    distribution: ClassVar[str] = "linattn"
-    version: ClassVar[str] = ""
-    plugin_api_version: ClassVar[Optional[str]] = None
+    # Where the backend came from, and its plugin's API version: set by the registry on each
+    # registered instance (never on the class, which two plugins may both register); these class
+    # values are what an instance no registry registered reports.
+    plugin: str = "linattn"
+    distribution: str = "linattn"
+    version: str = ""
+    plugin_api_version: Optional[str] = None
     #: The phase methods (``decode``, ...) the class implements itself (computed per subclass, never
     #: set by hand): :meth:`run` hands these a call object; the others run the op method named after
-    #: the op with the keywords as they are (no call object is built).
-    own_phase_methods: ClassVar[frozenset[str]] = frozenset()
+    #: the op with the keywords as they are (no call object is built). Empty on a first-release
+    #: backend's instance (:class:`FirstReleaseAdapter`): its methods are per-op methods whatever
+    #: they are named.
+    own_phase_methods: frozenset[str] = frozenset()
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         cls.own_phase_methods = frozenset(m for m in METHODS if getattr(cls, m) is not getattr(Backend, m))
 
     @classmethod
-    def effective_api_version(cls) -> str:
-        """The plugin API the backend is run under: ``api_version`` if the class sets it itself,
-        else its plugin module's ``LINATTN_API_VERSION`` (stamped by the registry), else the
-        inherited ``api_version``. So a first-release plugin's subclass of a built-in backend
-        stays on API 1, and a class that says ``api_version = "2"`` is run as such."""
+    def effective_api_version(cls, plugin_api: Optional[str] = None) -> str:
+        """The plugin API the class was written for: ``api_version`` if the class sets it itself,
+        else ``plugin_api`` (its plugin module's ``LINATTN_API_VERSION``; the registry passes it),
+        else the inherited ``api_version``. So a first-release plugin's subclass of a built-in
+        backend is on API 1, and a class that says ``api_version = "2"`` is run as such. The
+        registry asks it once, at registration, with the plugin's version: a backend it answers
+        ``"1"`` for is registered behind :class:`FirstReleaseAdapter` (whose
+        ``effective_api_version()`` is ``"1"``), every other one runs on API 2."""
         own = cls.__dict__.get("api_version")
         if own is not None:
             return str(own)
-        stamped = cls.__dict__.get("plugin_api_version")
-        return str(stamped) if stamped is not None else str(cls.api_version)
+        return str(plugin_api) if plugin_api is not None else str(cls.api_version)
 
     # -- predicates: one per concern, each returns a Check (verdict and reason together) --------
 
@@ -172,8 +184,8 @@ class Backend:
         subclasses torch-ref and rewrote ``gdn_decode`` with the first release's arguments does not
         inherit torch-ref's features for it."""
         mro = type(self).__mro__
-        v2 = op in OP_TABLE and self.effective_api_version() != "1"  # a v1 class's `decode` is not a phase method
-        names = (op, OP_TABLE[op].method) if v2 else (op,)
+        phase = OP_TABLE[op].method if op in OP_TABLE else None  # a first-release `decode` is no phase method
+        names = (op, phase) if phase in self.own_phase_methods else (op,)
         owner = next((i for i, c in enumerate(mro) if c is not Backend and any(n in c.__dict__ for n in names)),
                      None)
         if owner is None:
@@ -307,23 +319,24 @@ class Backend:
         return None
 
     def run(self, op: str, **kwargs):
-        """Run ``op`` with its validated, normalised keyword arguments (the dispatcher's entry).
+        """Run ``op`` with its validated, normalised keyword arguments (the dispatcher's and the
+        self-check's one entry).
 
-        Plugin API 2: the phase method the class overrides gets the call object (:meth:`execute`);
-        a phase method left at its default runs the op method named after the op with these
-        keywords (no call object is built). Plugin API 1: the op method, with these keywords.
+        The phase method the class overrides gets the call object (:meth:`execute`); a phase
+        method left at its default runs the op method named after the op with these keywords (no
+        call object is built). A first-release backend is registered behind
+        :class:`FirstReleaseAdapter`, whose ``run`` is the backend's own.
         """
         method = OP_TABLE[op].method
-        if method in self.own_phase_methods and self.effective_api_version() != "1":
+        if method in self.own_phase_methods:
             return getattr(self, method)(make_call(op, kwargs))
-        return self._op_method(op)(**kwargs)
+        fn = getattr(self, op, None)
+        if fn is None:
+            self._op_method(op)  # raises, naming what is missing
+        return fn(**kwargs)
 
     def execute(self, call: OpCall):
-        """Run one call object: plugin API 2, the phase method (``decode``, ``prefill``, ``gating``,
-        ``clamp``); plugin API 1, the adapter ``run(call.op, **call.arguments())``, which honours a
-        first-release backend's own ``run``."""
-        if self.effective_api_version() == "1":
-            return self.run(call.op, **call.arguments())
+        """Run one call object: the phase method (``decode``, ``prefill``, ``gating``, ``clamp``)."""
         return getattr(self, call.spec.method)(call)
 
     # -- the phase methods of plugin API 2 (defaults: the op method named after the op) -----------
@@ -385,6 +398,71 @@ class Backend:
         :func:`linattn.dispatch.self_check_case.check_against_reference`.
         """
         return check_against_reference(self, p, device)
+
+
+class FirstReleaseAdapter:
+    """A plugin-API-1 backend presented through the API 2 interface: what the registry registers in
+    its place (``registry.backends[name]``), built once at registration.
+
+    The phase methods (``decode``, ``prefill``, ``gating``, ``clamp``) and :meth:`execute` take a
+    call object and run the backend's own ``run(call.op, **call.arguments())``: exactly the keywords
+    of its op method (the second release's only when given), and an override of ``run`` is honoured.
+    :meth:`run` (the dispatcher's and the self-check's entry, keyword arguments) is the backend's
+    ``run`` as it is. Everything else (name, capabilities, predicates, rank, self-check, the
+    registry's provenance tags) is the backend's: reading, setting or deleting any other attribute
+    reaches the adapted instance. The adapted instance's :attr:`Backend.own_phase_methods` is emptied
+    (a first-release method named ``decode`` is a helper of its own, not a phase method), which also
+    keeps its features per op method (:meth:`Backend.declared_features`).
+    """
+
+    __slots__ = ("adapted",)
+
+    def __init__(self, backend: Backend) -> None:
+        backend.own_phase_methods = frozenset()
+        object.__setattr__(self, "adapted", backend)
+
+    def __getattr__(self, name: str):
+        if name == "adapted":  # not set yet (a copy being built): never recurse
+            raise AttributeError(name)
+        return getattr(self.adapted, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        setattr(self.adapted, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(self.adapted, name)
+
+    def __repr__(self) -> str:
+        return f"<plugin API 1 backend {self.adapted!r}>"
+
+    @property
+    def __class__(self):
+        """The adapted backend's class: ``isinstance`` sees the plugin's class, and per-class
+        caches (``dispatch/layouts.py``) keep one entry per backend class, not one for every
+        adapter (``type()`` still names the adapter)."""
+        return type(self.adapted)
+
+    def effective_api_version(self, plugin_api: Optional[str] = None) -> str:
+        """``"1"``: the API the adapted backend was written for."""
+        return "1"
+
+    def run(self, op: str, **kwargs):
+        return self.adapted.run(op, **kwargs)
+
+    def execute(self, call: OpCall):
+        return self.adapted.run(call.op, **call.arguments())
+
+    def decode(self, call: DecodeCall):
+        return self.adapted.run(call.op, **call.arguments())
+
+    def prefill(self, call: PrefillCall):
+        return self.adapted.run(call.op, **call.arguments())
+
+    def gating(self, call: GatingCall):
+        return self.adapted.run(call.op, **call.arguments())
+
+    def clamp(self, call: ClampCall):
+        return self.adapted.run(call.op, **call.arguments())
 
 
 #: what each plugin-API-1 op method returns, per backend method (``OpSpec.method``)

@@ -46,7 +46,7 @@ def conform_inputs(op: str, args: dict, backend) -> dict:
     Returns:
         the keyword arguments to run the backend with.
     """
-    key = (op, type(backend))
+    key = (op, backend.__class__)  # a plugin-API-1 adapter's is its backend's class
     plan = _PLANS.get(key)
     if plan is None:
         plan = _plan(op, backend)

@@ -52,6 +52,8 @@ ENTRY_POINT_GROUP = "linattn.backends"
 BUILTIN_MODULE = "linattn.backends.builtin"
 #: the class every backend derives from, loaded by name on the first registration
 BACKEND_BASE = "linattn.backends.base:Backend"
+#: what a plugin-API-1 backend is registered behind (it presents the API 2 interface), loaded by name
+FIRST_RELEASE_ADAPTER = "linattn.backends.base:FirstReleaseAdapter"
 #: The name linattn's own backends register under; no other plugin may take it.
 BUILTIN_PLUGIN = "linattn-builtin"
 
@@ -212,8 +214,10 @@ class Registry:
     def _instantiate(self, classes: list, plugin: str, distribution: str, version: str, api: str) -> dict:
         """One instance per returned class, name -> instance; a wrong return value, an unsupported
         ``api_version`` on a class or a raising constructor is the plugin's failure, never ours.
-        Classes are tagged (plugin, distribution, version, the plugin's API version) only once all
-        passed."""
+        Once all passed, a backend written for plugin API 1 (``Backend.effective_api_version``) is
+        wrapped in the adapter that presents it through API 2 (:data:`FIRST_RELEASE_ADAPTER`), and
+        each instance is tagged (plugin, distribution, version, the plugin's API version; classes
+        are left alone: two plugins may register one class, or subclasses of one)."""
         Backend = load_object(BACKEND_BASE)
         new: dict = {}
         for cls in classes:
@@ -233,9 +237,12 @@ class Registry:
                 raise ValueError(f"backend name {bname!r} is already registered by {owner!r}; give "
                                  f"{cls.__qualname__} another name")
             new[bname] = cls()
-        for inst in new.values():
-            cls = type(inst)
-            cls.plugin, cls.distribution, cls.version, cls.plugin_api_version = plugin, distribution, version, api
+        adapter = None
+        for bname, inst in new.items():
+            if type(inst).effective_api_version(api) == "1":
+                adapter = adapter or load_object(FIRST_RELEASE_ADAPTER)
+                inst = new[bname] = adapter(inst)
+            inst.plugin, inst.distribution, inst.version, inst.plugin_api_version = plugin, distribution, version, api
         return new
 
     def remove_plugin(self, name: str) -> PluginRecord:

@@ -137,7 +137,9 @@ def test_one_prefill_method_serves_both_modes_and_sees_declared_features(registr
 
 def test_a_first_release_backend_runs_through_the_adapter_with_its_own_run(registry):
     registry.add_plugin(BackendPlugin(FirstRelease, FirstReleaseRef, api_version="1"), name="v1", distribution="tests")
-    assert FirstRelease.effective_api_version() == "1" and FirstReleaseRef.effective_api_version() == "1"
+    registered = registry.backends["first-release"]
+    assert registered.effective_api_version() == "1" and registry.backends["first-release-ref"].effective_api_version() == "1"
+    assert FirstRelease.effective_api_version("1") == "1" and FirstReleaseRef.effective_api_version("1") == "1"
     SEEN.clear()
     args = _decode()
     ref_pool = args["state_pool"].clone()
@@ -149,7 +151,7 @@ def test_a_first_release_backend_runs_through_the_adapter_with_its_own_run(regis
     # a call object reaches the same method through the adapter
     SEEN.clear()
     nargs, _ = validate("gdn_decode", _decode())
-    FirstRelease().execute(make_call("gdn_decode", nargs))
+    registered.execute(make_call("gdn_decode", nargs))
     assert [s[0] for s in SEEN] == ["run", "gdn_decode"]
 
 

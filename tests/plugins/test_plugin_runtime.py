@@ -445,7 +445,7 @@ def test_builtin_backend_names_and_classes_stay_the_builtins(registry):
         assert rec.status == "plugin_load_failed" and "already registered by 'linattn-builtin'" in rec.error
         assert "fine-one" not in registry.backends  # all or nothing
     assert _builtin_state(registry) == (rec0, owners0)
-    assert TorchRefBackend.plugin == BUILTIN_PLUGIN
+    assert registry.backends["torch-ref"].plugin == BUILTIN_PLUGIN and "plugin" not in vars(TorchRefBackend)
 
 
 # -- remove_plugin, and adding / removing while another thread dispatches --------------------------------
