@@ -30,7 +30,7 @@ from linattn.kernels.triton.limits import MAX_HEAD_DIM
 from .base import Backend
 
 #: Ops these backends implement (decode: ``kernels/triton/decode.py``; chunked prefill:
-#: ``kernels/triton/prefill.py``; SwiGLU clamp: ``kernels/triton/silu_clamp.py``).
+#: ``kernels/triton/prefill/``; SwiGLU clamp: ``kernels/triton/silu_clamp.py``).
 TRITON_OPS = frozenset({"gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"})
 
 _QKV_ROWS = {"q": "inner", "k": "inner", "v": "inner"}
@@ -335,11 +335,11 @@ class TritonBackend(Backend):
                              checkpoint_indices=checkpoint_indices)
 
     def gdn_prefill(self, **kw):
-        """GDN chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""
+        """GDN chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill/``."""
         return self._prefill("gdn", **kw)
 
     def kda_prefill(self, **kw):
-        """KDA chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill.py``."""
+        """KDA chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill/``."""
         return self._prefill("kda", **kw)
 
     # -- prepared launches (the dispatcher's per-call fast path, dispatch/fast_path.py) ------------

@@ -54,10 +54,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import results_path, write_results  # noqa: E402
 
 import linattn  # noqa: E402
+from linattn.kernels.triton import chunk_intra, chunk_output, chunk_state  # noqa: E402
 from linattn.kernels.triton import chunk_tables as tables_mod  # noqa: E402
 from linattn.kernels.triton import decode as decode_mod  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
-from linattn.kernels.triton import prefill as prefill_mod  # noqa: E402
 
 H, HV, K, V = 16, 32, 128, 128
 BACKEND = "triton-split"
@@ -65,10 +65,10 @@ BACKEND = "triton-split"
 FUSED = os.environ.get("HOST_BENCH_FUSED", "1") != "0"
 PREFILL_T = 64
 #: the prefill's kernels, by the module whose globals its launchers read them from
-PREFILL_KERNELS = ((prefill_mod, ("chunk_intra_kernel", "chunk_kda_system_kernel", "chunk_gdn_gates_kernel",
-                                  "chunk_state_kernel", "chunk_output_kernel", "chunk_output_grouped_kernel",
-                                  "chunk_segment_combine_kernel", "segment_tables_kernel")),
-                   (tables_mod, ("chunk_tables_kernel",)))
+PREFILL_KERNELS = ((chunk_intra, ("chunk_intra_kernel", "chunk_kda_system_kernel")),
+                   (chunk_state, ("chunk_gdn_gates_kernel", "chunk_state_kernel", "chunk_segment_combine_kernel")),
+                   (chunk_output, ("chunk_output_kernel", "chunk_output_grouped_kernel")),
+                   (tables_mod, ("chunk_tables_kernel", "segment_tables_kernel")))
 
 
 class _StubCompiled:

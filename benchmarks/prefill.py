@@ -168,13 +168,13 @@ def config_override(over: dict | None):
     and prefill_long.py."""
     from linattn.kernels.triton import prefill as pm
 
-    pinned = pm.prefill_config
+    pinned = pm.config.prefill_config  # where the planner looks it up (prefill/plan.py)
     if over:
-        pm.prefill_config = lambda *a, **k: override_config(pinned(*a, **k), over)
+        pm.config.prefill_config = lambda *a, **k: override_config(pinned(*a, **k), over)
     try:
         yield
     finally:
-        pm.prefill_config = pinned
+        pm.config.prefill_config = pinned
 
 
 def run_sweep(family, d, pool, idx):

@@ -15,7 +15,7 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 | environment policies | ``dispatch/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
 | merged policies | ``dispatch/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
 | Triton grid verdicts | ``backends/triton.py`` ``_GRID_FITS`` | (layout, op, N, heads, head dims, dtype, device) | :data:`GRID_FITS_MAX` |
-| prefill replays (per class) | ``kernels/triton/prefill.py`` ``PrefillReplay`` | (T bucket, N); exact (T, N) | :data:`PREFILL_REPLAYS_MAX` |
+| prefill replays (per class) | ``kernels/triton/prefill/replay.py`` ``PrefillReplay`` | (T bucket, N); exact (T, N) | :data:`PREFILL_REPLAYS_MAX` |
 | decode launches (per class) | ``kernels/triton/decode.py`` ``DecodeReplay`` | N | :data:`DECODE_ROWS_MAX` |
 | compiled launches (not an LRU) | ``kernels/triton/launch.py`` ``_compiled`` | the launch key (what Triton specializes on) | :data:`COMPILED_LAUNCHES_MAX` |
 

@@ -301,7 +301,7 @@ def run_for_plan(plan, x, b, st) -> bool:
             the call is then not replayed, and runs its stages directly each time.
     """
     from linattn.kernels.triton import launch as tl_launch
-    from linattn.kernels.triton.prefill import _state_strides
+    from linattn.kernels.triton.chunk_state import state_strides
 
     why = walk_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
                        g_dtype=x.g.dtype, device=x.q.device, checkpoints=getattr(st, "checkpoints", None) is not None)
@@ -309,10 +309,10 @@ def run_for_plan(plan, x, b, st) -> bool:
         return False
     if getattr(tl_launch._recording, "records", None) is not None:
         raise tl_launch.NotReplayable("the CuTe DSL fused walk (LINATTN_CUTEDSL_WALK=1) is not a Triton launch")
-    s0 = _state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     cutedsl_fused_walk(q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
                        o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
                        has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
                        ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
-                       st=_state_strides(st.ht, plan.state_layout))
+                       st=state_strides(st.ht, plan.state_layout))
     return True

@@ -132,7 +132,8 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
         from linattn.capabilities import probe
         from linattn.kernels.grid import plan_grid
         from linattn.kernels.triton.chunk_state import chunk_state_kernel
-        from linattn.kernels.triton.prefill import _state_strides, prefill_config
+        from linattn.kernels.triton.chunk_state import state_strides
+        from linattn.kernels.triton.prefill import prefill_config
 
         cfg = prefill_config("kda" if kda else "gdn", K, V, torch.bfloat16).state
         bv = cfg.block_v
@@ -147,7 +148,7 @@ def run_state(kda, inp, cu, *, pool=None, slots=None, h0=None, state_layout="vk"
             k, g, inp["w"], inp["u"], inp["rk"], cu, chunk_off, slots if slots is not None else chunk_off,
             chunk_off, hh0, ht, hbuf, vn, None, None, None, None, None,
             k.stride(0), k.stride(1), g.stride(0), g.stride(1), 0, 0,
-            *_state_strides(hh0, state_layout), *_state_strides(ht, state_layout),
+            *state_strides(hh0, state_layout), *state_strides(ht, state_layout),
             grp, HV, None, None, None, K=K, V=V, BV=bv,  # no checkpoints (ckpt, ck_n, ck_every)
             **plan.constexprs, KDA=kda, POOL=pool is not None,
             HAS_H0=h0 is not None, DT=tl.bfloat16, PREC="tf32", FUSE_O=False,

@@ -51,7 +51,7 @@ pairwise decays from two-float cumulative gates (:mod:`._gates`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import triton
 import triton.language as tl
@@ -59,9 +59,14 @@ import triton.language as tl
 from ._gates import cumsum2
 from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
-from .chunk_intra import _ld, _solve
-from .chunk_state import pool_slot, store_checkpoint
+from .chunk_intra import _ld, _solve, kda_system_constexprs
+from .chunk_state import pool_slot, state_strides, store_checkpoint
 from .decode import G_MIN
+from .launch import launch
+
+if TYPE_CHECKING:
+    from .chunk_tables import ChunkTables
+    from .prefill.plan import PrefillBuffers, PrefillInputs, PrefillPlan, PrefillState
 
 #: the largest key and value head dims of the fused kernel (the state tile ``[K, BV]`` fp32 lives in
 #: registers; K = 256 would spill it)
@@ -385,7 +390,7 @@ def fused_config(K: int, V: int, dtype, family: str = "gdn") -> FusedConfig:
     (3-5% faster than 64; a register cap of 128 or 168, or 8 warps, slower); fp32 operand tiles
     (fp16/fp32 inputs, not measured) at ``BV = 32``, 4 warps, unpipelined (gfx950's build of the
     transposed walk spills at 2 stages). The planner takes 4 warps where a warp is 64 wide
-    (:func:`.prefill._with_fused`). KDA (not yet measured on the H200): 8 warps, unpipelined,
+    (:func:`.prefill.plan._with_fused`). KDA (not yet measured on the H200): 8 warps, unpipelined,
     the decayed keys formed late (``late_keys``), the sm_90 build that spills least at K = 128 (24 B
     of stack; 256 without ``late_keys``, 1,416 at GDN's 4 warps and 2 stages: its loop holds the
     ``[64, K]`` gates and their decayed operands besides the state); fp32
@@ -424,7 +429,7 @@ def launch_fused_prep(launch, kernel, *, q, k, g, beta, cu_seqlens, chunk_seq, c
     """Launch a fused prep kernel (:func:`chunk_gdn_fused_prep_kernel`, or
     :func:`.chunk_fused_kda.chunk_kda_fused_prep_kernel` with KDA's channel-block options) on
     ``scratch.shape[0]`` persistent programs (``launch``: :func:`.launch.launch`; ``solve``: the
-    pipeline's :class:`.prefill.SolveConfig`; ``family``: the kernel's own constexprs, ``BK`` among
+    pipeline's :class:`.prefill.config.SolveConfig`; ``family``: the kernel's own constexprs, ``BK`` among
     them)."""
     launch(kernel, (scratch.shape[0],),
            (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
@@ -455,3 +460,51 @@ def launch_fused(launch, kernel, grid, *, q, k, v, g, tmb, aqk, rk, qs, o, cu_se
            dict(K=K, V=V, BV=cfg.block_v, **grid.constexprs, POOL=pool, HAS_H0=has_h0, HAS_INIT=has_init_flags,
                 DT=DT, PREC=PREC, **family, **({} if checkpoints is None else {"HAS_CKPT": True})),
            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+# -- the host side: the fused prefill's launches ----------------------------------------------
+
+def fused_prep_items(plan: PrefillPlan) -> int:
+    """The fused prep kernel's items: ``(chunk, key head)`` pairs where GDN's prep shares the keys of a
+    GVA group (``FusedConfig.prep_shared_keys``), else ``(chunk, value head)`` pairs (KDA: per value
+    head gates of every channel, nothing to share)."""
+    shared = not plan.kda and plan.fused.prep_shared_keys
+    return plan.nt_max * (plan.H if shared else plan.HV)
+
+
+def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, st: PrefillState,
+                        scale: float) -> None:
+    """The fused prefill (:mod:`.chunk_fused`; KDA: :mod:`.chunk_fused_kda`) in place of the pipeline's
+    stages: the prep kernel (``Tm diag(beta)``, ``Aqk``, the norms; persistent grid) and the fused
+    kernel (state on chip; ``h0`` and the final state in place, as the state stage)."""
+    from .chunk_fused_kda import chunk_kda_fused_kernel, chunk_kda_fused_prep_kernel
+
+    cfg = plan.fused
+    if plan.kda:  # the pipeline's channel blocks, operands and fast path (chunk_kda_system_kernel's)
+        prep, fused = chunk_kda_fused_prep_kernel, chunk_kda_fused_kernel
+        family, walk = kda_system_constexprs(plan), dict(LATE_KD=cfg.late_keys)
+    else:
+        prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
+        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
+        walk = {}
+    launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
+                      chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
+                      rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
+                      items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
+                      PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
+    if not plan.kda:  # opt-in: the CuTe DSL walk where LINATTN_CUTEDSL_WALK=1 (kernels/cutedsl/fused_walk.py)
+        from linattn.kernels.cutedsl import fused_walk
+        if fused_walk.enabled() and fused_walk.run_for_plan(plan, x, b, st):
+            return
+    s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    launch_fused(_launch_plain, fused, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb,
+                 aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs, o=b.o, cu_seqlens=x.cu_seqlens,
+                 state_indices=st.state_indices, has_init=st.has_initial_state, h0=st.h0, ht=st.ht, s0=s0,
+                 st=state_strides(st.ht, plan.state_layout), group=plan.group, HV=plan.HV, K=plan.K, V=plan.V,
+                 pool=plan.pool_mode, has_h0=plan.has_h0, has_init_flags=plan.has_init_flags, DT=plan.DT,
+                 PREC=plan.PREC, cfg=cfg, checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every, **walk)
+
+
+def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):
+    """:func:`.launch.launch` looked up at call time (tests may wrap it)."""
+    launch(kernel, grid, args, constexprs, num_warps=num_warps, num_stages=num_stages)

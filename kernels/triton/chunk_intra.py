@@ -30,6 +30,8 @@ queries, ``kn`` = normalised keys), the decayed keys ``kn exp(G_C - G)`` and que
 ``qn exp(G)``, and the chunk's total log decay ``G_C`` per channel.
 """
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
@@ -37,6 +39,11 @@ from ._gates import cumsum2
 from ._l2norm import SS_LIMIT, chunk_row_max, pow2_scale
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+from .launch import launch_with
+
+if TYPE_CHECKING:
+    from .chunk_tables import ChunkTables
+    from .prefill.plan import PrefillBuffers, PrefillInputs, PrefillPlan
 
 @triton.jit
 def _ld(ptr, rows, msk, stride_t, col0, NC: tl.constexpr):
@@ -504,3 +511,38 @@ def chunk_intra_kernel(
                      item // HV, (item % HV).to(tl.int64),
                      skt, skh, svt, svh, sgt, sgh, sbt, sbh, N, GROUP, HV,
                      K, V, BK, BV, KDA, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC, TMOUT)
+
+
+# -- the host side: stage 1's launches --------------------------------------------------------
+
+def launch_intra(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers", scale: float) -> None:
+    """Stage 1: KDA's system kernel (grid ``(NT_max, HV)``), then the persistent intra kernel
+    (``min(NT_max * HV, sm_count * ctas_per_sm)`` programs, each with its own 32 KiB fp32 scratch).
+    Writes ``w``, ``u`` (or ``tm_beta``), ``rk`` and KDA's operands; touches no state."""
+    cfg, kda, HV = plan.config, plan.kda, plan.HV
+    common = dict(K=plan.K, L2NORM=plan.use_qk_l2norm, DT=plan.DT, PREC=plan.PREC)
+    if kda:  # stage 1a: A, Aqk and the later stages' operands
+        s = cfg.kda_system
+        launch_with(chunk_kda_system_kernel, plan.grids.kda_system,
+                    (x.q, x.k, x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.kda_a, b.rk, b.kda_aqk, b.w,
+                     b.kda_kd, b.kda_qg, b.kda_gl, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],
+                     *x.beta.stride()[:2], plan.N, plan.group, HV, float(scale)),
+                    dict(common, **kda_system_constexprs(plan)), s.launch)
+    solve = cfg.intra.solve
+    launch_with(chunk_intra_kernel, plan.grids.intra,
+                (x.k, x.v, None if kda else x.g, x.beta, x.cu_seqlens, t.chunk_seq, t.chunk_start, b.w, b.u,
+                 b.tm_beta, b.rk, b.kda_a, b.intra_scratch, *x.k.stride()[:2], *x.v.stride()[:2],
+                 *((0, 0) if kda else x.g.stride()[:2]), *x.beta.stride()[:2],
+                 plan.N, plan.group, HV, plan.nt_max * HV),
+                dict(common, V=plan.V, BK=cfg.intra.block, BV=cfg.intra.block, KDA=kda, NEUMANN=solve.neumann,
+                     DPREC=solve.diag_precision, IPREC=solve.below_precision, TMOUT=plan.stages.state_u),
+                plan.intra_launch)
+
+
+def kda_system_constexprs(plan: "PrefillPlan") -> dict:
+    """KDA's channel-block constexprs (:class:`KdaSystemConfig`: ``BK``, the operand dtype ``OP``, the
+    fast path's ``SPAN``, ``-inf`` when off) for :func:`.chunk_intra.chunk_kda_system_kernel` and the
+    fused prep (:func:`.chunk_fused_kda.chunk_kda_fused_prep_kernel`)."""
+    s = plan.config.kda_system
+    return dict(BK=s.block_k, OP=plan.DT if s.bf16_operands else tl.float32,
+                SPAN=KDA_FAST_SPAN if s.fast_path else float("-inf"))

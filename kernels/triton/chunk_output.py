@@ -17,6 +17,8 @@ so no axis carries ``N * HV``. GDN's bf16 path at GVA group size 2 runs
 heads from one ``q k^T``.
 """
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
@@ -24,6 +26,11 @@ from ._gates import cumsum2
 from ._l2norm import RNORM_LIMIT, SS_LIMIT, chunk_row_max, inv_pow2_scale, pow2_scale
 from ._pid import chunk_span
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+from .launch import launch_with
+
+if TYPE_CHECKING:
+    from .chunk_tables import ChunkTables
+    from .prefill.plan import PrefillBuffers, PrefillInputs, PrefillPlan, PrefillState
 
 
 @triton.jit
@@ -277,3 +284,32 @@ def chunk_output_grouped_kernel(
         acc = tl.dot(A.to(DT), vt.to(DT), acc=acc * tl.exp(G)[:, None], input_precision=PREC)
         tl.store(o + vo + (r[:, None] * (HV * V) + cv[None, :]),
                  tl.where(keep, acc * qs[:, None], 0.0).to(o.dtype.element_ty), mask=m[:, None])
+
+
+# -- the host side: the output stage's launch -------------------------------------------------
+
+def launch_output(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers", st: "PrefillState",
+                  scale: float) -> None:
+    """Stage 3: the output rows, one program per (chunk, value head, value block)
+    (:func:`.chunk_output.chunk_output_kernel`) or, at a grouped GVA size, per key head
+    (:func:`.chunk_output.chunk_output_grouped_kernel`)."""
+    opt, cfg = plan.stages, plan.config.output
+    common = dict(K=plan.K, V=plan.V, BK=64, BV=cfg.block_v, L2NORM=plan.use_qk_l2norm, POOL=plan.pool_mode,
+                  DT=plan.DT, PREC=plan.PREC)
+    tail = (x.cu_seqlens, t.chunk_seq, t.chunk_start, st.state_indices)
+    if opt.grouped_output:  # one program per key head: one q k^T
+        half = opt.half_hbuf
+        launch_with(chunk_output_grouped_kernel, plan.grids.output,
+                    (x.q, x.k, x.g, b.rk, b.hbuf, b.vn, b.o, *tail, b.gdn_kf if half else None,
+                     b.gdn_ec if half else None, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],
+                     plan.N, plan.HV, float(scale)),
+                    dict(common, GROUP=plan.group, HALF=half), cfg.grouped_launch)
+        return
+    if plan.kda:  # stage 1's decayed queries and keys, per-chunk decays and Aqk (GROUP 1)
+        q, k, g, rk, aqk, group = b.kda_qg, b.kda_kd, b.kda_gl, None, b.kda_aqk, 1
+    else:
+        q, k, g, rk, aqk, group = x.q, x.k, x.g, b.rk, None, plan.group
+    launch_with(chunk_output_kernel, plan.grids.output,
+                (q, k, g, rk, aqk, b.hbuf, b.vn, b.o, *tail, *q.stride()[:2], *k.stride()[:2], *g.stride()[:2],
+                 plan.N, group, plan.HV, float(scale)),
+                dict(common, KDA=plan.kda), cfg.launch)

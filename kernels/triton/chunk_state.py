@@ -25,12 +25,23 @@ False (``HAS_INIT``) a zero initial state read from nowhere (the load is masked)
 instructions on the same data, so they agree bitwise. Element offsets are 64-bit throughout.
 """
 
+from typing import TYPE_CHECKING
+
+import torch
 import triton
 import triton.language as tl
 
 from linattn.kernels.triton._pid import chunk_span, decode_pid
 
+from .chunk_tables import CHUNK, segment_tables
 from .decode import G_MIN  # the floor of g (-1000), as torch_ref and the decode kernel
+from .launch import LaunchOptions, launch, launch_with
+
+if TYPE_CHECKING:
+    from linattn.kernels.grid import GridPlan
+
+    from .chunk_tables import ChunkTables
+    from .prefill.plan import PrefillBuffers, PrefillInputs, PrefillPlan, PrefillState
 
 
 @triton.jit
@@ -342,3 +353,106 @@ def chunk_gdn_gates_kernel(g, rk, kf, ec, cu_seqlens, chunk_seq, chunk_start, sg
     ro = (t0 + r[:, None]) * HV + h[None, :]
     tl.store(kf + ro, tl.load(rk + ro, mask=msk, other=0.0) * tl.exp(suf), mask=msk)
     tl.store(ec + i_c.to(tl.int64) * HV + h, tl.exp(gl), mask=h < HV)
+
+
+# -- the host side: the gates and state stages' launches ------------------------------------
+
+#: the combine's value columns per program (a [K, K] fp32 tile in registers, K <= 128) and its launch
+SEGMENT_COMBINE_BLOCK_V = 32
+SEGMENT_COMBINE_LAUNCH = LaunchOptions(4, 2)  # why: docs/performance.md#prefill-segments
+
+
+def state_strides(x: torch.Tensor, state_layout: str) -> tuple[int, int, int, int]:
+    """(slot, head, k, v) element strides of a state tensor in layout ``vk`` or ``kv``."""
+    if state_layout == "vk":
+        return x.stride(0), x.stride(1), x.stride(3), x.stride(2)
+    return x.stride(0), x.stride(1), x.stride(2), x.stride(3)
+
+
+def gates_block(HV: int) -> int:
+    """Value heads per program of the gates kernel."""
+    return min(32, triton.next_power_of_2(HV))
+
+
+def launch_gates(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers") -> None:
+    """GDN, between stages 1 and 2: ``gdn_kf`` and ``gdn_ec``, the state loop's gate factors
+    (:func:`.chunk_state.chunk_gdn_gates_kernel`)."""
+    launch(chunk_gdn_gates_kernel, plan.grids.gates,
+           (x.g, b.rk, b.gdn_kf, b.gdn_ec, x.cu_seqlens, t.chunk_seq, t.chunk_start, *x.g.stride()[:2],
+            plan.N, plan.HV), dict(BH=gates_block(plan.HV)), num_warps=4)
+
+
+def launch_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers", st: "PrefillState") -> None:
+    """Stage 2: the sequential state kernel (:func:`.chunk_state.chunk_state_kernel`), on the grid
+    planned for ``N x HV x V // block_v``; reads ``h0`` and writes the final state in place (pool)
+    or to ``final`` (dense); writes ``hbuf`` and ``vn``, or the output (``plan.output_in_state``)."""
+    if plan.grids.state.empty:
+        return
+    s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    _launch_state_kernel(plan, x, b, grid=plan.grids.state, cu=x.cu_seqlens, chunk_off=t.chunk_off,
+                         state_indices=st.state_indices, flags=st.has_initial_state, h0=st.h0, ht=st.ht,
+                         s0=s0, st=state_strides(st.ht, plan.state_layout), pool=plan.pool_mode,
+                         has_h0=plan.has_h0, has_init=plan.has_init_flags, fused=plan.output_in_state,
+                         checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every)
+
+
+def _launch_state_kernel(plan: "PrefillPlan", x: "PrefillInputs", b: "PrefillBuffers", *, grid: "GridPlan", cu, chunk_off,
+                         state_indices, flags, h0, ht, s0: tuple, st: tuple, pool: bool, has_h0: bool,
+                         has_init: bool, fused: bool, segment: int = 0, checkpoints=None,
+                         checkpoint_every: int = 0) -> None:
+    """One launch of the state kernel on ``grid`` with the given tables and state operands
+    (``s0``, ``st``: the ``(slot, head, k, v)`` element strides of ``h0`` and ``ht``); ``checkpoints``
+    (pool mode, one pass): the slot table, with ``checkpoint_every`` in tokens (``HAS_CKPT``)."""
+    opt, kda = plan.stages, plan.kda
+    if kda:  # stage 1's decayed keys and per-chunk total log decays, per value head (GROUP 1)
+        keys, gate, row, group = b.kda_kd, b.kda_gl, None, 1
+    else:  # the gates kernel's factors, or the raw gates and the key norms
+        keys, group = x.k, plan.group
+        gate, row = (b.gdn_ec, b.gdn_kf) if opt.hoist else (x.g, b.rk)
+    q, aqk, o = (b.kda_qg, b.kda_aqk, b.o) if fused else (None, None, None)
+    v, tm = (x.v, b.tm_beta) if opt.state_u else (None, None)
+    if fused:  # unread, yet not None: None here moves a shipped build's sm_90 code (#prefill-none-operands)
+        row = b.rk
+        flags = flags if flags is not None else torch.empty(0, dtype=torch.uint8, device=plan.device)
+    constexprs = dict(K=plan.K, V=plan.V, BV=plan.config.state.block_v, **grid.constexprs, KDA=kda, POOL=pool,
+                      HAS_H0=has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=fused, HOIST=opt.hoist,
+                      HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_init)
+    if segment:
+        constexprs["SEGMENT"] = segment
+    ck = (None, None, None)
+    if checkpoints is not None:  # the build without HAS_CKPT takes the three as None (constexpr-folded)
+        constexprs["HAS_CKPT"] = True
+        ck = (checkpoints, checkpoints.shape[1], checkpoint_every // CHUNK)
+    launch_with(chunk_state_kernel, grid.grid,
+                (keys, gate, b.w, b.u, row, cu, chunk_off, state_indices, flags,
+                 h0, ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
+                 *(q.stride()[:2] if fused else v.stride()[:2] if opt.state_u else (0, 0)),  # q's or v's: one pair
+                 *s0, *st, group, plan.HV, *ck),
+                constexprs, plan.config.state.fused_launch if fused else plan.config.state.launch)
+
+
+def launch_segmented_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers",
+                           st: "PrefillState") -> None:
+    """Stage 2 as the segment-parallel state pass (ops.md "Segment-parallel state pass"): the
+    segment tables, the summary pass (each segment's ``[B | M]`` from ``[0 | I]``), the combine
+    (every segment's entering state; the final state to the pool row or ``final``) and the rerun
+    from the entering states (``hbuf`` and ``vn``, or the output)."""
+    seg = segment_tables(plan, x.cu_seqlens, t.chunk_off, st.state_indices if plan.pool_mode else None)
+    g, K, V, HV = plan.segment_grids, plan.K, plan.V, plan.HV
+    summary, init = b.seg_summary, b.seg_init
+    sm = (HV * K * (V + K), K * (V + K), V + K, 1)  # (segment, head, k, v) strides of [B | M]
+    si = (HV * K * V, K * V, V, 1)
+    common = dict(cu=seg.seg_cu, chunk_off=seg.seg_chunk_off)
+    _launch_state_kernel(plan, x, b, grid=g.summary, **common, state_indices=None, flags=None, h0=None,
+                         ht=summary, s0=sm, st=sm, pool=False, has_h0=False, has_init=False, fused=False,
+                         segment=1)
+    s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    launch_with(chunk_segment_combine_kernel, g.combine.grid,
+                (summary, seg.seg_first, init, st.h0, st.ht, st.state_indices, st.has_initial_state,
+                 sm[0], sm[1], *s0, *state_strides(st.ht, plan.state_layout), HV),
+                dict(K=K, V=V, BV=SEGMENT_COMBINE_BLOCK_V, **g.combine.constexprs, POOL=plan.pool_mode,
+                     HAS_H0=plan.has_h0, HAS_INIT=plan.has_init_flags,
+                     PREC=plan.COMBINE_PREC), SEGMENT_COMBINE_LAUNCH)
+    _launch_state_kernel(plan, x, b, grid=g.rerun, **common, state_indices=seg.seg_slot, flags=None, h0=init,
+                         ht=summary, s0=si, st=sm, pool=plan.pool_mode, has_h0=True, has_init=False,
+                         fused=plan.output_in_state, segment=2)

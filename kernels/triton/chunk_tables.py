@@ -24,18 +24,23 @@ writes ``chunk_off`` for the blocks it scans (identical values where two do): th
 a block's first chunk index scans that block. No global atomics (``tl.histogram`` counts with
 shared-memory integer adds inside a program: exact and order-free), no host sync; every entry is
 a pure function of ``cu_seqlens``, bitwise equal to
-:func:`linattn.kernels.triton.prefill.chunk_tables`.
+:func:`chunk_tables` (the torch version, below with this module's launchers).
 
 Its cost against the torch version's, by batch shape: docs/performance.md#prefill-chunk-tables.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple, Optional
+
 import torch
 import triton
 import triton.language as tl
 
 from .launch import launch
+
+if TYPE_CHECKING:
+    from .prefill.plan import PrefillPlan
 
 CHUNK = 64
 _CHUNK: tl.constexpr = tl.constexpr(CHUNK)  # the kernel's copy (jit code reads constexpr globals only)
@@ -135,7 +140,7 @@ def chunk_tables_triton(cu_seqlens: torch.Tensor, T: int):
         ``chunk_start[c]`` of sequence ``chunk_seq[c]``; entries past the real count hold
         ``chunk_seq = N`` and ``chunk_start = cu_seqlens[N-1] + 64 * (c - chunk_off[N-1])`` (the
         kernels skip them). ``NT_max = T // 64 + N`` (a host int) bounds the count. Bitwise equal to
-        :func:`linattn.kernels.triton.prefill.chunk_tables` (the torch version), N = 0 included.
+        :func:`chunk_tables` (the torch version), N = 0 included.
     Raises:
         ValueError: ``cu_seqlens`` is not a 1-D int32/int64 tensor with at least one entry; more than
             ``2**31 - 129`` chunks (``T >= 2**37`` tokens: chunk indices are int32 in the kernel).
@@ -212,3 +217,103 @@ def segment_tables_kernel(cu_ptr, off_ptr, slot_ptr, seg_cu_ptr, seg_off_ptr, se
         if HAS_SLOT:
             tl.store(seg_slot_ptr + j, tl.where(real, tl.load(slot_ptr + nc).to(tl.int64), -1), mask=inside)
     tl.store(seg_cu_ptr + NSEG + tl.arange(0, 1), tl.zeros([1], dtype=tl.int64) + T)
+
+
+# -- the host side: the torch tables and the launchers ------------------------------------
+
+class ChunkTables(NamedTuple):
+    """``chunk_off [N+1]`` int64, ``chunk_seq [NT_max]`` int32, ``chunk_start [NT_max]`` int64
+    (:func:`chunk_tables`, :func:`launch_tables`)."""
+
+    chunk_off: torch.Tensor
+    chunk_seq: torch.Tensor
+    chunk_start: torch.Tensor
+
+
+def chunk_tables(cu_seqlens: torch.Tensor, T: int):
+    """Chunk index tables, built on the device with no host sync (torch ops).
+
+    Args:
+        cu_seqlens: ``[N+1]`` int32/int64 prefix sums of the sequence lengths.
+        T: total tokens (``cu_seqlens[-1]``, known from the shapes).
+    Returns:
+        ``(chunk_off [N+1] int64, chunk_seq [NT_max] int32, chunk_start [NT_max] int64, NT_max)``:
+        sequence ``n`` owns chunks ``chunk_off[n] .. chunk_off[n+1]-1``; chunk ``c`` starts at token
+        ``chunk_start[c]`` of sequence ``chunk_seq[c]``; entries past the real count hold
+        ``chunk_seq = N`` (the kernels skip them). ``NT_max = T // 64 + N`` bounds the count.
+    """
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    nck = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    chunk_off = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(nck, 0, out=chunk_off[1:])
+    nt_max = T // CHUNK + N
+    c = torch.arange(nt_max, dtype=torch.int64, device=cu.device)
+    seq = torch.searchsorted(chunk_off[1:], c, right=True)  # N for c >= real count
+    seq_c = seq.clamp(max=max(N - 1, 0))
+    start = cu[seq_c] + CHUNK * (c - chunk_off[seq_c])
+    return chunk_off, seq.to(torch.int32), start, nt_max
+
+
+def launch_tables(plan: PrefillPlan, cu_seqlens: torch.Tensor) -> ChunkTables:
+    """Stage 0: the chunk index tables (:func:`.chunk_tables.chunk_tables_triton`, or torch ops past
+    :data:`.prefill.plan.TABLES_TRITON_MAX_N` sequences)."""
+    tables = chunk_tables_triton if plan.triton_tables else chunk_tables
+    chunk_off, chunk_seq, chunk_start, _ = tables(cu_seqlens, plan.T)
+    return ChunkTables(chunk_off, chunk_seq, chunk_start)
+
+
+class SegmentTables(NamedTuple):
+    """The segments of one call (:func:`segment_tables`): ``seg_cu [NSEG+1]`` int64, the segments'
+    token bounds as a prefix array (segments past the real count are empty, at ``T``);
+    ``seg_chunk_off [NSEG]`` int64, each segment's first chunk; ``seg_first [N+1]`` int64, sequence
+    ``n`` owns segments ``seg_first[n] .. seg_first[n+1] - 1``; ``seg_slot [NSEG]`` int64 (pool mode:
+    the segment's state index, -1 past the real count; else None)."""
+
+    seg_cu: torch.Tensor
+    seg_chunk_off: torch.Tensor
+    seg_first: torch.Tensor
+    seg_slot: Optional[torch.Tensor]
+
+
+def segment_tables(plan: PrefillPlan, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
+                   state_indices: Optional[torch.Tensor]) -> SegmentTables:
+    """The segments of a call, on the device with no host sync, in one launch
+    (:func:`.chunk_tables.segment_tables_kernel`): sequence ``n`` of ``nc_n`` chunks is cut into
+    ``ceil(nc_n / L)`` segments of ``L = plan.segment_chunks`` chunks, on its own chunk grid (the
+    last one may be shorter, its last chunk short); a zero-length sequence has none. Returns
+    :class:`SegmentTables` over the bound ``plan.n_segments``, bitwise those of
+    :func:`segment_tables_torch`."""
+    N, nseg, dev = plan.N, plan.n_segments, cu_seqlens.device
+    seg_cu = torch.empty(nseg + 1, dtype=torch.int64, device=dev)
+    seg_off = torch.empty(nseg, dtype=torch.int64, device=dev)
+    seg_first = torch.empty(N + 1, dtype=torch.int64, device=dev)
+    seg_slot = None if state_indices is None else torch.empty(nseg, dtype=torch.int64, device=dev)
+    launch(segment_tables_kernel, (1,),
+           (cu_seqlens, chunk_off, state_indices, seg_cu, seg_off, seg_first, seg_slot, N, plan.T,
+            plan.segment_chunks, nseg, max(1, N.bit_length())),
+           dict(HAS_SLOT=state_indices is not None, BN=SEG_BN, BS=SEG_BS), num_warps=4)
+    return SegmentTables(seg_cu, seg_off, seg_first, seg_slot)
+
+
+def segment_tables_torch(plan: PrefillPlan, cu_seqlens: torch.Tensor, chunk_off: torch.Tensor,
+                         state_indices: Optional[torch.Tensor]) -> SegmentTables:
+    """:func:`segment_tables` in torch ops (the tests' reference for the kernel)."""
+    L, T, N, nseg = plan.segment_chunks, plan.T, plan.N, plan.n_segments
+    dev = cu_seqlens.device
+    cu = cu_seqlens.to(torch.int64)
+    per_seq = (chunk_off[1:] - chunk_off[:-1] + (L - 1)) // L
+    seg_first = torch.zeros(N + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(per_seq, 0, out=seg_first[1:])
+    j = torch.arange(nseg, dtype=torch.int64, device=dev)
+    n = torch.searchsorted(seg_first[1:], j, right=True)  # N past the real count
+    real = n < N
+    nc = n.clamp(max=N - 1)
+    i = j - seg_first[nc]
+    seg_cu = torch.full((nseg + 1,), T, dtype=torch.int64, device=dev)
+    seg_cu[:-1] = torch.where(real, cu[nc] + i * (L * CHUNK), T)
+    seg_chunk_off = chunk_off[nc] + i * L
+    slot = None
+    if state_indices is not None:
+        slot = torch.where(real, state_indices.to(torch.int64)[nc], -1)
+    return SegmentTables(seg_cu, seg_chunk_off, seg_first, slot)

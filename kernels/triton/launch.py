@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import operator
 import threading
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -579,3 +580,27 @@ class LaunchSequence:
             ck.run(grid[0], grid[1], grid[2], stream, ck.function, ck.packed_metadata, None, None, None, *args)
         if log is not None and keep is not None:
             _keep_while_logged(keep)
+
+
+# -- launch options ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Triton launch options of one kernel: warps, software-pipelining stages and an optional
+    register cap per thread (None: the compiler's choice)."""
+
+    num_warps: int
+    num_stages: int
+    maxnreg: Optional[int] = None
+
+    def __post_init__(self):
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"num_warps must be a power of two up to 16 and num_stages >= 1; got {self}")
+
+
+def launch_with(kernel, grid: tuple, args: tuple, constexprs: dict, opts: LaunchOptions) -> None:
+    """:func:`launch` with ``opts``. A register cap goes among the keywords, which Triton
+    takes as a compile option (:func:`launch` has no ``maxnreg`` option of its own)."""
+    if opts.maxnreg is not None:
+        constexprs = {**constexprs, "maxnreg": opts.maxnreg}
+    launch(kernel, grid, args, constexprs, num_warps=opts.num_warps, num_stages=opts.num_stages)

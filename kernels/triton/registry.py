@@ -14,10 +14,11 @@ prefill's intra-chunk stage, one program per chunk) are entered with ``layouts=(
 (they run inside the launcher of a planned kernel of the same op) and that every layout of that
 launcher gives them the same grid.
 
-The chunked prefill (``kernels/triton/prefill.py``) is three to five launches after the one that builds
-its chunk index tables (:mod:`.chunk_tables`), one launch function per stage (``prefill.launch_tables``,
-``launch_intra``, ``launch_gates``, ``launch_state``, ``launch_output``; the module docstring of
-``prefill.py`` lists them): only its state stage
+The chunked prefill (``kernels/triton/prefill/``) is three to five launches after the one that builds
+its chunk index tables (:mod:`.chunk_tables`), one launch function per stage, beside its kernels
+(``chunk_tables.launch_tables``, ``chunk_intra.launch_intra``, ``chunk_state.launch_gates``,
+``chunk_state.launch_state``, ``chunk_output.launch_output``; the docstring of the ``prefill``
+package lists them): only its state stage
 (:mod:`.chunk_state`, one program per value block x sequence x value head) is planned, and it is
 entered once per op (``gdn_prefill_state``, ``kda_prefill_state``: same source, ``KDA`` constexpr).
 """
@@ -254,7 +255,7 @@ KERNELS: tuple[KernelEntry, ...] = (
         why_unplanned=("grid (N, HV): the sequences on axis x (up to 2^31 - 1) and the value heads on axis y (a "
                        "model's HV, far below 65,535), one program per (sequence, head) copying a state row, so "
                        "nothing to plan; launched by the prefill launchers only for calls with "
-                       "output_state_indices (kernels/triton/prefill.py forked)"),
+                       "output_state_indices (kernels/triton/prefill/run.py forked)"),
         notes=("separate read and write slots: each read row copied into its write row before the prefill runs "
                "in place on the write slots; held bitwise by tests/ops/test_separate_slots.py"),
     ),

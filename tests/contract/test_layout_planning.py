@@ -40,7 +40,7 @@ def _work(grid_plan) -> tuple:
 @pytest.mark.parametrize("device", ["sm90", "sm120", "mi300x"])
 @pytest.mark.parametrize("case", _CASES)
 def test_layouts_of_one_device_plan_the_same_arithmetic(case, device, monkeypatch):
-    monkeypatch.setattr(prefill, "interpreter_enabled", lambda: False)  # the compiled run's plan
+    monkeypatch.setattr(prefill.plan, "interpreter_enabled", lambda: False)  # the compiled run's plan
     plans = {layout: _plan(case, layout, device) for layout in LAYOUT_GRID_PROFILE}
     first, *others = LAYOUT_GRID_PROFILE
     a = plans[first]

@@ -81,8 +81,8 @@ def test_profiles_are_explained_without_triton_importable(fresh_registry, monkey
     and no predicate needs to import a kernel module."""
     import sys
 
-    for mod in [m for m in sys.modules if m.startswith("triton") or m in (
-            "linattn.kernels.triton.decode", "linattn.kernels.triton.prefill", "linattn.kernels.triton.silu_clamp")]:
+    for mod in [m for m in sys.modules if m.startswith(("triton", "linattn.kernels.triton.prefill")) or m in (
+            "linattn.kernels.triton.decode", "linattn.kernels.triton.silu_clamp")]:  # prefill: the package and its modules
         monkeypatch.delitem(sys.modules, mod)
     monkeypatch.setitem(sys.modules, "triton", None)  # any `import triton` now raises ImportError
     for op, extra in (("gdn_decode", {}), ("gdn_prefill", {"t": 8192}), ("silu_and_mul_clamp", {})):

@@ -139,7 +139,7 @@ def test_worst_conditioned_solve_bf16_stays_near_the_fp32_solve(family, monkeypa
     ro, rht = reference(family, inp)
     o, ht = run(family, inp)
     pinned = prefill_mod.prefill_config
-    monkeypatch.setattr(prefill_mod, "prefill_config", lambda *a, **k: override_config(
+    monkeypatch.setattr(prefill_mod.config, "prefill_config", lambda *a, **k: override_config(
         pinned(*a, **k), {"intra.solve": SolveConfig(neumann=False, diag_precision="ieee", below_precision="ieee")}))
     o32, ht32 = run(family, inp)
     eo, es, eo32, es32 = rel(o, ro), rel(ht, rht), rel(o32, ro), rel(ht32, rht)
@@ -270,7 +270,7 @@ def test_F13_every_launch_configuration_gives_the_same_result(family, alt, monke
     inp = make_inputs(family, [700, 129, 1], dtype=BF, seed=24, device=DEV, **QWEN)
     base_o, base_h = run(family, inp)
     pinned = prefill_mod.prefill_config
-    monkeypatch.setattr(prefill_mod, "prefill_config", lambda *a, **k: override_config(pinned(*a, **k), ALT_CONFIGS[alt]))
+    monkeypatch.setattr(prefill_mod.config, "prefill_config", lambda *a, **k: override_config(pinned(*a, **k), ALT_CONFIGS[alt]))
     o, ht = run(family, inp)
     ro, rht = reference(family, inp)
     assert rel(o, ro) < 2e-2 and rel(ht, rht) < 1e-2

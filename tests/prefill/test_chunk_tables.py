@@ -194,7 +194,7 @@ def test_segment_tables_kernel_matches_torch_bitwise(lens, L, small):
     slots = torch.randperm(len(lens) + 3)[:len(lens)].to(DEV) - 1  # one may be -1 (padding)
     want = pm.segment_tables_torch(plan, cu, off, slots)
     empty = torch.empty
-    tiles = mock.patch.multiple(pm, SEG_BN=4, SEG_BS=8) if small else nullcontext()
+    tiles = mock.patch.multiple(ct, SEG_BN=4, SEG_BS=8) if small else nullcontext()
     with tiles, mock.patch.object(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(-7)):
         got = pm.segment_tables(plan, cu, off, slots)
     for name, w, g in zip(want._fields, want, got):

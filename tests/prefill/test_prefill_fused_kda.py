@@ -64,7 +64,7 @@ def test_fused_kda_planner_reasons(monkeypatch):
     args = dict(family="kda", HV=32, K=128, V=128, dtype=torch.bfloat16, caps=caps, cfg=cfg)
     on, why = pm.plan_fused(N=16, **args)
     assert not on and "FUSED_KDA_DEFAULT" in why  # default off until measured on the H200
-    monkeypatch.setattr(pm, "FUSED_KDA_DEFAULT", True)  # then GDN's rule
+    monkeypatch.setattr(pm.plan, "FUSED_KDA_DEFAULT", True)  # then GDN's rule
     assert pm.plan_fused(N=16, **args)[0]
     on, why = pm.plan_fused(N=1, **dict(args, HV=2))
     assert not on and "idle" in why

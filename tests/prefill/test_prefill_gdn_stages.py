@@ -26,6 +26,7 @@ import torch
 pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled  # noqa: E402
+from linattn.kernels.triton import chunk_intra, chunk_output, chunk_state  # noqa: E402
 
 from prefill_cases import check_two_bf16_pool_runs, make_inputs, nan_run, random_states, rel, run  # noqa: E402
 
@@ -38,8 +39,8 @@ def _launches(monkeypatch, pm) -> list:
     """Record (kernel name, grid, constexprs of interest) of every prefill launch."""
     seen = []
     keys = ("HOIST", "HSTEP", "UTM", "HALF", "TMOUT")
-    for kernel in (pm.chunk_intra_kernel, pm.chunk_gdn_gates_kernel, pm.chunk_state_kernel,
-                   pm.chunk_output_grouped_kernel, pm.chunk_output_kernel):
+    for kernel in (chunk_intra.chunk_intra_kernel, chunk_state.chunk_gdn_gates_kernel, chunk_state.chunk_state_kernel,
+                   chunk_output.chunk_output_grouped_kernel, chunk_output.chunk_output_kernel):
         def spy(*a, _run=kernel.run, _k=kernel, **kw):
             seen.append((_k.fn.__name__, tuple(kw["grid"]), {k: kw[k] for k in keys if k in kw}))
             return _run(*a, **kw)
@@ -79,7 +80,7 @@ def _two_runs(monkeypatch, option: str, fixed: dict | None = None, H=H, HV=HV, p
         def config(*a, _on=on, **kw):
             cfg = pinned(*a, **kw)
             return replace(cfg, gdn=replace(cfg.gdn, **(fixed or {}), **{option: _on}))
-        monkeypatch.setattr(pm, "prefill_config", config)
+        monkeypatch.setattr(pm.config, "prefill_config", config)
         pool = before.clone()
         o, _ = nan_run(monkeypatch, "gdn", inp, state_pool=pool, state_indices=idx)
         runs.append((o, pool))
@@ -192,7 +193,7 @@ def test_chunk_tables_from_torch_ops_past_the_sequence_bound_give_the_same_bits(
     before = random_states(P, HV, K, V, seed=94, device=DEV)
     outs = []
     for bound in (pm.TABLES_TRITON_MAX_N, 0):
-        monkeypatch.setattr(pm, "TABLES_TRITON_MAX_N", bound)
+        monkeypatch.setattr(pm.plan, "TABLES_TRITON_MAX_N", bound)
         pool = before.clone()
         o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
         outs.append((o, pool))

@@ -17,6 +17,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled  # noqa: E402
+from linattn.kernels.triton import chunk_intra, chunk_output, chunk_state  # noqa: E402
 from linattn.kernels.triton import chunk_tables as tables_mod  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
 from linattn.kernels.triton import prefill as pm  # noqa: E402
@@ -87,7 +88,7 @@ def _replay(plan: pm.PrefillPlan, kw: dict):
 def _first_then_replayed(plan: pm.PrefillPlan, kw: dict):
     """A new signature's first call (stage by stage) and its second (recorded, replayed), on ``kw``."""
     first = _replay(plan, kw)
-    assert plan.launches[pm._call_signature(_tensors(kw), kw["scale"])] is pm._SEEN_ONCE
+    assert plan.launches[pm.run._call_signature(_tensors(kw), kw["scale"])] is pm.run._SEEN_ONCE
     return _replay(plan, kw), first
 
 
@@ -210,8 +211,9 @@ class _StubKernel:
 def stubbed(monkeypatch):
     """The prefill's kernels stubbed; the direct launch on unless LINATTN_FAST_LAUNCH=0. Yields the launch log."""
     log: list = []
-    for mod, names in ((pm, ("chunk_intra_kernel", "chunk_kda_system_kernel", "chunk_gdn_gates_kernel",
-                             "chunk_state_kernel", "chunk_output_kernel", "chunk_output_grouped_kernel")),
+    for mod, names in ((chunk_intra, ("chunk_intra_kernel", "chunk_kda_system_kernel")),
+                       (chunk_state, ("chunk_gdn_gates_kernel", "chunk_state_kernel")),
+                       (chunk_output, ("chunk_output_kernel", "chunk_output_grouped_kernel")),
                        (tables_mod, ("chunk_tables_kernel",))):
         for name in names:
             monkeypatch.setattr(mod, name, _StubKernel(getattr(mod, name), log))

@@ -215,7 +215,7 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     rows are zeros, rows no live sequence owns are bitwise unchanged, and both match the float64
     reference within bf16's 2e-2 / 1e-2. Both with every chunk's state stored (``gdn_half_hbuf``
     off: only the grouped kernel rebuilds every second one; test_prefill_gdn_stages.py)."""
-    from linattn.kernels.triton import prefill as pm
+    from linattn.kernels.triton import chunk_output, prefill as pm
 
     lens, slots = [70, 0, 5, 130], [3, 1, -1, 0]
     P, H, HV, K, V = 5, 2, 4, 64, 64
@@ -225,7 +225,7 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     assert pm.prefill_config("gdn", K, V, torch.bfloat16).output.grouped_at == (HV // H,)
     assert pm.prefill_config("gdn", K, V, torch.float32).output.grouped_at == ()
     pinned, grids = pm.prefill_config, []
-    for kernel in (pm.chunk_output_kernel, pm.chunk_output_grouped_kernel):
+    for kernel in (chunk_output.chunk_output_kernel, chunk_output.chunk_output_grouped_kernel):
         monkeypatch.setattr(kernel, "run", lambda *a, _run=kernel.run, _k=kernel, **kw:
                             grids.append((_k.fn.__name__, kw["grid"][1])) or _run(*a, **kw))
     outs, pools = [], []
@@ -235,7 +235,7 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
             cfg = pinned(*a, **kw)
             return replace(cfg, gdn=replace(cfg.gdn, every_second_state=False),
                            output=replace(cfg.output, grouped_at=(2,) if _grouped else ()))
-        monkeypatch.setattr(pm, "prefill_config", config)
+        monkeypatch.setattr(pm.config, "prefill_config", config)
         o, _ = run("gdn", inp, state_pool=pool, state_indices=idx)
         outs.append(o)
         pools.append(pool)

@@ -48,6 +48,8 @@ def _per_sequence(o, ro, ht, rht, lens, cu, tol):
 def _stage1(inp, scale, l2norm, fast):
     """Stage 1 of KDA (fp32, ieee dots) on ``inp``; ``fast``: the system kernel's fast path allowed
     (the pinned configuration) or turned off. Returns the buffers on the CPU and the chunk tables."""
+    import triton.language as tl
+
     from linattn.capabilities import probe
     from linattn.kernels.triton import prefill as pm
 
@@ -56,7 +58,7 @@ def _stage1(inp, scale, l2norm, fast):
     assert cfg.kda_system.fast_path  # the shipped configuration takes the fast path where it may
     cfg = replace(cfg, kda_system=replace(cfg.kda_system, fast_path=fast))
     plan = pm.plan_prefill("kda", q=q, v=v, cu_seqlens=cu, use_qk_l2norm=l2norm, caps=probe(DEV), config=cfg)
-    assert (plan.DT, plan.PREC) == (pm.tl.float32, "ieee")
+    assert (plan.DT, plan.PREC) == (tl.float32, "ieee")
     bufs = pm.allocate_buffers(plan)
     stage1 = dict(abuf=bufs.kda_a, aqk=bufs.kda_aqk, kd=bufs.kda_kd, qg=bufs.kda_qg, gl=bufs.kda_gl, w=bufs.w,
                   u=bufs.u, rk=bufs.rk)
@@ -305,7 +307,7 @@ def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_th
     rows: the final pool rows are the same bits (the state update is the same instructions), the
     outputs agree to 1e-5 (dot order), padding rows are zeros in both, rows no live sequence owns
     are bitwise unchanged, and both match the float64 reference within bf16's 2e-2 / 1e-2."""
-    from linattn.kernels.triton import prefill as pm
+    from linattn.kernels.triton import chunk_output, prefill as pm
 
     lens, slots = [70, 0, 5, 130], [3, 1, -1, 0]
     P, H, HV, K, V = 5, 1, 2, 128, 64
@@ -314,13 +316,13 @@ def test_state_kernel_writing_the_output_matches_the_output_kernel_and_leaves_th
     before = random_states(P, HV, K, V, seed=72, device=DEV)
     assert pm.prefill_config("kda", K, V, torch.bfloat16).state.writes_output
     assert not pm.prefill_config("gdn", K, V, torch.bfloat16).state.writes_output
-    pinned, run_output = pm.prefill_config, pm.chunk_output_kernel.run
+    pinned, run_output = pm.prefill_config, chunk_output.chunk_output_kernel.run
     calls = []
-    monkeypatch.setattr(pm.chunk_output_kernel, "run", lambda *a, **kw: calls.append(1) or run_output(*a, **kw))
+    monkeypatch.setattr(chunk_output.chunk_output_kernel, "run", lambda *a, **kw: calls.append(1) or run_output(*a, **kw))
     outs, pools, output_launches = [], [], []
     for fuse in (True, False):
         pool = before.clone()
-        monkeypatch.setattr(pm, "prefill_config", lambda *a, _fuse=fuse, **kw: replace(
+        monkeypatch.setattr(pm.config, "prefill_config", lambda *a, _fuse=fuse, **kw: replace(
             pinned(*a, **kw), state=replace(pinned(*a, **kw).state, writes_output=_fuse)))
         calls.clear()
         o, _ = run("kda", inp, state_pool=pool, state_indices=idx)

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled, profile  # noqa: E402
-from linattn.kernels.triton import prefill as pm  # noqa: E402
+from linattn.kernels.triton import chunk_intra, chunk_output, chunk_state, prefill as pm  # noqa: E402
 
 from prefill_cases import make_inputs, random_states, run  # noqa: E402
 
@@ -111,15 +111,15 @@ def test_a_replaced_prefill_config_steers_the_plan(monkeypatch):
     plan = pm.plan_prefill("kda", **kw, config=pm.override_config(pm.prefill_config("kda", 128, 128, torch.bfloat16), off))
     assert not plan.output_in_state and plan.grids.output is not None
     pinned = pm.prefill_config
-    monkeypatch.setattr(pm, "prefill_config", lambda *a, **k: pm.override_config(pinned(*a, **k), off))
+    monkeypatch.setattr(pm.config, "prefill_config", lambda *a, **k: pm.override_config(pinned(*a, **k), off))
     assert pm.plan_prefill("kda", **kw) == plan
 
 
 def _operands(monkeypatch) -> list:
     """(kernel name, {parameter: argument}) of every prefill launch."""
     seen = []
-    for kernel in (pm.chunk_kda_system_kernel, pm.chunk_intra_kernel, pm.chunk_gdn_gates_kernel,
-                   pm.chunk_state_kernel, pm.chunk_output_kernel, pm.chunk_output_grouped_kernel):
+    for kernel in (chunk_intra.chunk_kda_system_kernel, chunk_intra.chunk_intra_kernel, chunk_state.chunk_gdn_gates_kernel,
+                   chunk_state.chunk_state_kernel, chunk_output.chunk_output_kernel, chunk_output.chunk_output_grouped_kernel):
         params = list(inspect.signature(kernel.fn).parameters)
 
         def spy(*a, _run=kernel.run, _name=kernel.fn.__name__, _params=params, **kw):

@@ -115,8 +115,8 @@ def test_a_t_the_planner_cuts_into_segments_is_planned_for_itself(monkeypatch):
     replay = pm.PrefillReplay("gdn", dict(kw, scale=0.125, use_qk_l2norm=True, state_layout="vk"),
                               probe(kw["q"].device), "split")
     ran = []
-    monkeypatch.setattr(pm, "_segments_vary", lambda plan, caps: True)
-    monkeypatch.setattr(pm, "_segmented", lambda plan, T, caps: True)
-    monkeypatch.setattr(pm, "run_prefill", lambda plan, **a: ran.append(plan) or (None, None))
+    monkeypatch.setattr(pm.replay, "_segments_vary", lambda plan, caps: True)
+    monkeypatch.setattr(pm.replay, "_segmented", lambda plan, T, caps: True)
+    monkeypatch.setattr(pm.replay, "run_prefill", lambda plan, **a: ran.append(plan) or (None, None))
     replay(kw)
     assert len(ran) == 1 and ran[0].T == 84 and len(replay.exact) == 1
