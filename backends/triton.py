@@ -251,7 +251,7 @@ class TritonBackend(Backend):
         if fused:
             return f"prefill: {fwhy}"
         cfg = prefill_config(family, p.k, p.v, dtype)
-        even = stage_options(family, p.hv // max(p.h, 1), cfg).half_hbuf
+        even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
                                block_v=cfg.state.block_v, caps=caps, even=even, fp32=p.dtype == "float32",
                                forced=0 if ckpt else None)

@@ -39,6 +39,7 @@ def modules() -> list[Path]:
                 out.append(path)
     for sub in ("testing", "compat", "integrations"):
         out.extend(sorted((ROOT / "linattn" / sub).glob("*.py")))
+    out.extend(sorted((ROOT / "kernels" / "triton" / "prefill").glob("*.py")))  # linattn.kernels.triton.prefill
     return out
 
 

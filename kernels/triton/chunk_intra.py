@@ -535,7 +535,7 @@ def launch_intra(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "
                  *((0, 0) if kda else x.g.stride()[:2]), *x.beta.stride()[:2],
                  plan.N, plan.group, HV, plan.nt_max * HV),
                 dict(common, V=plan.V, BK=cfg.intra.block, BV=cfg.intra.block, KDA=kda, NEUMANN=solve.neumann,
-                     DPREC=solve.diag_precision, IPREC=solve.below_precision, TMOUT=plan.stages.state_u),
+                     DPREC=solve.diag_precision, IPREC=solve.below_precision, TMOUT=plan.stages.u_in_state),
                 plan.intra_launch)
 
 

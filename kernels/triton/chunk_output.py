@@ -298,7 +298,7 @@ def launch_output(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: 
                   DT=plan.DT, PREC=plan.PREC)
     tail = (x.cu_seqlens, t.chunk_seq, t.chunk_start, st.state_indices)
     if opt.grouped_output:  # one program per key head: one q k^T
-        half = opt.half_hbuf
+        half = opt.every_second_state  # the grouped kernel rebuilds every second chunk's state (HALF)
         launch_with(chunk_output_grouped_kernel, plan.grids.output,
                     (x.q, x.k, x.g, b.rk, b.hbuf, b.vn, b.o, *tail, b.gdn_kf if half else None,
                      b.gdn_ec if half else None, *x.q.stride()[:2], *x.k.stride()[:2], *x.g.stride()[:2],

@@ -385,20 +385,20 @@ def launch_gates(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "
 def launch_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers", st: "PrefillState") -> None:
     """Stage 2: the sequential state kernel (:func:`.chunk_state.chunk_state_kernel`), on the grid
     planned for ``N x HV x V // block_v``; reads ``h0`` and writes the final state in place (pool)
-    or to ``final`` (dense); writes ``hbuf`` and ``vn``, or the output (``plan.output_in_state``)."""
+    or to ``final`` (dense); writes ``hbuf`` and ``vn``, or the output (``plan.state_writes_output``)."""
     if plan.grids.state.empty:
         return
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     _launch_state_kernel(plan, x, b, grid=plan.grids.state, cu=x.cu_seqlens, chunk_off=t.chunk_off,
                          state_indices=st.state_indices, flags=st.has_initial_state, h0=st.h0, ht=st.ht,
                          s0=s0, st=state_strides(st.ht, plan.state_layout), pool=plan.pool_mode,
-                         has_h0=plan.has_h0, has_init=plan.has_init_flags, fused=plan.output_in_state,
+                         has_h0=plan.has_h0, has_init=plan.has_init_flags, writes_output=plan.state_writes_output,
                          checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every)
 
 
 def _launch_state_kernel(plan: "PrefillPlan", x: "PrefillInputs", b: "PrefillBuffers", *, grid: "GridPlan", cu, chunk_off,
                          state_indices, flags, h0, ht, s0: tuple, st: tuple, pool: bool, has_h0: bool,
-                         has_init: bool, fused: bool, segment: int = 0, checkpoints=None,
+                         has_init: bool, writes_output: bool, segment: int = 0, checkpoints=None,
                          checkpoint_every: int = 0) -> None:
     """One launch of the state kernel on ``grid`` with the given tables and state operands
     (``s0``, ``st``: the ``(slot, head, k, v)`` element strides of ``h0`` and ``ht``); ``checkpoints``
@@ -408,15 +408,15 @@ def _launch_state_kernel(plan: "PrefillPlan", x: "PrefillInputs", b: "PrefillBuf
         keys, gate, row, group = b.kda_kd, b.kda_gl, None, 1
     else:  # the gates kernel's factors, or the raw gates and the key norms
         keys, group = x.k, plan.group
-        gate, row = (b.gdn_ec, b.gdn_kf) if opt.hoist else (x.g, b.rk)
-    q, aqk, o = (b.kda_qg, b.kda_aqk, b.o) if fused else (None, None, None)
-    v, tm = (x.v, b.tm_beta) if opt.state_u else (None, None)
-    if fused:  # unread, yet not None: None here moves a shipped build's sm_90 code (#prefill-none-operands)
+        gate, row = (b.gdn_ec, b.gdn_kf) if opt.gates_kernel else (x.g, b.rk)
+    q, aqk, o = (b.kda_qg, b.kda_aqk, b.o) if writes_output else (None, None, None)
+    v, tm = (x.v, b.tm_beta) if opt.u_in_state else (None, None)
+    if writes_output:  # unread, yet not None: None here moves a shipped build's sm_90 code (#prefill-none-operands)
         row = b.rk
         flags = flags if flags is not None else torch.empty(0, dtype=torch.uint8, device=plan.device)
     constexprs = dict(K=plan.K, V=plan.V, BV=plan.config.state.block_v, **grid.constexprs, KDA=kda, POOL=pool,
-                      HAS_H0=has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=fused, HOIST=opt.hoist,
-                      HSTEP=2 if opt.half_hbuf else 1, UTM=opt.state_u, HAS_INIT=has_init)
+                      HAS_H0=has_h0, DT=plan.DT, PREC=plan.PREC, FUSE_O=writes_output, HOIST=opt.gates_kernel,
+                      HSTEP=2 if opt.every_second_state else 1, UTM=opt.u_in_state, HAS_INIT=has_init)
     if segment:
         constexprs["SEGMENT"] = segment
     ck = (None, None, None)
@@ -426,9 +426,9 @@ def _launch_state_kernel(plan: "PrefillPlan", x: "PrefillInputs", b: "PrefillBuf
     launch_with(chunk_state_kernel, grid.grid,
                 (keys, gate, b.w, b.u, row, cu, chunk_off, state_indices, flags,
                  h0, ht, b.hbuf, b.vn, q, aqk, o, v, tm, *keys.stride()[:2], *gate.stride()[:2],
-                 *(q.stride()[:2] if fused else v.stride()[:2] if opt.state_u else (0, 0)),  # q's or v's: one pair
+                 *(q.stride()[:2] if writes_output else v.stride()[:2] if opt.u_in_state else (0, 0)),  # q's or v's: one pair
                  *s0, *st, group, plan.HV, *ck),
-                constexprs, plan.config.state.fused_launch if fused else plan.config.state.launch)
+                constexprs, plan.config.state.fused_launch if writes_output else plan.config.state.launch)
 
 
 def launch_segmented_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTables", b: "PrefillBuffers",
@@ -444,7 +444,7 @@ def launch_segmented_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTab
     si = (HV * K * V, K * V, V, 1)
     common = dict(cu=seg.seg_cu, chunk_off=seg.seg_chunk_off)
     _launch_state_kernel(plan, x, b, grid=g.summary, **common, state_indices=None, flags=None, h0=None,
-                         ht=summary, s0=sm, st=sm, pool=False, has_h0=False, has_init=False, fused=False,
+                         ht=summary, s0=sm, st=sm, pool=False, has_h0=False, has_init=False, writes_output=False,
                          segment=1)
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     launch_with(chunk_segment_combine_kernel, g.combine.grid,
@@ -455,4 +455,4 @@ def launch_segmented_state(plan: "PrefillPlan", x: "PrefillInputs", t: "ChunkTab
                      PREC=plan.COMBINE_PREC), SEGMENT_COMBINE_LAUNCH)
     _launch_state_kernel(plan, x, b, grid=g.rerun, **common, state_indices=seg.seg_slot, flags=None, h0=init,
                          ht=summary, s0=si, st=sm, pool=plan.pool_mode, has_h0=True, has_init=False,
-                         fused=plan.output_in_state, segment=2)
+                         writes_output=plan.state_writes_output, segment=2)

@@ -104,7 +104,7 @@ def _work_counts(case: Case, launch_kwargs: dict) -> tuple[int, int, int]:
         if segment:  # the state kernel on the segments: NT_max // L + N of them; the summary on V + K columns
             T, K = case.args["q"].shape[0], case.args["q"].shape[2]
             L = case.launch["segment_chunks"]
-            L += L % 2 if _prefill_plan(case)[1].half_hbuf else 0  # as prefill.plan_segments rounds it
+            L += L % 2 if _prefill_plan(case)[1].every_second_state else 0  # as prefill.plan_segments rounds it
             N = (T // 64 + N) // L + N
             V += K if segment == 1 else 0
         return N, HV, -(-V // launch_kwargs["BV"])
@@ -137,7 +137,7 @@ def _output_kernel(case: Case) -> str | None:
 def _gdn_hoist(case: Case) -> bool:
     """Whether the case's GDN prefill forms the state loop's gate factors in their own launch
     (``chunk_gdn_gates``: pinned ``gdn.gates_kernel``, GDN's bf16 path)."""
-    return _prefill_plan(case)[1].hoist
+    return _prefill_plan(case)[1].gates_kernel
 
 
 def _run_all_layouts(entry, case, device, monkeypatch):

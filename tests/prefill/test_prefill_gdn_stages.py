@@ -173,7 +173,7 @@ def test_gdn_other_group_sizes_take_the_gate_launch_only(monkeypatch, H_, HV_):
 
     cfg = pm.prefill_config("gdn", K, V, torch.bfloat16)
     opt = pm.stage_options("gdn", HV_ // H_, cfg)
-    assert (opt.grouped_output, opt.hoist, opt.half_hbuf, opt.state_u) == (False, True, False, False)
+    assert (opt.grouped_output, opt.gates_kernel, opt.every_second_state, opt.u_in_state) == (False, True, False, False)
     assert pm.stage_options("gdn", 2, cfg) == (True, True, True, True)
     assert pm.stage_options("gdn", 2, cfg, replaced_state=True) == (True, False, False, False)
     assert not any(pm.stage_options("kda", 2, pm.prefill_config("kda", K, V, torch.bfloat16))[1:])

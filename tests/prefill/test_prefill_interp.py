@@ -213,7 +213,7 @@ def test_gdn_output_program_per_key_head_matches_one_per_value_head(monkeypatch)
     (key heads against value heads), the outputs agree to bf16 rounding (same maths per head; the
     builds differ), the final pool rows are the same bits (the state kernel is the same), padding
     rows are zeros, rows no live sequence owns are bitwise unchanged, and both match the float64
-    reference within bf16's 2e-2 / 1e-2. Both with every chunk's state stored (``gdn_half_hbuf``
+    reference within bf16's 2e-2 / 1e-2. Both with every chunk's state stored (``gdn.every_second_state``
     off: only the grouped kernel rebuilds every second one; test_prefill_gdn_stages.py)."""
     from linattn.kernels.triton import chunk_output, prefill as pm
 

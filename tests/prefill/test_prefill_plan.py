@@ -106,10 +106,10 @@ def test_a_replaced_prefill_config_steers_the_plan(monkeypatch):
     inp = make_inputs("kda", [10], K=128, V=128, dtype=torch.bfloat16, device=DEV)
     kw = dict(q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], caps=profile("sm90"))
     assert pm.prefill_config("kda", 128, 128, torch.bfloat16).state.writes_output
-    assert pm.plan_prefill("kda", **kw).output_in_state
+    assert pm.plan_prefill("kda", **kw).state_writes_output
     off = {"state.writes_output": False}
     plan = pm.plan_prefill("kda", **kw, config=pm.override_config(pm.prefill_config("kda", 128, 128, torch.bfloat16), off))
-    assert not plan.output_in_state and plan.grids.output is not None
+    assert not plan.state_writes_output and plan.grids.output is not None
     pinned = pm.prefill_config
     monkeypatch.setattr(pm.config, "prefill_config", lambda *a, **k: pm.override_config(pinned(*a, **k), off))
     assert pm.plan_prefill("kda", **kw) == plan

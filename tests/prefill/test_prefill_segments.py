@@ -267,11 +267,11 @@ def test_bf16_stage_options_on_the_segmented_path(family):
     idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
     before = random_states(7, HV, 64, 64, seed=75, device=DEV)
     plan = _plan(family, inp, state_pool=before, state_indices=idx, segment_chunks=3)
-    if plan.stages.half_hbuf:
+    if plan.stages.every_second_state:
         assert plan.segment_chunks in (3, 4) and plan.segment_chunks % 2 == 0
     else:
         assert plan.segment_chunks == 3
-    assert plan.stages.half_hbuf == (family == "gdn") and plan.output_in_state == (family == "kda")
+    assert plan.stages.every_second_state == (family == "gdn") and plan.state_writes_output == (family == "kda")
     outs, pools = [], []
     for L in (3, 0):
         pool = before.clone()
@@ -298,7 +298,7 @@ def test_the_plan_records_the_segment_length_from_metadata_alone(family, dtype):
     assert pm.plan_prefill(family, **kw, segment_chunks=0).segment_chunks == 0
     for L in (1, 2, 3, 8):
         plan = pm.plan_prefill(family, **kw, segment_chunks=L)
-        if plan.stages.half_hbuf:
+        if plan.stages.every_second_state:
             assert plan.segment_chunks in (L, L + 1) and plan.segment_chunks % 2 == 0
         else:
             assert plan.segment_chunks == L

@@ -47,16 +47,19 @@ SEGMENT_MAX_K = 128
 
 
 class StageOptions(NamedTuple):
-    """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`)."""
+    """How GDN's chunked prefill splits its stages for one call (:func:`stage_options`): the
+    :class:`.config.GdnStageSplit` fields as they apply to the call, under the same names."""
 
-    #: stage 3 runs one program per key head (``chunk_output_grouped_kernel``)
+    #: stage 3 runs one program per key head (``chunk_output_grouped_kernel``; the call's GVA group
+    #: size is in :attr:`.config.OutputConfig.grouped_at`)
     grouped_output: bool
-    #: the state loop's gate factors come from ``chunk_gdn_gates_kernel``
-    hoist: bool
-    #: the state stage stores the state entering every second chunk only (grouped output: HALF)
-    half_hbuf: bool
-    #: stage 1 writes ``Tm diag(beta)``; the state stage forms ``U``
-    state_u: bool
+    #: the state loop's gate factors come from ``chunk_gdn_gates_kernel`` (constexpr ``HOIST``)
+    gates_kernel: bool
+    #: the state stage stores the state entering every second chunk only (``HSTEP = 2``; the grouped
+    #: output's ``HALF``)
+    every_second_state: bool
+    #: stage 1 writes ``Tm diag(beta)`` (``TMOUT``); the state stage forms ``U`` (``UTM``)
+    u_in_state: bool
 
 
 def stage_options(family: str, group: int, cfg: PrefillConfig, replaced_state: bool = False) -> StageOptions:
@@ -69,9 +72,10 @@ def stage_options(family: str, group: int, cfg: PrefillConfig, replaced_state: b
     chunk's state. KDA takes none (it has its own stage split)."""
     gdn = family == "gdn" and not replaced_state
     grouped = family == "gdn" and group in cfg.output.grouped_at
-    hoist = gdn and cfg.gdn.gates_kernel
-    half = hoist and grouped and cfg.gdn.every_second_state
-    return StageOptions(grouped_output=grouped, hoist=hoist, half_hbuf=half, state_u=half and cfg.gdn.u_in_state)
+    gates_kernel = gdn and cfg.gdn.gates_kernel
+    every_second = gates_kernel and grouped and cfg.gdn.every_second_state
+    return StageOptions(grouped_output=grouped, gates_kernel=gates_kernel, every_second_state=every_second,
+                        u_in_state=every_second and cfg.gdn.u_in_state)
 
 
 class BufferSpec(NamedTuple):
@@ -130,8 +134,9 @@ class PrefillPlan:
     checkpoints: bool = False
     config: Optional[PrefillConfig] = None
     stages: Optional[StageOptions] = None
-    #: the state stage writes the output (:attr:`StateConfig.writes_output`); no output stage
-    output_in_state: bool = False
+    #: the state stage writes the output (:attr:`.config.StateConfig.writes_output` where it applies: KDA,
+    #: no replacement state kernel); no output stage (constexpr ``FUSE_O``)
+    state_writes_output: bool = False
     #: the dtype of the intermediate buffers and of the dots' operands (``buf_dtype`` as ``tl``)
     buf_dtype: torch.dtype = torch.float32
     DT: object = None
@@ -500,20 +505,20 @@ def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layo
     """The stage split, grids and buffers of a non-empty call (:func:`plan_prefill`)."""
     kda, T, N, H, HV, V = facts["family"] == "kda", facts["T"], facts["N"], facts["H"], facts["HV"], facts["V"]
     opt = stage_options(facts["family"], HV // H, cfg, replaced_state=state_kernel is not None)
-    in_state = kda and state_kernel is None and cfg.state.writes_output
+    writes_output = kda and state_kernel is None and cfg.state.writes_output
     nt_max = T // CHUNK + N
     items = nt_max * HV
-    intra_launch, ctas = ((cfg.intra.tm_launch, cfg.intra.tm_ctas_per_sm) if opt.state_u
+    intra_launch, ctas = ((cfg.intra.tm_launch, cfg.intra.tm_ctas_per_sm) if opt.u_in_state
                           else (cfg.intra.launch, cfg.intra.ctas_per_sm))
     progs = max(1, min(items, caps.sm_count * ctas))
     obv = cfg.output.block_v
     grids = PrefillGrids(
         kda_system=(nt_max, HV) if kda else None, intra=(progs,),
-        gates=(nt_max, triton.cdiv(HV, gates_block(HV))) if opt.hoist else None,
+        gates=(nt_max, triton.cdiv(HV, gates_block(HV))) if opt.gates_kernel else None,
         state=plan_grid(N, HV, V // cfg.state.block_v, caps, layout),
-        output=None if in_state else (nt_max, H if opt.grouped_output else HV, V // obv))
+        output=None if writes_output else (nt_max, H if opt.grouped_output else HV, V // obv))
     bv = cfg.state.block_v
-    L, why = plan_segments(N=N, HV=HV, K=facts["K"], V=V, nt_max=nt_max, block_v=bv, caps=caps, even=opt.half_hbuf,
+    L, why = plan_segments(N=N, HV=HV, K=facts["K"], V=V, nt_max=nt_max, block_v=bv, caps=caps, even=opt.every_second_state,
                            replaced_state=state_kernel is not None, forced=segment_chunks,
                            fp32=facts["dtype"] == torch.float32)
     nseg = nt_max // L + N if L else 0
@@ -522,14 +527,14 @@ def _plan_stages(facts: dict, cfg: PrefillConfig, caps: DeviceCapabilities, layo
         combine=plan_grid(N, HV, V // SEGMENT_COMBINE_BLOCK_V, caps, layout),
         rerun=plan_grid(nseg, HV, V // bv, caps, layout))
     return PrefillPlan(
-        **facts, empty=False, config=cfg, stages=opt, output_in_state=in_state, buf_dtype=buf_dtype,
+        **facts, empty=False, config=cfg, stages=opt, state_writes_output=writes_output, buf_dtype=buf_dtype,
         DT=tl.bfloat16 if buf_dtype == torch.bfloat16 else tl.float32,
         PREC=_stage_precision(facts["dtype"], "tf32", caps),
         COMBINE_PREC=_stage_precision(facts["dtype"], "tf32x3", caps), nt_max=nt_max,
         triton_tables=N <= TABLES_TRITON_MAX_N, grids=grids, intra_launch=intra_launch,
         state_kernel=state_kernel, segment_chunks=L, n_segments=nseg, segment_reason=why,
         segment_grids=seg_grids,
-        buffers=(_output_specs(facts) + _buffer_specs(facts, opt, in_state, nt_max, progs, buf_dtype)
+        buffers=(_output_specs(facts) + _buffer_specs(facts, opt, writes_output, nt_max, progs, buf_dtype)
                  + _segment_specs(facts, nseg)))
 
 
@@ -549,24 +554,24 @@ def _output_specs(facts: dict) -> tuple[BufferSpec, ...]:
     return specs
 
 
-def _buffer_specs(facts: dict, opt: StageOptions, in_state: bool, nt_max: int, progs: int,
+def _buffer_specs(facts: dict, opt: StageOptions, state_writes_output: bool, nt_max: int, progs: int,
                   bdt: torch.dtype) -> tuple[BufferSpec, ...]:
     """The intermediate buffers of a non-empty call (:class:`PrefillBuffers` says what each holds)."""
     T, HV, K, V = (facts[n] for n in ("T", "HV", "K", "V"))
     f32 = torch.float32
     specs = [BufferSpec("w", (T, HV, K), bdt),
-             BufferSpec("tm_beta", (T, HV, CHUNK), bdt) if opt.state_u else BufferSpec("u", (T, HV, V), bdt),
+             BufferSpec("tm_beta", (T, HV, CHUNK), bdt) if opt.u_in_state else BufferSpec("u", (T, HV, V), bdt),
              BufferSpec("rk", (T, HV), f32)]
     if facts["family"] == "kda":
         specs += [BufferSpec("kda_a", (nt_max, HV, CHUNK, CHUNK), f32), BufferSpec("kda_aqk", (T, HV, CHUNK), bdt),
                   BufferSpec("kda_kd", (T, HV, K), bdt), BufferSpec("kda_qg", (T, HV, K), bdt),
                   BufferSpec("kda_gl", (nt_max, HV, K), f32)]
-    if in_state:  # zero-size: no corrected values or states go through memory (launch_state)
+    if state_writes_output:  # zero-size: no corrected values or states go through memory (launch_state)
         specs += [BufferSpec("vn", (0,), bdt), BufferSpec("hbuf", (0,), bdt)]
     else:
         specs += [BufferSpec("vn", (T, HV, V), bdt), BufferSpec("hbuf", (nt_max, HV, K, V), bdt)]
     specs.append(BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
-    if opt.hoist:
+    if opt.gates_kernel:
         specs += [BufferSpec("gdn_kf", (T, HV), f32), BufferSpec("gdn_ec", (nt_max, HV), f32)]
     return tuple(specs)
 

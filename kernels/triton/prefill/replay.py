@@ -179,5 +179,5 @@ def _segmented(plan: PrefillPlan, T: int, caps: DeviceCapabilities) -> bool:
     """Whether the planner cuts a ``T``-token call of ``plan``'s class into segments."""
     bv = plan.config.state.block_v
     L, _ = plan_segments(N=plan.N, HV=plan.HV, K=plan.K, V=plan.V, nt_max=T // CHUNK + plan.N, block_v=bv,
-                         caps=caps, even=plan.stages.half_hbuf, fp32=plan.dtype == torch.float32)
+                         caps=caps, even=plan.stages.every_second_state, fp32=plan.dtype == torch.float32)
     return L != 0

@@ -226,7 +226,7 @@ def launch_stages(plan: PrefillPlan, x: PrefillInputs, bufs: PrefillBuffers, st:
         launch_fused_stages(plan, x, tables, bufs, st, scale)
         return tables
     launch_intra(plan, x, tables, bufs, scale)
-    if plan.stages.hoist:
+    if plan.stages.gates_kernel:
         launch_gates(plan, x, tables, bufs)
     if plan.state_kernel is not None:
         _run_state_kernel(plan, x, tables, bufs, st)
@@ -234,7 +234,7 @@ def launch_stages(plan: PrefillPlan, x: PrefillInputs, bufs: PrefillBuffers, st:
         launch_segmented_state(plan, x, tables, bufs, st)
     else:
         launch_state(plan, x, tables, bufs, st)
-    if not plan.output_in_state:
+    if not plan.state_writes_output:
         launch_output(plan, x, tables, bufs, st, scale)
     return tables
 
