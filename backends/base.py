@@ -153,7 +153,12 @@ class Backend:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        cls.own_phase_methods = frozenset(m for m in METHODS if getattr(cls, m) is not getattr(Backend, m))
+        # a class written for API 1 (it says so itself, or inherits it) has no phase methods: a method
+        # of its own that happens to be named decode / prefill / gating / clamp is an ordinary method,
+        # registered or not (the registry wraps it in FirstReleaseAdapter, which empties this too)
+        first_release = cls.effective_api_version() == "1"
+        cls.own_phase_methods = frozenset() if first_release else \
+            frozenset(m for m in METHODS if getattr(cls, m) is not getattr(Backend, m))
 
     @classmethod
     def effective_api_version(cls, plugin_api: Optional[str] = None) -> str:
@@ -336,8 +341,11 @@ class Backend:
         return fn(**kwargs)
 
     def execute(self, call: OpCall):
-        """Run one call object: the phase method (``decode``, ``prefill``, ``gating``, ``clamp``)."""
-        return getattr(self, call.spec.method)(call)
+        """Run one call object: the phase method (``decode``, ``prefill``, ``gating``, ``clamp``) the
+        class overrides, else the op method named after the op (API 1's)."""
+        if call.spec.method in self.own_phase_methods:
+            return getattr(self, call.spec.method)(call)
+        return self._by_op(call)
 
     # -- the phase methods of plugin API 2 (defaults: the op method named after the op) -----------
 

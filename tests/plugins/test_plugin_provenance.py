@@ -89,3 +89,28 @@ def test_an_api_1_backend_is_registered_behind_the_adapter():
     # a per-class cache keys the backend's class, not the adapter's
     conform_inputs("silu_and_mul_clamp", {"x": x, "limit": None}, b)
     assert ("silu_and_mul_clamp", Shared) in _PLANS and ("silu_and_mul_clamp", FirstReleaseAdapter) not in _PLANS
+
+
+def test_an_unregistered_first_release_backend_runs_its_op_method_not_a_helper_named_like_a_phase():
+    """A class that says ``api_version = "1"`` keeps API 1's one path outside the registry too (a
+    plugin author's own unit test): ``run`` and ``execute`` reach the op method, never a method of
+    its own that happens to be called ``clamp``."""
+    from linattn.backends.base import Backend
+
+    class V1(Backend):
+        name = "v1-bare"
+        api_version = "1"
+        ops = frozenset({"silu_and_mul_clamp"})
+
+        def clamp(self, *args, **kwargs):  # a helper, not API 2's phase method
+            raise AssertionError("the helper named clamp ran")
+
+        def silu_and_mul_clamp(self, x, **kwargs):
+            return ("op method", x.shape)
+
+    b = V1()
+    assert b.own_phase_methods == frozenset()
+    x = torch.zeros(2, 8)
+    assert b.run("silu_and_mul_clamp", x=x) == ("op method", x.shape)
+    call = make_call("silu_and_mul_clamp", {"x": x})
+    assert b.execute(call) == ("op method", x.shape)
