@@ -30,7 +30,6 @@ from linattn.apps.report import PREFILL_TOKENS
 from linattn.dispatch.ops_table import OP_TABLE
 from linattn.dispatch.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
                                      write)
-from linattn.dispatch.problem import Problem
 
 #: the family presets the default buckets use (their heads and head dims)
 FAMILY_PRESET = {"gdn": "qwen3-next", "kda": "kimi-linear"}
@@ -75,14 +74,15 @@ def sized_buckets(n: Optional[int], tokens: Optional[int], shape: Optional[tuple
 
 def bucket_for(op: str, n: int, t: int, shape: Optional[tuple], dtype: str, state_dtype: str) -> Bucket:
     """The bucket of ``op`` with ``n`` rows / sequences and ``t`` tokens per row / sequence."""
-    from linattn.presets import preset
+    from linattn.presets import make_problem, preset
 
     if shape is None:
         pr = preset(FAMILY_PRESET[OP_TABLE[op].family])
         shape = (pr.H, pr.HV, pr.K, pr.V)
     H, HV, K, V = shape
     total = t if OP_TABLE[op].phase == "decode" else n * t
-    return bucket_of(Problem(op=op, n=n, t=total, h=H, hv=HV, k=K, v=V, dtype=dtype, state_dtype=state_dtype))
+    # make_problem: a shape Problem refuses (hv not a multiple of h, ...) is a UsageError (exit 2, one line)
+    return bucket_of(make_problem(op, n=n, t=total, h=H, hv=HV, k=K, v=V, dtype=dtype, state_dtype=state_dtype))
 
 
 def parse_buckets(text: str, shape: Optional[tuple], dtype: str, state_dtype: str) -> list[Bucket]:

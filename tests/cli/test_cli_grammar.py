@@ -263,6 +263,7 @@ def test_version_prints_the_package_version():
     (("bench", "gdn_decode", "--device", "tpu"), "BenchUsageError"),
     (("check", "--op", "no_such_op"), "ValueError"),
     (("tune", "--dtype", "fp8"), "UsageError"),
+    (("tune", "--op", "gdn_decode", "--shape", "16,30,128,128", "--batch", "1", "--tokens", "1"), "UsageError"),
     (("demo", "--model", "no-such-model"), "DemoConfigError"),
 ])
 def test_every_verb_prints_the_one_json_error_shape_with_exit_2(args, kind):
