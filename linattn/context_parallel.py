@@ -738,3 +738,17 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
     plan = make_plan(meta["cu"], [(m["offset"], m["tokens"]) for m in metas],
                      None if slots is None else [s < 0 for s in slots])
     return _execute(family, x, args, out, meta, plan, rank, summary, group, world)
+
+
+def __getattr__(name: str):
+    """``spawn_ranks`` lived here before it moved to :mod:`linattn.testing.spawn` (a test helper: the
+    library does not spawn processes); the old import still works, with a DeprecationWarning."""
+    if name == "spawn_ranks":
+        import warnings
+
+        from linattn.testing.spawn import spawn_ranks
+
+        warnings.warn("linattn.context_parallel.spawn_ranks moved to linattn.testing.spawn.spawn_ranks; "
+                      "import it from there", DeprecationWarning, stacklevel=2)
+        return spawn_ranks
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

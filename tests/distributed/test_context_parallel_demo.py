@@ -30,3 +30,15 @@ def test_demo_context_parallel_refuses_the_request_stream_options():
     for extra in (["--device", "cuda"], ["--requests", "5"], ["--steps", "3"]):
         res = CliRunner().invoke(cli.app, ["demo", "--context-parallel", "2", *extra])
         assert res.exit_code == 2 and extra[0] in res.output and "request-stream demo" in res.output, res.output
+
+
+def test_spawn_ranks_old_import_path_still_works_with_a_deprecation_warning():
+    import pytest
+
+    import linattn.context_parallel as cp
+    from linattn.testing.spawn import spawn_ranks
+
+    with pytest.warns(DeprecationWarning, match="linattn.testing.spawn"):
+        assert cp.spawn_ranks is spawn_ranks
+    with pytest.raises(AttributeError):
+        cp.no_such_name  # noqa: B018
