@@ -136,7 +136,7 @@ def engine_calls(inputs: StreamInputs, steps: int, seed: int = 0) -> list[tuple[
 
 def prefill_shapes(calls: list[tuple[str, dict]]) -> dict:
     """How many of the prefill calls bring a packed length T, and a (T bucket, N) of the Triton
-    prefill's replays (``kernels/triton/prefill.py`` ``replay_tokens``), not seen earlier in ``calls``:
+    prefill's replays (``kernels/triton/prefill/`` ``replay_tokens``), not seen earlier in ``calls``:
     the calls that plan and record (a cold bucket) rather than replay."""
     from linattn.kernels.triton.prefill import replay_tokens
 

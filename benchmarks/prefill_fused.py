@@ -18,7 +18,7 @@ its own data (KDA's with the share of channel blocks off the fast path, ``decay`
 
 Families (``--families``, default ``gdn``): each row names its ``family``. ``--keep`` keeps the rows
 of the output file whose family this run does not measure (so a KDA run adds its rows beside the
-committed GDN ones). KDA's fused prefill is not the planner's default (``prefill.FUSED_KDA_DEFAULT``):
+committed GDN ones). KDA's fused prefill is not the planner's default (``prefill.plan.FUSED_KDA_DEFAULT``):
 its rows' ``planner_fused`` says so until that is set.
 
 Writes the ``benchmarks/_results.py`` schema after every shape (default
@@ -290,7 +290,7 @@ def main():
              "columns are the first kind's; each further kind is a sub-dict (checks, pipeline_ms, fused_ms, fla_ms, "
              "decay).",
              "KDA rows: the fused KDA prefill (kernels/triton/chunk_fused_kda.py) is forced (fused=True); the planner "
-             "keeps KDA's pipeline until prefill.FUSED_KDA_DEFAULT is set (planner_fused, planner_reason)."]
+             "keeps KDA's pipeline until prefill.plan.FUSED_KDA_DEFAULT is set (planner_fused, planner_reason)."]
     if rows:
         notes.append("Rows with measured_by were kept (--keep) from the earlier file; their own command and commit.")
     notes += [n for n in old_notes if n not in notes]

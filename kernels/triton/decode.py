@@ -474,7 +474,7 @@ class DecodeLaunch:
             self.constexprs["BLOCKS"] = cfg.blocks
         if cfg.state_vec:
             self.constexprs["STATE_VEC"] = cfg.state_vec
-        if cfg.maxnreg is not None:  # a compile option Triton takes among the keywords (as prefill._launch)
+        if cfg.maxnreg is not None:  # a compile option Triton takes among the keywords (as launch.launch_with)
             self.constexprs["maxnreg"] = cfg.maxnreg
         self.launch: Optional[PreparedLaunch] = None
         self._pick = self._operand_picker()

@@ -11,9 +11,9 @@ The host side reads as typed stages, one module per concern:
   (:class:`PrefillLaunch`); :mod:`.replay`: :class:`PrefillReplay`;
 - each stage's launcher beside its kernels, which :func:`run_prefill` calls in order:
 
-0. :func:`launch_tables` (:mod:`.chunk_tables`): the chunk index tables (one launch; torch ops
+0. :func:`launch_tables` (:mod:`..chunk_tables`): the chunk index tables (one launch; torch ops
    past :data:`TABLES_TRITON_MAX_N` sequences).
-1. :func:`launch_intra` (:mod:`.chunk_intra`): per (chunk, value head), on a persistent grid:
+1. :func:`launch_intra` (:mod:`..chunk_intra`): per (chunk, value head), on a persistent grid:
    chunk-local cumulative gates, ``A`` (K K^T with decays), ``(I + A)^-1``, ``W`` and ``U`` (and,
    for KDA, the intra-chunk query-key matrix, the decayed queries and keys and the chunks' total
    decays, which stages 2 and 3 read). KDA builds its ``A`` and those operands in a launch before
@@ -22,11 +22,11 @@ The host side reads as typed stages, one module per concern:
    (:attr:`GdnStageSplit.u_in_state`): stage 2 forms ``U``.
 2. :func:`launch_gates` (GDN's bf16 path, :attr:`GdnStageSplit.gates_kernel`): the state loop's
    gate factors (:func:`.chunk_state.chunk_gdn_gates_kernel`).
-3. :func:`launch_state` (:mod:`.chunk_state`): per (value block, sequence, value head), grid from
+3. :func:`launch_state` (:mod:`..chunk_state`): per (value block, sequence, value head), grid from
    the launch-grid planner: the sequential pass over the sequence's chunks; pool mode loads ``h0``
    from ``state_pool[state_indices[n]]`` and stores the final state to the same row inside the
    kernel. KDA's bf16 path at K <= 128 writes the output here (:attr:`StateConfig.writes_output`).
-4. :func:`launch_output` (:mod:`.chunk_output`): per (chunk, value head, value block): the output
+4. :func:`launch_output` (:mod:`..chunk_output`): per (chunk, value head, value block): the output
    rows (GDN's bf16 path at GROUP = 2: per (chunk, key head, value block), both value heads from
    one ``q k^T``; the state stage stores the state entering every second chunk only and this stage
    rebuilds the others' share from the chunk before: :attr:`GdnStageSplit.every_second_state`).
