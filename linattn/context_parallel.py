@@ -740,15 +740,12 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
     return _execute(family, x, args, out, meta, plan, rank, summary, group, world)
 
 
+
 def __getattr__(name: str):
     """``spawn_ranks`` lived here before it moved to :mod:`linattn.testing.spawn` (a test helper: the
-    library does not spawn processes); the old import still works, with a DeprecationWarning."""
+    library neither spawns processes nor imports its testing package): the old name raises an
+    AttributeError that says where it went."""
     if name == "spawn_ranks":
-        import warnings
-
-        from linattn.testing.spawn import spawn_ranks
-
-        warnings.warn("linattn.context_parallel.spawn_ranks moved to linattn.testing.spawn.spawn_ranks; "
-                      "import it from there", DeprecationWarning, stacklevel=2)
-        return spawn_ranks
+        raise AttributeError("linattn.context_parallel.spawn_ranks moved to linattn.testing.spawn.spawn_ranks "
+                             "(a test helper); import it from there")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,13 +32,13 @@ def test_demo_context_parallel_refuses_the_request_stream_options():
         assert res.exit_code == 2 and extra[0] in res.output and "request-stream demo" in res.output, res.output
 
 
-def test_spawn_ranks_old_import_path_still_works_with_a_deprecation_warning():
+
+def test_spawn_ranks_old_import_path_says_where_it_moved():
     import pytest
 
     import linattn.context_parallel as cp
-    from linattn.testing.spawn import spawn_ranks
 
-    with pytest.warns(DeprecationWarning, match="linattn.testing.spawn"):
-        assert cp.spawn_ranks is spawn_ranks
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match=r"moved to linattn\.testing\.spawn\.spawn_ranks"):
+        cp.spawn_ranks  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         cp.no_such_name  # noqa: B018
