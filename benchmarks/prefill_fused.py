@@ -112,6 +112,13 @@ def fla_fn(family, d, pool, idx):
                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu64, cu_seqlens_cpu=cu_cpu)
 
 
+def owned(pool, idx):
+    """``[P]`` bool: the pool rows the call's ``idx`` names (the rows it may write)."""
+    own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
+    own[idx.long()] = True
+    return own
+
+
 def check(family, d, pool, idx):
     """The fused prefill against the pipeline and FLA on one set of data (relative differences)."""
     pools = {}
@@ -120,8 +127,7 @@ def check(family, d, pool, idx):
         p = pool.clone()
         outs[name] = linattn(family, d, p, idx, fused)[1]()[0]
         pools[name] = p
-    own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
-    own[idx.long()] = True
+    own = owned(pool, idx)
     row = dict(o_rel_fused_vs_pipeline=rel(outs["fused"], outs["pipeline"]),
                ht_rel_fused_vs_pipeline=rel(pools["fused"][own], pools["pipeline"][own]),
                rows_not_owned_unchanged=bool(torch.equal(pools["fused"][~own], pool[~own])))
@@ -221,8 +227,7 @@ def solve_variants(family, d, pool, idx) -> dict:
     pinned = fused_config(K, V, torch.bfloat16, family)
     base = pool.clone()
     o_ref = linattn(family, d, base, idx, True, pinned)[1]()[0]
-    own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
-    own[idx.long()] = True
+    own = owned(pool, idx)
     out = {}
     for name, solve in SOLVE_VARIANTS.items():
         with config_override({"intra.solve": solve}):
