@@ -460,17 +460,8 @@ class FirstReleaseAdapter:
     def execute(self, call: OpCall):
         return self.adapted.run(call.op, **call.arguments())
 
-    def decode(self, call: DecodeCall):
-        return self.adapted.run(call.op, **call.arguments())
-
-    def prefill(self, call: PrefillCall):
-        return self.adapted.run(call.op, **call.arguments())
-
-    def gating(self, call: GatingCall):
-        return self.adapted.run(call.op, **call.arguments())
-
-    def clamp(self, call: ClampCall):
-        return self.adapted.run(call.op, **call.arguments())
+    # every phase method is execute: the call object names its op
+    decode = prefill = gating = clamp = execute
 
 
 #: what each plugin-API-1 op method returns, per backend method (``OpSpec.method``)
