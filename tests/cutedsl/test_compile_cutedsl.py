@@ -17,13 +17,24 @@ from linattn.kernels.cutedsl.chunk_state import KernelKey, cache_info, compile_s
 
 FORBIDDEN = ("wgmma", "tcgen05", "cp.async.bulk", "setmaxnreg")
 
+#: PTX of each key compiled afresh (``dump_dir``: never the library's cache) in this process: the
+#: warp-MMA build of a key is also the ``plain`` build the has_initial_state and checkpoint tests
+#: compare with, so each key is compiled once per worker instead of up to three times
+_PTX: dict = {}
+
+
+def _ptx(key: KernelKey, tmp_path_factory) -> str:
+    if key not in _PTX:
+        fn = compile_state_kernel(key, dump_dir=str(tmp_path_factory.mktemp("cutedsl")))
+        _PTX[key] = fn.artifacts.PTX
+    return _PTX[key]
+
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
-def test_state_kernel_compiles_with_warp_mma_only(tmp_path, arch, kda):
+def test_state_kernel_compiles_with_warp_mma_only(tmp_path_factory, arch, kda):
     key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", arch)
-    fn = compile_state_kernel(key, dump_dir=str(tmp_path))
-    ptx = fn.artifacts.PTX
+    ptx = _ptx(key, tmp_path_factory)
     assert f".target {arch}" in ptx
     mma = re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)
     # per chunk and warp: Vn = U - S^T W^T (16 x 64 x 128) and S^T += Vn^T K (16 x 128 x 64): 64 + 64
@@ -45,29 +56,28 @@ def test_other_declared_configurations_compile_for_sm90a(K, V, kda, pool, has_h0
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
-def test_state_kernel_with_has_initial_state_compiles_with_a_guarded_h0_load(tmp_path, arch, kda):
+def test_state_kernel_with_has_initial_state_compiles_with_a_guarded_h0_load(tmp_path_factory, arch, kda):
     """Pool mode with a has_initial_state mask (issue 16): one byte load of the flag per CTA
     guards the h0 load (no zeroing pass); the MMA count and the instruction set are unchanged."""
     key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", arch, True)
-    fn = compile_state_kernel(key, dump_dir=str(tmp_path))
-    ptx = fn.artifacts.PTX
+    ptx = _ptx(key, tmp_path_factory)
     assert f".target {arch}" in ptx
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == 128
     assert re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx), "the has_initial_state byte is loaded"
-    plain = compile_state_kernel(key._replace(has_init=False), dump_dir=str(tmp_path / "plain")).artifacts.PTX
+    plain = _ptx(key._replace(has_init=False), tmp_path_factory)
     assert not re.search(r"ld\.global(\.\w+)*\.[bus]8\b", plain)
     for bad in FORBIDDEN:
         assert bad not in ptx, bad
 
 
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
-def test_state_kernel_with_checkpoints_compiles_with_one_more_state_store(tmp_path, kda):
+def test_state_kernel_with_checkpoints_compiles_with_one_more_state_store(tmp_path_factory, kda):
     """Pool mode with state checkpoints (issue 32 item 1; ``ckpt_dtype``): the chunk loop gains one
     guarded store of the state tile (per thread as many ``st.global`` as the final store: 64 at
     K = 128, BV = 64, 4 warps), the MMA count and the instruction set unchanged."""
     key = KernelKey(128, 128, 64, kda, True, True, "float32", "float32", "int32", "int32", "sm_90a", False, "int64")
-    ptx = compile_state_kernel(key, dump_dir=str(tmp_path)).artifacts.PTX
-    plain = compile_state_kernel(key._replace(ckpt_dtype=""), dump_dir=str(tmp_path / "plain")).artifacts.PTX
+    ptx = _ptx(key, tmp_path_factory)
+    plain = _ptx(key._replace(ckpt_dtype=""), tmp_path_factory)
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == 128
     stores = len(re.findall(r"st\.global", ptx)) - len(re.findall(r"st\.global", plain))
     assert stores == 128 * 64 // 128, stores  # the [BV, K] fp32 tile over 128 threads
