@@ -141,8 +141,9 @@ def check(family, d, pool, idx):
     return row
 
 
-def gates_row(family, N, L, H, HV, kind):
-    """The checks and the pipeline / pinned fused / FLA medians on one further gate kind's data."""
+def gates_row(family, N, L, H, HV, kind, with_variants=False):
+    """The checks and the pipeline / pinned fused / FLA medians on one further gate kind's data (and
+    the :data:`PREP_VARIANTS` where ``with_variants``, GDN)."""
     from linattn.kernels.triton.chunk_fused import fused_config
     from linattn.testing.gates import decay_summary, resolve
 
@@ -157,10 +158,12 @@ def gates_row(family, N, L, H, HV, kind):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
     except Exception as e:  # noqa: BLE001 - FLA missing or failing: recorded, not fatal
         row["fla_error"] = f"{type(e).__name__}: {e}"[:300]
+    if with_variants and family == "gdn":
+        row["prep_variants"] = prep_variants(family, d, pool, idx)
     return row
 
 
-def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_solves=False):
+def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     from linattn.kernels.triton.chunk_fused import FusedConfig, fused_config
 
     d, pool, idx = make(family, N, L, H, HV, gates=kinds[0])
@@ -202,25 +205,29 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_solves=False):
     row["speedup_vs_pipeline"] = row["pipeline_ms"] / row["fused_ms"]
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
-    if with_solves and family == "gdn":
-        row["solve_variants"] = solve_variants(family, d, pool, idx)
+    if with_variants and family == "gdn":
+        row["prep_variants"] = prep_variants(family, d, pool, idx)
     del d, pool
     for kind in kinds[1:]:
         torch.cuda.empty_cache()
-        row[kind] = gates_row(family, N, L, H, HV, kind)
+        row[kind] = gates_row(family, N, L, H, HV, kind, with_variants)
     return row
 
 
-#: --solve-variants (GDN): the pinned fused prefill under another triangular solve (``PrefillConfig.intra.solve``,
-#: shared with the pipeline's stage 1); "diag_tf32": the diagonal 16 x 16 blocks on single TF32
-#: dots instead of 3xTF32 (the prep's largest instruction share; docs/performance.md, "Where the prep's
+#: --prep-variants (GDN): the pinned fused prefill with its prep changed, each a ``PrefillConfig`` override
+#: (by field path) and ``FusedConfig`` fields. "diag_tf32": the solve's diagonal 16 x 16 blocks on single
+#: TF32 dots instead of 3xTF32 (``intra.solve``, shared with the pipeline's stage 1; the prep's largest
+#: instruction share); "gate_factors": ``exp(G_r - G_s)`` as a rank-1 product where a chunk's decay range
+#: fits (``FusedConfig.prep_gate_factors``); both together (docs/performance.md, "Where the prep's
 #: instructions go")
-SOLVE_VARIANTS = {"diag_tf32": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")}
+_TF32 = {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")}
+PREP_VARIANTS = {"diag_tf32": (_TF32, {}), "gate_factors": ({}, {"prep_gate_factors": True}),
+                 "diag_tf32+gate_factors": (_TF32, {"prep_gate_factors": True})}
 
 
-def solve_variants(family, d, pool, idx) -> dict:
-    """Each :data:`SOLVE_VARIANTS` entry on the row's data: fused median and kernel times, and its output
-    and written rows against the shipped solve's (relative), rows not owned unchanged."""
+def prep_variants(family, d, pool, idx) -> dict:
+    """Each :data:`PREP_VARIANTS` entry on the row's data: fused median and kernel times, and its output
+    and written rows against the shipped prep's (relative), rows not owned unchanged."""
     from linattn.kernels.triton.chunk_fused import fused_config
     from prefill import config_override
 
@@ -229,14 +236,16 @@ def solve_variants(family, d, pool, idx) -> dict:
     o_ref = linattn(family, d, base, idx, True, pinned)[1]()[0]
     own = owned(pool, idx)
     out = {}
-    for name, solve in SOLVE_VARIANTS.items():
-        with config_override({"intra.solve": solve}):
+    for name, (over, fields) in PREP_VARIANTS.items():
+        cfg = dataclasses.replace(pinned, **fields)
+        with config_override(over):
             p = pool.clone()
-            o = linattn(family, d, p, idx, True, pinned)[1]()[0]
-            out[name] = dict(solve=dataclasses.asdict(solve), o_rel_vs_shipped=rel(o, o_ref), ht_rel_vs_shipped=rel(p[own], base[own]),
+            o = linattn(family, d, p, idx, True, cfg)[1]()[0]
+            out[name] = dict(config=repr(over), fused_config=fields, o_rel_vs_shipped=rel(o, o_ref),
+                             ht_rel_vs_shipped=rel(p[own], base[own]),
                              rows_not_owned_unchanged=bool(torch.equal(p[~own], pool[~own])),
-                             fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, pinned)[1]),
-                             fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, pinned)[1]))
+                             fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, cfg)[1]),
+                             fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, cfg)[1]))
     return out
 
 
@@ -261,8 +270,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the output file's rows of the other families")
     ap.add_argument("--shapes", default=None, help="e.g. 16x4096@16/32,1x65536@2/8 (for every family given)")
     ap.add_argument("--quick", action="store_true", help="the pinned configuration only")
-    ap.add_argument("--solve-variants", action="store_true",
-                    help="GDN: also the pinned fused prefill under each SOLVE_VARIANTS solve (row key solve_variants)")
+    ap.add_argument("--prep-variants", action="store_true",
+                    help="GDN: also the pinned fused prefill with each PREP_VARIANTS prep (row key prep_variants)")
     ap.add_argument("--gates", default="mild,realistic",
                     help="gate kinds: mild, realistic, or a model of linattn.testing.gates of each family "
                          "(the first fills the row)")
@@ -301,7 +310,7 @@ def main():
     notes += [n for n in old_notes if n not in notes]
     for family in families:
         for shp in custom or (KDA_SHAPES if family == "kda" else SHAPES):
-            rows.append(run_shape(family, *shp, a.quick, kinds, a.solve_variants))
+            rows.append(run_shape(family, *shp, a.quick, kinds, a.prep_variants))
             print(rows[-1], flush=True)
             write_results(out, rows, notes=notes)
     return rows

@@ -10,6 +10,8 @@ the final pool rows.
 Usage (GPU): python benchmarks/prefill_worst_case.py [--families gdn,kda] [--out FILE]
 """
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -44,8 +46,26 @@ GDN_OPTIONS = [
 LENS = ([64, 130, 1000], [64, 130])
 
 
+#: GDN's fused prefill (forced) with its prep's FusedConfig fields changed, each under the shipped solve
+#: and the all-TF32 one: none, the rank-1 decays (prep_gate_factors)
+FUSED_PREPS = [{}, {"prep_gate_factors": True}]
+
+
 def configs(family: str) -> list[dict]:
     return [{}, *SOLVES, *(GDN_OPTIONS if family == "gdn" else [])]
+
+
+@contextlib.contextmanager
+def fused_fields(fields: dict):
+    """The planner's fused configuration with ``fields`` replaced while inside."""
+    from linattn.kernels.triton.prefill import plan as plan_mod
+
+    pinned = plan_mod.fused_config
+    plan_mod.fused_config = lambda *a, **k: dataclasses.replace(pinned(*a, **k), **fields)
+    try:
+        yield
+    finally:
+        plan_mod.fused_config = pinned
 
 
 def main():
@@ -77,6 +97,14 @@ def main():
                                shipped=not over, o_rel=rel(o, ro), state_rel=rel(ht, rht))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
+                for fields in FUSED_PREPS if family == "gdn" else []:
+                    for over in ({}, SOLVES[1]):
+                        with config_override(over), fused_fields(fields):
+                            o, ht = run(family, inp, fused=True)
+                        row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over), fused=True,
+                                   fused_fields=fields, shipped=False, o_rel=rel(o, ro), state_rel=rel(ht, rht))
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
                 write_results(out, rows, notes)
     print(f"wrote {out}")
 
