@@ -72,6 +72,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_worst_case_<device>.json)")
+    ap.add_argument("--fused-only", action="store_true", help="GDN: only the fused prefill's rows (FUSED_PREPS)")
     args = ap.parse_args()
     out = args.out or results_path("prefill_worst_case")
     notes = ["Inputs: tests/prefill/prefill_cases.make_inputs(family, lens, H=16, HV=32, K=128, V=128, bf16, "
@@ -90,7 +91,7 @@ def main():
                 if worst:
                     inp = worst_conditioned(inp)
                 ro, rht = reference(family, inp)
-                for over in configs(family):
+                for over in [] if args.fused_only else configs(family):
                     with config_override(over):
                         o, ht = run(family, inp)
                     row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over),
