@@ -217,12 +217,11 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
 #: --prep-variants (GDN): the pinned fused prefill with its prep changed, each a ``PrefillConfig`` override
 #: (by field path) and ``FusedConfig`` fields. "diag_tf32": the solve's diagonal 16 x 16 blocks on single
 #: TF32 dots instead of 3xTF32 (``intra.solve``, shared with the pipeline's stage 1; the prep's largest
-#: instruction share); "gate_factors": ``exp(G_r - G_s)`` as a rank-1 product where a chunk's decay range
-#: fits (``FusedConfig.prep_gate_factors``); both together (docs/performance.md, "Where the prep's
-#: instructions go")
-_TF32 = {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")}
-PREP_VARIANTS = {"diag_tf32": (_TF32, {}), "gate_factors": ({}, {"prep_gate_factors": True}),
-                 "diag_tf32+gate_factors": (_TF32, {"prep_gate_factors": True})}
+#: instruction share: docs/performance.md, "Where the prep's instructions go"). Measured and not shipped
+#: (same section): the all-TF32 solve (NaN on the worst-conditioned input) and 6dc8ded's rank-1 gate
+#: factors (``prep_gate_factors``, slower)
+PREP_VARIANTS = {"diag_tf32": ({"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")},
+                               {})}
 
 
 def prep_variants(family, d, pool, idx) -> dict:

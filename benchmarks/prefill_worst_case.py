@@ -47,8 +47,8 @@ LENS = ([64, 130, 1000], [64, 130])
 
 
 #: GDN's fused prefill (forced) with its prep's FusedConfig fields changed, each under the shipped solve
-#: and the all-TF32 one: none, the rank-1 decays (prep_gate_factors)
-FUSED_PREPS = [{}, {"prep_gate_factors": True}]
+#: and the all-TF32 one (6dc8ded also had {"prep_gate_factors": True}: its rows in prefill_worst_case_h200.json)
+FUSED_PREPS = [{}]
 
 
 def configs(family: str) -> list[dict]:

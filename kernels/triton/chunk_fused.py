@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Optional
 import triton
 import triton.language as tl
 
-from ._gates import cum_gates, cumsum2
+from ._gates import cumsum2
 from ._l2norm import chunk_row_max, pow2_scale
 from ._pid import chunk_span, decode_pid
 from .chunk_intra import _ld, _solve, kda_system_constexprs
@@ -72,11 +72,6 @@ if TYPE_CHECKING:
 #: registers; K = 256 would spill it)
 FUSED_MAX_DIM = 128
 
-#: the largest range ``max G - min G`` of a chunk's cumulative log decays for which the prep forms
-#: ``exp(G_r - G_s)`` as a rank-1 product (:func:`_decay_factors`; ``FusedConfig.prep_gate_factors``):
-#: each factor's argument within +-80, inside fp32's normal range
-GATE_FACTOR_SPAN = tl.constexpr(160.0)
-
 
 @dataclass(frozen=True)
 class FusedConfig:
@@ -85,9 +80,7 @@ class FusedConfig:
     persistent programs per SM, key columns per step ``prep_block_k`` (GDN's) and register cap per
     thread ``prep_maxnreg`` (None: the compiler's choice); KDA's ``late_keys``
     (:func:`.chunk_fused_kda.chunk_kda_fused_kernel`'s ``LATE_KD``); GDN's ``prep_shared_keys``
-    (:func:`chunk_gdn_fused_prep_kernel`'s ``SHARED_KEYS``: one prep item per key head under GVA) and
-    ``prep_gate_factors`` (its ``GATE_FACTORS``: the pairwise decays of a chunk whose range of
-    cumulative log decays is at most :data:`GATE_FACTOR_SPAN` as a rank-1 product, :func:`_decay_factors`)."""
+    (:func:`chunk_gdn_fused_prep_kernel`'s ``SHARED_KEYS``: one prep item per key head under GVA)."""
 
     block_v: int
     num_warps: int
@@ -98,7 +91,6 @@ class FusedConfig:
     prep_maxnreg: Optional[int] = None
     late_keys: bool = False
     prep_shared_keys: bool = True
-    prep_gate_factors: bool = False
 
 
 @triton.jit
@@ -241,7 +233,7 @@ def chunk_tiles_t(q, k, v, tmb, aqk, t0, i_h, i_hv, v0, m, sqt, sqh, skt, skh, s
 def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT, i_c, i_hv0, HEADS,
                 sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, scale,
                 K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
-                NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, GATE_FACTORS: tl.constexpr):
+                NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr):
     """The prep work of chunk ``i_c`` and the ``HEADS`` value heads ``i_hv0, i_hv0 + 1, ...`` (of one
     key head; :func:`chunk_gdn_fused_prep_kernel`): the norms, ``K K^T`` and ``Q K^T`` once, then each
     value head's gates, beta, solve and stores."""
@@ -274,40 +266,20 @@ def _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk,
         qsv = uq * scale  # = rq scale where sq = 1 (every row below 2**32): the same bits
         for j in range(HEADS):  # Aqk and the norms first: Q K^T is dead before the solves
             i_hv = i_hv0 + j
-            if GATE_FACTORS:  # the rank-1 decays where the chunk's range fits (_decay_factors)
-                row = (t0 * HV + i_hv) * 64
-                er, ec, fits = _decay_factors(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                if fits:
-                    aq = tl.where(r[:, None] >= r[None, :], qk * ((er * qsv)[:, None] * (ec * uk)[None, :]), 0.0)
-                else:
-                    D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                    aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * qsv[:, None]
-            else:
-                D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                row = (t0 * HV + i_hv) * 64
-                aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * qsv[:, None]
+            D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
+            row = (t0 * HV + i_hv) * 64
+            aq = qk * tl.exp(tl.where(r[:, None] >= r[None, :], D, float("-inf"))) * uk[None, :] * qsv[:, None]
             tl.store(aqk + row + r[:, None] * (HV * 64) + r[None, :], aq.to(aqk.dtype.element_ty), mask=m[:, None])
             tl.store(rk + t0 * HV + i_hv + r * HV, rkv, mask=m)
             tl.store(qs + (t0 * HV + i_hv + r * HV) * 2, qsv, mask=m)
             tl.store(qs + (t0 * HV + i_hv + r * HV) * 2 + 1, sq, mask=m)
         for j in range(HEADS):
             i_hv = i_hv0 + j
-            if GATE_FACTORS:  # the rank-1 decays where the chunk's range fits (_decay_factors)
-                er, ec, fits = _decay_factors(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
-                tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
-                if fits:
-                    a = tl.where(r[:, None] > r[None, :], kk * ((er * b * uk)[:, None] * (ec * uk)[None, :]), 0.0)
-                else:
-                    D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                    a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf"))) * (b * uk)[:, None] * uk[None, :]
-                tl.store(sA + r[:, None] * 64 + r[None, :], a)
-            else:
-                D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
-                b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
-                tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
-                a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
-                tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
+            D = _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC)
+            b = tl.load(beta + t0 * sbt + i_hv * sbh + r * sbt, mask=m, other=0.0).to(tl.float32)
+            tl.debug_barrier()  # the CTA's previous item (or head) is done with the scratch
+            a = kk * tl.exp(tl.where(r[:, None] > r[None, :], D, float("-inf")))
+            tl.store(sA + r[:, None] * 64 + r[None, :], a * (b * uk)[:, None] * uk[None, :])
             tl.debug_barrier()
             _solve(sA, sT, NEUMANN, DPREC, IPREC)
             tl.debug_barrier()
@@ -328,35 +300,11 @@ def _decay_diffs(g, t0, i_hv, r, m, sgt, sgh, PREC: tl.constexpr):
 
 
 @triton.jit
-def _decay_factors(g, t0, i_hv, r, m, sgt, sgh, PREC: tl.constexpr):
-    """``exp(G_r - G_s)`` of a chunk's rows for value head ``i_hv`` as the rank-1 product
-    ``er_r ec_s``: ``er = exp(G - Gm)``, ``ec = exp(Gm - G)`` with ``Gm`` the middle of the chunk's
-    range of ``G`` (:func:`_decay_diffs`' ``G``; two-float where ``PREC`` is ieee), and ``fits``:
-    that range is at most :data:`GATE_FACTOR_SPAN`, so that no factor leaves fp32's normal range
-    (``|G - Gm| <= 80``; ``exp(80) = 5.5e34``). 128 exponentials and a rank-1 scale in place of
-    4,096 exponentials per tile; each factor carries ``exp``'s relative error at an argument up to
-    80 (about ``1e-5``: for bf16/fp16 inputs, whose tolerances are 2e-2 / 1e-2)."""
-    gt = tl.maximum(tl.load(g + t0 * sgt + i_hv * sgh + r * sgt, mask=m, other=0.0).to(tl.float32), G_MIN)
-    G, Gl = cum_gates(gt, PREC)
-    hi = tl.max(tl.where(m, G, float("-inf")), axis=0)
-    lo = tl.min(tl.where(m, G, float("inf")), axis=0)
-    Gm = 0.5 * hi + 0.5 * lo
-    if PREC == "ieee":
-        er = tl.exp((G - Gm) + Gl)
-        ec = tl.exp((Gm - G) - Gl)
-    else:
-        er = tl.exp(G - Gm)
-        ec = tl.exp(Gm - G)
-    return er, ec, hi - lo <= GATE_FACTOR_SPAN
-
-
-@triton.jit
 def chunk_gdn_fused_prep_kernel(
     q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, scratch,
     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, GROUP, HV, ITEMS, scale,
     K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr,
     NEUMANN: tl.constexpr, DPREC: tl.constexpr, IPREC: tl.constexpr, SHARED_KEYS: tl.constexpr,
-    GATE_FACTORS: tl.constexpr = False,
 ):
     """The fused prefill's state-independent part (module docstring, 1). Persistent grid ``(P,)``:
     program ``p`` takes items ``p, p + P, ...`` of the ``ITEMS`` items, chunks past the real count
@@ -377,7 +325,7 @@ def chunk_gdn_fused_prep_kernel(
         _prep_chunk(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs, sA, sT,
                     item // per_chunk, ((item % per_chunk) * heads).to(tl.int64), heads,
                     sqt, sqh, skt, skh, sgt, sgh, sbt, sbh,
-                    N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC, GATE_FACTORS)
+                    N, GROUP, HV, scale, K, BK, L2NORM, DT, PREC, NEUMANN, DPREC, IPREC)
 
 
 @triton.jit
@@ -537,8 +485,7 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
         family, walk = kda_system_constexprs(plan), dict(LATE_KD=cfg.late_keys)
     else:
         prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
-        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys,
-                      **({"GATE_FACTORS": True} if cfg.prep_gate_factors else {}))
+        family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
         walk = {}
     launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
                       chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,

@@ -126,38 +126,3 @@ def test_planner_reasons():
     on, why = pm.plan_fused(family="gdn", N=1, HV=8, K=256, V=128, dtype=torch.bfloat16, caps=caps, cfg=cfg)
     assert not on and "K, V <= 128" in why
 
-
-def test_gdn_prep_gate_factors_match_the_reference_and_fall_back_bitwise_on_wide_chunks():
-    """``FusedConfig.prep_gate_factors``: the prep forms ``exp(G_r - G_s)`` as ``exp(G_r - Gm)
-    exp(Gm - G_s)`` in chunks whose range of ``G`` is at most ``GATE_FACTOR_SPAN`` (160). Value head 0
-    has mild gates (every chunk factored), head 1 a decay of -10 per token (the shortest chunk, 22
-    rows, spans 210: every chunk takes the exact tile), head 2 mild gates with a floor gate (-1000) inside its second chunk
-    (that chunk exact, the others factored). Both heads' results stay within fp32's 1e-5 of the
-    float64 reference; head 1's equal the exact prep's bitwise; rows not owned unchanged."""
-    import dataclasses
-
-    from linattn.kernels.triton.chunk_fused import GATE_FACTOR_SPAN, fused_config
-
-    inp = make_inputs("gdn", [150, 40], H=1, HV=3, K=64, V=64)
-    inp["g"][:, 1] = -10.0
-    inp["g"][100, 2] = -1000.0
-    assert 10.0 * 21 > GATE_FACTOR_SPAN.value > -(inp["g"][:64, 0].sum().item())  # 21: the shortest chunk's span
-    pool = random_states(4, 3, 64, 64)
-    idx = torch.tensor([3, 1], dtype=torch.int32)
-    cfg = fused_config(64, 64, torch.float32)
-    assert not cfg.prep_gate_factors  # fp32 inputs keep the exact tile (the shipped choice)
-    outs = []
-    for factors in (True, False):
-        work = pool.clone()
-        plan = pm.plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"], state_pool=work,
-                               state_indices=idx, fused=True,
-                               fused_cfg=dataclasses.replace(cfg, prep_gate_factors=factors))
-        o, _ = pm.run_prefill(plan, **inp, scale=64 ** -0.5, state_pool=work, state_indices=idx)
-        assert torch.equal(work[[0, 2]], pool[[0, 2]])  # rows not owned: bitwise unchanged
-        outs.append((o, work))
-    (o, work), (o_x, work_x) = outs
-    ref_pool = pool.clone()
-    o_ref, _ = reference("gdn", inp, state_pool=ref_pool, state_indices=idx)
-    assert rel(o, o_ref) < 1e-5 and rel(work[[3, 1]], ref_pool[[3, 1]]) < 1e-5
-    assert torch.equal(o[:, 1], o_x[:, 1]) and torch.equal(work[[3, 1], 1], work_x[[3, 1], 1])
-    assert not torch.equal(o[:, 0], o_x[:, 0])  # head 0 did take the factored tile
