@@ -20,6 +20,11 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ["OMP_NUM_THREADS"] == "1
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # one language patch per interpreted launch (module docstring)
+    import _interpreter_speed
+
+    _interpreter_speed.install()
+
 # Static ranks only: no tuned table of this machine (``linattn tune``, the table shipped for the arch)
 # changes a choice a test expects; the ``tuned`` fixture below turns tables on in a folder of the test's.
 os.environ["LINATTN_TUNED"] = "0"

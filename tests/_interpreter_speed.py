@@ -1,0 +1,66 @@
+"""One patch of ``triton.language`` per interpreted launch, not one per device-function call.
+
+Under ``TRITON_INTERPRET=1`` Triton's launch (``GridExecutor.__call__``) points the builtins of
+``triton.language`` at the interpreter for the whole launch and restores them at its end; then every
+call of a ``@triton.jit`` helper inside the kernel (``InterpretedFunction.__call__``) runs the same
+patch again, rebuilding the same wrappers around the same builder, and never restores it (the
+launch's restore does). Our kernels call small helpers in their loops, so that repeated patch was
+about a tenth of the CPU suite's time. :func:`install` makes a helper's patch a no-op while a launch
+has already patched the language modules that helper sees (``triton.language`` / its ``core``); any
+other case runs Triton's own code. Only the test suite installs it (tests/conftest.py); where a Triton
+release lacks the names it wraps, nothing is installed and the suite runs as before.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+_STATE = threading.local()
+
+
+def install() -> bool:
+    """Wrap the interpreter's ``_patch_lang`` and ``GridExecutor.__call__``; False where this Triton
+    has not got them (nothing changed)."""
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return False
+    grid_executor = getattr(interp, "GridExecutor", None)
+    patch_lang, scope_cls = getattr(interp, "_patch_lang", None), getattr(interp, "_LangPatchScope", None)
+    if grid_executor is None or patch_lang is None or scope_cls is None or getattr(patch_lang, "_linattn", False):
+        return False
+    lang_modules = (interp.tl, interp.tl.core)
+    seen: dict = {}  # id(a function's globals) -> the language modules among them
+
+    def langs_of(fn) -> frozenset:
+        g = fn.__globals__
+        got = seen.get(id(g))
+        if got is None:
+            got = seen[id(g)] = frozenset(id(v) for v in g.values() if inspect.ismodule(v) and v in lang_modules)
+        return got
+
+    def once_per_launch(fn):
+        done = getattr(_STATE, "langs", None)
+        want = langs_of(fn)
+        if done is not None and want and want <= done:
+            return scope_cls()  # already patched for this launch: nothing to do, nothing to restore
+        scope = patch_lang(fn)
+        if done is not None:
+            done |= want
+        return scope
+
+    launch = grid_executor.__call__
+
+    def launch_patched_once(self, *args, **kwargs):
+        outer = getattr(_STATE, "langs", None)
+        _STATE.langs = set()
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            _STATE.langs = outer
+
+    once_per_launch._linattn = True
+    interp._patch_lang = once_per_launch
+    grid_executor.__call__ = launch_patched_once
+    return True
