@@ -7,7 +7,7 @@ launch must build. It also reads each build's stack and local memory (``cuobjdum
 kernel that spills to local memory is a defect, except the builds listed in
 :data:`SPILL_EXCEPTIONS`, each with the reason and the stack measured when it was entered (a build
 that spills more than that fails, and so does an exception that no longer spills: remove it then).
-The spills are Triton 3.6's (the H200's); under Triton 3.9 (``make test``'s second venv) they are
+The spills are Triton 3.6's (the H200's); under Triton 3.9 (``make test``'s main venv) they are
 held against :data:`SPILL_EXCEPTIONS_3_9`, and under any other version only the builds are checked.
 """
 
@@ -243,7 +243,7 @@ SPILL_EXCEPTIONS: dict[tuple[str, str, str, str], tuple[int, str]] = {
 _TRITON_3_9 = ("Triton 3.9 allocates these builds differently from 3.6 (the H200's, whose code is the one "
                "measured and shipped): the same kernels spill up to the stack bytes listed, none of it measured on "
                "hardware. Recorded so that a change that makes 3.9's builds spill more still fails")
-#: The same for Triton 3.9.0 (the newest release tested, on the CPU only: ``make test``'s second venv),
+#: The same for Triton 3.9.0 (the newest release tested, on the CPU only: ``make test``'s main venv),
 #: measured there over the same launches; its own stacks, the 3.6 reasons, and the KDA system kernel's
 #: bf16 builds, which spill under 3.9 only.
 SPILL_EXCEPTIONS_3_9: dict[tuple[str, str, str, str], tuple[int, str]] = {

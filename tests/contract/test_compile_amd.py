@@ -17,7 +17,8 @@ prefill's unplanned stages, come with them) and builds it with ``triton.compile`
   spills).
 
 Compile-only: nothing here has run on an AMD GPU. One test per target; cold (empty Triton cache) each
-takes about 30-40 s on one CPU core, seconds on a warm cache. The tables are Triton 3.6.0's (other versions:
+takes about 30-40 s on one CPU core, seconds on a warm cache. The tables are Triton 3.6.0's (make test runs this file
+in its second venv, the H200's Triton 3.6, only; other versions:
 only the builds and the LDS are checked).
 """
 
