@@ -65,7 +65,7 @@ from linattn.apps.bench_plot import FLA, FLA_GS
 from linattn.apps.cli_common import DEVICE_HELP, JSON_OPT, count_option, echo, fail, hidden_profile_option, no_profile, one_op, op_argument, op_option
 from linattn.dispatch import OP_TABLE, NoBackendError, Problem
 from linattn.dispatch import explain as _explain
-from linattn.dispatch.validate import validate as _validate
+from linattn.dispatch.rules.validate import validate as _validate
 from linattn.measure import FLUSH_BYTES, Case, Timer, clamp_case, decode_case, prefill_case  # noqa: F401 (bench's names)
 
 BENCH_OPS = ("gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp")

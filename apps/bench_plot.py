@@ -36,7 +36,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from linattn.dispatch.ops_table import OP_TABLE, find_op
+from linattn.dispatch.rules.ops_table import OP_TABLE, find_op
 
 FLA = "flash-linear-attention"
 FLA_GS = "flash-linear-attention+gather-scatter"

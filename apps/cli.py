@@ -51,9 +51,9 @@ from linattn.apps.cli_common import (DEVICE_HELP, EPILOG, JSON_OPT, PIPE_WIDTH, 
                                 output_may_end_early, stdout_console)
 from linattn.apps.demo import DEFAULTS as DEMO_DEFAULTS
 from linattn.dispatch.env import ConfigError
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.tuning import ignored as tuning_ignored
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.tuning import ignored as tuning_ignored
 # The data builders live in apps/report.py; re-exported here because tests and scripts import them from linattn.apps.cli.
 from linattn.apps.report import (DTYPE_NAMES, FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
                             SIZE_MAX, STATE_DTYPE_NAMES, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,

@@ -33,7 +33,7 @@ from rich.markup import escape
 from typer.exceptions import TyperException
 
 from linattn.apps.report import SIZE_MAX
-from linattn.dispatch.problem import OPS
+from linattn.dispatch.plugin.problem import OPS
 
 __all__ = ["DEVICE_HELP", "EPILOG", "JSON_OPT", "PIPE_WIDTH", "PROFILE_HELP", "PROFILES_TEXT", "count_option", "echo", "error_doc",
            "emit_json", "fail", "hidden_profile_option", "no_profile", "one_op", "op_argument", "op_option",

@@ -11,7 +11,7 @@ same data as ``linattn <command> --json``::
     ['backends', 'device', 'ops']
 
 Problems are built from the model presets (``linattn/presets.toml``) with the same fields the
-validation layer derives from a real call (``dispatch/validate.py``), so ``explain`` answers
+validation layer derives from a real call (``dispatch/rules/validate.py``), so ``explain`` answers
 exactly what a call of that shape would get.
 """
 
@@ -21,9 +21,9 @@ from typing import Optional
 
 import linattn
 from linattn.dispatch import resolve_device
-from linattn.dispatch.ops_table import OP_TABLE, op_spec
-from linattn.dispatch.problem import OPS, Problem
-from linattn.dispatch.validate import FLOAT_DTYPES, STATE_DTYPES
+from linattn.dispatch.rules.ops_table import OP_TABLE, op_spec
+from linattn.dispatch.plugin.problem import OPS, Problem
+from linattn.dispatch.rules.validate import FLOAT_DTYPES, STATE_DTYPES
 from linattn.presets import UsageError, make_problem, preset_shape, preset_table  # noqa: F401 - UsageError: the CLI's and tests' name
 
 #: The preset each op family uses in ``report`` (and ``explain`` without ``--model``).
@@ -38,7 +38,7 @@ SWEEP_SEQ_TOKENS = 4096
 REPORT_DECODE_BATCH = 64
 REPORT_PREFILL_TOKENS = 8192
 REPORT_PREFILL_SEQS = 4
-#: The dtypes ``explain`` takes, exactly those the ops take (``dispatch/validate.py``): q/k/v (and the
+#: The dtypes ``explain`` takes, exactly those the ops take (``dispatch/rules/validate.py``): q/k/v (and the
 #: gating's and the clamp's inputs) and the state pool. float64 is the reference's oracle mode, which
 #: only the PyTorch backends run (torch-ref; torch-chunked too).
 DTYPE_NAMES = tuple(FLOAT_DTYPES.values())
@@ -157,7 +157,7 @@ def problem_for(op: str, model: str, *, batch: Optional[int] = None, tokens: Opt
 
     Sizes follow the CLI's grammar (``apps/cli_common.py``): ``batch`` (or its synonym ``seqs``,
     default 1) is the call's sequences N, ``tokens`` the tokens per sequence L. Fields follow the
-    validation layer (``dispatch/validate.py``):
+    validation layer (``dispatch/rules/validate.py``):
 
     - decode: ``n = N`` rows, ``t = L`` per row (default 1; > 1 = speculative verify);
     - prefill: ``N`` sequences of ``L`` tokens (default 4,096): ``t = N L`` packed, ``max_seqlen = L``;
@@ -273,7 +273,7 @@ def build_report(profile: Optional[str] = None, *, device: Optional[str] = None)
     Raises:
         UsageError: an unknown profile, or a device that is not there (see :func:`resolve_target`).
     """
-    from linattn.dispatch.self_check import results as self_check_results
+    from linattn.dispatch.runtime.self_check import results as self_check_results
 
     caps = resolve_target(profile, device)
     ops, unverified = _op_rows(caps)
@@ -299,7 +299,7 @@ def decision_doc(decision, prob: Problem, model: str) -> dict:
     """The ``linattn explain --json`` document (also each op of ``report --json``).
 
     Args:
-        decision: the :class:`~linattn.dispatch.verdict.Decision` for ``prob``.
+        decision: the :class:`~linattn.dispatch.plugin.verdict.Decision` for ``prob``.
         prob: the problem that was explained.
         model: the preset name the problem was built from.
     Returns:

@@ -1,5 +1,5 @@
 """``linattn tune``: time every eligible backend of this device over shape buckets and write the
-tuned table selection ranks by (:mod:`linattn.dispatch.tuning`; docs/architecture.md, "Selection by
+tuned table selection ranks by (:mod:`linattn.dispatch.plugin.tuning`; docs/architecture.md, "Selection by
 measurement").
 
 The measuring (inputs, timing, the median per backend) is :mod:`linattn.tune`'s, shared with
@@ -27,8 +27,8 @@ import typer
 from linattn import tune as measuring
 from linattn.apps.cli_common import JSON_OPT, count_option, hidden_profile_option, no_profile, one_op, op_option
 from linattn.apps.report import PREFILL_TOKENS
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.plugin.tuning import (TUNE_DIR_VAR, TUNED_OPS, Bucket, Entry, TuneTable, bucket_of, current_key, now, tune_dir,
                                      write)
 
 #: the family presets the default buckets use (their heads and head dims)
@@ -132,7 +132,7 @@ def run(buckets: list[Bucket], device: torch.device, *, repeats: Optional[int] =
 def save(entries: list[Entry], device: torch.device, command: str, out: Optional[Path] = None) -> str:
     """Write ``entries``: to ``out`` as a new table (e.g. the shipped one), else into the user's
     table of ``device`` (merged with the table in force), which is then in force. Returns the path."""
-    from linattn.dispatch.selection import dispatcher, resolve_device
+    from linattn.dispatch.runtime.selection import dispatcher, resolve_device
 
     caps = resolve_device(device)
     if out is None:
@@ -187,7 +187,7 @@ def tune(
     from linattn.apps.report import UsageError
     from rich.console import Console
 
-    from linattn.dispatch.selection import resolve_device
+    from linattn.dispatch.runtime.selection import resolve_device
 
     op = one_op(op, op_opt, required=False)
     no_profile(profile, "tune")

@@ -3,10 +3,10 @@
 A backend is a class. Its capabilities are data on the class (ops, vendors, dtypes, head dims,
 layouts, toolchain needs); each predicate answers one concern with a :class:`Check` that carries
 the verdict and its reason together. The dispatcher runs every predicate and ranks the backends
-that pass (:class:`~linattn.dispatch.verdict.Rank` names the tiers).
+that pass (:class:`~linattn.dispatch.plugin.verdict.Rank` names the tiers).
 
 **Plugin API 2** (``api_version = "2"``): one method per phase, each taking a typed, frozen call
-object (``dispatch/calls.py``) whose fields are named as in the op contract and already validated
+object (``dispatch/plugin/calls.py``) whose fields are named as in the op contract and already validated
 and normalised (``scale`` a float, ``state_layout`` ``"vk"`` or ``"kv"``); the op, its family
 (``call.family``: ``gdn`` or ``kda``) and the prefill mode (``call.mode``) come with it:
 
@@ -44,12 +44,12 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Hashable, Iterable, Optional
 
 from linattn.capabilities import DeviceCapabilities
-from linattn.dispatch.calls import ClampCall, DecodeCall, GatingCall, OpCall, PrefillCall, make_call
-from linattn.dispatch.hookspecs import PLUGIN_API_VERSION
-from linattn.dispatch.ops_table import FEATURES, FLAGS, METHODS, OP_TABLE
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.self_check_case import check_against_reference, kernel_class
-from linattn.dispatch.verdict import Check, Rank, Reason
+from linattn.dispatch.plugin.calls import ClampCall, DecodeCall, GatingCall, OpCall, PrefillCall, make_call
+from linattn.dispatch.plugin.hookspecs import PLUGIN_API_VERSION
+from linattn.dispatch.rules.ops_table import FEATURES, FLAGS, METHODS, OP_TABLE
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.self_check_case import check_against_reference, kernel_class
+from linattn.dispatch.plugin.verdict import Check, Rank, Reason
 
 __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall",
            "FirstReleaseAdapter", "GatingCall", "OpCall", "PrefillCall", "Rank", "Reason"]
@@ -103,7 +103,7 @@ class Backend:
     triton_kernels: ClassVar[tuple[str, ...]] = ()
     #: Read-only tensor arguments the kernels read through their strides, per op: ``{op: {arg:
     #: "any" | "inner"}}`` (``"inner"``: the last dim must have stride 1). Every other read-only
-    #: tensor argument is handed over contiguous (``dispatch/layouts.py`` copies it), so a backend
+    #: tensor argument is handed over contiguous (``dispatch/rules/layouts.py`` copies it), so a backend
     #: that names nothing sees contiguous inputs only. ``"any"`` for the whole field: every argument
     #: of every op is read through its strides.
     input_strides: ClassVar = {}
@@ -130,7 +130,7 @@ class Backend:
     #: the features again (its own ``features``): inherited declarations do not cover a method written
     #: without them (:meth:`declared_features`).
     features: ClassVar[frozenset[str]] = frozenset()
-    #: A hook that runs a call's value rules as one kernel launch (``dispatch/value_rules.py``
+    #: A hook that runs a call's value rules as one kernel launch (``dispatch/rules/value_rules.py``
     #: ``ValueCheckHook``: ``available()``, ``plan(rules, args, dims, like)``), or None. The registry
     #: keeps the first one linattn's built-in backends provide (the Triton backends':
     #: ``backends/triton.py`` ``TritonValueChecks``) and the dispatcher runs it for every call on a
@@ -274,7 +274,7 @@ class Backend:
     # -- ranking, forcing and running -----------------------------------------------------------
 
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
-        """Lower is better; may depend on the shape. Tiers: :class:`~linattn.dispatch.verdict.Rank`
+        """Lower is better; may depend on the shape. Tiers: :class:`~linattn.dispatch.plugin.verdict.Rank`
         (torch-ref is ``CPU_DEFAULT`` on CPUs and ``GPU_REFERENCE`` on GPUs)."""
         return Rank.DEFAULT
 
@@ -305,7 +305,7 @@ class Backend:
         that change from call to call (``p.n``, ``p.t``, ``p.max_seqlen``), as a hashable value.
 
         The dispatcher caches a decision per shape class: the problem without those sizes plus
-        every backend's ``size_class`` (``dispatch/selection.py`` ``shape_class``). Two problems
+        every backend's ``size_class`` (``dispatch/runtime/selection.py`` ``shape_class``). Two problems
         with equal values here must get the same verdict from this backend (ok or not, reason
         codes, rank); messages (a rejection's numbers, :meth:`plan_note`) may be the class's first
         call's. Return the outcome of each size-reading rule, e.g. ``p.t / max(p.n, 1) >= 128`` for
@@ -318,7 +318,7 @@ class Backend:
         return (p.n, p.t, p.max_seqlen)
 
     def prepare(self, op: str, kwargs: dict) -> Optional[Callable[[dict], Any]]:
-        """An optional cached launch for calls like this one (``dispatch/fast_path.py``): given the
+        """An optional cached launch for calls like this one (``dispatch/runtime/fast_path.py``): given the
         validated keyword arguments of the first call with a call key, return a function of a
         later call's keyword arguments that runs it, or None (the default) to run :meth:`run`."""
         return None
@@ -390,7 +390,7 @@ class Backend:
     def self_check_class(self, p: Problem) -> str:
         """The shape class of ``p``: what this backend's kernels specialise on, so that one
         self-check stands for every call of the class. Default:
-        :func:`linattn.dispatch.self_check_case.kernel_class` (dtypes, state layout, mode, head counts,
+        :func:`linattn.dispatch.plugin.self_check_case.kernel_class` (dtypes, state layout, mode, head counts,
         head dims and flags; never the batch or token counts)."""
         return kernel_class(p)
 
@@ -403,7 +403,7 @@ class Backend:
         (a test may pass a profile such as ``sm100`` with CPU tensors). Returns a passed
         :class:`Check` (message: the measured errors) or a failed one (reason
         ``self_check_failed``, message: what differed); raising counts as a failure. Default:
-        :func:`linattn.dispatch.self_check_case.check_against_reference`.
+        :func:`linattn.dispatch.plugin.self_check_case.check_against_reference`.
         """
         return check_against_reference(self, p, device)
 
@@ -446,7 +446,7 @@ class FirstReleaseAdapter:
     @property
     def __class__(self):
         """The adapted backend's class: ``isinstance`` sees the plugin's class, and per-class
-        caches (``dispatch/layouts.py``) keep one entry per backend class, not one for every
+        caches (``dispatch/rules/layouts.py``) keep one entry per backend class, not one for every
         adapter (``type()`` still names the adapter)."""
         return type(self.adapted)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-from linattn.dispatch.hookspecs import hookimpl
+from linattn.dispatch.plugin.hookspecs import hookimpl
 
 LINATTN_API_VERSION = "2"
 
@@ -46,7 +46,7 @@ def enabled_peers() -> frozenset[str]:
 
     Raises:
         ConfigError: a malformed ``LINATTN_PEERS`` (:func:`linattn.dispatch.env.env_names`), or a name
-            that is no peer's (read by :meth:`linattn.dispatch.registry.Registry.load` before any plugin).
+            that is no peer's (read by :meth:`linattn.dispatch.runtime.registry.Registry.load` before any plugin).
     """
     from linattn.dispatch.env import ConfigError, env_names
 

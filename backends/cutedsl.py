@@ -17,7 +17,7 @@ Verification: the kernels ran (and match the float64 reference) on SM90 only; on
 they are compile-checked. ``verified_archs = {sm_90}``, so there every op and shape class
 self-checks against torch-ref on its first eager call before any user data, ``explain`` marks the
 verdict ``verified=False`` until then, and CUDA-graph capture does not choose it before that
-(``dispatch/self_check.py``).
+(``dispatch/runtime/self_check.py``).
 
 ``nvidia-cutlass-dsl`` is imported only when a kernel is compiled, so this module imports
 without it (reason ``toolchain`` then).
@@ -28,8 +28,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from linattn.capabilities import DeviceCapabilities
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Rank, Reason
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.verdict import Check, Rank, Reason
 from linattn.kernels.cutedsl import (MIN_DSL_FOR_ARCH, MIN_DSL_VERSION, SUPPORTED_ARCHS, SUPPORTED_K,
                                      SUPPORTED_V, importable, parse_version)
 
@@ -72,7 +72,7 @@ class CuteDSLBackend(Backend):
     archs: ClassVar[tuple[str, ...]] = SUPPORTED_ARCHS
     #: Run and checked against the float64 reference on an H200 only (sm_90; tests/gpu,
     #: benchmarks/results). sm_100 / sm_103 are compile-checked, never run: there the first eager
-    #: call of each op and shape class self-checks against torch-ref (dispatch/self_check.py), and
+    #: call of each op and shape class self-checks against torch-ref (dispatch/runtime/self_check.py), and
     #: a failure routes prefill to the next backend. Its rank there stays first (the design).
     verified_archs: ClassVar[frozenset[str]] = frozenset({"sm_90"})
     #: the Triton stages read these views as the Triton backends do; the CuTe DSL state kernel

@@ -71,9 +71,9 @@ from typing import ClassVar, Optional
 import torch
 
 from linattn.capabilities import DeviceCapabilities
-from linattn.dispatch.calls import DecodeCall, PrefillCall
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Reason
+from linattn.dispatch.plugin.calls import DecodeCall, PrefillCall
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.verdict import Check, Reason
 
 from .peer import PeerBackend, gather_states, import_library, scatter_states, zero_padded_tokens
 

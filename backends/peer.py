@@ -11,7 +11,7 @@ reject what it cannot honour with a reason, so the dispatcher falls back. What a
 - **verification**: no architecture is claimed (``verified_archs`` empty) until the peer's GPU
   tests passed there, so the first eager call of each op and shape class self-checks against
   torch-ref on any GPU.
-- **rank**: :attr:`~linattn.dispatch.verdict.Rank.PEER` (80), behind linattn's own kernel backends
+- **rank**: :attr:`~linattn.dispatch.plugin.verdict.Rank.PEER` (80), behind linattn's own kernel backends
   (``Rank.NATIVE`` 20, ``Rank.BEHIND_NATIVE`` 60) and ahead of a plugin that says nothing (100) and
   of the GPU reference (1000), until a measurement (the tune table) says otherwise; ``explain``
   says so in the accepted verdict's message (:meth:`PeerBackend.plan_note`).
@@ -37,8 +37,8 @@ from typing import ClassVar, Optional
 import torch
 
 from linattn.capabilities import DeviceCapabilities
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Check, Rank, Reason
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.verdict import Check, Rank, Reason
 
 from .base import Backend
 
@@ -105,7 +105,7 @@ class PeerBackend(Backend):
     strided_state_ops: ClassVar[frozenset[str]] = frozenset()
     #: No architecture is claimed until the peer's GPU tests pass there (tests/gpu/test_peers_gpu.py,
     #: benchmarks/peers_device.sh): on every GPU the first eager call of each op and shape class runs
-    #: the self-check against torch-ref (dispatch/self_check.py), and CUDA-graph capture does not
+    #: the self-check against torch-ref (dispatch/runtime/self_check.py), and CUDA-graph capture does not
     #: choose a peer before that (reason ``unverified``).
     verified_archs: ClassVar[frozenset[str]] = frozenset()
 

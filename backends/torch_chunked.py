@@ -55,8 +55,8 @@ from typing import Optional
 
 import torch
 
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.verdict import Rank
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.plugin.verdict import Rank
 from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
 
 from .base import ALL_VENDORS, Backend, DecodeCall, PrefillCall
@@ -793,7 +793,7 @@ class TorchChunkedBackend(Backend):
         return note
 
     def prepare(self, op: str, args: dict):
-        """The dispatcher's cached launch (``dispatch/fast_path.py``) for a decode that :func:`plain_decode`
+        """The dispatcher's cached launch (``dispatch/runtime/fast_path.py``) for a decode that :func:`plain_decode`
         names: the call key fixes what that depends on (dtypes, T, which optional tensors are given), so a
         later call with the key runs :func:`decode_step`'s body straight from its keyword arguments, with
         the first call's scalars (also in the key), no call object built. None for everything else

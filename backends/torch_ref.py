@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from linattn.dispatch.problem import OPS
+from linattn.dispatch.plugin.problem import OPS
 from linattn.reference import (G_MIN, L2NORM_EPS, gdn_decode_ref, gdn_gating_ref,  # noqa: F401
                                gdn_prefill_ref, kda_decode_ref, kda_gating_ref, kda_prefill_ref, l2norm_ref,
                                seq_lengths, silu_and_mul_clamp_ref, store_empty_sequences)

@@ -21,10 +21,10 @@ from typing import ClassVar, Optional
 
 from linattn.capabilities import DeviceCapabilities
 from linattn.dispatch.lru import GRID_FITS_MAX, LRUCache
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.value_rules import FUSABLE_DECODE, FUSABLE_PREFILL, PREFILL_RULE, ValueCheckHook
-from linattn.dispatch.verdict import Check, Rank, Reason
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.rules.value_rules import FUSABLE_DECODE, FUSABLE_PREFILL, PREFILL_RULE, ValueCheckHook
+from linattn.dispatch.plugin.verdict import Check, Rank, Reason
 from linattn.kernels.triton.limits import MAX_HEAD_DIM
 
 from .base import Backend
@@ -61,7 +61,7 @@ class TritonValueChecks(ValueCheckHook):
     """The Triton backends' value-check hook (``Backend.value_check_hook``, held by the registry): a
     call's decode or prefill value rules as one kernel that computes every flag
     (``kernels/triton/value_checks.py``) and one sync, run by the dispatcher's call plans
-    (``dispatch/value_rules.py`` ``fused_value_check``) whichever backend the call chose."""
+    (``dispatch/rules/value_rules.py`` ``fused_value_check``) whichever backend the call chose."""
 
     @staticmethod
     def available() -> bool:
@@ -110,7 +110,7 @@ class TritonBackend(Backend):
     requires = ("triton",)
     #: Run and checked against the float64 reference on an H200 (sm_90) only; Triton generates code
     #: per arch, so on any other GPU (sm_100, sm_120, gfx942, pvc, ...) the first eager call of each
-    #: op and shape class self-checks against torch-ref first (dispatch/self_check.py). The CPU
+    #: op and shape class self-checks against torch-ref first (dispatch/runtime/self_check.py). The CPU
     #: interpreter is covered by the test suite and never self-checks (Backend.needs_self_check).
     verified_archs = frozenset({"sm_90"})
     input_strides = TRITON_INPUT_STRIDES
@@ -342,11 +342,11 @@ class TritonBackend(Backend):
         """KDA chunked prefill, pool or dense mode (docs/ops.md); see ``kernels/triton/prefill/``."""
         return self._prefill("kda", **kw)
 
-    # -- prepared launches (the dispatcher's per-call fast path, dispatch/fast_path.py) ------------
+    # -- prepared launches (the dispatcher's per-call fast path, dispatch/runtime/fast_path.py) ------------
 
     def prepare(self, op: str, args: dict):
         """A launch planned from the call's metadata, to call with later calls' tensors of the same
-        class: the same dtypes, strides, head dims and scalars, any T and N (``dispatch/fast_path.py``
+        class: the same dtypes, strides, head dims and scalars, any T and N (``dispatch/runtime/fast_path.py``
         shares it between the class's call plans: its ``serves_class``). Decode:
         :class:`~linattn.kernels.triton.decode.DecodeReplay`; prefill:
         :class:`~linattn.kernels.triton.prefill.PrefillReplay`; None for an op without a plan (its

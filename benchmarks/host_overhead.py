@@ -88,21 +88,23 @@ def _op(family: str, phase: str):
 
 class value_rules_as:
     """Context manager: validate=True's device value rules as the torch rules (``"torch"``) or as
-    the one fused kernel (``"fused"``, ``dispatch/value_rules.py``); cached call plans are dropped
+    the one fused kernel (``"fused"``, ``dispatch/rules/value_rules.py``); cached call plans are dropped
     on entry and exit, since a plan holds its checks."""
 
     def __init__(self, how: str):
         self.how = how
 
     def __enter__(self):
-        from linattn.dispatch import fast_path, value_rules
+        from linattn.dispatch.runtime import fast_path
+        from linattn.dispatch.rules import value_rules
 
         self._old = value_rules.FUSED_VALUE_CHECKS
         value_rules.FUSED_VALUE_CHECKS = self.how == "fused"
         fast_path.clear()
 
     def __exit__(self, *exc):
-        from linattn.dispatch import fast_path, value_rules
+        from linattn.dispatch.runtime import fast_path
+        from linattn.dispatch.rules import value_rules
 
         value_rules.FUSED_VALUE_CHECKS = self._old
         fast_path.clear()
@@ -234,7 +236,7 @@ def _captured_call_args(call) -> tuple:
 def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
     """The dispatcher's share alone: a cached call plan's key, lookup and checks (no backend run;
     ``validate=True``: the value checks and their sync included)."""
-    from linattn.dispatch import fast_path
+    from linattn.dispatch.runtime import fast_path
 
     rows = []
     with torch.inference_mode():
@@ -258,7 +260,7 @@ def dispatch_rows(dev: str, calls: int, repeats: int, sync) -> list[dict]:
 
 def _prepared_rows(name: str, call: tuple, calls: int, repeats: int, sync) -> list[dict]:
     """The backend's prepared launch of the cached plan of ``call``, called directly."""
-    from linattn.dispatch import fast_path
+    from linattn.dispatch.runtime import fast_path
 
     plan = fast_path.lookup(fast_path.call_key(*call))
     if plan is None or plan.prepared is None:

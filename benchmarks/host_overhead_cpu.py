@@ -108,7 +108,7 @@ def stubbed_launch():
     """The fast launch path taken as on CUDA, with kernels whose launch does nothing; the decode
     value checks as one kernel launch (as on CUDA). Yields the stub kernels: decode's first, the
     value checks' second, then the prefill's (:data:`PREFILL_KERNELS`)."""
-    from linattn.dispatch import value_rules
+    from linattn.dispatch.rules import value_rules
     from linattn.kernels.triton import value_checks
 
     targets = [(decode_mod, "_recurrent_decode_kernel", None), (value_checks, "decode_value_flags_kernel", 6)]
@@ -230,7 +230,7 @@ def _op_row(op_name: str, validate: bool, stubs, calls: int, repeats: int) -> di
 def _prepared_row(op_name: str, calls: int, repeats: int) -> dict:
     """The backend's prepared launch of a cached call alone (no dispatcher): ``host_overhead.py``'s
     ``prepared_launch`` rows on the GPU."""
-    from linattn.dispatch import fast_path
+    from linattn.dispatch.runtime import fast_path
 
     make, _ = OPS[op_name]
     x = make(op_name.split("_")[0])

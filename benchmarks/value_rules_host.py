@@ -1,6 +1,6 @@
 """The value rules' host path on the CPU (issue 31): per-call time with it and without it.
 
-``dispatch/value_rules.py`` evaluates the rules in plain Python from one ``.tolist()`` per tensor
+``dispatch/rules/value_rules.py`` evaluates the rules in plain Python from one ``.tolist()`` per tensor
 when the tensors are on the CPU and at most ``HOST_MAX_ELEMENTS`` elements; else (and with
 ``HOST_VALUE_RULES = False``) as torch probes. Rows, each the median of interleaved A/B rounds
 (host path on / off, alternating, so the machine's load drifts over both alike):
@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import linattn  # noqa: E402
-from linattn.dispatch import value_rules as vr  # noqa: E402
-from linattn.dispatch.validate import validate_call, value_rules_of  # noqa: E402
+from linattn.dispatch.rules import value_rules as vr  # noqa: E402
+from linattn.dispatch.rules.validate import validate_call, value_rules_of  # noqa: E402
 
 
 def _loop_us(fn, calls: int) -> float:

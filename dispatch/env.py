@@ -4,12 +4,12 @@ A blank variable is unset. Anything else must be well formed, or reading it rais
 :class:`ConfigError` (a ``ValueError``) that names the variable, its value and what is allowed:
 a switch takes ``1`` / ``0`` (or ``true`` / ``false``, ``yes`` / ``no``, ``on`` / ``off``, any
 case); a name list is comma-separated names with no empty entry. ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` follow the
-same rule with their own grammar (``dispatch/policy.py``).
+same rule with their own grammar (``dispatch/runtime/policy.py``).
 
 Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED_VALUE_CHECKS``
-(``dispatch/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
-(``dispatch/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``), ``LINATTN_TUNED`` /
-``LINATTN_AUTOTUNE`` (``dispatch/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too).
+(``dispatch/rules/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
+(``dispatch/runtime/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``), ``LINATTN_TUNED`` /
+``LINATTN_AUTOTUNE`` (``dispatch/plugin/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too).
 
 Example:
     >>> import os

@@ -7,19 +7,19 @@ a time, never the whole cache at once (which used to drop hot decode plans with 
 
 | cache | owner | key | size |
 |---|---|---|---|
-| call plans | ``dispatch/fast_path.py`` ``_plans`` | the call key (exact shapes) | :data:`CALL_PLANS_MAX` |
-| class plans | ``dispatch/fast_path.py`` ``_classes`` | the call key, lengths T and N bucketed | :data:`CLASS_PLANS_MAX` |
-| decisions | ``Dispatcher._cache`` (``dispatch/selection.py``) | the shape class (``Backend.size_class``) | :data:`DECISIONS_MAX` |
+| call plans | ``dispatch/runtime/fast_path.py`` ``_plans`` | the call key (exact shapes) | :data:`CALL_PLANS_MAX` |
+| class plans | ``dispatch/runtime/fast_path.py`` ``_classes`` | the call key, lengths T and N bucketed | :data:`CLASS_PLANS_MAX` |
+| decisions | ``Dispatcher._cache`` (``dispatch/runtime/selection.py``) | the shape class (``Backend.size_class``) | :data:`DECISIONS_MAX` |
 | first-choice log keys | ``Dispatcher._logged`` | (device, op, backend, reason) | :data:`FIRST_CHOICE_LOG_MAX` |
-| input-copy plans | ``dispatch/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
-| environment policies | ``dispatch/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
-| merged policies | ``dispatch/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
+| input-copy plans | ``dispatch/rules/layouts.py`` ``_PLANS`` | (op, backend class) | :data:`LAYOUT_PLANS_MAX` |
+| environment policies | ``dispatch/runtime/policy.py`` ``_env_cache`` | (``LINATTN_BACKEND``, ``LINATTN_DISABLE``) | :data:`ENV_POLICIES_MAX` |
+| merged policies | ``dispatch/runtime/policy.py`` ``_merged`` | (scoped policy, environment policy) | :data:`MERGED_POLICIES_MAX` |
 | Triton grid verdicts | ``backends/triton.py`` ``_GRID_FITS`` | (layout, op, N, heads, head dims, dtype, device) | :data:`GRID_FITS_MAX` |
 | prefill replays (per class) | ``kernels/triton/prefill/replay.py`` ``PrefillReplay`` | (T bucket, N); exact (T, N) | :data:`PREFILL_REPLAYS_MAX` |
 | decode launches (per class) | ``kernels/triton/decode.py`` ``DecodeReplay`` | N | :data:`DECODE_ROWS_MAX` |
 | compiled launches (not an LRU) | ``kernels/triton/launch.py`` ``_compiled`` | the launch key (what Triton specializes on) | :data:`COMPILED_LAUNCHES_MAX` |
 
-Who clears them: the process's :class:`~linattn.dispatch.selection.Dispatcher` (``dispatcher().clear()``),
+Who clears them: the process's :class:`~linattn.dispatch.runtime.selection.Dispatcher` (``dispatcher().clear()``),
 which empties its own caches (decisions, first-choice log keys, self-check results, tuned tables
 read) and every module-level cache named in :data:`PROCESS_CACHES` (issue 30): the table above and
 the memoised functions (``functools.lru_cache``) of ``dispatch/``, ``backends/``, ``kernels/`` and
@@ -42,10 +42,10 @@ import sys
 from collections import OrderedDict
 from typing import Any, Hashable
 
-#: Call plans kept (``dispatch/fast_path.py``): one per distinct call key. A plan holds the prepared
+#: Call plans kept (``dispatch/runtime/fast_path.py``): one per distinct call key. A plan holds the prepared
 #: launch and its recorded launch sequences, about 20 KB for a prefill.
 CALL_PLANS_MAX = 1024
-#: Class plans kept (``dispatch/fast_path.py``): one per call class (a call key with its lengths
+#: Class plans kept (``dispatch/runtime/fast_path.py``): one per call class (a call key with its lengths
 #: T and N bucketed); each holds one call plan, which new lengths of the class derive theirs from.
 CLASS_PLANS_MAX = 256
 #: Triton grid verdicts kept (``backends/triton.py`` ``size_class``): one per layout, op, N, head shape,
@@ -62,13 +62,13 @@ DECISIONS_MAX = 1024
 #: First-choice log keys kept: one per (device, op, chosen backend, reason): bounded by the ops and
 #: backends, the cap only guards against a registry that keeps adding backends.
 FIRST_CHOICE_LOG_MAX = 256
-#: Input-copy plans kept (``dispatch/layouts.py``): one per (op, backend class).
+#: Input-copy plans kept (``dispatch/rules/layouts.py``): one per (op, backend class).
 LAYOUT_PLANS_MAX = 256
-#: Environment policies kept (``dispatch/policy.py``): one per distinct pair of values of
+#: Environment policies kept (``dispatch/runtime/policy.py``): one per distinct pair of values of
 #: ``LINATTN_BACKEND`` / ``LINATTN_DISABLE`` seen by an op call (a process that rewrites them per call
 #: parses each pair once while it is among the last 64).
 ENV_POLICIES_MAX = 64
-#: Merged policies kept (``dispatch/policy.py``): one per (``policy()`` scope, environment policy) pair.
+#: Merged policies kept (``dispatch/runtime/policy.py``): one per (``policy()`` scope, environment policy) pair.
 MERGED_POLICIES_MAX = 256
 #: Compiled kernels kept by ``kernels/triton/launch.py`` (first in, first out: module docstring): one
 #: per launch key (kernel, device, options, constexprs, argument dtypes, alignment and int classes).
@@ -76,18 +76,18 @@ COMPILED_LAUNCHES_MAX = 4096
 
 
 #: Every module-level cache of the call path, as ``"module:attribute"``: what
-#: :meth:`~linattn.dispatch.selection.Dispatcher.clear` empties (module docstring), each a dict (an
+#: :meth:`~linattn.dispatch.runtime.selection.Dispatcher.clear` empties (module docstring), each a dict (an
 #: :class:`LRUCache` included) or a ``functools.lru_cache`` function. The call plans, class plans and
 #: grid verdicts are dropped by ``clear_cache()`` too (``fast_path.clear``); the rest (input-copy
 #: plans, policies, memoised configurations, probes, compiled kernels) only by ``Dispatcher.clear()``.
 #: ``tests/dispatch/test_cache_owner.py`` holds this list against the modules' own caches.
 PROCESS_CACHES: tuple[str, ...] = (
-    "linattn.dispatch.fast_path:_plans",
-    "linattn.dispatch.fast_path:_classes",
-    "linattn.dispatch.fast_path:_SHAPE_AT",
-    "linattn.dispatch.layouts:_PLANS",
-    "linattn.dispatch.policy:_env_cache",
-    "linattn.dispatch.policy:_merged",
+    "linattn.dispatch.runtime.fast_path:_plans",
+    "linattn.dispatch.runtime.fast_path:_classes",
+    "linattn.dispatch.runtime.fast_path:_SHAPE_AT",
+    "linattn.dispatch.rules.layouts:_PLANS",
+    "linattn.dispatch.runtime.policy:_env_cache",
+    "linattn.dispatch.runtime.policy:_merged",
     "linattn.backends.triton:_GRID_FITS",
     "linattn.backends.triton:_prefill_state_bv",
     "linattn.backends.torch_chunked:_SCALES",
@@ -143,7 +143,7 @@ class LRUCache(OrderedDict):
         distinct_values: every value is stored under one key only (a call plan, a class plan): then a
             :meth:`get` of the entry used last (the same value as the last get or put) skips the
             reordering, which is a no-op for it, so a repeated hit costs one dict lookup (one hash of
-            the key) instead of two (``dispatch/fast_path.py``'s call keys hash some 90 items).
+            the key) instead of two (``dispatch/runtime/fast_path.py``'s call keys hash some 90 items).
     Raises:
         ValueError: ``maxsize < 1``.
 

@@ -217,7 +217,7 @@ def make_plan(cu_seqlens: Sequence[int], slices: Sequence[tuple[int, int]],
 
 def _prefill_op(family: str) -> str:
     """The family's prefill op name, from the op table."""
-    from linattn.dispatch.ops_table import find_op
+    from linattn.dispatch.rules.ops_table import find_op
 
     op = find_op(family, "prefill")
     if op is None:
@@ -378,7 +378,7 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
     """The ordinary op's validation of this rank's call, as if its pieces were whole sequences; returns
     the normalised arguments and the dispatcher's decision for it (NoBackendError when none fits)."""
     from linattn.dispatch import select
-    from linattn.dispatch.validate import validate as validate_call
+    from linattn.dispatch.rules.validate import validate as validate_call
 
     if isinstance(offset, bool) or not isinstance(offset, int):
         raise TypeError(f"token_offset must be a Python int (the global index of this rank's first token); got "

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import torch
 
-from linattn.dispatch.ops_table import OP_TABLE
+from linattn.dispatch.rules.ops_table import OP_TABLE
 
 __all__ = ["FLUSH_BYTES", "Case", "Timer", "clamp_case", "decode_case", "prefill_case"]
 

@@ -22,16 +22,16 @@ import torch
 import torch.fx
 from torch import Tensor
 
-from linattn.dispatch import fast_path as _fast
-from linattn.dispatch.ops_table import OP_TABLE, Arg
-from linattn.dispatch.results import final_state_dtype, gate_dtype
-from linattn.dispatch.selection import Dispatcher
-from linattn.dispatch.verdict import NoBackendError
+from linattn.dispatch.runtime import fast_path as _fast
+from linattn.dispatch.rules.ops_table import OP_TABLE, Arg
+from linattn.dispatch.runtime.results import final_state_dtype, gate_dtype
+from linattn.dispatch.runtime.selection import Dispatcher
+from linattn.dispatch.plugin.verdict import NoBackendError
 
 
 class BackendRunError(RuntimeError):
     """A plugin backend raised while running, or returned a result that breaks the op contract
-    (shape, dtype, device, tuple arity; ``dispatch/results.py``); it is rejected with reason
+    (shape, dtype, device, tuple arity; ``dispatch/runtime/results.py``); it is rejected with reason
     ``backend_error`` from now on, so later calls take another backend."""
 
 
@@ -120,7 +120,7 @@ Dispatcher.measure_bucket = staticmethod(_measure_bucket)
 
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
     """Validate, select and run one call: through its cached call plan when one exists for the
-    call's key (``dispatch/fast_path.py``: the same checks, the derivable ones done once)."""
+    call's key (``dispatch/runtime/fast_path.py``: the same checks, the derivable ones done once)."""
     key = _fast._key(op, args, backend, validate, check_finite, ())  # call_key, one call less
     plan = _fast.lookup(key)
     nargs = None if plan is None else _fast.prepare_hit(plan, args)
@@ -146,10 +146,10 @@ def _run_plugin(plan, nargs: dict):
     A result sharing memory with an argument, or a read-only argument modified, is a wrong result
     (F43). A raise that the call's own inputs explain (a validation rule the call breaks, e.g. with
     ``validate=False``) is the caller's: that refusal is raised and the backend not marked (F33)."""
-    from linattn.dispatch.registry import error_text
-    from linattn.dispatch.results import ResultError, check_result, check_untouched, input_versions
-    from linattn.dispatch.selection import get_registry
-    from linattn.dispatch.validate import caller_fault
+    from linattn.dispatch.runtime.registry import error_text
+    from linattn.dispatch.runtime.results import ResultError, check_result, check_untouched, input_versions
+    from linattn.dispatch.runtime.selection import get_registry
+    from linattn.dispatch.rules.validate import caller_fault
 
     op, impl = plan.op, plan.impl
     versions = input_versions(op, nargs)
@@ -185,7 +185,7 @@ def _fake_mode_active() -> bool:
 
 # -- results and fakes -------------------------------------------------------------------------------
 # F39: every op's fake gives its real output's shape, dtype, device and strides (contiguous). The
-# dtypes come from dispatch/results.py (gate_dtype, final_state_dtype), read by both sides; the
+# dtypes come from dispatch/runtime/results.py (gate_dtype, final_state_dtype), read by both sides; the
 # real side casts a backend's gates or final state to them (a no-op on the built-in backends,
 # except Triton's fp32 gates when only b or A_log is fp64), so the two cannot drift. Each takes the
 # op's arguments by name (``args``).
@@ -317,7 +317,7 @@ def gdn_gating(A_log: Tensor, a: Tensor, b: Tensor, dt_bias: Tensor, *, softplus
         backend: force a backend by name. validate: run the value checks.
         check_finite: refuse NaN / inf inputs before computing (one device sync).
     Returns:
-        ``(g, beta)``: fp32 (fp64 when any input is fp64: the oracle mode; ``dispatch/results.py``
+        ``(g, beta)``: fp32 (fp64 when any input is fp64: the oracle mode; ``dispatch/runtime/results.py``
         ``gate_dtype``), contiguous, shapes of ``a`` and ``b``; ``g <= 0`` is a log-space decay.
     Raises:
         ValueError / TypeError: bad shapes, dtypes or devices (before anything runs).

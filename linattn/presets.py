@@ -32,8 +32,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from linattn.dispatch.ops_table import OP_TABLE, find_op, ops_of
-from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.rules.ops_table import OP_TABLE, find_op, ops_of
+from linattn.dispatch.plugin.problem import OPS, Problem
 
 log = logging.getLogger("linattn")
 

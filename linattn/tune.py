@@ -1,8 +1,8 @@
 """Measuring the backends of one shape bucket: what ``linattn tune`` (apps/tune.py) and selection's
-``LINATTN_AUTOTUNE`` (:meth:`linattn.dispatch.selection.Dispatcher.autotune`) time, and how.
+``LINATTN_AUTOTUNE`` (:meth:`linattn.dispatch.runtime.selection.Dispatcher.autotune`) time, and how.
 
 For a bucket (op, log2 tokens, log2 sequences, heads, head dims, dtypes) the bucket's
-representative problem (:meth:`~linattn.dispatch.tuning.Bucket.problem`) gets random inputs on the
+representative problem (:meth:`~linattn.dispatch.plugin.tuning.Bucket.problem`) gets random inputs on the
 device, and every backend the dispatcher accepts for it (the policy's disabled backends excepted;
 forcing ignored) is called through the public op with that backend forced (``backend=``,
 ``validate=False``), so its host cost (translation, gather / scatter of a pool-less peer) counts:
@@ -27,10 +27,10 @@ from typing import Callable, Optional
 import torch
 
 import linattn
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.policy import Policy, current_policy
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.tuning import Bucket, Entry
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.runtime.policy import Policy, current_policy
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.tuning import Bucket, Entry
 from linattn.measure import Timer, decode_case, prefill_case
 
 REPEATS = {"cuda": 25, "cpu": 5}
@@ -76,7 +76,7 @@ def measure_bucket(bucket: Bucket, device, *, dispatch=None, repeats: Optional[i
     Returns:
         Entry: median ms per backend that ran, the error of each that raised.
     """
-    from linattn.dispatch.selection import dispatcher, resolve_device
+    from linattn.dispatch.runtime.selection import dispatcher, resolve_device
 
     device = torch.device(device)
     disp = dispatch if dispatch is not None else dispatcher()

@@ -8,31 +8,40 @@ another linattn module is checked against :data:`LAYERS`, top to bottom:
     tools     linattn.apps (CLI, bench, report, demo, tune), linattn.testing (conformance suite)
     ops       the public ops and the library around them: linattn, linattn.ops, compat,
               integrations, presets, context parallelism, the tuning measurement
-    dispatch  the runtime: selection, the per-call fast path, the registry, the
-              self-check, policies, plugin result checks
+    dispatch  the runtime, ``dispatch/runtime/``: selection, the per-call fast path, the registry,
+              the self-check runtime, policies, plugin result checks; and the ``linattn.dispatch``
+              package itself (its ``__init__`` re-exports the runtime)
     backends  one module per backend
     kernels   Triton and CuTe DSL kernels and their launchers, the grid planner
-    contract  what backends implement and kernels read, from dispatch/: the op table, problems,
-              verdicts, call objects, hook specs, the host and value rules and the validation
-              that runs them, the default self-check case, layouts, tuned-table types,
-              environment switches, the bounded caches
+    plugin    the plugin API, ``dispatch/plugin/``: what backends implement and are checked with:
+              hook specs, call objects, problems, verdicts, tuned-table types, the default
+              self-check case
+    rules     ``dispatch/rules/``: the op table and the validation rules it names (host rules,
+              value rules, the validation that runs them, layouts)
+    settings  ``dispatch/env.py`` (the ``LINATTN_*`` parsing rule) and ``dispatch/lru.py`` (the
+              bounded caches and their sizes), which kernels read too
     base      device capabilities, precision helpers, the reference maths (linattn.reference),
               the comparison harness and its inputs
 
-The issue writes the layers as ops -> dispatch -> backends -> kernels; the contract modules live in
-``dispatch/`` (section 4 splits it into runtime, plugin API and rules) but sit below ``backends/``,
-since a backend is written against them (``Problem``, ``Check``, ``Rank``, ``DecodeCall``) and a
-kernel reads its cache sizes and switches from them. A module may import its own layer and any
-layer below it. Function-level (deferred) imports count too. Besides, no module of ``dispatch/``
-(runtime or contract) imports ``backends/`` or ``kernels/``, at module level or deferred
-(:func:`against_the_layers`): the registry loads the built-ins from ``"module:Class"`` strings
-(``dispatch/registry.py``), the self-check's float64 reference is the reference maths in the base
-layer (``linattn.reference``, which torch-ref runs), and the fused value-check kernel is the Triton
-backends' hook, which the registry holds (``Backend.value_check_hook``).
+The issue writes the layers as ops -> dispatch -> backends -> kernels, and splits ``dispatch/``
+into runtime, plugin API and rules (section 4). Only the runtime sits above ``backends/``: a
+backend is written against the plugin API (``Problem``, ``Check``, ``Rank``, ``DecodeCall``) and
+the rules (the op table), and a kernel reads its cache sizes and switches from the settings. The
+rules sit below the plugin API (the problem model and the call objects read the op table; the
+default self-check case validates its inputs), so the three subpackages import one way only:
+runtime -> plugin -> rules -> settings. The op table shares ``rules/`` with the rules because each
+reads the other (the table lists the rule functions; validation reads the table). A module may
+import its own layer and any layer below it. Function-level (deferred) imports count too. Besides,
+no module of ``dispatch/`` (runtime, plugin API, rules or settings) imports ``backends/`` or
+``kernels/``, at module level or deferred (:func:`against_the_layers`): the registry loads the
+built-ins from ``"module:Class"`` strings (``dispatch/runtime/registry.py``), the self-check's
+float64 reference is the reference maths in the base layer (``linattn.reference``, which torch-ref
+runs), and the fused value-check kernel is the Triton backends' hook, which the registry holds
+(``Backend.value_check_hook``).
 
-What the test cannot see: importing ``linattn.dispatch.problem`` runs ``linattn/dispatch/__init__``
-(the runtime) first, as Python imports a package before its module; the check is on the import
-statements each module writes.
+What the test cannot see: importing ``linattn.dispatch.plugin.problem`` runs
+``linattn/dispatch/__init__`` (the runtime) first, as Python imports a package before its module;
+the check is on the import statements each module writes.
 
 Violations that stay for now would be :data:`ALLOWED`, each with why (it is empty: none stays); a
 new one fails the test, and so does an entry of :data:`ALLOWED` that no longer occurs (remove it).
@@ -47,10 +56,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 #: layer names, top to bottom
-ORDER = ("tools", "ops", "dispatch", "backends", "kernels", "contract", "base")
-_CONTRACT = {f"linattn.dispatch.{m}" for m in (
-    "calls", "env", "host_rules", "hookspecs", "layouts", "lru", "ops_table", "problem", "self_check_case", "tuning",
-    "validate", "value_rules", "verdict")}
+ORDER = ("tools", "ops", "dispatch", "backends", "kernels", "plugin", "rules", "settings", "base")
 #: (module name or package prefix ending in ".", layer): the first match wins
 LAYERS = (
     ("linattn.apps.", "tools"), ("linattn.apps", "tools"), ("linattn.__main__", "tools"),
@@ -58,8 +64,10 @@ LAYERS = (
     ("linattn.testing.", "tools"), ("linattn.testing", "tools"),
     ("linattn.precision", "base"), ("linattn._namespace", "base"), ("linattn.reference", "base"),
     ("linattn.capabilities.", "base"), ("linattn.capabilities", "base"),
-    *((m, "contract") for m in sorted(_CONTRACT)),
-    ("linattn.dispatch.", "dispatch"), ("linattn.dispatch", "dispatch"),
+    ("linattn.dispatch.env", "settings"), ("linattn.dispatch.lru", "settings"),
+    ("linattn.dispatch.rules.", "rules"), ("linattn.dispatch.rules", "rules"),
+    ("linattn.dispatch.plugin.", "plugin"), ("linattn.dispatch.plugin", "plugin"),
+    ("linattn.dispatch.runtime.", "dispatch"), ("linattn.dispatch.runtime", "dispatch"), ("linattn.dispatch", "dispatch"),
     ("linattn.backends.", "backends"), ("linattn.backends", "backends"),
     ("linattn.kernels.", "kernels"), ("linattn.kernels", "kernels"),
     ("linattn.", "ops"), ("linattn", "ops"),
@@ -119,7 +127,7 @@ def _imports(module: str, path: Path, modules: dict) -> list[tuple[str, str, int
 def against_the_layers(module: str, target: str) -> bool:
     """Whether ``module`` importing ``target`` (at module level or deferred) breaks the layers: an
     upward import, or any import of ``backends/`` or ``kernels/`` from a module of ``dispatch/``
-    (the runtime's and the contract's alike)."""
+    (the runtime's, the plugin API's, the rules' and the settings' alike)."""
     here, there = layer(module), layer(target)
     upward = ORDER.index(there) < ORDER.index(here)
     from_dispatch = (module == "linattn.dispatch" or module.startswith("linattn.dispatch.")) and \
@@ -157,22 +165,33 @@ def test_the_check_sees_an_upward_import(tmp_path):
     src.write_text("from linattn.kernels import grid\n\ndef f():\n    from linattn.dispatch import selection\n")
     got = _imports("linattn.kernels.k", src, {})
     assert ("linattn.dispatch", "deferred", 4) in got and ("linattn.kernels", "module", 1) in got
-    assert layer("linattn.dispatch.selection") == "dispatch" and layer("linattn.kernels.grid") == "kernels"
-    assert ORDER.index(layer("linattn.dispatch.selection")) < ORDER.index("kernels")
+    assert layer("linattn.dispatch.runtime.selection") == "dispatch" and layer("linattn.kernels.grid") == "kernels"
+    assert ORDER.index(layer("linattn.dispatch.runtime.selection")) < ORDER.index("kernels")
 
 
 def test_dispatch_may_not_import_backends_or_kernels_even_deferred(tmp_path):
-    """A function-level import of ``backends/`` or ``kernels/`` in ``dispatch/`` (runtime or contract)
+    """A function-level import of ``backends/`` or ``kernels/`` in ``dispatch/`` (any of its layers)
     is found and refused; backends and kernels importing the contract below them is not."""
     src = tmp_path / "d.py"
     src.write_text("import torch\n\ndef f():\n    from linattn.backends import torch_ref\n\n"
                    "class C:\n    def g(self):\n        import linattn.kernels.triton.launch\n")
-    got = _imports("linattn.dispatch.selection", src, {})
+    got = _imports("linattn.dispatch.runtime.selection", src, {})
     assert ("linattn.backends", "deferred", 4) in got and ("linattn.kernels.triton.launch", "deferred", 8) in got
-    for module in ("linattn.dispatch.selection", "linattn.dispatch.self_check", "linattn.dispatch.value_rules",
+    for module in ("linattn.dispatch.runtime.selection", "linattn.dispatch.runtime.self_check", "linattn.dispatch.rules.value_rules",
                    "linattn.dispatch"):
         assert against_the_layers(module, "linattn.backends.torch_ref")
         assert against_the_layers(module, "linattn.kernels.triton.value_checks")
-    assert not against_the_layers("linattn.backends.triton", "linattn.dispatch.value_rules")
+    assert not against_the_layers("linattn.backends.triton", "linattn.dispatch.rules.value_rules")
     assert not against_the_layers("linattn.kernels.triton.launch", "linattn.dispatch.env")
-    assert not against_the_layers("linattn.dispatch.selection", "linattn.dispatch.value_rules")
+    assert not against_the_layers("linattn.dispatch.runtime.selection", "linattn.dispatch.rules.value_rules")
+
+
+def test_the_dispatch_subpackages_import_one_way():
+    """runtime -> plugin API -> rules -> settings (issue 30, section 4): never the other way."""
+    down = ("linattn.dispatch.runtime.selection", "linattn.dispatch.plugin.problem", "linattn.dispatch.rules.validate",
+            "linattn.dispatch.env")
+    for i, module in enumerate(down):
+        for lower in down[i + 1:]:
+            assert not against_the_layers(module, lower), (module, lower)
+            assert against_the_layers(lower, module), (lower, module)
+    assert layer("linattn.dispatch.lru") == "settings" and layer("linattn.dispatch.plugin") == "plugin"

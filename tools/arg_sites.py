@@ -39,15 +39,17 @@ def modules() -> list[Path]:
                 out.append(path)
     for sub in ("testing", "compat", "integrations"):
         out.extend(sorted((ROOT / "linattn" / sub).glob("*.py")))
+    for sub in ("rules", "plugin", "runtime"):  # linattn.dispatch's subpackages
+        out.extend(sorted((ROOT / "dispatch" / sub).glob("*.py")))
     out.extend(sorted((ROOT / "kernels" / "triton" / "prefill").glob("*.py")))  # linattn.kernels.triton.prefill
     return out
 
 
 def role(rel: str, scope: str) -> str:
-    if rel == "dispatch/ops_table.py":
+    if rel == "dispatch/rules/ops_table.py":
         return "spec"
-    if rel in ("dispatch/host_rules.py", "dispatch/value_rules.py") or rel.startswith("dispatch/rules/"):
-        return "rule"
+    if rel.startswith("dispatch/rules/") and rel not in ("dispatch/rules/validate.py", "dispatch/rules/layouts.py"):
+        return "rule"  # host_rules.py, value_rules.py; validate.py (which runs them) and layouts.py are plumbing
     if rel.startswith(("backends/", "kernels/")) and rel != "backends/base.py":
         return "backend"
     if rel == "linattn/ops.py" and scope in PUBLIC:

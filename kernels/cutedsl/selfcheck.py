@@ -11,7 +11,7 @@ touches a pool also asserts that the rows not owned by the call are bitwise unch
 
 These are the sign-off checks of an arch (they ran on the H200: ``CuteDSLBackend.verified_archs``).
 On an arch that has not been signed off (sm_100 / sm_103), the dispatcher runs the small
-first-call check of :mod:`linattn.dispatch.self_check` instead, once per op and shape class,
+first-call check of :mod:`linattn.dispatch.runtime.self_check` instead, once per op and shape class,
 before any user data; run these on such a GPU to add it to ``verified_archs``.
 """
 

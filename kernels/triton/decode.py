@@ -385,7 +385,7 @@ class DecodeLaunch:
     Everything but the data pointers is derived here, once: the tile config, the grid, the
     constexprs, which inputs need a copy of their rows and the integer arguments (strides, ``T``).
     A later call whose tensors have the same shapes, strides and dtypes and whose scalars are
-    equal (the dispatcher's call key, ``dispatch/fast_path.py``) launches with ``plan(tensors)``.
+    equal (the dispatcher's call key, ``dispatch/runtime/fast_path.py``) launches with ``plan(tensors)``.
 
     Args (keyword; shapes as the public ``gdn_decode`` / ``kda_decode``):
         gate: ``"gdn"`` or ``"kda"``.
@@ -393,7 +393,7 @@ class DecodeLaunch:
         v: ``[N, T, HV, V]``. a: GDN ``[N, T, HV]``, KDA ``[N, T, HV, K]``. b: ``[N, T, HV]``.
         A_log: ``[HV]``, dt_bias: GDN ``[HV]``, KDA ``[HV, K]``, has_initial_state, num_accepted_tokens
             and intermediate_state_indices: contiguous, as the public ops hand them over
-            (``dispatch/layouts.py`` copies views the backend does not declare in
+            (``dispatch/rules/layouts.py`` copies views the backend does not declare in
             ``TritonBackend.input_strides``).
         state_pool: ``[P, HV, V, K]`` (``"vk"``) or ``[P, HV, K, V]`` (``"kv"``), fp32 or bf16,
             each slot contiguous; slot pitch ``stride(0)``. Updated in place.
@@ -580,7 +580,7 @@ class DecodeReplay:
     launch's copy for its N (:meth:`DecodeLaunch.with_rows`: a new grid and output shape, the same
     compiled kernel), or a :class:`DecodeLaunch` of its own where its tile configuration differs
     (planned from its tensors and the first call's scalars). Calls must be of one class (the
-    dispatcher's class key, ``dispatch/fast_path.py``: the same dtypes, strides, head dims, flags
+    dispatcher's class key, ``dispatch/runtime/fast_path.py``: the same dtypes, strides, head dims, flags
     and scalars).
 
     Args: ``gate``, ``caps``, ``layout`` and the call's arguments, as :class:`DecodeLaunch`.

@@ -232,7 +232,7 @@ KERNELS: tuple[KernelEntry, ...] = (
         why_unplanned=("grid (1,): one program reads a decode call's index and gate-parameter arrays "
                        "(bounded by value_checks.MAX_PAIRWISE / MAX_ELEMENTS) and writes one int32 of "
                        "flags, so there is no work-item axis to plan; launched by the dispatcher's value "
-                       "checks (dispatch/value_rules.py fused_value_check), not by the decode launcher"),
+                       "checks (dispatch/rules/value_rules.py fused_value_check), not by the decode launcher"),
         notes=("both decode ops' value rules in one launch; held against the torch rules by "
                "tests/dispatch/test_fused_value_checks.py"),
     ),
@@ -243,7 +243,7 @@ KERNELS: tuple[KernelEntry, ...] = (
         why_unplanned=("grid (G,), G <= value_checks.MAX_PROGRAMS: program p reads blocks p, p + G, ... of a "
                        "prefill call's cu_seqlens, state_indices and g and writes its own int32 of flags, a "
                        "1-D stream far below any grid limit, so there is nothing to plan; launched by the "
-                       "dispatcher's value checks (dispatch/value_rules.py fused_value_check), not by the "
+                       "dispatcher's value checks (dispatch/rules/value_rules.py fused_value_check), not by the "
                        "prefill launcher"),
         notes=("both prefill ops' value rules in one launch; held against the torch rules by "
                "tests/dispatch/test_fused_value_checks.py"),

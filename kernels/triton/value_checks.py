@@ -1,10 +1,10 @@
 """The ops' value checks in one launch: one small Triton kernel per phase computes every flag.
 
-``dispatch/value_rules.py`` states the value rules (docs/ops.md). There each flag is a few torch
+``dispatch/rules/value_rules.py`` states the value rules (docs/ops.md). There each flag is a few torch
 ops, a kernel launch apiece on a GPU. Here one kernel computes them all into ``int32`` bit sets
 (bit ``i`` set: check ``i`` of the phase's check list failed), which the dispatcher reads in its
 one sync; on a set bit it runs the torch rules, which raise the message of the first failing rule
-(``dispatch/value_rules.py`` :func:`fused_value_check`).
+(``dispatch/rules/value_rules.py`` :func:`fused_value_check`).
 
 - **Decode** (:data:`CHECKS`, :func:`decode_value_flags_kernel`, one program): slots in range
   and, when the call writes the pool, no slot named by two sequences (``state_indices`` ``[N]`` or
@@ -44,7 +44,7 @@ from linattn.kernels.triton.launch import PreparedLaunch
 CHECKS = ("state_indices range", "state_indices shared slot", "intermediate_state_indices range",
           "intermediate_state_indices shared row", "num_accepted_tokens range", "A_log finite",
           "dt_bias finite", "g <= 0")
-#: The prefill checks, in bit order (the order of the torch rules, ``dispatch/ops_table.py``).
+#: The prefill checks, in bit order (the order of the torch rules, ``dispatch/rules/ops_table.py``).
 PREFILL_CHECKS = ("cu_seqlens[0] == 0", "cu_seqlens non-decreasing", "cu_seqlens[-1] == T",
                   "state_indices range", "state_indices shared slot", "g <= 0")
 #: Most entries of a decode index table checked pair by pair for shared slots (N * T): N^2 / 2 compares.
@@ -332,7 +332,7 @@ def plan_prefill_value_check(args: dict, *, slots: Optional[int], tokens: int,
         1-D, a ``g`` that is not contiguous (the kernel streams it flat), more than
         :data:`PREFILL_MAX_PAIRWISE` indices checked pair by pair, an array of more than
         :data:`MAX_STREAM` elements. Raises nothing itself; the check's caller raises the torch
-        rules' ``ValueError`` (``dispatch/value_rules.py``).
+        rules' ``ValueError`` (``dispatch/rules/value_rules.py``).
     """
     cu, idx, g = args.get("cu_seqlens"), args.get("state_indices"), args.get("g")
     if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.numel() == 0:

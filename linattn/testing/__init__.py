@@ -27,7 +27,7 @@ __all__ = [
     "tolerances",
 ]
 
-#: Where each public name lives. The submodules load on first use: ``dispatch/self_check.py``
+#: Where each public name lives. The submodules load on first use: ``dispatch/runtime/self_check.py``
 #: imports :mod:`.compare` and :mod:`.inputs` (torch only) as ``import linattn`` runs, and must not
 #: pull in the suite, its cases or pytest.
 _FROM = {"KINDS": "cases", "Case": "cases", "base_spec": "cases", "generate_cases": "cases",

@@ -37,9 +37,9 @@ from typing import Iterable, Literal, Optional, Sequence
 from pydantic import BaseModel, ConfigDict
 
 from linattn.capabilities import PROFILES, DeviceCapabilities
-from linattn.dispatch.ops_table import OP_TABLE, OPS
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.verdict import Reason
+from linattn.dispatch.rules.ops_table import OP_TABLE, OPS
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.plugin.verdict import Reason
 
 from linattn._namespace import public_dir
 

@@ -1,7 +1,7 @@
 """One comparison with the float64 reference: the relative error, the tolerance table, one checker.
 
 Every place that holds a backend's results against ``linattn.backends.torch_ref`` run in float64
-uses this module: the first-call self-check (``dispatch/self_check.py``), the conformance suite's
+uses this module: the first-call self-check (``dispatch/runtime/self_check.py``), the conformance suite's
 executor (:mod:`linattn.testing.execute`), the CuTe DSL sign-off checks
 (``kernels/cutedsl/selfcheck.py``) and ``linattn demo``. The measure is the relative Frobenius error
 ``||x - ref|| / ||ref||`` (docs/ops.md "Tolerances"); the bounds are :data:`TOLERANCES`.

@@ -27,8 +27,8 @@ from typing import Callable
 import torch
 
 import linattn
-from linattn.dispatch.ops_table import OP_TABLE
-from linattn.dispatch.verdict import NoBackendError, Reason
+from linattn.dispatch.rules.ops_table import OP_TABLE
+from linattn.dispatch.plugin.verdict import NoBackendError, Reason
 
 from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, checkpoints_written, problem_of
 from .compare import DTYPES, FULL_PRECISION, Comparison, rel_error, tolerances

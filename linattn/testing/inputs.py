@@ -2,7 +2,7 @@
 
 Every input is drawn on the CPU from a ``torch.Generator`` seeded by a string key
 (:func:`generator`: CRC-32 of the key), never from the global RNG, so a case replays bit for bit.
-The draws shared by the first-call self-check (``dispatch/self_check.py``) and the conformance
+The draws shared by the first-call self-check (``dispatch/runtime/self_check.py``) and the conformance
 suite (:mod:`linattn.testing.execute`): :func:`qkv`, :func:`decays`, :func:`betas`, :func:`states`.
 The self-check's cases of a ``linattn.dispatch.Problem``'s shape class: :data:`CASES` (one builder
 per phase), with the slots, lengths and tables they use (module constants; the check reads them

@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from linattn.dispatch import get_registry, resolve_device
-from linattn.dispatch.verdict import Reason
+from linattn.dispatch.plugin.verdict import Reason
 
 from .cases import Case, base_spec, generate_cases, problem_of
 from .execute import Outcome, execute

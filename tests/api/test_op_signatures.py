@@ -1,5 +1,5 @@
 """The public functions are typed signatures written by hand; the op table's argument entries
-(``OpSpec.args``, ``dispatch/ops_table.py``) are the contract. These tests hold the two together:
+(``OpSpec.args``, ``dispatch/rules/ops_table.py``) are the contract. These tests hold the two together:
 names, order and defaults of every public op, every argument handed on to the dispatcher as given,
 and the custom op's schema derived from the same entries."""
 
@@ -10,7 +10,7 @@ import torch
 
 import linattn
 import linattn.ops as ops
-from linattn.dispatch.ops_table import CALL_OPTIONS, OP_TABLE, OPS, REQUIRED
+from linattn.dispatch.rules.ops_table import CALL_OPTIONS, OP_TABLE, OPS, REQUIRED
 
 
 class _Handed(Exception):

@@ -123,7 +123,7 @@ def test_recorder_sees_the_fla_peers_library_call_and_replays_it(bench, monkeypa
 
     from linattn.backends import fla as fla_backend
     from linattn.backends import flashinfer as flashinfer_backend
-    from linattn.dispatch.calls import make_call
+    from linattn.dispatch.plugin.calls import make_call
 
     assert callable(getattr(flashinfer_backend, bench.LIBRARY_GETTER["flashinfer"]))
     assert importlib.import_module(fla_backend.FLABackend.__module__) is fla_backend

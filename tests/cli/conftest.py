@@ -2,8 +2,8 @@ import pytest
 
 from linattn.backends.base import Backend
 from linattn.dispatch import reset_registry
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.registry import Registry
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.runtime.registry import Registry
 
 
 class NvidiaOnlyDecode(Backend):

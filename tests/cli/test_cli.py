@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import linattn.apps.cli as cli
 from linattn.dispatch import OPS, Problem, Reason
-from linattn.dispatch.hookspecs import hookimpl
+from linattn.dispatch.plugin.hookspecs import hookimpl
 
 runner = CliRunner()
 REASONS = {r.value for r in Reason}
@@ -209,7 +209,7 @@ def test_optional_commands_register_only_when_their_module_exists(tmp_path, monk
 def test_problem_for_matches_what_a_real_decode_call_would_ask():
     import torch
 
-    from linattn.dispatch.validate import validate
+    from linattn.dispatch.rules.validate import validate
 
     N, H, HV, K, V = 3, 16, 32, 128, 128
     q = torch.zeros(N, 1, H, K, dtype=torch.bfloat16)

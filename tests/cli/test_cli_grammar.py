@@ -124,7 +124,7 @@ def test_bench_takes_seqs_as_batch(monkeypatch):
 def test_tune_takes_batch_and_tokens_with_the_meaning_they_have_in_every_verb(monkeypatch, tmp_path):
     import linattn.apps.tune as T
     from linattn.dispatch import Problem
-    from linattn.dispatch.tuning import bucket_of
+    from linattn.dispatch.plugin.tuning import bucket_of
 
     seen = []
     monkeypatch.setattr(T, "run", lambda buckets, *a, **k: seen.extend(buckets) or [])
@@ -210,7 +210,7 @@ def test_help_shows_a_readable_range_for_counts(verb):
 # -- dtypes: the help lists what the ops take, and explain takes exactly those ---------------------------
 
 def test_explain_dtypes_are_the_ops_dtypes_and_the_help_lists_them():
-    from linattn.dispatch.validate import FLOAT_DTYPES, STATE_DTYPES
+    from linattn.dispatch.rules.validate import FLOAT_DTYPES, STATE_DTYPES
 
     out = " ".join(run("explain", "--help", env={"COLUMNS": "1000"}).stdout.split())
     assert f"q/k/v dtype: {', '.join(FLOAT_DTYPES.values())}" in out and "float64" in out

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import linattn
 import linattn.apps.cli as cli
 from linattn.dispatch import OPS, Problem
-from linattn.dispatch.verdict import DecisionPolicy
+from linattn.dispatch.plugin.verdict import DecisionPolicy
 from linattn.apps.report import REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS, UsageError
 
 runner = CliRunner()

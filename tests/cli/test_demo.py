@@ -11,8 +11,8 @@ from linattn.backends.torch_ref import TorchRefBackend
 from linattn.apps.demo import (TOL_OUTPUT_BF16, TOL_STATE_BF16, DemoConfigError, DemoReport, SlotAllocator,
                           render_demo, run_demo)
 from linattn.dispatch import reset_registry
-from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.registry import Registry
+from linattn.dispatch.plugin.hookspecs import hookimpl
+from linattn.dispatch.runtime.registry import Registry
 
 runner = CliRunner()
 TINY = dict(requests=3, decode_batch=4, steps=2, shape=(1, 2, 16, 16), prompt_len=(2, 9), output_len=(1, 2),

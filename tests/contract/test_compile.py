@@ -124,7 +124,7 @@ SCRIPT = textwrap.dedent(r'''
         for dt, his in ((torch.float32, None), (torch.bfloat16, torch.tensor([True, False]))):
             fork_slots(torch.zeros(4, 32, 128, 128, dtype=dt), torch.tensor([0, 1], dtype=torch.int32),
                        torch.tensor([2, 1], dtype=torch.int32), his)
-        # the decode value checks (dispatch/value_rules.py fused_value_check): each check, both index dtypes
+        # the decode value checks (dispatch/rules/value_rules.py fused_value_check): each check, both index dtypes
         from linattn.kernels.triton.value_checks import DecodeValueCheck
         i32, i64 = torch.int32, torch.int64
         for idx, extra in ((torch.zeros(4, dtype=i32), dict(A_log=torch.zeros(32), dt_bias=torch.zeros(32))),

@@ -1,6 +1,6 @@
 """Every tensor argument of every Triton op as a strided view (field case F25, issue 15 item 1).
 
-The arguments come from the validation layer's per-op table (``dispatch/validate.py``:
+The arguments come from the validation layer's per-op table (``dispatch/rules/validate.py``:
 ``read_arguments`` and ``written_arguments``), not from a list here, so a new argument enters this
 test by being added to the op. For each read-only argument present in an op's contract case, the
 call through the public op with that argument replaced by a strided view holding the same values
@@ -25,8 +25,8 @@ import pytest
 import torch
 
 import linattn
-from linattn.dispatch.validate import read_arguments, written_arguments
-from linattn.dispatch.verdict import NoBackendError, Reason
+from linattn.dispatch.rules.validate import read_arguments, written_arguments
+from linattn.dispatch.plugin.verdict import NoBackendError, Reason
 
 from contract_cases import CASES, PREFILL_OPS, owned_rows
 

@@ -15,7 +15,7 @@ from linattn.backends.builtin import BUILTIN
 from linattn.backends.cutedsl import RANK_BEHIND, RANK_FIRST, SM90_FASTER, CuteDSLBackend, shape_class
 from linattn.capabilities import PROFILES, profile
 from linattn.dispatch import Problem, Reason, explain
-from linattn.dispatch.hookspecs import BackendPlugin
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
 
 QWEN = dict(op="gdn_prefill", n=16, t=16 * 4096, h=16, hv=32, k=128, v=128, dtype="bfloat16")
 KIMI = dict(QWEN, op="kda_prefill", h=32)

@@ -1,7 +1,7 @@
 import pytest
 
 from linattn.dispatch import reset_registry
-from linattn.dispatch.registry import Registry
+from linattn.dispatch.runtime.registry import Registry
 
 
 @pytest.fixture

@@ -99,7 +99,7 @@ def test_clear_empties_every_cache_and_results_stay_bitwise(monkeypatch):
 def test_clear_cache_keeps_its_scope():
     """``linattn.dispatch.clear_cache()`` drops decisions and call plans as before, and keeps what
     only ``Dispatcher.clear()`` drops (here: the compiled launches)."""
-    from linattn.dispatch import fast_path
+    from linattn.dispatch.runtime import fast_path
     from linattn.kernels.triton import launch
 
     _run_all()

@@ -12,15 +12,16 @@ import linattn
 from linattn.capabilities import PROFILES
 from linattn.dispatch import (Dispatcher, NoBackendError, Problem, Rank, Reason, Rejected, dispatcher, explain,
                               get_registry, last_decision, reset_registry, select)
-from linattn.dispatch import registry as registry_module
-from linattn.dispatch import selection
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.registry import Registry
-from linattn.dispatch.verdict import Decision
+from linattn.dispatch.runtime import registry as registry_module
+from linattn.dispatch.runtime import selection
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.runtime.registry import Registry
+from linattn.dispatch.plugin.verdict import Decision
 
 from dispatch_backends import FastCpuDecode  # noqa: E402
 
 DISPATCH = Path(__file__).resolve().parents[2] / "dispatch"
+SUBPACKAGES = ("rules", "plugin", "runtime")  # dispatch/'s subpackages; module names are unique across them
 DECODE = Problem(op="gdn_decode", n=4, t=1, h=2, hv=4, k=16, v=16, dtype="float32")
 
 
@@ -86,16 +87,18 @@ def test_forgetting_a_broken_backend_is_a_registry_method(fresh_registry):
 
 
 def _module_imports(path: Path) -> set[str]:
-    """The dispatch modules ``path`` imports at module level (``from .x import``, ``from . import x``)."""
+    """The dispatch modules ``path`` imports at module level (``from .x import``, ``from . import x``,
+    and across the subpackages ``from ..rules.x import``, ``from ..rules import x``, ``from ..env import``)."""
     out = set()
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            out |= {node.module} if node.module else {a.name for a in node.names}
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            last = (node.module or "").rpartition(".")[2]
+            out |= {a.name for a in node.names} if last in ("", *SUBPACKAGES) else {last}
     return out
 
 
 def test_dispatch_modules_import_each_other_without_a_cycle():
-    graph = {p.stem: _module_imports(p) & {q.stem for q in DISPATCH.glob("*.py")} for p in DISPATCH.glob("*.py")
+    graph = {p.stem: _module_imports(p) & {q.stem for q in DISPATCH.rglob("*.py")} for p in DISPATCH.rglob("*.py")
              if p.stem != "__init__"}
     assert "selection" not in graph["registry"] and "registry" in graph["selection"]
     done, stack = set(), []
@@ -115,7 +118,7 @@ def test_dispatch_modules_import_each_other_without_a_cycle():
 
 
 def test_no_selection_state_lives_in_the_registry_or_self_check_modules():
-    for mod in (registry_module, linattn.dispatch.self_check):
+    for mod in (registry_module, linattn.dispatch.runtime.self_check):
         assert not [n for n in vars(mod) if n in ("_registry", "_loading", "_results", "_running", "_cache")]
     assert not [n for n in vars(selection) if n in ("_cache", "_last_by_op", "_logged", "_local")]
 

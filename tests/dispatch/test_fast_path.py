@@ -1,4 +1,4 @@
-"""The per-call fast path (dispatch/fast_path.py): a call whose key was seen reuses its plan, and
+"""The per-call fast path (dispatch/runtime/fast_path.py): a call whose key was seen reuses its plan, and
 the plan never lets through what the full validation would refuse."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import torch
 
 import linattn
 import linattn.dispatch
-from linattn.dispatch import fast_path, policy
-from linattn.dispatch import validate as validate_module
+from linattn.dispatch import policy
+from linattn.dispatch.runtime import fast_path
+from linattn.dispatch.rules import validate as validate_module
 
 N, H, HV, K, V, P = 2, 1, 2, 8, 8, 4
 

@@ -1,5 +1,5 @@
 """The decode and prefill value checks as one kernel each (kernels/triton/value_checks.py,
-dispatch/value_rules.py ``fused_value_check``): each flags exactly the calls the torch rules refuse
+dispatch/rules/value_rules.py ``fused_value_check``): each flags exactly the calls the torch rules refuse
 (prefill: exactly the checks they refuse), and a refused call raises the torch rules' error before
 anything is written. Run in the Triton interpreter."""
 
@@ -17,8 +17,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":  # the cases are CPU tensors; on a
                 "machine without a GPU); compiled on a GPU: tests/gpu/test_value_checks_gpu.py", allow_module_level=True)
 
 import linattn  # noqa: E402
-from linattn.dispatch import fast_path, value_rules  # noqa: E402
-from linattn.dispatch.validate import validate_call, value_rules_of  # noqa: E402
+from linattn.dispatch.runtime import fast_path  # noqa: E402
+from linattn.dispatch.rules import value_rules  # noqa: E402
+from linattn.dispatch.rules.validate import validate_call, value_rules_of  # noqa: E402
 
 from value_check_cases import verdicts  # noqa: E402
 

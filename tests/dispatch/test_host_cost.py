@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import linattn
-from linattn.dispatch import fast_path
+from linattn.dispatch.runtime import fast_path
 from linattn.dispatch.lru import LRUCache
 from linattn.kernels.triton import launch
 

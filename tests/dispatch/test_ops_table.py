@@ -10,9 +10,9 @@ import torch
 
 import linattn
 from linattn.dispatch import OP_TABLE, OPS, Problem, find_op, op_spec, phase_of
-from linattn.dispatch.policy import PHASES, Policy
-from linattn.dispatch.results import RESULTS
-from linattn.dispatch.validate import read_arguments, validate, written_arguments
+from linattn.dispatch.runtime.policy import PHASES, Policy
+from linattn.dispatch.runtime.results import RESULTS
+from linattn.dispatch.rules.validate import read_arguments, validate, written_arguments
 from linattn.presets import presets
 from linattn.testing.cases import base_spec, generate_cases, problem_of
 
@@ -103,7 +103,7 @@ PARSING = re.compile(rf"""{_SUBJECT}\.(split|rsplit|partition|rpartition)\(\s*['
 # Op names built from a family (``f"{family}_{phase}"``, ``f"{p.family}_gating"``) where
 # ``find_op(family, phase)`` gives them; only the table's own rows make them.
 BUILDING = re.compile(r"""\{[^{}]*\b(family|fam|gate)\b[^{}]*\}_(\{|gating\b|decode\b|prefill\b)""")
-NAMES_ARE_MADE_IN = "dispatch/ops_table.py"
+NAMES_ARE_MADE_IN = "dispatch/rules/ops_table.py"
 #: The shipped tree: the package (``pyproject.toml``'s package-dir) and the examples.
 SHIPPED = ("linattn", "apps", "dispatch", "backends", "kernels", "capabilities", "examples")
 

@@ -9,9 +9,9 @@ import linattn
 from linattn.backends.base import Backend
 from linattn.capabilities import profile
 from linattn.dispatch import NoBackendError, Problem, Reason, explain, last_decision, policy, select
-from linattn.dispatch.hookspecs import BackendPlugin, hookimpl
-from linattn.dispatch.policy import parse_force
-from linattn.dispatch.verdict import Check
+from linattn.dispatch.plugin.hookspecs import BackendPlugin, hookimpl
+from linattn.dispatch.runtime.policy import parse_force
+from linattn.dispatch.plugin.verdict import Check
 
 DECODE = Problem(op="gdn_decode", n=4, t=1, h=2, hv=4, k=16, v=16, dtype="float32")
 
@@ -127,7 +127,7 @@ def test_policy_rejects_unknown_keys():
 
 def test_op_key_beats_phase_key_beats_all():
     force = dict(parse_force("all=a,decode=b,gdn_decode=c", "x"))
-    from linattn.dispatch.policy import Policy
+    from linattn.dispatch.runtime.policy import Policy
 
     pol = Policy(force=tuple(sorted(force.items())))
     assert pol.forced_for("gdn_decode") == "c"
@@ -239,7 +239,7 @@ def test_disabling_an_unknown_backend_is_logged(fresh_registry, caplog):
 
 
 def test_policy_source_is_default_without_env(monkeypatch):
-    from linattn.dispatch.policy import env_policy
+    from linattn.dispatch.runtime.policy import env_policy
 
     monkeypatch.delenv("LINATTN_BACKEND", raising=False)
     monkeypatch.delenv("LINATTN_DISABLE", raising=False)

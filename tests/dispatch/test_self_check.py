@@ -22,12 +22,13 @@ from linattn.backends.torch_ref import TorchRefBackend, gdn_decode_ref
 from linattn.backends.triton_folded import TritonFoldedBackend
 from linattn.backends.triton_split import TritonSplitBackend
 from linattn.capabilities import DeviceCapabilities, profile
-from linattn.dispatch import NoBackendError, Problem, Reason, explain, reset_registry, selection
-from linattn.dispatch import self_check as sc
-from linattn.dispatch import self_check_case
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.registry import Registry
-from linattn.dispatch.validate import validate
+from linattn.dispatch import NoBackendError, Problem, Reason, explain, reset_registry
+from linattn.dispatch.runtime import selection
+from linattn.dispatch.runtime import self_check as sc
+from linattn.dispatch.plugin import self_check_case
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.runtime.registry import Registry
+from linattn.dispatch.rules.validate import validate
 from linattn.testing import inputs
 
 SM100 = profile("sm100").with_toolchain(triton=None, cutlass_dsl=None)  # only torch-ref and the fakes fit

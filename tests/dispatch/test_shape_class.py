@@ -9,8 +9,8 @@ import torch
 import linattn
 from linattn.capabilities import profile
 from linattn.dispatch import Problem, dispatcher, get_registry
-from linattn.dispatch.ops_table import OP_TABLE, OPS
-from linattn.dispatch.selection import shape_class
+from linattn.dispatch.rules.ops_table import OP_TABLE, OPS
+from linattn.dispatch.runtime.selection import shape_class
 
 DEVICES = ("cpu", "sm90", "sm100", "mi300x", "xpu-pvc")
 

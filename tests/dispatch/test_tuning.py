@@ -1,4 +1,4 @@
-"""Selection by measurement (dispatch/tuning.py, apps/tune.py): the tuned table is written,
+"""Selection by measurement (dispatch/plugin/tuning.py, apps/tune.py): the tuned table is written,
 loaded and keyed; a table of other versions is ignored with one INFO line; inside a bucket the
 table ranks, outside it the static rank does; explain shows the times and the table's origin;
 LINATTN_AUTOTUNE measures a missing bucket on the first eager call and never during capture.
@@ -18,9 +18,10 @@ from typer.testing import CliRunner
 import linattn
 from linattn import tune as measuring
 from linattn.apps import cli, tune
-from linattn.dispatch import Problem, clear_cache, dispatcher, explain, selection
-from linattn.dispatch import tuning as tuning_mod
-from linattn.dispatch.tuning import Entry, TuneTable, bucket_of, current_key, table_path, write
+from linattn.dispatch import Problem, clear_cache, dispatcher, explain
+from linattn.dispatch.runtime import selection
+from linattn.dispatch.plugin import tuning as tuning_mod
+from linattn.dispatch.plugin.tuning import Entry, TuneTable, bucket_of, current_key, table_path, write
 
 CPU = torch.device("cpu")
 SHAPE = dict(h=1, hv=1, k=8, v=8)
@@ -358,7 +359,7 @@ def test_every_shipped_table_parses_is_named_by_its_arch_and_names_known_backend
     from importlib import resources
 
     from linattn.backends import builtin
-    from linattn.dispatch.registry import load_object
+    from linattn.dispatch.runtime.registry import load_object
 
     folder = resources.files("linattn") / "tuned"
     shipped = sorted(p for p in folder.iterdir() if p.name.endswith(".json"))

@@ -1,4 +1,4 @@
-"""The value rules' host path (dispatch/value_rules.py ``_host_remaining``): on small CPU index
+"""The value rules' host path (dispatch/rules/value_rules.py ``_host_remaining``): on small CPU index
 tensors each rule is evaluated in plain Python from one ``.tolist()``; a rule that fails there hands
 the call to the torch probes, so a refused call raises exactly the torch rules' error. Here the two
 paths are held to the same verdict (accept, or the same error type and message) on random small
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from linattn.dispatch import value_rules as vr
+from linattn.dispatch.rules import value_rules as vr
 
 hypothesis = pytest.importorskip("hypothesis")
 st = hypothesis.strategies

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from linattn.dispatch import value_rules
-from linattn.dispatch.validate import validate_call, value_rules_of
+from linattn.dispatch.rules import value_rules
+from linattn.dispatch.rules.validate import validate_call, value_rules_of
 
 
 def verdicts(op: str, args: dict) -> tuple[int, Optional[str]]:

@@ -15,7 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import linattn
-from linattn.dispatch.ops_table import OP_TABLE
+from linattn.dispatch.rules.ops_table import OP_TABLE
 
 N, H, HV, K, V, P = 3, 1, 2, 8, 4, 6
 LENS = (2, 0, 3)  # prefill: a zero-length sequence inside

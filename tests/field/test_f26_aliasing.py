@@ -2,7 +2,7 @@
 are refused with a ``ValueError`` before launch; the memory stays bitwise unchanged.
 
 The check is host-only (strides and address ranges, no device sync), in the validation layer
-(``dispatch/host_rules.py``, ``_written_buffers``), so it holds on every backend alike.
+(``dispatch/rules/host_rules.py``, ``_written_buffers``), so it holds on every backend alike.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_interleaved_pool_and_intermediate_rows_of_one_allocation_are_accepted()
 
 
 def test_interleaved_disjoint_proves_only_real_disjointness():
-    from linattn.dispatch.layouts import interleaved_disjoint
+    from linattn.dispatch.rules.layouts import interleaved_disjoint
 
     buf = torch.zeros(8, HV, V, K)
     assert interleaved_disjoint(buf[0::2], buf[1::2])

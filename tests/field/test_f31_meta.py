@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import linattn
 import linattn.apps.cli as cli
-from linattn.dispatch import fast_path
+from linattn.dispatch.runtime import fast_path
 from linattn.dispatch import Problem, explain, resolve_device
 
 N, T, H, HV, K, V, P, TP = 3, 1, 2, 4, 16, 8, 6, 7

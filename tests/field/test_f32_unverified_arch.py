@@ -23,10 +23,11 @@ import linattn.apps.cli as cli
 from linattn.backends.cutedsl import RANK_FIRST, CuteDSLBackend
 from linattn.backends.torch_ref import TorchRefBackend, gdn_prefill_ref
 from linattn.capabilities import DeviceCapabilities, profile
-from linattn.dispatch import Problem, Reason, explain, reset_registry, selection
-from linattn.dispatch import self_check as sc
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.registry import Registry
+from linattn.dispatch import Problem, Reason, explain, reset_registry
+from linattn.dispatch.runtime import selection
+from linattn.dispatch.runtime import self_check as sc
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.runtime.registry import Registry
 
 QWEN = dict(op="gdn_prefill", n=4, t=8192, h=16, hv=32, k=128, v=128, dtype="bfloat16")
 KIMI = dict(QWEN, op="kda_prefill", h=32)

@@ -3,7 +3,7 @@ the first write, and a caller's fault never marks a backend broken.
 
 A pool allocated under ``torch.inference_mode()`` and used outside it was written for slot 0, then
 torch raised on slot 3 (decode and prefill), and through a plugin the plugin was marked broken. The
-rule (``dispatch/host_rules.py``, ``write_refusal``): an inference tensor outside inference mode, a
+rule (``dispatch/rules/host_rules.py``, ``write_refusal``): an inference tensor outside inference mode, a
 buffer that requires grad, or a lazily negated view is a ``ValueError`` before anything runs, on
 every backend, plugins included; every buffer and input keeps its bits. A plugin raise that the
 call's own validation explains (``validate=False`` with a bad index) raises that refusal and leaves

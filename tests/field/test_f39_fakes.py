@@ -5,7 +5,7 @@ dtype, device and strides (outputs are new contiguous tensors), over the whole o
 (``fake_grid.grid()``: every op of the op table; float32, float64, bfloat16; pool and dense modes,
 with and without an initial state in each state dtype; decode T > 1 with tables, intermediate
 states, accepted tokens, verify-only, ``has_initial_state``, precomputed gates; both layouts).
-The output dtypes come from one place, ``dispatch/results.py`` (``gate_dtype``,
+The output dtypes come from one place, ``dispatch/runtime/results.py`` (``gate_dtype``,
 ``final_state_dtype``), read by the fakes, by the real path (which casts a backend's gates and
 final state to them) and by the plugin result contract. Compiled code then equals eager code:
 float64 gating and float64 dense prefill without an initial state compile to float64.
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import linattn
-from linattn.dispatch.results import RESULTS, Expect
+from linattn.dispatch.runtime.results import RESULTS, Expect
 
 from fake_grid import case_id, clamp_case, compare_fake, decode_case, gating_case, grid, prefill_case
 from field_cases import backends_for

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import linattn
-from linattn.dispatch import Problem, dispatcher, fast_path, layouts
+from linattn.dispatch import Problem, dispatcher
+from linattn.dispatch.runtime import fast_path
+from linattn.dispatch.rules import layouts
 from linattn.dispatch.lru import CALL_PLANS_MAX, DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LAYOUT_PLANS_MAX, LRUCache
 
 
@@ -77,14 +79,14 @@ def test_lru_cache_refuses_a_size_below_one():
 
 
 def test_the_policy_caches_are_bounded_and_keep_the_hot_entry(monkeypatch):
-    """dispatch/policy.py's parsed environment policies and merged scoped policies are LRU caches
+    """dispatch/runtime/policy.py's parsed environment policies and merged scoped policies are LRU caches
     too: ever new LINATTN_BACKEND values keep the environment cache at its size, and ever new
     ``policy()`` scopes drop the least recently used merge, not the hot one with the rest."""
     import importlib
 
     from linattn.dispatch.lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX
 
-    pol = importlib.import_module("linattn.dispatch.policy")  # the module (the package exports a function of its name)
+    pol = importlib.import_module("linattn.dispatch.runtime.policy")  # the module (the package exports a function of its name)
 
     monkeypatch.setattr(pol, "_env_cache", LRUCache(ENV_POLICIES_MAX))
     monkeypatch.setattr(pol, "_merged", LRUCache(MERGED_POLICIES_MAX))

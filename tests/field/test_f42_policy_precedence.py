@@ -1,7 +1,7 @@
 """Field case F42 (issue 26): which force wins when scopes nest.
 
 An outer op-level force beat an inner ``policy(decode=...)``, and ``LINATTN_BACKEND=gdn_decode=X``
-beat ``with policy(all=Y)``. The rule (dispatch/policy.py, docs/ops-decisions.md): the innermost
+beat ``with policy(all=Y)``. The rule (dispatch/runtime/policy.py, docs/ops-decisions.md): the innermost
 scope that covers an op wins, whatever its key's granularity; the environment is the outermost
 scope; within one scope the op key beats the phase key, which beats ``all``; a key given two
 backends in one scope is refused. Cached decisions and call plans follow every change.
@@ -15,8 +15,8 @@ import torch
 import linattn
 from linattn.backends.torch_ref import TorchRefBackend
 from linattn.dispatch import NoBackendError, get_registry, policy
-from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.policy import Policy, current_policy, parse_force
+from linattn.dispatch.plugin.hookspecs import hookimpl
+from linattn.dispatch.runtime.policy import Policy, current_policy, parse_force
 
 OPS = ("gdn_decode", "kda_decode", "gdn_prefill", "gdn_gating")
 

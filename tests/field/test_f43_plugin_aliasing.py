@@ -2,7 +2,7 @@
 that modifies a read-only argument, breaks the op contract.
 
 docs/ops.md: inputs are never modified and every output is a new tensor. A plugin that wrote its
-output into the caller's ``v`` and returned it was accepted. The rule (``dispatch/results.py``,
+output into the caller's ``v`` and returned it was accepted. The rule (``dispatch/runtime/results.py``,
 ``check_untouched``): a returned tensor sharing storage with any argument (the pool included), or
 a read-only argument whose version counter moved during the run, is a wrong result:
 ``BackendRunError``, the plugin is rejected with ``backend_error`` from then on and the next call

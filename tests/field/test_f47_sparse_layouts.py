@@ -2,7 +2,7 @@
 
 A sparse COO ``q`` or ``state_indices`` failed with torch's "Cannot access data pointer of Tensor
 that doesn't have storage" (a ``RuntimeError`` from deep in the address checks) and a sparse pool
-with a misleading "stride 0" message. The rule (``dispatch/host_rules.py``, ``_dense_tensors``,
+with a misleading "stride 0" message. The rule (``dispatch/rules/host_rules.py``, ``_dense_tensors``,
 the first host rule): every tensor argument must be ``torch.strided``; anything else (sparse COO,
 CSR, CSC, BSR, BSC, mkldnn) is a ``TypeError`` naming the argument and its layout and saying to
 pass ``.to_dense()``, before anything runs and on a cached call key as well.

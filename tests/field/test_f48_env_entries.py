@@ -1,6 +1,6 @@
 """Field case F48 (issue 26): ``LINATTN_BACKEND="decode="`` forced nothing, silently.
 
-The rule (dispatch/policy.py, docs/ops-decisions.md): every entry of ``LINATTN_BACKEND`` /
+The rule (dispatch/runtime/policy.py, docs/ops-decisions.md): every entry of ``LINATTN_BACKEND`` /
 ``LINATTN_DISABLE`` is well formed or the call is refused with a ``ValueError`` naming the
 variable and the entry (an empty backend name or key, an empty entry, an unknown key, ``key=`` in
 the disable list); a blank variable is unset; ``policy()`` refuses an empty backend name too.
@@ -15,7 +15,7 @@ import torch
 
 import linattn
 from linattn.dispatch import policy
-from linattn.dispatch.policy import env_policy
+from linattn.dispatch.runtime.policy import env_policy
 
 BAD_BACKEND = [
     ("decode=", "'decode=' names no backend"),
@@ -117,7 +117,7 @@ def test_f48_switches_take_one_or_zero_and_their_words(monkeypatch, value, expec
 @pytest.mark.parametrize("value", ["fasle", "2", "disabled"])
 def test_f48_a_malformed_switch_is_refused_naming_the_variable(monkeypatch, value):
     from linattn.dispatch.env import env_switch
-    from linattn.dispatch import value_rules
+    from linattn.dispatch.rules import value_rules
 
     monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", None)  # the environment decides
     monkeypatch.setenv("LINATTN_FUSED_VALUE_CHECKS", value)
@@ -129,7 +129,7 @@ def test_f48_a_malformed_switch_is_refused_naming_the_variable(monkeypatch, valu
 
 @pytest.mark.parametrize("var", ["LINATTN_PLUGINS", "LINATTN_DISABLE_PLUGINS"])
 def test_f48_an_empty_plugin_name_is_refused_when_the_registry_loads(registry, monkeypatch, var):
-    from linattn.dispatch.registry import Registry
+    from linattn.dispatch.runtime.registry import Registry
 
     monkeypatch.setenv(var, "cpu-chunked,")
     with pytest.raises(ValueError, match=f"{var}='cpu-chunked,': entry 2 is empty"):

@@ -46,7 +46,7 @@ def _positions(view: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
 
 
 def _strided_state_ops(backend: Optional[str]) -> frozenset:
-    from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.runtime.registry import get_registry
 
     impl = get_registry().backends.get(backend) if backend else None
     return frozenset(getattr(impl, "strided_state_ops", frozenset())) if impl is not None else frozenset()
@@ -89,7 +89,7 @@ def _features_used(b: Built) -> set:
 
 
 def _declared_features(backend: Optional[str], op: str) -> frozenset:
-    from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.runtime.registry import get_registry
 
     impl = get_registry().backends.get(backend) if backend else None
     if impl is None:

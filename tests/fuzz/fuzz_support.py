@@ -29,7 +29,7 @@ import torch
 from hypothesis import HealthCheck, Phase, seed, settings
 
 import linattn
-from linattn.dispatch.verdict import NoBackendError
+from linattn.dispatch.plugin.verdict import NoBackendError
 
 # -- profiles ---------------------------------------------------------------------------------
 
@@ -231,7 +231,7 @@ def rejection_reason(err: BaseException, backend: Optional[str]) -> Optional[str
 def heal_plugin(backend: Optional[str]) -> None:
     """A plugin that raised is marked broken for the rest of the process (ops.py); a fuzz failure
     must not turn every later case of that backend into a refusal, so the mark is lifted."""
-    from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.runtime.registry import get_registry
 
     reg = get_registry()
     if backend and backend in reg.broken:

@@ -428,7 +428,7 @@ def test_prefill_invalid_refused_before_any_write(op, mutation, backend):
 @pytest.mark.parametrize("backend", ("triton-split", "triton-folded"))
 @pytest.mark.parametrize("op", ("gdn_decode", "gdn_prefill"))
 def test_forced_backend_that_does_not_fit_is_refused(op, backend):
-    from linattn.dispatch.verdict import NoBackendError
+    from linattn.dispatch.plugin.verdict import NoBackendError
 
     @fuzz_settings(2, key=_key())
     @given(spec=(decode_specs(op, "torch-ref", "mixed") if op.endswith("decode")

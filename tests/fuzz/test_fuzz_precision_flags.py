@@ -60,7 +60,7 @@ def test_decode_under_lowered_global_precision(op):
 @pytest.mark.parametrize("backend", ["torch-ref", "cpu-chunked"])
 @pytest.mark.parametrize("op", ["gdn_prefill", "kda_prefill"])
 def test_prefill_under_lowered_global_precision(op, backend):
-    from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.runtime.registry import get_registry
 
     if backend not in get_registry().backends:
         pytest.skip(f"backend {backend} not installed")

@@ -30,7 +30,7 @@ PREFILL_BACKENDS = ("torch-ref", "cpu-chunked", "triton-split", "triton-folded")
 
 
 def _have(backend: str) -> bool:
-    from linattn.dispatch.registry import get_registry
+    from linattn.dispatch.runtime.registry import get_registry
 
     return backend in get_registry().backends
 

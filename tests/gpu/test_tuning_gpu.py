@@ -1,4 +1,4 @@
-"""Selection by measurement on a CUDA GPU (dispatch/tuning.py, apps/tune.py): ``linattn tune``
+"""Selection by measurement on a CUDA GPU (dispatch/plugin/tuning.py, apps/tune.py): ``linattn tune``
 times the GPU backends of a small bucket and the dispatcher follows the table; the table's key
 carries the driver; a call captured into a real CUDA graph with ``LINATTN_AUTOTUNE=1`` measures
 nothing (the measurement syncs) and replays.
@@ -20,8 +20,9 @@ if not torch.cuda.is_available():
 import linattn  # noqa: E402
 from linattn import tune as measuring  # noqa: E402
 from linattn.apps import cli  # noqa: E402
-from linattn.dispatch import Problem, clear_cache, explain, selection  # noqa: E402
-from linattn.dispatch.tuning import TuneTable, current_key, table_path  # noqa: E402
+from linattn.dispatch import Problem, clear_cache, explain  # noqa: E402
+from linattn.dispatch.runtime import selection  # noqa: E402
+from linattn.dispatch.plugin.tuning import TuneTable, current_key, table_path  # noqa: E402
 
 CUDA = torch.device("cuda")
 

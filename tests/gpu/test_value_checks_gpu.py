@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import linattn
-from linattn.dispatch import fast_path, value_rules
+from linattn.dispatch.runtime import fast_path
+from linattn.dispatch.rules import value_rules
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -203,7 +204,7 @@ def test_prefill_compiled_kernel_agrees_with_the_torch_rules_on_random_tables(fu
 def test_prefill_checks_spread_over_many_programs_find_one_bad_value(fused, where):
     """KDA's g [T, HV, K] of 2 x 4,096 tokens (many programs), 300 sequences (pairwise check over
     tiles of several programs): one positive gate or one shared slot anywhere is found."""
-    from linattn.dispatch.validate import validate_call, value_rules_of
+    from linattn.dispatch.rules.validate import validate_call, value_rules_of
 
     lens = (4096, 4096) + (0,) * 298
     x = _prefill_args("kda", lens=lens, p=320, state_indices=torch.arange(300, dtype=torch.int32, device=DEV))

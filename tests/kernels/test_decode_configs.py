@@ -122,7 +122,7 @@ def test_the_backend_plans_the_pool_dtypes_grid(monkeypatch):
     """The Triton backend's grid check (``_work``) counts the programs the launch makes: the pool
     dtype's pinned BV (bf16, batch class large: BV 16) times its ``blocks``, not fp32's BV."""
     from linattn.backends.triton import TritonBackend
-    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.plugin.problem import Problem
 
     def work(n, state_dtype):
         return TritonBackend._work(Problem(op="gdn_decode", n=n, h=16, hv=32, k=128, v=128, state_dtype=state_dtype))

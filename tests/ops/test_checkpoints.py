@@ -17,7 +17,7 @@ from separate_slots_cases import assert_untouched, bits, prefill_fn
 
 import linattn
 from linattn.backends.torch_chunked import TorchChunkedBackend
-from linattn.dispatch.verdict import Reason
+from linattn.dispatch.plugin.verdict import Reason
 
 H, HV, K, V = 1, 2, 16, 16
 E = 64  # checkpoint_every
@@ -180,7 +180,7 @@ def test_fla_is_refused_with_reason_feature_and_flashinfer_declares_checkpoints(
     tests/gpu/test_checkpoints_gpu.py)."""
     from linattn.backends.fla import FLABackend
     from linattn.backends.flashinfer import FlashInferBackend
-    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.plugin.problem import Problem
 
     p = Problem(op="kda_prefill", n=4, t=256, h=1, hv=2, k=64, v=64, mode="pool", checkpoints=True)
     check = FLABackend().supports_features(p, None)
@@ -235,7 +235,7 @@ class _FinalStateCheckpoints(_DropsCheckpoints):
                                           (_FinalStateCheckpoints, "not bitwise equal")])
 def test_conformance_case_catches_wrong_checkpoints(registry, cls, message):
     from linattn.dispatch import resolve_device
-    from linattn.dispatch.hookspecs import BackendPlugin
+    from linattn.dispatch.plugin.hookspecs import BackendPlugin
     from linattn.testing import generate_cases
     from linattn.testing.runner import run_case
 
@@ -279,8 +279,8 @@ def test_a_new_length_of_a_cached_class_checks_the_checkpoint_rows():
 def test_self_check_runs_checkpoints_and_catches_a_backend_that_drops_them(separate):
     """The first-call self-check (unverified archs) builds its prefill case with checkpoints (with and
     without output_state_indices), so a backend that declares the feature and drops them fails it."""
-    from linattn.dispatch.problem import Problem
-    from linattn.dispatch.self_check import check_against_reference, kernel_class
+    from linattn.dispatch.plugin.problem import Problem
+    from linattn.dispatch.runtime.self_check import check_against_reference, kernel_class
 
     p = Problem(op="kda_prefill", h=1, hv=2, k=16, v=16, dtype="float32", mode="pool", checkpoints=True,
                 output_state_indices=separate)

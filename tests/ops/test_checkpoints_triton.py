@@ -17,7 +17,7 @@ from separate_slots_cases import assert_untouched, prefill_fn
 
 import linattn
 from linattn.capabilities import interpreter_enabled
-from linattn.dispatch.verdict import Reason
+from linattn.dispatch.plugin.verdict import Reason
 from linattn.testing.execute import rel_error, tolerances
 
 pytestmark = pytest.mark.skipif(not interpreter_enabled() or torch.cuda.is_available(),
@@ -94,7 +94,7 @@ def test_explain_accepts_checkpoints_on_triton_and_says_how():
     assert getattr(verdicts["cutedsl"], "reason", None) != Reason.FEATURE  # its state kernel writes them too
     from linattn.backends.triton_split import TritonSplitBackend
     from linattn.capabilities import profile
-    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.plugin.problem import Problem
 
     p = Problem(op="gdn_prefill", n=1, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16", mode="pool")
     note = TritonSplitBackend().plan_note(p.model_copy(update={"checkpoints": True}), profile("sm90"))

@@ -260,7 +260,7 @@ def test_shared_gate_parameter_rule_skips_the_gate_form_and_check_finite_covers_
 
 
 def test_problem_field_is_in_the_signature_and_the_decision_cache_key():
-    from linattn.dispatch.validate import validate
+    from linattn.dispatch.rules.validate import validate
 
     d, opts = _inputs("gdn", "vk", "flat")
     g, beta = _gates("gdn", d, opts)
@@ -277,8 +277,8 @@ def test_problem_field_is_in_the_signature_and_the_decision_cache_key():
 def test_self_check_class_and_case_cover_the_new_features(op):
     """A backend self-checked on an unverified arch is checked on the feature's own kernel variant."""
     from linattn.backends.triton_split import TritonSplitBackend
-    from linattn.dispatch.problem import Problem
-    from linattn.dispatch.self_check import check_against_reference, kernel_class
+    from linattn.dispatch.plugin.problem import Problem
+    from linattn.dispatch.runtime.self_check import check_against_reference, kernel_class
 
     p = Problem(op=op, n=1, t=2, h=1, hv=2, k=8, v=8, dtype="float32", precomputed_gates=True,
                 has_initial_state=True, num_accepted_tokens=True, lower_bound=op == "kda_decode")

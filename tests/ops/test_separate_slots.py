@@ -208,8 +208,8 @@ def test_peers_refuse_with_reason_feature_naming_it(op):
     takes them (FlashInfer's own ``output_state_indices``: tests/peers/test_flashinfer_slots.py)."""
     from linattn.backends.fla import FLABackend
     from linattn.backends.flashinfer import FlashInferBackend
-    from linattn.dispatch.problem import Problem
-    from linattn.dispatch.verdict import Reason
+    from linattn.dispatch.plugin.problem import Problem
+    from linattn.dispatch.plugin.verdict import Reason
 
     p = Problem(op=op, n=4, t=1, h=1, hv=2, k=64, v=64, output_state_indices=True)
     check = FLABackend().supports_features(p, None)
@@ -283,8 +283,8 @@ def test_self_check_runs_separate_slots_and_catches_a_backend_that_writes_in_pla
     """The first-call self-check (unverified archs) builds its case with output_state_indices, so a
     backend that declares the feature but writes where it read fails it (the read slot changed)."""
     from linattn.backends.torch_ref import TorchRefBackend
-    from linattn.dispatch.problem import Problem
-    from linattn.dispatch.self_check import check_against_reference, kernel_class
+    from linattn.dispatch.plugin.problem import Problem
+    from linattn.dispatch.runtime.self_check import check_against_reference, kernel_class
 
     class WritesInPlace(TorchRefBackend):
         name = "writes-in-place"
@@ -371,7 +371,8 @@ def test_the_fused_value_check_kernel_steps_aside_for_separate_slots(monkeypatch
     """Where the fused value-check kernel runs (forced here in the interpreter), a call with
     output_state_indices keeps the torch rules (the kernel has no read/write rule): its refusals are
     raised, and a call of the same shapes without it still gets the kernel."""
-    from linattn.dispatch import fast_path, value_rules
+    from linattn.dispatch.runtime import fast_path
+    from linattn.dispatch.rules import value_rules
 
     monkeypatch.setattr(value_rules, "FUSED_VALUE_CHECKS", True)
     fast_path.clear()
@@ -379,7 +380,7 @@ def test_the_fused_value_check_kernel_steps_aside_for_separate_slots(monkeypatch
         d = decode_inputs("gdn", 3, 1, H, HV, K, V, torch.float32, "cpu")
         args = dict(q=d["q"], k=d["k"], v=d["v"], a=d["a"], b=d["b"], A_log=d["A_log"], dt_bias=d["dt_bias"],
                     state_pool=_pool(), state_indices=torch.tensor([1, 2, 3], dtype=torch.int32))
-        from linattn.dispatch.validate import validate_call, value_rules_of
+        from linattn.dispatch.rules.validate import validate_call, value_rules_of
 
         nargs, _, dims = validate_call("gdn_decode", args)
         assert value_rules.fused_value_check(value_rules_of("gdn_decode", check_values=True, check_finite=False),

@@ -41,7 +41,7 @@ def main() -> None:
 
     from linattn.backends.fla import FLABackend
     from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
-    from linattn.dispatch.calls import make_call
+    from linattn.dispatch.plugin.calls import make_call
     from linattn.testing.compare import rel_error as _rel
 
     N, H, HV, K, V, P = 3, 1, 2, 16, 16, 6

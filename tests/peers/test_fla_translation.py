@@ -13,7 +13,7 @@ from linattn.backends import fla as fla_backend
 from linattn.backends import peer
 from linattn.backends.fla import FLABackend
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref, kda_decode_ref, kda_prefill_ref
-from linattn.dispatch.calls import make_call
+from linattn.dispatch.plugin.calls import make_call
 
 from peer_fakes import Log, default_scale, fla_chunk, fla_recurrent
 

@@ -20,7 +20,7 @@ import torch
 from linattn.backends import flashinfer as fi_backend
 from linattn.backends.flashinfer import FlashInferBackend
 from linattn.backends.torch_ref import gdn_prefill_ref
-from linattn.dispatch.calls import make_call
+from linattn.dispatch.plugin.calls import make_call
 from linattn.testing.cases import _CHECKPOINTS, _SEPARATE, PREFILL_LENS, checkpoints_written
 
 from peer_fakes import Log, default_scale, flashinfer_prefill

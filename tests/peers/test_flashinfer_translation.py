@@ -14,7 +14,7 @@ import torch
 from linattn.backends import flashinfer as fi_backend
 from linattn.backends.flashinfer import LOG_ALPHA_MIN, FlashInferBackend
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref
-from linattn.dispatch.calls import make_call
+from linattn.dispatch.plugin.calls import make_call
 
 from peer_fakes import Log, default_scale, flashinfer_decode, flashinfer_prefill
 

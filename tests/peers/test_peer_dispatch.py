@@ -15,7 +15,7 @@ from linattn.backends import builtin
 from linattn.backends import fla as fla_backend
 from linattn.backends import peer
 from linattn.dispatch import Problem, Rank, Reason
-from linattn.dispatch.registry import Registry
+from linattn.dispatch.runtime.registry import Registry
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from linattn.backends.torch_ref import TorchRefBackend
-from linattn.dispatch.hookspecs import BackendPlugin, hookimpl
+from linattn.dispatch.plugin.hookspecs import BackendPlugin, hookimpl
 
 
 class Plugin(BackendPlugin):
@@ -62,7 +62,7 @@ class AcceptsEverything(TorchRefBackend):
     dtypes = frozenset({"float32"})
 
     def supports_dtype(self, p, caps):
-        from linattn.dispatch.verdict import Check
+        from linattn.dispatch.plugin.verdict import Check
 
         return Check.passed()
 
@@ -141,7 +141,7 @@ def backend_module(backend_name: str, api: str = "1", op: str = "silu_and_mul_cl
     extra = textwrap.indent(textwrap.dedent(body), " " * 4)
     hook = textwrap.indent(textwrap.dedent(returns or f"return [{cls}]"), " " * 4)
     return (f"from linattn.backends.torch_ref import TorchRefBackend\n"
-            f"from linattn.dispatch.hookspecs import BackendPlugin, hookimpl\n\n"
+            f"from linattn.dispatch.plugin.hookspecs import BackendPlugin, hookimpl\n\n"
             f"LINATTN_API_VERSION = {api!r}\n\n\n"
             f"class {cls}(TorchRefBackend):\n"
             f"    name = {backend_name!r}\n"

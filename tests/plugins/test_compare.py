@@ -92,7 +92,7 @@ def test_one_tolerance_table_holds_every_callers_bounds():
 
 def test_the_callers_use_the_one_harness():
     from linattn.apps import demo
-    from linattn.dispatch import self_check_case  # the self-check's default case (dispatch/self_check.py runs it)
+    from linattn.dispatch.plugin import self_check_case  # the self-check's default case (dispatch/runtime/self_check.py runs it)
     from linattn.kernels.cutedsl import selfcheck
     from linattn.testing import execute as _  # noqa: F401 - loads the submodule
 

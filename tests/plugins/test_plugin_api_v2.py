@@ -13,9 +13,9 @@ import linattn
 from linattn.backends.base import Backend, DecodeCall, PrefillCall
 from linattn.backends.torch_ref import TorchRefBackend, gdn_decode_ref, kda_decode_ref, kda_prefill_ref
 from linattn.dispatch import OP_TABLE, OPS, make_call
-from linattn.dispatch.calls import CALL_TYPES, ClampCall, GatingCall
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.validate import validate
+from linattn.dispatch.plugin.calls import CALL_TYPES, ClampCall, GatingCall
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.rules.validate import validate
 from linattn.testing.cases import base_spec
 from linattn.testing.execute import _BUILDERS
 

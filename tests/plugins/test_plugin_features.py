@@ -11,7 +11,7 @@ import torch
 import linattn
 from linattn.backends.base import Backend
 from linattn.backends.torch_ref import TorchRefBackend, gdn_decode_ref, gdn_prefill_ref
-from linattn.dispatch.verdict import Reason
+from linattn.dispatch.plugin.verdict import Reason
 from plugin_fakes import Plugin
 
 N, T, H, HV, K, V, P = 3, 1, 1, 2, 8, 8, 5
@@ -174,7 +174,7 @@ def test_cpu_chunked_example_plugin_falls_back_for_has_initial_state():
     from linattn_cpu_chunked.backend import CpuChunkedBackend
 
     from linattn.capabilities import probe
-    from linattn.dispatch.problem import Problem
+    from linattn.dispatch.plugin.problem import Problem
 
     declared = CpuChunkedBackend().declared_features("gdn_prefill")
     p = Problem(op="gdn_prefill", n=2, t=8, h=1, hv=2, k=64, v=64, dtype="float32", has_initial_state=True)

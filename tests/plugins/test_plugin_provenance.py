@@ -10,10 +10,10 @@ import torch
 
 from linattn.backends.base import FirstReleaseAdapter
 from linattn.backends.torch_ref import TorchRefBackend
-from linattn.dispatch.calls import make_call
-from linattn.dispatch.hookspecs import BackendPlugin
-from linattn.dispatch.layouts import _PLANS, conform_inputs
-from linattn.dispatch.registry import Registry
+from linattn.dispatch.plugin.calls import make_call
+from linattn.dispatch.plugin.hookspecs import BackendPlugin
+from linattn.dispatch.rules.layouts import _PLANS, conform_inputs
+from linattn.dispatch.runtime.registry import Registry
 
 TAGS = ("plugin", "distribution", "version", "plugin_api_version")
 

@@ -18,9 +18,9 @@ import linattn
 from linattn.backends.torch_ref import TorchRefBackend, gdn_decode_ref
 from linattn.capabilities import profile
 from linattn.dispatch import Problem, Reason, explain, get_registry, reset_registry
-from linattn.dispatch.hookspecs import hookimpl
-from linattn.dispatch.registry import BUILTIN_PLUGIN, Registry
-from linattn.dispatch.verdict import Check
+from linattn.dispatch.plugin.hookspecs import hookimpl
+from linattn.dispatch.runtime.registry import BUILTIN_PLUGIN, Registry
+from linattn.dispatch.plugin.verdict import Check
 
 from plugin_fakes import Plugin, RaisesInRun, make_distribution, mangling
 
@@ -257,7 +257,7 @@ def test_fp64_oracle_results_of_a_plugin_pass(registry):
 
 
 def test_builtin_results_are_not_checked(registry, monkeypatch):
-    import linattn.dispatch.results as results
+    import linattn.dispatch.runtime.results as results
 
     def boom(*a, **k):
         raise AssertionError("a built-in's result went through the plugin result check")
@@ -371,7 +371,7 @@ def test_plugin_that_uses_the_registry_while_it_is_loaded_does_not_deadlock(site
     src = ("import torch, linattn\n"
            "from linattn.backends.torch_ref import TorchRefBackend\n"
            "from linattn.dispatch import get_registry\n"
-           "from linattn.dispatch.hookspecs import BackendPlugin\n"
+           "from linattn.dispatch.plugin.hookspecs import BackendPlugin\n"
            "LINATTN_API_VERSION = '1'\n"
            "class SelfAdded(TorchRefBackend):\n"
            "    name = 'self-added'\n"

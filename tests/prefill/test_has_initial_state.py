@@ -210,7 +210,7 @@ def test_refusals_leave_the_pool_unchanged():
 
 
 def test_problem_field_and_strided_mask():
-    from linattn.dispatch.validate import validate
+    from linattn.dispatch.rules.validate import validate
 
     inp = make_inputs("gdn", [4, 5], H=1, HV=2, seed=2)
     args = dict(**inp, state_pool=torch.zeros(3, 2, 64, 64), state_indices=torch.tensor([0, 2]))

@@ -197,7 +197,7 @@ def test_decode_prepared_launch_runs_decode_step_with_the_first_calls_scalars(kd
     """The dispatcher's cached launch (TorchChunkedBackend.prepare) gives decode_step's bits through the
     call object, on the first call with a key and on a later one with other values (GVA, scale, KDA's
     lower_bound, gate or raw form); slots not owned unchanged."""
-    from linattn.dispatch.calls import make_call
+    from linattn.dispatch.plugin.calls import make_call
 
     op = linattn.kda_decode if kda else linattn.gdn_decode
     extra = {"lower_bound": -5.0} if kda else {}

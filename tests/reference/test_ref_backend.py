@@ -11,7 +11,7 @@ from linattn.backends.torch_ref import (TorchRefBackend, gdn_decode_ref, gdn_gat
                                         gdn_prefill_ref, kda_decode_ref, kda_gating_ref,
                                         kda_prefill_ref, silu_and_mul_clamp_ref)
 from linattn.capabilities import profile
-from linattn.dispatch.problem import OPS, Problem
+from linattn.dispatch.plugin.problem import OPS, Problem
 
 F64, F32, BF16 = torch.float64, torch.float32, torch.bfloat16
 

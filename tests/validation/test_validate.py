@@ -1,4 +1,4 @@
-"""Tests of the validation layer (dispatch/validate.py): every ops.md rule, defaults, signatures.
+"""Tests of the validation layer (dispatch/rules/validate.py): every ops.md rule, defaults, signatures.
 
 Shapes are small and K != V (K=8, V=4) so that a transposed pool can never pass for the right one.
 Every rejected call is checked to leave every input tensor (pools included) bitwise unchanged.
@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from linattn.dispatch.problem import Problem
-from linattn.dispatch.validate import validate
+from linattn.dispatch.plugin.problem import Problem
+from linattn.dispatch.rules.validate import validate
 
 N, T, H, HV, K, V, P, S = 3, 2, 2, 4, 8, 4, 6, 5
 LENGTHS = (3, 0, 4)  # prefill: a zero-length sequence in the middle
@@ -578,7 +578,7 @@ def test_value_checks_are_skipped_during_cuda_graph_capture():
 def test_a_pool_that_requires_grad_is_rejected_before_anything_runs():
     import torch
 
-    from linattn.dispatch.validate import validate
+    from linattn.dispatch.rules.validate import validate
 
     N, T, H, HV, K, V, P = 2, 1, 1, 2, 4, 4, 3
     pool = torch.zeros(P, HV, V, K, requires_grad=True)
@@ -592,7 +592,7 @@ def test_a_pool_that_requires_grad_is_rejected_before_anything_runs():
 def test_gating_shape_mismatch_names_both_tensors_and_the_model_hv():
     import torch
 
-    from linattn.dispatch.validate import validate
+    from linattn.dispatch.rules.validate import validate
 
     args = dict(A_log=torch.zeros(4), a=torch.zeros(10, 5), b=torch.zeros(10, 4), dt_bias=torch.zeros(4))
     with pytest.raises(ValueError, match=r"a \[10, 5\] and b \[10, 4\].*HV=4"):

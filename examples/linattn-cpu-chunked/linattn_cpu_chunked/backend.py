@@ -2,7 +2,7 @@
 
 A backend is a class: capabilities as data, predicates inherited from
 :class:`linattn.backends.base.Backend` (each returns the verdict and its reason together), a
-rank, and one method per phase taking a typed call object (``linattn.dispatch.calls``) whose
+rank, and one method per phase taking a typed call object (``linattn.dispatch.plugin.calls``) whose
 fields are the validated arguments of the op contract. This one implements ``prefill`` only.
 """
 

@@ -4,7 +4,7 @@ linattn reads ``LINATTN_API_VERSION`` before it registers anything: a plugin wri
 plugin API is reported with reason ``api_version`` and never enters dispatch.
 """
 
-from linattn.dispatch.hookspecs import hookimpl
+from linattn.dispatch.plugin import hookimpl
 
 LINATTN_API_VERSION = "2"
 

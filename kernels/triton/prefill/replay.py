@@ -56,7 +56,7 @@ class PrefillReplay:
         family: ``"gdn"`` or ``"kda"``. layout, caps: as :func:`plan_prefill`.
         args: the first call's arguments (the class's metadata: dtypes, strides, which optional
             tensors are given, ``scale``, ``use_qk_l2norm``, ``state_layout``); later calls must be of
-            the same class (the dispatcher's class key, ``dispatch/fast_path.py``: same dtypes,
+            the same class (the dispatcher's class key, ``dispatch/runtime/fast_path.py``: same dtypes,
             strides, head dims, flags and scalars; other ``T`` and ``N``).
     """
 

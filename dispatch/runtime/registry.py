@@ -28,7 +28,7 @@ external plugin names (entry-point names or distributions); ``LINATTN_DISABLE_PL
 comma-separated names never loaded.
 
 This module holds no process state: the process's registry belongs to the dispatcher
-(:class:`linattn.dispatch.selection.Dispatcher`), which creates, loads and replaces it.
+(:class:`linattn.dispatch.runtime.selection.Dispatcher`), which creates, loads and replaces it.
 ``get_registry`` and ``reset_registry`` are importable from here for existing callers; they are
 the dispatcher's (``linattn.dispatch.get_registry``).
 """
@@ -44,8 +44,8 @@ from typing import Literal, Optional
 import pluggy
 from pydantic import BaseModel, ConfigDict
 
-from .env import env_names
-from .hookspecs import PROJECT, SUPPORTED_API_VERSIONS, LinattnSpec
+from ..env import env_names
+from ..plugin.hookspecs import PROJECT, SUPPORTED_API_VERSIONS, LinattnSpec
 
 ENTRY_POINT_GROUP = "linattn.backends"
 #: the built-in plugin module (its hook returns the built-in backend classes), loaded by name
@@ -120,7 +120,7 @@ class Registry:
         self.plugins: list[PluginRecord] = []
         self.broken: dict[str, str] = {}  # backend name -> error text from a failed run
         self.generation = 0
-        #: the value rules as one kernel (``dispatch/value_rules.py`` ``ValueCheckHook``): the first
+        #: the value rules as one kernel (``dispatch/rules/value_rules.py`` ``ValueCheckHook``): the first
         #: ``Backend.value_check_hook`` of the built-in plugin's backends (the Triton backends'), or None
         self.value_check_hook = None
 
@@ -422,7 +422,7 @@ def _own_version() -> str:
 
 def __getattr__(name: str):
     """``get_registry`` / ``reset_registry`` for callers that import them from here: the process
-    registry is the dispatcher's (``dispatch/selection.py``); nothing here holds it."""
+    registry is the dispatcher's (``dispatch/runtime/selection.py``); nothing here holds it."""
     if name in ("get_registry", "reset_registry"):
         from . import selection
 

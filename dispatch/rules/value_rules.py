@@ -14,7 +14,7 @@ probes, so the error raised (type, text, rule order) is always theirs. CUDA call
 
 On a GPU each flag is a few torch ops, each a kernel launch. So on CUDA (unless
 ``LINATTN_FUSED_VALUE_CHECKS=0``: see :data:`FUSED_VALUE_CHECKS`), a cached call plan
-(``dispatch/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``,
+(``dispatch/runtime/fast_path.py``) runs the decode rules, or the prefill rules (``gdn_prefill``,
 ``kda_prefill``), instead as one Triton kernel that computes every flag (``kernels/triton/value_checks.py``) and one sync
 (:func:`fused_value_check`); a set flag runs the torch rules, so the error raised is always theirs.
 The kernel is a hook the Triton backends provide (:class:`ValueCheckHook`, held by the registry):
@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from .env import env_switch
+from ..env import env_switch
 from .host_rules import Dims
 
 Probe = tuple  # (0-d bool tensor: "this rule is violated", zero-arg function that raises)
@@ -488,7 +488,7 @@ def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: st
 
 #: The rules a fused check may compute in one kernel: the decode rules (:data:`FUSABLE_DECODE`), and
 #: the prefill rules (``gdn_prefill``, ``kda_prefill``: the only other ops with value rules,
-#: ``dispatch/ops_table.py``; :data:`FUSABLE_PREFILL`, every set of them holding
+#: ``dispatch/rules/ops_table.py``; :data:`FUSABLE_PREFILL`, every set of them holding
 #: :data:`PREFILL_RULE`). A call with any other rule (``check_finite``'s) keeps the torch rules, and
 #: so does a call with ``output_state_indices`` (its rule is listed so that the calls without it keep
 #: the kernel; the hook declines the calls with it). The hook that plans the kernel
@@ -530,7 +530,7 @@ class ValueCheckHook:
 
 
 #: A callable returning the registry's value-check hook (or None), installed by the dispatch runtime
-#: (``dispatch/selection.py``: the process dispatcher's registry, loaded on first use).
+#: (``dispatch/runtime/selection.py``: the process dispatcher's registry, loaded on first use).
 hook_source: Callable[[], object] | None = None
 
 
@@ -579,7 +579,7 @@ def fused_value_check(rules: tuple, args: dict, dims: Dims, like=None):
             strides, which optional tensors are given), no values, no sync.
         dims: the facts the host rules derived (``p``, ``t``, ``writes_pool``, ``device``, ...).
         like: the check this returned for another length of the call's class (a decode batch N or
-            prefill length T of one class plan, ``dispatch/fast_path.py``), or None: the new check's
+            prefill length T of one class plan, ``dispatch/runtime/fast_path.py``), or None: the new check's
             launch is derived from its (its compiled kernel where the lengths' int specialization is
             the same), instead of a launch planned and looked up afresh. The result is the same check.
 

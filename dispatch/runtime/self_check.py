@@ -17,12 +17,12 @@ the backend and compares it with torch-ref in float64 (:func:`check_against_refe
 
 Inputs are made on the CPU from a generator seeded by the key (the global RNG is not touched;
 the cases are :mod:`linattn.testing.inputs`'), moved to the call's device, validated like a user
-call (``dispatch/validate.py``) and run under ``torch.no_grad()``; the reference runs on float64 CPU
+call (``dispatch/rules/validate.py``) and run under ``torch.no_grad()``; the reference runs on float64 CPU
 copies. The comparison is :mod:`linattn.testing.compare`'s, at its tolerances (docs/ops.md: 1e-5
 with fp32 inputs and state, else 2e-2 on outputs and 1e-2 on states); pool rows the case does not
 own must stay bitwise unchanged and padding outputs exactly zero. That default check and shape
-class (:func:`check_against_reference`, :func:`kernel_class`) are ``dispatch/self_check_case.py``'s,
-a contract module that ``backends/base.py`` imports (re-exported here); this module is the runtime:
+class (:func:`check_against_reference`, :func:`kernel_class`) are ``dispatch/plugin/self_check_case.py``'s,
+a plugin API module that ``backends/base.py`` imports (re-exported here); this module is the runtime:
 when a check runs, its results, the verdicts and the log.
 """
 
@@ -36,10 +36,10 @@ from typing import Optional
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from .problem import Problem
-# the default check and shape class live in the contract (backends/base.py uses them): re-exported
-from .self_check_case import check_against_reference, kernel_class  # noqa: F401
-from .verdict import Accepted, Check, Reason, Rejected
+from ..plugin.problem import Problem
+# the default check and shape class live in the plugin API (backends/base.py uses them): re-exported
+from ..plugin.self_check_case import check_against_reference, kernel_class  # noqa: F401
+from ..plugin.verdict import Accepted, Check, Reason, Rejected
 
 log = logging.getLogger("linattn")
 
@@ -69,7 +69,7 @@ def key_for(backend, p: Problem, caps) -> tuple[str, str, str, str]:
 class SelfChecks:
     """The self-checks one dispatcher ran: their results by key, and the ones running now.
 
-    The dispatcher (``dispatch/selection.py``) owns one; its ``clear_cache`` resets it. Thread
+    The dispatcher (``dispatch/runtime/selection.py``) owns one; its ``clear_cache`` resets it. Thread
     safe; re-entrant, since a backend's ``self_check`` may itself call a public op.
     """
 

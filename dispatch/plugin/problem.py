@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from .ops_table import FLAGS, OP_TABLE, OPS, OpSpec, Phase, op_spec
+from ..rules.ops_table import FLAGS, OP_TABLE, OPS, OpSpec, Phase, op_spec
 
-Op = Literal[OPS]  # type: ignore[valid-type]  # the op table's names (dispatch/ops_table.py)
+Op = Literal[OPS]  # type: ignore[valid-type]  # the op table's names (dispatch/rules/ops_table.py)
 DTypeName = Literal["float32", "bfloat16", "float16", "float64"]
 
 __all__ = ["OPS", "Op", "Phase", "Problem", "phase_of"]
@@ -106,7 +106,7 @@ _FACTS = {
                            "backend declaring autograd support may run it)"),
 }
 
-#: The model: the fields above, then one bool per flag of the op table (``dispatch/ops_table.py``
+#: The model: the fields above, then one bool per flag of the op table (``dispatch/rules/ops_table.py``
 #: ``FLAGS``, set by the arguments that name them), the plain flags before the facts, the features after.
 Problem = create_model(
     "Problem", __base__=_Problem, __module__=__name__, __doc__=_Problem.__doc__,

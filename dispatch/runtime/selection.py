@@ -8,7 +8,7 @@ process has one, :func:`dispatcher`; the module functions (:func:`explain`, :fun
 thin wrappers over it, and nothing else in linattn keeps selection state.
 
 ``explain(problem, device)`` is the pure, uncached form used by the CLI; ``select()`` is the
-cached form every op call goes through (on a call-plan miss: ``dispatch/fast_path.py``). The cache
+cached form every op call goes through (on a call-plan miss: ``dispatch/runtime/fast_path.py``). The cache
 key is (device, shape class, policy, forced backend, registry generation, CUDA-graph capture
 state): the shape class is the signature without its sizes (``n``, ``t``, ``max_seqlen``) and,
 per registered backend, :meth:`~linattn.backends.base.Backend.size_class`, what that backend's
@@ -20,15 +20,15 @@ capturable in a CUDA graph. A rejection lists every predicate that failed (``Rej
 
 One exception, eager calls only: before a backend first runs an (op, shape class) on a GPU
 architecture its kernels were never verified on (``Backend.verified_archs``), ``select()`` runs
-its self-check against torch-ref (:mod:`linattn.dispatch.self_check`), which syncs; a failure
+its self-check against torch-ref (:mod:`linattn.dispatch.runtime.self_check`), which syncs; a failure
 disables it there (``self_check_failed``) and the next backend is chosen. During capture an
 unchecked backend is rejected instead (``unverified``), which is why the capture state is part
 of the key: a decision made in capture is never reused eagerly, nor the other way round.
 
-Selection by measurement (:mod:`linattn.dispatch.tuning`): where a tuned table is in force for the
+Selection by measurement (:mod:`linattn.dispatch.plugin.tuning`): where a tuned table is in force for the
 device, ``explain`` marks each accepted backend the table timed in the problem's bucket with its
 time (``Accepted.measured_ms``) and those run fastest first, ahead of the untimed ones, which keep
-their rank order (:func:`~linattn.dispatch.verdict.run_order`); ``Decision.tuning`` says which
+their rank order (:func:`~linattn.dispatch.plugin.verdict.run_order`); ``Decision.tuning`` says which
 table and what it holds for the bucket. The shape class then carries the bucket's two logarithms,
 so the table is read on a cache miss only. With ``LINATTN_AUTOTUNE=1`` a miss in an eager call
 whose bucket the table lacks measures the bucket first (``linattn/tune.py``), never in capture.
@@ -44,14 +44,14 @@ import torch
 
 from linattn.capabilities import DeviceCapabilities, probe, profile
 
-from .lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache, clear_process_caches, process_caches
+from ..lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache, clear_process_caches, process_caches
 from .policy import Policy, current_policy
-from .problem import Problem
+from ..plugin.problem import Problem
 from .registry import Registry
 from .self_check import SelfChecks
-from .tuning import Tuned, Tuning
-from . import value_rules
-from .verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, run_order
+from ..plugin.tuning import Tuned, Tuning
+from ..rules import value_rules
+from ..plugin.verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, run_order
 
 log = logging.getLogger("linattn")
 AUTOTUNE = "LINATTN_AUTOTUNE=1"
@@ -363,7 +363,7 @@ class Dispatcher:
         measure_bucket = Dispatcher.measure_bucket
         if measure_bucket is None:
             raise RuntimeError("no bucket measurement is installed (linattn/ops.py installs linattn.tune's on import)")
-        from .tuning import bucket_of
+        from ..plugin.tuning import bucket_of
 
         self._local.tuning = True
         try:
@@ -417,7 +417,7 @@ class Dispatcher:
 
     def note_decision(self, op: str, decision) -> None:
         """Record ``decision`` as the last one (of this thread, and of ``op``): for calls that reuse a
-        cached call plan (``dispatch/fast_path.py``) instead of calling :meth:`select`. ``decision``:
+        cached call plan (``dispatch/runtime/fast_path.py``) instead of calling :meth:`select`. ``decision``:
         a :class:`Decision`, or an object whose ``decision`` attribute gives one (a call plan, whose
         decision for a new length is made only when read), read by :meth:`last_decision`."""
         self._local.last = decision
@@ -492,7 +492,7 @@ _DEFAULT = Dispatcher()
 
 
 def _value_check_hook():
-    """The registry's value-check hook (the Triton backends'), for ``dispatch/value_rules.py``."""
+    """The registry's value-check hook (the Triton backends'), for ``dispatch/rules/value_rules.py``."""
     return _DEFAULT.registry.value_check_hook
 
 

@@ -3,7 +3,7 @@
 Each rule is ``rule(args, dims) -> None``: it reads the normalised keyword arguments, records what
 it learns in ``dims`` (sizes, dtype names, mode, ...) and raises on the first broken rule. Host rules
 never read tensor values, so they cost no host-device sync and are safe inside CUDA graph capture.
-:mod:`linattn.dispatch.validate` lists, per op, which of them run and in which order.
+:mod:`linattn.dispatch.rules.validate` lists, per op, which of them run and in which order.
 
 ``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype. Source of the rules:
 docs/ops.md and the field reports F05 (clamp limit), F11 (strided gate views),
@@ -642,7 +642,7 @@ def write_refusal(x: torch.Tensor) -> Optional[str]:
 
 
 def any_unwritable(args: dict, written: tuple) -> bool:
-    """The per-call recheck of the fast path (``dispatch/fast_path.py``), whose call key holds
+    """The per-call recheck of the fast path (``dispatch/runtime/fast_path.py``), whose call key holds
     neither inference mode nor ``is_inference``: True when a buffer of ``written`` (``CallPlan.written``
     rows, a written argument's name first) is an inference tensor and the call runs outside
     inference mode. Inside inference mode it costs one flag read; outside, about 0.15 us a buffer.
@@ -680,7 +680,7 @@ def _written_buffers(args: dict, dims: Dims, written: tuple) -> None:
     A pool that is only read (decode with ``disable_state_update``) may alias itself and the inputs;
     its tiles still count. Two buffers whose address ranges meet are refused unless they are
     provably disjoint (same leading pitch, each row's block in its own part of the pitch: e.g. the
-    even and odd slots of one allocation, ``dispatch/layouts.py``).
+    even and odd slots of one allocation, ``dispatch/rules/layouts.py``).
     """
     present = [(n, args[n]) for n in written if isinstance(args.get(n), torch.Tensor)]
     if not present:

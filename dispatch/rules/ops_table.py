@@ -9,10 +9,10 @@ validation layer runs, and the model preset it is explained with by default. Eac
 required arguments, the defaults, the mutated tensors, the second release's arguments and the
 public signature's order are read from them.
 
-Everything else reads these facts from here: validation and its signature (``dispatch/validate.py``),
-the problem model's flag fields (``dispatch/problem.py``), the policy keys, the public ops' custom
+Everything else reads these facts from here: validation and its signature (``dispatch/rules/validate.py``),
+the problem model's flag fields (``dispatch/plugin/problem.py``), the policy keys, the public ops' custom
 ops and fake registrations (``linattn/ops.py``), the backends' feature predicate, the result
-checks, the call objects of the plugin API (``dispatch/calls.py``), the self-check's kernel
+checks, the call objects of the plugin API (``dispatch/plugin/calls.py``), the self-check's kernel
 classes, the fast path's length arguments, the presets and the conformance suite. No code parses
 an op's name. A new optional argument is one :class:`Arg` here (and a :class:`Flag` when backends
 must declare it), one host rule, and the backends that implement it; the public function's typed
@@ -69,7 +69,7 @@ REQUIRED: Any = _Required()
 
 @dataclass(frozen=True)
 class Flag:
-    """A yes/no fact of a call that an optional argument sets: a :class:`~linattn.dispatch.problem.Problem`
+    """A yes/no fact of a call that an optional argument sets: a :class:`~linattn.dispatch.plugin.problem.Problem`
     field, part of the selection's shape class and the self-check's kernel class.
 
     Fields:
@@ -125,7 +125,7 @@ class Arg:
             caller gives it, and the public function and the custom op take it after ``backend``,
             ``validate`` and ``check_finite``.
         length: what dim 0 is when it changes from call to call (``n``: sequences, ``t``: tokens);
-            the per-call fast path buckets it (``dispatch/fast_path.py``).
+            the per-call fast path buckets it (``dispatch/runtime/fast_path.py``).
         filled: a host rule fills in the default (``scale``: ``K ** -0.5``), so the call object's
             field has no default.
         refuses_none: None is the default, but a host rule refuses it with its own message (decode's
@@ -158,7 +158,7 @@ class Arg:
 
     @property
     def call_annotation(self):
-        """The type of the validated call object's field (``dispatch/calls.py``)."""
+        """The type of the validated call object's field (``dispatch/plugin/calls.py``)."""
         return self.type if self.filled or self.refuses_none else Optional[self.type] if self.default is None \
             else self.type
 

@@ -7,7 +7,7 @@ A plugin is a module (or object) exposed through the entry-point group ``linattn
     my-backend = "my_package.plugin"
 
     # my_package/plugin.py
-    from linattn.dispatch.hookspecs import hookimpl
+    from linattn.dispatch.plugin import hookimpl
     LINATTN_API_VERSION = "2"            # the plugin API version this plugin targets
 
     @hookimpl
@@ -19,7 +19,7 @@ Built-in backends register through the very same hook (``linattn.backends.builti
 
 Versions: the hooks are the same in both; what differs is the backend contract
 (``backends/base.py``). API 2: a backend implements one method per phase (``decode``, ``prefill``,
-``gating``, ``clamp``) taking a call object (``dispatch/calls.py``). API 1: one keyword method per
+``gating``, ``clamp``) taking a call object (``dispatch/plugin/calls.py``). API 1: one keyword method per
 op (``gdn_decode(q=..., ...)``), run through an adapter. A backend class may say which it is
 (``api_version``); one that does not takes its plugin's ``LINATTN_API_VERSION``.
 """

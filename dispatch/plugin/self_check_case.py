@@ -5,11 +5,12 @@ What :meth:`~linattn.backends.base.Backend.self_check` and
 :func:`kernel_class` names the shape class (what the built-in kernels specialise on) and
 :func:`check_against_reference` runs a small case of it through the backend and compares it with
 the reference maths (:mod:`linattn.reference`, torch-ref's functions) in float64. The dispatcher's
-self-check runtime (``dispatch/self_check.py``: when a check runs, once per key, the verdicts, the
+self-check runtime (``dispatch/runtime/self_check.py``: when a check runs, once per key, the verdicts, the
 log) calls the backend's methods and re-exports these two.
 
-A contract module (``tests/test_layering.py``): backends import it, so it imports only the contract
-(the op table, :class:`~linattn.dispatch.problem.Problem`, the verdicts, the validation layer) and
+A plugin API module (``tests/test_layering.py``): backends import it, so it imports only the plugin
+API (:class:`~linattn.dispatch.plugin.problem.Problem`, the verdicts), the rules (the op table, the
+validation layer) and
 the base layer (the reference maths, :mod:`linattn.testing.inputs`' seeded cases and
 :mod:`linattn.testing.compare`'s comparison at docs/ops.md's tolerances), never the runtime.
 """
@@ -24,7 +25,7 @@ from linattn.testing.compare import Comparison, tolerance_for
 from linattn.testing.inputs import (DECODE_INTERMEDIATE, PREFILL_CHECKPOINTS_WRITTEN, PREFILL_LENS, PREFILL_OUT_SLOTS,
                                     PREFILL_SLOTS)
 
-from .ops_table import FLAGS
+from ..rules.ops_table import FLAGS
 from .problem import Problem
 from .verdict import Check, Reason
 
@@ -91,7 +92,7 @@ def check_against_reference(backend, p: Problem, device) -> Check:
         >>> check_against_reference(TorchRefBackend(), p, "cpu").ok
         True
     """
-    from .validate import validate
+    from ..rules.validate import validate
 
     device = torch.device(device)
     tensors, opts = inputs.CASES[p.phase](p, _gen(p), device)

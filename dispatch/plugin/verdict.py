@@ -69,7 +69,7 @@ class Accepted(BaseModel):
     ``verified`` is False when the backend's kernels were never verified on this device's
     architecture (``Backend.verified_archs``) and no self-check of this op and shape class has
     passed in this process yet: the first eager call runs one against torch-ref before any user
-    data (``dispatch/self_check.py``); ``message`` says so.
+    data (``dispatch/runtime/self_check.py``); ``message`` says so.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -80,7 +80,7 @@ class Accepted(BaseModel):
     message: str = ""
     verified: bool = Field(True, description="False: never verified on this arch, self-checks on its first eager call")
     measured_ms: Optional[float] = Field(None, description="its median time in the tuned table's bucket of this "
-                                         "problem (dispatch/tuning.py); None: not measured there")
+                                         "problem (dispatch/plugin/tuning.py); None: not measured there")
 
     @property
     def ok(self) -> bool:

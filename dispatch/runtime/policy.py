@@ -47,10 +47,10 @@ from typing import Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from .env import ConfigError
-from .lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX, LRUCache
-from .ops_table import OPS, PHASES
-from .problem import phase_of
+from ..env import ConfigError
+from ..lru import ENV_POLICIES_MAX, MERGED_POLICIES_MAX, LRUCache
+from ..rules.ops_table import OPS, PHASES
+from ..plugin.problem import phase_of
 
 _KEYS = set(PHASES) | set(OPS) | {"all"}
 #: key -> the ops it covers.

@@ -8,7 +8,7 @@ A backend written for plugin API 2 implements one method per phase, each taking 
     def gating(self, call: GatingCall) -> tuple[Tensor, Tensor]      # (g, beta), fp32
     def clamp(self, call: ClampCall) -> Tensor                        # out [M, D]
 
-The fields are derived from the op table's argument entries (``dispatch/ops_table.py`` ``Arg``:
+The fields are derived from the op table's argument entries (``dispatch/rules/ops_table.py`` ``Arg``:
 name, ``call_annotation``, default), so a new argument is written there only. Every field is named
 as in the op contract (docs/ops.md, ``linattn/ops.py``) and holds what the
 validation layer checked and normalised: ``scale`` is a float, ``state_layout`` is ``"vk"`` or
@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from .ops_table import OP_TABLE, OpSpec
+from ..rules.ops_table import OP_TABLE, OpSpec
 
 __all__ = ["CALL_TYPES", "ClampCall", "DecodeCall", "GatingCall", "OpCall", "PrefillCall", "make_call"]
 
@@ -101,7 +101,7 @@ def _call_type(name: str, method: str, doc: str, **members) -> type:
     for field_name, *_ in _fields(method):
         arg = next(s.arg[field_name] for s in OP_TABLE.values() if s.method == method and s.takes(field_name))
         lines.append(f"        {field_name}: {arg.doc}")
-    doc = f"{doc}\n\n    Fields (from the op table, ``dispatch/ops_table.py``):\n" + "\n".join(lines) + "\n    "
+    doc = f"{doc}\n\n    Fields (from the op table, ``dispatch/rules/ops_table.py``):\n" + "\n".join(lines) + "\n    "
     return dataclasses.make_dataclass(name, _fields(method), bases=(OpCall,), frozen=True, kw_only=True, slots=True,
                                       namespace={"__doc__": doc, "__module__": __name__, **members})
 
@@ -160,7 +160,7 @@ CALL_TYPES: dict[str, type] = {"decode": DecodeCall, "prefill": PrefillCall, "ga
 
 def make_call(op: str, kwargs: dict) -> OpCall:
     """The call object of ``op`` from its validated, normalised keyword arguments (the output of
-    ``dispatch/validate.py``); arguments left out (the second release's, when not given) are None.
+    ``dispatch/rules/validate.py``); arguments left out (the second release's, when not given) are None.
 
     Raises:
         KeyError: ``op`` is not an op. TypeError: an argument the op contract does not have.

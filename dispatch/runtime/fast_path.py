@@ -6,7 +6,7 @@ mode, the current policy, the registry generation, the CUDA-graph capture state 
 argument, its value (scalars) or its dtype, shape, strides, device, ``requires_grad`` and whether
 it is a lazily negated or conjugated view (tensors: ``torch._neg_view(x)`` has ``x``'s strides and
 other values, and is refused) and its layout (a sparse COO or mkldnn tensor reports strides a
-dense tensor may have, and is refused). Every host rule of the validation layer (``dispatch/host_rules.py``) is a function of
+dense tensor may have, and is refused). Every host rule of the validation layer (``dispatch/rules/host_rules.py``) is a function of
 that key except one: address overlap between a written buffer and the other arguments, which
 depends on the data pointers. So the first call with a key runs the whole validation layer and
 the selection and keeps the result here (:class:`CallPlan`): the normalised scalar arguments,
@@ -21,7 +21,7 @@ same key:
    decode or prefill rules as one kernel launch where ``value_rules.fused_value_check`` applies);
 3. rebuilds the keyword arguments from the cached scalars and the caller's tensors, unless a
    prepared launch runs: it reads only the tensors, so it gets the caller's dict as is;
-4. copies the read-only views the backend cannot read (``dispatch/layouts.py``);
+4. copies the read-only views the backend cannot read (``dispatch/rules/layouts.py``);
 5. runs the prepared launch (or the backend's op method).
 
 So a key hit is exactly the call the full path would have validated and dispatched the same
@@ -63,16 +63,16 @@ from typing import Callable, Optional
 
 import torch
 
-from .host_rules import any_unwritable
-from .layouts import byte_range, conform_inputs, interleaved_disjoint
-from .lru import CALL_PLANS_MAX, CLASS_PLANS_MAX, LRUCache
-from .ops_table import OP_TABLE
+from ..rules.host_rules import any_unwritable
+from ..rules.layouts import byte_range, conform_inputs, interleaved_disjoint
+from ..lru import CALL_PLANS_MAX, CLASS_PLANS_MAX, LRUCache
+from ..rules.ops_table import OP_TABLE
 from .policy import current_policy
 from .registry import get_registry
 from . import selection
 from .selection import dispatcher, resolve_device, select, shape_class
-from .validate import validate_call, value_rules_of, written_arguments
-from .value_rules import _run_value_rules, fused_value_check
+from ..rules.validate import validate_call, value_rules_of, written_arguments
+from ..rules.value_rules import _run_value_rules, fused_value_check
 
 _Tensor = torch.Tensor
 _NoneType = type(None)
@@ -252,7 +252,7 @@ def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check
     """Run the full validation and selection for a call; return its plan and its validated
     arguments (the value rules already ran on them). ``on_no_backend(exc, nargs, signature)`` turns
     a :class:`NoBackendError` into the error to raise."""
-    from .verdict import NoBackendError
+    from ..plugin.verdict import NoBackendError
 
     nargs, signature, dims = validate_call(op, args, check_values=validate, check_finite=check_finite)
     try:

@@ -7,11 +7,11 @@ Two rules (docs/ops-decisions.md, "Strides and aliasing"):
   may be any strided view. A backend declares, per op, which of them its kernels read through
   their strides (:attr:`linattn.backends.base.Backend.input_strides`); every other one is made
   contiguous here, after the decision and before the backend runs. The list of arguments comes
-  from the op table (``dispatch/ops_table.py``), so a new argument is copied unless a backend
+  from the op table (``dispatch/rules/ops_table.py``), so a new argument is copied unless a backend
   says it reads its strides. The small metadata tensors cost nothing to copy; a copy inside
   CUDA-graph capture is captured like any other kernel.
 - **Written tensors** (``state_pool``, ``intermediate_states``) are never copied: the caller's
-  memory is the result. Their layout facts are :class:`~linattn.dispatch.problem.Problem` fields
+  memory is the result. Their layout facts are :class:`~linattn.dispatch.plugin.problem.Problem` fields
   (``state_tiles_contiguous``), and a backend that cannot write such a layout rejects it in its
   predicate with reason ``layout``, so the dispatcher falls back and ``explain`` says why.
 """
@@ -22,7 +22,7 @@ from typing import Literal
 
 import torch
 
-from .lru import LAYOUT_PLANS_MAX, LRUCache
+from ..lru import LAYOUT_PLANS_MAX, LRUCache
 
 #: How a backend reads one read-only tensor argument: ``"any"`` through every stride;
 #: ``"inner"`` through every stride but the last, which must be 1 (rows of contiguous elements).

@@ -3,7 +3,7 @@
 ``linattn tune`` (``apps/tune.py``) times every eligible backend of this device over shape
 **buckets** and writes a :class:`TuneTable`; selection then ranks the accepted backends of a call
 by the table's measured times where the table has the call's bucket, and by their static rank
-(:class:`~linattn.dispatch.verdict.Rank`) elsewhere (``docs/architecture.md``, "Selection by
+(:class:`~linattn.dispatch.plugin.verdict.Rank`) elsewhere (``docs/architecture.md``, "Selection by
 measurement").
 
 - **Bucket** (:class:`Bucket`, :func:`bucket_of`): the op (hence its family), ``floor(log2)`` of the
@@ -45,8 +45,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .env import env_switch
-from .ops_table import OP_TABLE
+from ..env import env_switch
+from ..rules.ops_table import OP_TABLE
 from .problem import Problem
 
 log = logging.getLogger("linattn")

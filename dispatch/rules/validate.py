@@ -2,18 +2,18 @@
 
 :func:`validate` checks every rule of docs/ops.md for one op, fills in the defaults and returns the
 normalised keyword arguments (exactly the op-method contract of ``backends/base.py``) together
-with a hashable signature from which :class:`~linattn.dispatch.problem.Problem` is built.
+with a hashable signature from which :class:`~linattn.dispatch.plugin.problem.Problem` is built.
 
 Two kinds of rules:
 
 - **host rules** (always run): ranks, shapes, dtypes, devices, strides and Python scalars. They
   never read tensor values, so they cost no host-device sync and are safe inside CUDA graph
-  capture. One small function per rule group, in :mod:`~linattn.dispatch.host_rules`; each op
-  has a row of the op table (:mod:`~linattn.dispatch.ops_table`) naming them.
+  capture. One small function per rule group, in :mod:`~linattn.dispatch.rules.host_rules`; each op
+  has a row of the op table (:mod:`~linattn.dispatch.rules.ops_table`) naming them.
 - **value rules** (``check_values=True``, eager mode only): slot ranges, write-race duplicates,
   ``num_accepted_tokens`` and ``cu_seqlens`` contents. Each rule yields a 0-d "bad" flag computed
   on the device plus a function that explains the failure; all flags come to the host in a single
-  sync, and only a failing rule pays for its diagnosis (:mod:`~linattn.dispatch.value_rules`).
+  sync, and only a failing rule pays for its diagnosis (:mod:`~linattn.dispatch.rules.value_rules`).
 
 Every error is raised before any kernel runs, so a rejected call never touches a pool. Inputs are
 never modified. ``ValueError`` means a bad shape or value, ``TypeError`` a wrong type or dtype.
@@ -36,10 +36,10 @@ from .value_rules import _run_value_rules, _v_finite_inputs
 __all__ = ["validate", "FLOAT_DTYPES", "STATE_DTYPES", "INDEX_DTYPES", "STATE_LAYOUTS"]
 
 
-# -- the table: dispatch/ops_table.py (required arguments, defaults, rules, mutated arguments) ------
+# -- the table: dispatch/rules/ops_table.py (required arguments, defaults, rules, mutated arguments) ------
 
 def read_arguments(op: str) -> tuple:
-    """The arguments of ``op`` that are read but never written (``dispatch/layouts.py`` copies the
+    """The arguments of ``op`` that are read but never written (``dispatch/rules/layouts.py`` copies the
     ones a backend cannot read through their strides)."""
     return OP_TABLE[op].reads
 
@@ -152,7 +152,7 @@ def validate(op: str, args: dict, *, check_values: bool = True,
 def validate_call(op: str, args: dict, *, check_values: bool = True,
                   check_finite: bool = False) -> tuple[dict, tuple, dict]:
     """:func:`validate`, also returning the dims the rules derived (shapes, device, mode), which
-    the per-call fast path (``dispatch/fast_path.py``) keeps to re-run the value rules alone."""
+    the per-call fast path (``dispatch/runtime/fast_path.py``) keeps to re-run the value rules alone."""
     spec = op_spec(op)
     out = _normalise(op, spec, args)
     dims = {"n": 1, "t": 1, "h": 1, "hv": 1, "k": 0, "v": 0, "d": 0, "dtype": "float32",

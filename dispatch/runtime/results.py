@@ -22,7 +22,7 @@ from typing import Callable, NamedTuple, Optional, Union
 import torch
 from torch import Tensor
 
-from .ops_table import OP_TABLE
+from ..rules.ops_table import OP_TABLE
 
 __all__ = ["Expect", "RESULTS", "ResultError", "check_result", "input_versions", "check_untouched",
            "final_state_dtype", "gate_dtype"]
