@@ -23,7 +23,7 @@ STAMP_DEVICE := $(VENV_DEVICE)/.linattn-installed-triton-$(TRITON_DEVICE)
 # the interpreter (every kernel: decode, clamp, probe, each prefill stage and the fused prefill, both grid
 # layouts, against float64), two of the prefill interpreter tests (varlen with empty and length-one
 # sequences; strong gates) and tests/kernels but its grid-planner properties (test_grid.py: pure Python, no
-# Triton; the first venv runs them). The AMD builds run there only (make test's 15-minute budget: 44 s a
+# Triton; the main venv runs them). The AMD builds run there only (make test's 15-minute budget: 44 s a
 # target); the main venv runs every other test.
 INTERP_DEVICE := tests/prefill/test_prefill_interp.py::test_varlen_with_tail_chunks_zero_lengths_and_length_one_matches_reference \
 	tests/prefill/test_prefill_interp.py::test_strongly_negative_gates_stay_finite_and_match_reference

@@ -25,7 +25,7 @@ Writes the ``benchmarks/_results.py`` schema after every shape (default
 ``benchmarks/results/prefill_fused_<device>.json``).
 
 Usage:  python benchmarks/prefill_fused.py [--out FILE] [--families gdn,kda] [--keep]
-        [--shapes 16x4096@16/32,...] [--quick] [--gates mild,realistic]
+        [--shapes 16x4096@16/32,...] [--quick] [--gates mild,realistic] [--prep-variants]
 
 On a GPU machine without a development install (as in benchmarks/decode_device.sh: the dependency
 wheels in ``.whl``, linattn installed into a target folder, ``PYTHONSAFEPATH=1`` so that the repo

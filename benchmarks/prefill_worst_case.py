@@ -2,12 +2,14 @@
 one repeated key, beta = 1, no decay) and on ordinary inputs, against the float64 reference, under
 each solve precision and (GDN) each session-7 stage option.
 
-Writes the ``benchmarks/_results.py`` schema, one row per (family, lengths, worst, config), default
+Writes the ``benchmarks/_results.py`` schema, one row per (family, lengths, worst, config), and (GDN) one
+per (lengths, worst, config, fused fields) of the fused prefill forced (``fused``: True; None: the
+planner's choice, the pipeline at these three-sequence shapes), default
 ``benchmarks/results/prefill_worst_case_<device>.json``; ``config`` is the ``PrefillConfig`` override
 (``{}``: the shipped configuration), ``o_rel`` / ``state_rel`` the relative errors of the output and
 the final pool rows.
 
-Usage (GPU): python benchmarks/prefill_worst_case.py [--families gdn,kda] [--out FILE]
+Usage (GPU): python benchmarks/prefill_worst_case.py [--families gdn,kda] [--fused-only] [--out FILE]
 """
 import argparse
 import contextlib
@@ -83,7 +85,7 @@ def main():
              "same overrides were named by pinned_config's keys: intra_solve = intra.solve, gdn_hoist = "
              "gdn.gates_kernel, gdn_half_hbuf = gdn.every_second_state, gdn_state_u = gdn.u_in_state)."]
     rows = []
-    for family in args.families.split(","):
+    for family in ["gdn"] if args.fused_only else args.families.split(","):
         for lens in LENS:
             for worst in (True, False):
                 inp = make_inputs(family, lens, H=16, HV=32, K=128, V=128, dtype=torch.bfloat16, seed=43,
@@ -94,7 +96,7 @@ def main():
                 for over in [] if args.fused_only else configs(family):
                     with config_override(over):
                         o, ht = run(family, inp)
-                    row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over),
+                    row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over), fused=None,
                                shipped=not over, o_rel=rel(o, ro), state_rel=rel(ht, rht))
                     print(json.dumps(row), flush=True)
                     rows.append(row)

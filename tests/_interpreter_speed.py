@@ -1,11 +1,14 @@
 """One patch of ``triton.language`` per interpreted launch, not one per device-function call.
 
 Under ``TRITON_INTERPRET=1`` Triton's launch (``GridExecutor.__call__``) points the builtins of
-``triton.language`` at the interpreter for the whole launch and restores them at its end; then every
-call of a ``@triton.jit`` helper inside the kernel (``InterpretedFunction.__call__``) runs the same
-patch again, rebuilding the same wrappers around the same builder, and never restores it (the
-launch's restore does). Our kernels call small helpers in their loops, so that repeated patch was
-about a tenth of the CPU suite's time. :func:`install` makes a helper's patch a no-op while a launch
+the language modules the kernel's module imports (``triton.language`` / its ``core``) at the
+interpreter for the whole launch and restores them at its end; then every call of a ``@triton.jit``
+helper inside the kernel (``InterpretedFunction.__call__``) runs the same patch again for the modules
+the helper's module imports, rebuilding the same wrappers around the same builder, and never restores
+it (what the launch had patched its restore puts back; a module only a helper imports stays patched,
+as upstream). Our kernels call small helpers in their loops, so that repeated patch was
+about 8% of an interpreter-bound file's CPU time (tests/prefill/test_prefill_segments.py on two workers:
+129.6 -> 119.4 s). :func:`install` makes a helper's patch a no-op while a launch
 has already patched the language modules that helper sees (``triton.language`` / its ``core``); any
 other case runs Triton's own code. Only the test suite installs it (tests/conftest.py); where a Triton
 release lacks the names it wraps, nothing is installed and the suite runs as before.
@@ -31,14 +34,14 @@ def install() -> bool:
     if grid_executor is None or patch_lang is None or scope_cls is None or getattr(patch_lang, "_linattn", False):
         return False
     lang_modules = (interp.tl, interp.tl.core)
-    seen: dict = {}  # id(a function's globals) -> the language modules among them
+    seen: dict = {}  # id(a function's globals) -> (those globals, the language modules among them)
 
     def langs_of(fn) -> frozenset:
         g = fn.__globals__
         got = seen.get(id(g))
-        if got is None:
-            got = seen[id(g)] = frozenset(id(v) for v in g.values() if inspect.ismodule(v) and v in lang_modules)
-        return got
+        if got is None or got[0] is not g:  # the dict itself is held: an id is never reused under us
+            got = seen[id(g)] = (g, frozenset(id(v) for v in g.values() if inspect.ismodule(v) and v in lang_modules))
+        return got[1]
 
     def once_per_launch(fn):
         done = getattr(_STATE, "langs", None)

@@ -23,10 +23,13 @@ Build ids read ``<call class> :: <kernel>``, e.g. ``prefill gdn bf16 K128 V128 G
 
 Usage (from the repository root)::
 
-    .venv/bin/python tools/sm90_digests.py              # compare against tools/sm90_digests.json
-    .venv/bin/python tools/sm90_digests.py --write      # record the digests of this tree
-    .venv/bin/python tools/sm90_digests.py --tree /tmp/other-checkout --write  # of another tree (one that has registry.compile_inputs)
-    .venv/bin/python tools/sm90_digests.py --dump /tmp/sass   # also write each normalised build
+    .venv-triton-device/bin/python tools/sm90_digests.py              # compare against tools/sm90_digests.json
+    .venv-triton-device/bin/python tools/sm90_digests.py --write      # record the digests of this tree
+    .venv-triton-device/bin/python tools/sm90_digests.py --tree /tmp/other-checkout --write  # of another tree (one that has registry.compile_inputs)
+    .venv-triton-device/bin/python tools/sm90_digests.py --dump /tmp/sass   # also write each normalised build
+
+(``.venv-triton-device``: ``make test``'s second venv, with the GPU machine's Triton, the release the
+digests are recorded with; ``--write`` refuses another release unless ``--other-triton`` says so.)
 
 Exit status: 0 when every digest equals the recorded one; 1 with the changed, missing and new
 builds listed; 2 when the tool cannot run (no Triton, no bundled cuobjdump, another Triton version
@@ -403,6 +406,13 @@ def _tree_pythonpath(tree: Path, tmp: str) -> str:
     return tmp
 
 
+def _device_triton() -> str:
+    """The GPU machine's Triton release: the sm90 device profile's toolchain (capabilities/profiles.py)."""
+    from linattn.capabilities import profile
+
+    return profile("sm90").toolchain.triton
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true", help=f"record the digests in {DIGESTS.name}")
@@ -411,6 +421,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel builds")
     ap.add_argument("--dump", help="write each distinct build's normalised code into this directory")
     ap.add_argument("--select", help="only the call classes whose name matches this regex (no --write)")
+    ap.add_argument("--other-triton", action="store_true",
+                    help="--write with a Triton other than the GPU machine's (its sm90 profile's toolchain)")
     ap.add_argument("--emit", type=Path, help=argparse.SUPPRESS)  # internal: --tree's subprocess
     a = ap.parse_args(argv)
     try:
@@ -423,6 +435,12 @@ def main(argv=None) -> int:
         return 2
     if a.select and a.write:
         print("sm90_digests: --write records every build; drop --select", file=sys.stderr)
+        return 2
+    device_triton = _device_triton()
+    if a.write and triton.__version__ != device_triton and not a.other_triton:
+        print(f"sm90_digests: this is triton {triton.__version__}; the digests guard the GPU machine's "
+              f"triton {device_triton} (the sm90 profile's toolchain): run --write from .venv-triton-device "
+              f"(make test's second venv), or pass --other-triton to record this release", file=sys.stderr)
         return 2
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
@@ -450,7 +468,8 @@ def main(argv=None) -> int:
     if (recorded["triton"], recorded["normalisation"]) != (triton.__version__, NORMALISATION):
         print(f"sm90_digests: {a.json.name} was recorded with triton {recorded['triton']} (normalisation "
               f"{recorded['normalisation']}); this is triton {triton.__version__} (normalisation "
-              f"{NORMALISATION}): not comparable; record again with --write on the base tree", file=sys.stderr)
+              f"{NORMALISATION}): not comparable; run the tool from .venv-triton-device (the GPU machine's "
+              f"triton {device_triton}), or record again with --write on the base tree", file=sys.stderr)
         return 2
     builds = recorded["builds"]
     if a.select:

@@ -9,7 +9,8 @@ a defect or a kernel change measured on the H200, after which the digests are re
 ``make test`` checks the builds of :data:`SELECT` (decode, the SwiGLU clamp and the bf16 prefill:
 300 of the 728 recorded builds, the served dtypes' code) to keep CI's run under 15 minutes; the
 fp16 and fp32 prefill builds (428: the same launchers and host code with another element type) are
-checked when ``LINATTN_DIGESTS=all`` (``make test-full``, or ``.venv/bin/python tools/sm90_digests.py``).
+checked when ``LINATTN_DIGESTS=all`` (``make test-full``, or ``.venv-triton-device/bin/python
+tools/sm90_digests.py``).
 """
 
 import json

@@ -125,4 +125,3 @@ def test_planner_reasons():
     assert not on and "idle" in why  # 16 programs on 132 SMs: the pipeline's segment pass
     on, why = pm.plan_fused(family="gdn", N=1, HV=8, K=256, V=128, dtype=torch.bfloat16, caps=caps, cfg=cfg)
     assert not on and "K, V <= 128" in why
-
