@@ -22,8 +22,8 @@ from .rules.ops_table import OP_TABLE, OPS, OpSpec, find_op, op_spec
 from .runtime.policy import Policy, current_policy, policy
 from .plugin.problem import Problem, phase_of
 from .runtime.registry import PluginRecord, Registry
-from .runtime.selection import (Dispatcher, clear_cache, dispatcher, explain, get_registry, last_decision, reset_registry,
-                        resolve_device, select)
+from .runtime.selection import (Dispatcher, clear_cache, dispatcher, explain, get_registry, last_decision,
+                                reset_registry, resolve_device, select)
 from .plugin.verdict import Accepted, Check, Decision, Failure, NoBackendError, Rank, Reason, Rejected
 
 from .plugin import hookspecs, verdict
