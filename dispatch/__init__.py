@@ -7,10 +7,11 @@ problems, verdicts, tuned-table types, the default self-check case) and ``rules/
 and the validation rules it names). ``env.py`` (the ``LINATTN_*`` parsing rule) and ``lru.py``
 (the bounded caches) sit below all three; kernels read them too.
 
-Two module paths that plugin authors were told to import before the split stay importable:
-``linattn.dispatch.hookspecs`` (``hookimpl``) and ``linattn.dispatch.verdict`` (``Check``,
-``Reason``, ``Rank``) are the modules ``linattn.dispatch.plugin.hookspecs`` and
-``linattn.dispatch.plugin.verdict``, under their old names too.
+Every module path of before the split stays importable, as the same module object under its old
+name (``linattn.dispatch.verdict`` is ``linattn.dispatch.plugin.verdict``, ``linattn.dispatch.policy``
+is ``linattn.dispatch.runtime.policy``, ...: :data:`PRE_SPLIT_PATHS`): plugin authors were told to
+import ``hookspecs`` and ``verdict``, and engines and field reproducers import the others. The
+library's own code uses the new paths (``tests/test_layering.py`` places no other dispatch module).
 """
 
 import sys as _sys
@@ -26,11 +27,38 @@ from .runtime.selection import (Dispatcher, clear_cache, dispatcher, explain, ge
                                 reset_registry, resolve_device, select)
 from .plugin.verdict import Accepted, Check, Decision, Failure, NoBackendError, Rank, Reason, Rejected
 
-from .plugin import hookspecs, verdict
+#: old module name -> its subpackage since the split (module docstring)
+PRE_SPLIT_PATHS = {
+    **dict.fromkeys(("ops_table", "host_rules", "value_rules", "validate", "layouts"), "rules"),
+    **dict.fromkeys(("hookspecs", "calls", "problem", "verdict", "tuning", "self_check_case"), "plugin"),
+    **dict.fromkeys(("selection", "fast_path", "registry", "policy", "self_check", "results"), "runtime"),
+}
+class _PreSplitFinder:
+    """Finds ``linattn.dispatch.<old>`` (:data:`PRE_SPLIT_PATHS`) on first import and answers with the
+    moved module itself (imported then, not with the package: ``import linattn`` loads no more)."""
 
-# the plugin API's documented import paths of before the split (docs/writing-a-backend.md)
-_sys.modules.setdefault(f"{__name__}.hookspecs", hookspecs)
-_sys.modules.setdefault(f"{__name__}.verdict", verdict)
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        pkg, _, old = name.rpartition(".")
+        if pkg != __name__ or old not in PRE_SPLIT_PATHS:
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(name, _PreSplitFinder)
+
+    @staticmethod
+    def create_module(spec):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{PRE_SPLIT_PATHS[spec.name.rpartition('.')[2]]}."
+                                       f"{spec.name.rpartition('.')[2]}")
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+
+_sys.meta_path.append(_PreSplitFinder)
 
 __all__ = [
     "Accepted", "BackendPlugin", "Check", "ClampCall", "ConfigError", "Decision", "DecodeCall", "Dispatcher", "Failure", "GatingCall",

@@ -68,6 +68,9 @@ LAYERS = (
     ("linattn.dispatch.rules.", "rules"), ("linattn.dispatch.rules", "rules"),
     ("linattn.dispatch.plugin.", "plugin"), ("linattn.dispatch.plugin", "plugin"),
     ("linattn.dispatch.runtime.", "dispatch"), ("linattn.dispatch.runtime", "dispatch"), ("linattn.dispatch", "dispatch"),
+    # the two pre-split plugin paths kept as aliases of the plugin modules (dispatch/__init__.py)
+    ("linattn.dispatch.hookspecs", "plugin"), ("linattn.dispatch.verdict", "plugin"),
+    ("linattn.dispatch.", ""),  # any other dispatch module: placed in no subpackage's layer (layer() refuses)
     ("linattn.backends.", "backends"), ("linattn.backends", "backends"),
     ("linattn.kernels.", "kernels"), ("linattn.kernels", "kernels"),
     ("linattn.", "ops"), ("linattn", "ops"),
@@ -92,6 +95,8 @@ def _modules() -> dict[str, Path]:
 def layer(module: str) -> str:
     for prefix, name in LAYERS:
         if module == prefix or (prefix.endswith(".") and module.startswith(prefix)):
+            if not name:
+                break
             return name
     raise AssertionError(f"{module} is in no layer: place it in tests/test_layering.py's LAYERS")
 
@@ -195,3 +200,13 @@ def test_the_dispatch_subpackages_import_one_way():
             assert not against_the_layers(module, lower), (module, lower)
             assert against_the_layers(lower, module), (lower, module)
     assert layer("linattn.dispatch.lru") == "settings" and layer("linattn.dispatch.plugin") == "plugin"
+
+
+def test_a_dispatch_module_outside_the_three_subpackages_has_no_layer():
+    """Every dispatch module sits in rules/, plugin/ or runtime/ (or is env / lru, or one of the two
+    kept aliases): a new top-level dispatch module must be placed explicitly."""
+    import pytest
+
+    assert layer("linattn.dispatch.verdict") == layer("linattn.dispatch.plugin.verdict") == "plugin"
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer("linattn.dispatch.something_new")
