@@ -422,7 +422,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dump", help="write each distinct build's normalised code into this directory")
     ap.add_argument("--select", help="only the call classes whose name matches this regex (no --write)")
     ap.add_argument("--other-triton", action="store_true",
-                    help="--write with a Triton other than the GPU machine's (its sm90 profile's toolchain)")
+                    help="--write with a Triton other than the GPU machine's (its sm90 profile's toolchain); run the tool "
+                         "from .venv-triton-device, make test's second venv, otherwise")
     ap.add_argument("--emit", type=Path, help=argparse.SUPPRESS)  # internal: --tree's subprocess
     a = ap.parse_args(argv)
     try:
@@ -444,6 +445,13 @@ def main(argv=None) -> int:
         return 2
     if a.dump:
         os.makedirs(a.dump, exist_ok=True)
+    recorded = None if (a.write or a.emit) else json.loads(a.json.read_text())
+    if recorded and (recorded["triton"], recorded["normalisation"]) != (triton.__version__, NORMALISATION):
+        print(f"sm90_digests: {a.json.name} was recorded with triton {recorded['triton']} (normalisation "
+              f"{recorded['normalisation']}); this is triton {triton.__version__} (normalisation "
+              f"{NORMALISATION}): not comparable; run the tool from .venv-triton-device (the GPU machine's "
+              f"triton {device_triton}), or record the base tree's digests with --write there", file=sys.stderr)
+        return 2  # before any build: the recorded release is known up front
     t0 = time.time()
     if a.tree is not None:
         with tempfile.TemporaryDirectory() as tmp, tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -464,13 +472,6 @@ def main(argv=None) -> int:
         a.json.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
         print(f"wrote {a.json}", file=sys.stderr)
         return 0
-    recorded = json.loads(a.json.read_text())
-    if (recorded["triton"], recorded["normalisation"]) != (triton.__version__, NORMALISATION):
-        print(f"sm90_digests: {a.json.name} was recorded with triton {recorded['triton']} (normalisation "
-              f"{recorded['normalisation']}); this is triton {triton.__version__} (normalisation "
-              f"{NORMALISATION}): not comparable; run the tool from .venv-triton-device (the GPU machine's "
-              f"triton {device_triton}), or record again with --write on the base tree", file=sys.stderr)
-        return 2
     builds = recorded["builds"]
     if a.select:
         builds = {k: v for k, v in builds.items() if re.search(a.select, k.split(" :: ")[0])}
