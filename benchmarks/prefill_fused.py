@@ -215,13 +215,12 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
 
 
 #: --prep-variants (GDN): the pinned fused prefill with its prep changed, each a ``PrefillConfig`` override
-#: (by field path) and ``FusedConfig`` fields. "diag_tf32": the solve's diagonal 16 x 16 blocks on single
+#: by field path (``FusedConfig`` sweeps are run_shape's VARIANTS). "diag_tf32": the solve's diagonal 16 x 16 blocks on single
 #: TF32 dots instead of 3xTF32 (``intra.solve``, shared with the pipeline's stage 1; the prep's largest
 #: instruction share: docs/performance.md, "Where the prep's instructions go"). Measured and not shipped
 #: (same section): the all-TF32 solve (NaN on the worst-conditioned input) and 6dc8ded's rank-1 gate
 #: factors (``prep_gate_factors``, slower)
-PREP_VARIANTS = {"diag_tf32": ({"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")},
-                               {})}
+PREP_VARIANTS = {"diag_tf32": {"intra.solve": SolveConfig(neumann=True, diag_precision="tf32", below_precision="tf32")}}
 
 
 def prep_variants(family, d, pool, idx) -> dict:
@@ -235,16 +234,15 @@ def prep_variants(family, d, pool, idx) -> dict:
     o_ref = linattn(family, d, base, idx, True, pinned)[1]()[0]
     own = owned(pool, idx)
     out = {}
-    for name, (over, fields) in PREP_VARIANTS.items():
-        cfg = dataclasses.replace(pinned, **fields)
+    for name, over in PREP_VARIANTS.items():
         with config_override(over):
             p = pool.clone()
-            o = linattn(family, d, p, idx, True, cfg)[1]()[0]
-            out[name] = dict(config=repr(over), fused_config=fields, o_rel_vs_shipped=rel(o, o_ref),
+            o = linattn(family, d, p, idx, True, pinned)[1]()[0]
+            out[name] = dict(config=repr(over), o_rel_vs_shipped=rel(o, o_ref),
                              ht_rel_vs_shipped=rel(p[own], base[own]),
                              rows_not_owned_unchanged=bool(torch.equal(p[~own], pool[~own])),
-                             fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, cfg)[1]),
-                             fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, cfg)[1]))
+                             fused_ms=bench_ms(linattn(family, d, pool.clone(), idx, True, pinned)[1]),
+                             fused_stages_ms=stage_times(linattn(family, d, pool.clone(), idx, True, pinned)[1]))
     return out
 
 

@@ -3,7 +3,7 @@ one repeated key, beta = 1, no decay) and on ordinary inputs, against the float6
 each solve precision and (GDN) each session-7 stage option.
 
 Writes the ``benchmarks/_results.py`` schema, one row per (family, lengths, worst, config), and (GDN) one
-per (lengths, worst, config, fused fields) of the fused prefill forced (``fused``: True; None: the
+per (lengths, worst, config) of the fused prefill forced, under the shipped and the all-TF32 solve (``fused``: True; None: the
 planner's choice, the pipeline at these three-sequence shapes), default
 ``benchmarks/results/prefill_worst_case_<device>.json``; ``config`` is the ``PrefillConfig`` override
 (``{}``: the shipped configuration), ``o_rel`` / ``state_rel`` the relative errors of the output and
@@ -12,8 +12,6 @@ the final pool rows.
 Usage (GPU): python benchmarks/prefill_worst_case.py [--families gdn,kda] [--fused-only] [--out FILE]
 """
 import argparse
-import contextlib
-import dataclasses
 import json
 import os
 import sys
@@ -48,33 +46,15 @@ GDN_OPTIONS = [
 LENS = ([64, 130, 1000], [64, 130])
 
 
-#: GDN's fused prefill (forced) with its prep's FusedConfig fields changed, each under the shipped solve
-#: and the all-TF32 one (6dc8ded also had {"prep_gate_factors": True}: its rows in prefill_worst_case_h200.json)
-FUSED_PREPS = [{}]
-
-
 def configs(family: str) -> list[dict]:
     return [{}, *SOLVES, *(GDN_OPTIONS if family == "gdn" else [])]
-
-
-@contextlib.contextmanager
-def fused_fields(fields: dict):
-    """The planner's fused configuration with ``fields`` replaced while inside."""
-    from linattn.kernels.triton.prefill import plan as plan_mod
-
-    pinned = plan_mod.fused_config
-    plan_mod.fused_config = lambda *a, **k: dataclasses.replace(pinned(*a, **k), **fields)
-    try:
-        yield
-    finally:
-        plan_mod.fused_config = pinned
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--out", default=None, help="results file (default: benchmarks/results/prefill_worst_case_<device>.json)")
-    ap.add_argument("--fused-only", action="store_true", help="GDN: only the fused prefill's rows (FUSED_PREPS)")
+    ap.add_argument("--fused-only", action="store_true", help="GDN: only the fused prefill's rows")
     args = ap.parse_args()
     out = args.out or results_path("prefill_worst_case")
     notes = ["Inputs: tests/prefill/prefill_cases.make_inputs(family, lens, H=16, HV=32, K=128, V=128, bf16, "
@@ -100,14 +80,13 @@ def main():
                                shipped=not over, o_rel=rel(o, ro), state_rel=rel(ht, rht))
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-                for fields in FUSED_PREPS if family == "gdn" else []:
-                    for over in ({}, SOLVES[1]):
-                        with config_override(over), fused_fields(fields):
-                            o, ht = run(family, inp, fused=True)
-                        row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over), fused=True,
-                                   fused_fields=fields, shipped=False, o_rel=rel(o, ro), state_rel=rel(ht, rht))
-                        print(json.dumps(row), flush=True)
-                        rows.append(row)
+                for over in ({}, SOLVES[1]) if family == "gdn" else ():  # the fused prefill, forced
+                    with config_override(over):
+                        o, ht = run(family, inp, fused=True)
+                    row = dict(family=family, lens=lens, worst=worst, seed=43, config=repr(over), fused=True,
+                               shipped=False, o_rel=rel(o, ro), state_rel=rel(ht, rht))
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
                 write_results(out, rows, notes)
     print(f"wrote {out}")
 

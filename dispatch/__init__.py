@@ -33,6 +33,8 @@ PRE_SPLIT_PATHS = {
     **dict.fromkeys(("hookspecs", "calls", "problem", "verdict", "tuning", "self_check_case"), "plugin"),
     **dict.fromkeys(("selection", "fast_path", "registry", "policy", "self_check", "results"), "runtime"),
 }
+
+
 class _PreSplitFinder:
     """Finds ``linattn.dispatch.<old>`` (:data:`PRE_SPLIT_PATHS`) on first import and answers with the
     moved module itself (imported then, not with the package: ``import linattn`` loads no more)."""
@@ -50,8 +52,8 @@ class _PreSplitFinder:
     def create_module(spec):
         import importlib
 
-        return importlib.import_module(f"{__name__}.{PRE_SPLIT_PATHS[spec.name.rpartition('.')[2]]}."
-                                       f"{spec.name.rpartition('.')[2]}")
+        old = spec.name.rpartition(".")[2]
+        return importlib.import_module(f"{__name__}.{PRE_SPLIT_PATHS[old]}.{old}")
 
     @staticmethod
     def exec_module(module):
