@@ -135,6 +135,25 @@ def _call(gate: str, d: dict, pool: torch.Tensor, caps, cfg):
     return lambda: recurrent_decode(gate=gate, **dict(d, state_pool=pool), caps=caps, layout="split", config=cfg)
 
 
+def without_prologue(gate: str, d: dict) -> dict:
+    """The same call with the kernel's per-token prologue done beforehand (``--no-prologue``): q and k
+    l2-normalised in fp32 and rounded to their dtype (``use_qk_l2norm=False``), the gates in the
+    precomputed form (``g`` fp32 log decay, ``beta`` fp32; ``GATES_PRECOMPUTED``), as
+    ``torch_ref``'s gating computes them. An experiment: how fast the state stream runs when the
+    program does only the recurrence (the prologue is the same in every value block of a head)."""
+    from linattn.reference import gdn_gating_ref, kda_gating_ref
+
+    def norm(x):
+        x = x.float()
+        return (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)).to(d["q"].dtype)
+
+    gating = gdn_gating_ref if gate == "gdn" else kda_gating_ref
+    g, beta = gating(d["A_log"], d["a"], d["b"], d["dt_bias"])
+    out = {n: t for n, t in d.items() if n not in ("a", "b", "A_log", "dt_bias")}
+    return dict(out, q=norm(d["q"]), k=norm(d["k"]), g=g.float().contiguous(), beta=beta.float().contiguous(),
+                use_qk_l2norm=False)
+
+
 def _check(gate: str, d: dict, base: torch.Tensor, caps, cfg, ref, oracle) -> tuple[dict, torch.Tensor, tuple]:
     """Run ``cfg`` once on a fresh copy of ``base``: ``(checks, the pool it ran on, (o, new rows))``;
     the checks hold its differences from the pinned run ``ref`` (``(o, new rows)``, None for the
@@ -168,8 +187,11 @@ def _config_fields(cfg: DecodeConfig) -> dict:
                 blocks=cfg.blocks, state_vec=cfg.state_vec)
 
 
-def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool) -> list[dict]:
-    """Every config of ``names`` at one (family, N): the checks first, then the timings."""
+def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool,
+              no_prologue: bool = False) -> list[dict]:
+    """Every config of ``names`` at one (family, N): the checks first, then the timings; with
+    ``no_prologue``, each config again on :func:`without_prologue`'s inputs (rows ``prologue: false``:
+    only the rows the call does not own and the distance from the pinned config's output are checked)."""
     d = make_inputs(gate, N)
     fp32_pool = d["state_pool"]
     base = fp32_pool.to(torch.bfloat16)
@@ -196,6 +218,29 @@ def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_
               f" diff o {row.get('max_abs_diff_o', 0):.2e} state {row.get('max_abs_diff_state', 0):.2e}"
               f" fp64 o {row['rel_err_o_vs_fp64']:.1e} state {row['rel_err_state_vs_fp64']:.1e}"
               if "TBps" in row else row.get("error", "")), flush=True)
+    if no_prologue:
+        bare = without_prologue(gate, args)
+        for name in names:
+            cfg = CANDIDATES[name] or pinned
+            row = dict(head, config=name, pinned=cfg == pinned, prologue=False, **_config_fields(cfg))
+            try:
+                pool = base.clone()
+                o = _call(gate, bare, pool, caps, cfg)()
+                torch.cuda.synchronize()
+                idx = args["state_indices"].long()
+                unowned = torch.ones(base.shape[0], dtype=torch.bool, device=base.device)
+                unowned[idx] = False
+                row.update(unowned_rows_unchanged=bool(torch.equal(pool[unowned], base[unowned])),
+                           rel_diff_o_vs_pinned=_rel(o, ref[0]), rel_diff_state_vs_pinned=_rel(pool[idx], ref[1]))
+                pool = base.clone()
+                row.update(_measure(gate, N, bare, caps, copy_tbps, cfg, pool, 2))
+                del pool
+            except Exception as e:  # noqa: BLE001 - a config that does not build or run is a result
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(row)
+            print(f"  {gate} N={N:5d} {name + ' (no prologue)':32s} " + (
+                f"{row['TBps']:.3f} TB/s ({row['frac_of_copy']:.1%}) rel diff vs pinned o {row['rel_diff_o_vs_pinned']:.1e}"
+                f" state {row['rel_diff_state_vs_pinned']:.1e}" if "TBps" in row else row.get("error", "")), flush=True)
     del ref, base
     if fp32_row:  # the shipped fp32 pool at its pinned config: the method's check against decode_h200.json
         _, cfg32 = decode_launch_config(s["K"], s["V"], N, gate, torch.float32)
@@ -263,6 +308,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--configs", default=",".join(CANDIDATES), help="names from CANDIDATES ('pinned' always runs first)")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32-pool reference rows")
+    ap.add_argument("--no-prologue", action="store_true", help="also run each config with q, k normalised and the gates "
+                                                                  "computed beforehand (rows prologue: false; an experiment)")
     ap.add_argument("--merge", metavar="SWEEP_JSON", help="no run: merge this sweep file's rows into --into")
     ap.add_argument("--into", default=None, help="with --merge: the results file (default: "
                                                  "benchmarks/results/decode_<device tag of the sweep file>.json)")
@@ -291,7 +338,8 @@ def main(argv=None) -> list[dict]:
     print(f"copy bandwidth: {copy_tbps:.3f} TB/s", flush=True)
     for gate in args.families.split(","):
         for N in (int(n) for n in args.ns.split(",")):
-            rows += [dict(kind="sweep", **r) for r in sweep_one(gate, N, caps, copy_tbps, names, not args.no_fp32)]
+            rows += [dict(kind="sweep", **r) for r in sweep_one(gate, N, caps, copy_tbps, names, not args.no_fp32,
+                                                                 args.no_prologue)]
             write_results(out, rows, NOTES + [f"elapsed {time.time() - t0:.0f} s"], command=command.strip())
             torch.cuda.empty_cache()
     _summary(rows, out, time.time() - t0)
@@ -305,7 +353,7 @@ def _summary(rows: list[dict], out: str, elapsed: float) -> None:
         mine = [r for r in rows if r.get("op") == gate and "frac_of_copy" in r]
         by = {}
         for r in mine:
-            by.setdefault(r["config"], []).append(r)
+            by.setdefault(r["config"] + (" (no prologue)" if r.get("prologue") is False else ""), []).append(r)
         ranked = sorted(by.items(), key=lambda kv: -min(r["frac_of_copy"] for r in kv[1]))
         print(f"{gate}: config, min share of copy over N, then per N (diff vs pinned: o / state)")
         for name, rs in ranked:
