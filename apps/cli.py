@@ -58,7 +58,7 @@ from linattn.dispatch.plugin.tuning import ignored as tuning_ignored
 from linattn.apps.report import (DTYPE_NAMES, FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
                             SIZE_MAX, STATE_DTYPE_NAMES, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
-                            representative_problem, resolve_target, sweep_problems)
+                            representative_problem, resolve_target, skipped_plugin_notes, sweep_problems)
 
 
 class _FlagHelp:
@@ -362,6 +362,8 @@ def _render_decision(d, prob: Problem, model: str, caps=None) -> None:
     con.print(_trace_table(d))
     for line in _outcome(d):
         con.print(line)
+    for note in skipped_plugin_notes():
+        con.print(Text(f"note: {note}", style="yellow"))
 
 
 @app.command(cls=Command, epilog=EPILOG)
@@ -437,6 +439,8 @@ def backends(as_json: bool = JSON_OPT) -> None:
     con.print(t)
     if not rows:
         con.print(Text("no backend is registered: see `linattn plugins`", style="bold red"))
+    for note in skipped_plugin_notes():
+        con.print(Text(f"note: {note}", style="yellow"))
 
 
 @app.command(cls=Command, epilog=EPILOG)
