@@ -3,7 +3,7 @@
 Every command prints a rich table by default and, with ``--json``, exactly one JSON document on
 stdout (nothing else), so scripts can parse it::
 
-    linattn --version
+    linattn --version [--json]                               # {"name": "linattn", "version": ...} with --json
     linattn report [--profile sm90 | --device cuda:1]       # device, every backend's verdict per op, sweep
     linattn explain gdn_decode --model qwen3-next --batch 4096 --profile sm90
     linattn explain --op gdn_prefill --batch 16 --tokens 4096    # 16 sequences of 4,096 tokens
@@ -38,6 +38,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -58,7 +59,7 @@ from linattn.dispatch.plugin.tuning import ignored as tuning_ignored
 from linattn.apps.report import (DTYPE_NAMES, FAMILY_PRESET, REPORT_DECODE_BATCH, REPORT_PREFILL_SEQS, REPORT_PREFILL_TOKENS,  # noqa: F401
                             SIZE_MAX, STATE_DTYPE_NAMES, SWEEP_BATCHES, SWEEP_SEQ_TOKENS, SWEEP_TOKENS, UsageError, backend_rows, build_report,
                             decision_doc, default_device, op_family, plugin_rows, problem_for, registered_backends,
-                            representative_problem, resolve_target, sweep_problems)
+                            representative_problem, resolve_target, skipped_plugin_notes, sweep_problems)
 
 
 class _FlagHelp:
@@ -111,11 +112,18 @@ class Command(_FlagHelp, TyperCommand):
 class Group(_FlagHelp, TyperGroup):
     """The class of the ``linattn`` command group (see :class:`_FlagHelp`). A reader that closes
     stdout early (``linattn report | head -1``) ends the output, never the verb with a traceback or
-    exit 1 (:func:`~linattn.apps.cli_common.output_may_end_early`)."""
+    exit 1 (:func:`~linattn.apps.cli_common.output_may_end_early`). With ``--json`` anywhere, an
+    error of the group's own options is the JSON error document, as in every command."""
 
     def make_context(self, info_name, args, parent=None, **extra):
-        with output_may_end_early():  # --help, --version
-            return super().make_context(info_name, args, parent=parent, **extra)
+        as_json = "--json" in args  # before parsing: the parser consumes ``args``
+        with output_may_end_early():  # --help
+            try:
+                return super().make_context(info_name, args, parent=parent, **extra)
+            except TyperException as e:  # an unknown option before the command: the JSON error with --json
+                if as_json:
+                    fail(e, True, getattr(e, "exit_code", 2))
+                raise
 
     def invoke(self, ctx):
         with output_may_end_early():
@@ -137,16 +145,29 @@ PROBE_DEVICE_OPT = typer.Option(None, "--device", metavar="DEV", help="Probe thi
                                 "(cuda when visible, else cpu): cpu, cuda, cuda:N. Not with --profile.")
 
 
-def _version(value: bool) -> None:
-    if value:
-        echo(f"linattn {linattn.__version__}")
-        raise typer.Exit()
+def version_doc() -> dict:
+    """The ``linattn --version --json`` document: ``{"name": "linattn", "version": ...}``."""
+    return {"name": "linattn", "version": linattn.__version__}
 
 
-@app.callback()
-def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
-                                       help="Print linattn's version and exit.")) -> None:
+@app.callback(invoke_without_command=True)
+def _main(ctx: typer.Context,
+          version: bool = typer.Option(False, "--version", help="Print linattn's version and exit."),
+          as_json: bool = typer.Option(False, "--json", help="With --version: print it as one JSON document, "
+                                                             '{"name": "linattn", "version": ...}.')) -> None:
     """Explainable dispatch for linear-attention kernels (GDN, KDA) over a state pool."""
+    if version:
+        if as_json:
+            _emit_json(version_doc())
+        else:
+            echo(f"linattn {linattn.__version__}")
+        raise typer.Exit()
+    if as_json:  # --json before the command: each command takes its own
+        where = f"after the command: `linattn {ctx.invoked_subcommand} ... --json`" if ctx.invoked_subcommand else \
+            "with --version, or after a command (`linattn backends --json`)"
+        fail(click.UsageError(f"--json goes {where}", ctx), True, 2)
+    if ctx.invoked_subcommand is None:  # options but no command (``linattn`` alone prints the help)
+        raise click.UsageError("Missing command.", ctx)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -362,6 +383,8 @@ def _render_decision(d, prob: Problem, model: str, caps=None) -> None:
     con.print(_trace_table(d))
     for line in _outcome(d):
         con.print(line)
+    for note in skipped_plugin_notes():
+        con.print(Text(f"note: {note}", style="yellow"))
 
 
 @app.command(cls=Command, epilog=EPILOG)
@@ -437,6 +460,8 @@ def backends(as_json: bool = JSON_OPT) -> None:
     con.print(t)
     if not rows:
         con.print(Text("no backend is registered: see `linattn plugins`", style="bold red"))
+    for note in skipped_plugin_notes():
+        con.print(Text(f"note: {note}", style="yellow"))
 
 
 @app.command(cls=Command, epilog=EPILOG)

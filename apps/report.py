@@ -22,6 +22,7 @@ from typing import Optional
 import linattn
 from linattn.dispatch import resolve_device
 from linattn.dispatch.rules.ops_table import OP_TABLE, op_spec
+from linattn.dispatch.runtime.registry import SKIPPED
 from linattn.dispatch.plugin.problem import OPS, Problem
 from linattn.dispatch.rules.validate import FLOAT_DTYPES, STATE_DTYPES
 from linattn.presets import UsageError, make_problem, preset_shape, preset_table  # noqa: F401 - UsageError: the CLI's and tests' name
@@ -324,6 +325,18 @@ def backend_rows() -> list[dict]:
                      "state_dtypes": sorted(b.state_dtypes), "state_layouts": sorted(b.state_layouts),
                      "requires": list(b.requires), "summary": b.summary})
     return rows
+
+
+def skipped_plugin_notes() -> list[str]:
+    """One line per installed plugin that ``LINATTN_DISABLE_PLUGINS`` or ``LINATTN_PLUGINS`` kept from
+    loading (its backends are then not registered, so ``backends`` and ``explain`` cannot list them).
+
+    Example:
+        >>> skipped_plugin_notes()  # nothing skipped
+        []
+    """
+    return [f"plugin {p.name} ({p.distribution}) not loaded: {p.error}; its backends are not registered"
+            for p in linattn.list_plugins() if p.status in SKIPPED]
 
 
 def plugin_rows() -> list[dict]:

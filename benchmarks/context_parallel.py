@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
+from linattn.testing.compare import rel_error  # noqa: E402
 
 #: Tokens generated per seeded chunk: the prompt is the same whatever the ranks' slices.
 GEN_CHUNK = 8192
@@ -175,7 +176,7 @@ def _row(model, tokens, w, part, per_rank, state, ref, rows):
     family, heads = part["family"], part["heads"]
     one = next((r["seconds"] for r in rows if r["model"] == model and r["tokens"] == tokens and r["gpus"] == 1),
                part["seconds"])
-    rel = float((state.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+    rel = rel_error(state, ref)
     return dict(kind="context_parallel", model=model, family=family, tokens=tokens, gpus=w,
                 heads=dict(zip(("H", "HV", "K", "V"), heads)), seconds=round(part["seconds"], 6),
                 rank_seconds=per_rank, mtok_per_s=round(tokens / part["seconds"] / 1e6, 3),

@@ -52,6 +52,7 @@ import torch
 
 import linattn
 from linattn.dispatch import find_op
+from linattn.testing.compare import rel_error as _rel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import RESULTS, make_results, write_results  # noqa: E402
@@ -90,11 +91,6 @@ def run_once(family: str, backend: str, x: dict):
     o = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], x["cu_seqlens"], state_pool=pool, state_indices=x["slots"],
            backend=backend)
     return time.perf_counter() - t0, o, pool
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
 
 
 def bench(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:

@@ -49,6 +49,7 @@ from _results import device_tag, results_path, write_results  # noqa: E402
 from decode import SHAPES, copy_bandwidth, decode_bytes, make_inputs  # noqa: E402
 
 from linattn.kernels.triton.decode import DecodeConfig, decode_launch_config, recurrent_decode  # noqa: E402
+from linattn.testing.compare import rel_error as _rel  # noqa: E402
 
 NS = (256, 1024, 4096)
 #: milliseconds of kernels per CUDA graph (benchmarks/decode.py: 100); the median of 10 replays either way
@@ -110,11 +111,6 @@ def _max_diff(x: torch.Tensor, y: torch.Tensor, chunk: int = 256) -> float:
     for i in range(0, x.shape[0], chunk):
         m = max(m, float((x[i:i + chunk].float() - y[i:i + chunk].float()).abs().max()))
     return m
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 def _oracle(gate: str, d: dict) -> tuple[torch.Tensor, torch.Tensor]:

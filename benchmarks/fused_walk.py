@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
+from linattn.testing.compare import rel_error as rel  # noqa: E402
 
 K = V = 128
 SHAPES = "16x4096@16/32,8x1024@16/32"
@@ -58,11 +59,6 @@ def make(N, L, H, HV, seed=0):
     idx = torch.randperm(P, device=dev, generator=gen)[:N].to(torch.int32)
     pool = torch.randn(P, HV, V, K, device=dev, generator=gen) * 0.1
     return d, pool, idx
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 class Call:

@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
 
 from linattn.kernels.triton.prefill import LaunchOptions, SolveConfig, override_config  # noqa: E402
+from linattn.testing.compare import rel_error as rel  # noqa: E402
 
 SHAPES = [(16, 4096), (64, 1024), (256, 256)]
 H, HV, K, V = 16, 32, 128, 128
@@ -77,11 +78,6 @@ def make(family, N, L, seed=0, gates="mild"):
 
         d["g"], d["beta"] = gate_tensors(gates, family, T, HV, K, seed=seed, device=dev)
     return d, pool, idx
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def linattn_fn(family, d, pool, idx):

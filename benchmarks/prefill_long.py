@@ -44,6 +44,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import results_path, write_results  # noqa: E402
+from linattn.testing.compare import rel_error as rel  # noqa: E402
 
 K = V = 128
 #: (name, family, H, HV, sequence lengths)
@@ -72,11 +73,6 @@ def make(family, H, HV, lens, seed=0):
     idx = torch.randperm(2 * N, device=dev, generator=gen)[:N].to(torch.int32)
     pool = torch.randn(2 * N, HV, V, K, device=dev, generator=gen) * 0.1
     return d, pool, idx
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def relmax(a, b):

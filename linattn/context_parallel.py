@@ -16,7 +16,8 @@ needed an entering state. The rank holding a sequence's last token stores its fi
 
 Host-only planning (:func:`make_plan`) is separate from the execution, so the plan can be read and
 tested without a process group. Nothing here creates a process group: the tests, the demo and the
-benchmark start their ranks with :func:`linattn.testing.spawn.spawn_ranks`. ``import linattn`` does
+benchmark start their ranks with :func:`linattn.testing.spawn.spawn_ranks` (``spawn_ranks`` here is
+its deprecated alias, imported when read). ``import linattn`` does
 not import this module (``linattn.context_parallel_prefill`` loads it on first use).
 
 Example (a group of one rank is exactly the ordinary call)::
@@ -743,9 +744,15 @@ def context_parallel_prefill(family: str, q: Tensor, k: Tensor, v: Tensor, g: Te
 
 def __getattr__(name: str):
     """``spawn_ranks`` lived here before it moved to :mod:`linattn.testing.spawn` (a test helper: the
-    library neither spawns processes nor imports its testing package): the old name raises an
-    AttributeError that says where it went."""
+    library spawns no processes). The old name still works, as a deprecated alias: reading it (``from
+    linattn.context_parallel import spawn_ranks`` in a field reproducer) imports the helper then,
+    not before, and warns with a ``DeprecationWarning`` that names the new path."""
     if name == "spawn_ranks":
-        raise AttributeError("linattn.context_parallel.spawn_ranks moved to linattn.testing.spawn.spawn_ranks "
-                             "(a test helper); import it from there")
+        import warnings
+
+        from linattn.testing.spawn import spawn_ranks
+
+        warnings.warn("linattn.context_parallel.spawn_ranks moved to linattn.testing.spawn.spawn_ranks (a test "
+                      "helper); import it from there, the old name will go", DeprecationWarning, stacklevel=2)
+        return spawn_ranks
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

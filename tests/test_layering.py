@@ -7,7 +7,8 @@ another linattn module is checked against :data:`LAYERS`, top to bottom:
 
     tools     linattn.apps (CLI, bench, report, demo, tune), linattn.testing (conformance suite)
     ops       the public ops and the library around them: linattn, linattn.ops, compat,
-              integrations, presets, context parallelism, the tuning measurement
+              integrations, presets, context parallelism (and linattn.testing.spawn, which starts
+              its ranks), the tuning measurement
     dispatch  the runtime, ``dispatch/runtime/``: selection, the per-call fast path, the registry,
               the self-check runtime, policies, plugin result checks; and the ``linattn.dispatch``
               package itself (its ``__init__`` re-exports the runtime)
@@ -61,6 +62,9 @@ ORDER = ("tools", "ops", "dispatch", "backends", "kernels", "plugin", "rules", "
 LAYERS = (
     ("linattn.apps.", "tools"), ("linattn.apps", "tools"), ("linattn.__main__", "tools"),
     ("linattn.testing.compare", "base"), ("linattn.testing.inputs", "base"),
+    # starts the ranks of context parallelism (ops) for its tests, demo and benchmark; context_parallel's
+    # deprecated alias spawn_ranks imports it when read
+    ("linattn.testing.spawn", "ops"),
     ("linattn.testing.", "tools"), ("linattn.testing", "tools"),
     ("linattn.precision", "base"), ("linattn._namespace", "base"), ("linattn.reference", "base"),
     ("linattn.capabilities.", "base"), ("linattn.capabilities", "base"),

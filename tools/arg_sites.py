@@ -9,7 +9,8 @@ a local variable (``call.has_initial_state``, ``x``) are uses, not listings, and
 A *place* is one innermost enclosing function or class (or the module body) holding at least one
 listing: what a new argument's diff must touch by hand. Places are grouped by role: ``spec`` (the
 op table), ``rule`` (host and value rules), ``backend`` (backends/ and kernels/: what implements
-the argument), ``public`` (the public functions in linattn/ops.py, typed signatures by design) and
+the argument), ``public`` (the public functions in linattn/ops.py and the plugin API's call classes
+in dispatch/plugin/calls.py, typed signatures by design) and
 ``suite`` (linattn/testing: the conformance cases and input builders that exercise it) and
 ``plumbing`` (everything else: what issue 30 wants derived from the spec).
 
@@ -27,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = {"gdn_gating", "kda_gating", "gdn_decode", "kda_decode", "gdn_prefill", "kda_prefill", "silu_and_mul_clamp"}
+#: the call classes of plugin API 2, written out for IDEs and type checkers (held to the op table by
+#: tests/plugins/test_call_types.py)
+CALL_CLASSES = {"DecodeCall", "PrefillCall", "GatingCall", "ClampCall"}
 
 
 def modules() -> list[Path]:
@@ -52,7 +56,7 @@ def role(rel: str, scope: str) -> str:
         return "rule"  # host_rules.py, value_rules.py; validate.py (which runs them) and layouts.py are plumbing
     if rel.startswith(("backends/", "kernels/")) and rel != "backends/base.py":
         return "backend"
-    if rel == "linattn/ops.py" and scope in PUBLIC:
+    if (rel == "linattn/ops.py" and scope in PUBLIC) or (rel == "dispatch/plugin/calls.py" and scope in CALL_CLASSES):
         return "public"
     if rel.startswith("linattn/testing/"):
         return "suite"

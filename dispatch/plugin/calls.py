@@ -8,8 +8,12 @@ A backend written for plugin API 2 implements one method per phase, each taking 
     def gating(self, call: GatingCall) -> tuple[Tensor, Tensor]      # (g, beta), fp32
     def clamp(self, call: ClampCall) -> Tensor                        # out [M, D]
 
-The fields are derived from the op table's argument entries (``dispatch/rules/ops_table.py`` ``Arg``:
-name, ``call_annotation``, default), so a new argument is written there only. Every field is named
+The classes are written out, so IDEs and type checkers see their fields; each is held to the op
+table's argument entries (``dispatch/rules/ops_table.py`` ``Arg``: name, ``call_annotation``,
+default) by ``tests/plugins/test_call_types.py``, which names the field to add when an argument is
+added to the table without it. Construction is by keyword only. The field order is the one
+documented before the classes were generated from the table (required tensors, the gates, the
+second release's slot arguments, then the options); a new field goes after them. Every field is named
 as in the op contract (docs/ops.md, ``linattn/ops.py``) and holds what the
 validation layer checked and normalised: ``scale`` is a float, ``state_layout`` is ``"vk"`` or
 ``"kv"``, index and shape rules hold. Which op it is, its family (``gdn``: one decay per value
@@ -33,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from typing import Optional
+
+from torch import Tensor
 
 from ..rules.ops_table import OP_TABLE, OpSpec
 
@@ -72,55 +78,9 @@ class OpCall:
         return dataclasses.replace(self, **changes)
 
 
-def _fields(method: str) -> list:
-    """The fields of ``method``'s call type, from the op table's argument entries (``Arg``): every
-    argument of the ops that ``method`` runs, in the first op's order, then the others' own (KDA's
-    ``lower_bound``: None in a GDN call). The type is ``Arg.call_annotation``; a field has no default
-    where the call always holds a value (required arguments, ``scale`` which a host rule fills in,
-    decode's ``state_indices`` whose None is refused), else the argument's default."""
-    specs = [s for s in OP_TABLE.values() if s.method == method]
-    entries: dict = {}
-    for spec in specs:
-        for a in spec.args:
-            entries.setdefault(a.name, a)
-    out = []
-    for name, a in entries.items():
-        if not all(s.takes(name) for s in specs):  # one family's argument: None in the other's calls
-            out.append((name, Optional[a.type], dataclasses.field(default=None)))
-        elif a.required or a.filled or a.refuses_none:
-            out.append((name, a.call_annotation))
-        else:
-            out.append((name, a.call_annotation, dataclasses.field(default=a.default)))
-    return out
-
-
-def _call_type(name: str, method: str, doc: str, **members) -> type:
-    """The frozen, slotted call type of ``method`` with :func:`_fields`, ``doc`` (plus the fields'
-    one-line docs from the op table) and ``members`` (properties)."""
-    lines = []
-    for field_name, *_ in _fields(method):
-        arg = next(s.arg[field_name] for s in OP_TABLE.values() if s.method == method and s.takes(field_name))
-        lines.append(f"        {field_name}: {arg.doc}")
-    doc = f"{doc}\n\n    Fields (from the op table, ``dispatch/rules/ops_table.py``):\n" + "\n".join(lines) + "\n    "
-    return dataclasses.make_dataclass(name, _fields(method), bases=(OpCall,), frozen=True, kw_only=True, slots=True,
-                                      namespace={"__doc__": doc, "__module__": __name__, **members})
-
-
-def _decode_mode(self) -> str:
-    return "pool"
-
-
-def _precomputed_gates(self) -> bool:
-    """The gate form: ready ``g`` / ``beta`` instead of ``a, b, A_log, dt_bias``."""
-    return self.g is not None
-
-
-def _prefill_mode(self) -> str:
-    """``pool`` (state_pool + state_indices, updated in place) or ``dense``."""
-    return "pool" if self.state_pool is not None else "dense"
-
-
-DecodeCall = _call_type("DecodeCall", "decode", """``gdn_decode`` / ``kda_decode``: one step (T = 1) or a speculative verify (T > 1) over a pool.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecodeCall(OpCall):
+    """``gdn_decode`` / ``kda_decode``: one step (T = 1) or a speculative verify (T > 1) over a pool.
 
     Tensors: ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``; raw gates ``a [N, T, HV]`` (KDA
     ``[N, T, HV, K]``), ``b [N, T, HV]``, ``A_log [HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``), or
@@ -130,10 +90,46 @@ DecodeCall = _call_type("DecodeCall", "decode", """``gdn_decode`` / ``kda_decode
     optional ``has_initial_state [N]`` bool, ``output_state_indices [N]`` (write slots, with an
     ``[N]`` ``state_indices``: read there, written here), ``intermediate_states [S, steps, HV, V, K]`` with
     ``intermediate_state_indices [N]``, ``num_accepted_tokens [N]``; ``scale`` is ``K ** -0.5`` unless
-    the caller gave one; ``lower_bound`` is KDA's (None in a GDN call).""",
-                        mode=property(_decode_mode), precomputed_gates=property(_precomputed_gates))
+    the caller gave one; ``lower_bound`` is KDA's (None in a GDN call).
+    """
 
-PrefillCall = _call_type("PrefillCall", "prefill", """``gdn_prefill`` / ``kda_prefill``: chunked prefill over varlen sequences.
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    state_pool: Tensor
+    state_indices: Tensor
+    a: Optional[Tensor] = None
+    b: Optional[Tensor] = None
+    A_log: Optional[Tensor] = None
+    dt_bias: Optional[Tensor] = None
+    g: Optional[Tensor] = None
+    beta: Optional[Tensor] = None
+    has_initial_state: Optional[Tensor] = None
+    output_state_indices: Optional[Tensor] = None
+    scale: float  # K ** -0.5 unless the caller gave one
+    use_qk_l2norm: bool = True
+    state_layout: str = "vk"
+    intermediate_states: Optional[Tensor] = None
+    intermediate_state_indices: Optional[Tensor] = None
+    disable_state_update: bool = False
+    num_accepted_tokens: Optional[Tensor] = None
+    softplus_beta: float = 1.0
+    softplus_threshold: float = 20.0
+    lower_bound: Optional[float] = None  # KDA only
+
+    @property
+    def mode(self) -> str:
+        return "pool"
+
+    @property
+    def precomputed_gates(self) -> bool:
+        """The gate form: ready ``g`` / ``beta`` instead of ``a, b, A_log, dt_bias``."""
+        return self.g is not None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PrefillCall(OpCall):
+    """``gdn_prefill`` / ``kda_prefill``: chunked prefill over varlen sequences.
 
     Tensors: ``q, k [T, H, K]``, ``v [T, HV, V]``, ``g [T, HV]`` (KDA ``[T, HV, K]``) fp32 log decay,
     ``beta [T, HV]`` fp32, ``cu_seqlens [N + 1]``; pool mode: ``state_pool [P, HV, V, K]`` (or
@@ -142,15 +138,54 @@ PrefillCall = _call_type("PrefillCall", "prefill", """``gdn_prefill`` / ``kda_pr
     a multiple of 64) with ``checkpoint_indices [N, max_checkpoints]`` (slots for the states after
     every ``checkpoint_every`` tokens, -1 = none); dense mode:
     ``initial_state [N, HV, V, K]`` or None. Returns ``(o, None)`` in pool mode, ``(o, final_state)``
-    in dense mode; ``scale`` is ``K ** -0.5`` unless the caller gave one.""",
-                         mode=property(_prefill_mode))
+    in dense mode; ``scale`` is ``K ** -0.5`` unless the caller gave one.
+    """
 
-GatingCall = _call_type("GatingCall", "gating", """``gdn_gating`` / ``kda_gating``: ``A_log [HV]``, ``a [..., HV]`` (KDA ``[..., HV, K]``),
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor
+    beta: Tensor
+    cu_seqlens: Tensor
+    state_pool: Optional[Tensor] = None
+    state_indices: Optional[Tensor] = None
+    initial_state: Optional[Tensor] = None
+    has_initial_state: Optional[Tensor] = None
+    output_state_indices: Optional[Tensor] = None
+    checkpoint_every: Optional[int] = None
+    checkpoint_indices: Optional[Tensor] = None
+    scale: float  # K ** -0.5 unless the caller gave one
+    use_qk_l2norm: bool = True
+    state_layout: str = "vk"
+
+    @property
+    def mode(self) -> str:
+        """``pool`` (state_pool + state_indices, updated in place) or ``dense``."""
+        return "pool" if self.state_pool is not None else "dense"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GatingCall(OpCall):
+    """``gdn_gating`` / ``kda_gating``: ``A_log [HV]``, ``a [..., HV]`` (KDA ``[..., HV, K]``),
     ``b [..., HV]``, ``dt_bias [HV]`` (KDA ``[HV, K]``); KDA's optional bounded gate ``lower_bound``
-    (None in a GDN call). Returns ``(g, beta)`` in fp32 (fp64 for fp64 inputs), shaped as ``a`` and ``b``.""")
+    (None in a GDN call). Returns ``(g, beta)`` in fp32 (fp64 for fp64 inputs), shaped as ``a`` and ``b``."""
 
-ClampCall = _call_type("ClampCall", "clamp", """``silu_and_mul_clamp``: ``x [M, 2D]`` (gate || up) and ``limit`` (None or a float > 0).
-    Returns ``[M, D]`` in x's dtype.""")
+    A_log: Tensor
+    a: Tensor
+    b: Tensor
+    dt_bias: Tensor
+    softplus_beta: float = 1.0
+    softplus_threshold: float = 20.0
+    lower_bound: Optional[float] = None  # KDA only
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClampCall(OpCall):
+    """``silu_and_mul_clamp``: ``x [M, 2D]`` (gate || up) and ``limit`` (None or a float > 0).
+    Returns ``[M, D]`` in x's dtype."""
+
+    x: Tensor
+    limit: Optional[float] = None
 
 
 #: backend method (``OpSpec.method``) -> its call type

@@ -12,11 +12,13 @@ public signature's order are read from them.
 Everything else reads these facts from here: validation and its signature (``dispatch/rules/validate.py``),
 the problem model's flag fields (``dispatch/plugin/problem.py``), the policy keys, the public ops' custom
 ops and fake registrations (``linattn/ops.py``), the backends' feature predicate, the result
-checks, the call objects of the plugin API (``dispatch/plugin/calls.py``), the self-check's kernel
-classes, the fast path's length arguments, the presets and the conformance suite. No code parses
-an op's name. A new optional argument is one :class:`Arg` here (and a :class:`Flag` when backends
-must declare it), one host rule, and the backends that implement it; the public function's typed
-signature is held to :attr:`OpSpec.signature` by ``tests/api/test_op_signatures.py``.
+checks, the self-check's kernel classes, the fast path's length arguments, the presets and the
+conformance suite. No code parses an op's name. A new optional argument is one :class:`Arg` here
+(and a :class:`Flag` when backends must declare it), one host rule, one field of its call object
+(``dispatch/plugin/calls.py``, written out for IDEs and type checkers), and the backends that
+implement it; the public function's typed signature is held to :attr:`OpSpec.signature` by
+``tests/api/test_op_signatures.py``, the call objects' fields to the arguments by
+``tests/plugins/test_call_types.py``.
 
 Shapes (docs/ops.md): decode ``q, k [N, T, H, K]``, ``v [N, T, HV, V]``, ``state_pool [P, HV, V, K]``;
 prefill ``q, k [T, H, K]``, ``v [T, HV, V]``, ``cu_seqlens [N + 1]``; gating ``a [..., HV]`` (KDA

@@ -25,7 +25,11 @@ iterates a consistent snapshot while plugins come and go.
 
 Environment (read here, once per load): ``LINATTN_PLUGINS`` — comma-separated allow-list of
 external plugin names (entry-point names or distributions); ``LINATTN_DISABLE_PLUGINS`` —
-comma-separated names never loaded.
+comma-separated names never loaded. A plugin either skips is recorded (``disabled``,
+``not_allowed``) with the variable that skipped it, and :meth:`Registry.why_unregistered` names it
+when a backend of that name is asked for. A name in either list that no installed plugin has (a
+typo, a plugin not installed here) is kept in :attr:`Registry.unknown_names`; the dispatcher warns
+about it once (``dispatch/runtime/selection.py``).
 
 This module holds no process state: the process's registry belongs to the dispatcher
 (:class:`linattn.dispatch.runtime.selection.Dispatcher`), which creates, loads and replaces it.
@@ -58,6 +62,11 @@ FIRST_RELEASE_ADAPTER = "linattn.backends.base:FirstReleaseAdapter"
 BUILTIN_PLUGIN = "linattn-builtin"
 
 PluginStatus = Literal["loaded", "plugin_load_failed", "api_version", "disabled", "not_allowed"]
+#: The statuses of a plugin that is installed but skipped because the environment says so.
+SKIPPED: tuple[str, ...] = ("disabled", "not_allowed")
+#: What to do about a skipped plugin, by status.
+_TO_LOAD = {"disabled": "take it out of LINATTN_DISABLE_PLUGINS to load it",
+            "not_allowed": "add it to LINATTN_PLUGINS to load it"}
 
 
 class PluginRecord(BaseModel):
@@ -109,6 +118,9 @@ class Registry:
         broken: backend name -> error text of a failed run (remembered by name for the life of
             this registry, across ``remove_plugin``; ``reset_registry()`` starts afresh).
         generation: bumped by every change.
+        unknown_names: ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS`` -> the names it gives that
+            no installed plugin has (entry-point name or distribution), as read by the last load.
+        installed: ``"name (distribution)"`` of every installed external plugin, as read by the last load.
     """
 
     def __init__(self) -> None:
@@ -123,6 +135,8 @@ class Registry:
         #: the value rules as one kernel (``dispatch/rules/value_rules.py`` ``ValueCheckHook``): the first
         #: ``Backend.value_check_hook`` of the built-in plugin's backends (the Triton backends'), or None
         self.value_check_hook = None
+        self.unknown_names: dict[str, tuple[str, ...]] = {}
+        self.installed: tuple[str, ...] = ()
 
     # -- loading ------------------------------------------------------------------------------------
 
@@ -143,6 +157,11 @@ class Registry:
             self._record("<entry points>", "?", "?", None, "plugin_load_failed",
                          f"reading the {ENTRY_POINT_GROUP!r} entry points failed: {_short(e)}")
             return
+        names = [_entry_point_names(ep) for ep in eps]
+        self.installed = tuple(sorted({f"{n} ({d})" for n, d, _ in names}))
+        known = {x for n, d, _ in names for x in (n, d)} | {BUILTIN_PLUGIN, "linattn"}
+        self.unknown_names = {var: tuple(sorted(given - known)) for var, given in
+                              (("LINATTN_PLUGINS", allow or set()), ("LINATTN_DISABLE_PLUGINS", deny)) if given - known}
         for ep in eps:
             self._load_entry_point(ep, allow, deny)
 
@@ -151,10 +170,10 @@ class Registry:
         name, dist, ver = _entry_point_names(ep)
         names = {name, dist}
         if names & deny:
-            self._record(name, dist, ver, None, "disabled", "LINATTN_DISABLE_PLUGINS names it")
+            self._record(name, dist, ver, None, "disabled", "disabled by LINATTN_DISABLE_PLUGINS")
             return
         if allow is not None and not names & allow:
-            self._record(name, dist, ver, None, "not_allowed", "not in LINATTN_PLUGINS")
+            self._record(name, dist, ver, None, "not_allowed", "not named in LINATTN_PLUGINS (the allow-list)")
             return
         try:
             plugin = ep.load()
@@ -310,6 +329,37 @@ class Registry:
 
     def failed_plugins(self) -> list[PluginRecord]:
         return [p for p in self.plugins if p.status in ("plugin_load_failed", "api_version")]
+
+    def skipped_plugins(self) -> list[PluginRecord]:
+        """The installed plugins the environment kept from loading (:data:`SKIPPED`)."""
+        return [p for p in self.plugins if p.status in SKIPPED]
+
+    def why_unregistered(self, backend: str) -> str:
+        """Why no backend named ``backend`` is registered, as far as the plugin records tell; ``""``
+        when they tell nothing.
+
+        A plugin is not loaded, so its backends' names are unknown: a skipped or failed plugin whose
+        entry-point or distribution name is ``backend`` is named as the reason; otherwise the
+        skipped plugins are listed.
+
+        Example:
+            >>> reg = Registry()
+            >>> _ = reg._record("cpu-chunked", "linattn-cpu-chunked", "0.1.0", None, "disabled",
+            ...                 "disabled by LINATTN_DISABLE_PLUGINS")
+            >>> reg.why_unregistered("cpu-chunked")  # doctest: +NORMALIZE_WHITESPACE
+            "its plugin 'cpu-chunked' (distribution 'linattn-cpu-chunked') is disabled by
+            LINATTN_DISABLE_PLUGINS; take it out of LINATTN_DISABLE_PLUGINS to load it"
+        """
+        for p in self.skipped_plugins():
+            if backend in (p.name, p.distribution):
+                return f"its plugin {p.name!r} (distribution {p.distribution!r}) is {p.error}; {_TO_LOAD[p.status]}"
+        for p in self.failed_plugins():
+            if backend in (p.name, p.distribution):
+                return f"its plugin {p.name!r} (distribution {p.distribution!r}) failed to load: {p.error}"
+        skipped = self.skipped_plugins()
+        if skipped:
+            return "plugins not loaded: " + "; ".join(f"{p.name} ({p.error})" for p in skipped)
+        return ""
 
     def probe_device(self, device):
         """A plugin's capabilities for ``device`` (first answer wins), or None. A raising probe

@@ -47,7 +47,7 @@ from linattn.capabilities import DeviceCapabilities, probe, profile
 from ..lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache, clear_process_caches, process_caches
 from .policy import Policy, current_policy
 from ..plugin.problem import Problem
-from .registry import Registry
+from .registry import ENTRY_POINT_GROUP, Registry
 from .self_check import SelfChecks
 from ..plugin.tuning import Tuned, Tuning
 from ..rules import value_rules
@@ -246,6 +246,7 @@ class Dispatcher:
         self._last_by_op: dict = {}  # op -> its last Decision, or a call plan standing for it (note_decision)
         self._logged: LRUCache = LRUCache(FIRST_CHOICE_LOG_MAX)  # (device, op, backend, reason) already logged
         self._warned_disabled: set[str] = set()
+        self._warned_plugins: set[tuple[str, str]] = set()  # (variable, name) warned about (_warn_unknown_plugins)
         self.self_checks = SelfChecks()
         self.tuning = Tuning()
 
@@ -268,6 +269,7 @@ class Dispatcher:
                     self._registry = self._loading.load()
                 finally:
                     self._loading = None
+                self._warn_unknown_plugins(self._registry)
         return self._registry
 
     def reset(self, registry: Optional[Registry] = None) -> Registry:
@@ -275,8 +277,24 @@ class Dispatcher:
         forget every cached decision and self-check."""
         with self._lock:
             self._registry = registry if registry is not None else Registry().load()
+        self._warn_unknown_plugins(self._registry)
         self.clear_cache()
         return self._registry
+
+    def _warn_unknown_plugins(self, reg: Registry) -> None:
+        """One WARNING per name, per process, that ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
+        gives and no installed plugin has (:attr:`Registry.unknown_names`): a typo there would
+        otherwise load nothing, or disable nothing, silently."""
+        effect = {"LINATTN_PLUGINS": "only the plugins it names load, so a misspelt one is not loaded",
+                  "LINATTN_DISABLE_PLUGINS": "a misspelt name leaves the plugin it meant loaded"}
+        for var, names in reg.unknown_names.items():
+            new = [n for n in names if (var, n) not in self._warned_plugins]
+            if not new:
+                continue
+            self._warned_plugins.update((var, n) for n in new)
+            log.warning("linattn: %s names %s, but no installed plugin has that entry-point or distribution name "
+                        "(group %r); installed plugins: %s. %s.", var, ", ".join(map(repr, new)),
+                        ENTRY_POINT_GROUP, ", ".join(reg.installed) or "none", effect[var].capitalize())
 
     # -- explaining and selecting ---------------------------------------------------------------
 
@@ -290,8 +308,10 @@ class Dispatcher:
         if forced is not None and forced not in reg.backends:
             known = ", ".join(sorted(reg.backends))
             by = "LINATTN_BACKEND (env)" if forced_by == "env" else forced_by
-            raise ValueError(f"{by} forces backend {forced!r} for {problem.op}, which is not registered; "
-                             f"registered: {known}. Check `linattn backends` / `linattn plugins`.")
+            why = reg.why_unregistered(forced)
+            raise ValueError(f"{by} forces backend {forced!r} for {problem.op}, which is not registered"
+                             f"{': ' + why if why else ''}; registered: {known}. Check `linattn backends` / "
+                             "`linattn plugins`.")
         self._warn_unknown_disabled(pol, reg)
         verdicts = [backend_verdict(b, problem, caps, pol, forced, reg, self.self_checks, capturing)
                     for b in reg.backends.values()]

@@ -158,10 +158,13 @@ def plan(backend_name: str, ops: Optional[Iterable[str]] = None, device=None, ki
     """
     reg = get_registry()
     if backend_name not in reg.backends:
+        why = reg.why_unregistered(backend_name)
         failed = "; ".join(f"{p.name}: {p.status} ({p.error})" for p in reg.failed_plugins())
-        raise ValueError(f"no backend named {backend_name!r} is registered; registered: "
-                         f"{', '.join(sorted(reg.backends))}" + (f". Plugins that failed: {failed}" if failed else "")
-                         + ". Install its distribution (pip install -e <path>) and see `linattn plugins`.")
+        raise ValueError(f"no backend named {backend_name!r} is registered" + (f": {why}" if why else "")
+                         + f"; registered: {', '.join(sorted(reg.backends))}"
+                         + (f". Plugins that failed: {failed}" if failed else "")
+                         + (". See `linattn plugins`." if why.startswith("its plugin") else
+                            ". Install its distribution (pip install -e <path>) and see `linattn plugins`."))
     backend = reg.backends[backend_name]
     dev = str(device) if device is not None else "cpu"
     try:  # an unknown or absent device fails here, before any case

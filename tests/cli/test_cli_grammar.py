@@ -256,6 +256,23 @@ def test_version_prints_the_package_version():
     assert res.exit_code == 0 and res.stdout.strip() == f"linattn {linattn.__version__}"
 
 
+@pytest.mark.parametrize("args", [("--version", "--json"), ("--json", "--version")])
+def test_version_with_json_prints_one_json_document(args):
+    res = run(*args)
+    assert res.exit_code == 0 and json.loads(res.stdout) == {"name": "linattn", "version": linattn.__version__}
+
+
+def test_the_groups_own_json_flag_follows_the_json_error_conventions():
+    err = json_error(run("--json"))  # no --version, no command
+    assert err["type"] == "UsageError" and "--version" in err["message"]
+    err = json_error(run("--json", "backends"))  # a command's --json goes after it
+    assert "linattn backends ... --json" in err["message"]
+    err = json_error(run("--no-such-option", "--json"))
+    assert err["type"] == "NoSuchOption"
+    res = run("--no-such-option")
+    assert res.exit_code == 2 and "No such option" in res.output and not res.stdout.lstrip().startswith("{")
+
+
 @pytest.mark.parametrize("args, kind", [
     (("explain", "gdn_decode", "--batch", "x"), "BadParameter"),       # typer's own parse error
     (("explain", "gdn_decode", "--no-such-option"), "NoSuchOption"),

@@ -24,6 +24,7 @@ import torch
 
 from linattn.capabilities import GridLimits, profile
 from linattn.kernels.grid import GridPlan
+from linattn.testing.compare import rel_error as _rel
 
 from contract_cases import CASES, PREFILL_OPS, Case, owned_rows, run_launcher, run_reference
 from layout_caps import device_caps, layout_caps
@@ -68,11 +69,6 @@ def _cases_of(e) -> list:
 
 
 PARAMS = [pytest.param(e, c, id=f"{e.name}:{c.id}") for e in PLANNED for c in _cases_of(e)]
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 class Recorder:

@@ -21,6 +21,7 @@ import torch
 import linattn
 from linattn.backends import torch_ref
 from linattn.context_parallel import context_parallel_prefill, op_summary
+from linattn.testing.compare import rel_error as _rel
 
 F64 = torch.float64
 
@@ -50,12 +51,6 @@ class Case:
     @property
     def world(self) -> int:
         return len(self.slices)
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    den = ref.norm().item()
-    return (x - ref).norm().item() / den if den > 0 else (x - ref).norm().item()
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

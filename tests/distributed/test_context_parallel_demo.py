@@ -33,12 +33,21 @@ def test_demo_context_parallel_refuses_the_request_stream_options():
 
 
 
-def test_spawn_ranks_old_import_path_says_where_it_moved():
+def test_spawn_ranks_old_import_path_is_a_deprecated_alias_of_the_new_one():
+    import warnings
+
     import pytest
 
     import linattn.context_parallel as cp
+    from linattn.testing.spawn import spawn_ranks
 
-    with pytest.raises(AttributeError, match=r"moved to linattn\.testing\.spawn\.spawn_ranks"):
-        cp.spawn_ranks  # noqa: B018
+    with pytest.warns(DeprecationWarning, match=r"moved to linattn\.testing\.spawn\.spawn_ranks") as seen:
+        from linattn.context_parallel import spawn_ranks as old  # what field reproducers write
+    assert old is spawn_ranks
+    assert seen[0].filename == __file__  # the warning points at the importing line, not at linattn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        with pytest.raises(DeprecationWarning):
+            cp.spawn_ranks  # noqa: B018 - the attribute too
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         cp.no_such_name  # noqa: B018

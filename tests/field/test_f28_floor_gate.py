@@ -20,6 +20,7 @@ import linattn
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
 from linattn.capabilities import interpreter_enabled
 from linattn.dispatch import get_registry
+from linattn.testing.compare import rel_error as _rel
 
 from field_cases import assert_rows_unchanged
 
@@ -39,11 +40,6 @@ def f28_inputs(family: str, first: int, K: int, seed: int = 0) -> dict:
     g[first::EVERY] = FLOOR
     beta = torch.rand(T, 1, generator=gen) * 0.9 + 0.05
     return dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=torch.tensor([0, T], dtype=torch.int32))
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().cpu().double(), ref.detach().cpu().double()
-    return float((x - ref).norm() / ref.norm())
 
 
 def _device(backend: str) -> str:

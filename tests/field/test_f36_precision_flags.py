@@ -19,6 +19,7 @@ import torch
 import linattn
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref, kda_prefill_ref
 from linattn.precision import ieee_fp32_matmul, precision_flags
+from linattn.testing.compare import rel_error as _rel
 
 from field_cases import assert_rows_unchanged, decode_inputs, prefill_inputs
 from precision_spy import SETTINGS, MatmulSpy, UserFlags
@@ -36,10 +37,6 @@ def user_flags():
     with UserFlags() as setter:
         yield setter
     assert torch.get_float32_matmul_precision() == legacy
-
-
-def _rel(x, ref) -> float:
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
 def _backends(op: str) -> list[str]:

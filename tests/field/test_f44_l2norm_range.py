@@ -16,15 +16,11 @@ import torch
 
 import linattn
 from linattn.backends.torch_ref import L2NORM_EPS, l2norm_ref
+from linattn.testing.compare import rel_error as _rel
 
 from field_cases import DEVICE, H, HV, backends_for, decode_inputs
 
 MAGNITUDES = [1e20, 1e30, 3e37]
-
-
-def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().cpu().double(), ref.detach().cpu().double()
-    return float((x - ref).norm() / ref.norm())
 
 
 def test_l2norm_ref_of_huge_rows_is_the_unit_vector():

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import linattn
+from linattn.testing.compare import rel_error as _rel
 
 U = 2.0 ** -24
 #: docs/ops.md's constants of the bound, per backend
@@ -32,10 +33,6 @@ def reflection_inputs(T: int, family: str, seed: int = 0) -> dict:
     v = torch.randn(T, 2, V, generator=gen)
     g = torch.zeros(T, 2, K) if family == "kda" else torch.zeros(T, 2)
     return dict(q=q, k=k, v=v, g=g, beta=torch.full((T, 2), 2.0), cu_seqlens=torch.tensor([0, T]))
-
-
-def _rel(x, ref) -> float:
-    return float((x.double() - ref.double()).norm() / ref.double().norm())
 
 
 def errors(family: str, backend: str, T: int) -> float:

@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 
 import linattn
 from linattn.dispatch.plugin.verdict import NoBackendError
+from linattn.testing.compare import rel_error as rel
 
 # -- profiles ---------------------------------------------------------------------------------
 
@@ -164,14 +165,6 @@ def twin_equal(x: torch.Tensor, y: torch.Tensor, tol: float) -> bool:
     if x.device.type == "cpu" and y.device.type == "cpu":
         return bits_equal(x, y)
     return x.shape == y.shape and x.dtype == y.dtype and rel(x, y) <= tol
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||x - ref|| / ||ref||`` in float64 (ops.md's measure); 0 for two empty tensors."""
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
-    if x.numel() == 0:
-        return 0.0
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def base_of(t: torch.Tensor) -> torch.Tensor:

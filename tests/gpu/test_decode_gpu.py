@@ -22,14 +22,10 @@ from linattn.kernels.grid import GridLimitError, plan_grid  # noqa: E402
 from linattn.kernels.triton.decode import decode_launch_config, recurrent_decode  # noqa: E402
 from linattn.kernels.triton.probe import probe_visits  # noqa: E402
 from linattn.kernels.triton.silu_clamp import silu_and_mul_clamp  # noqa: E402
+from linattn.testing.compare import rel_error as _rel  # noqa: E402
 
 DEV = torch.device("cuda")
 CAPS = probe(DEV)
-
-
-def _rel(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def make_decode(N, *, gate="gdn", T=1, H=16, HV=32, K=128, V=128, P=None, dtype=torch.bfloat16,

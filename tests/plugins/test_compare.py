@@ -110,3 +110,57 @@ def test_import_linattn_loads_the_harness_but_not_the_suite_or_pytest():
             "print(sorted(m for m in mods if m.startswith('linattn.testing')), 'pytest' in mods)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "['linattn.testing', 'linattn.testing.compare', 'linattn.testing.inputs'] False"
+
+
+#: Functions that compute a relative error themselves, and why (everything else imports
+#: ``rel_error``): path relative to the repository -> function name -> why.
+OWN_RELATIVE_ERRORS = {
+    "linattn/testing/compare.py": {"rel_error": "the one definition"},
+    "benchmarks/decode.py": {"_rel": "sums the squares a chunk of rows at a time: the states it compares can be "
+                                     "17 GB, twice that in float64"},
+    "tests/compat/test_fla_compat.py": {"rel": "another measure: max |a - b| / max |b|"},
+}
+ROOT = compare.__file__.rsplit("/linattn/", 1)[0]
+
+
+def _relative_error_helpers() -> list[tuple[str, str, int]]:
+    """(path, function, line) of every function outside ``test_*`` that is named like a relative error
+    (``rel``, ``_rel``, ``rel_err``, ``rel_error``, ...) or divides one ``.norm()`` by another."""
+    import ast
+    import re
+    from pathlib import Path
+
+    def norm_in(node) -> bool:
+        return any(isinstance(n, ast.Attribute) and n.attr == "norm" for n in ast.walk(node))
+
+    out = []
+    for folder in ("tests", "benchmarks", "linattn", "dispatch", "backends", "kernels", "apps", "tools", "examples"):
+        for path in sorted(Path(ROOT, folder).rglob("*.py")):
+            for fn in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(fn, ast.FunctionDef) or fn.name.startswith("test_"):
+                    continue
+                named = re.fullmatch(r"_?rel(_?err(or)?)?", fn.name) is not None
+                ratio = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Div) and norm_in(n.left)
+                            and norm_in(n.right) for n in ast.walk(fn))
+                if named or ratio:
+                    out.append((str(path.relative_to(ROOT)), fn.name, fn.lineno))
+    return out
+
+
+def test_the_relative_error_is_defined_once_and_imported_everywhere_else():
+    found = _relative_error_helpers()
+    own = [f"{p}:{line} {name}" for p, name, line in found if name not in OWN_RELATIVE_ERRORS.get(p, {})]
+    assert not own, ("private copies of the relative error: import it instead, `from linattn.testing.compare import "
+                     "rel_error` (``||x - ref|| / ||ref||`` in float64), or name the function in OWN_RELATIVE_ERRORS "
+                     "with why: " + ", ".join(own))
+    assert ("linattn/testing/compare.py", "rel_error") in {(p, n) for p, n, _ in found}  # the scan sees a definition
+
+
+def test_the_helpers_that_moved_to_the_harness_are_its_rel_error():
+    sys.path[:0] = [f"{ROOT}/tests/fuzz", f"{ROOT}/tests/prefill"]
+    try:
+        import fuzz_support
+        import prefill_cases
+    finally:
+        del sys.path[:2]
+    assert fuzz_support.rel is prefill_cases.rel is rel_error

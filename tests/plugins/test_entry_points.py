@@ -3,6 +3,7 @@ import failures, allow/deny lists, and plugins whose registration goes wrong."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 import linattn
+import linattn.testing
 from linattn.dispatch import Problem, Reason, explain, get_registry, reset_registry
 
 from plugin_fakes import backend_module, make_distribution
@@ -170,3 +172,74 @@ def test_linattn_disable_plugins_is_a_deny_list(site, monkeypatch):
     assert _record("good-b").status == "disabled" and _record("good-a").status == "loaded"
     # a disabled plugin is not a failure: it is not listed among the rejections
     assert not any(v.backend.startswith("plugin:") for v in explain(CLAMP, "cpu").verdicts)
+
+
+@pytest.mark.parametrize("var, value, says", [
+    ("LINATTN_DISABLE_PLUGINS", "backend-a", "disabled by LINATTN_DISABLE_PLUGINS; take it out of LINATTN_DISABLE_PLUGINS"),
+    ("LINATTN_PLUGINS", "backend-b", "not named in LINATTN_PLUGINS (the allow-list); add it to LINATTN_PLUGINS"),
+])
+def test_forcing_the_backend_of_a_plugin_the_environment_skipped_names_the_variable(site, monkeypatch, var, value, says):
+    make_distribution(site, "vendor-a", {"backend-a": "plugin_a"}, {"plugin_a": backend_module("backend-a")})
+    make_distribution(site, "vendor-b", {"backend-b": "plugin_b"}, {"plugin_b": backend_module("backend-b")})
+    monkeypatch.setenv(var, value)
+    reset_registry()
+    assert "backend-a" not in get_registry().backends
+    with pytest.raises(ValueError, match=r"backend 'backend-a' for silu_and_mul_clamp, which is not registered: its "
+                                         r"plugin 'backend-a' \(distribution 'vendor-a'\) is " + re.escape(says)):
+        explain(CLAMP, "cpu", backend="backend-a")
+    with pytest.raises(ValueError, match=re.escape(says)):  # the conformance suite (linattn check --backend)
+        linattn.testing.run_suite("backend-a")
+    # a name that is no plugin's: the skipped plugins are listed, as what may hold it
+    with pytest.raises(ValueError, match=r"'no-such-backend'.*not registered: plugins not loaded: backend-a \(") as e:
+        explain(CLAMP, "cpu", backend="no-such-backend")
+    assert "its plugin" not in str(e.value)
+
+
+def test_a_name_in_linattn_plugins_that_no_installed_plugin_has_warns_once_naming_the_installed_ones(
+        site, monkeypatch, caplog):
+    make_distribution(site, "vendor-a", {"good-a": "good_a"}, {"good_a": backend_module("backend-a")})
+    monkeypatch.setenv("LINATTN_PLUGINS", "good-a,good-aa-typo")
+    monkeypatch.setenv("LINATTN_DISABLE_PLUGINS", "vendor-zz-typo")
+    with caplog.at_level("WARNING", logger="linattn"):
+        reset_registry()
+        get_registry()
+        reset_registry()  # read again: no second warning for the same names
+    lines = [r.getMessage() for r in caplog.records if "no installed plugin" in r.getMessage()]
+    assert len(lines) == 2, lines
+    allow = next(line for line in lines if line.startswith("linattn: LINATTN_PLUGINS names "))
+    deny = next(line for line in lines if line.startswith("linattn: LINATTN_DISABLE_PLUGINS names "))
+    assert "'good-aa-typo'" in allow and "'good-a'," not in allow and "a misspelt one is not loaded" in allow
+    assert "installed plugins:" in allow and "good-a (vendor-a)" in allow
+    assert "'vendor-zz-typo'" in deny and "leaves the plugin it meant loaded" in deny
+    assert _record("good-a").status == "loaded"  # what it does name still loads
+    # a name that is installed (entry point or distribution), or the built-in plugin's, is no typo
+    caplog.clear()
+    monkeypatch.setenv("LINATTN_PLUGINS", "vendor-a,linattn-builtin")
+    monkeypatch.setenv("LINATTN_DISABLE_PLUGINS", "good-a")
+    with caplog.at_level("WARNING", logger="linattn"):
+        reset_registry()
+    assert get_registry().unknown_names == {} and not [r for r in caplog.records if "no installed plugin" in r.getMessage()]
+
+
+def test_the_command_line_says_a_plugin_is_disabled_where_its_backend_is_missing(site, monkeypatch):
+    from typer.testing import CliRunner
+
+    import linattn.apps.cli as cli
+
+    make_distribution(site, "vendor-a", {"backend-a": "plugin_a"}, {"plugin_a": backend_module("backend-a")})
+    monkeypatch.setenv("LINATTN_DISABLE_PLUGINS", "vendor-a")
+    reset_registry()
+    note = "plugin backend-a (vendor-a) not loaded: disabled by LINATTN_DISABLE_PLUGINS"
+    runner = CliRunner(env={"COLUMNS": "1000"})
+    listed = runner.invoke(cli.app, ["backends"])
+    assert listed.exit_code == 0 and note in listed.stdout
+    assert [r["name"] for r in json.loads(runner.invoke(cli.app, ["backends", "--json"]).stdout)] == sorted(
+        get_registry().backends)  # the JSON document stays the rows (`linattn plugins --json` has the records)
+    res = runner.invoke(cli.app, ["explain", "silu_and_mul_clamp", "--profile", "cpu", "--backend", "backend-a", "--json"])
+    err = json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and "disabled by LINATTN_DISABLE_PLUGINS" in err["message"], err
+    explained = runner.invoke(cli.app, ["explain", "silu_and_mul_clamp", "--profile", "cpu"])
+    assert explained.exit_code == 0 and note in explained.stdout
+    monkeypatch.delenv("LINATTN_DISABLE_PLUGINS")
+    reset_registry()
+    assert note not in runner.invoke(cli.app, ["backends"]).stdout

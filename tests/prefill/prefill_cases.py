@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
+from linattn.testing.compare import rel_error as rel
 
 
 def cu_of(lens, device="cpu", dtype=torch.int32) -> torch.Tensor:
@@ -87,11 +88,6 @@ def nan_run(monkeypatch, family: str, inp: dict, **kw):
         return run(family, inp, **kw)
     finally:
         monkeypatch.setattr(torch, "empty", empty)
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.detach().double().cpu(), ref.detach().double().cpu()
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def check_two_bf16_pool_runs(family: str, inp: dict, idx: torch.Tensor, before: torch.Tensor,

@@ -12,6 +12,8 @@ import types
 import pytest
 import torch
 
+from linattn.testing.compare import rel_error as _rel
+
 
 def _naive_recurrence(q, k, v, g, beta, S0=None, scale=None, use_qk_l2norm=True):
     """One sequence, token by token.
@@ -42,12 +44,6 @@ def _naive_recurrence(q, k, v, g, beta, S0=None, scale=None, use_qk_l2norm=True)
             o[t, hv] = S.T @ qt
             states[t, hv] = S
     return o, states
-
-
-def _rel(x, ref) -> float:
-    """``||x - ref|| / ||ref||`` in float64 (ops.md's tolerance measure)."""
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
 def _vk(S_kv):

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from linattn.backends.torch_ref import G_MIN, gdn_prefill_ref, kda_prefill_ref
+from linattn.testing.compare import rel_error as rel
 
 C = 64  # the chunk length (ops.md, "Chunked form")
 H, HV, K, V = 1, 2, 16, 8  # GVA (HV = 2H); K != V, so a transposed state or summary cannot pass
@@ -46,10 +47,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
-
-
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 # -- inputs -----------------------------------------------------------------------------------------
