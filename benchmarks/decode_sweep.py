@@ -85,6 +85,9 @@ CANDIDATES: dict[str, DecodeConfig | None] = {
     "bv16_w1_blk2_vec4_reg112": DecodeConfig(16, 1, blocks=2, state_vec=4, maxnreg=112),  # 18 x 8 KiB, no spills
     "bv16_w1_blk2_vec4_reg96": DecodeConfig(16, 1, blocks=2, state_vec=4, maxnreg=96),    # 21 x 8 KiB; spills 48 / 56 B
     "bv32_w1_vec4": DecodeConfig(32, 1, state_vec=4),                 # 8 KiB per program; 168 / 254 registers, no spills
+    # q's and k's norms in one cross-lane reduction for ordinary rows (the max pass only past SS_LIMIT): the same bits
+    "bv16_w1_onepass": DecodeConfig(16, 1, l2norm_one_pass=True),
+    "bv8_w1_blk2_vec4_onepass": DecodeConfig(8, 1, blocks=2, state_vec=4, l2norm_one_pass=True),
 }
 
 
@@ -131,23 +134,32 @@ def _call(gate: str, d: dict, pool: torch.Tensor, caps, cfg):
     return lambda: recurrent_decode(gate=gate, **dict(d, state_pool=pool), caps=caps, layout="split", config=cfg)
 
 
-def without_prologue(gate: str, d: dict) -> dict:
-    """The same call with the kernel's per-token prologue done beforehand (``--no-prologue``): q and k
-    l2-normalised in fp32 and rounded to their dtype (``use_qk_l2norm=False``), the gates in the
-    precomputed form (``g`` fp32 log decay, ``beta`` fp32; ``GATES_PRECOMPUTED``), as
-    ``torch_ref``'s gating computes them. An experiment: how fast the state stream runs when the
-    program does only the recurrence (the prologue is the same in every value block of a head)."""
+#: ``--no-prologue`` parts: what of the kernel's per-token prologue is done beforehand
+PROLOGUE_PARTS = ("both", "l2norm", "gates")
+
+
+def without_prologue(gate: str, d: dict, part: str = "both") -> dict:
+    """The same call with (part of) the kernel's per-token prologue done beforehand (``--no-prologue``):
+    ``l2norm``: q and k l2-normalised in fp32 and rounded to their dtype (``use_qk_l2norm=False``);
+    ``gates``: the gates in the precomputed form (``g`` fp32 log decay, ``beta`` fp32;
+    ``GATES_PRECOMPUTED``), as ``linattn.reference``'s gating computes them; ``both``. An experiment:
+    how fast the state stream runs when the program does only the recurrence (the prologue is the
+    same in every value block of a head)."""
     from linattn.reference import gdn_gating_ref, kda_gating_ref
 
     def norm(x):
         x = x.float()
         return (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)).to(d["q"].dtype)
 
-    gating = gdn_gating_ref if gate == "gdn" else kda_gating_ref
-    g, beta = gating(d["A_log"], d["a"], d["b"], d["dt_bias"])
-    out = {n: t for n, t in d.items() if n not in ("a", "b", "A_log", "dt_bias")}
-    return dict(out, q=norm(d["q"]), k=norm(d["k"]), g=g.float().contiguous(), beta=beta.float().contiguous(),
-                use_qk_l2norm=False)
+    out = dict(d)
+    if part in ("both", "l2norm"):
+        out.update(q=norm(d["q"]), k=norm(d["k"]), use_qk_l2norm=False)
+    if part in ("both", "gates"):
+        gating = gdn_gating_ref if gate == "gdn" else kda_gating_ref
+        g, beta = gating(d["A_log"], d["a"], d["b"], d["dt_bias"])
+        out = {n: t for n, t in out.items() if n not in ("a", "b", "A_log", "dt_bias")}
+        out.update(g=g.float().contiguous(), beta=beta.float().contiguous())
+    return out
 
 
 def _check(gate: str, d: dict, base: torch.Tensor, caps, cfg, ref, oracle) -> tuple[dict, torch.Tensor, tuple]:
@@ -184,10 +196,11 @@ def _config_fields(cfg: DecodeConfig) -> dict:
 
 
 def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool,
-              no_prologue: bool = False) -> list[dict]:
-    """Every config of ``names`` at one (family, N): the checks first, then the timings; with
-    ``no_prologue``, each config again on :func:`without_prologue`'s inputs (rows ``prologue: false``:
-    only the rows the call does not own and the distance from the pinned config's output are checked)."""
+              no_prologue: tuple = ()) -> list[dict]:
+    """Every config of ``names`` at one (family, N): the checks first, then the timings; for each part of
+    ``no_prologue`` (:data:`PROLOGUE_PARTS`), each config again on :func:`without_prologue`'s inputs
+    (rows ``prologue_done_before``: the part; only the rows the call does not own and the distance
+    from the pinned config's output are checked)."""
     d = make_inputs(gate, N)
     fp32_pool = d["state_pool"]
     base = fp32_pool.to(torch.bfloat16)
@@ -214,11 +227,11 @@ def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_
               f" diff o {row.get('max_abs_diff_o', 0):.2e} state {row.get('max_abs_diff_state', 0):.2e}"
               f" fp64 o {row['rel_err_o_vs_fp64']:.1e} state {row['rel_err_state_vs_fp64']:.1e}"
               if "TBps" in row else row.get("error", "")), flush=True)
-    if no_prologue:
-        bare = without_prologue(gate, args)
+    for part in no_prologue:
+        bare = without_prologue(gate, args, part)
         for name in names:
             cfg = CANDIDATES[name] or pinned
-            row = dict(head, config=name, pinned=cfg == pinned, prologue=False, **_config_fields(cfg))
+            row = dict(head, config=name, pinned=cfg == pinned, prologue_done_before=part, **_config_fields(cfg))
             try:
                 pool = base.clone()
                 o = _call(gate, bare, pool, caps, cfg)()
@@ -234,7 +247,7 @@ def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_
             except Exception as e:  # noqa: BLE001 - a config that does not build or run is a result
                 row["error"] = f"{type(e).__name__}: {e}"[:500]
             rows.append(row)
-            print(f"  {gate} N={N:5d} {name + ' (no prologue)':32s} " + (
+            print(f"  {gate} N={N:5d} {name + f' (no {part} prologue)':36s} " + (
                 f"{row['TBps']:.3f} TB/s ({row['frac_of_copy']:.1%}) rel diff vs pinned o {row['rel_diff_o_vs_pinned']:.1e}"
                 f" state {row['rel_diff_state_vs_pinned']:.1e}" if "TBps" in row else row.get("error", "")), flush=True)
     del ref, base
@@ -304,8 +317,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--configs", default=",".join(CANDIDATES), help="names from CANDIDATES ('pinned' always runs first)")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32-pool reference rows")
-    ap.add_argument("--no-prologue", action="store_true", help="also run each config with q, k normalised and the gates "
-                                                                  "computed beforehand (rows prologue: false; an experiment)")
+    ap.add_argument("--no-prologue", nargs="?", const="both", default="", metavar="PARTS",
+                    help="also run each config with q, k normalised and/or the gates computed beforehand: comma-separated "
+                         f"parts of {PROLOGUE_PARTS} (no value: both; rows prologue_done_before; an experiment)")
     ap.add_argument("--merge", metavar="SWEEP_JSON", help="no run: merge this sweep file's rows into --into")
     ap.add_argument("--into", default=None, help="with --merge: the results file (default: "
                                                  "benchmarks/results/decode_<device tag of the sweep file>.json)")
@@ -318,6 +332,9 @@ def main(argv=None) -> list[dict]:
         merged = merge_into(args.merge, into, args.note)
         print(f"merged {sum(r.get('kind') in MERGED_KINDS.values() for r in merged['rows'])} sweep rows into {into}")
         return merged["rows"]
+    bad_parts = [p for p in args.no_prologue.split(",") if p and p not in PROLOGUE_PARTS]
+    if bad_parts:
+        ap.error(f"--no-prologue: unknown parts {bad_parts}; known: {', '.join(PROLOGUE_PARTS)}")
     names = ["pinned"] + [n for n in args.configs.split(",") if n and n != "pinned"]
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
@@ -335,7 +352,7 @@ def main(argv=None) -> list[dict]:
     for gate in args.families.split(","):
         for N in (int(n) for n in args.ns.split(",")):
             rows += [dict(kind="sweep", **r) for r in sweep_one(gate, N, caps, copy_tbps, names, not args.no_fp32,
-                                                                 args.no_prologue)]
+                                                                 tuple(p for p in args.no_prologue.split(",") if p))]
             write_results(out, rows, NOTES + [f"elapsed {time.time() - t0:.0f} s"], command=command.strip())
             torch.cuda.empty_cache()
     _summary(rows, out, time.time() - t0)
@@ -349,7 +366,8 @@ def _summary(rows: list[dict], out: str, elapsed: float) -> None:
         mine = [r for r in rows if r.get("op") == gate and "frac_of_copy" in r]
         by = {}
         for r in mine:
-            by.setdefault(r["config"] + (" (no prologue)" if r.get("prologue") is False else ""), []).append(r)
+            part = r.get("prologue_done_before")
+            by.setdefault(r["config"] + (f" (no {part} prologue)" if part else ""), []).append(r)
         ranked = sorted(by.items(), key=lambda kv: -min(r["frac_of_copy"] for r in kv[1]))
         print(f"{gate}: config, min share of copy over N, then per N (diff vs pinned: o / state)")
         for name, rs in ranked:

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from linattn.kernels.grid import plan_grid
 from linattn.kernels.triton._pid import decode_pid
-from linattn.kernels.triton._l2norm import pow2_scale
+from linattn.kernels.triton._l2norm import SS_LIMIT, pow2_scale
 from linattn.kernels.triton import limits
 from linattn.kernels.triton.launch import PreparedLaunch
 from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy, Triton-free)
@@ -66,14 +66,29 @@ def _softplus(x, beta, threshold):
 
 
 @triton.jit
-def _l2norm(x):
+def _l2norm(x, ONE_PASS: tl.constexpr = False):
     """``x / sqrt(sum(x^2) + 1e-6)`` of one fp32 row without overflow (F44; ``l2norm_ref`` in
     backends/torch_ref.py): a row with ``max|x| = f 2**e >= 2**32`` (``f`` in ``[0.5, 1)``) is scaled
     by ``s = 2**-(e - 32)``, read from the float's exponent bits, and the eps by ``s**2`` (the same
-    value); every other row has ``s = 1``, the plain formula."""
-    s = pow2_scale(tl.max(tl.abs(x)))  # the chunked prefill's stages share it (._l2norm)
-    y = x * s
-    return y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+    value); every other row has ``s = 1``, the plain formula.
+
+    ``ONE_PASS`` (``DecodeConfig.l2norm_one_pass``): the sum of squares first, and the row's max only
+    where that sum reaches ``SS_LIMIT`` (every row holding an element ``>= 2**32`` does; an inf or nan
+    sum does too), as the chunked prefill's stages do: one cross-lane reduction instead of two for an
+    ordinary row, and the same bits (such a row has ``s = 1``)."""
+    if ONE_PASS:
+        ss = tl.sum(x * x)
+        if ss < SS_LIMIT:
+            y = x / tl.sqrt(ss + 1e-6)
+        else:
+            s = pow2_scale(tl.max(tl.abs(x)))
+            y = x * s
+            y = y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+    else:
+        s = pow2_scale(tl.max(tl.abs(x)))  # the chunked prefill's stages share it (._l2norm)
+        y = x * s
+        y = y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+    return y
 
 
 @triton.jit
@@ -113,6 +128,7 @@ def _decode_rows(
     GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     PER_TOKEN_SLOTS: tl.constexpr, HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
     GATES_PRECOMPUTED: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, STATE_EVICTION: tl.constexpr,
+    L2NORM_ONE_PASS: tl.constexpr,
 ):
     """The tokens of one sequence on one state tile ``h`` (fp32 ``[BV, BK]``, loaded by the caller
     from ``p_state + load_slot * s_pool_slot``): gating, the delta rule, the output rows and the
@@ -163,8 +179,8 @@ def _decode_rows(
             beta = 1.0 / (1.0 + tl.exp(-b_b))
         g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
         if USE_QK_L2NORM:
-            b_q = _l2norm(b_q)
-            b_k = _l2norm(b_k)
+            b_q = _l2norm(b_q, L2NORM_ONE_PASS)
+            b_k = _l2norm(b_k, L2NORM_ONE_PASS)
         b_q = b_q * scale
         if GATE == "gdn":
             h = h * tl.exp(g)
@@ -207,6 +223,7 @@ def _recurrent_decode_kernel(
     GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     STATE_EVICTION: tl.constexpr = "", BLOCKS: tl.constexpr = 1, STATE_VEC: tl.constexpr = 0,
+    L2NORM_ONE_PASS: tl.constexpr = False,
 ):
     """One program: ``BLOCKS`` consecutive value blocks of ``BV`` rows of one (sequence, value head).
     ``BLOCKS = 1`` (every shipped build but those :data:`PINNED` says otherwise): one tile, loaded
@@ -255,7 +272,7 @@ def _recurrent_decode_kernel(
                      s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh, s_an, s_at, s_ah, s_bn, s_bt, s_bh,
                      s_pool_slot, s_idx_t, s_inter_slot, s_inter_t, s_inter_h,
                      HV, K, V, GATE, HAS_LOWER_BOUND, USE_QK_L2NORM, PER_TOKEN_SLOTS, HAS_INTER, HAS_INTER_IDX,
-                     UPDATE_STATE, GATES_PRECOMPUTED, HAS_OUT_SLOTS, STATE_EVICTION)
+                     UPDATE_STATE, GATES_PRECOMPUTED, HAS_OUT_SLOTS, STATE_EVICTION, L2NORM_ONE_PASS)
         if j + 1 < BLOCKS:
             offs_v, mask_v, mask_s, offs_s = offs_v1, mask_v1, mask_s1, offs_s1  # the tile loaded ahead
 
@@ -275,6 +292,8 @@ class DecodeConfig(NamedTuple):
             (sm_90: 65,536 registers, at most 32 programs) at the risk of spills.
         blocks: value blocks per program (the kernel's ``BLOCKS``): each next tile's load issued
             before the current tile's update; 1 (every shipped build): one tile per program.
+        l2norm_one_pass: the kernel's ``L2NORM_ONE_PASS`` (:func:`_l2norm`): q's and k's norms in one
+            reduction for ordinary rows, the same bits (False, every shipped build: two).
         state_vec: key elements per thread in the state tile's loads and stores (the kernel's
             ``STATE_VEC``; 0, every shipped build: the compiler's choice, 16-byte runs: 4 fp32 or 8
             bf16). 4 on a bf16 pool gives the tile the layout of the key vectors (4 per thread over
@@ -287,6 +306,7 @@ class DecodeConfig(NamedTuple):
     maxnreg: Optional[int] = None
     blocks: int = 1
     state_vec: int = 0
+    l2norm_one_pass: bool = False
 
 
 #: Pinned launch configs per ``(gate, K, V, batch class, state pool dtype)``
@@ -474,6 +494,8 @@ class DecodeLaunch:
             self.constexprs["BLOCKS"] = cfg.blocks
         if cfg.state_vec:
             self.constexprs["STATE_VEC"] = cfg.state_vec
+        if cfg.l2norm_one_pass:
+            self.constexprs["L2NORM_ONE_PASS"] = True
         if cfg.maxnreg is not None:  # a compile option Triton takes among the keywords (as launch.launch_with)
             self.constexprs["maxnreg"] = cfg.maxnreg
         self.launch: Optional[PreparedLaunch] = None

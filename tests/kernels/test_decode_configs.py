@@ -66,12 +66,33 @@ def test_the_kernel_variants_give_the_bits_of_one_block_per_program(gate, pool_d
     assert not torch.equal(pool1, d["state_pool"]), "the call wrote nothing: the comparison would prove nothing"
     # blocks=3: V = 16 is not a multiple of 3 x 4 rows (the last program's last tiles are masked)
     for cfg in (dm.DecodeConfig(4, 1, blocks=2), dm.DecodeConfig(4, 1, blocks=3), dm.DecodeConfig(4, 1, state_vec=4),
-                dm.DecodeConfig(4, 1, blocks=2, state_vec=2)):
+                dm.DecodeConfig(4, 1, blocks=2, state_vec=2), dm.DecodeConfig(4, 1, l2norm_one_pass=True)):
         o, pool = _run(d, gate, cfg)
         assert torch.equal(o, o1), f"{cfg}: output differs"
         assert torch.equal(pool, pool1), f"{cfg}: pool differs"
         for slot in set(range(P)) - _written(d):
             assert torch.equal(pool[slot], d["state_pool"][slot]), f"unowned slot {slot} changed"
+
+
+@interp
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_one_pass_l2norm_gives_the_bits_of_two_passes_on_huge_and_ordinary_rows(gate):
+    """``l2norm_one_pass`` (the sum of squares first, the max pass only past ``SS_LIMIT``) on rows of both
+    kinds: an element of 2**70 (F44's overflow: the scaled branch), inf and nan (an inf / nan sum: the
+    scaled branch too), and ordinary rows (the plain formula): the bits of the two-pass build."""
+    d = _call(gate, torch.bfloat16, "vk", "plain", seed=1)
+    d["q"][0, 0, 0, 3] = 2.0 ** 70  # its square overflows fp32: only the scaled branch gives a finite norm
+    d["k"][2, 0, 0, 1] = -(2.0 ** 33)
+    o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))
+    assert torch.isfinite(o1).all() and o1.abs().max() > 0, "the huge rows must stay finite and nonzero"
+    o, pool = _run(d, gate, dm.DecodeConfig(4, 1, l2norm_one_pass=True))
+    assert torch.equal(o, o1) and torch.equal(pool, pool1)
+    d["k"][0, 0, 0, 2] = float("inf")
+    d["q"][2, 0, 0, 0] = float("nan")
+    o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))
+    o, pool = _run(d, gate, dm.DecodeConfig(4, 1, l2norm_one_pass=True))
+    assert torch.equal(o.isnan(), o1.isnan()) and torch.equal(pool.isnan(), pool1.isnan())
+    assert torch.equal(o.nan_to_num(), o1.nan_to_num()) and torch.equal(pool.nan_to_num(), pool1.nan_to_num())
 
 
 @interp
