@@ -374,6 +374,8 @@ def _plan(lens: list[int], order: list[int], hv: int, kd: int, vd: int, itemsize
 def _load_states(src, rows: list, dims: tuple, layout: str, cd, dev) -> torch.Tensor:
     """``S [n, HV, K, V]`` (maths layout, ``cd``): ``S[i] = src[rows[i]]`` through any strides and
     layout, zeros where ``rows[i]`` is None (nothing read)."""
+    if all(r is None for r in rows):  # fresh sequences (a dense call without initial state): one fill
+        return torch.zeros(len(rows), *dims, dtype=cd, device=dev)
     S = torch.empty(len(rows), *dims, dtype=cd, device=dev)
     for i, r in enumerate(rows):
         if r is None:
@@ -489,6 +491,8 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, store)  # [n, HV, C, V]
         o.index_put_((dest[lo:hi, None, :], torch.arange(HV, device=dev)[:, None]), O)
 
+    if not pool_mode and state_layout == "kv" and S.dtype == final.dtype and order == list(range(N)) and not ends:
+        return o[:T].to(q.dtype), S  # dense, every sequence in order and in the maths layout: S is the final state
     dst = state_pool if pool_mode else final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
         for row in (r for r in (dests[n], *ends.get(i, ())) if r >= 0):  # a negative write slot (validate=False): none
@@ -539,11 +543,11 @@ def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
     if not l2norm:
         return x, scale
     ss = torch.linalg.vecdot(x, x).unsqueeze_(-1)
+    if math.isfinite(ss.sum().item()):  # the common case, in one reduction and one read (the sum of
+        return x, ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)  # finite squares may overflow: then below)
     bad = ~torch.isfinite(ss)
     f = ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
-    if bool(bad.any()):
-        return torch.where(bad, l2norm_ref(x), x), torch.where(bad, torch.full_like(f, scale), f)
-    return x, f
+    return torch.where(bad, l2norm_ref(x), x), torch.where(bad, torch.full_like(f, scale), f)
 
 
 GATHER_ROW_BYTES = 128 << 10
@@ -643,6 +647,8 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
     qk = torch.cat((q, k), 1)  # [n, 2, H, K]: q's rows, then k's
     if qk.dtype != torch.float32:
         qk = qk.float()
+    if not qk.is_contiguous():  # cat keeps a channels-last order of strided q, k: the row sums below read rows
+        qk = qk.contiguous()
     if l2norm:
         fold = 2.0 ** -60 <= scale <= 2.0 ** 60  # scale^-2 within fp32's range: folded into the norm
         c, eps_c = _scale_consts(scale if fold else 1.0, qk.device)
@@ -679,9 +685,11 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
         else:  # S [., HV, K, V]: d S + k u^T
             dS, u5, k5 = (d.view(n, H, r, K, 1) if kda else dg), u.view(n, H, r, 1, V), kn.view(n, H, 1, K, 1)
         _advance(pool, S, gathered, slots, dests, dS, u5, k5)
-    o = o.reshape(n, 1, HV, V)  # a view (o is contiguous when its operands are)
+    o = o.reshape(n, 1, HV, V)  # a view when o is contiguous (its operands' strides decide)
     if o.dtype != q.dtype:
-        o = o.to(q.dtype)
+        o = o.to(q.dtype, memory_format=torch.contiguous_format)
+    elif not o.is_contiguous():  # strided v or beta (read as given) can give o their order: the op returns it dense
+        o = o.contiguous()
     if sel is None:
         return o
     return q.new_zeros(N, 1, HV, V).index_copy_(0, sel, o)
@@ -761,6 +769,11 @@ class TorchChunkedBackend(Backend):
     state_dtypes = frozenset({"float32", "bfloat16", "float64"})
     state_layouts = frozenset({"vk", "kv"})
     strided_state_ops = frozenset(ops)  # pool rows through views and copy_: any strides
+    #: The decode reads every read-only argument through its strides (:func:`_decode`: ``cat``, elementwise
+    #: ops, ``index_select`` and views that only split a dim or drop one of size 1; any other decode runs
+    #: torch-ref's code, which reads any view), so a layer's strided q / k / v (e.g. transformers' split of
+    #: one projection) is not copied per call; the prefill gets contiguous copies.
+    input_strides = {op: {name: "any" for name in OP_TABLE[op].reads} for op in ("gdn_decode", "kda_decode")}
     features = frozenset({"has_initial_state", "precomputed_gates", "output_state_indices", "checkpoints"})
 
     def rank(self, p, caps) -> int:

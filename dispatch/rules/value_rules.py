@@ -356,7 +356,7 @@ def _h_state_indices(args: dict, dims: Dims) -> bool:
     if idx is None:
         return True
     v = _host(idx)
-    if max(_host(idx, flat=True), default=-1) >= dims["p"]:
+    if max(v if idx.dim() == 1 else _host(idx, flat=True), default=-1) >= dims["p"]:  # one read for [N]
         return False
     return not (dims["writes_pool"] and args.get("output_state_indices") is None and _h_shared(v))
 
@@ -406,8 +406,23 @@ def _h_cu_seqlens(args: dict, dims: Dims) -> bool:
     return cu[0] == 0 and cu[-1] == dims["t"] and all(a <= b for a, b in zip(cu, cu[1:]))
 
 
+#: A CPU float tensor of more elements than this is checked by one reduction (:func:`_h_log_decay`)
+#: rather than read to the host element by element.
+HOST_REDUCE_ELEMENTS = 32
+
+
 def _h_log_decay(args: dict, dims: Dims) -> bool:
-    return all(x <= 0 for x in _host(args["g"], flat=True))  # False for NaN, as the torch rule
+    """``g <= 0`` and not NaN: a small ``g`` read to the host; a larger CPU one (any size: a KDA
+    decode's ``[N, 1, HV, K]``, a prefill's ``[T, HV]``) by its maximum, one reduction and one read
+    instead of the torch rule's three operations (``max`` propagates NaN, and ``NaN <= 0`` is False,
+    as in the torch rule)."""
+    g = args["g"]
+    if not isinstance(g, torch.Tensor) or g.device.type != "cpu" or not g.is_floating_point():
+        raise _Defer
+    n = g.numel()
+    if n > HOST_REDUCE_ELEMENTS:
+        return g.max().item() <= 0
+    return n == 0 or all(x <= 0 for x in g.flatten().tolist())
 
 
 def _h_decode_log_decay(args: dict, dims: Dims) -> bool:

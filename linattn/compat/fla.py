@@ -325,22 +325,29 @@ def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_se
 _FLAT_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
 
 
-@contextlib.contextmanager
-def _in_caller_shapes(func: str, T: int, flattened: bool):
+class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
     """Re-raise linattn's ValueError / TypeError in the caller's terms: a flattened position
     ``name[b * T + t, ...]`` becomes ``name[b, t, ...]`` and the pool the recurrent route builds
-    from ``initial_state`` is named so."""
-    try:
-        yield
-    except (ValueError, TypeError) as err:
-        msg = str(err)
-        if flattened:
-            msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // max(T, 1)}, {int(m[2]) % max(T, 1)}{m[3]}]",
-                                     msg)
+    from ``initial_state`` is named so. (A class rather than a generator: entered on every call.)"""
+
+    __slots__ = ("func", "T", "flattened")
+
+    def __init__(self, func: str, T: int, flattened: bool):
+        self.func, self.T, self.flattened = func, T, flattened
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, err, tb) -> bool:
+        if err is None or type(err) not in (ValueError, TypeError):
+            return False
+        msg, T = str(err), max(self.T, 1)
+        if self.flattened:
+            msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // T}, {int(m[2]) % T}{m[3]}]", msg)
         msg = msg.replace("state_pool", "initial_state")
-        if msg == str(err) or type(err) not in (ValueError, TypeError):
-            raise
-        raise type(err)(f"linattn.compat.fla.{func}: {msg}") from err
+        if msg == str(err):
+            return False
+        raise type(err)(f"linattn.compat.fla.{self.func}: {msg}") from err
 
 
 def _require_float_state(func: str, initial_state: torch.Tensor) -> None:

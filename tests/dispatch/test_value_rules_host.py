@@ -74,8 +74,10 @@ def calls(draw):
         args["intermediate_state_indices"] = tensor(draw(st.lists(st.integers(-2, S + 1), min_size=n, max_size=n)))
     if draw(st.booleans()):
         args["num_accepted_tokens"] = tensor(draw(st.lists(st.integers(-1, T + 1), min_size=n, max_size=n)))
-    if draw(st.booleans()):
-        args["g"] = torch.tensor(draw(st.lists(floats, min_size=0, max_size=4)))
+    if draw(st.booleans()):  # up to 4 values read to the host, or past HOST_REDUCE_ELEMENTS: one reduction
+        size = draw(st.sampled_from([4, vr.HOST_REDUCE_ELEMENTS + 8]))
+        args["g"] = torch.tensor(draw(st.lists(floats, min_size=0, max_size=size)),
+                                 dtype=draw(st.sampled_from([torch.float32, torch.bfloat16])))
     if draw(st.booleans()):
         gate_dt = draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
         args["A_log"] = torch.tensor(draw(st.lists(floats, min_size=1, max_size=3)), dtype=gate_dt)
@@ -135,6 +137,23 @@ def test_large_or_non_cpu_tensors_keep_their_torch_probes():
     args, dims = _decode_call()
     dims["device"] = torch.device("cuda", 0)  # a GPU call: no new host reads, every rule stays torch
     assert vr._host_remaining(DECODE, args, dims) == DECODE
+
+
+@pytest.mark.parametrize("bad", [None, 0.5, NAN, INF], ids=["ok", "positive", "nan", "inf"])
+def test_a_large_cpu_log_decay_is_decided_by_one_reduction_with_the_torch_verdict(bad):
+    """A KDA decode's or a prefill's g (more than HOST_REDUCE_ELEMENTS values, here 1,024, past
+    HOST_MAX_ELEMENTS too) runs no torch probe on the CPU: its maximum decides, NaN included; a refused
+    one raises the torch rule's error."""
+    g = -torch.rand(1, 1, 8, 128, generator=torch.Generator().manual_seed(0))
+    if bad is not None:
+        g[0, 0, 5, 77] = bad
+    args, dims = _decode_call(g=g, A_log=None, dt_bias=None)
+    verdict = _verdict(DECODE, args, dims, host=True)
+    assert verdict == _verdict(DECODE, args, dims, host=False)
+    if bad is None:
+        assert verdict is None and vr._host_remaining(DECODE, args, dims) == ()
+    else:
+        assert verdict[0] is ValueError and "g[0, 0, 5, 77]" in verdict[1]
 
 
 def test_a_cpu_decode_call_refuses_with_the_torch_message():

@@ -327,3 +327,52 @@ def test_decode_constants_kept_under_inference_mode_and_permuted_inputs_give_the
     assert not vt.is_contiguous() and not gt.is_contiguous()
     o, p = run(vt, gt)
     assert torch.equal(o, first[0]) and torch.equal(p, first[1]) and torch.equal(p[1], pool[1])
+
+
+def _strided(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values in a view with every stride doubled (last stride 2, storage offset 1)."""
+    big = torch.zeros(*x.shape, 2, dtype=x.dtype)
+    big[..., 1] = x
+    return big[..., 1]
+
+
+def _split_views(q, k, v):
+    """q, k, v as views of one projection ``[N, 1, (2H + HV) D]``, as transformers' GDN layer splits them."""
+    N, _, H, K = q.shape
+    HV, V = v.shape[2:]
+    mixed = torch.cat((q.reshape(N, 1, -1), k.reshape(N, 1, -1), v.reshape(N, 1, -1)), -1)
+    qs, ks, vs = torch.split(mixed, [H * K, H * K, HV * V], dim=-1)
+    return qs.view(N, 1, H, K), ks.view(N, 1, H, K), vs.view(N, 1, HV, V)
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("views", ["doubled_strides", "split_projection"])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_decode_reads_strided_inputs_in_place_with_the_bits_of_contiguous_copies(kda, views, layout):
+    """The decode declares every read-only argument readable through its strides: q, k, v, g and beta as
+    views (every stride doubled, or transformers' split of one projection) are handed to the step uncopied
+    and give the bits of their contiguous copies; the output is contiguous; slots not owned unchanged."""
+    from linattn.dispatch.rules.layouts import conform_inputs
+
+    (q, k, v, a, b, A_log, dt), pool = _decode_inputs(kda, layout, N=3, H=1, HV=2, K=16, V=16)
+    extra = {"lower_bound": -5.0} if kda else {}
+    g, beta = (linattn.kda_gating if kda else linattn.gdn_gating)(A_log, a.squeeze(1), b.squeeze(1), dt, **extra)
+    g, beta = g.unsqueeze(1), beta.unsqueeze(1)
+    if views == "doubled_strides":
+        sq, sk, sv, sg, sb = map(_strided, (q, k, v, g, beta))
+    else:
+        (sq, sk, sv), sg, sb = _split_views(q, k, v), _strided(g), beta
+    assert not any(x.is_contiguous() for x in (sq, sk, sv, sg))
+    op = linattn.kda_decode if kda else linattn.gdn_decode
+    idx = torch.tensor([4, 0, 6])
+    outs = []
+    for args in ((q, k, v, g, beta), (sq, sk, sv, sg, sb)):
+        p = pool.clone()
+        o = op(*args[:3], None, None, None, None, p, idx, g=args[3], beta=args[4], state_layout=layout,
+               backend="torch-chunked")
+        outs.append((o, p))
+    (o, p), (so, sp) = outs
+    assert torch.equal(so, o) and torch.equal(sp, p) and so.is_contiguous()
+    assert torch.equal(sp[[1, 2, 3, 5]], pool[[1, 2, 3, 5]])
+    named = dict(q=sq, k=sk, v=sv, g=sg, beta=sb, state_indices=idx)
+    assert conform_inputs(op.__name__, named, tc.TorchChunkedBackend()) is named  # nothing copied
