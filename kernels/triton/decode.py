@@ -293,7 +293,7 @@ class DecodeConfig(NamedTuple):
         blocks: value blocks per program (the kernel's ``BLOCKS``): each next tile's load issued
             before the current tile's update; 1 (every shipped build): one tile per program.
         l2norm_one_pass: the kernel's ``L2NORM_ONE_PASS`` (:func:`_l2norm`): q's and k's norms in one
-            reduction for ordinary rows, the same bits (False, every shipped build: two).
+            reduction for ordinary rows, the same bits (True in the bf16 pools' ``large`` pin; False: two).
         state_vec: key elements per thread in the state tile's loads and stores (the kernel's
             ``STATE_VEC``; 0, every shipped build: the compiler's choice, 16-byte runs: 4 fp32 or 8
             bf16). 4 on a bf16 pool gives the tile the layout of the key vectors (4 per thread over
@@ -312,13 +312,14 @@ class DecodeConfig(NamedTuple):
 #: Pinned launch configs per ``(gate, K, V, batch class, state pool dtype)``
 #: (docs/performance.md#decode-tile-configs; the pool dtype's name: ``fp32``, ``bf16``, ``fp16``). No
 #: autotuning: the kernel writes the pool in place, so it must run exactly once per call. bf16 pools,
-#: batch class ``large``: BV 16, 1 warp, the best config of ``benchmarks/decode_sweep.py`` on the H200
-#: that gives the same bits as BV 8 (docs/performance.md#decode-on-bf16-pools); ``small`` is unmeasured
-#: and keeps fp32's config.
+#: batch class ``large``: BV 16, 1 warp, q's and k's norms in one pass (``l2norm_one_pass``), the best
+#: config of ``benchmarks/decode_sweep.py`` on the H200 that gives the same bits as BV 8
+#: (docs/performance.md#decode-on-bf16-pools); ``small`` and fp32 pools are unmeasured with the one-pass
+#: norm and keep BV 8, 1 warp.
 PINNED: dict[tuple[str, int, int, str, str], DecodeConfig] = {
     **{(gate, 128, 128, cls, dt): DecodeConfig(8, 1) for gate in ("gdn", "kda") for cls in ("small", "large")
        for dt in ("fp32", "bf16")},
-    **{(gate, 128, 128, "large", "bf16"): DecodeConfig(16, 1) for gate in ("gdn", "kda")},
+    **{(gate, 128, 128, "large", "bf16"): DecodeConfig(16, 1, l2norm_one_pass=True) for gate in ("gdn", "kda")},
 }
 #: the pool dtype's name in :data:`PINNED` keys
 STATE_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
