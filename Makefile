@@ -45,12 +45,23 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	$(PY) -m pip install -q -e ".[dev,cutedsl,plot,transformers]" "nvidia-cutlass-dsl==4.8.1" -e examples/linattn-cpu-chunked
 	touch $(STAMP)
 
-$(STAMP_DEVICE): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
+# The second venv holds only its own Triton and numpy (and the editable installs); torch, pytest and every
+# other package come from the main venv, whose site-packages a .pth file appends to this venv's sys.path
+# AFTER its own site-packages: this venv's Triton 3.6 and numpy < 2.4 shadow the main venv's 3.9 and 2.4,
+# everything it lacks is the main venv's (the same torch 2.13; a second copy of the ~190 MB torch and its
+# dependencies was most of this venv's install time: 200 against 37 s here under load). The main venv is
+# set up first (a prerequisite); Triton and numpy are installed before the .pth exists, so pip never sees
+# the main venv's as the ones to replace; the last line checks which ones import. A venv set up before
+# this (its own torch in its site-packages) keeps working as it was.
+$(STAMP_DEVICE): $(STAMP) pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	test -x $(PY_DEVICE) || python3 -m venv $(VENV_DEVICE)
 	$(PY_DEVICE) -m pip install -q --upgrade pip
-	$(PY_DEVICE) -c "import torch" 2>/dev/null || $(PY_DEVICE) -m pip install -q torch==2.13.0
 	$(PY_DEVICE) -m pip install -q triton==$(TRITON_DEVICE) "numpy<2.4"
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(PY_DEVICE) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/linattn-main-venv.pth"
 	$(PY_DEVICE) -m pip install -q -e ".[dev]" -e examples/linattn-cpu-chunked
+	$(PY_DEVICE) -c "import numpy, triton, torch; v = tuple(int(x) for x in numpy.__version__.split('.')[:2]); \
+		assert triton.__version__ == '$(TRITON_DEVICE)' and v < (2, 4), (triton.__version__, numpy.__version__)"
 	touch $(STAMP_DEVICE)
 
 setup: $(STAMP)
@@ -58,9 +69,17 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/linattn demo
 
+# --maxschedchunk 1: pytest-xdist's load scheduling hands each worker a first batch of an eighth of the suite
+# (two workers) and never moves a test once handed out; the tests that read a build subprocess run first
+# (tests/conftest.py), so the first worker got every one of them in its batch. The second stage's five
+# builds (sm_90 contract, prefill and digests, two AMD targets) then ran one after another on one worker
+# while the other, done with the interpreter tests, sat idle for minutes. One test at a time (each worker
+# holds the test it runs and the next) spreads the builds over both workers and leaves no long tail on one.
+XDIST := -n 2 --maxschedchunk 1
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --ignore=tests/contract/test_compile_amd.py
+	$(PY) -m pytest -q $(XDIST) --ignore=tests/contract/test_compile_amd.py
 	$(MAKE) test-triton-device
 
 # make test and the sm_90 digests of every recorded build (make test checks the decode, clamp and
@@ -69,4 +88,4 @@ test-full:
 	LINATTN_DIGESTS=all $(MAKE) test
 
 test-triton-device: $(STAMP_DEVICE)
-	$(PY_DEVICE) -m pytest -q -n 2 -p no:cacheprovider $(TESTS_DEVICE)
+	$(PY_DEVICE) -m pytest -q $(XDIST) -p no:cacheprovider $(TESTS_DEVICE)
