@@ -168,7 +168,7 @@ def _grams_gdn(qk: torch.Tensor, G, Gl, group: int) -> tuple[torch.Tensor, torch
     ``qk [M / group, 2, C, K]``: q and k per key head (the dot products are shared by the ``group``
     value heads of a key head, GVA); ``G, Gl [M, C]`` per value head."""
     mk, _, c, kd = qk.shape
-    dots = (qk.view(mk, 2 * c, kd) @ qk[:, 1].transpose(1, 2)).view(mk, 1, 2, c, c)
+    dots = torch.bmm(qk.view(mk, 2 * c, kd), qk[:, 1].transpose(1, 2)).view(mk, 1, 2, c, c)
     decay = _exp_le0(_diffs(G[:, :, None], Gl[:, :, None], G[:, None], Gl[:, None]))  # [M, C, C]
     grams = (dots * decay.view(mk, group, 1, c, c)).view(-1, 2, c, c)
     return grams[:, 0].masked_fill_(_above(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(_above(c, -1, G.device), 0.0)
@@ -307,8 +307,10 @@ def _window(inp, tok, real, S, steps, lo: int, hi: int, group: int, kda: bool, s
     place. Returns ``O [hi - lo, HV, C, V]``; ``store(first, S[:running])`` is called before each step
     with the states entering its chunks ``first, first + 1, ...`` (the checkpoints read them)."""
     qs, ks, v, g, beta = inp
-    n, c = tok[lo:hi].shape
-    rows, keep = tok[lo:hi].reshape(-1), real[lo:hi, None, :]
+    if lo or hi < tok.shape[0]:  # one of several windows (one window: no views made)
+        tok, real = tok[lo:hi], real[lo:hi]
+    n, _, c = tok.shape
+    rows, keep = tok.view(-1), real
     qk = _scaled_qk(qs, ks, rows, n, c)  # [n, H, 2, C, K]
     H, kd = qk.shape[1], qk.shape[-1]
     HV = H * group
@@ -454,8 +456,9 @@ LAYOUT_ROWS = 1 << 16
 
 def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: int, dev):
     """``(windows, tok, real, dest, heads)`` for sequences ``starts`` / ``lens`` (longest first): :func:`_plan`'s
-    windows, :func:`_rows`' token rows and realness ``[chunks, C]``, each chunk row's output row ``dest``
-    (``T`` for a padded row) and ``heads = arange(HV)[:, None]`` (the output scatter's index). Kept per
+    windows, :func:`_rows`' token rows and realness, each chunk row's output row ``dest`` (``T`` for a
+    padded row), all three ``[chunks, 1, C]``, and ``heads = arange(HV)[:, None]`` (the output scatter's
+    index). Kept per
     argument set (the layers of one forward repeat a call's layout; at most 32 layouts of at most
     :data:`LAYOUT_ROWS` rows), so a repeated layout costs no host planning and no torch operations."""
     key = (starts, lens, T, c, dims, itemsize, dev)
@@ -465,7 +468,8 @@ def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: i
     chunk_seq, chunk_j, windows = _plan(list(lens), list(range(len(lens))), *dims, itemsize, c)
     with torch.inference_mode(False):  # kept: readable by calls in and out of inference mode
         tok, real = _rows(chunk_seq, chunk_j, list(starts), list(lens), c, dev)
-        got = (windows, tok, real, torch.where(real, tok, T), torch.arange(dims[0], device=dev)[:, None])
+        dest = torch.where(real, tok, T)
+        got = (windows, tok[:, None], real[:, None], dest[:, None], torch.arange(dims[0], device=dev)[:, None])
     if len(chunk_seq) * c <= LAYOUT_ROWS:
         if len(_LAYOUTS) >= 32:
             _LAYOUTS.pop(next(iter(_LAYOUTS)))
@@ -543,7 +547,7 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     for lo, hi, steps in windows:
         store = _checkpoint_store(state_pool, marks, state_layout) if any(lo <= ci < hi for ci in marks) else None
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, store)  # [n, HV, C, V]
-        o.index_put_((dest[lo:hi, None, :], heads), O)
+        o.index_put_((dest if len(windows) == 1 else dest[lo:hi], heads), O)
 
     if not pool_mode and state_layout == "kv" and S.dtype == final.dtype and order == list(range(N)) and not ends:
         return o[:T].to(q.dtype), S  # dense, every sequence in order and in the maths layout: S is the final state
@@ -602,7 +606,8 @@ def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
         return x, scale
     ss = torch.linalg.vecdot(x, x).unsqueeze_(-1)
     if math.isfinite(ss.sum().item()):  # the common case, in one reduction and one read (the sum of
-        return x, ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)  # finite squares may overflow: then below)
+        f = ss.add_(1e-6).sqrt_().reciprocal_()  # (the sum of finite squares may overflow: then below)
+        return x, f if scale == 1.0 else f.mul_(scale)
     bad = ~torch.isfinite(ss)
     f = ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
     return torch.where(bad, l2norm_ref(x), x), torch.where(bad, torch.full_like(f, scale), f)
