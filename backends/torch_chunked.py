@@ -135,8 +135,31 @@ def _diffs(Ga, Gla, Gb, Glb) -> torch.Tensor:
     return (Ga - Gb).add_(Gla).sub_(Glb)
 
 
-def _tril(c: int, diagonal: int, device) -> torch.Tensor:
-    return torch.ones(c, c, dtype=torch.bool, device=device).tril(diagonal)
+_CONSTANTS: dict = {}
+
+
+def _constant(key: tuple, make):
+    """A small constant tensor kept per ``key`` (its sizes, dtype and device) between calls, made by
+    ``make()`` outside inference mode (so that any call may read it); read only. At most 64 are kept."""
+    got = _CONSTANTS.get(key)
+    if got is None:
+        if len(_CONSTANTS) >= 64:
+            _CONSTANTS.clear()
+        with torch.inference_mode(False):
+            got = _CONSTANTS[key] = make()
+    return got
+
+
+def _above(c: int, diagonal: int, device) -> torch.Tensor:
+    """``[C, C]`` bool, True strictly above the diagonal ``diagonal`` (what a lower-triangular matrix
+    with that diagonal leaves out; ``masked_fill_`` reads it); kept per (C, diagonal, device)."""
+    return _constant(("above", c, diagonal, device),
+                     lambda: torch.ones(c, c, dtype=torch.bool, device=device).triu_(diagonal + 1))
+
+
+def _zero(dtype, device) -> torch.Tensor:
+    """A 0-dim zero of ``dtype`` on ``device`` (the padded rows' ``g`` and ``beta``), kept."""
+    return _constant(("zero", dtype, device), lambda: torch.zeros((), dtype=dtype, device=device))
 
 
 def _grams_gdn(qk: torch.Tensor, G, Gl, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,10 +168,10 @@ def _grams_gdn(qk: torch.Tensor, G, Gl, group: int) -> tuple[torch.Tensor, torch
     ``qk [M / group, 2, C, K]``: q and k per key head (the dot products are shared by the ``group``
     value heads of a key head, GVA); ``G, Gl [M, C]`` per value head."""
     mk, _, c, kd = qk.shape
-    dots = (qk.view(mk, 2 * c, kd) @ qk[:, 1].transpose(1, 2)).view(mk, 1, 2, c, c)
+    dots = torch.bmm(qk.view(mk, 2 * c, kd), qk[:, 1].transpose(1, 2)).view(mk, 1, 2, c, c)
     decay = _exp_le0(_diffs(G[:, :, None], Gl[:, :, None], G[:, None], Gl[:, None]))  # [M, C, C]
     grams = (dots * decay.view(mk, group, 1, c, c)).view(-1, 2, c, c)
-    return grams[:, 0].masked_fill_(~_tril(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(~_tril(c, -1, G.device), 0.0)
+    return grams[:, 0].masked_fill_(_above(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(_above(c, -1, G.device), 0.0)
 
 
 def _factorised(qk, G, Gl) -> torch.Tensor:
@@ -166,7 +189,7 @@ def _pairwise(qk, G, Gl) -> torch.Tensor:
     """``[M, 2, n, n]`` summed pairwise (only ``exp(G_r - G_s)`` with ``r >= s``, all ``<= 0``)."""
     n = G.shape[1]
     decay = _exp_le0(_diffs(G[:, :, None], Gl[:, :, None], G[:, None], Gl[:, None]))  # [M, r, s, K]
-    decay.masked_fill_(~_tril(n, 0, G.device)[:, :, None], 0.0)
+    decay.masked_fill_(_above(n, 0, G.device)[:, :, None], 0.0)
     ek = decay * qk[:, 1, None]  # exp(G_r - G_s) k_s
     return (ek[:, None] @ qk[..., None]).squeeze(-1)
 
@@ -200,7 +223,7 @@ def _grams_kda(qk: torch.Tensor, G, Gl) -> tuple[torch.Tensor, torch.Tensor]:
     c = G.shape[1]
     steep = bool(((G[:, 0] - G[:, -1]).amax(-1) > 2 * SAFE_HALF).any())
     grams = _blocked(qk, G, Gl) if steep else _factorised(qk, G, Gl)
-    return grams[:, 0].masked_fill_(~_tril(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(~_tril(c, -1, G.device), 0.0)
+    return grams[:, 0].masked_fill_(_above(c, 0, G.device), 0.0), grams[:, 1].masked_fill_(_above(c, -1, G.device), 0.0)
 
 
 BASE = 16
@@ -216,17 +239,18 @@ def _unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
     chunk-heads, benchmarks/cpu_chunked.py's shapes.)"""
     m, c, _ = A.shape
     s = min(BASE, c)
-    eye = torch.eye(s, dtype=A.dtype, device=A.device)
+    # diag + eye: a contiguous copy in the layout the solve was measured (and its bits pinned) with
+    eye = _constant(("eye", s, A.dtype, A.device), lambda: torch.eye(s, dtype=A.dtype, device=A.device))
     diag = A.view(m, c // s, s, c // s, s).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [M, c / s, s, s]
     X = torch.linalg.solve_triangular(diag + eye, eye.expand(diag.shape), upper=False, unitriangular=True)
     while s < c:
         nb = c // (2 * s)
         a21 = A.view(m, nb, 2 * s, nb, 2 * s).diagonal(dim1=1, dim2=3)[:, s:, :s].permute(0, 3, 1, 2)
-        x11, x22 = X[:, 0::2], X[:, 1::2]
         Y = A.new_zeros(m, nb, 2 * s, 2 * s)
-        Y[:, :, :s, :s] = x11
-        Y[:, :, s:, s:] = x22
-        Y[:, :, s:, :s] = (x22 @ (a21 @ x11)).neg_()
+        # X11 and X22 of every block in one copy (the diagonal of the 2 x 2 grid of s-blocks)
+        Y.view(m, nb, 2, s, 2, s).diagonal(dim1=2, dim2=4).copy_(X.view(m, nb, 2, s, s).permute(0, 1, 3, 4, 2))
+        a21x11 = torch.bmm(a21.reshape(-1, s, s), X[:, 0::2].view(-1, s, s))  # the [M, nb] batch as one
+        torch.bmm(X[:, 1::2].view(-1, s, s), a21x11, out=Y[:, :, s:, :s].view(-1, s, s)).neg_()
         X, s = Y, 2 * s
     return X.view(m, c, c)
 
@@ -283,16 +307,18 @@ def _window(inp, tok, real, S, steps, lo: int, hi: int, group: int, kda: bool, s
     place. Returns ``O [hi - lo, HV, C, V]``; ``store(first, S[:running])`` is called before each step
     with the states entering its chunks ``first, first + 1, ...`` (the checkpoints read them)."""
     qs, ks, v, g, beta = inp
-    n, c = tok[lo:hi].shape
-    rows, keep = tok[lo:hi].reshape(-1), real[lo:hi, None, :]
+    if lo or hi < tok.shape[0]:  # one of several windows (one window: no views made)
+        tok, real = tok[lo:hi], real[lo:hi]
+    n, _, c = tok.shape
+    rows, keep = tok.view(-1), real
     qk = _scaled_qk(qs, ks, rows, n, c)  # [n, H, 2, C, K]
     H, kd = qk.shape[1], qk.shape[-1]
     HV = H * group
     M = n * HV
     vv = _gather(v, rows, n, c)  # [n, HV, C, V], a strided view
-    gg, zero = _gather(g, rows, n, c), g.new_zeros(())  # padded rows: g = beta = 0
-    gg = torch.where(keep.view(n, 1, c, *(1,) * (g.dim() - 2)), gg, zero, out=gg.new_empty(gg.shape))
-    bb = torch.where(keep, _gather(beta, rows, n, c), zero, out=beta.new_empty(n, HV, c)).view(M, c, 1)
+    gg, zero = _gather(g, rows, n, c), _zero(g.dtype, g.device)  # padded rows: g = beta = 0
+    gg = torch.where(keep.view(n, 1, c, *(1,) * (g.dim() - 2)), gg, zero, out=_buffer("g", gg.shape, g))
+    bb = torch.where(keep, _gather(beta, rows, n, c), zero, out=_buffer("beta", (n, HV, c), beta)).view(M, c, 1)
     G, Gl = cumsum2(gg.view(M, c, *gg.shape[3:]))
     tail = _exp_le0(_diffs(G[:, -1:], Gl[:, -1:], G, Gl))  # exp(G_C - G_r): 1 on the last row
     if kda:
@@ -331,16 +357,18 @@ def _recurrence(S: torch.Tensor, qkE, vv, Xb, Aqk, kt, dC, steps: list, lo: int,
     Sf = S.view(-1, kd, vd)
     P, O = _buffer("P", (qkE.shape[0], 2 * c, vd), qkE), _buffer("O", (qkE.shape[0], c, vd), qkE)
     width = steps[0][1] * hv  # the most rows a step has
-    R, Vn = qkE.new_empty(width, c, vd), qkE.new_empty(width, c, vd)
+    R, Vn = _buffer("R", (width, c, vd), qkE), _buffer("Vn", (width, c, vd), qkE)
+    full = Sf.shape[0]
     for first, running in steps:
         a, b = (first - lo) * hv, running * hv
-        s, p = Sf[:b], P[a:a + b]
+        s, r, vn = (Sf, R, Vn) if b == full else (Sf[:b], R[:b], Vn[:b])  # (no views made for a full step)
+        p = P[a:a + b]
         if store is not None:
             store(first, S[:running])
         torch.bmm(qkE[a:a + b], s, out=p)
         torch.sub(vv[first - lo:first - lo + running], p[:, c:].view(running, hv, c, vd),
-                  out=R[:b].view(running, hv, c, vd))  # V - K exp(G) S
-        vn = torch.bmm(Xb[a:a + b], R[:b], out=Vn[:b])
+                  out=r.view(running, hv, c, vd))  # V - K exp(G) S
+        torch.bmm(Xb[a:a + b], r, out=vn)
         torch.baddbmm(p[:, :c], Aqk[a:a + b], vn, out=O[a:a + b])
         s.mul_(dC[a:a + b]).baddbmm_(kt[a:a + b], vn)
     return O
@@ -377,6 +405,9 @@ def _load_states(src, rows: list, dims: tuple, layout: str, cd, dev) -> torch.Te
     if all(r is None for r in rows):  # fresh sequences (a dense call without initial state): one fill
         return torch.zeros(len(rows), *dims, dtype=cd, device=dev)
     S = torch.empty(len(rows), *dims, dtype=cd, device=dev)
+    view = None if None in rows else _rows_view(src, rows)
+    if view is not None:  # rows in an increasing progression (in order, or consecutive slots): one copy
+        return S.copy_(view.transpose(-1, -2) if layout == "vk" else view)
     for i, r in enumerate(rows):
         if r is None:
             S[i].zero_()
@@ -405,7 +436,7 @@ def _slots(state_pool, state_indices, initial_state, has_initial_state, output_s
     hv, kd, vd = dims
     shape = (N, hv, vd, kd) if layout == "vk" else (N, hv, kd, vd)
     rows = list(range(N))
-    return rows, rows, [False] * N, torch.zeros(shape, dtype=torch.promote_types(torch.float32, cd), device=dev)
+    return rows, rows, [False] * N, torch.zeros(shape, dtype=cd if cd == torch.float64 else torch.float32, device=dev)
 
 
 def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev):
@@ -416,6 +447,34 @@ def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev)
     off = torch.tensor(chunk_j, dtype=torch.long, device=dev)[:, None] * c + torch.arange(c, device=dev)
     real = off < torch.tensor(lens, dtype=torch.long, device=dev)[cs, None]
     return torch.where(real, start + off, start), real
+
+
+_LAYOUTS: dict = {}
+LAYOUT_ROWS = 1 << 16
+"""Chunk layouts (:func:`_layout`) of at most this many padded token rows are kept between calls."""
+
+
+def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: int, dev):
+    """``(windows, tok, real, dest, heads)`` for sequences ``starts`` / ``lens`` (longest first): :func:`_plan`'s
+    windows, :func:`_rows`' token rows and realness, each chunk row's output row ``dest`` (``T`` for a
+    padded row), all three ``[chunks, 1, C]``, and ``heads = arange(HV)[:, None]`` (the output scatter's
+    index). Kept per
+    argument set (the layers of one forward repeat a call's layout; at most 32 layouts of at most
+    :data:`LAYOUT_ROWS` rows), so a repeated layout costs no host planning and no torch operations."""
+    key = (starts, lens, T, c, dims, itemsize, dev)
+    got = _LAYOUTS.get(key)
+    if got is not None:
+        return got
+    chunk_seq, chunk_j, windows = _plan(list(lens), list(range(len(lens))), *dims, itemsize, c)
+    with torch.inference_mode(False):  # kept: readable by calls in and out of inference mode
+        tok, real = _rows(chunk_seq, chunk_j, list(starts), list(lens), c, dev)
+        dest = torch.where(real, tok, T)
+        got = (windows, tok[:, None], real[:, None], dest[:, None], torch.arange(dims[0], device=dev)[:, None])
+    if len(chunk_seq) * c <= LAYOUT_ROWS:
+        if len(_LAYOUTS) >= 32:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = got
+    return got
 
 
 @pinned_fp32_matmul
@@ -482,18 +541,21 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
     inp = (qs, _row_factors(k.to(cd), use_qk_l2norm, 1.0), v.to(cd), torch.clamp(g.to(cd), min=G_MIN), beta.to(cd))
 
     C = chunk_size(lens[order[0]])
-    chunk_seq, chunk_j, windows = _plan(lens, order, HV, K, V, torch.finfo(cd).bits // 8, C)
-    tok, real = _rows(chunk_seq, chunk_j, [cu[n] for n in order], [lens[n] for n in order], C, dev)
-    dest = torch.where(real, tok, T)
+    windows, tok, real, dest, heads = _layout(tuple(cu[n] for n in order), tuple(lens[n] for n in order), T, C,
+                                              (HV, K, V), torch.finfo(cd).bits // 8, dev)
     marks, ends = _checkpoint_marks(checkpoint_every, checkpoint_indices, order, lens, C)
     for lo, hi, steps in windows:
         store = _checkpoint_store(state_pool, marks, state_layout) if any(lo <= ci < hi for ci in marks) else None
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, store)  # [n, HV, C, V]
-        o.index_put_((dest[lo:hi, None, :], torch.arange(HV, device=dev)[:, None]), O)
+        o.index_put_((dest if len(windows) == 1 else dest[lo:hi], heads), O)
 
     if not pool_mode and state_layout == "kv" and S.dtype == final.dtype and order == list(range(N)) and not ends:
         return o[:T].to(q.dtype), S  # dense, every sequence in order and in the maths layout: S is the final state
     dst = state_pool if pool_mode else final
+    W = None if ends else _rows_view(dst, [dests[n] for n in order])
+    if W is not None:  # write rows in an increasing progression (a dense call in order, consecutive slots): one copy
+        W.copy_(S.transpose(-1, -2) if state_layout == "vk" else S)
+        return o[:T].to(q.dtype), final
     for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
         for row in (r for r in (dests[n], *ends.get(i, ())) if r >= 0):  # a negative write slot (validate=False): none
             dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
@@ -544,7 +606,8 @@ def _row_factors(x: torch.Tensor, l2norm: bool, scale: float) -> tuple:
         return x, scale
     ss = torch.linalg.vecdot(x, x).unsqueeze_(-1)
     if math.isfinite(ss.sum().item()):  # the common case, in one reduction and one read (the sum of
-        return x, ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)  # finite squares may overflow: then below)
+        f = ss.add_(1e-6).sqrt_().reciprocal_()  # (the sum of finite squares may overflow: then below)
+        return x, f if scale == 1.0 else f.mul_(scale)
     bad = ~torch.isfinite(ss)
     f = ss.add_(1e-6).sqrt_().reciprocal_().mul_(scale)
     return torch.where(bad, l2norm_ref(x), x), torch.where(bad, torch.full_like(f, scale), f)
