@@ -48,13 +48,17 @@ $(STAMP): pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 # The second venv holds only its own Triton and numpy (and the editable installs); torch, pytest and every
 # other package come from the main venv, whose site-packages a .pth file appends to this venv's sys.path
 # AFTER its own site-packages: this venv's Triton 3.6 and numpy < 2.4 shadow the main venv's 3.9 and 2.4,
-# everything it lacks is the main venv's (the same torch 2.13; a second copy of the ~190 MB torch and its
+# everything it lacks is the main venv's (its torch; a second copy of the ~190 MB torch and its
 # dependencies was most of this venv's install time: 200 against 37 s here under load). The main venv is
-# set up first (a prerequisite); Triton and numpy are installed before the .pth exists, so pip never sees
-# the main venv's as the ones to replace; the last line checks which ones import. A venv set up before
-# this (its own torch in its site-packages) keeps working as it was.
+# set up first (a prerequisite) and must run the same Python minor version (checked: its packages' builds
+# are this venv's); on a first setup Triton and numpy are installed before the .pth exists, so pip never
+# sees the main venv's as the ones to replace (on a rebuild this venv's own come first on sys.path anyway);
+# the last line checks which ones import. A venv set up before this (its own torch in its site-packages)
+# keeps working as it was.
 $(STAMP_DEVICE): $(STAMP) pyproject.toml examples/linattn-cpu-chunked/pyproject.toml
 	test -x $(PY_DEVICE) || python3 -m venv $(VENV_DEVICE)
+	test "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" = "$$($(PY_DEVICE) -c 'import sys; print(sys.version_info[:2])')" \
+		|| { echo "$(VENV) and $(VENV_DEVICE) run different Pythons; the second takes the first's packages: remove $(VENV_DEVICE) and run make again"; exit 1; }
 	$(PY_DEVICE) -m pip install -q --upgrade pip
 	$(PY_DEVICE) -m pip install -q triton==$(TRITON_DEVICE) "numpy<2.4"
 	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \

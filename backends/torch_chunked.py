@@ -450,6 +450,7 @@ def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev)
 
 
 _LAYOUTS: dict = {}
+_LAYOUTS_LOCK = threading.Lock()
 LAYOUT_ROWS = 1 << 16
 """Chunk layouts (:func:`_layout`) of at most this many padded token rows are kept between calls."""
 
@@ -461,7 +462,7 @@ def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: i
     index). Kept per
     argument set (the layers of one forward repeat a call's layout; at most 32 layouts of at most
     :data:`LAYOUT_ROWS` rows), so a repeated layout costs no host planning and no torch operations."""
-    key = (starts, lens, T, c, dims, itemsize, dev)
+    key = (starts, lens, T, c, dims, itemsize, dev, WINDOW_BYTES)  # WINDOW_BYTES: _plan's windows depend on it
     got = _LAYOUTS.get(key)
     if got is not None:
         return got
@@ -471,9 +472,10 @@ def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: i
         dest = torch.where(real, tok, T)
         got = (windows, tok[:, None], real[:, None], dest[:, None], torch.arange(dims[0], device=dev)[:, None])
     if len(chunk_seq) * c <= LAYOUT_ROWS:
-        if len(_LAYOUTS) >= 32:
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))
-        _LAYOUTS[key] = got
+        with _LAYOUTS_LOCK:  # calls from several threads (the backend keeps per-thread workspaces)
+            while len(_LAYOUTS) >= 32:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            _LAYOUTS[key] = got
     return got
 
 

@@ -192,7 +192,7 @@ def _measure(gate: str, N: int, d: dict, caps, copy_tbps: float, cfg, pool, stat
 
 def _config_fields(cfg: DecodeConfig) -> dict:
     return dict(BV=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
-                blocks=cfg.blocks, state_vec=cfg.state_vec)
+                blocks=cfg.blocks, state_vec=cfg.state_vec, l2norm_one_pass=cfg.l2norm_one_pass)
 
 
 def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool,

@@ -25,7 +25,7 @@ import torch
 
 from linattn._namespace import public_dir
 
-__all__ = ["DTYPES", "FULL_PRECISION", "TOLERANCES", "Comparison", "precision_of", "rel_error", "tolerance_for",
+__all__ = ["DTYPES", "FULL_PRECISION", "TOLERANCES", "Comparison", "precision_of", "rel_error", "rel_error_exact_zero", "tolerance_for",
            "tolerances"]
 __dir__ = public_dir(__name__, __all__)
 
@@ -103,6 +103,22 @@ def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     den = float(ref.norm())
     num = float((x - ref).norm())
     return num / den if den > 0 else num
+
+
+def rel_error_exact_zero(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """:func:`rel_error`, except that an all-zero reference demands exact zeros: ``inf`` when ``x``
+    holds anything else there (the tests' form: a row that must stay zero, e.g. a padding row's output
+    or a fresh state, is not allowed a small absolute error).
+
+    Example:
+        >>> rel_error_exact_zero(torch.tensor([1e-9, 0.0]), torch.zeros(2))
+        inf
+        >>> rel_error_exact_zero(torch.zeros(2), torch.zeros(2))
+        0.0
+    """
+    if ref.numel() and not bool(ref.detach().ne(0).any()):
+        return 0.0 if not bool(x.detach().to(ref.device).ne(0).any()) else float("inf")
+    return rel_error(x, ref)
 
 
 class Comparison:

@@ -24,7 +24,7 @@ import torch
 
 from linattn.capabilities import GridLimits, profile
 from linattn.kernels.grid import GridPlan
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 from contract_cases import CASES, PREFILL_OPS, Case, owned_rows, run_launcher, run_reference
 from layout_caps import device_caps, layout_caps

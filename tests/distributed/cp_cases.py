@@ -21,7 +21,7 @@ import torch
 import linattn
 from linattn.backends import torch_ref
 from linattn.context_parallel import context_parallel_prefill, op_summary
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 F64 = torch.float64
 

@@ -20,7 +20,7 @@ import linattn
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
 from linattn.capabilities import interpreter_enabled
 from linattn.dispatch import get_registry
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 from field_cases import assert_rows_unchanged
 

@@ -19,7 +19,7 @@ import torch
 import linattn
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_prefill_ref, kda_prefill_ref
 from linattn.precision import ieee_fp32_matmul, precision_flags
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 from field_cases import assert_rows_unchanged, decode_inputs, prefill_inputs
 from precision_spy import SETTINGS, MatmulSpy, UserFlags

@@ -16,7 +16,7 @@ import torch
 
 import linattn
 from linattn.backends.torch_ref import L2NORM_EPS, l2norm_ref
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 from field_cases import DEVICE, H, HV, backends_for, decode_inputs
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import linattn
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 U = 2.0 ** -24
 #: docs/ops.md's constants of the bound, per backend

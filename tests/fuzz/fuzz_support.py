@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, seed, settings
 
 import linattn
 from linattn.dispatch.plugin.verdict import NoBackendError
-from linattn.testing.compare import rel_error as rel
+from linattn.testing.compare import rel_error_exact_zero as rel
 
 # -- profiles ---------------------------------------------------------------------------------
 

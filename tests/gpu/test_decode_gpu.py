@@ -22,7 +22,7 @@ from linattn.kernels.grid import GridLimitError, plan_grid  # noqa: E402
 from linattn.kernels.triton.decode import decode_launch_config, recurrent_decode  # noqa: E402
 from linattn.kernels.triton.probe import probe_visits  # noqa: E402
 from linattn.kernels.triton.silu_clamp import silu_and_mul_clamp  # noqa: E402
-from linattn.testing.compare import rel_error as _rel  # noqa: E402
+from linattn.testing.compare import rel_error_exact_zero as _rel  # noqa: E402
 
 DEV = torch.device("cuda")
 CAPS = probe(DEV)

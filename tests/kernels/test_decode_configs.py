@@ -87,6 +87,10 @@ def test_one_pass_l2norm_gives_the_bits_of_two_passes_on_huge_and_ordinary_rows(
     assert torch.isfinite(o1).all() and o1.abs().max() > 0, "the huge rows must stay finite and nonzero"
     o, pool = _run(d, gate, dm.DecodeConfig(4, 1, l2norm_one_pass=True))
     assert torch.equal(o, o1) and torch.equal(pool, pool1)
+    caps = probe(torch.device("cpu"))
+    launch = lambda cfg: dm.DecodeLaunch(gate=gate, caps=caps, layout="split", config=cfg, **d)  # noqa: E731
+    assert launch(dm.DecodeConfig(4, 1, l2norm_one_pass=True)).constexprs["L2NORM_ONE_PASS"] is True  # the flag reaches the build
+    assert "L2NORM_ONE_PASS" not in launch(dm.DecodeConfig(4, 1)).constexprs  # the two-pass builds keep their constexprs
     d["k"][0, 0, 0, 2] = float("inf")
     d["q"][2, 0, 0, 0] = float("nan")
     o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))

@@ -42,7 +42,7 @@ def main() -> None:
     from linattn.backends.fla import FLABackend
     from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
     from linattn.dispatch.plugin.calls import make_call
-    from linattn.testing.compare import rel_error as _rel
+    from linattn.testing.compare import rel_error_exact_zero as _rel
 
     N, H, HV, K, V, P = 3, 1, 2, 16, 16, 6
     for family in ("gdn", "kda"):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from linattn.testing import compare
-from linattn.testing.compare import Comparison, rel_error, tolerances
+from linattn.testing.compare import Comparison, rel_error, rel_error_exact_zero, tolerances
 
 
 def _off_by(ref: torch.Tensor, rel: float) -> torch.Tensor:
@@ -26,6 +26,13 @@ def test_rel_error_is_the_relative_frobenius_norm_with_its_edge_cases():
     assert rel_error(torch.tensor([0.5, 0.0]), torch.zeros(2)) == 0.5  # zero reference: the absolute norm
     assert rel_error(torch.empty(0), torch.empty(0)) == 0.0
     assert rel_error(ref.to(torch.bfloat16), ref) == 0.0  # exactly representable: no error
+    # the tests' form: a zero reference demands exact zeros (the private helpers it replaced had a
+    # 1e-30 / 1e-300 floor or divided by zero there); elsewhere it is rel_error
+    assert rel_error_exact_zero(torch.tensor([1e-12, 0.0]), torch.zeros(2)) == float("inf")
+    assert rel_error_exact_zero(torch.tensor([0.0, -0.0]), torch.zeros(2)) == 0.0
+    assert rel_error_exact_zero(torch.tensor([float("nan")]), torch.zeros(1)) == float("inf")
+    assert rel_error_exact_zero(torch.tensor([3.0, 4.5]), ref) == rel_error(torch.tensor([3.0, 4.5]), ref)
+    assert rel_error_exact_zero(torch.empty(0), torch.empty(0)) == 0.0
 
 
 def test_the_checker_passes_at_the_bound_and_fails_just_past_it():
@@ -115,7 +122,8 @@ def test_import_linattn_loads_the_harness_but_not_the_suite_or_pytest():
 #: Functions that compute a relative error themselves, and why (everything else imports
 #: ``rel_error``): path relative to the repository -> function name -> why.
 OWN_RELATIVE_ERRORS = {
-    "linattn/testing/compare.py": {"rel_error": "the one definition"},
+    "linattn/testing/compare.py": {"rel_error": "the one definition",
+                                   "rel_error_exact_zero": "the tests' form of it: exact zeros where the reference is zero"},
     "benchmarks/decode.py": {"_rel": "sums the squares a chunk of rows at a time: the states it compares can be "
                                      "17 GB, twice that in float64"},
     "tests/compat/test_fla_compat.py": {"rel": "another measure: max |a - b| / max |b|"},
@@ -156,11 +164,11 @@ def test_the_relative_error_is_defined_once_and_imported_everywhere_else():
     assert ("linattn/testing/compare.py", "rel_error") in {(p, n) for p, n, _ in found}  # the scan sees a definition
 
 
-def test_the_helpers_that_moved_to_the_harness_are_its_rel_error():
+def test_the_helpers_that_moved_to_the_harness_are_its_strict_rel_error():
     sys.path[:0] = [f"{ROOT}/tests/fuzz", f"{ROOT}/tests/prefill"]
     try:
         import fuzz_support
         import prefill_cases
     finally:
         del sys.path[:2]
-    assert fuzz_support.rel is prefill_cases.rel is rel_error
+    assert fuzz_support.rel is prefill_cases.rel is rel_error_exact_zero

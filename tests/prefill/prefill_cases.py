@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from linattn.backends.torch_ref import gdn_prefill_ref, kda_prefill_ref
-from linattn.testing.compare import rel_error as rel
+from linattn.testing.compare import rel_error_exact_zero as rel
 
 
 def cu_of(lens, device="cpu", dtype=torch.int32) -> torch.Tensor:

@@ -75,11 +75,17 @@ def test_windows_of_chunk_steps_give_the_one_window_result(monkeypatch, kda):
     """A window keeps at most WINDOW_BYTES of entering states: cut into one step a window, with
     sequences finishing inside a window and between windows, the result is the same."""
     q, k, v, g, beta, cu = _inputs(kda, (300, 64, 129, 1), "moderate")
+    ran = []
+    window = tc._window
+    monkeypatch.setattr(tc, "_window", lambda *a, **kw: ran.append((a[5], a[6])) or window(*a, **kw))
     o1, h1 = tc.chunked_prefill(q, k, v, g, beta, cu)
+    assert len(ran) == 1, ran  # one window for the whole call
     monkeypatch.setattr(tc, "WINDOW_BYTES", 1)
     _, _, windows = tc._plan([300, 64, 129, 1], [0, 2, 1, 3], 4, 32, 16, 4)
     assert len(windows) == 5  # 5 chunk steps for 300 tokens, one step a window
-    o2, h2 = tc.chunked_prefill(q, k, v, g, beta, cu)
+    ran.clear()
+    o2, h2 = tc.chunked_prefill(q, k, v, g, beta, cu)  # the same arguments: the kept layout must not be reused
+    assert len(ran) == 5, ran
     assert _rel(o2, o1) < 1e-6 and _rel(h2, h1) < 1e-6
 
 

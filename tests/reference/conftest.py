@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from linattn.testing.compare import rel_error as _rel
+from linattn.testing.compare import rel_error_exact_zero as _rel
 
 
 def _naive_recurrence(q, k, v, g, beta, S0=None, scale=None, use_qk_l2norm=True):

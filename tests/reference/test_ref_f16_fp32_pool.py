@@ -8,7 +8,7 @@ trip per step would leave errors near 1e-3).
 import torch
 
 from linattn.backends.torch_ref import gdn_decode_ref, gdn_gating_ref, gdn_prefill_ref
-from linattn.testing.compare import rel_error as rel
+from linattn.testing.compare import rel_error_exact_zero as rel
 
 
 def run(steps, pool, cd, inputs=None):

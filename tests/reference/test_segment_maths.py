@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from linattn.backends.torch_ref import G_MIN, gdn_prefill_ref, kda_prefill_ref
-from linattn.testing.compare import rel_error as rel
+from linattn.testing.compare import rel_error_exact_zero as rel
 
 C = 64  # the chunk length (ops.md, "Chunked form")
 H, HV, K, V = 1, 2, 16, 8  # GVA (HV = 2H); K != V, so a transposed state or summary cannot pass
