@@ -91,6 +91,8 @@ PROCESS_CACHES: tuple[str, ...] = (
     "linattn.backends.triton:_GRID_FITS",
     "linattn.backends.triton:_prefill_state_bv",
     "linattn.backends.torch_chunked:_SCALES",
+    "linattn.backends.torch_chunked:_LAYOUTS",
+    "linattn.backends.torch_chunked:_CONSTANTS",
     "linattn.backends.peer:import_library",
     "linattn.kernels.grid:_plan",
     "linattn.kernels.triton.decode:_config",

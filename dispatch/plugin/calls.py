@@ -47,9 +47,9 @@ __all__ = ["CALL_TYPES", "ClampCall", "DecodeCall", "GatingCall", "OpCall", "Pre
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpCall:
-    """What every call object has: its op's row of the op table."""
+    """What every call object has: its op's row of the op table (left out of the repr)."""
 
-    spec: OpSpec
+    spec: OpSpec = dataclasses.field(repr=False)
 
     @property
     def op(self) -> str:

@@ -519,8 +519,10 @@ def fused_recurrent_gated_delta_rule(
     f = "fused_recurrent_gated_delta_rule"
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
     if gk is not None:
+        hint = ("; a tensor of beta's shape [B, T, HV] came in gk's place: FLA's order is (q, k, v, g, gk, gv, beta), "
+                "so pass beta=beta" if beta is None and gk.dim() == 3 and gk.shape == v.shape[:3] else "")
         raise _unsupported(f, "gk", "per-key-channel decay in the GDN recurrence; use chunk_kda / "
-                           "fused_recurrent_kda for a [B, T, HV, K] decay")
+                           "fused_recurrent_kda for a [B, T, HV, K] decay" + hint)
     if gv is not None:
         raise _unsupported(f, "gv", "per-value-channel decay")
     gate = _gate_in_kernel(f, "gdn", use_gate_in_kernel, A_log, dt_bias)

@@ -288,3 +288,15 @@ def test_unimplemented_arguments_are_refused(name, kwargs, exc, needle):
     args.update(kwargs)
     with pytest.raises(exc, match=needle):
         getattr(fla, name)(**args)
+
+
+def test_beta_given_in_gks_place_is_refused_with_the_order_named():
+    """A transformers-style positional call (q, k, v, g, beta) puts beta where FLA's signature has gk: the
+    refusal says so, and a real [B, T, HV, K] gk gets no such hint."""
+    q, k, v = torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 2, 8)
+    g, beta = -torch.rand(1, 4, 2), torch.rand(1, 4, 2)
+    with pytest.raises(NotImplementedError, match=r"gk's place.*pass beta=beta"):
+        fla.fused_recurrent_gated_delta_rule(q, k, v, g, beta)
+    with pytest.raises(NotImplementedError, match="gk") as e:
+        fla.fused_recurrent_gated_delta_rule(q, k, v, g, torch.zeros(1, 4, 2, 8), beta=beta)
+    assert "pass beta=beta" not in str(e.value)

@@ -74,8 +74,11 @@ def _fill_the_rest(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     cutedsl.device_arch(torch.device("cuda", 0))
     cutedsl.importable()  # imports CuTe DSL where installed (about 2 s), else records why not
-    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, dispatcher().self_checks._results):
-        cache[("stand-in",)] = None
+    from linattn.backends import torch_chunked
+
+    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, dispatcher().self_checks._results,
+                  torch_chunked._LAYOUTS, torch_chunked._CONSTANTS):  # the last two: when no CPU prefill above ran torch-chunked
+        cache.setdefault(("stand-in",), None)
 
 
 def test_clear_empties_every_cache_and_results_stay_bitwise(monkeypatch):

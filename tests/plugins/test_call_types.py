@@ -139,3 +139,14 @@ def test_a_call_built_from_validated_keywords_reads_its_fields_by_name():
                                     "dt_bias": torch.zeros(2, 4), "lower_bound": -5.0})
     assert type(call) is GatingCall and call.lower_bound == -5.0 and call.softplus_threshold == 20.0
     assert call.family == "kda" and "lower_bound" in call.arguments()
+
+
+def test_call_objects_print_without_the_op_table():
+    """The op table's row would fill a screen: the repr names the fields but not the spec."""
+    import torch
+
+    from linattn.dispatch.plugin.calls import ClampCall
+    from linattn.dispatch.rules.ops_table import OP_TABLE
+
+    a = ClampCall(spec=OP_TABLE["silu_and_mul_clamp"], x=torch.zeros(2, 8))
+    assert "spec=" not in repr(a) and "Arg(" not in repr(a) and repr(a).startswith("ClampCall(x=")
