@@ -32,6 +32,9 @@ def main() -> int:
     ap.add_argument("--backend", default=None, help="force a linattn backend (default: the dispatcher chooses)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    for name in ("prompt_len", "batch", "new_tokens"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
 
     dtype = getattr(torch, args.dtype)
     model = lt.tiny_random_model(args.model, device=args.device, dtype=dtype, seed=args.seed)
