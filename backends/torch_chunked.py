@@ -551,17 +551,28 @@ def chunked_prefill(q, k, v, g, beta, cu_seqlens, state_pool=None, state_indices
         O = _window(inp, tok, real, S, steps, lo, hi, HV // H, g.dim() == 3, store)  # [n, HV, C, V]
         o.index_put_((dest if len(windows) == 1 else dest[lo:hi], heads), O)
 
-    if not pool_mode and state_layout == "kv" and S.dtype == final.dtype and order == list(range(N)) and not ends:
-        return o[:T].to(q.dtype), S  # dense, every sequence in order and in the maths layout: S is the final state
+    return o[:T].to(q.dtype), _store_states(S, state_pool, final, [dests[n] for n in order], ends, state_layout,
+                                            order == list(range(N)))
+
+
+def _store_states(S, state_pool, final, rows: list, ends: dict, state_layout: str, in_order: bool):
+    """Write the final states ``S [n, HV, K, V]`` (in the order of ``rows``) to the pool's rows ``rows`` (pool
+    mode) or to ``final``'s (dense), and to each checkpoint row at exactly a sequence's length (``ends``: index
+    in ``rows`` -> pool rows); a negative row (padding, or a write slot refused under ``validate=False``) is not
+    written. Returns the dense final state: ``S`` itself where it already is one (dense, every sequence
+    in order, the maths' ``kv`` layout and dtype), else ``final`` (None in pool mode)."""
+    pool_mode = state_pool is not None
+    if not pool_mode and state_layout == "kv" and S.dtype == final.dtype and in_order and not ends:
+        return S
     dst = state_pool if pool_mode else final
-    W = None if ends else _rows_view(dst, [dests[n] for n in order])
-    if W is not None:  # write rows in an increasing progression (a dense call in order, consecutive slots): one copy
+    W = None if ends else _rows_view(dst, rows)
+    if W is not None:  # rows in an increasing progression (a dense call in order, consecutive slots): one copy
         W.copy_(S.transpose(-1, -2) if state_layout == "vk" else S)
-        return o[:T].to(q.dtype), final
-    for i, n in enumerate(order):  # and a checkpoint at exactly the sequence's length: the final state
-        for row in (r for r in (dests[n], *ends.get(i, ())) if r >= 0):  # a negative write slot (validate=False): none
+        return final
+    for i, dest in enumerate(rows):
+        for row in (r for r in (dest, *ends.get(i, ())) if r >= 0):
             dst[row].copy_(S[i].transpose(-1, -2) if state_layout == "vk" else S[i])
-    return o[:T].to(q.dtype), final
+    return final
 
 
 def _checkpoint_store(pool, marks: dict, layout: str):
