@@ -55,6 +55,7 @@ from typing import Optional
 
 import torch
 
+from linattn.dispatch.lru import LRUCache
 from linattn.dispatch.rules.ops_table import OP_TABLE
 from linattn.dispatch.plugin.verdict import Rank
 from linattn.precision import pinned_fp32_matmul  # IEEE fp32 matmuls whatever the caller's flags (F36)
@@ -135,7 +136,7 @@ def _diffs(Ga, Gla, Gb, Glb) -> torch.Tensor:
     return (Ga - Gb).add_(Gla).sub_(Glb)
 
 
-_CONSTANTS: dict = {}
+_CONSTANTS = LRUCache(64)
 
 
 def _constant(key: tuple, make):
@@ -143,10 +144,9 @@ def _constant(key: tuple, make):
     ``make()`` outside inference mode (so that any call may read it); read only. At most 64 are kept."""
     got = _CONSTANTS.get(key)
     if got is None:
-        if len(_CONSTANTS) >= 64:
-            _CONSTANTS.clear()
         with torch.inference_mode(False):
-            got = _CONSTANTS[key] = make()
+            got = make()
+        _CONSTANTS.put(key, got)
     return got
 
 
@@ -449,8 +449,7 @@ def _rows(chunk_seq: list, chunk_j: list, starts: list, lens: list, c: int, dev)
     return torch.where(real, start + off, start), real
 
 
-_LAYOUTS: dict = {}
-_LAYOUTS_LOCK = threading.Lock()
+_LAYOUTS = LRUCache(32)
 LAYOUT_ROWS = 1 << 16
 """Chunk layouts (:func:`_layout`) of at most this many padded token rows are kept between calls."""
 
@@ -472,10 +471,7 @@ def _layout(starts: tuple, lens: tuple, T: int, c: int, dims: tuple, itemsize: i
         dest = torch.where(real, tok, T)
         got = (windows, tok[:, None], real[:, None], dest[:, None], torch.arange(dims[0], device=dev)[:, None])
     if len(chunk_seq) * c <= LAYOUT_ROWS:
-        with _LAYOUTS_LOCK:  # calls from several threads (the backend keeps per-thread workspaces)
-            while len(_LAYOUTS) >= 32:
-                _LAYOUTS.pop(next(iter(_LAYOUTS)))
-            _LAYOUTS[key] = got
+        _LAYOUTS.put(key, got)  # LRUCache: thread-safe eviction (the backend's calls may come from several threads)
     return got
 
 

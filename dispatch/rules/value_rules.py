@@ -417,12 +417,9 @@ def _h_log_decay(args: dict, dims: Dims) -> bool:
     instead of the torch rule's three operations (``max`` propagates NaN, and ``NaN <= 0`` is False,
     as in the torch rule)."""
     g = args["g"]
-    if not isinstance(g, torch.Tensor) or g.device.type != "cpu" or not g.is_floating_point():
-        raise _Defer
-    n = g.numel()
-    if n > HOST_REDUCE_ELEMENTS:
+    if isinstance(g, torch.Tensor) and g.device.type == "cpu" and g.is_floating_point() and g.numel() > HOST_REDUCE_ELEMENTS:
         return g.max().item() <= 0
-    return n == 0 or all(x <= 0 for x in g.flatten().tolist())
+    return all(x <= 0 for x in _host(g, flat=True))  # False for NaN, as the torch rule
 
 
 def _h_decode_log_decay(args: dict, dims: Dims) -> bool:

@@ -66,28 +66,30 @@ def _softplus(x, beta, threshold):
 
 
 @triton.jit
-def _l2norm(x, ONE_PASS: tl.constexpr = False):
+def _l2norm_scaled(x):
     """``x / sqrt(sum(x^2) + 1e-6)`` of one fp32 row without overflow (F44; ``l2norm_ref`` in
     backends/torch_ref.py): a row with ``max|x| = f 2**e >= 2**32`` (``f`` in ``[0.5, 1)``) is scaled
     by ``s = 2**-(e - 32)``, read from the float's exponent bits, and the eps by ``s**2`` (the same
-    value); every other row has ``s = 1``, the plain formula.
+    value); every other row has ``s = 1``, the plain formula."""
+    s = pow2_scale(tl.max(tl.abs(x)))  # the chunked prefill's stages share it (._l2norm)
+    y = x * s
+    return y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
 
-    ``ONE_PASS`` (``DecodeConfig.l2norm_one_pass``): the sum of squares first, and the row's max only
-    where that sum reaches ``SS_LIMIT`` (every row holding an element ``>= 2**32`` does; an inf or nan
-    sum does too), as the chunked prefill's stages do: one cross-lane reduction instead of two for an
-    ordinary row, and the same bits (such a row has ``s = 1``)."""
+
+@triton.jit
+def _l2norm(x, ONE_PASS: tl.constexpr = False):
+    """:func:`_l2norm_scaled`; with ``ONE_PASS`` (``DecodeConfig.l2norm_one_pass``) the sum of squares
+    first, and the row's max only where that sum reaches ``SS_LIMIT`` (every row holding an element
+    ``>= 2**32`` does; an inf or nan sum does too), as the chunked prefill's stages do: one cross-lane
+    reduction instead of two for an ordinary row, and the same bits (such a row has ``s = 1``)."""
     if ONE_PASS:
         ss = tl.sum(x * x)
         if ss < SS_LIMIT:
             y = x / tl.sqrt(ss + 1e-6)
         else:
-            s = pow2_scale(tl.max(tl.abs(x)))
-            y = x * s
-            y = y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+            y = _l2norm_scaled(x)
     else:
-        s = pow2_scale(tl.max(tl.abs(x)))  # the chunked prefill's stages share it (._l2norm)
-        y = x * s
-        y = y / tl.sqrt(tl.sum(y * y) + 1e-6 * s * s)
+        y = _l2norm_scaled(x)
     return y
 
 

@@ -220,6 +220,17 @@ def _check_gate_params(func: str, family: str, gate: _GateInKernel, g: torch.Ten
                              f"move it with {name}.to(g.device).")
 
 
+def _run_with_options(fn, backend: Optional[str], validate: bool, /, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with :func:`options`' settings ``backend`` and ``validate`` (the same
+    context variable, set and reset around the call without a generator: the transformers router's
+    per-call path, ``linattn/integrations/transformers.py``)."""
+    token = _OPTIONS.set(_Options(backend, validate))
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _OPTIONS.reset(token)
+
+
 def _log_decay(gate: _GateInKernel, family: str, g: torch.Tensor, HV: int, K: int, opts: "_Options") -> torch.Tensor:
     """The log decay from the raw gate input ``g`` through :func:`linattn.gdn_gating` /
     :func:`linattn.kda_gating` (docs/ops.md "Gating"; FLA 0.6's ``-exp(A_log) * softplus(g + dt_bias)``,

@@ -135,11 +135,7 @@ class _Router:
                                self.module.__name__, self.name)
             return self.original(*args, **kwargs)
         kwargs = {k: v for k, v in kwargs.items() if k in self.params}
-        token = fla._OPTIONS.set(fla._Options(opts.backend, opts.validate))  # fla.options(...), without its generator
-        try:
-            return self.target(*args, **kwargs)
-        finally:
-            fla._OPTIONS.reset(token)
+        return fla._run_with_options(self.target, opts.backend, opts.validate, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
