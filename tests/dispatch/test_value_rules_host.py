@@ -6,6 +6,8 @@ inputs: padding, negative slots, repeats, out-of-range slots, empty tensors, NaN
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -92,7 +94,12 @@ def calls(draw):
     return args, dims
 
 
-@hypothesis.settings(max_examples=2000, deadline=None, derandomize=True)
+#: Examples per run: 600 in make test (the same ones every run: derandomize; ~5 s of a worker), ten times
+#: as many with LINATTN_FUZZ_PROFILE=long (tests/fuzz/fuzz_support.py's profiles).
+EXAMPLES = 6000 if os.environ.get("LINATTN_FUZZ_PROFILE") == "long" else 600
+
+
+@hypothesis.settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 @hypothesis.given(call=calls())
 def test_host_and_torch_rules_agree(call):
     args, dims = call
