@@ -88,6 +88,9 @@ CANDIDATES: dict[str, DecodeConfig | None] = {
     # q's and k's norms in one cross-lane reduction for ordinary rows (the max pass only past SS_LIMIT): the same bits
     "bv16_w1_onepass": DecodeConfig(16, 1, l2norm_one_pass=True),  # the pin since this run (2026-12-03): its spread from "pinned" is the noise
     "bv8_w1_blk2_vec4_onepass": DecodeConfig(8, 1, blocks=2, state_vec=4, l2norm_one_pass=True),
+    # the decay exp(g) as exp2 of a log2 (decode._log2_decay): a shorter chain from a to the state update
+    # (2026-12-03: with the gates computed beforehand GDN's pin ran 92.7-94.3% of copy, in the kernel 89.6-91.2)
+    "bv16_w1_onepass_exp2": DecodeConfig(16, 1, l2norm_one_pass=True, decay_exp2=True),
 }
 
 
@@ -192,11 +195,12 @@ def _measure(gate: str, N: int, d: dict, caps, copy_tbps: float, cfg, pool, stat
 
 def _config_fields(cfg: DecodeConfig) -> dict:
     return dict(BV=cfg.block_v, num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
-                blocks=cfg.blocks, state_vec=cfg.state_vec, l2norm_one_pass=cfg.l2norm_one_pass)
+                blocks=cfg.blocks, state_vec=cfg.state_vec, l2norm_one_pass=cfg.l2norm_one_pass,
+                decay_exp2=cfg.decay_exp2)
 
 
 def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_row: bool,
-              no_prologue: tuple = ()) -> list[dict]:
+              no_prologue: tuple = (), fp32_exp2: bool = False) -> list[dict]:
     """Every config of ``names`` at one (family, N): the checks first, then the timings; for each part of
     ``no_prologue`` (:data:`PROLOGUE_PARTS`), each config again on :func:`without_prologue`'s inputs
     (rows ``prologue_done_before``: the part; only the rows the call does not own and the distance
@@ -256,6 +260,23 @@ def sweep_one(gate: str, N: int, caps, copy_tbps: float, names: list[str], fp32_
         m = _measure(gate, N, args, caps, copy_tbps, cfg32, fp32_pool, 4)
         rows.append(dict(head, state_dtype="fp32", config="fp32_pinned", pinned=True, **_config_fields(cfg32), **m))
         print(f"  {gate} N={N:5d} {'fp32 pool, pinned':20s} {m['TBps']:.3f} TB/s ({m['frac_of_copy']:.1%})", flush=True)
+        if fp32_exp2:  # the fp32 pin with decay_exp2, checked against the fp32 pin on fresh copies of the pool
+            cfg = cfg32._replace(decay_exp2=True)
+            idx = args["state_indices"].long()
+            p0, p1 = fp32_pool.clone(), fp32_pool.clone()
+            o0, o1 = _call(gate, args, p0, caps, cfg32)(), _call(gate, args, p1, caps, cfg)()
+            torch.cuda.synchronize()
+            unowned = torch.ones(p1.shape[0], dtype=torch.bool, device=p1.device)
+            unowned[idx] = False
+            row = dict(head, state_dtype="fp32", config="fp32_pinned_exp2", pinned=False, **_config_fields(cfg),
+                       unowned_rows_unchanged=bool(torch.equal(p1[unowned], fp32_pool[unowned])),
+                       rel_diff_o_vs_pinned=_rel(o1, o0), rel_diff_state_vs_pinned=_rel(p1[idx], p0[idx]))
+            del p0, p1
+            row.update(_measure(gate, N, args, caps, copy_tbps, cfg, fp32_pool, 4))
+            rows.append(row)
+            print(f"  {gate} N={N:5d} {'fp32 pool, exp2 decay':20s} {row['TBps']:.3f} TB/s ({row['frac_of_copy']:.1%})"
+                  f" rel diff vs pinned o {row['rel_diff_o_vs_pinned']:.1e} state {row['rel_diff_state_vs_pinned']:.1e}",
+                  flush=True)
     return rows
 
 
@@ -317,6 +338,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--families", default="gdn,kda")
     ap.add_argument("--configs", default=",".join(CANDIDATES), help="names from CANDIDATES ('pinned' always runs first)")
     ap.add_argument("--no-fp32", action="store_true", help="skip the fp32-pool reference rows")
+    ap.add_argument("--fp32-exp2", action="store_true",
+                    help="also the fp32 pool's pinned config with decay_exp2 (rows fp32_pinned_exp2)")
     ap.add_argument("--no-prologue", nargs="?", const="both", default="", metavar="PARTS",
                     help="also run each config with q, k normalised and/or the gates computed beforehand: comma-separated "
                          f"parts of {PROLOGUE_PARTS} (no value: both; rows prologue_done_before; an experiment)")
@@ -352,7 +375,8 @@ def main(argv=None) -> list[dict]:
     for gate in args.families.split(","):
         for N in (int(n) for n in args.ns.split(",")):
             rows += [dict(kind="sweep", **r) for r in sweep_one(gate, N, caps, copy_tbps, names, not args.no_fp32,
-                                                                 tuple(p for p in args.no_prologue.split(",") if p))]
+                                                                 tuple(p for p in args.no_prologue.split(",") if p),
+                                                                 fp32_exp2=args.fp32_exp2)]
             write_results(out, rows, NOTES + [f"elapsed {time.time() - t0:.0f} s"], command=command.strip())
             torch.cuda.empty_cache()
     _summary(rows, out, time.time() - t0)

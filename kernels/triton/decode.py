@@ -45,6 +45,8 @@ from linattn.kernels.triton.limits import MAX_HEAD_DIM  # noqa: F401  (one copy,
 
 #: Floor of the log decay g (limits.G_MIN, as the kernels see it): exp(G_MIN) is 0 in fp32.
 G_MIN = tl.constexpr(limits.G_MIN)
+#: log2(e), for :func:`_log2_decay`'s exp2 / log2 form of the decay
+LOG2E = tl.constexpr(1.4426950408889634)
 #: State tile budget in fp32 elements per program (BV * BK), keeps the tile in registers.
 TILE_ELEMENTS = 4096
 
@@ -63,6 +65,20 @@ def _softplus(x, beta, threshold):
     bx = beta * x
     sp = (tl.maximum(bx, 0.0) + _log1p_exp_neg(tl.abs(bx))) / beta
     return tl.where(bx > threshold, x, sp)
+
+
+@triton.jit
+def _log2_decay(x, decay_coef, softplus_beta, softplus_threshold):
+    """``log2 exp(g)`` for ``g = -exp(A_log) softplus(x)`` (PyTorch's beta / threshold convention) as
+    ``-(exp(A_log) / beta) log2(1 + 2^(beta x log2 e))`` (``beta x log2 e`` past the threshold), with
+    ``decay_coef = exp(A_log) / beta``: two MUFU operations and no division on the chain from ``a`` to the
+    decay (``DecodeConfig.decay_exp2``), against :func:`_softplus`'s log1p form and ``exp(g)``. The
+    difference: where ``e^(beta x) < 2^-24``, ``1 + e^(beta x)`` rounds to 1 and the decay to exactly 1, where
+    the log1p form gives ``1 - exp(A_log) e^(beta x)`` (at most ``exp(A_log) 2^-24`` apart). ``inf * 0``
+    reads as 0 (:func:`_decode_rows`'s rule for ``exp(A_log) softplus(x)``)."""
+    bx = softplus_beta * x
+    l2 = tl.where(bx > softplus_threshold, bx * LOG2E, tl.log2(1.0 + tl.exp2(bx * LOG2E)))
+    return tl.where(l2 == 0.0, 0.0, tl.where(decay_coef == 0.0, 0.0, -decay_coef * l2))
 
 
 @triton.jit
@@ -130,13 +146,15 @@ def _decode_rows(
     GATE: tl.constexpr, HAS_LOWER_BOUND: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     PER_TOKEN_SLOTS: tl.constexpr, HAS_INTER: tl.constexpr, HAS_INTER_IDX: tl.constexpr, UPDATE_STATE: tl.constexpr,
     GATES_PRECOMPUTED: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr, STATE_EVICTION: tl.constexpr,
-    L2NORM_ONE_PASS: tl.constexpr,
+    L2NORM_ONE_PASS: tl.constexpr, DECAY_EXP2: tl.constexpr,
 ):
     """The tokens of one sequence on one state tile ``h`` (fp32 ``[BV, BK]``, loaded by the caller
     from ``p_state + load_slot * s_pool_slot``): gating, the delta rule, the output rows and the
     state stores (the kernel's docstring and the module's)."""
     if not GATES_PRECOMPUTED:
         exp_a = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+        if DECAY_EXP2:
+            decay_coef = exp_a / softplus_beta
         if GATE == "gdn":
             dt = tl.load(dt_bias + i_hv).to(tl.float32)
         else:
@@ -175,16 +193,26 @@ def _decode_rows(
             if HAS_LOWER_BOUND:
                 z = tl.where(x == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, exp_a * x))  # inf * 0 reads as 0
                 g = lower_bound / (1.0 + tl.exp(-z))
+            elif DECAY_EXP2:  # log2 of the decay: -(exp(A_log) / beta) log2(1 + e^(beta x)) (:func:`_log2_decay`)
+                g2 = _log2_decay(x, decay_coef, softplus_beta, softplus_threshold)
             else:
                 sp = _softplus(x, softplus_beta, softplus_threshold)
                 g = tl.where(sp == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, -exp_a * sp))  # inf * 0 reads as 0
             beta = 1.0 / (1.0 + tl.exp(-b_b))
-        g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
+        if DECAY_EXP2 and not GATES_PRECOMPUTED and not HAS_LOWER_BOUND:
+            decay = tl.exp2(tl.maximum(g2, G_MIN * LOG2E))  # exp(max(g, G_MIN)), as below
+        else:
+            g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
         if USE_QK_L2NORM:
             b_q = _l2norm(b_q, L2NORM_ONE_PASS)
             b_k = _l2norm(b_k, L2NORM_ONE_PASS)
         b_q = b_q * scale
-        if GATE == "gdn":
+        if DECAY_EXP2 and not GATES_PRECOMPUTED and not HAS_LOWER_BOUND:
+            if GATE == "gdn":
+                h = h * decay
+            else:
+                h = h * decay[None, :]
+        elif GATE == "gdn":
             h = h * tl.exp(g)
         else:
             h = h * tl.exp(g)[None, :]
@@ -225,7 +253,7 @@ def _recurrent_decode_kernel(
     GATES_PRECOMPUTED: tl.constexpr, HAS_INITIAL_STATE: tl.constexpr, HAS_OUT_SLOTS: tl.constexpr,
     LAYOUT: tl.constexpr, AX_SEQ: tl.constexpr, AX_HEAD: tl.constexpr, AX_BLK: tl.constexpr,
     STATE_EVICTION: tl.constexpr = "", BLOCKS: tl.constexpr = 1, STATE_VEC: tl.constexpr = 0,
-    L2NORM_ONE_PASS: tl.constexpr = False,
+    L2NORM_ONE_PASS: tl.constexpr = False, DECAY_EXP2: tl.constexpr = False,
 ):
     """One program: ``BLOCKS`` consecutive value blocks of ``BV`` rows of one (sequence, value head).
     ``BLOCKS = 1`` (every shipped build but those :data:`PINNED` says otherwise): one tile, loaded
@@ -274,7 +302,7 @@ def _recurrent_decode_kernel(
                      s_qn, s_qt, s_qh, s_kn, s_kt, s_kh, s_vn, s_vt, s_vh, s_an, s_at, s_ah, s_bn, s_bt, s_bh,
                      s_pool_slot, s_idx_t, s_inter_slot, s_inter_t, s_inter_h,
                      HV, K, V, GATE, HAS_LOWER_BOUND, USE_QK_L2NORM, PER_TOKEN_SLOTS, HAS_INTER, HAS_INTER_IDX,
-                     UPDATE_STATE, GATES_PRECOMPUTED, HAS_OUT_SLOTS, STATE_EVICTION, L2NORM_ONE_PASS)
+                     UPDATE_STATE, GATES_PRECOMPUTED, HAS_OUT_SLOTS, STATE_EVICTION, L2NORM_ONE_PASS, DECAY_EXP2)
         if j + 1 < BLOCKS:
             offs_v, mask_v, mask_s, offs_s = offs_v1, mask_v1, mask_s1, offs_s1  # the tile loaded ahead
 
@@ -300,6 +328,10 @@ class DecodeConfig(NamedTuple):
             ``STATE_VEC``; 0, every shipped build: the compiler's choice, 16-byte runs: 4 fp32 or 8
             bf16). 4 on a bf16 pool gives the tile the layout of the key vectors (4 per thread over
             32 lanes: q, k, KDA's gate), so they reach it without shuffles, in 8-byte loads.
+        decay_exp2: the kernel's ``DECAY_EXP2`` (:func:`_log2_decay`): the softplus gates' decay
+            ``exp(g)`` as ``exp2`` of a ``log2``, a shorter chain from ``a`` to the state update (not bitwise
+            the log1p form: a decay within ``2^-24 exp(A_log)`` of 1 reads as 1); the bounded (KDA
+            ``lower_bound``) and precomputed gates keep their code.
     """
 
     block_v: int
@@ -309,6 +341,7 @@ class DecodeConfig(NamedTuple):
     blocks: int = 1
     state_vec: int = 0
     l2norm_one_pass: bool = False
+    decay_exp2: bool = False
 
 
 #: Pinned launch configs per ``(gate, K, V, batch class, state pool dtype)``
@@ -499,6 +532,8 @@ class DecodeLaunch:
             self.constexprs["STATE_VEC"] = cfg.state_vec
         if cfg.l2norm_one_pass:
             self.constexprs["L2NORM_ONE_PASS"] = True
+        if cfg.decay_exp2:
+            self.constexprs["DECAY_EXP2"] = True
         if cfg.maxnreg is not None:  # a compile option Triton takes among the keywords (as launch.launch_with)
             self.constexprs["maxnreg"] = cfg.maxnreg
         self.launch: Optional[PreparedLaunch] = None

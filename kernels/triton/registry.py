@@ -303,6 +303,7 @@ HELPERS: frozenset[str] = frozenset({
     f"{KERNEL_PACKAGE}.chunk_output:_gdn_q_pass",
     f"{KERNEL_PACKAGE}.decode:_l2norm",
     f"{KERNEL_PACKAGE}.decode:_l2norm_scaled",
+    f"{KERNEL_PACKAGE}.decode:_log2_decay",
     f"{KERNEL_PACKAGE}._l2norm:_shift",
     f"{KERNEL_PACKAGE}._l2norm:pow2_scale",
     f"{KERNEL_PACKAGE}._l2norm:inv_pow2_scale",

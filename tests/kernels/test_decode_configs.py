@@ -100,6 +100,51 @@ def test_one_pass_l2norm_gives_the_bits_of_two_passes_on_huge_and_ordinary_rows(
 
 
 @interp
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+@pytest.mark.parametrize("softplus_beta,softplus_threshold", [(1.0, 20.0), (1.5, 4.0)])
+def test_decay_exp2_is_the_log1p_form_within_its_bound_and_keeps_its_edge_rules(gate, softplus_beta, softplus_threshold):
+    """``decay_exp2`` (``exp(g)`` as ``exp2`` of a ``log2``; :func:`decode._log2_decay`) against the log1p form:
+    ordinary gates and gates past the threshold within 1e-6 relative on outputs and states (fp32 pool;
+    the bound of the docstring, ``exp(A_log) 2^-24`` per step, is far below it), and the edge rules the
+    same bits: ``x = -80`` (a decay of 1 in both), ``A_log = -inf`` with ``x = inf`` (``inf * 0`` reads as
+    0: a decay of 1), NaN ``a`` (the floor: a decay of 0). The flag reaches the build; other builds keep
+    their constexprs. Also the float64 reference, within ops.md's fp32 decode tolerance."""
+    from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
+    from linattn.testing.compare import rel_error
+
+    d = _call(gate, torch.float32, "vk", "plain", seed=2)
+    d.update(softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+    d["a"] = d["a"] * 4.0  # past the threshold (4 / 1.5) for some heads and channels at beta 1.5
+    o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))
+    o, pool = _run(d, gate, dm.DecodeConfig(4, 1, decay_exp2=True))
+    assert not torch.equal(pool, d["state_pool"])
+    assert rel_error(o, o1) < 1e-6 and rel_error(pool, pool1) < 1e-6, (rel_error(o, o1), rel_error(pool, pool1))
+    for slot in set(range(P)) - _written(d):
+        assert torch.equal(pool[slot], d["state_pool"][slot]), f"unowned slot {slot} changed"
+    ref = gdn_decode_ref if gate == "gdn" else kda_decode_ref
+    p64 = d["state_pool"].double()
+    o64 = ref(**{n: d[n].double() for n in ("q", "k", "v", "a", "b", "A_log", "dt_bias")}, state_pool=p64,
+              state_indices=d["state_indices"], scale=d["scale"], softplus_beta=softplus_beta,
+              softplus_threshold=softplus_threshold, compute_dtype=torch.float64)
+    assert rel_error(o.double(), o64) < 1e-5 and rel_error(pool.double(), p64) < 1e-5
+    # the edge rules: sequence 0 at x = -80, sequence 2's value head 1 at A_log = -inf with x = inf, then NaN
+    e = dict(d, a=d["a"].clone(), A_log=d["A_log"].clone(), dt_bias=torch.zeros_like(d["dt_bias"]))
+    e["a"][0] = -80.0
+    e["A_log"][1] = float("-inf")
+    e["a"][2, :, 1] = float("inf")
+    e["a"][2, :, 0] = float("nan")
+    o1, pool1 = _run(e, gate, dm.DecodeConfig(4, 1))
+    o, pool = _run(e, gate, dm.DecodeConfig(4, 1, decay_exp2=True))
+    assert torch.isfinite(pool1).all(), "the edge gates must give finite states in the log1p form"
+    for x, y in ((o[0], o1[0]), (pool[5], pool1[5]), (o[2], o1[2]), (pool[0], pool1[0])):
+        assert torch.equal(x, y)
+    caps = probe(torch.device("cpu"))
+    launch = lambda cfg: dm.DecodeLaunch(gate=gate, caps=caps, layout="split", config=cfg, **d)  # noqa: E731
+    assert launch(dm.DecodeConfig(4, 1, decay_exp2=True)).constexprs["DECAY_EXP2"] is True
+    assert "DECAY_EXP2" not in launch(dm.DecodeConfig(4, 1)).constexprs
+
+
+@interp
 def test_blocks_variant_can_fail():
     """The comparison above sees a wrong tile walk: tiles of half the rows on the same grid leave
     rows of the pool unwritten."""
