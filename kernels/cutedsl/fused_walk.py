@@ -14,15 +14,19 @@ Triton walk where ``LINATTN_CUTEDSL_WALK`` is set and :func:`walk_refusal` is em
 Triton walk runs, as without the switch). The planner never sets it. Two builds of the same walk
 (:data:`MMA_VARIANTS`; the switch's value picks one):
 
-- ``LINATTN_CUTEDSL_WALK=1``: warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`), measured below;
+- ``LINATTN_CUTEDSL_WALK=1``: warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
 - ``LINATTN_CUTEDSL_WALK=wgmma``: warpgroup ``wgmma`` with the state as the register A operand
-  and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27
-  step 4). Status: see that module and docs/performance.md ('The walk on warpgroup MMAs').
+  and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27).
+  Status (2026-12-03): **sm_90a build 202 registers, no local memory, 138 KB of shared
+  memory at BV = 128; on the H200 correct (tests/gpu/test_fused_walk_gpu.py, both builds: 22
+  passed), its outputs and pool rows bitwise the mma.sync build's, and the walk 1.51x the Triton
+  walk at 16 x 4,096 (16, 32) (0.854 against 1.293 ms), 1.18x at 8 x 1,024 (docs/performance.md,
+  'The walk on warpgroup MMAs'). Still opt-in: the planner does not pick it yet.**
 
 Scope of this step: GDN, bf16 ``q/k/v`` and prep buffers, ``K = V = 128``, chunk 64, fp32 or bf16
 states, no state checkpoints; anything else is refused (:func:`walk_refusal`).
 
-Status (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
+Status of the mma.sync build (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
 registers, no local memory, ~143 KB of shared memory at BV = 128); on the H200 (tree d2ca3fc)
 correct (tests/gpu/test_fused_walk_gpu.py 10 passed) and 1.04x the Triton walk at 16 x 4,096
 (16, 32), 0.99x at 8 x 1,024 (docs/performance.md, 'The walk in CuTe DSL'), so opt-in.** Tensor cores through warp-level ``mma.sync`` m16n8k16 (as

@@ -3,8 +3,9 @@ against the Triton walk on the same prep outputs, on an SM90 GPU (H200).
 
 Each test runs ``chunk_prefill(fused=True)`` twice on the same inputs, the switch off (the Triton
 walk ``chunk_gdn_fused_kernel``) and on (the CuTe DSL walk; the test asserts that it ran), so the
-Triton prep kernel's ``tmb, aqk, rk, qs`` are the same. Every test runs for both builds of the
-walk (``walk``: the switch's value, ``"1"`` warp ``mma.sync``, ``"wgmma"`` warpgroup MMAs). Pinned: the float64 token-serial reference
+Triton prep kernel's ``tmb, aqk, rk, qs`` are the same. Every test but the last runs for both
+builds of the walk (``walk``: the switch's value, ``"1"`` warp ``mma.sync``, ``"wgmma"`` warpgroup
+MMAs); the last pins the two builds' results bitwise equal. Pinned: the float64 token-serial reference
 within the fused tests' tolerance (tests/gpu/test_prefill_fused_gpu.py: no worse than 1.5x the
 Triton walk's error plus 2e-3; bitwise equality with the Triton walk is not expected), pool mode in
 both layouts and pool dtypes with rows not owned bitwise unchanged, padding rows zero and
@@ -145,3 +146,29 @@ def test_cutedsl_walk_with_huge_rows_equals_the_unscaled_problem(monkeypatch, wh
     assert torch.isfinite(o_c.float()).all() and torch.isfinite(ht_c).all()
     assert rel(o_c, o_u) < 2e-2 and rel(ht_c, ht_u) < 2e-2, (rel(o_c, o_u), rel(ht_c, ht_u))
     assert rel(o_c, o_t) < 2e-2 and rel(ht_c, ht_t) < 2e-2
+
+
+@pytest.mark.parametrize("bv", [128, 64])
+def test_wgmma_walk_is_bitwise_the_mma_sync_walk(monkeypatch, bv):
+    """The warpgroup build (at either value block) against the warp build at 128: the same bf16
+    operands and fp32 products in the same order, so the same bits (measured on the H200,
+    2026-12-03, up to 4 x 8,192 at (16, 64)); pool mode with padding and has_initial_state."""
+    lens = [300, 1, 64, 0, 200]
+    inp = make_inputs("gdn", lens, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=11)
+    pool = random_states(7, 8, 128, 128, device=DEV) * 0.1
+    idx = torch.tensor([4, 6, -1, 0, 2], device=DEV, dtype=torch.int32)
+    flags = torch.tensor([True, False, True, True, True], device=DEV)
+    real = fw.cutedsl_fused_walk
+    outs = []
+    for walk, block in (("1", 128), ("wgmma", bv)):
+        calls = []
+        monkeypatch.setattr(fw, "cutedsl_fused_walk", lambda **a: calls.append(a["mma"]) or real(**a, bv=block))
+        monkeypatch.setenv(fw.ENV_SWITCH, walk)
+        work = pool.clone()
+        o, _ = run("gdn", inp, fused=True, state_pool=work, state_indices=idx, has_initial_state=flags)
+        torch.cuda.synchronize()
+        assert calls == [fw.MMA_VARIANTS[walk]]
+        outs.append((o, work))
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[1][0].abs().amax() > 0
