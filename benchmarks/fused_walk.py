@@ -1,14 +1,16 @@
 """The fused GDN prefill's walk: Triton (``chunk_gdn_fused_kernel``) against CuTe DSL
-(kernels/cutedsl/fused_walk.py, ``LINATTN_CUTEDSL_WALK=1``), on the same prep outputs (issue 27).
+(kernels/cutedsl/fused_walk.py: ``LINATTN_CUTEDSL_WALK=1``, warp ``mma.sync``, and
+``LINATTN_CUTEDSL_WALK=wgmma``, warpgroup MMAs), on the same prep outputs (issue 27).
 
 Per shape (bf16 q/k/v, l2norm in the prep, fp32 "vk" pool with ``state_indices`` a permutation of
 half the pool's rows; gates ``logsigmoid(N(3, 1))`` as benchmarks/prefill.py's "mild"): the call is
 planned once (``fused=True``), its tables made once, then ``launch_fused_stages`` is timed
-(``triton.testing.do_bench`` medians, ms) four ways: prep + Triton walk (switch off), prep + CuTe
-walk (switch on; its value block :func:`fused_walk.block_v`, 128), the same at value block 64, prep
-alone (switch on, the walk replaced by nothing); each walk's time is the difference. Before
-timing, both walks run once from the same pool: the relative difference of their outputs and of
-the pool rows written, and whether the rows not owned stayed bitwise unchanged.
+(``triton.testing.do_bench`` medians, ms) six ways: prep + Triton walk (switch off), prep + CuTe
+walk for each build (``cutedsl_*``: mma.sync, ``wgmma_*``: warpgroup MMAs; value block
+:func:`fused_walk.block_v`, 128, and 64), prep alone (switch on, the walk replaced by nothing);
+each walk's time is the difference. Before timing, every walk runs once from the same pool: the
+relative difference of its outputs and of the pool rows written to the Triton walk's, and whether
+the rows not owned stayed bitwise unchanged.
 
 Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_walk_<device>.json``;
 default benchmarks/results/) after every shape, so a timeout keeps the shapes done.
@@ -81,11 +83,16 @@ class Call:
         self.pm.launch_fused_stages(self.plan, self.x, self.tables, self.bufs, self.st, self.scale)
 
 
-def switch(on: bool):
+#: the CuTe DSL builds timed: row prefix -> the switch's value
+BUILDS = {"cutedsl": "1", "wgmma": "wgmma"}
+
+
+def switch(value: str):
+    """Set :data:`fused_walk.ENV_SWITCH` to ``value`` ("": unset, the Triton walk)."""
     from linattn.kernels.cutedsl import fused_walk as fw
 
-    if on:
-        os.environ[fw.ENV_SWITCH] = "1"
+    if value:
+        os.environ[fw.ENV_SWITCH] = value
     else:
         os.environ.pop(fw.ENV_SWITCH, None)
 
@@ -101,40 +108,45 @@ def measure(N, L, H, HV) -> dict:
                           device=torch.device("cuda"))
     row["cutedsl_refusal"] = why
     outs = {}
-    for name, on in (("triton", False), ("cutedsl", True)):
+    own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
+    own[idx.long()] = True
+    for name, value in (("triton", ""), *BUILDS.items()):
         pool = pool0.clone()
         call = Call(d, pool, idx)
-        switch(on)
+        switch(value)
         call()
         torch.cuda.synchronize()
-        own = torch.zeros(pool.shape[0], dtype=torch.bool, device=pool.device)
-        own[idx.long()] = True
         outs[name] = (call.bufs.o.clone(), pool[idx.long()].clone(), torch.equal(pool[~own], pool0[~own]))
-    switch(False)
-    row["o_rel_cutedsl_vs_triton"] = rel(outs["cutedsl"][0], outs["triton"][0])
-    row["pool_rel_cutedsl_vs_triton"] = rel(outs["cutedsl"][1], outs["triton"][1])
-    row["rows_not_owned_unchanged"] = outs["triton"][2] and outs["cutedsl"][2]
-    row["o_finite"] = bool(torch.isfinite(outs["cutedsl"][0].float()).all())
+    switch("")
+    for name in BUILDS:
+        row[f"o_rel_{name}_vs_triton"] = rel(outs[name][0], outs["triton"][0])
+        row[f"pool_rel_{name}_vs_triton"] = rel(outs[name][1], outs["triton"][1])
+        row[f"{name}_o_finite"] = bool(torch.isfinite(outs[name][0].float()).all())
+    row["rows_not_owned_unchanged"] = all(x[2] for x in outs.values())
+
+    def bench():
+        return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
     call = Call(d, pool0.clone(), idx)
-    switch(False)
-    row["prep_triton_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
-    switch(True)
-    row["prep_cutedsl_walk_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+    row["prep_triton_walk_ms"] = bench()
     real, real_bv = fw.run_for_plan, fw.block_v
     try:
-        fw.block_v = lambda V: 64  # the other value block: 4 warps, twice the CTAs
-        row["prep_cutedsl_walk_bv64_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
-        fw.block_v = real_bv
+        for name, value in BUILDS.items():
+            switch(value)
+            row[f"prep_{name}_walk_ms"] = bench()
+            fw.block_v = lambda V: 64  # the other value block: half the warps, twice the CTAs
+            row[f"prep_{name}_walk_bv64_ms"] = bench()
+            fw.block_v = real_bv
         fw.run_for_plan = lambda *a: True  # the prep alone
-        row["prep_ms"] = float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+        row["prep_ms"] = bench()
     finally:
         fw.run_for_plan, fw.block_v = real, real_bv
-        switch(False)
+        switch("")
     row["triton_walk_ms"] = row["prep_triton_walk_ms"] - row["prep_ms"]
-    row["cutedsl_walk_ms"] = row["prep_cutedsl_walk_ms"] - row["prep_ms"]
-    row["cutedsl_walk_bv64_ms"] = row["prep_cutedsl_walk_bv64_ms"] - row["prep_ms"]
-    row["walk_speedup"] = row["triton_walk_ms"] / max(row["cutedsl_walk_ms"], 1e-9)
+    for name in BUILDS:
+        row[f"{name}_walk_ms"] = row[f"prep_{name}_walk_ms"] - row["prep_ms"]
+        row[f"{name}_walk_bv64_ms"] = row[f"prep_{name}_walk_bv64_ms"] - row["prep_ms"]
+        row[f"{name}_walk_speedup"] = row["triton_walk_ms"] / max(row[f"{name}_walk_ms"], 1e-9)
     return row
 
 
@@ -143,11 +155,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--out", default=None)
     ap.add_argument("--once", action="store_true", help="run prep + CuTe walk once per shape, time nothing (ncu)")
+    ap.add_argument("--walk", default="1", choices=sorted(BUILDS.values()), help="the build that --once runs")
     a = ap.parse_args(argv)
     if a.once:
         for N, L, H, HV in parse(a.shapes):
             d, pool, idx = make(N, L, H, HV)
-            switch(True)
+            switch(a.walk)
             Call(d, pool, idx)()
             torch.cuda.synchronize()
         return 0
@@ -156,7 +169,8 @@ def main(argv=None) -> int:
     notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "
              "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms",
              "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; opt-in "
-             "LINATTN_CUTEDSL_WALK=1)"]
+             "LINATTN_CUTEDSL_WALK=1); wgmma walk: the same with warpgroup MMAs, the state as the register "
+             "A operand (LINATTN_CUTEDSL_WALK=wgmma)"]
     for N, L, H, HV in parse(a.shapes):
         try:
             row = measure(N, L, H, HV)

@@ -5,9 +5,9 @@
 # `bash .cute_b/install.sh && bash benchmarks/fused_walk_device.sh`; on a machine still warm from those,
 # carry [".whl"] and run this script alone).
 #   a. pytest tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py  -> $OUT/fused_walk_tests.xml
-#   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + CuTe walk, 16 x 4,096 and 8 x 1,024
-#      at (16, 32))                                                              -> $OUT/fused_walk_<device>.json
-#   c. ncu of one CuTe walk at 16 x 4,096 (16, 32)                               -> $OUT/fused_walk_ncu.txt
+#   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + each CuTe walk, mma.sync and
+#      wgmma; 16 x 4,096 and 8 x 1,024 at (16, 32))                            -> $OUT/fused_walk_<device>.json
+#   c. ncu of one CuTe walk (WALK=1: mma.sync, WALK=wgmma) at 16 x 4,096 (16, 32) -> $OUT/fused_walk_ncu.txt
 # STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c). Pass LINATTN_COMMIT=<commit>
 # to record the commit; T_TESTS / T_BENCH / T_NCU cap each step (seconds; the device allows 600 per call).
 set -u
@@ -34,7 +34,7 @@ echo "step b rc=${PIPESTATUS[0]}"
 fi
 if [[ $STEPS == *c* ]]; then
   timeout -k 5 "${T_NCU:-150}" ncu --clock-control none -k regex:FusedWalk -c 1 --set full \
-    python3 benchmarks/fused_walk.py --once --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
+    python3 benchmarks/fused_walk.py --once --walk "${WALK:-1}" --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
   echo "step c rc=$?"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Stall|Tensor" \
     "$OUT/fused_walk_ncu.txt" | head -30
 fi

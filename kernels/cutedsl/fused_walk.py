@@ -10,13 +10,23 @@ Pool mode: a negative slot is padding (zero output rows, the pool neither read n
 instructions.
 
 Opt-in only: :func:`linattn.kernels.triton.prefill.launch_fused_stages` runs it in place of the
-Triton walk where ``LINATTN_CUTEDSL_WALK=1`` is set and :func:`walk_refusal` is empty (else the
-Triton walk runs, as without the switch). The planner never sets it.
+Triton walk where ``LINATTN_CUTEDSL_WALK`` is set and :func:`walk_refusal` is empty (else the
+Triton walk runs, as without the switch). The planner never sets it. Two builds of the same walk
+(:data:`MMA_VARIANTS`; the switch's value picks one):
+
+- ``LINATTN_CUTEDSL_WALK=1``: warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
+- ``LINATTN_CUTEDSL_WALK=wgmma``: warpgroup ``wgmma`` with the state as the register A operand
+  and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27).
+  Status (2026-12-03): **sm_90a build 202 registers, no local memory, 138 KB of shared
+  memory at BV = 128; on the H200 correct (tests/gpu/test_fused_walk_gpu.py, both builds: 22
+  passed), its outputs and pool rows bitwise the mma.sync build's, and the walk 1.51x the Triton
+  walk at 16 x 4,096 (16, 32) (0.854 against 1.293 ms), 1.18x at 8 x 1,024 (docs/performance.md,
+  'The walk on warpgroup MMAs'). Still opt-in: the planner does not pick it yet.**
 
 Scope of this step: GDN, bf16 ``q/k/v`` and prep buffers, ``K = V = 128``, chunk 64, fp32 or bf16
 states, no state checkpoints; anything else is refused (:func:`walk_refusal`).
 
-Status (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
+Status of the mma.sync build (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
 registers, no local memory, ~143 KB of shared memory at BV = 128); on the H200 (tree d2ca3fc)
 correct (tests/gpu/test_fused_walk_gpu.py 10 passed) and 1.04x the Triton walk at 16 x 4,096
 (16, 32), 0.99x at 8 x 1,024 (docs/performance.md, 'The walk in CuTe DSL'), so opt-in.** Tensor cores through warp-level ``mma.sync`` m16n8k16 (as
@@ -42,8 +52,10 @@ from .chunk_state import _cutlass_types, _dt, compile_cached  # the state kernel
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
-#: the environment switch that runs this walk in place of the Triton one (``"1"``: on)
+#: the environment switch that runs this walk in place of the Triton one (a key of :data:`MMA_VARIANTS`)
 ENV_SWITCH = "LINATTN_CUTEDSL_WALK"
+#: the switch's values -> the tensor-core instructions of the build (:attr:`WalkKey.mma`)
+MMA_VARIANTS = {"1": "sync", "wgmma": "wgmma"}
 #: head dims, chunk and operand dtype of this step
 WALK_K = WALK_V = 128
 WALK_CHUNK = 64
@@ -64,11 +76,18 @@ class WalkKey(NamedTuple):
     arch: str  # "sm_90a", ...
     has_init: bool = False  # pool mode with has_initial_state [N] (uint8)
     warp_factors: bool = True  # each warp forms the gate factors (shuffle scans); False: 64 threads, serial sums
+    mma: str = "sync"  # the tensor-core instructions: "sync" (warp mma.sync) | "wgmma" (warpgroups; warp_factors only)
+
+
+def variant() -> str:
+    """The build the environment asks for: ``"sync"`` (:data:`ENV_SWITCH` ``"1"``), ``"wgmma"``
+    (``"wgmma"``), or ``""`` (unset or any other value: the Triton walk)."""
+    return MMA_VARIANTS.get(os.environ.get(ENV_SWITCH, ""), "")
 
 
 def enabled() -> bool:
-    """Whether the environment asks for this walk (:data:`ENV_SWITCH` is ``"1"``)."""
-    return os.environ.get(ENV_SWITCH, "") == "1"
+    """Whether the environment asks for this walk (:data:`ENV_SWITCH` is a key of :data:`MMA_VARIANTS`)."""
+    return variant() != ""
 
 
 def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
@@ -154,6 +173,10 @@ def compile_walk(key: WalkKey, dump_dir: Optional[str] = None):
         ImportError: nvidia-cutlass-dsl is not installed.
     """
     def kernel():
+        if key.mma == "wgmma":
+            from ._fused_walk_wgmma_kernel import FusedWalkWgmmaKernel
+
+            return FusedWalkWgmmaKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN)
         from ._fused_walk_kernel import FusedWalkKernel
 
         return FusedWalkKernel(key.K, key.V, key.BV, key.pool, key.has_h0, key.has_init, G_MIN, key.warp_factors)
@@ -170,7 +193,8 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
                        aqk: torch.Tensor, rk: torch.Tensor, qs: torch.Tensor, o: torch.Tensor,
                        cu_seqlens: torch.Tensor, state_indices: Optional[torch.Tensor],
                        has_initial_state: Optional[torch.Tensor], h0: Optional[torch.Tensor], ht: torch.Tensor,
-                       s0: tuple, st: tuple, bv: Optional[int] = None, arch: Optional[str] = None) -> None:
+                       s0: tuple, st: tuple, bv: Optional[int] = None, arch: Optional[str] = None,
+                       mma: Optional[str] = None) -> None:
     """The fused GDN prefill's walk on an SM90 GPU, in CuTe DSL (module docstring); the arguments of
     :func:`linattn.kernels.triton.chunk_fused.launch_fused` for ``chunk_gdn_fused_kernel``.
 
@@ -188,7 +212,8 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         ht: pool mode: the pool (written in place, owned rows only); dense: the final state.
         s0, st: ``(slot, head, k, v)`` element strides of ``h0`` and ``ht`` (zeros for a missing h0).
         bv: value columns per CTA (64 or 128; default :func:`block_v`). arch: the target (default:
-            the device's).
+            the device's). mma: ``"sync"`` or ``"wgmma"`` (:attr:`WalkKey.mma`; default: the
+            switch's :func:`variant`, else ``"sync"``).
     Raises:
         ValueError: anything :func:`walk_refusal` refuses, or a buffer of the wrong shape, dtype
             or layout; nothing has launched then.
@@ -209,6 +234,9 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     bv = block_v(V) if bv is None else bv
     if bv not in (64, 128) or V % bv:
         raise ValueError(f"cutedsl fused walk: bv {bv}; supported: 64, 128 dividing V = {V}")
+    mma = mma or variant() or "sync"
+    if mma not in MMA_VARIANTS.values():
+        raise ValueError(f"cutedsl fused walk: mma {mma!r}; supported: {sorted(MMA_VARIANTS.values())}")
     if max(abs(s0[2]) * K, abs(s0[3]) * V, abs(st[2]) * K, abs(st[3]) * V) >= 2**31:
         raise ValueError("cutedsl fused walk: state strides inside one head exceed 32 bits")
     if N == 0:
@@ -223,7 +251,7 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         arch = device_arch(q.device)
     key = WalkKey(K, V, bv, pool, h0 is not None, _dt(ht.dtype), _dt(h0.dtype if h0 is not None else ht.dtype),
                   _dt(state_indices.dtype) if pool else _dt(cu_seqlens.dtype), _dt(cu_seqlens.dtype), arch,
-                  has_initial_state is not None)
+                  has_initial_state is not None, mma=mma)
     sidx = state_indices if pool else cu_seqlens
     mask = has_initial_state if has_initial_state is not None else sidx
     _launch(compile_walk(key), key, (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, sidx, mask,
@@ -308,11 +336,11 @@ def run_for_plan(plan, x, b, st) -> bool:
     if why:
         return False
     if getattr(tl_launch._recording, "records", None) is not None:
-        raise tl_launch.NotReplayable("the CuTe DSL fused walk (LINATTN_CUTEDSL_WALK=1) is not a Triton launch")
+        raise tl_launch.NotReplayable(f"the CuTe DSL fused walk ({ENV_SWITCH}) is not a Triton launch")
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     cutedsl_fused_walk(q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
                        o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
                        has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
                        ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
-                       st=state_strides(st.ht, plan.state_layout))
+                       st=state_strides(st.ht, plan.state_layout), mma=variant() or "sync")
     return True

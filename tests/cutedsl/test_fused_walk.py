@@ -13,6 +13,10 @@ import torch
 from linattn.kernels.cutedsl import fused_walk as fw
 
 MMA = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
+# a warpgroup MMA with A from registers (four 32-bit registers: eight bf16) and B by descriptor;
+# groups: N, B transposed (MN-major)
+WGMMA_RS = (r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 \{[^}]*\}, "
+            r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1,\s*1, (\d);")
 
 
 def _compile(tmp_path, **kw):
@@ -47,6 +51,32 @@ def test_dense_walk_with_bf16_state_half_value_block_and_serial_factors_compiles
     assert ".reqntid 128, 1, 1" in ptx
     assert len(re.findall(MMA, ptx)) == 256
     assert "shfl.sync.up" not in ptx and len(re.findall(r"\bbar\.sync\b", ptx)) == 4
+    assert not re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx)
+
+
+def test_wgmma_pool_walk_compiles_for_sm90a_with_register_a_warpgroup_mmas(tmp_path):
+    ptx = _compile(tmp_path, mma="wgmma")
+    assert ".target sm_90a" in ptx
+    assert ".reqntid 256, 1, 1" in ptx  # two warpgroups at BV = 128
+    # per warpgroup and chunk, all with the A operand from registers: P1, P2 (m64n64, 8 k blocks each),
+    # Vn^T and O^T's Aqk term (m64n64, 4 each), B K-major; the update (m64n128, 4), B = k MN-major
+    assert sorted(re.findall(WGMMA_RS, ptx)) == [("128", "1")] * 4 + [("64", "0")] * 24
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 28  # no other form (no A from shared memory)
+    # three groups per chunk (P1 and P2; Vn^T; O^T, then the update committed apart and awaited last)
+    assert len(re.findall(r"wgmma\.fence", ptx)) == 3 and len(re.findall(r"wgmma\.commit_group", ptx)) == 4
+    assert re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d)", ptx) == ["0", "0", "1", "0"]
+    assert "fence.proxy.async.shared::cta" in ptx  # cp.async writes made visible to wgmma's reads
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 32  # 16-byte copies into swizzled tiles
+    assert len(re.findall(r"\bbar\.sync\b", ptx)) == 3
+    for bad in ("mma.sync", "ldmatrix", "tcgen05", "cp.async.bulk"):
+        assert bad not in ptx, bad
+
+
+def test_wgmma_dense_walk_with_bf16_state_and_one_warpgroup_compiles(tmp_path):
+    ptx = _compile(tmp_path, mma="wgmma", BV=64, pool=False, has_h0=False, state_dtype="bfloat16",
+                   h0_dtype="bfloat16", index_dtype="int64", cu_dtype="int64", has_init=False)
+    assert ".reqntid 128, 1, 1" in ptx
+    assert len(re.findall(WGMMA_RS, ptx)) == 28
     assert not re.search(r"ld\.global(\.\w+)*\.[bus]8\b", ptx)
 
 
@@ -101,6 +131,7 @@ def _args(T=70, N=2, H=2, HV=4, pool=True):
     (dict(ht=torch.zeros(3, 4, 128, 128, dtype=torch.float16)), "state dtype"),
     (dict(h0=torch.zeros(3, 4, 128, 128)), "same pool"),
     (dict(bv=32), "bv 32"),
+    (dict(mma="wmma"), "mma 'wmma'"),
 ])
 def test_wrapper_refuses_bad_buffers_before_any_launch(change, needle):
     a = {**_args(), **change}
@@ -115,10 +146,13 @@ def test_wrapper_refuses_has_initial_state_in_dense_mode():
         fw.cutedsl_fused_walk(**a)
 
 
-def test_switch_is_off_unless_set_to_one(monkeypatch):
+def test_switch_is_off_unless_set_to_one_or_wgmma(monkeypatch):
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
-    assert not fw.enabled()
-    monkeypatch.setenv(fw.ENV_SWITCH, "0")
-    assert not fw.enabled()
+    assert not fw.enabled() and fw.variant() == ""
+    for off in ("0", "true", "WGMMA", "sync"):
+        monkeypatch.setenv(fw.ENV_SWITCH, off)
+        assert not fw.enabled() and fw.variant() == "", off
     monkeypatch.setenv(fw.ENV_SWITCH, "1")
-    assert fw.enabled()
+    assert fw.enabled() and fw.variant() == "sync"
+    monkeypatch.setenv(fw.ENV_SWITCH, "wgmma")
+    assert fw.enabled() and fw.variant() == "wgmma"

@@ -1,13 +1,15 @@
-"""The CuTe DSL walk of the fused GDN prefill (kernels/cutedsl/fused_walk.py, ``LINATTN_CUTEDSL_WALK=1``)
+"""The CuTe DSL walk of the fused GDN prefill (kernels/cutedsl/fused_walk.py, ``LINATTN_CUTEDSL_WALK``)
 against the Triton walk on the same prep outputs, on an SM90 GPU (H200).
 
 Each test runs ``chunk_prefill(fused=True)`` twice on the same inputs, the switch off (the Triton
 walk ``chunk_gdn_fused_kernel``) and on (the CuTe DSL walk; the test asserts that it ran), so the
-Triton prep kernel's ``tmb, aqk, rk, qs`` are the same. Pinned: the float64 token-serial reference
+Triton prep kernel's ``tmb, aqk, rk, qs`` are the same. Every test but the last runs for both
+builds of the walk (``walk``: the switch's value, ``"1"`` warp ``mma.sync``, ``"wgmma"`` warpgroup
+MMAs); the last pins the two builds' results bitwise equal. Pinned: the float64 token-serial reference
 within the fused tests' tolerance (tests/gpu/test_prefill_fused_gpu.py: no worse than 1.5x the
 Triton walk's error plus 2e-3; bitwise equality with the Triton walk is not expected), pool mode in
 both layouts and pool dtypes with rows not owned bitwise unchanged, padding rows zero and
-``has_initial_state``, pool == dense bitwise, both value blocks (128: 8 warps; 64: 4 warps).
+``has_initial_state``, pool == dense bitwise, both value blocks (128: 8 warps, two warpgroups; 64: 4 warps, one).
 """
 
 from __future__ import annotations
@@ -33,22 +35,23 @@ from prefill_cases import make_inputs, random_states, reference, rel, run  # noq
 
 DEV = "cuda"
 LENS = [300, 0, 1, 64, 200]
+WALKS = pytest.mark.parametrize("walk", sorted(fw.MMA_VARIANTS))  # "1" (mma.sync), "wgmma"
 
 
-def _both(monkeypatch, inp, bv=None, **kw):
+def _both(monkeypatch, inp, walk, bv=None, **kw):
     """``(triton, cutedsl)`` results of the fused prefill on the same inputs (states cloned per run)."""
     calls = []
     real = fw.cutedsl_fused_walk
 
     def counted(**a):
-        calls.append(1)
+        calls.append(a.get("mma"))
         return real(**a, **({} if bv is None else {"bv": bv}))
 
     monkeypatch.setattr(fw, "cutedsl_fused_walk", counted)
     outs = []
     for on in (False, True):
         if on:
-            monkeypatch.setenv(fw.ENV_SWITCH, "1")
+            monkeypatch.setenv(fw.ENV_SWITCH, walk)
         else:
             monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
         k2 = {n: (x.clone() if n == "state_pool" else x) for n, x in kw.items()}
@@ -56,40 +59,43 @@ def _both(monkeypatch, inp, bv=None, **kw):
         torch.cuda.synchronize()
         outs.append((o, ht, k2.get("state_pool")))
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
-    assert len(calls) == 1, "the CuTe DSL walk did not run (refused?)"
+    assert calls == [fw.MMA_VARIANTS[walk]], f"the CuTe DSL walk did not run as asked (refused?): {calls}"
     return outs
 
 
+@WALKS
 @pytest.mark.parametrize("bv", [128, 64])
-def test_cutedsl_walk_matches_reference_and_triton_walk(monkeypatch, bv):
+def test_cutedsl_walk_matches_reference_and_triton_walk(monkeypatch, bv, walk):
     inp = make_inputs("gdn", LENS, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV)
     h0 = random_states(len(LENS), 8, 128, 128, device=DEV) * 0.1
     o_r, ht_r = reference("gdn", inp, initial_state=h0)
-    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, inp, bv=bv, initial_state=h0)
+    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, inp, walk, bv=bv, initial_state=h0)
     assert torch.isfinite(o_c.float()).all() and torch.isfinite(ht_c).all()
     assert rel(o_c, o_r) <= 1.5 * rel(o_t, o_r) + 2e-3, (rel(o_c, o_r), rel(o_t, o_r))
     assert rel(ht_c, ht_r) <= 1.5 * rel(ht_t, ht_r) + 2e-3, (rel(ht_c, ht_r), rel(ht_t, ht_r))
     assert rel(o_c, o_t) < 2e-2 and rel(ht_c, ht_t) < 2e-2
 
 
-def test_cutedsl_walk_without_initial_state(monkeypatch):
+@WALKS
+def test_cutedsl_walk_without_initial_state(monkeypatch, walk):
     inp = make_inputs("gdn", [129, 64, 7], H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=3)
     o_r, ht_r = reference("gdn", inp)
-    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, inp)
+    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, inp, walk)
     assert rel(o_c, o_r) <= 1.5 * rel(o_t, o_r) + 2e-3, (rel(o_c, o_r), rel(o_t, o_r))
     assert rel(ht_c, ht_r) <= 1.5 * rel(ht_t, ht_r) + 2e-3, (rel(ht_c, ht_r), rel(ht_t, ht_r))
 
 
+@WALKS
 @pytest.mark.parametrize("layout", ["vk", "kv"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_cutedsl_walk_pool_rows_padding_and_dense_bitwise(monkeypatch, layout, pool_dtype):
+def test_cutedsl_walk_pool_rows_padding_and_dense_bitwise(monkeypatch, layout, pool_dtype, walk):
     lens = [300, 1, 64, 0, 200]
     inp = make_inputs("gdn", lens, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV)
     P = 9
     pool = (random_states(P, 8, 128, 128, layout=layout, device=DEV) * 0.1).to(pool_dtype)
     idx = torch.tensor([4, 7, -1, 0, 2], device=DEV, dtype=torch.int32)  # sequence 2 is padding
     flags = torch.tensor([True, False, True, True, True], device=DEV)  # sequence 1 starts from zero
-    (o_t, _, work_t), (o, _, work) = _both(monkeypatch, inp, state_pool=pool, state_indices=idx,
+    (o_t, _, work_t), (o, _, work) = _both(monkeypatch, inp, walk, state_pool=pool, state_indices=idx,
                                            state_layout=layout, has_initial_state=flags)
     own = torch.zeros(P, dtype=torch.bool, device=DEV)
     own[idx[idx >= 0].long()] = True
@@ -105,25 +111,28 @@ def test_cutedsl_walk_pool_rows_padding_and_dense_bitwise(monkeypatch, layout, p
     o_r[301:365] = 0
     assert rel(o, o_r) <= 1.5 * rel(o_t, o_r) + 2e-3, (rel(o, o_r), rel(o_t, o_r))
     # dense mode on the same entering states: the same instructions, bitwise
-    (_, _, _), (o_d, ht_d, _) = _both(monkeypatch, inp, initial_state=h0.to(pool_dtype), state_layout=layout)
+    (_, _, _), (o_d, ht_d, _) = _both(monkeypatch, inp, walk, initial_state=h0.to(pool_dtype),
+                                         state_layout=layout)
     assert torch.equal(o[:301], o_d[:301]) and torch.equal(o[365:], o_d[365:])
     assert torch.equal(work[idx[live].long()], ht_d[live].to(pool_dtype))
 
 
-def test_cutedsl_walk_at_a_throughput_shape_matches_triton_walk(monkeypatch):
+@WALKS
+def test_cutedsl_walk_at_a_throughput_shape_matches_triton_walk(monkeypatch, walk):
     """Qwen3-Next TP1 heads (16, 32), 2 x 4,096 tokens, fp32 "vk" pool."""
     N, L = 2, 4096
     inp = make_inputs("gdn", [L] * N, H=16, HV=32, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=5)
     pool = random_states(2 * N, 32, 128, 128, device=DEV) * 0.1
     idx = torch.tensor([3, 0], device=DEV, dtype=torch.int32)
-    (o_t, _, work_t), (o_c, _, work_c) = _both(monkeypatch, inp, state_pool=pool, state_indices=idx)
+    (o_t, _, work_t), (o_c, _, work_c) = _both(monkeypatch, inp, walk, state_pool=pool, state_indices=idx)
     assert rel(o_c, o_t) < 1e-2, rel(o_c, o_t)
     assert rel(work_c[idx.long()], work_t[idx.long()]) < 1e-2
     assert torch.equal(work_c[[1, 2]], pool[[1, 2]])
 
 
+@WALKS
 @pytest.mark.parametrize("which", ["q", "qk"])
-def test_cutedsl_walk_with_huge_rows_equals_the_unscaled_problem(monkeypatch, which):
+def test_cutedsl_walk_with_huge_rows_equals_the_unscaled_problem(monkeypatch, which, walk):
     """F44: q (and k) rows of one sequence times 1e30 (finite bf16; l2norm makes it the same
     problem): the chunk's query scale ``c`` takes the state operand down by a power of two."""
     inp = make_inputs("gdn", [200, 70], H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=7)
@@ -132,8 +141,34 @@ def test_cutedsl_walk_with_huge_rows_equals_the_unscaled_problem(monkeypatch, wh
         big[n] = inp[n].clone()
         big[n][:200] = big[n][:200] * 1e30
     h0 = random_states(2, 4, 128, 128, device=DEV) * 0.1
-    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, big, initial_state=h0)
-    (_, _, _), (o_u, ht_u, _) = _both(monkeypatch, inp, initial_state=h0)
+    (o_t, ht_t, _), (o_c, ht_c, _) = _both(monkeypatch, big, walk, initial_state=h0)
+    (_, _, _), (o_u, ht_u, _) = _both(monkeypatch, inp, walk, initial_state=h0)
     assert torch.isfinite(o_c.float()).all() and torch.isfinite(ht_c).all()
     assert rel(o_c, o_u) < 2e-2 and rel(ht_c, ht_u) < 2e-2, (rel(o_c, o_u), rel(ht_c, ht_u))
     assert rel(o_c, o_t) < 2e-2 and rel(ht_c, ht_t) < 2e-2
+
+
+@pytest.mark.parametrize("bv", [128, 64])
+def test_wgmma_walk_is_bitwise_the_mma_sync_walk(monkeypatch, bv):
+    """The warpgroup build (at either value block) against the warp build at 128: the same bf16
+    operands and fp32 products in the same order, so the same bits (measured on the H200,
+    2026-12-03, up to 4 x 8,192 at (16, 64)); pool mode with padding and has_initial_state."""
+    lens = [300, 1, 64, 0, 200]
+    inp = make_inputs("gdn", lens, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=11)
+    pool = random_states(7, 8, 128, 128, device=DEV) * 0.1
+    idx = torch.tensor([4, 6, -1, 0, 2], device=DEV, dtype=torch.int32)
+    flags = torch.tensor([True, False, True, True, True], device=DEV)
+    real = fw.cutedsl_fused_walk
+    outs = []
+    for walk, block in (("1", 128), ("wgmma", bv)):
+        calls = []
+        monkeypatch.setattr(fw, "cutedsl_fused_walk", lambda **a: calls.append(a["mma"]) or real(**a, bv=block))
+        monkeypatch.setenv(fw.ENV_SWITCH, walk)
+        work = pool.clone()
+        o, _ = run("gdn", inp, fused=True, state_pool=work, state_indices=idx, has_initial_state=flags)
+        torch.cuda.synchronize()
+        assert calls == [fw.MMA_VARIANTS[walk]]
+        outs.append((o, work))
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert outs[1][0].abs().amax() > 0
