@@ -220,8 +220,9 @@ class TritonBackend(Backend):
 
     def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
         """Prefill: the fused GDN prefill where ``kernels.triton.prefill.plan_fused`` chooses it (its
-        reason), else the pipeline, why, and its state stage's plan (one pass per sequence, or the
-        segment-parallel pass with its segment length), from ``kernels.triton.prefill.plan_segments``
+        reason, and its walk's: ``plan_walk``, the CuTe DSL walk on SM90 or the Triton one), else the
+        pipeline, why, and its state stage's plan (one pass per sequence, or the segment-parallel pass
+        with its segment length), from ``kernels.triton.prefill.plan_segments``
         on the problem's shapes, and with ``output_state_indices`` the row copy before it; "" for the
         other ops or without Triton."""
         if p.phase != "prefill" or not p.k or not p.v:
@@ -239,7 +240,7 @@ class TritonBackend(Backend):
         try:
             import torch
 
-            from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments,
+            from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments, plan_walk,
                                                         prefill_config, stage_options)
         except ImportError:
             return ""
@@ -249,7 +250,11 @@ class TritonBackend(Backend):
         fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps,
                                  cfg=fused_config(p.k, p.v, dtype))
         if fused:
-            return f"prefill: {fwhy}"
+            try:
+                walk = plan_walk(family, p.k, p.v, dtype, caps, p.n, p.hv, ckpt).reason
+            except ValueError as e:  # a malformed LINATTN_CUTEDSL_WALK (ConfigError): planning the call raises it
+                walk = f"planning raises {type(e).__name__}: {e}"
+            return f"prefill: {fwhy}; walk: {walk}"
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,

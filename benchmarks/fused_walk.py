@@ -66,13 +66,18 @@ def make(N, L, H, HV, seed=0):
 class Call:
     """One planned fused call whose stages (prep + walk) can be run again and again."""
 
-    def __init__(self, d, pool, idx):
+    def __init__(self, d, pool, idx, bv=None):
+        import dataclasses
+
         from linattn.kernels.triton import prefill as pm
 
         self.pm, self.pool = pm, pool
+        # the walk is the plan's (fused_walk: the switch as set now, else the planner's choice); bv: its value block
         self.plan = pm.plan_prefill("gdn", q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool,
                                     state_indices=idx, use_qk_l2norm=True, state_layout="vk", fused=True)
         assert self.plan.fused is not None, self.plan.fused_reason
+        if bv is not None and self.plan.fused_walk.walk != "triton":
+            self.plan = dataclasses.replace(self.plan, fused_walk=self.plan.fused_walk._replace(block_v=bv))
         self.bufs = pm.allocate_buffers(self.plan)
         self.x = pm.conform_inputs(self.plan, d["q"], d["k"], d["v"], d["g"], d["beta"], d["cu_seqlens"])
         self.st = pm.prefill_state(self.plan, self.bufs, pool, idx, None, None)
@@ -88,7 +93,8 @@ BUILDS = {"cutedsl": "1", "wgmma": "wgmma"}
 
 
 def switch(value: str):
-    """Set :data:`fused_walk.ENV_SWITCH` to ``value`` ("": unset, the Triton walk)."""
+    """Set :data:`fused_walk.ENV_SWITCH` to ``value`` ("": unset, the planner's choice; "0": the Triton
+    walk); read when a :class:`Call` plans."""
     from linattn.kernels.cutedsl import fused_walk as fw
 
     if value:
@@ -110,10 +116,10 @@ def measure(N, L, H, HV) -> dict:
     outs = {}
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
-    for name, value in (("triton", ""), *BUILDS.items()):
+    for name, value in (("triton", "0"), *BUILDS.items()):
         pool = pool0.clone()
-        call = Call(d, pool, idx)
         switch(value)
+        call = Call(d, pool, idx, bv=128)
         call()
         torch.cuda.synchronize()
         outs[name] = (call.bufs.o.clone(), pool[idx.long()].clone(), torch.equal(pool[~own], pool0[~own]))
@@ -124,23 +130,22 @@ def measure(N, L, H, HV) -> dict:
         row[f"{name}_o_finite"] = bool(torch.isfinite(outs[name][0].float()).all())
     row["rows_not_owned_unchanged"] = all(x[2] for x in outs.values())
 
-    def bench():
+    def bench(call):
         return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
-    call = Call(d, pool0.clone(), idx)
-    row["prep_triton_walk_ms"] = bench()
-    real, real_bv = fw.run_for_plan, fw.block_v
+    real = fw.run_for_plan
     try:
+        switch("0")
+        row["prep_triton_walk_ms"] = bench(Call(d, pool0.clone(), idx))
         for name, value in BUILDS.items():
             switch(value)
-            row[f"prep_{name}_walk_ms"] = bench()
-            fw.block_v = lambda V: 64  # the other value block: half the warps, twice the CTAs
-            row[f"prep_{name}_walk_bv64_ms"] = bench()
-            fw.block_v = real_bv
+            row[f"prep_{name}_walk_ms"] = bench(Call(d, pool0.clone(), idx, bv=128))
+            row[f"prep_{name}_walk_bv64_ms"] = bench(Call(d, pool0.clone(), idx, bv=64))  # half the warps, 2x the CTAs
+        call = Call(d, pool0.clone(), idx)
         fw.run_for_plan = lambda *a: True  # the prep alone
-        row["prep_ms"] = bench()
+        row["prep_ms"] = bench(call)
     finally:
-        fw.run_for_plan, fw.block_v = real, real_bv
+        fw.run_for_plan = real
         switch("")
     row["triton_walk_ms"] = row["prep_triton_walk_ms"] - row["prep_ms"]
     for name in BUILDS:
@@ -161,7 +166,7 @@ def main(argv=None) -> int:
         for N, L, H, HV in parse(a.shapes):
             d, pool, idx = make(N, L, H, HV)
             switch(a.walk)
-            Call(d, pool, idx)()
+            Call(d, pool, idx, bv=128)()
             torch.cuda.synchronize()
         return 0
     out = a.out or results_path("fused_walk")

@@ -8,7 +8,9 @@ written; rows not owned bitwise unchanged) and against FLA 0.6 ``chunk_gated_del
 ``chunk_kda`` (dense states), then times with
 ``triton.testing.do_bench`` (medians, ms): the pipeline, FLA, and the fused prefill under each
 launch configuration of ``VARIANTS`` (the first is the pinned :func:`fused_config`), plus the
-profiler's split of the pinned fused call into its kernels.
+profiler's split of the pinned fused call into its kernels. The fused prefill runs the walk its plan
+chose (``fused_walk``: on SM90 the CuTe DSL ``wgmma`` walk for GDN, ``LINATTN_CUTEDSL_WALK``); where
+that is not the Triton walk, ``fused_triton_walk_ms`` times the same call with the switch at ``0``.
 
 Gates (``--gates``, default ``mild,realistic``): the row is measured on the first kind (``mild``:
 ``logsigmoid(N(3, 1))``); each further kind (``realistic``: the family's model initialisation from
@@ -39,6 +41,7 @@ root's ``linattn/`` folder, not the package, is never imported)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -96,6 +99,22 @@ def linattn(family, d, pool, idx, fused, cfg=None):
     plan = pm.plan_prefill(family, q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool,
                            state_indices=idx, fused=fused, fused_cfg=cfg)
     return plan, lambda: pm.run_prefill(plan, **d, scale=K ** -0.5, state_pool=pool, state_indices=idx)
+
+
+@contextlib.contextmanager
+def walk_switch(value):
+    """``LINATTN_CUTEDSL_WALK`` set to ``value`` in the block (read when a call is planned)."""
+    from linattn.kernels.cutedsl.fused_walk import ENV_SWITCH
+
+    old = os.environ.get(ENV_SWITCH)
+    os.environ[ENV_SWITCH] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_SWITCH, None)
+        else:
+            os.environ[ENV_SWITCH] = old
 
 
 def fla_fn(family, d, pool, idx):
@@ -175,6 +194,8 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     auto, _ = linattn(family, d, pool, idx, None)
     row["planner_fused"] = auto.fused is not None
     row["planner_reason"] = auto.fused_reason
+    walk = linattn(family, d, pool, idx, True)[0].fused_walk  # the walk of the fused prefill (LINATTN_CUTEDSL_WALK)
+    row["fused_walk"] = None if walk is None else walk._asdict()
     try:
         row["fla_ms"] = bench_ms(fla_fn(family, d, pool, idx))
     except Exception as e:  # noqa: BLE001
@@ -205,6 +226,10 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     row["speedup_vs_pipeline"] = row["pipeline_ms"] / row["fused_ms"]
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
+    if walk is not None and walk.walk != "triton":  # the same fused prefill with the Triton walk (switch "0")
+        with walk_switch("0"):
+            row["fused_triton_walk_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
+        row["fused_walk_speedup"] = row["fused_triton_walk_ms"] / row["fused_ms"]
     if with_variants and family == "gdn":
         row["prep_variants"] = prep_variants(family, d, pool, idx)
     del d, pool

@@ -9,7 +9,9 @@ same rule with their own grammar (``dispatch/runtime/policy.py``).
 Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED_VALUE_CHECKS``
 (``dispatch/rules/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
 (``dispatch/runtime/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``), ``LINATTN_TUNED`` /
-``LINATTN_AUTOTUNE`` (``dispatch/plugin/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too).
+``LINATTN_AUTOTUNE`` (``dispatch/plugin/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too);
+``LINATTN_CUTEDSL_WALK`` takes its own values (``kernels/cutedsl/fused_walk.py``, ``switch_value``: the
+fused GDN prefill's walk, read when a call is planned), under the same rule.
 
 Example:
     >>> import os

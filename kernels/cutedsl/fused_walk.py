@@ -9,19 +9,32 @@ Pool mode: a negative slot is padding (zero output rows, the pool neither read n
 ``has_initial_state`` False a zero ``h0`` whose slot is not read. Dense and pool mode run the same
 instructions.
 
-Opt-in only: :func:`linattn.kernels.triton.prefill.launch_fused_stages` runs it in place of the
-Triton walk where ``LINATTN_CUTEDSL_WALK`` is set and :func:`walk_refusal` is empty (else the
-Triton walk runs, as without the switch). The planner never sets it. Two builds of the same walk
-(:data:`MMA_VARIANTS`; the switch's value picks one):
+The planner's default for the fused GDN prefill on SM90 (issue 27): :func:`choose_walk` (through
+``prefill.plan_walk``, stored as ``PrefillPlan.fused_walk`` and shown by ``linattn.explain``) picks the
+``wgmma`` build where the call is in this walk's scope (:func:`walk_refusal` on the device's
+capabilities: GDN, bf16, K = V = 128, chunk 64, no checkpoints, SM90, CuTe DSL importable), at the
+value block :func:`walk_block_v` gives (BV 64 where the BV 128 grid leaves SMs idle), else the Triton
+walk. :func:`linattn.kernels.triton.prefill.launch_fused_stages` runs it in place of the Triton walk
+(:func:`run_for_plan`); it is launched as a :class:`WalkStep`, a
+:class:`~linattn.kernels.triton.launch.ReplayStep`, so a recorded prefill (``PrefillLaunch``, the
+dispatcher's host fast path) replays the Triton prep and this walk with no Python planning,
+bitwise the unrecorded call's results (tests/gpu/test_fused_walk_gpu.py). :data:`ENV_SWITCH`
+(``LINATTN_CUTEDSL_WALK``, read when a call is planned; the dispatcher keeps plans per call
+signature, ``dispatcher().clear()`` forgets them) overrides: ``0`` / ``triton`` the Triton walk,
+``1`` the ``mma.sync`` build, ``wgmma`` the ``wgmma`` build (each where it can run; else the
+Triton walk, the reason says why); any other value is refused (``ConfigError``). Two builds of the
+same walk (:data:`MMA_VARIANTS`):
 
 - ``LINATTN_CUTEDSL_WALK=1``: warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
-- ``LINATTN_CUTEDSL_WALK=wgmma``: warpgroup ``wgmma`` with the state as the register A operand
+- ``wgmma`` (the default): warpgroup ``wgmma`` with the state as the register A operand
   and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27).
   Status (2026-12-03): **sm_90a build 202 registers, no local memory, 138 KB of shared
-  memory at BV = 128; on the H200 correct (tests/gpu/test_fused_walk_gpu.py, both builds: 22
-  passed), its outputs and pool rows bitwise the mma.sync build's, and the walk 1.51x the Triton
-  walk at 16 x 4,096 (16, 32) (0.854 against 1.293 ms), 1.18x at 8 x 1,024 (docs/performance.md,
-  'The walk on warpgroup MMAs'). Still opt-in: the planner does not pick it yet.**
+  memory at BV = 128; on the H200 correct (tests/gpu/test_fused_walk_gpu.py), its outputs and pool
+  rows bitwise the mma.sync build's, and the walk 1.44-1.54x the Triton walk where the grid fills
+  the SMs (16 x 4,096 (16, 32): 0.854 against 1.293 ms), 1.18x at 8 x 1,024, 2.1x at BV 64 at
+  1 x 65,536 (2, 8) (docs/performance.md, 'The walk on warpgroup MMAs'); through the planner, recorded
+  and replayed, the whole fused prefill 1.20x / 1.15x faster than with the Triton walk at 16 x 4,096
+  / 8 x 1,024 (16, 32) (2.325 / 0.331 ms against 2.782 / 0.379; same section).**
 
 Scope of this step: GDN, bf16 ``q/k/v`` and prep buffers, ``K = V = 128``, chunk 64, fp32 or bf16
 states, no state checkpoints; anything else is refused (:func:`walk_refusal`).
@@ -40,6 +53,7 @@ benchmarks/fused_walk.py; both through benchmarks/fused_walk_device.sh on the H2
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from typing import NamedTuple, Optional
@@ -52,9 +66,13 @@ from .chunk_state import _cutlass_types, _dt, compile_cached  # the state kernel
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
-#: the environment switch that runs this walk in place of the Triton one (a key of :data:`MMA_VARIANTS`)
+#: the environment switch of the walk: unset the planner's choice (:func:`choose_walk`), else a key of
+#: :data:`SWITCH_VALUES`; read when a call is planned (``plan_prefill``)
 ENV_SWITCH = "LINATTN_CUTEDSL_WALK"
-#: the switch's values -> the tensor-core instructions of the build (:attr:`WalkKey.mma`)
+#: the switch's values -> the walk: ``"triton"`` (``chunk_gdn_fused_kernel``), ``"sync"`` / ``"wgmma"``
+#: (this walk's builds, :attr:`WalkKey.mma`)
+SWITCH_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "wgmma": "wgmma"}
+#: the switch's values that ask for a CuTe DSL build -> its tensor-core instructions (:attr:`WalkKey.mma`)
 MMA_VARIANTS = {"1": "sync", "wgmma": "wgmma"}
 #: head dims, chunk and operand dtype of this step
 WALK_K = WALK_V = 128
@@ -79,20 +97,44 @@ class WalkKey(NamedTuple):
     mma: str = "sync"  # the tensor-core instructions: "sync" (warp mma.sync) | "wgmma" (warpgroups; warp_factors only)
 
 
+def switch_value(raw: Optional[str] = None) -> str:
+    """The walk :data:`ENV_SWITCH` asks for: ``""`` (unset or empty: the planner's choice),
+    ``"triton"``, ``"sync"`` or ``"wgmma"``.
+
+    Args:
+        raw: the switch's text (default: read from the environment; blank is unset, as every
+            ``LINATTN_*`` setting, ``dispatch/env.py``).
+    Raises:
+        linattn.dispatch.env.ConfigError: (a ``ValueError``) a value that is not a key of
+            :data:`SWITCH_VALUES`, naming it and the allowed ones (field fault F48's rule).
+    """
+    raw = (os.environ.get(ENV_SWITCH, "") if raw is None else raw).strip()
+    if raw == "":
+        return ""
+    try:
+        return SWITCH_VALUES[raw]
+    except KeyError:
+        from linattn.dispatch.env import ConfigError
+
+        raise ConfigError(f"{ENV_SWITCH}={raw!r}; allowed: unset (the planner's choice), "
+                          f"{', '.join(repr(k) for k in SWITCH_VALUES)}") from None
+
+
 def variant() -> str:
-    """The build the environment asks for: ``"sync"`` (:data:`ENV_SWITCH` ``"1"``), ``"wgmma"``
-    (``"wgmma"``), or ``""`` (unset or any other value: the Triton walk)."""
+    """The CuTe DSL build the environment asks for: ``"sync"`` (:data:`ENV_SWITCH` ``"1"``),
+    ``"wgmma"`` (``"wgmma"``), or ``""`` (unset, ``"0"``, ``"triton"``, or a value not allowed)."""
     return MMA_VARIANTS.get(os.environ.get(ENV_SWITCH, ""), "")
 
 
 def enabled() -> bool:
-    """Whether the environment asks for this walk (:data:`ENV_SWITCH` is a key of :data:`MMA_VARIANTS`)."""
+    """Whether the environment asks for a CuTe DSL build (:func:`variant`); unset, the planner may still
+    choose one (:func:`choose_walk`)."""
     return variant() != ""
 
 
 def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
                  g_dtype: Optional[torch.dtype] = None, device: Optional[torch.device] = None,
-                 checkpoints: bool = False, chunk: int = WALK_CHUNK) -> str:
+                 checkpoints: bool = False, chunk: int = WALK_CHUNK, caps=None) -> str:
     """Why the CuTe DSL walk cannot run a call ('' where it can), from host-known facts only.
 
     Args:
@@ -101,6 +143,12 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
         g_dtype: the log decays' (fp32 only, as docs/ops.md's ``gdn_prefill``; None: not checked).
         device: the call's device (None: not checked): CUDA of compute capability 9.x.
         checkpoints: state checkpoints asked for (not supported). chunk: the chunk size (64 only).
+        caps: the device as :class:`linattn.capabilities.DeviceCapabilities` (None: not checked), for
+            the planner, which has no device to ask: NVIDIA CUDA of compute capability 9.x with
+            nvidia-cutlass-dsl in its toolchain.
+    Example:
+        >>> walk_refusal(family="kda", K=128, V=128, dtype=torch.bfloat16)
+        "the CuTe DSL fused walk is GDN's; got family 'kda'"
     """
     if family != "gdn":
         return f"the CuTe DSL fused walk is GDN's; got family {family!r}"
@@ -116,6 +164,10 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
         return f"the CuTe DSL fused walk walks chunks of {WALK_CHUNK} rows; got {chunk}"
     if checkpoints:
         return "the CuTe DSL fused walk does not store state checkpoints (the Triton walk does)"
+    if caps is not None:
+        why = _caps_refusal(caps)
+        if why:
+            return why
     if device is not None:
         if device.type != "cuda":
             return f"the CuTe DSL fused walk runs on CUDA GPUs; got device {device}"
@@ -132,10 +184,98 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
     return ""
 
 
+def _caps_refusal(caps) -> str:
+    """:func:`walk_refusal`'s verdict on a capabilities profile ('' where it is an SM90 NVIDIA GPU
+    with nvidia-cutlass-dsl in its toolchain)."""
+    cc = caps.compute_capability
+    if caps.device_type != "cuda" or caps.vendor != "nvidia" or cc is None:
+        return f"the CuTe DSL fused walk runs on NVIDIA CUDA GPUs; this is {caps.vendor} {caps.arch}"
+    if cc[0] != 9:
+        return f"the CuTe DSL fused walk is built for sm_90a (H100 / H200); this GPU is {caps.arch}"
+    if caps.toolchain.cutlass_dsl is None:
+        return "nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')"
+    return ""
+
+
 def block_v(V: int) -> int:
-    """Value columns per CTA (16 per warp): the whole value dim, as the Triton walk's bf16 config
-    (``BV = 128``, 8 warps). Not yet measured for this kernel."""
+    """Value columns per CTA of the ``mma.sync`` build (16 per warp): the whole value dim, as the
+    Triton walk's bf16 config (``BV = 128``, 8 warps; BV 64 measured slower, 1.552 against 1.238 ms
+    at 16 x 4,096 (16, 32): docs/performance.md, 'The walk in CuTe DSL')."""
     return V
+
+
+#: the ``wgmma`` build takes BV 64 where its grid at BV 128 (``N x HV x V / 128`` CTAs, one per SM at
+#: 141 KB of shared memory) holds fewer CTAs than the GPU has SMs. Measured on the H200 (docs/performance.md,
+#: 'The walk on warpgroup MMAs'): 8 CTAs (1 x 65,536 (2, 8)) BV 64 2.142 against 3.271 ms; 256 CTAs
+#: (8 x 1,024 (16, 32)) BV 128 0.150 against 0.157 ms, and BV 128 ahead at every larger grid measured
+WGMMA_BV64_BELOW_SMS = 1.0
+
+
+def walk_block_v(mma: str, N: int, HV: int, V: int, sm_count: int) -> int:
+    """The value block the planner gives a build: ``mma.sync`` :func:`block_v`; ``wgmma`` 64 where
+    ``N * HV * V / 128 < WGMMA_BV64_BELOW_SMS * sm_count`` (the BV 128 grid leaves SMs idle), else 128.
+
+    Example:
+        >>> walk_block_v("wgmma", 1, 8, 128, 132), walk_block_v("wgmma", 8, 32, 128, 132)
+        (64, 128)
+    """
+    if mma != "wgmma" or V % 128:
+        return block_v(V)
+    return 64 if N * HV * (V // 128) < WGMMA_BV64_BELOW_SMS * sm_count else 128
+
+
+class WalkChoice(NamedTuple):
+    """The planner's walk for a fused GDN call (``PrefillPlan.fused_walk``): ``walk`` ``"triton"``
+    (``chunk_gdn_fused_kernel``), ``"sync"`` or ``"wgmma"`` (this walk's builds); ``block_v`` the
+    CuTe DSL build's value columns per CTA (0 for the Triton walk: its ``FusedConfig``'s); ``reason``
+    why (``linattn.explain`` shows it)."""
+
+    walk: str
+    block_v: int
+    reason: str
+
+
+def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int, HV: int,
+                checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None, switch: str = "") -> WalkChoice:
+    """The walk of a fused prefill call, from host-known facts: the ``wgmma`` build where the call is
+    in its scope (:func:`walk_refusal` on ``caps``: GDN, bf16, K = V = 128, chunk 64, no
+    checkpoints, SM90 with CuTe DSL importable), else the Triton walk; ``switch``
+    (:func:`switch_value`) overrides: ``"triton"`` the Triton walk, ``"sync"`` / ``"wgmma"`` that
+    build where it can run (else the Triton walk, the reason says why).
+
+    Why the ``wgmma`` build by default: on the H200 it is 1.44-1.54x the Triton walk where the grid
+    fills the SMs (16 x 4,096, 4 x 8,192, 64 x 1,024 at (16, 32) / (16, 64)), 1.18x at 8 x 1,024,
+    2.1x at BV 64 at 1 x 65,536 (2, 8); its results 3e-5 from the Triton walk's (docs/performance.md,
+    'The walk on warpgroup MMAs'). Its value block: :func:`walk_block_v`.
+
+    Args:
+        family, K, V, dtype: the call's. caps: the device (:class:`linattn.capabilities.DeviceCapabilities`).
+        N, HV: sequences and value heads (the grid). checkpoints: state checkpoints asked for.
+        buf_dtype: the prep buffers' dtype (None: not checked; the interpreter's are fp32).
+        switch: :func:`switch_value` (``""``: the planner's choice).
+    Example:
+        >>> from linattn.capabilities import profile
+        >>> choose_walk(family="gdn", K=128, V=128, dtype=torch.float32, caps=profile("sm90"), N=16, HV=32).walk
+        'triton'
+    """
+    if switch == "triton":
+        return WalkChoice("triton", 0, f"the Triton walk ({ENV_SWITCH}=0)")
+    why = walk_refusal(family=family, K=K, V=V, dtype=dtype, buf_dtype=buf_dtype, checkpoints=checkpoints, caps=caps)
+    if why:
+        asked = f"{ENV_SWITCH} asks for the CuTe DSL walk, but " if switch else ""
+        return WalkChoice("triton", 0, f"the Triton walk ({asked}{why})")
+    mma = switch or "wgmma"
+    bv = walk_block_v(mma, N, HV, V, caps.sm_count)
+    if switch:
+        return WalkChoice(mma, bv, f"the CuTe DSL walk, {mma} build, BV {bv} ({ENV_SWITCH})")
+    ctas = N * HV * (V // 128)
+    if bv == 64:
+        why = (f"{ctas} CTAs at BV 128 < {caps.sm_count} SMs: BV 64 doubles them (2.1x the Triton walk at 8 CTAs, "
+               "1 x 65,536 (2, 8), H200)")
+    else:
+        why = f"{ctas} CTAs at BV 128 >= {caps.sm_count} SMs: 1.2-1.5x the Triton walk on the H200"
+    return WalkChoice(mma, bv, f"the CuTe DSL walk on warpgroup MMAs, BV {bv} ({why}; {ENV_SWITCH}=0 keeps the "
+                      "Triton walk)")
 
 
 def _dummy_args(key: WalkKey):
@@ -189,6 +329,11 @@ def _rows_aligned(x: torch.Tensor) -> bool:
     return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
 
 
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a fresh contiguous copy where its rows are not 16-byte aligned (:func:`_rows_aligned`)."""
+    return x if _rows_aligned(x) else torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, tmb: torch.Tensor,
                        aqk: torch.Tensor, rk: torch.Tensor, qs: torch.Tensor, o: torch.Tensor,
                        cu_seqlens: torch.Tensor, state_indices: Optional[torch.Tensor],
@@ -196,24 +341,26 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
                        s0: tuple, st: tuple, bv: Optional[int] = None, arch: Optional[str] = None,
                        mma: Optional[str] = None) -> None:
     """The fused GDN prefill's walk on an SM90 GPU, in CuTe DSL (module docstring); the arguments of
-    :func:`linattn.kernels.triton.chunk_fused.launch_fused` for ``chunk_gdn_fused_kernel``.
+    :func:`linattn.kernels.triton.chunk_fused.launch_fused` for ``chunk_gdn_fused_kernel``. Checks
+    the buffers, compiles (or finds) the build and launches it as a :class:`WalkStep` through
+    :func:`linattn.kernels.triton.launch.launch_step`, so that a recorded prefill replays it.
 
     Args:
-        q, k: ``[T, H, K]`` bf16; v: ``[T, HV, V]`` bf16 (last dims contiguous; rows whose strides
-            are not multiples of 8 elements are copied first). g: ``[T, HV]`` fp32 raw log decays
-            (floored at ``G_MIN`` in the kernel).
-        tmb, aqk: ``[T, HV, 64]`` bf16, contiguous (the prep kernel's); rk: ``[T, HV]`` fp32;
-            qs: ``[T, HV, 2]`` fp32 (contiguous).
-        o: ``[T, HV, V]`` bf16, contiguous: written (rows of padding sequences zero).
+        q, k: ``[T, H, K]`` bf16; v: ``[T, HV, V]`` bf16 (last dims contiguous; rows whose base or
+            strides are not multiples of 8 elements are copied first, on every call). g: ``[T, HV]``
+            fp32 raw log decays (floored at ``G_MIN`` in the kernel).
+        tmb, aqk: ``[T', HV, 64]`` bf16, contiguous (the prep kernel's; ``T' >= T`` rows, as a
+            prefill bucket's workspace holds); rk: ``[T', HV]`` fp32; qs: ``[T', HV, 2]`` fp32 (contiguous).
+        o: ``[T', HV, V]`` bf16, contiguous: written (rows of padding sequences zero).
         cu_seqlens: ``[N+1]`` int32/int64.
         state_indices: pool mode ``[N]`` int32/int64 slots (negative: padding), else None.
-        has_initial_state: pool mode ``[N]`` bool/uint8 or None.
+        has_initial_state: pool mode ``[N]`` bool/uint8 or None (read as bytes; copied if not contiguous).
         h0: pool mode: the pool (the same tensor as ``ht``); dense: the initial state or None.
         ht: pool mode: the pool (written in place, owned rows only); dense: the final state.
         s0, st: ``(slot, head, k, v)`` element strides of ``h0`` and ``ht`` (zeros for a missing h0).
         bv: value columns per CTA (64 or 128; default :func:`block_v`). arch: the target (default:
             the device's). mma: ``"sync"`` or ``"wgmma"`` (:attr:`WalkKey.mma`; default: the
-            switch's :func:`variant`, else ``"sync"``).
+            switch's :func:`variant`, else ``"wgmma"``).
     Raises:
         ValueError: anything :func:`walk_refusal` refuses, or a buffer of the wrong shape, dtype
             or layout; nothing has launched then.
@@ -234,18 +381,17 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     bv = block_v(V) if bv is None else bv
     if bv not in (64, 128) or V % bv:
         raise ValueError(f"cutedsl fused walk: bv {bv}; supported: 64, 128 dividing V = {V}")
-    mma = mma or variant() or "sync"
+    mma = mma or variant() or "wgmma"
     if mma not in MMA_VARIANTS.values():
         raise ValueError(f"cutedsl fused walk: mma {mma!r}; supported: {sorted(MMA_VARIANTS.values())}")
     if max(abs(s0[2]) * K, abs(s0[3]) * V, abs(st[2]) * K, abs(st[3]) * V) >= 2**31:
         raise ValueError("cutedsl fused walk: state strides inside one head exceed 32 bits")
+    if max((x.stride(0) for x in (q, k, v) if all(s % 8 == 0 for s in x.stride()[:-1])), default=0) >= 2**31:
+        raise ValueError("cutedsl fused walk: a token stride of q, k or v exceeds 32 bits")
     if N == 0:
         return
-    q, k, v = (x if _rows_aligned(x) else x.contiguous() for x in (q, k, v))
-    if max(q.stride(0), k.stride(0), v.stride(0)) >= 2**31:
-        raise ValueError("cutedsl fused walk: a token stride of q, k or v exceeds 32 bits")
-    if has_initial_state is not None:
-        has_initial_state = has_initial_state.contiguous().view(torch.uint8)
+    if has_initial_state is not None and not has_initial_state.is_contiguous():
+        has_initial_state = has_initial_state.contiguous()
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
@@ -254,20 +400,26 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
                   has_initial_state is not None, mma=mma)
     sidx = state_indices if pool else cu_seqlens
     mask = has_initial_state if has_initial_state is not None else sidx
-    _launch(compile_walk(key), key, (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, sidx, mask,
-                                     h0 if h0 is not None else ht, ht), s0, st, N, HV, H)
+    from linattn.kernels.triton.launch import launch_step
+
+    launch_step(WalkStep(compile_walk(key), key, q.device, s0, st, N, HV, H),
+                (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, sidx, mask, h0 if h0 is not None else ht, ht))
 
 
 def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) -> None:
-    """Shapes, dtypes and layouts of the walk's buffers (ValueError naming the first that is wrong)."""
+    """Shapes, dtypes and layouts of the walk's buffers (ValueError naming the first that is wrong).
+    The prep buffers and ``o`` may hold more token rows than q (a prefill bucket's workspace: the
+    walk reads the rows ``cu_seqlens`` names); ``meta`` stand-ins (a recording) are not placed."""
     T = q.shape[0]
     want = {"k": (k, q.shape, torch.bfloat16), "v": (v, (T, HV, V), torch.bfloat16),
             "g": (g, (T, HV), torch.float32), "tmb": (tmb, (T, HV, WALK_CHUNK), torch.bfloat16),
             "aqk": (aqk, (T, HV, WALK_CHUNK), torch.bfloat16), "rk": (rk, (T, HV), torch.float32),
             "qs": (qs, (T, HV, 2), torch.float32), "o": (o, (T, HV, V), torch.bfloat16)}
     for name, (x, shape, dt) in want.items():
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"cutedsl fused walk: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
+        rows_ok = x.shape[0] == T if name in ("k", "v", "g") else x.shape[0] >= T
+        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]) or x.dim() != len(shape):
+            more = "" if name in ("k", "v", "g") else " (or more rows)"
+            raise ValueError(f"cutedsl fused walk: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}{more}")
         if x.dtype != dt:
             raise ValueError(f"cutedsl fused walk: {name} must be {dt}, got {x.dtype}")
     if HV % H:
@@ -281,66 +433,103 @@ def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) 
     for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
         if x.dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(f"cutedsl fused walk: {name} dtype {x.dtype}; supported: float32, bfloat16")
-    devs = {x.device for x in (q, k, v, g, tmb, aqk, rk, qs, o, ht)}
+    devs = {x.device for x in (q, k, v, g, tmb, aqk, rk, qs, o, ht) if x.device.type != "meta"}
     if len(devs) != 1:
         raise ValueError(f"cutedsl fused walk: tensors on several devices {sorted(map(str, devs))}")
 
 
-def _launch(fn, key: WalkKey, tensors: tuple, s0: tuple, st: tuple, N: int, HV: int, H: int) -> None:
-    """Call the compiled walk on the current stream of ``q``'s device. ``tensors``: ``(q, k, v, g,
-    tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_initial_state, h0, ht)`` (dense mode:
-    ``cu_seqlens`` for the indices and the mask, ``ht`` for a missing ``h0``; none of them read)."""
+@functools.lru_cache(maxsize=None)
+def _runtime():
+    """``(make_ptr, gmem, CUstream, Int64, Int32)``, imported once."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    q, k, v, g, tmb, aqk, rk, qs, o, cu, sidx, mask, h0t, ht = tensors
-    T = _cutlass_types()
+    return make_ptr, cute.AddressSpace.gmem, cuda.CUstream, cutlass.Int64, cutlass.Int32
 
-    def P(x, dt, align):
-        return make_ptr(dt, x.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
 
-    F32, BF16, I64, I32 = cutlass.Float32, cutlass.BFloat16, cutlass.Int64, cutlass.Int32
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    fn(P(q, BF16, 16), P(k, BF16, 16), P(v, BF16, 16), P(g, F32, 4), P(tmb, BF16, 16), P(aqk, BF16, 16),
-       P(rk, F32, 4), P(qs, F32, 4), P(o, BF16, 16), P(cu, T[key.cu_dtype], cu.element_size()),
-       P(sidx, T[key.index_dtype], sidx.element_size()), P(mask, cutlass.Uint8, 1),
-       P(h0t, T[key.h0_dtype], h0t.element_size()), P(ht, T[key.state_dtype], ht.element_size()),
-       I64(q.stride(0)), I64(q.stride(1)), I64(k.stride(0)), I64(k.stride(1)), I64(v.stride(0)), I64(v.stride(1)),
-       I64(g.stride(0)), I64(g.stride(1)),
-       I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
-       I32(N), I32(HV), I32(HV // H), stream)
+class WalkStep:
+    """One compiled walk with the arguments its call signature fixes (state strides, ``N``, ``HV``,
+    the GVA group), launched on a call's buffers: a
+    :class:`~linattn.kernels.triton.launch.ReplayStep`, so a recorded prefill replays it.
+
+    ``args``: ``(q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, state_indices, has_initial_state, h0,
+    ht)`` (dense mode: ``cu_seqlens`` for the indices and the mask, ``ht`` for a missing ``h0``; none
+    of them read). ``q, k, v, g`` are tensors (their token and head strides are read per call, and a
+    q, k or v whose rows are not 16-byte aligned is copied first, as :func:`cutedsl_fused_walk` says);
+    the others tensors or addresses. Launches on the current stream of the device it was made for.
+    """
+
+    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_ptrs", "_strides")
+
+    def __init__(self, fn, key: WalkKey, device: torch.device, s0: tuple, st: tuple, N: int, HV: int, H: int):
+        import cutlass
+
+        _, _, _, I64, I32 = _runtime()
+        T = _cutlass_types()
+        F32, BF16 = cutlass.Float32, cutlass.BFloat16
+        idx, cu, s0t, stt = T[key.index_dtype], T[key.cu_dtype], T[key.h0_dtype], T[key.state_dtype]
+        self.fn, self.key = fn, key
+        self.device = device.index  # None: the current device when launched
+        #: per pointer argument: (CuTe type, assumed byte alignment)
+        self.ptr_types = ((BF16, 16),) * 3 + ((F32, 4), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4), (BF16, 16),
+                                              (cu, cu.width // 8), (idx, idx.width // 8), (cutlass.Uint8, 1),
+                                              (s0t, s0t.width // 8), (stt, stt.width // 8))
+        self.tail = (I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
+                     I32(N), I32(HV), I32(HV // H))
+        #: the last call's (addresses, CuTe pointers) and (token and head strides, CuTe Int64s): a call on
+        #: the same ones (the pool, a workspace block the caching allocator hands back) reuses them
+        #: (``make_ptr`` costs about 2.6 us a pointer on the host); each replaced whole, so threads see a pair
+        self._ptrs: tuple = ((), ())
+        self._strides: tuple = ((), ())
+
+    def __call__(self, args: tuple) -> None:
+        make_ptr, gmem, stream, I64, _ = _runtime()
+        q, k, v, g = _aligned(args[0]), _aligned(args[1]), _aligned(args[2]), args[3]
+        addrs = tuple(a if a.__class__ is int else a.data_ptr() for a in (q, k, v, g) + tuple(args[4:]))
+        last, ptrs = self._ptrs
+        if addrs != last:
+            ptrs = tuple(ptrs[i] if last and last[i] == a else make_ptr(dt, a, gmem, assumed_align=al)
+                         for i, (a, (dt, al)) in enumerate(zip(addrs, self.ptr_types)))
+            self._ptrs = (addrs, ptrs)
+        strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2])
+        last, ints = self._strides
+        if strides != last:
+            ints = tuple(I64(x) for x in strides)
+            self._strides = (strides, ints)
+        self.fn(*ptrs, *ints, *self.tail,
+                stream(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None
+                                                          else self.device)))
 
 
 def run_for_plan(plan, x, b, st) -> bool:
-    """Run this walk for a planned fused GDN call in place of the Triton walk, after the prep kernel
-    (:func:`linattn.kernels.triton.prefill.launch_fused_stages` calls it where :func:`enabled`).
+    """Run the plan's CuTe DSL walk (``plan.fused_walk``, :func:`choose_walk`) for a fused GDN call in
+    place of the Triton walk, after the prep kernel (:func:`linattn.kernels.triton.prefill.launch_fused_stages`
+    calls it where the plan chose a CuTe DSL build). Under launch recording the walk is recorded as
+    a :class:`WalkStep` and replayed with the Triton prep.
 
     Args:
         plan: the call's ``PrefillPlan`` (fused GDN); x, b, st: its ``PrefillInputs``,
             ``PrefillBuffers`` and ``PrefillState``.
     Returns:
-        True where it ran; False where :func:`walk_refusal` refuses the call (the caller runs the
-        Triton walk: the switch asks, it does not force).
-    Raises:
-        linattn.kernels.triton.launch.NotReplayable: while launches are being recorded for replay
-            (:class:`~linattn.kernels.triton.prefill.PrefillLaunch` records Triton launches only):
-            the call is then not replayed, and runs its stages directly each time.
+        True where it ran (or was recorded); False where the plan chose the Triton walk, or where
+        :func:`walk_refusal` refuses the call's device (a plan made for another device's
+        capabilities, e.g. the sm90 profile on the CPU): the caller runs the Triton walk.
     """
-    from linattn.kernels.triton import launch as tl_launch
     from linattn.kernels.triton.chunk_state import state_strides
 
+    choice = plan.fused_walk
+    if choice is None or choice.walk == "triton":
+        return False
     why = walk_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
                        g_dtype=x.g.dtype, device=x.q.device, checkpoints=getattr(st, "checkpoints", None) is not None)
     if why:
         return False
-    if getattr(tl_launch._recording, "records", None) is not None:
-        raise tl_launch.NotReplayable(f"the CuTe DSL fused walk ({ENV_SWITCH}) is not a Triton launch")
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     cutedsl_fused_walk(q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
                        o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
                        has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
                        ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
-                       st=state_strides(st.ht, plan.state_layout), mma=variant() or "sync")
+                       st=state_strides(st.ht, plan.state_layout), bv=choice.block_v, mma=choice.walk)
     return True

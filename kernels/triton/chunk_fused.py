@@ -476,7 +476,8 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
                         scale: float) -> None:
     """The fused prefill (:mod:`.chunk_fused`; KDA: :mod:`.chunk_fused_kda`) in place of the pipeline's
     stages: the prep kernel (``Tm diag(beta)``, ``Aqk``, the norms; persistent grid) and the fused
-    kernel (state on chip; ``h0`` and the final state in place, as the state stage)."""
+    kernel (state on chip; ``h0`` and the final state in place, as the state stage), or in its place
+    the CuTe DSL walk where the plan chose it (``plan.fused_walk``: GDN on SM90)."""
     from .chunk_fused_kda import chunk_kda_fused_kernel, chunk_kda_fused_prep_kernel
 
     cfg = plan.fused
@@ -492,9 +493,9 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
                       rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
                       items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
                       PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
-    if not plan.kda:  # opt-in: the CuTe DSL walk where LINATTN_CUTEDSL_WALK=1 (kernels/cutedsl/fused_walk.py)
+    if plan.fused_walk is not None and plan.fused_walk.walk != "triton":  # the CuTe DSL walk the plan chose
         from linattn.kernels.cutedsl import fused_walk
-        if fused_walk.enabled() and fused_walk.run_for_plan(plan, x, b, st):
+        if fused_walk.run_for_plan(plan, x, b, st):  # (kernels/cutedsl/fused_walk.py, choose_walk)
             return
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
     launch_fused(_launch_plain, fused, plan.fused_grid, q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb,

@@ -30,6 +30,14 @@ Recorded launches. Inside :func:`recording`, :func:`launch` on that thread recor
 one recorded call on a later call's tensors, with every argument that is not one of the call's
 tensors (integers, floats, None, constexprs, launch options) kept as recorded. The chunked
 prefill (:mod:`.prefill`) records its stages once per call signature and replays them so.
+
+Replay steps. A launch that is not a ``@triton.jit`` kernel's (a compiled CuTe DSL function) goes
+through :func:`launch_step` with a :class:`ReplayStep`: outside :func:`recording` the step runs at
+once; inside, a :class:`StepRecord` is recorded, and :func:`replay_sequence` makes of such records
+a :class:`SteppedSequence` (runs of Triton launches, each a :class:`LaunchSequence`, and the steps
+between them, in the recorded order), whose replay maps a step's tensor arguments onto the later
+call's sources by the same rules as a Triton launch's. A call of Triton launches only is replayed
+by a plain :class:`LaunchSequence`, as before steps existed.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ import contextlib
 import operator
 import threading
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Protocol
 
 import torch
 
@@ -366,9 +374,9 @@ class LaunchRecord(NamedTuple):
 
 @contextlib.contextmanager
 def recording():
-    """Within the block, :func:`launch` on this thread appends a :class:`LaunchRecord` to the list
-    it yields and launches nothing (other threads launch as usual). Blocks may nest: the inner
-    one records, the outer one resumes after it.
+    """Within the block, :func:`launch` on this thread appends a :class:`LaunchRecord` (and
+    :func:`launch_step` a :class:`StepRecord`) to the list it yields and launches nothing (other
+    threads launch as usual). Blocks may nest: the inner one records, the outer one resumes after it.
 
     Example:
         >>> with recording() as records:
@@ -420,6 +428,23 @@ def _keep_while_logged(buffer) -> None:
     _log_kept.append(buffer)
 
 
+def _source_position(a, where: dict, const: Callable[[object], int]) -> int:
+    """Where a recorded argument ``a`` comes from on replay: the position of one of the call's
+    tensors (``where``: id -> position), or, for a tensor holding no element and for every other
+    value, the position ``const(a)`` gives it among the kept constants.
+
+    Raises:
+        NotReplayable: ``a`` is a tensor with elements (or a ``meta`` stand-in) that is none of the sources.
+    """
+    if isinstance(a, _Tensor):
+        i = where.get(id(a))
+        if i is not None:
+            return i
+        if a.numel() or a.device.type == "meta":
+            raise NotReplayable(f"a launch argument of shape {tuple(a.shape)} is none of the call's tensors")
+    return const(a)
+
+
 class _ReplayedLaunch(NamedTuple):
     """One launch of a :class:`LaunchSequence`: a :class:`LaunchRecord` without its arguments."""
 
@@ -462,17 +487,7 @@ class LaunchSequence:
             raise NotReplayable("one tensor at two source positions: a replay could not tell them apart")
         where = {id(s): i for i, s in enumerate(sources) if isinstance(s, _Tensor)}
         self._n, self._consts = len(sources), ()
-
-        def pick(a) -> int:
-            if isinstance(a, _Tensor):
-                i = where.get(id(a))
-                if i is not None:
-                    return i
-                if a.numel() or a.device.type == "meta":
-                    raise NotReplayable(f"a launch argument of shape {tuple(a.shape)} is none of the call's tensors")
-            return self._const(a)
-
-        self._positions = tuple([pick(a) for a in r.args] for r in records)
+        self._positions = tuple([_source_position(a, where, self._const) for a in r.args] for r in records)
         #: per launch ``(kernel, grid, constexprs, options, number of runtime arguments)``: the records
         #: without their arguments, so that the recorded call's tensors are not kept alive
         self.launches = tuple(_ReplayedLaunch(r.kernel, r.grid, r.constexprs, r.options, len(r.args))
@@ -604,3 +619,113 @@ def launch_with(kernel, grid: tuple, args: tuple, constexprs: dict, opts: Launch
     if opts.maxnreg is not None:
         constexprs = {**constexprs, "maxnreg": opts.maxnreg}
     launch(kernel, grid, args, constexprs, num_warps=opts.num_warps, num_stages=opts.num_stages)
+
+
+# -- replay steps: launches that are not Triton's ----------------------------------------------
+
+class ReplayStep(Protocol):
+    """A launch that is not a ``@triton.jit`` kernel's (e.g. a compiled CuTe DSL function, see
+    :class:`linattn.kernels.cutedsl.fused_walk.WalkStep`), made through :func:`launch_step` so that a
+    recorded call replays it (:class:`SteppedSequence`).
+
+    Everything the step's host side decides (the compiled function, its scalar arguments) is fixed
+    when the step is made; a call gives only its arguments, in the order the step was launched with,
+    each one of the recorded call's tensors taken from the later call (or a constant kept as
+    recorded). A tensor argument may come as its address (an ``int``) where the replaying caller
+    carved it from a workspace of its own (:class:`~linattn.kernels.triton.prefill.PrefillLaunch`'s
+    buffers); the step launches on the current stream of its device, as Triton's launches do.
+    """
+
+    def __call__(self, args: tuple) -> None: ...
+
+
+class StepRecord(NamedTuple):
+    """One :class:`ReplayStep` :func:`launch_step` recorded instead of ran: the step and its arguments."""
+
+    step: ReplayStep
+    args: tuple
+
+
+def launch_step(step: ReplayStep, args: tuple) -> None:
+    """Run ``step`` on ``args``, or, inside :func:`recording` on this thread, record it
+    (:class:`StepRecord`) and run nothing.
+
+    Example:
+        >>> with recording() as records:
+        ...     launch_step(print, ("not run",))
+        >>> records[0].args
+        ('not run',)
+    """
+    if _recordings and getattr(_recording, "records", None) is not None:
+        _recording.records.append(StepRecord(step, tuple(args)))
+        return
+    step(tuple(args))
+
+
+def replay_sequence(records: list, sources: tuple):
+    """What replays ``records`` on later calls' ``sources``: a :class:`LaunchSequence` where every
+    record is a Triton launch (the host path measured in ``benchmarks/host_overhead*.py``, unchanged),
+    else a :class:`SteppedSequence`. Raises :class:`NotReplayable` as they do."""
+    if all(r.__class__ is LaunchRecord for r in records):
+        return LaunchSequence(records, sources)
+    return SteppedSequence(records, sources)
+
+
+class _Step:
+    """A :class:`StepRecord` of a :class:`SteppedSequence`: the step and the picker of its arguments."""
+
+    __slots__ = ("step", "pick", "consts")
+
+    def __init__(self, record: StepRecord, where: dict, n: int):
+        consts: list = []
+
+        def const(x) -> int:
+            consts.append(x)
+            return n + len(consts) - 1
+        self.step = record.step
+        self.pick = _picker([_source_position(a, where, const) for a in record.args])
+        self.consts = tuple(consts)
+
+    def __call__(self, key: tuple, sources: tuple, views, keep) -> None:
+        self.step(self.pick(sources + self.consts))
+
+
+class SteppedSequence:
+    """The launches of a recorded call that holds :class:`ReplayStep` launches: each run of Triton
+    launches between steps replayed by a :class:`LaunchSequence` (its compiled kernels, direct
+    launch and ordinary fallback as there), each step called on its arguments picked from the later
+    call's sources, in the recorded order. The step gets the sources as given (tensors, or the
+    workspace addresses of a direct replay), not ``views``.
+
+    Args and Raises: as :class:`LaunchSequence` (a step's argument is checked like a launch's).
+    """
+
+    __slots__ = ("parts", "launches", "kernels", "steps")
+
+    def __init__(self, records: list, sources: tuple):
+        tensors = [s for s in sources if isinstance(s, _Tensor)]
+        if len({id(t) for t in tensors}) != len(tensors):
+            raise NotReplayable("one tensor at two source positions: a replay could not tell them apart")
+        where = {id(s): i for i, s in enumerate(sources) if isinstance(s, _Tensor)}
+        parts, run = [], []
+        for r in records:
+            if r.__class__ is StepRecord:
+                if run:
+                    parts.append(LaunchSequence(run, sources))
+                    run = []
+                parts.append(_Step(r, where, len(sources)))
+            else:
+                run.append(r)
+        if run:
+            parts.append(LaunchSequence(run, sources))
+        self.parts = tuple(parts)
+        #: the Triton launches (as :attr:`LaunchSequence.launches`) and the steps, each in recorded order
+        self.launches = tuple(x for p in parts if isinstance(p, LaunchSequence) for x in p.launches)
+        self.kernels = tuple(x for p in parts if isinstance(p, LaunchSequence) for x in p.kernels)
+        self.steps = tuple(p.step for p in parts if isinstance(p, _Step))
+
+    def __call__(self, key: tuple, sources: tuple, views: Optional[Callable[[], tuple]] = None,
+                 keep=None) -> None:
+        """Launch on ``sources``; the arguments as :meth:`LaunchSequence.__call__`'s."""
+        for part in self.parts:
+            part(key, sources, views, keep)

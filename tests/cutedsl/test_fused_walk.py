@@ -146,13 +146,168 @@ def test_wrapper_refuses_has_initial_state_in_dense_mode():
         fw.cutedsl_fused_walk(**a)
 
 
-def test_switch_is_off_unless_set_to_one_or_wgmma(monkeypatch):
+def test_the_switch_names_a_walk_or_the_planners_choice(monkeypatch):
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
-    assert not fw.enabled() and fw.variant() == ""
-    for off in ("0", "true", "WGMMA", "sync"):
-        monkeypatch.setenv(fw.ENV_SWITCH, off)
-        assert not fw.enabled() and fw.variant() == "", off
-    monkeypatch.setenv(fw.ENV_SWITCH, "1")
-    assert fw.enabled() and fw.variant() == "sync"
+    assert fw.switch_value() == "" and not fw.enabled() and fw.variant() == ""
+    for raw, walk in (("", ""), ("0", "triton"), ("triton", "triton"), ("1", "sync"), ("wgmma", "wgmma")):
+        monkeypatch.setenv(fw.ENV_SWITCH, raw)
+        assert fw.switch_value() == walk, raw
+        assert fw.variant() == (walk if walk in ("sync", "wgmma") else ""), raw
+    for bad in ("true", "WGMMA", "sync"):
+        with pytest.raises(ValueError, match="allowed"):
+            fw.switch_value(bad)
+
+
+# -- the planner's walk (prefill.plan_walk, fused_walk.choose_walk) ------------------------------------
+
+def _planned(monkeypatch, family="gdn", dtype=torch.bfloat16, caps="sm90", N=16, HV=32, K=128, **kw):
+    """The fused plan of a call (fused=True) on a capabilities profile, compiled (not interpreted) buffers."""
+    from linattn.capabilities import profile
+    from linattn.kernels.triton.prefill import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "interpreter_enabled", lambda: False)  # bf16 prep buffers, as compiled
+    T = N * 64
+    q = torch.empty(T, HV // 2, K, dtype=dtype)
+    v = torch.empty(T, HV, 128, dtype=dtype)
+    cu = torch.arange(0, T + 1, 64, dtype=torch.int32)
+    return plan_mod.plan_prefill(family, q=q, v=v, cu_seqlens=cu, caps=profile(caps), fused=True, **kw)
+
+
+@pytest.fixture
+def dsl(monkeypatch):
+    """CuTe DSL importable (or not: ``dsl("ImportError: ...")``), whatever this machine has; the switch unset."""
+    import linattn.kernels.cutedsl as cutedsl_pkg
+
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+
+    def set_error(err=None):
+        monkeypatch.setattr(cutedsl_pkg, "importable", lambda: err)
+    set_error()
+    return set_error
+
+
+def test_the_planner_picks_the_wgmma_walk_on_sm90_where_cutedsl_imports(monkeypatch, dsl):
+    plan = _planned(monkeypatch)
+    assert plan.fused is not None and plan.fused_walk[:2] == ("wgmma", 128)
+    assert "warpgroup" in plan.fused_walk.reason and "LINATTN_CUTEDSL_WALK=0" in plan.fused_walk.reason
+
+
+def test_the_wgmma_walk_takes_bv_64_where_its_bv_128_grid_leaves_sms_idle(monkeypatch, dsl):
+    """132 SMs (the sm90 profile): 1 x 8 x 1 CTAs at BV 128 -> 64; 16 x 32 -> 128; the rule at its edge."""
+    assert _planned(monkeypatch, N=1, HV=8).fused_walk[:2] == ("wgmma", 64)
+    assert _planned(monkeypatch, N=16, HV=32).fused_walk[:2] == ("wgmma", 128)
+    assert fw.walk_block_v("wgmma", 131, 1, 128, 132) == 64 and fw.walk_block_v("wgmma", 132, 1, 128, 132) == 128
+    assert fw.walk_block_v("sync", 1, 8, 128, 132) == 128  # the mma.sync build stays at BV 128 (measured)
+
+
+@pytest.mark.parametrize("case,needle", [
+    (dict(caps="sm100"), "sm_100"),
+    (dict(caps="mi300x"), "NVIDIA CUDA"),
+    (dict(family="kda"), "GDN's"),
+    (dict(dtype=torch.float32), "bf16 q/k/v"),
+    (dict(dtype=torch.float16), "bf16 q/k/v"),
+    (dict(K=64), "K = V = 128"),
+])
+def test_the_planner_keeps_the_triton_walk_outside_the_walks_scope(monkeypatch, dsl, case, needle):
+    plan = _planned(monkeypatch, **case)
+    assert plan.fused is not None and plan.fused_walk.walk == "triton" and plan.fused_walk.block_v == 0
+    assert needle in plan.fused_walk.reason, plan.fused_walk.reason
+
+
+def test_the_planner_keeps_the_triton_walk_where_cutedsl_does_not_import(monkeypatch, dsl):
+    dsl("ImportError: no module named cutlass")
+    plan = _planned(monkeypatch)
+    assert plan.fused_walk.walk == "triton" and "does not import: ImportError" in plan.fused_walk.reason
+
+
+def test_the_planner_keeps_the_triton_walk_with_state_checkpoints(monkeypatch, dsl):
+    assert fw.choose_walk(family="gdn", K=128, V=128, dtype=torch.bfloat16, caps=_sm90(), N=16, HV=32,
+                          checkpoints=True).walk == "triton"
+    assert fw.choose_walk(family="gdn", K=128, V=128, dtype=torch.bfloat16, caps=_sm90(), N=16, HV=32,
+                          buf_dtype=torch.float32).walk == "triton"  # the interpreter's fp32 prep buffers
+
+
+def _sm90():
+    from linattn.capabilities import profile
+
+    return profile("sm90")
+
+
+@pytest.mark.parametrize("value,walk", [("0", "triton"), ("triton", "triton"), ("1", "sync"), ("wgmma", "wgmma")])
+def test_the_switch_forces_a_walk(monkeypatch, dsl, value, walk):
+    monkeypatch.setenv(fw.ENV_SWITCH, value)
+    choice = _planned(monkeypatch, N=1, HV=8).fused_walk
+    assert choice.walk == walk and fw.ENV_SWITCH in choice.reason
+    assert choice.block_v == {"triton": 0, "sync": 128, "wgmma": 64}[walk]
+
+
+def test_the_switch_asks_and_does_not_force_where_the_walk_cannot_run(monkeypatch, dsl):
     monkeypatch.setenv(fw.ENV_SWITCH, "wgmma")
-    assert fw.enabled() and fw.variant() == "wgmma"
+    choice = _planned(monkeypatch, caps="sm100").fused_walk
+    assert choice.walk == "triton" and "asks for the CuTe DSL walk, but" in choice.reason
+
+
+def test_a_switch_value_not_allowed_is_refused_when_planning(monkeypatch, dsl):
+    monkeypatch.setenv(fw.ENV_SWITCH, "WGMMA")
+    with pytest.raises(ValueError, match=r"LINATTN_CUTEDSL_WALK='WGMMA'; allowed: unset .*'wgmma'"):
+        _planned(monkeypatch)
+    monkeypatch.setenv(fw.ENV_SWITCH, "0")  # set right, a call plans again: no plan kept the bad value
+    assert _planned(monkeypatch).fused_walk.walk == "triton"
+
+
+def test_explain_names_the_walk_of_the_fused_prefill(dsl):
+    import linattn
+
+    d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
+    (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
+    assert "walk: the CuTe DSL walk on warpgroup MMAs, BV 128" in note, note
+
+
+def test_a_bad_switch_value_is_a_config_error_that_explain_shows(monkeypatch, dsl):
+    """As every malformed LINATTN_* setting (F48): planning the call raises ConfigError naming the
+    variable (not a silent default); explain keeps triton-split's verdict and names the error."""
+    import linattn
+    from linattn.dispatch.env import ConfigError
+
+    monkeypatch.setenv(fw.ENV_SWITCH, "on")
+    with pytest.raises(ConfigError, match="LINATTN_CUTEDSL_WALK='on'"):
+        _planned(monkeypatch)
+    d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
+    (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
+    assert "walk: planning raises ConfigError: LINATTN_CUTEDSL_WALK='on'" in note, note
+    monkeypatch.setenv(fw.ENV_SWITCH, "  ")  # blank: unset
+    assert fw.switch_value() == ""
+
+
+# -- the walk as a replay step (WalkStep) --------------------------------------------------------------
+
+def test_a_walk_step_passes_each_calls_addresses_and_strides_whatever_it_reused(monkeypatch):
+    """WalkStep keeps the last call's CuTe pointers and stride integers for a call on the same ones;
+    a call on others (or back on the first) gets its own, in the compiled walk's argument order; a q
+    whose base is not 16-byte aligned is copied first. The compiled function is a stub (no GPU)."""
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+    seen = []
+
+    def fn(*a):
+        seen.append(([p._pointer for p in a[:14]], [int(x) for x in a[14:22]], len(a)))  # the address it holds
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
+    key = fw.WalkKey(128, 128, 128, True, True, "float32", "float32", "int32", "int32", "sm_90a", True, mma="wgmma")
+    step = fw.WalkStep(fn, key, torch.device("cpu", 0), (1, 2, 3, 4), (1, 2, 3, 4), 2, 4, 2)
+    bf = torch.bfloat16
+
+    def call_args(wide: bool):
+        q = torch.zeros(70, 4 if wide else 2, 128, dtype=bf)[:, :2]
+        v, g = torch.zeros(70, 4, 128, dtype=bf), torch.zeros(70, 4)
+        small = [torch.zeros(3, dtype=torch.int32) for _ in range(3)]
+        return (q, q, v, g, 4096, 8192, 12288, 16384, torch.zeros(70, 4, 128, dtype=bf), *small, torch.zeros(2), 2**20)
+    a, b = call_args(False), call_args(True)
+    for args in (a, a, b, a):
+        step(args)
+    for (addrs, strides, n), args in zip(seen, (a, a, b, a)):
+        want = [x if isinstance(x, int) else x.data_ptr() for x in args]
+        assert addrs == want and n == 14 + 8 + 11 + 1
+        q, v, g = args[0], args[2], args[3]
+        assert strides == [*q.stride()[:2], *q.stride()[:2], *v.stride()[:2], *g.stride()[:2]]
+    misaligned = torch.zeros(70 * 2 * 128 + 1, dtype=bf)[1:].view(70, 2, 128)
+    step((misaligned, *a[1:]))
+    assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()

@@ -1,7 +1,7 @@
 """The CuTe DSL walk of the fused GDN prefill (kernels/cutedsl/fused_walk.py, ``LINATTN_CUTEDSL_WALK``)
 against the Triton walk on the same prep outputs, on an SM90 GPU (H200).
 
-Each test runs ``chunk_prefill(fused=True)`` twice on the same inputs, the switch off (the Triton
+Each test runs ``chunk_prefill(fused=True)`` twice on the same inputs, the switch at ``0`` (the Triton
 walk ``chunk_gdn_fused_kernel``) and on (the CuTe DSL walk; the test asserts that it ran), so the
 Triton prep kernel's ``tmb, aqk, rk, qs`` are the same. Every test but the last runs for both
 builds of the walk (``walk``: the switch's value, ``"1"`` warp ``mma.sync``, ``"wgmma"`` warpgroup
@@ -10,6 +10,8 @@ within the fused tests' tolerance (tests/gpu/test_prefill_fused_gpu.py: no worse
 Triton walk's error plus 2e-3; bitwise equality with the Triton walk is not expected), pool mode in
 both layouts and pool dtypes with rows not owned bitwise unchanged, padding rows zero and
 ``has_initial_state``, pool == dense bitwise, both value blocks (128: 8 warps, two warpgroups; 64: 4 warps, one).
+The planner's default (the switch unset: the ``wgmma`` build) recorded and replayed (``PrefillLaunch``,
+``PrefillReplay``'s T buckets) against the same call unrecorded: bitwise.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ if torch.cuda.get_device_capability()[0] != 9:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "prefill"))
 
+from linattn.capabilities import probe  # noqa: E402
 from linattn.kernels.cutedsl import fused_walk as fw  # noqa: E402
+from linattn.kernels.triton import launch as launch_mod  # noqa: E402
+from linattn.kernels.triton import prefill as pm  # noqa: E402
 
 from prefill_cases import make_inputs, random_states, reference, rel, run  # noqa: E402
 
@@ -45,15 +50,12 @@ def _both(monkeypatch, inp, walk, bv=None, **kw):
 
     def counted(**a):
         calls.append(a.get("mma"))
-        return real(**a, **({} if bv is None else {"bv": bv}))
+        return real(**{**a, **({} if bv is None else {"bv": bv})})
 
     monkeypatch.setattr(fw, "cutedsl_fused_walk", counted)
     outs = []
     for on in (False, True):
-        if on:
-            monkeypatch.setenv(fw.ENV_SWITCH, walk)
-        else:
-            monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+        monkeypatch.setenv(fw.ENV_SWITCH, walk if on else "0")  # "0": the Triton walk (unset: the planner's, wgmma)
         k2 = {n: (x.clone() if n == "state_pool" else x) for n, x in kw.items()}
         o, ht = run("gdn", inp, fused=True, **k2)
         torch.cuda.synchronize()
@@ -162,7 +164,7 @@ def test_wgmma_walk_is_bitwise_the_mma_sync_walk(monkeypatch, bv):
     outs = []
     for walk, block in (("1", 128), ("wgmma", bv)):
         calls = []
-        monkeypatch.setattr(fw, "cutedsl_fused_walk", lambda **a: calls.append(a["mma"]) or real(**a, bv=block))
+        monkeypatch.setattr(fw, "cutedsl_fused_walk", lambda **a: calls.append(a["mma"]) or real(**{**a, "bv": block}))
         monkeypatch.setenv(fw.ENV_SWITCH, walk)
         work = pool.clone()
         o, _ = run("gdn", inp, fused=True, state_pool=work, state_indices=idx, has_initial_state=flags)
@@ -172,3 +174,115 @@ def test_wgmma_walk_is_bitwise_the_mma_sync_walk(monkeypatch, bv):
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert outs[1][0].abs().amax() > 0
+
+
+# -- the planner's default, recorded and replayed -----------------------------------------------------
+
+NAMES = ("q", "k", "v", "g", "beta", "cu_seqlens", "state_pool", "state_indices", "initial_state", "has_initial_state")
+
+
+def _pool_call(lens, seed, P=9, HV=8, H=4):
+    kw = make_inputs("gdn", lens, H=H, HV=HV, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=seed)
+    idx = torch.tensor([4, 7, -1, 0, 2, 5, 1][:len(lens)], device=DEV, dtype=torch.int32)
+    kw.update(state_pool=random_states(P, HV, 128, 128, device=DEV, seed=seed) * 0.1, state_indices=idx,
+              has_initial_state=torch.tensor([True, False, True, True, True, True, False][:len(lens)], device=DEV))
+    return kw
+
+
+def _plan_of(kw, **over):
+    keys = ("q", "v", "cu_seqlens", "state_pool", "state_indices", "initial_state", "has_initial_state")
+    return pm.plan_prefill("gdn", **{n: kw[n] for n in keys if kw.get(n) is not None}, **over)
+
+
+def _unrecorded(monkeypatch, plan, kw):
+    """``run_prefill`` with the stages run one by one (nothing recorded), on a copy of the pool."""
+    kw = dict(kw, state_pool=kw["state_pool"].clone()) if kw.get("state_pool") is not None else dict(kw)
+    with monkeypatch.context() as m:
+        m.setattr(pm.PrefillPlan, "replayable", property(lambda self: False))
+        o, final = pm.run_prefill(plan, **kw, scale=0.125)
+    torch.cuda.synchronize()
+    return o, final, kw.get("state_pool")
+
+
+def _same(got, want, before):
+    (o, final, pool), (o_r, final_r, pool_r) = got, want
+    assert torch.equal(o, o_r) and o.abs().amax() > 0
+    assert (final is None) == (final_r is None) and (final is None or torch.equal(final, final_r))
+    if pool is not None:
+        assert torch.equal(pool, pool_r)
+        idx = before["state_indices"]
+        own = torch.zeros(pool.shape[0], dtype=torch.bool, device=DEV)
+        own[idx[idx >= 0].long()] = True
+        assert torch.equal(pool[~own], before["state_pool"][~own])  # rows not owned: bitwise as given
+
+
+def _steps_run(monkeypatch) -> list:
+    """The WalkStep launches made from now on (each call's ``mma``, value block)."""
+    ran, real = [], fw.WalkStep.__call__
+    monkeypatch.setattr(fw.WalkStep, "__call__", lambda self, args: ran.append((self.key.mma, self.key.BV))
+                        or real(self, args))
+    return ran
+
+
+def test_the_planner_picks_the_wgmma_walk_and_the_switch_overrides_it(monkeypatch):
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    kw = _pool_call([300, 1, 64, 0, 200], seed=21)
+    plan = _plan_of(kw, fused=True)
+    assert plan.fused_walk.walk == "wgmma" and plan.fused_walk.block_v == 64, plan.fused_walk  # 5 x 8 CTAs < SMs
+    for value, walk in (("0", "triton"), ("triton", "triton"), ("1", "sync"), ("wgmma", "wgmma")):
+        monkeypatch.setenv(fw.ENV_SWITCH, value)
+        assert _plan_of(kw, fused=True).fused_walk.walk == walk
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_recorded_then_replayed_wgmma_walk_is_bitwise_the_unrecorded_call(monkeypatch, dense):
+    """The planner's walk (switch unset: wgmma) under run_prefill's recording: call 1 stage by stage,
+    call 2 recorded (prep + WalkStep) and replayed, calls 3 and 4 replayed on new tensors of the
+    same signature (direct launches); each bitwise the same call run unrecorded."""
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    lens = [300, 1, 64, 0, 200]
+    calls = []
+    for seed in (22, 22, 23, 24):
+        kw = _pool_call(lens, seed)
+        if dense:
+            kw.update(initial_state=kw.pop("state_pool")[:len(lens)].contiguous(), state_indices=None,
+                      has_initial_state=None)
+            kw["state_pool"] = None
+        calls.append(kw)
+    plan = _plan_of(calls[0], fused=True)
+    assert plan.fused_walk.walk == "wgmma" and plan.replayable
+    ran = _steps_run(monkeypatch)
+    for i, kw in enumerate(calls):
+        want = _unrecorded(monkeypatch, plan, kw)
+        del ran[:]
+        work = dict(kw, state_pool=kw["state_pool"].clone()) if not dense else dict(kw)
+        o, final = pm.run_prefill(plan, **work, scale=0.125)
+        torch.cuda.synchronize()
+        assert ran == [("wgmma", plan.fused_walk.block_v)], (i, ran)  # the walk ran once, as a step
+        _same((o, final, work.get("state_pool")), want, kw)
+    (launch,) = plan.launches.values()
+    assert isinstance(launch, pm.PrefillLaunch), launch
+    assert isinstance(launch.sequence, launch_mod.SteppedSequence)
+    assert [type(s) for s in launch.sequence.steps] == [fw.WalkStep]
+
+
+def test_a_prefill_bucket_replays_the_wgmma_walk_with_the_bits_of_its_own_plan(monkeypatch):
+    """PrefillReplay (issue 28): calls of new T in one bucket replay prep + wgmma walk, bitwise the
+    call planned for its own T and run unrecorded."""
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    heads = dict(H=16, HV=32)  # 5 x 32 programs fill the SMs: the planner's fused prefill, BV 128
+    first = _pool_call([300, 1, 64, 0, 200], seed=25, **heads)  # T = 565: bucket 640
+    replay = pm.PrefillReplay("gdn", dict(first, scale=0.125, use_qk_l2norm=True, state_layout="vk"),
+                              probe(first["q"].device), "split")
+    ran = _steps_run(monkeypatch)
+    for lens, seed in (([300, 1, 64, 0, 200], 25), ([290, 5, 60, 3, 199], 26), ([280, 9, 64, 1, 200], 27)):
+        kw = _pool_call(lens, seed, **heads)
+        want = _unrecorded(monkeypatch, _plan_of(kw), kw)
+        del ran[:]
+        work = dict(kw, state_pool=kw["state_pool"].clone())
+        o, final = replay(work)
+        torch.cuda.synchronize()
+        assert ran == [("wgmma", 128)], ran
+        _same((o, final, work["state_pool"]), want, kw)
+    (plan, launch, _), = replay.entries.values()
+    assert plan.fused is not None and isinstance(launch, pm.PrefillLaunch)

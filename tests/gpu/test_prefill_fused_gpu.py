@@ -80,3 +80,13 @@ def test_planner_picks_fused_at_throughput_shapes():
         cu = torch.arange(0, N * L + 1, L, device=DEV, dtype=torch.int32)
         plan = pm.plan_prefill("gdn", q=q, v=v, cu_seqlens=cu)
         assert plan.fused is not None, plan.fused_reason
+        if _cutedsl_walk_refusal() == "":  # SM90 with CuTe DSL: the wgmma walk, BV 128 (the grid fills the SMs)
+            assert plan.fused_walk[:2] == ("wgmma", 128), plan.fused_walk
+        else:
+            assert plan.fused_walk.walk == "triton", plan.fused_walk
+
+
+def _cutedsl_walk_refusal() -> str:
+    from linattn.kernels.cutedsl import fused_walk as fw
+
+    return fw.walk_refusal(family="gdn", K=128, V=128, dtype=torch.bfloat16, device=torch.device(DEV))

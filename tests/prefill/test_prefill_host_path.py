@@ -17,7 +17,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from linattn.capabilities import interpreter_enabled  # noqa: E402
-from linattn.kernels.triton import chunk_intra, chunk_output, chunk_state  # noqa: E402
+from linattn.kernels.triton import chunk_fused, chunk_intra, chunk_output, chunk_state  # noqa: E402
 from linattn.kernels.triton import chunk_tables as tables_mod  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
 from linattn.kernels.triton import prefill as pm  # noqa: E402
@@ -214,7 +214,8 @@ def stubbed(monkeypatch):
     for mod, names in ((chunk_intra, ("chunk_intra_kernel", "chunk_kda_system_kernel")),
                        (chunk_state, ("chunk_gdn_gates_kernel", "chunk_state_kernel")),
                        (chunk_output, ("chunk_output_kernel", "chunk_output_grouped_kernel")),
-                       (tables_mod, ("chunk_tables_kernel",))):
+                       (tables_mod, ("chunk_tables_kernel",)),
+                       (chunk_fused, ("chunk_gdn_fused_prep_kernel", "chunk_gdn_fused_kernel"))):
         for name in names:
             monkeypatch.setattr(mod, name, _StubKernel(getattr(mod, name), log))
     real_status = launch_mod._decide_status
@@ -334,3 +335,60 @@ def test_launch_records_instead_of_launching_inside_recording_only():
                                                             {"num_warps": 2})]
     launch_mod.launch(_Kernel(), (2,), (1, None), {"B": 4}, num_warps=2)
     assert len(seen) == 1 or launch_mod.fast_launch_status()[0]
+
+
+class _FakeWalk:
+    """A non-Triton walk step (``launch.ReplayStep``), logged as the stub kernels log their launches."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def __call__(self, args: tuple) -> None:
+        self.log.append(("step", "walk", args))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fused_prefill_with_a_walk_step_replays_it_on_each_calls_buffers(stubbed, monkeypatch, mode):
+    """The fused GDN prefill with its walk a :class:`launch.ReplayStep` (as the CuTe DSL walk is): call
+    1 runs it stage by stage, call 2 records the prep and the step and replays them, calls 3 and 4 replay
+    on new tensors of the signature; the step gets each call's own tensors and its workspace's buffers
+    at the offsets of the recorded call, after the prep, in place of the Triton walk."""
+    import dataclasses
+
+    from linattn.kernels.cutedsl import fused_walk as fw
+
+    plan = pm.plan_prefill("gdn", **{n: v for n, v in _call("gdn", mode, seed=10).items()
+                                     if n in ("q", "v", "cu_seqlens", "state_pool", "state_indices",
+                                              "initial_state", "has_initial_state")}, fused=True)
+    plan = dataclasses.replace(plan, fused_walk=fw.WalkChoice("wgmma", 64, "test: a CuTe DSL walk"))
+    assert plan.fused is not None and plan.replayable
+
+    def fake_walk(plan_, x, b, st):
+        from linattn.kernels.triton.launch import launch_step
+
+        launch_step(_FakeWalk(stubbed), (x.q, x.v, b.fused_tmb, b.fused_qs, b.o, st.ht, st.state_indices, 5))
+        return True
+    monkeypatch.setattr(fw, "run_for_plan", fake_walk)
+    bases = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: _note_workspace(real_empty(*a, **k), bases))
+    calls = []
+    for seed in (11, 11, 12, 13):  # 12, 13: new tensors (and values) of the same signature
+        kw = _call("gdn", mode, seed=seed)
+        del bases[:], stubbed[:]
+        o, final = pm.run_prefill(plan, **kw)
+        calls.append((list(stubbed), dict(kw, o=o, final=final), bases[-1] if bases else None))
+    for launches, _, _ in calls:
+        assert [name for _, name, _ in launches] == ["chunk_tables_kernel", "chunk_gdn_fused_prep_kernel", "walk"]
+    (run,) = plan.launches.values()
+    assert isinstance(run, pm.PrefillLaunch) and isinstance(run.sequence, launch_mod.SteppedSequence)
+
+    def step_args(call, by_offset: bool):
+        launches, tensors, base = call
+        return _normalised(launches[-1][2], tensors, base if by_offset else None)
+    first = step_args(calls[0], False)
+    assert first[:2] == ("q", "v") and first[4] == "o" and first[-1] == 5
+    assert step_args(calls[1], True) == step_args(calls[2], True) == step_args(calls[3], True)
+    assert [a for a in step_args(calls[2], True) if isinstance(a, tuple)] == [a for a in step_args(calls[1], True)
+                                                                             if isinstance(a, tuple)]
+    assert all(isinstance(a, tuple) and a[0] == "workspace" for a in step_args(calls[2], True)[2:4])

@@ -6,7 +6,7 @@ The host side reads as typed stages, one module per concern:
   partial override by field paths: :func:`override_config`);
 - :mod:`.plan`: the :class:`PrefillPlan` built from host-known facts only (:func:`plan_prefill`:
   shapes, dtypes, flags; never a tensor's values, no device sync), with the segment-parallel and
-  fused decisions (:func:`plan_segments`, :func:`plan_fused`);
+  fused decisions (:func:`plan_segments`, :func:`plan_fused`, the fused walk :func:`plan_walk`);
 - :mod:`.run`: :func:`run_prefill` (and :func:`chunk_prefill`, plan then run), the recorded launches
   (:class:`PrefillLaunch`); :mod:`.replay`: :class:`PrefillReplay`;
 - each stage's launcher beside its kernels, which :func:`run_prefill` calls in order:
@@ -84,7 +84,7 @@ from .config import (LaunchOptions, dot_precision, SolveConfig, IntraConfig, Kda
 from .plan import (TABLES_TRITON_MAX_N, SEGMENT_MIN_CHUNKS, SEGMENT_PROGRAMS_PER_SM, SEGMENT_MAX_K,
                    FUSED_MIN_PROGRAMS_PER_SM, FUSED_KDA_DEFAULT, FUSED_PIPELINED_SMEM, StageOptions, stage_options,
                    BufferSpec, PrefillGrids, PrefillPlan, PrefillBuffers, SegmentGrids, PrefillInputs, PrefillState,
-                   plan_prefill, plan_segments, plan_fused)
+                   plan_prefill, plan_segments, plan_fused, plan_walk)
 from .run import (chunk_prefill, forked, allocate_buffers, conform_inputs, prefill_state, run_prefill, launch_stages,
                   WORKSPACE_ALIGN, PrefillLaunch)
 from .replay import REPLAY_BUCKETS_PER_OCTAVE, replay_tokens, PrefillReplay
@@ -99,7 +99,7 @@ __all__ = [
     "config_on_target", "TABLES_TRITON_MAX_N", "SEGMENT_MIN_CHUNKS", "SEGMENT_PROGRAMS_PER_SM", "SEGMENT_MAX_K",
     "FUSED_MIN_PROGRAMS_PER_SM", "FUSED_KDA_DEFAULT", "FUSED_PIPELINED_SMEM", "StageOptions", "stage_options",
     "BufferSpec", "PrefillGrids", "PrefillPlan", "PrefillBuffers", "SegmentGrids", "PrefillInputs", "PrefillState",
-    "plan_prefill", "plan_segments", "plan_fused", "chunk_prefill", "forked", "allocate_buffers", "conform_inputs",
+    "plan_prefill", "plan_segments", "plan_fused", "plan_walk", "chunk_prefill", "forked", "allocate_buffers", "conform_inputs",
     "prefill_state", "run_prefill", "launch_stages", "WORKSPACE_ALIGN", "PrefillLaunch",
     "REPLAY_BUCKETS_PER_OCTAVE", "replay_tokens", "PrefillReplay",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Literal, NamedTuple, Optional
+from typing import TYPE_CHECKING, Callable, Literal, NamedTuple, Optional
 
 import torch
 import triton
@@ -32,6 +32,9 @@ from ..chunk_tables import CHUNK
 from ..launch import LaunchOptions
 from . import config as _config
 from .config import PrefillConfig, config_on_target, dot_precision
+
+if TYPE_CHECKING:
+    from linattn.kernels.cutedsl.fused_walk import WalkChoice
 
 #: up to this many sequences the chunk tables come from one Triton launch
 #: (:func:`.chunk_tables.chunk_tables_triton`), beyond it from :func:`.chunk_tables.chunk_tables` (torch ops;
@@ -166,6 +169,9 @@ class PrefillPlan:
     fused_reason: str = ""
     #: the fused kernel's grid (``N x HV x V // block_v``) and its prep kernel's persistent programs
     fused_grid: Optional[GridPlan] = None
+    #: the fused GDN prefill's walk: the Triton kernel or a CuTe DSL build, its value block and why
+    #: (:func:`linattn.kernels.cutedsl.fused_walk.choose_walk`; None where the fused prefill does not run)
+    fused_walk: Optional["WalkChoice"] = None
     #: the recorded launches of this plan's calls, per signature of their tensors (:func:`run_prefill`:
     #: a :class:`PrefillLaunch`, None where it cannot be replayed, or a mark of a first call); not part
     #: of the plan's value
@@ -177,9 +183,10 @@ class PrefillPlan:
 
     @property
     def replayable(self) -> bool:
-        """Its stages make Triton launches only, so :class:`PrefillLaunch` can record and replay
-        them: a non-empty call with the Triton chunk tables (up to :data:`TABLES_TRITON_MAX_N`
-        sequences), one pass of the state stage and no replacement state kernel."""
+        """Its stages make Triton launches and :class:`.launch.ReplayStep` launches (the CuTe DSL
+        fused walk) only, so :class:`PrefillLaunch` can record and replay them: a non-empty call
+        with the Triton chunk tables (up to :data:`TABLES_TRITON_MAX_N` sequences), one pass of the
+        state stage and no replacement state kernel."""
         return (not self.empty and self.triton_tables and not self.segment_chunks and self.state_kernel is None
                 and not self.checkpoints)
 
@@ -466,6 +473,18 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
                   "on chip (no per-chunk states, w, u or new values in memory)")
 
 
+def plan_walk(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities, N: int, HV: int,
+              checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None) -> "WalkChoice":
+    """The walk of a fused prefill (:func:`linattn.kernels.cutedsl.fused_walk.choose_walk`, with the
+    ``LINATTN_CUTEDSL_WALK`` switch read now): the ``wgmma`` CuTe DSL build for GDN on SM90 where CuTe
+    DSL imports and the call is in its scope (``buf_dtype``: the prep buffers', bf16 only; fp32 in the
+    interpreter), else the Triton walk. Raises ``ConfigError`` (a ValueError) for a switch value not allowed."""
+    from linattn.kernels.cutedsl import fused_walk
+
+    return fused_walk.choose_walk(family=family, K=K, V=V, dtype=dtype, caps=caps, N=N, HV=HV,
+                                  checkpoints=checkpoints, buf_dtype=buf_dtype, switch=fused_walk.switch_value())
+
+
 def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced: Optional[bool],
                 cfg: Optional[FusedConfig], segment_chunks: Optional[int]) -> PrefillPlan:
     """``plan`` (the pipeline's) turned into the fused prefill's where :func:`plan_fused` says so:
@@ -494,6 +513,8 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
         BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
         BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
+                               fused_walk=plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV,
+                                                    plan.checkpoints, plan.buf_dtype),
                                segment_grids=None, segment_reason="the fused prefill runs (no state stage)",
                                fused_grid=plan_grid(plan.N, HV, plan.V // cfg.block_v, caps, layout),
                                grids=plan.grids._replace(intra=(progs,)))

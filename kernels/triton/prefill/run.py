@@ -25,7 +25,7 @@ from ..chunk_intra import launch_intra
 from ..chunk_output import launch_output
 from ..chunk_state import launch_gates, launch_segmented_state, launch_state
 from ..chunk_tables import CHUNK, ChunkTables, launch_tables
-from ..launch import LaunchSequence, NotReplayable, recording
+from ..launch import NotReplayable, recording, replay_sequence
 from .plan import PrefillBuffers, PrefillInputs, PrefillPlan, PrefillState, plan_prefill
 
 def chunk_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -294,8 +294,9 @@ class PrefillLaunch:
     Recording runs :func:`launch_stages` with the launches recorded, not made
     (:func:`.launch.recording`), on the call's conformed inputs and on stand-in buffers without
     storage (``meta`` tensors of the plan's buffer specs). A replay
-    (:class:`.launch.LaunchSequence`) makes the same launches, with the same kernels, scalar
-    arguments, constexprs and launch options, on a later call's tensors. Per call it copies only the
+    (:class:`.launch.LaunchSequence`; :class:`.launch.SteppedSequence` where a stage launched a
+    :class:`.launch.ReplayStep`, the CuTe DSL fused walk) makes the same launches, with the same
+    kernels, scalar arguments, constexprs and launch options, on a later call's tensors. Per call it copies only the
     inputs whose strides need it (:func:`conform_inputs`, :func:`prefill_state`), allocates the
     output ``o``, in dense mode the final state, and one workspace holding every non-empty
     intermediate buffer (:class:`PrefillBuffers`) and the chunk tables, each at a
@@ -330,7 +331,7 @@ class PrefillLaunch:
                   if t.numel()] + list(tables)
         self.workspace, self.offsets, self.ws_bytes = _workspace_layout(carved)
         sources = (*x, pool, idx, h0, st.has_initial_state, stand_in.o, stand_in.final, *carved)
-        self.sequence = LaunchSequence(records, sources)
+        self.sequence = replay_sequence(records, sources)
         self.device = plan.device
         specs = {b.name: b for b in plan.buffers}
         self.o_spec, self.final_spec = specs["o"], specs.get("final")
