@@ -488,11 +488,12 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
         prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
         family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
         walk = {}
-    launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
-                      chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
-                      rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
-                      items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
-                      PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
+    if plan.kda or not _cutedsl_prep(plan, x, t, b, scale):
+        launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
+                          chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
+                          rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
+                          items=fused_prep_items(plan), scale=scale, K=plan.K, l2norm=plan.use_qk_l2norm,
+                          PREC=plan.PREC, solve=plan.config.intra.solve, cfg=cfg, **family)
     if plan.fused_walk is not None and plan.fused_walk.walk != "triton":  # the CuTe DSL walk the plan chose
         from linattn.kernels.cutedsl import fused_walk
         if fused_walk.run_for_plan(plan, x, b, st):  # (kernels/cutedsl/fused_walk.py, choose_walk)
@@ -504,6 +505,14 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
                  st=state_strides(st.ht, plan.state_layout), group=plan.group, HV=plan.HV, K=plan.K, V=plan.V,
                  pool=plan.pool_mode, has_h0=plan.has_h0, has_init_flags=plan.has_init_flags, DT=plan.DT,
                  PREC=plan.PREC, cfg=cfg, checkpoints=st.checkpoints, checkpoint_every=st.checkpoint_every, **walk)
+
+
+def _cutedsl_prep(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, scale: float) -> bool:
+    """Opt-in: the CuTe DSL prep (kernels/cutedsl/fused_prep.py) where ``LINATTN_CUTEDSL_PREP=1`` and it
+    accepts the call; False: the Triton prep runs."""
+    from linattn.kernels.cutedsl import fused_prep
+
+    return fused_prep.enabled() and fused_prep.run_for_plan(plan, x, t, b, scale)
 
 
 def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):

@@ -1,0 +1,352 @@
+"""The CuTe DSL prep of the fused GDN prefill (imports ``cutlass``: load it only through
+:mod:`linattn.kernels.cutedsl.fused_prep`, which imports this module lazily).
+
+One CTA of four warps per (chunk, key head) item (grid ``NT_max * H``, key head fastest, as the
+Triton prep's items; a chunk past the real count does nothing). The maths is
+:mod:`linattn.kernels.triton.chunk_fused`'s (module docstring, 1); how it maps onto the hardware::
+
+    loads     k, q [C, K] bf16 -> shared memory by cp.async (rows past the sequence zero)
+    norms     one thread per (row, k or q): max|x|, the power-of-two scale s (F44), u = 1 / sqrt(sum (s x)^2
+              + 1e-6 s^2); a row with s != 1 is rewritten as bf16(s x) before the products
+    products  K K^T, Q K^T [C, C]: warp mma.sync m16n8k16 (bf16, fp32 accumulation), warp w rows 16 w ..
+    per value head of the key head, two at a time (slots 0 and 1):
+      gates   G = cumsum(max(g, G_MIN)) by a warp's shuffle scan; beta
+      tiles   e = exp(G_r - G_s) once per element, shared by Aqk (r >= s) and A (r > s) (each warp its rows)
+              Aqk = (Q K^T) e uk_s qs_r -> bf16 staging;  A = (K K^T) e (beta uk)_r uk_s -> fp32, transposed
+      solve   Tm = (I + A)^-1 column by column: thread c of the slot's 64 threads holds column c of Tm in
+              registers and runs the right-looking forward substitution x_i -= A_ij x_j (fp32 FMA, exact
+              order per column, 63 dependent steps; A's column j read as a broadcast row of A^T)
+      stores  Tm diag(beta) -> bf16 staging; the staged Aqk and Tm diag(beta) rows to HBM by 16-byte
+              stores; rk, qs per row
+
+No scratch in HBM and no Neumann product: the solve is forward substitution in fp32 for the whole
+64 x 64 block (the Triton prep: Neumann products on 3xTF32 dots for the 16 x 16 diagonal blocks, single
+TF32 dots below them), so it is at least as exact on the worst-conditioned input (A all ones below the
+diagonal: x stays in {0, +-1}, no cancellation).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import cpasync, warp
+
+C = 64  # chunk rows
+NT = 128  # threads per CTA (four warps)
+
+
+def _bits(x: Float32) -> Int32:
+    """The bits of an fp32 value as an int32."""
+    return Int32(llvm.bitcast(Int32.mlir_type, Float32(x).ir_value()))
+
+
+def _from_bits(b: Int32) -> Float32:
+    """The fp32 value of 32 bits."""
+    return Float32(llvm.bitcast(Float32.mlir_type, Int32(b).ir_value()))
+
+
+class FusedPrepKernel:
+    """Static configuration of one compiled prep (everything that changes the code).
+
+    Args:
+        K: key head dim (128 for this step; a multiple of 16).
+        l2norm: the q/k l2 norms in the kernel (else ``rk = 1``, ``qs = (scale, 1)``).
+        beta_bf16: beta is bf16 (else fp32).
+        g_min: the floor of the log decays (``limits.G_MIN``).
+        min_ctas: CTAs per SM the register allocation must allow (0: the compiler's choice; 3 caps a
+            thread at 168 registers).
+    """
+
+    def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0):
+        assert K % 16 == 0 and K <= 128
+        self.min_ctas = min_ctas
+        self.K = K
+        self.l2norm = l2norm
+        self.beta_bf16 = beta_bf16
+        self.g_min = float(g_min)
+        self.PK = K + 8  # padded smem pitches (elements): k, q rows; the bf16 staging; A^T (fp32)
+        self.PS = C + 8
+        self.PA = C + 4
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer, k_ptr: cute.Pointer, g_ptr: cute.Pointer, beta_ptr: cute.Pointer,
+        cu_ptr: cute.Pointer, cseq_ptr: cute.Pointer, cstart_ptr: cute.Pointer,
+        tmb_ptr: cute.Pointer, aqk_ptr: cute.Pointer, rk_ptr: cute.Pointer, qs_ptr: cute.Pointer,
+        sqt: Int64, sqh: Int64, skt: Int64, skh: Int64, sgt: Int64, sgh: Int64, sbt: Int64, sbh: Int64,
+        N: Int32, HV: Int32, GROUP: Int32, ITEMS: Int32, scale: Float32,
+        stream,
+    ):
+        K = self.K
+        tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1), permutation_mnk=(64, 16, 16))
+        g2s16 = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16, num_bits_per_copy=128)
+        st16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        tk, tc = K // 8, C // 8  # threads per row (8 bf16 = 16 bytes each)
+        copy_k = cute.make_tiled_copy_tv(
+            g2s16, cute.make_layout((NT // tk, tk), stride=(tk, 1)), cute.make_layout((1, 8)))
+        store_c = cute.make_tiled_copy_tv(
+            st16, cute.make_layout((NT // tc, tc), stride=(tc, 1)), cute.make_layout((1, 8)))
+        self.kernel(
+            q_ptr, k_ptr, g_ptr, beta_ptr, cu_ptr, cseq_ptr, cstart_ptr, tmb_ptr, aqk_ptr, rk_ptr, qs_ptr,
+            sqt, sqh, skt, skh, sgt, sgh, sbt, sbh, N, HV, GROUP, scale, tiled_mma, copy_k, store_c,
+        ).launch(grid=[ITEMS, 1, 1], block=[NT, 1, 1], stream=stream, min_blocks_per_mp=self.min_ctas,
+                 preferred_smem_carveout=100 if self.min_ctas > 1 else None)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        q_ptr: cute.Pointer, k_ptr: cute.Pointer, g_ptr: cute.Pointer, beta_ptr: cute.Pointer,
+        cu_ptr: cute.Pointer, cseq_ptr: cute.Pointer, cstart_ptr: cute.Pointer,
+        tmb_ptr: cute.Pointer, aqk_ptr: cute.Pointer, rk_ptr: cute.Pointer, qs_ptr: cute.Pointer,
+        sqt: Int64, sqh: Int64, skt: Int64, skh: Int64, sgt: Int64, sgh: Int64, sbt: Int64, sbh: Int64,
+        N: Int32, HV: Int32, GROUP: Int32, scale: Float32,
+        tiled_mma: cute.TiledMma, copy_k: cute.TiledCopy, store_c: cute.TiledCopy,
+    ):
+        K, PK, PS, PA = self.K, self.PK, self.PS, self.PA
+        tid, _, _ = cute.arch.thread_idx()
+        bid, _, _ = cute.arch.block_idx()
+        H = HV // GROUP
+        i_c = bid // H
+        i_h = bid % H
+        lane = tid % 32
+        wid = tid // 32
+
+        # ---------------- shared memory --------------------------------------------------------
+        smem = cutlass.utils.SmemAllocator()
+        nraw = max(2 * C * PK, 4 * C * PS)
+        sRaw = smem.allocate_tensor(BFloat16, cute.make_layout(nraw), 16)
+        # k (0) and q (1) rows; after the products the same bytes hold the staging of Aqk (slots 0, 1)
+        # and Tm diag(beta) (slots 2, 3), each [C, C] bf16
+        sKQ = cute.make_tensor(sRaw.iterator, cute.make_layout((C, K, 2), stride=(PK, 1, C * PK)))
+        sStg = cute.make_tensor(sRaw.iterator, cute.make_layout((C, C, 4), stride=(PS, 1, C * PS)))
+        # A^T of the two value-head slots: sAt[j, i, slot] = A[i, j] (fp32)
+        sAt = smem.allocate_tensor(Float32, cute.make_layout((C, C, 2), stride=(PA, 1, C * PA)), 16)
+        # per-row vectors: uk (masked), rk = uk sk (masked), qs = uq scale, sq; G and beta of slots 0, 1
+        sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8), stride=(1, C)), 16)
+
+        mseq = cute.make_tensor(cseq_ptr, cute.make_layout(i_c + 1))
+        n = Int32(mseq[i_c])
+        if n < N:
+            mstart = cute.make_tensor(cstart_ptr, cute.make_layout(i_c + 1))
+            mcu = cute.make_tensor(cu_ptr, cute.make_layout(N + 1))
+            t0 = Int64(mstart[i_c])
+            left = Int64(mcu[n + 1]) - t0
+            L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
+
+            # ---------------- loads: k, q -> sKQ (rows past the sequence zero) ------------------
+            thr_k = copy_k.get_slice(tid)
+            tKsK = thr_k.partition_D(sKQ)
+            tKc = thr_k.partition_S(cute.make_identity_tensor((C, K)))
+            gK = cute.make_tensor((k_ptr + (t0 * skt + Int64(i_h) * skh)).align(16),
+                                  cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
+            gQ = cute.make_tensor((q_ptr + (t0 * sqt + Int64(i_h) * sqh)).align(16),
+                                  cute.make_layout((C, K), stride=(cute.assume(Int32(sqt), divby=8), 1)))
+            tKg, tQg = thr_k.partition_S(gK), thr_k.partition_S(gQ)
+            for m in cutlass.range_constexpr(cute.size(tKg, mode=[1])):
+                if tKc[0, m, 0][0] < L:
+                    cute.copy(copy_k, tKg[None, m, None], tKsK[None, m, None, 0])
+                    cute.copy(copy_k, tQg[None, m, None], tKsK[None, m, None, 1])
+                else:
+                    tKsK[None, m, None, 0].fill(0.0)
+                    tKsK[None, m, None, 1].fill(0.0)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+
+            # ---------------- norms (thread: row r of k (tid < 64) or q) ------------------------
+            r = tid % C
+            mat = tid // C
+            if const_expr(self.l2norm):
+                self.row_norm(sKQ, sVec, r, mat, L, scale)
+            else:
+                one = Float32(cutlass.select_(r < L, Float32(1.0), Float32(0.0)))
+                if mat == 0:
+                    sVec[r, 0] = one
+                    sVec[r, 1] = one
+                else:
+                    sVec[r, 2] = scale
+                    sVec[r, 3] = Float32(1.0)
+            cute.arch.sync_threads()
+
+            # ---------------- K K^T and Q K^T (warp w: rows 16 w .. 16 w + 15) -----------------
+            thr_mma = tiled_mma.get_slice(tid)
+            acc_kk = cute.make_rmem_tensor(thr_mma.partition_shape_C((C, C)), Float32)
+            acc_qk = cute.make_rmem_tensor(thr_mma.partition_shape_C((C, C)), Float32)
+            tCc = thr_mma.partition_C(cute.make_identity_tensor((C, C)))
+            ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16)
+            s2r_a = cute.make_tiled_copy_A(ldsm, tiled_mma)
+            s2r_b = cute.make_tiled_copy_B(ldsm, tiled_mma)
+            thr_a = s2r_a.get_slice(tid)
+            thr_b = s2r_b.get_slice(tid)
+            tKA = thr_mma.make_fragment_A(thr_mma.partition_A(sKQ[None, None, 0]))
+            tQA = thr_mma.make_fragment_A(thr_mma.partition_A(sKQ[None, None, 1]))
+            tKB = thr_mma.make_fragment_B(thr_mma.partition_B(sKQ[None, None, 0]))
+            tAs = thr_a.partition_S(sKQ)
+            tBs = thr_b.partition_S(sKQ)
+            tKA_v, tQA_v, tKB_v = thr_a.retile(tKA), thr_a.retile(tQA), thr_b.retile(tKB)
+            acc_kk.fill(0.0)
+            acc_qk.fill(0.0)
+            for kb in cutlass.range_constexpr(K // 16):
+                cute.copy(s2r_a, tAs[None, None, kb, 0], tKA_v[None, None, kb])
+                cute.copy(s2r_a, tAs[None, None, kb, 1], tQA_v[None, None, kb])
+                cute.copy(s2r_b, tBs[None, None, kb, 0], tKB_v[None, None, kb])
+                cute.gemm(tiled_mma, acc_kk, tKA[None, None, kb], tKB[None, None, kb], acc_kk)
+                cute.gemm(tiled_mma, acc_qk, tQA[None, None, kb], tKB[None, None, kb], acc_qk)
+            cute.arch.sync_threads()  # k, q are dead: their bytes become the staging
+
+            # ---------------- the value heads of this key head, two at a time -------------------
+            thr_o = store_c.get_slice(tid)
+            tOs = thr_o.partition_S(sStg)
+            tOc = thr_o.partition_S(cute.make_identity_tensor((C, C)))
+            g_min = Float32(self.g_min)
+            zero = Float32(0.0)
+            npair = (GROUP + 1) // 2
+            for p in cutlass.range(npair, unroll=1):
+                j0 = 2 * p
+                # (a) gates and beta of slot w (warps 0, 1): lane l rows l, l + 32
+                if wid < 2:
+                    if j0 + wid < GROUP:
+                        hv = Int64(i_h * GROUP + j0 + wid)
+                        self.warp_gates(g_ptr, beta_ptr, t0, hv, sgt, sgh, sbt, sbh, L, lane, wid, sVec, g_min)
+                cute.arch.sync_threads()
+                # (b) Aqk -> staging (bf16), A -> sAt (fp32, transposed); e shared by both
+                for slot in cutlass.range_constexpr(2):
+                    if j0 + slot < GROUP:
+                        for i in cutlass.range_constexpr(cute.size(acc_kk)):
+                            crd = tCc[i]
+                            rr = crd[0]
+                            ss = crd[1]
+                            d = sVec[rr, 4 + slot] - sVec[ss, 4 + slot]
+                            e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
+                            uks = sVec[ss, 0]
+                            aq = acc_qk[i] * e * uks * sVec[rr, 2]
+                            sStg[rr, ss, slot] = BFloat16(aq)
+                            a = acc_kk[i] * e * (sVec[rr, 6 + slot] * sVec[rr, 0]) * uks
+                            sAt[ss, rr, slot] = cutlass.select_(rr > ss, a, zero)
+                cute.arch.sync_threads()
+                # (c) the solve: thread c of slot tid // 64 holds column c of Tm
+                slot_t = tid // C
+                col = tid % C
+                if j0 + slot_t < GROUP:
+                    self.solve_column(sAt, sStg, sVec, slot_t, col)
+                    if col < L:  # rk, qs of row col for this value head
+                        hv = Int64(i_h * GROUP + j0 + slot_t)
+                        rh = (t0 + Int64(col)) * Int64(HV) + hv
+                        mrk = cute.make_tensor(rk_ptr + rh, cute.make_layout(1))
+                        mqs = cute.make_tensor(qs_ptr + rh * Int64(2), cute.make_layout(2))
+                        mrk[0] = sVec[col, 1]
+                        mqs[0] = sVec[col, 2]
+                        mqs[1] = sVec[col, 3]
+                cute.arch.sync_threads()
+                # (d) the staged rows to HBM: aqk and tmb [T, HV, 64], rows < L
+                for slot in cutlass.range_constexpr(2):
+                    if j0 + slot < GROUP:
+                        hv = Int64(i_h * GROUP + j0 + slot)
+                        prow = (t0 * Int64(HV) + hv) * Int64(C)
+                        for which in cutlass.range_constexpr(2):
+                            base = aqk_ptr if which == 0 else tmb_ptr
+                            gO = cute.make_tensor((base + prow).align(16),
+                                                  cute.make_layout((C, C), stride=(cute.assume(HV * C, divby=8), 1)))
+                            tOg = thr_o.partition_D(gO)
+                            tOr = cute.make_fragment_like(tOs[None, None, None, 0])
+                            cute.autovec_copy(tOs[None, None, None, slot + 2 * which], tOr)
+                            for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
+                                if tOc[0, m, 0][0] < L:
+                                    cute.copy(store_c, tOr[None, m, None], tOg[None, m, None])
+                cute.arch.sync_threads()  # the staging, sAt and the gates are free for the next pair
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def row_norm(self, sKQ, sVec, r, mat, L, scale):
+        """Row ``r`` of k (``mat`` 0) or q (1): the inverse l2 norm without overflow (F44, as the Triton
+        prep's ``_rnorm``): ``s = 2**-(e - 32)`` for ``max|x| = f 2**e >= 2**32`` (else 1), ``u = 1 /
+        sqrt(sum (s x)^2 + 1e-6 s^2)``; a row with ``s != 1`` is rewritten as ``bf16(s x)``. Writes
+        ``uk``, ``rk = uk sk`` (0 past the sequence) or ``qs = uq scale``, ``sq`` to ``sVec``."""
+        K = self.K
+        row = cute.make_rmem_tensor((K,), BFloat16)
+        cute.autovec_copy(sKQ[r, None, mat], row)
+        mx = Float32(0.0)
+        for i in cutlass.range_constexpr(K):
+            x = Float32(row[i])
+            mx = cute.arch.fmax(mx, cute.arch.fmax(x, -x))
+        e = (_bits(mx) >> 23) & 0xFF
+        shift = cutlass.select_(e > 158, e - 158, Int32(0))
+        sc = _from_bits((127 - shift) << 23)
+        acc = [Float32(0.0)] * 4
+        for i in cutlass.range_constexpr(K):
+            y = Float32(row[i]) * sc
+            acc[i % 4] = acc[i % 4] + y * y
+        ssum = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        u = Float32(1.0) / cute.math.sqrt(ssum + Float32(1e-6) * sc * sc)
+        if shift != 0:  # F44: the products run on s x (exact: a power of two)
+            for i in cutlass.range_constexpr(K):
+                sKQ[r, i, mat] = BFloat16(Float32(row[i]) * sc)
+        live = r < L
+        if mat == 0:
+            sVec[r, 0] = cutlass.select_(live, u, Float32(0.0))
+            sVec[r, 1] = cutlass.select_(live, u * sc, Float32(0.0))
+        else:
+            sVec[r, 2] = u * scale
+            sVec[r, 3] = sc
+
+    @cute.jit
+    def warp_gates(self, g_ptr, beta_ptr, t0, hv, sgt, sgh, sbt, sbh, L, lane, slot, sVec, g_min):
+        """One warp: ``G = cumsum(max(g, G_MIN))`` over the chunk's rows (0 past the sequence) and
+        beta (0 past it) of value head ``hv`` into ``sVec[:, 4 + slot]`` and ``sVec[:, 6 + slot]``;
+        lane ``l`` takes rows ``l`` and ``l + 32`` (a shuffle scan over each half)."""
+        zero = Float32(0.0)
+        vals = []
+        bets = []
+        for h in cutlass.range_constexpr(2):
+            rr = lane + 32 * h
+            gv = zero
+            bv = zero
+            if rr < L:
+                row = t0 + Int64(rr)
+                mg = cute.make_tensor(g_ptr + (row * sgt + hv * sgh), cute.make_layout(1))
+                mb = cute.make_tensor(beta_ptr + (row * sbt + hv * sbh), cute.make_layout(1))
+                gv = Float32(mg[0])
+                bv = Float32(mb[0])
+            vals.append(cute.arch.fmax(gv, g_min))
+            bets.append(bv)
+        plo, phi = vals[0], vals[1]
+        for s in cutlass.range_constexpr(5):
+            off = 1 << s
+            ulo = cute.arch.shuffle_sync_up(plo, off)
+            uhi = cute.arch.shuffle_sync_up(phi, off)
+            plo = plo + cutlass.select_(lane >= off, ulo, zero)
+            phi = phi + cutlass.select_(lane >= off, uhi, zero)
+        phi = phi + cute.arch.shuffle_sync(plo, 31)
+        sVec[lane, 4 + slot] = plo
+        sVec[lane + 32, 4 + slot] = phi
+        sVec[lane, 6 + slot] = bets[0]
+        sVec[lane + 32, 6 + slot] = bets[1]
+
+    @cute.jit
+    def solve_column(self, sAt, sStg, sVec, slot, col):
+        """Column ``col`` of ``Tm = (I + A)^-1`` (``A`` strictly lower, ``sAt`` its transpose) by the
+        right-looking forward substitution in fp32 registers, then ``Tm[:, col] beta_col`` into the
+        staging slot ``2 + slot`` (bf16). Rows of a 4-row group at or above ``j`` read ``A^T``'s
+        zeros, so every 16-byte read of row ``j`` of ``A^T`` is whole."""
+        x = cute.make_rmem_tensor((C,), Float32)
+        for i in cutlass.range_constexpr(C):
+            x[i] = cutlass.select_(col == i, Float32(1.0), Float32(0.0))
+        a4 = cute.make_rmem_tensor((4,), Float32)
+        for j in cutlass.range_constexpr(C - 1):
+            xj = x[j]
+            for ib in cutlass.range_constexpr((j + 1) // 4, C // 4):
+                src = cute.make_tensor((sAt.iterator + (slot * (C * self.PA) + j * self.PA + 4 * ib)).align(16),
+                                       cute.make_layout(4))
+                cute.autovec_copy(src, a4)
+                for u in cutlass.range_constexpr(4):
+                    x[4 * ib + u] = x[4 * ib + u] - a4[u] * xj
+        b = sVec[col, 6 + slot]
+        for i in cutlass.range_constexpr(C):
+            sStg[i, col, 2 + slot] = BFloat16(x[i] * b)

@@ -1,0 +1,268 @@
+"""The prep of the fused GDN prefill in CuTe DSL (issue 27): host side, refusals, compile cache, launcher.
+
+A drop-in for the Triton prep :func:`linattn.kernels.triton.chunk_fused.chunk_gdn_fused_prep_kernel`:
+the same inputs (``q, k [T, H, K]``, ``g, beta [T, HV]``, ``cu_seqlens [N+1]``, the chunk tables
+``chunk_seq [NT_max]`` int32 and ``chunk_start [NT_max]`` int64, ``scale``, ``use_qk_l2norm``), the
+same outputs in the same layouts (``tmb = Tm diag(beta)`` and ``aqk [T, HV, 64]`` bf16, ``rk [T, HV]``
+and ``qs [T, HV, 2]`` fp32; rows of a chunk past its sequence not written), so either walk (Triton's
+or :mod:`.fused_walk`) consumes them unchanged. The maths is that module's docstring (1); the kernel,
+:mod:`._fused_prep_kernel`, says how it maps onto the hardware: one CTA per (chunk, key head), the
+norms and ``K K^T``, ``Q K^T`` (warp ``mma.sync``) once for the key head's value heads (GVA), then
+per value head the gates, ``Aqk``, ``A`` and the solve ``(I + A)^-1`` by forward substitution in
+fp32 registers (no Neumann product, no scratch in HBM).
+
+Opt-in only: :func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` runs it in place of the
+Triton prep where ``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty (else the Triton prep
+runs, as without the switch). The planner never sets it. Scope of this step: GDN, bf16 ``q/k`` and
+prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused.
+
+Status (2026-12-03): **on the H200 correct (tests/gpu/test_fused_prep_gpu.py: 11 passed; the
+worst-conditioned input 1.66e-2 / 1.40e-2 against the Triton prep's 2.27e-2 / 1.76e-2) and 1.8x the
+Triton prep (0.793 against 1.460 ms at 16 x 4,096 (16, 32); prep + wgmma walk 1.638 ms against 2.321);
+sm_90a build 168 registers (44 B spilled) at 3 CTAs per SM, 73.7 KB of shared memory. Still opt-in**
+(docs/performance.md, 'The prep in CuTe DSL').
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import NamedTuple, Optional
+
+import torch
+
+from linattn.kernels.triton.limits import G_MIN
+
+from .chunk_state import _cutlass_types, _dt, compile_cached
+
+_LOCK = threading.Lock()
+_CACHE: dict = {}
+#: the environment switch that runs this prep in place of the Triton one (value "1")
+ENV_SWITCH = "LINATTN_CUTEDSL_PREP"
+PREP_K = 128
+PREP_CHUNK = 64
+#: CTAs per SM the build's registers allow (:attr:`PrepKey.min_ctas`): 3, 168 registers and 44 bytes of
+#: spill (0, the compiler's choice, 255 registers and 2 CTAs of 4 warps, ran 4-7% slower on the H200)
+MIN_CTAS = 3
+
+
+class PrepKey(NamedTuple):
+    """Everything that changes the generated code of one prep."""
+
+    K: int
+    l2norm: bool
+    beta_dtype: str  # "float32" | "bfloat16"
+    cu_dtype: str  # cu_seqlens': "int32" | "int64"
+    arch: str  # "sm_90a", ...
+    min_ctas: int = 0  # CTAs per SM the registers must allow (FusedPrepKernel.min_ctas; 0: the compiler's)
+
+
+def enabled() -> bool:
+    """Whether the environment asks for this prep (:data:`ENV_SWITCH` is ``"1"``)."""
+    return os.environ.get(ENV_SWITCH, "") == "1"
+
+
+def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
+                 g_dtype: Optional[torch.dtype] = None, beta_dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None, chunk: int = PREP_CHUNK, shared_keys: bool = True) -> str:
+    """Why the CuTe DSL prep cannot run a call ('' where it can), from host-known facts only.
+
+    Args:
+        family: ``"gdn"`` (KDA's prep is not written). K: key head dim (128 only). dtype: ``q/k``'s
+            (bf16 only). buf_dtype: the prep buffers' (``tmb``, ``aqk``; bf16 only; None: not checked).
+        g_dtype: the log decays' (fp32 only; None: not checked). beta_dtype: fp32 or bf16 (None: not
+            checked). device: the call's device (None: not checked): CUDA of compute capability 9.x.
+        chunk: the chunk size (64 only). shared_keys: the plan's ``prep_shared_keys`` (this prep's
+            items are (chunk, key head) pairs: it writes the same outputs either way, so only a
+            plan that asks for the unshared Triton prep by configuration is refused).
+    """
+    name = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
+    if family != "gdn":
+        return f"the CuTe DSL fused prep is GDN's; got family {family!r}"
+    if K != PREP_K:
+        return f"the CuTe DSL fused prep is built for K = {PREP_K}; got K = {K}"
+    if dtype != torch.bfloat16:
+        return f"the CuTe DSL fused prep takes bf16 q/k; got {name(dtype)}"
+    if buf_dtype is not None and buf_dtype != torch.bfloat16:
+        return f"the CuTe DSL fused prep writes bf16 prep buffers; got {name(buf_dtype)}"
+    if g_dtype is not None and g_dtype != torch.float32:
+        return f"the CuTe DSL fused prep reads fp32 gates g; got {name(g_dtype)}"
+    if beta_dtype is not None and beta_dtype not in (torch.float32, torch.bfloat16):
+        return f"the CuTe DSL fused prep reads fp32 or bf16 beta; got {name(beta_dtype)}"
+    if chunk != PREP_CHUNK:
+        return f"the CuTe DSL fused prep forms chunks of {PREP_CHUNK} rows; got {chunk}"
+    if not shared_keys:
+        return "the plan asks for the unshared Triton prep (prep_shared_keys False)"
+    if device is not None:
+        if device.type != "cuda":
+            return f"the CuTe DSL fused prep runs on CUDA GPUs; got device {device}"
+        if torch.version.hip is not None:
+            return "the CuTe DSL fused prep is NVIDIA's (sm_90a); this is a ROCm build"
+        major = torch.cuda.get_device_capability(device)[0]
+        if major != 9:
+            return f"the CuTe DSL fused prep is built for sm_90a (H100 / H200); this GPU is sm_{major}x"
+    from . import importable
+
+    err = importable()
+    if err is not None:
+        return f"nvidia-cutlass-dsl does not import: {err}"
+    return ""
+
+
+def _dummy_args(key: PrepKey):
+    """Arguments with the right types for compiling without a GPU (values are never read)."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    T = _cutlass_types()
+
+    def P(dt, align):
+        return make_ptr(dt, 1 << 20, cute.AddressSpace.gmem, assumed_align=align)
+
+    bf, f32 = cutlass.BFloat16, cutlass.Float32
+    cu, be = T[key.cu_dtype], T[key.beta_dtype]
+    I64, I32 = cutlass.Int64, cutlass.Int32
+    return [P(bf, 16), P(bf, 16), P(f32, 4), P(be, be.width // 8), P(cu, cu.width // 8), P(I32, 4),
+            P(I64, 8), P(bf, 16), P(bf, 16), P(f32, 4), P(f32, 4),
+            *[I64(8)] * 8, I32(1), I32(1), I32(1), I32(1), f32(1.0), cuda.CUstream(0)]
+
+
+def compile_prep(key: PrepKey, dump_dir: Optional[str] = None):
+    """Compile (or fetch from the cache) the prep for ``key``; works without a GPU.
+
+    Args:
+        key: the configuration (:class:`PrepKey`); ``key.arch`` the target (``sm_90a``).
+        dump_dir: compile afresh (no cache) and keep the PTX and cubin there.
+    Returns:
+        the compiled CuTe DSL function (pointers, strides, sizes, scale and a CUDA stream).
+    Raises:
+        ImportError: nvidia-cutlass-dsl is not installed.
+    """
+    def kernel():
+        from ._fused_prep_kernel import FusedPrepKernel
+
+        return FusedPrepKernel(key.K, key.l2norm, key.beta_dtype == "bfloat16", G_MIN, key.min_ctas)
+
+    return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
+
+
+def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       cu_seqlens: torch.Tensor, chunk_seq: torch.Tensor, chunk_start: torch.Tensor,
+                       tmb: torch.Tensor, aqk: torch.Tensor, rk: torch.Tensor, qs: torch.Tensor, scale: float,
+                       use_qk_l2norm: bool, arch: Optional[str] = None) -> None:
+    """The fused GDN prefill's prep on an SM90 GPU, in CuTe DSL (module docstring).
+
+    Args:
+        q, k: ``[T, H, K]`` bf16 (last dim contiguous; rows whose strides are not multiples of 8
+            elements are copied first). g: ``[T, HV]`` fp32 raw log decays (floored at ``G_MIN`` in
+            the kernel). beta: ``[T, HV]`` fp32 or bf16.
+        cu_seqlens: ``[N+1]`` int32/int64. chunk_seq: ``[NT_max]`` int32, chunk_start: ``[NT_max]``
+            int64 (:func:`linattn.kernels.triton.chunk_tables.chunk_tables_triton`).
+        tmb, aqk: ``[T, HV, 64]`` bf16, contiguous: written (rows of each chunk inside its sequence).
+        rk: ``[T, HV]`` fp32; qs: ``[T, HV, 2]`` fp32 (contiguous): written.
+        scale: the query scale. use_qk_l2norm: the q/k l2 norms in the kernel.
+        arch: the target (default: the device's).
+    Raises:
+        ValueError: anything :func:`prep_refusal` refuses, or a buffer of the wrong shape, dtype or
+            layout; nothing has launched then.
+        ImportError: nvidia-cutlass-dsl is not installed.
+
+    Example (on an H200)::
+
+        >>> cutedsl_fused_prep(q=q, k=k, g=g, beta=beta, cu_seqlens=cu, chunk_seq=cs, chunk_start=c0,
+        ...                    tmb=tmb, aqk=aqk, rk=rk, qs=qs, scale=128 ** -0.5, use_qk_l2norm=True)
+    """
+    T_, H, K = q.shape
+    HV = g.shape[1]
+    N = cu_seqlens.numel() - 1
+    why = prep_refusal(family="gdn", K=K, dtype=q.dtype, buf_dtype=tmb.dtype, g_dtype=g.dtype,
+                       beta_dtype=beta.dtype)
+    if why:
+        raise ValueError(why)
+    want = {"k": (k, q.shape, (torch.bfloat16,)), "g": (g, (T_, HV), (torch.float32,)),
+            "beta": (beta, (T_, HV), (torch.float32, torch.bfloat16)),
+            "tmb": (tmb, (T_, HV, PREP_CHUNK), (torch.bfloat16,)), "aqk": (aqk, (T_, HV, PREP_CHUNK), (torch.bfloat16,)),
+            "rk": (rk, (T_, HV), (torch.float32,)), "qs": (qs, (T_, HV, 2), (torch.float32,))}
+    for name, (x, shape, dts) in want.items():
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"cutedsl fused prep: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
+        if x.dtype not in dts:
+            raise ValueError(f"cutedsl fused prep: {name} must be {' or '.join(map(str, dts))}, got {x.dtype}")
+    for name in ("tmb", "aqk", "rk", "qs"):
+        if not want[name][0].is_contiguous():
+            raise ValueError(f"cutedsl fused prep: {name} must be contiguous")
+    if HV % H:
+        raise ValueError(f"cutedsl fused prep: HV = {HV} is not a multiple of H = {H} (GVA)")
+    if chunk_seq.dtype != torch.int32 or chunk_start.dtype != torch.int64:
+        raise ValueError("cutedsl fused prep: chunk_seq must be int32 and chunk_start int64 (the chunk tables)")
+    nt_max = chunk_seq.numel()
+    if N == 0 or nt_max == 0 or T_ == 0:
+        return
+    q, k = (x if _rows_aligned(x) else x.contiguous() for x in (q, k))
+    if max(q.stride(0), k.stride(0)) * PREP_CHUNK >= 2**31:
+        raise ValueError("cutedsl fused prep: a chunk of q or k spans more than 2**31 elements")
+    if arch is None:
+        from . import device_arch
+        arch = device_arch(q.device)
+    key = PrepKey(K, bool(use_qk_l2norm), _dt(beta.dtype), _dt(cu_seqlens.dtype), arch, MIN_CTAS)
+    _launch(compile_prep(key), key, (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs),
+            N, HV, H, nt_max * H, scale)
+
+
+def _rows_aligned(x: torch.Tensor) -> bool:
+    """16-byte ``cp.async`` rows: the last dim contiguous, the base and the other strides in 8 elements."""
+    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+
+
+def _launch(fn, key: PrepKey, tensors: tuple, N: int, HV: int, H: int, items: int, scale: float) -> None:
+    """Call the compiled prep on the current stream of ``q``'s device."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    q, k, g, beta, cu, cseq, cstart, tmb, aqk, rk, qs = tensors
+    T = _cutlass_types()
+
+    def P(x, dt, align):
+        return make_ptr(dt, x.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+
+    F32, BF16, I64, I32 = cutlass.Float32, cutlass.BFloat16, cutlass.Int64, cutlass.Int32
+    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    fn(P(q, BF16, 16), P(k, BF16, 16), P(g, F32, 4), P(beta, T[key.beta_dtype], beta.element_size()),
+       P(cu, T[key.cu_dtype], cu.element_size()), P(cseq, I32, 4), P(cstart, I64, 8),
+       P(tmb, BF16, 16), P(aqk, BF16, 16), P(rk, F32, 4), P(qs, F32, 4),
+       I64(q.stride(0)), I64(q.stride(1)), I64(k.stride(0)), I64(k.stride(1)),
+       I64(g.stride(0)), I64(g.stride(1)), I64(beta.stride(0)), I64(beta.stride(1)),
+       I32(N), I32(HV), I32(HV // H), I32(items), F32(float(scale)), stream)
+
+
+def run_for_plan(plan, x, t, b, scale: float) -> bool:
+    """Run this prep for a planned fused GDN call in place of the Triton prep
+    (:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` calls it where :func:`enabled`).
+
+    Args:
+        plan: the call's ``PrefillPlan`` (fused GDN); x, t, b: its ``PrefillInputs``, ``ChunkTables``
+            and ``PrefillBuffers``; scale: the query scale.
+    Returns:
+        True where it ran; False where :func:`prep_refusal` refuses the call (the caller runs the
+        Triton prep: the switch asks, it does not force).
+    Raises:
+        linattn.kernels.triton.launch.NotReplayable: while launches are being recorded for replay
+            (the call then runs its stages directly each time).
+    """
+    from linattn.kernels.triton import launch as tl_launch
+
+    why = prep_refusal(family=plan.family, K=plan.K, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
+                       g_dtype=x.g.dtype, beta_dtype=x.beta.dtype, device=x.q.device,
+                       shared_keys=plan.fused.prep_shared_keys)
+    if why:
+        return False
+    if getattr(tl_launch._recording, "records", None) is not None:
+        raise tl_launch.NotReplayable(f"the CuTe DSL fused prep ({ENV_SWITCH}) is not a Triton launch")
+    cutedsl_fused_prep(q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens, chunk_seq=t.chunk_seq,
+                       chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
+                       scale=scale, use_qk_l2norm=plan.use_qk_l2norm)
+    return True
