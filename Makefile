@@ -22,20 +22,18 @@ STAMP_DEVICE := $(VENV_DEVICE)/.linattn-installed-triton-$(TRITON_DEVICE)
 # What runs under it: the sm_90 digests, the sm_90 and AMD builds of every kernel, the shared contract in
 # the interpreter (every kernel: decode, clamp, probe, each prefill stage and the fused prefill, both grid
 # layouts, against float64), two of the prefill interpreter tests (varlen with empty and length-one
-# sequences; strong gates) and tests/kernels but its grid-planner properties (test_grid.py: pure Python, no
-# Triton; the main venv runs them). These run there only (make test's 15-minute budget: the AMD builds take
-# 44 s a target); the main venv runs every other test.
+# sequences; strong gates) and tests/kernels (the decode configs, replay, fast launch, digests; its grid-planner
+# properties too, pure Python). These run there only (make test's 15-minute budget: the AMD builds take 44 s a
+# target); the main venv runs every other test.
 INTERP_DEVICE := tests/prefill/test_prefill_interp.py::test_varlen_with_tail_chunks_zero_lengths_and_length_one_matches_reference \
 	tests/prefill/test_prefill_interp.py::test_strongly_negative_gates_stay_finite_and_match_reference
 TESTS_DEVICE := tests/contract/test_compile.py tests/contract/test_compile_amd.py tests/prefill/test_prefill_compile.py \
-	$(INTERP_DEVICE) tests/contract/test_contract.py tests/kernels \
-	--ignore=tests/kernels/test_grid.py
+	$(INTERP_DEVICE) tests/contract/test_contract.py tests/kernels
 # The main venv leaves those out (each ran in both venvs until 2026-12-03: about 60 s of make test's wall time on
 # two cores, over the 15-minute budget). Under Triton 3.9 the interpreter still runs every kernel through the
 # prefill, decode, fuzz, conformance and field tests; the builds and the contract are bound to the H200's release.
 MAIN_SKIPS := $(addprefix --ignore=,tests/contract/test_compile_amd.py tests/contract/test_compile.py \
-	tests/prefill/test_prefill_compile.py tests/contract/test_contract.py \
-	$(filter-out tests/kernels/test_grid.py,$(wildcard tests/kernels/test_*.py))) \
+	tests/prefill/test_prefill_compile.py tests/contract/test_contract.py tests/kernels) \
 	$(addprefix --deselect=,$(INTERP_DEVICE))
 
 .PHONY: demo test test-full setup test-triton-device
@@ -93,10 +91,11 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) $(MAIN_SKIPS)
 	$(MAKE) test-triton-device
 
-# make test and the sm_90 digests of every recorded build (make test checks the decode, clamp and
+# make test, the sm_90 builds under the main venv's Triton (its spill table) and the sm_90 digests of every recorded build (make test checks the decode, clamp and
 # bf16 prefill builds: tests/kernels/test_sm90_digests.py); run it before recording digests again
 test-full:
 	LINATTN_DIGESTS=all $(MAKE) test
+	$(PY) -m pytest -q $(XDIST) tests/contract/test_compile.py  # the sm_90 builds under the main venv's Triton too
 
 test-triton-device: $(STAMP_DEVICE)
 	$(PY_DEVICE) -m pytest -q $(XDIST) -p no:cacheprovider $(TESTS_DEVICE)

@@ -25,7 +25,7 @@ signature, ``dispatcher().clear()`` forgets them) overrides: ``0`` / ``triton`` 
 Triton walk, the reason says why); any other value is refused (``ConfigError``). Two builds of the
 same walk (:data:`MMA_VARIANTS`):
 
-- ``LINATTN_CUTEDSL_WALK=1``: warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
+- ``LINATTN_CUTEDSL_WALK=1`` (or ``sync``): warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
 - ``wgmma`` (the default): warpgroup ``wgmma`` with the state as the register A operand
   and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27).
   Status (2026-12-03): **sm_90a build 202 registers, no local memory, 138 KB of shared
@@ -71,9 +71,9 @@ _CACHE: dict = {}
 ENV_SWITCH = "LINATTN_CUTEDSL_WALK"
 #: the switch's values -> the walk: ``"triton"`` (``chunk_gdn_fused_kernel``), ``"sync"`` / ``"wgmma"``
 #: (this walk's builds, :attr:`WalkKey.mma`)
-SWITCH_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "wgmma": "wgmma"}
+SWITCH_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "sync", "wgmma": "wgmma"}
 #: the switch's values that ask for a CuTe DSL build -> its tensor-core instructions (:attr:`WalkKey.mma`)
-MMA_VARIANTS = {"1": "sync", "wgmma": "wgmma"}
+MMA_VARIANTS = {"1": "sync", "sync": "sync", "wgmma": "wgmma"}
 #: head dims, chunk and operand dtype of this step
 WALK_K = WALK_V = 128
 WALK_CHUNK = 64

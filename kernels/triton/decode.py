@@ -70,14 +70,16 @@ def _softplus(x, beta, threshold):
 @triton.jit
 def _log2_decay(x, decay_coef, softplus_beta, softplus_threshold):
     """``log2 exp(g)`` for ``g = -exp(A_log) softplus(x)`` (PyTorch's beta / threshold convention) as
-    ``-(exp(A_log) / beta) log2(1 + 2^(beta x log2 e))`` (``beta x log2 e`` past the threshold), with
-    ``decay_coef = exp(A_log) / beta``: two MUFU operations and no division on the chain from ``a`` to the
-    decay (``DecodeConfig.decay_exp2``), against :func:`_softplus`'s log1p form and ``exp(g)``. The
-    difference: where ``e^(beta x) < 2^-24``, ``1 + e^(beta x)`` rounds to 1 and the decay to exactly 1, where
-    the log1p form gives ``1 - exp(A_log) e^(beta x)`` (at most ``exp(A_log) 2^-24`` apart). ``inf * 0``
-    reads as 0 (:func:`_decode_rows`'s rule for ``exp(A_log) softplus(x)``)."""
-    bx = softplus_beta * x
-    l2 = tl.where(bx > softplus_threshold, bx * LOG2E, tl.log2(1.0 + tl.exp2(bx * LOG2E)))
+    ``-(exp(A_log) / beta) log2(1 + 2^y)``, ``y = beta x log2 e`` (``y`` itself past the threshold), with
+    ``decay_coef = exp(A_log) / beta`` and ``log2(1 + 2^y) = max(y, 0) + log2(1 + 2^-|y|)`` (no overflow
+    for a ``beta x`` past 88 below a large threshold): two MUFU operations and no division on the chain
+    from ``a`` to the decay (``DecodeConfig.decay_exp2``), against :func:`_softplus`'s log1p form and
+    ``exp(g)``. The difference: where ``e^(beta x) < 2^-24``, ``1 + e^(beta x)`` rounds to 1 and the decay
+    to exactly 1, where the log1p form gives ``1 - (exp(A_log) / beta) e^(beta x)`` (at most
+    ``(exp(A_log) / beta) 2^-24`` apart). ``inf * 0`` reads as 0 (:func:`_decode_rows`'s rule for
+    ``exp(A_log) softplus(x)``); a NaN ``x`` gives NaN, which the caller's floor turns into a decay of 0."""
+    y = softplus_beta * x * LOG2E
+    l2 = tl.where(softplus_beta * x > softplus_threshold, y, tl.maximum(y, 0.0) + tl.log2(1.0 + tl.exp2(-tl.abs(y))))
     return tl.where(l2 == 0.0, 0.0, tl.where(decay_coef == 0.0, 0.0, -decay_coef * l2))
 
 
@@ -200,7 +202,7 @@ def _decode_rows(
                 g = tl.where(sp == 0.0, 0.0, tl.where(exp_a == 0.0, 0.0, -exp_a * sp))  # inf * 0 reads as 0
             beta = 1.0 / (1.0 + tl.exp(-b_b))
         if DECAY_EXP2 and not GATES_PRECOMPUTED and not HAS_LOWER_BOUND:
-            decay = tl.exp2(tl.maximum(g2, G_MIN * LOG2E))  # exp(max(g, G_MIN)), as below
+            decay = tl.exp2(tl.where(g2 >= G_MIN * LOG2E, g2, G_MIN * LOG2E))  # exp(max(g, G_MIN)); NaN: the floor
         else:
             g = tl.maximum(g, G_MIN)  # finite; exp(G_MIN) is 0 (torch_ref.G_MIN)
         if USE_QK_L2NORM:
@@ -330,7 +332,7 @@ class DecodeConfig(NamedTuple):
             32 lanes: q, k, KDA's gate), so they reach it without shuffles, in 8-byte loads.
         decay_exp2: the kernel's ``DECAY_EXP2`` (:func:`_log2_decay`): the softplus gates' decay
             ``exp(g)`` as ``exp2`` of a ``log2``, a shorter chain from ``a`` to the state update (not bitwise
-            the log1p form: a decay within ``2^-24 exp(A_log)`` of 1 reads as 1); the bounded (KDA
+            the log1p form: a decay within ``2^-24 exp(A_log) / beta`` of 1 reads as 1); the bounded (KDA
             ``lower_bound``) and precomputed gates keep their code.
     """
 

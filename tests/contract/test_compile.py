@@ -7,8 +7,9 @@ launch must build. It also reads each build's stack and local memory (``cuobjdum
 kernel that spills to local memory is a defect, except the builds listed in
 :data:`SPILL_EXCEPTIONS`, each with the reason and the stack measured when it was entered (a build
 that spills more than that fails, and so does an exception that no longer spills: remove it then).
-The spills are Triton 3.6's (the H200's); under Triton 3.9 (``make test``'s main venv) they are
-held against :data:`SPILL_EXCEPTIONS_3_9`, and under any other version only the builds are checked.
+The spills are Triton 3.6's (the H200's; ``make test``'s second venv runs this file); under Triton
+3.9 (the main venv's, run by ``make test-full``) they are held against :data:`SPILL_EXCEPTIONS_3_9`,
+and under any other version only the builds are checked.
 """
 
 import json

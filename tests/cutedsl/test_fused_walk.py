@@ -149,11 +149,11 @@ def test_wrapper_refuses_has_initial_state_in_dense_mode():
 def test_the_switch_names_a_walk_or_the_planners_choice(monkeypatch):
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
     assert fw.switch_value() == "" and not fw.enabled() and fw.variant() == ""
-    for raw, walk in (("", ""), ("0", "triton"), ("triton", "triton"), ("1", "sync"), ("wgmma", "wgmma")):
+    for raw, walk in (("", ""), ("0", "triton"), ("triton", "triton"), ("1", "sync"), ("sync", "sync"), ("wgmma", "wgmma")):
         monkeypatch.setenv(fw.ENV_SWITCH, raw)
         assert fw.switch_value() == walk, raw
         assert fw.variant() == (walk if walk in ("sync", "wgmma") else ""), raw
-    for bad in ("true", "WGMMA", "sync"):
+    for bad in ("true", "WGMMA", "mma"):
         with pytest.raises(ValueError, match="allowed"):
             fw.switch_value(bad)
 

@@ -112,7 +112,7 @@ def _both(monkeypatch, inp, walk="", **kw):
     return outs
 
 
-@pytest.mark.parametrize("walk", ["", "wgmma"])
+@pytest.mark.parametrize("walk", ["0", "wgmma"])  # 0: the Triton walk (LINATTN_CUTEDSL_WALK; the planner would pick wgmma)
 def test_prefill_with_cutedsl_prep_matches_reference(monkeypatch, walk):
     inp = make_inputs("gdn", LENS, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV)
     h0 = random_states(len(LENS), 8, 128, 128, device=DEV) * 0.1

@@ -170,6 +170,7 @@ def test_wgmma_walk_is_bitwise_the_mma_sync_walk(monkeypatch, bv):
         o, _ = run("gdn", inp, fused=True, state_pool=work, state_indices=idx, has_initial_state=flags)
         torch.cuda.synchronize()
         assert calls == [fw.MMA_VARIANTS[walk]]
+        assert torch.equal(work[[1, 3, 5]], pool[[1, 3, 5]]), "pool rows the call does not own changed"
         outs.append((o, work))
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

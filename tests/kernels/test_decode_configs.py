@@ -101,20 +101,25 @@ def test_one_pass_l2norm_gives_the_bits_of_two_passes_on_huge_and_ordinary_rows(
 
 @interp
 @pytest.mark.parametrize("gate", ["gdn", "kda"])
-@pytest.mark.parametrize("softplus_beta,softplus_threshold", [(1.0, 20.0), (1.5, 4.0)])
+@pytest.mark.parametrize("softplus_beta,softplus_threshold", [(1.0, 20.0), (1.5, 4.0), (1.0, 200.0)])
 def test_decay_exp2_is_the_log1p_form_within_its_bound_and_keeps_its_edge_rules(gate, softplus_beta, softplus_threshold):
     """``decay_exp2`` (``exp(g)`` as ``exp2`` of a ``log2``; :func:`decode._log2_decay`) against the log1p form:
     ordinary gates and gates past the threshold within 1e-6 relative on outputs and states (fp32 pool;
-    the bound of the docstring, ``exp(A_log) 2^-24`` per step, is far below it), and the edge rules the
-    same bits: ``x = -80`` (a decay of 1 in both), ``A_log = -inf`` with ``x = inf`` (``inf * 0`` reads as
-    0: a decay of 1), NaN ``a`` (the floor: a decay of 0). The flag reaches the build; other builds keep
-    their constexprs. Also the float64 reference, within ops.md's fp32 decode tolerance."""
+    the bound of the docstring, ``exp(A_log) 2^-24 / beta`` per step, is far below it); with a threshold of
+    200, ``beta x`` of about 95 (``e^(beta x)`` past fp32's range below the threshold: no overflow to a
+    decay of 0); the edge rules the same bits: ``x = -80`` (a decay of 1 in both), ``A_log = -inf`` with
+    ``x = inf`` (``inf * 0`` reads as 0: a decay of 1); a NaN ``a`` is the floor, a decay of exactly 0
+    (the bits of ``a = +inf``, whose decay is 0 in both forms). The flag reaches the build; other builds
+    keep their constexprs. Also the float64 reference, within ops.md's fp32 decode tolerance."""
     from linattn.backends.torch_ref import gdn_decode_ref, kda_decode_ref
     from linattn.testing.compare import rel_error
 
     d = _call(gate, torch.float32, "vk", "plain", seed=2)
     d.update(softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     d["a"] = d["a"] * 4.0  # past the threshold (4 / 1.5) for some heads and channels at beta 1.5
+    if softplus_threshold > 100:
+        d["a"] = d["a"].clamp(min=0.0) + 95.0  # e^(beta x) overflows fp32 below the threshold
+        d["A_log"] = d["A_log"] - 7.0  # decays of about 0.9: a wrong decay of 0 shows
     o1, pool1 = _run(d, gate, dm.DecodeConfig(4, 1))
     o, pool = _run(d, gate, dm.DecodeConfig(4, 1, decay_exp2=True))
     assert not torch.equal(pool, d["state_pool"])
@@ -132,14 +137,15 @@ def test_decay_exp2_is_the_log1p_form_within_its_bound_and_keeps_its_edge_rules(
     e["a"][0] = -80.0
     e["A_log"][1] = float("-inf")
     e["a"][2, :, 1] = float("inf")
-    e["a"][2, :, 0] = float("nan")
+    e["a"][2, :, 0] = float("inf")
     o1, pool1 = _run(e, gate, dm.DecodeConfig(4, 1))
     o, pool = _run(e, gate, dm.DecodeConfig(4, 1, decay_exp2=True))
-    assert torch.isfinite(pool1[5]).all() and torch.isfinite(pool1[0, 1]).all()  # decays of 1: the states stay finite
+    assert torch.isfinite(pool1[5]).all() and torch.isfinite(pool1[0]).all()
     for x, y in ((o[0], o1[0]), (pool[5], pool1[5]), (o[2], o1[2]), (pool[0], pool1[0])):
-        # NaN where the log1p form gives NaN: the floor's maximum(NaN, G_MIN) is the non-NaN operand on the GPU
-        # and in Triton 3.9's interpreter, NaN in 3.6's; either way both forms give the same bits
-        torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(x, y)
+    e["a"][2, :, 0] = float("nan")  # the floor: the bits of a = +inf (a decay of 0), in the exp2 form
+    o_nan, pool_nan = _run(e, gate, dm.DecodeConfig(4, 1, decay_exp2=True))
+    assert torch.equal(o_nan[2], o[2]) and torch.equal(pool_nan[0], pool[0])
     caps = probe(torch.device("cpu"))
     launch = lambda cfg: dm.DecodeLaunch(gate=gate, caps=caps, layout="split", config=cfg, **d)  # noqa: E731
     assert launch(dm.DecodeConfig(4, 1, decay_exp2=True)).constexprs["DECAY_EXP2"] is True

@@ -51,7 +51,7 @@ def test_the_environment_switch_and_the_interpreter_turn_it_off(monkeypatch):
     launch_mod.reset_fast_launch()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     enabled, why = launch_mod.fast_launch_status()
-    # under a Triton the fast path is not tested on (make test's main venv, Triton 3.9) that reason comes first
+    # under a Triton the fast path is not tested on (e.g. 3.9, the main venv's) that reason comes first
     untested = triton.__version__ not in launch_mod.FAST_LAUNCH_TRITON_VERSIONS
     assert not enabled and ("TRITON_INTERPRET" in why or "no CUDA" in why or (untested and triton.__version__ in why))
 
