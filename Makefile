@@ -85,17 +85,21 @@ demo: $(STAMP)
 # while the other, done with the interpreter tests, sat idle for minutes. One test at a time (each worker
 # holds the test it runs and the next) spreads the builds over both workers and leaves no long tail on one.
 XDIST := -n 2 --maxschedchunk 1
+# PYTHONSAFEPATH=1 on the pytest runs: `python -m` puts the working directory (this repository's root) first on
+# sys.path, where the source folders kernels/, backends/, dispatch/ ... (linattn's subpackages, mapped by the
+# editable install) shadow PyPI packages of the same name. transformers 5.25 imports the `kernels` package (its
+# dependency since that release) and got this repository's kernels/ instead (ImportError, 2026-12-03).
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q $(XDIST) $(MAIN_SKIPS)
+	PYTHONSAFEPATH=1 $(PY) -m pytest -q $(XDIST) $(MAIN_SKIPS)
 	$(MAKE) test-triton-device
 
 # make test, the sm_90 builds under the main venv's Triton (its spill table) and the sm_90 digests of every recorded build (make test checks the decode, clamp and
 # bf16 prefill builds: tests/kernels/test_sm90_digests.py); run it before recording digests again
 test-full:
 	LINATTN_DIGESTS=all $(MAKE) test
-	$(PY) -m pytest -q $(XDIST) tests/contract/test_compile.py  # the sm_90 builds under the main venv's Triton too
+	PYTHONSAFEPATH=1 $(PY) -m pytest -q $(XDIST) tests/contract/test_compile.py  # the sm_90 builds under the main venv's Triton too
 
 test-triton-device: $(STAMP_DEVICE)
-	$(PY_DEVICE) -m pytest -q $(XDIST) -p no:cacheprovider $(TESTS_DEVICE)
+	PYTHONSAFEPATH=1 $(PY_DEVICE) -m pytest -q $(XDIST) -p no:cacheprovider $(TESTS_DEVICE)

@@ -11,7 +11,9 @@ with the Triton prep's (outputs, pool rows written, rows not owned bitwise uncha
 replaced by nothing) and each prep followed by the wgmma walk.
 
 Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prep_<device>.json``;
-default benchmarks/results/) after every shape.
+default benchmarks/results/) after every shape. The canonical rows live in
+``benchmarks/results/prefill_fused_h200.json`` (kind ``cutedsl_prep``, moved there with a ``measured_by``
+note as the walk benchmark's rows are): the results folder holds at most 15 files.
 
 Usage:  python benchmarks/fused_prep.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--out FILE]
 """

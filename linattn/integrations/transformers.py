@@ -106,7 +106,21 @@ _WARNED: set = set()
 
 
 class _Router:
-    """Stands in for one module-level kernel function; see the module docstring."""
+    """Stands in for one module-level kernel function; see the module docstring.
+
+    From transformers 5.25 those functions are ``torch.nn.Module`` objects of the ``kernels`` package,
+    and a layer that holds one is pickled by reference: on loading, ``kernels`` rebuilds it as
+    ``type(module.<name>)()``, which reads the router while one is installed. So each router is an
+    instance of its own subclass (:func:`_router_for`) whose call without arguments builds a new
+    instance of the original's class, as that rebuild expects (a model pickled while enabled loads)."""
+
+    #: the original's class where ``type(router)()`` must build one (:func:`_router_for`), else None
+    _rebuilds: Optional[type] = None
+
+    def __new__(cls, *args, **kwargs):
+        if not args and not kwargs and cls._rebuilds is not None:  # kernels' rebuild by reference
+            return cls._rebuilds()
+        return super().__new__(cls)
 
     def __init__(self, module, name: str, original):
         self.module, self.name, self.original = module, name, original
@@ -186,10 +200,19 @@ def _install(layer: torch.nn.Module) -> None:
         for module, name in _functions_cached(layer):
             router = vars(module).get(name)
             if not isinstance(router, _Router):
-                router = _Router(module, name, router)
+                router = _router_for(router)(module, name, router)
                 setattr(module, name, router)
                 _ROUTERS[(module.__name__, name)] = router
             router.layers.add(layer)
+
+
+def _router_for(original) -> type:
+    """:class:`_Router`, or for an original that is a ``torch.nn.Module`` (transformers 5.25+) a
+    subclass whose call without arguments builds a new instance of the original's class (the rebuild
+    ``kernels`` does when a model that holds the original is unpickled)."""
+    if not isinstance(original, torch.nn.Module):
+        return _Router
+    return type("_Router", (_Router,), {"_rebuilds": type(original), "__module__": __name__})
 
 
 def _release(layer: torch.nn.Module) -> None:

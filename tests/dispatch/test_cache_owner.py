@@ -66,7 +66,7 @@ def _fill_the_rest(monkeypatch) -> None:
     kernels, GPU self-checks) with a stand-in entry, so that clearing them is seen."""
     from linattn.backends.peer import import_library
     from linattn.kernels import cutedsl
-    from linattn.kernels.cutedsl import chunk_state, fused_walk
+    from linattn.kernels.cutedsl import chunk_state, fused_prep, fused_walk
     from linattn.kernels.triton import launch, silu_clamp
 
     import_library("math")
@@ -76,7 +76,7 @@ def _fill_the_rest(monkeypatch) -> None:
     cutedsl.importable()  # imports CuTe DSL where installed (about 2 s), else records why not
     from linattn.backends import torch_chunked
 
-    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, dispatcher().self_checks._results,
+    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, fused_prep._CACHE, dispatcher().self_checks._results,
                   torch_chunked._LAYOUTS, torch_chunked._CONSTANTS):  # the last two: when no CPU prefill above ran torch-chunked
         cache.setdefault(("stand-in",), None)
 
@@ -144,6 +144,8 @@ def _module_caches(path: Path, module: str) -> set[str]:
 NOT_CACHES = {
     "linattn.kernels.cutedsl.selfcheck:CHECKS": "the CuTe DSL self-check's registry of check functions, filled "
                                                  "by a decorator at import: clearing it would lose the checks",
+    "linattn.kernels.cutedsl.fused_walk:_runtime": "CuTe DSL's runtime entry points (make_ptr, the address space, "
+                                                   "the stream and integer types), imported once: no call's data",
 }
 
 
