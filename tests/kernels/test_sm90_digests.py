@@ -6,8 +6,9 @@ hashes it. A host-side change must leave every digest as it is; a change that mo
 a defect or a kernel change measured on the H200, after which the digests are recorded again
 (``--write``). Takes minutes on a cold Triton cache, seconds on a warm one.
 
-``make test`` checks the builds of :data:`SELECT` (decode, the SwiGLU clamp and the bf16 prefill:
-300 of the 728 recorded builds, the served dtypes' code) to keep CI's run under 15 minutes; the
+``make test`` checks the builds of :data:`SELECT` (decode, the SwiGLU clamp and the bf16 prefill at
+K = V = 128, the served models' head dims: 225 of the 728 recorded builds) to keep CI's run under 15
+minutes; the bf16 prefill at other head dims (75: the same launchers with other tile constants) and the
 fp16 and fp32 prefill builds (428: the same launchers and host code with another element type) are
 checked when ``LINATTN_DIGESTS=all`` (``make test-full``, or ``.venv-triton-device/bin/python
 tools/sm90_digests.py``).
@@ -41,7 +42,7 @@ def _recorded() -> dict:
 # test will run it: the recorded Triton version and the bundled cuobjdump present
 _RUNS = not _cuobjdump_missing() and _recorded()["triton"] == triton.__version__
 #: the call classes checked by make test (every class with LINATTN_DIGESTS=all)
-SELECT = r"^(decode|silu_clamp) |^prefill \S+ bf16 "
+SELECT = r"^(decode|silu_clamp) |^prefill \S+ bf16 K128 V128 "
 _ARGS = [] if os.environ.get("LINATTN_DIGESTS") == "all" else ["--select", SELECT]
 if _RUNS:
     subprocess_jobs.register("sm90-digests", [sys.executable, str(TOOL), *_ARGS],
@@ -67,4 +68,5 @@ def test_the_selected_classes_are_the_served_dtypes_and_every_decode_and_clamp_b
     assert {n.split()[0] for n in chosen} == {"decode", "silu_clamp", "prefill"}
     assert all(n.split()[2] == "bf16" for n in chosen if n.startswith("prefill"))
     assert {n for n in names if not n.startswith("prefill")} <= chosen
-    assert {n for n in names if n.startswith("prefill") and n.split()[2] == "bf16"} <= chosen
+    assert {n for n in names if n.startswith("prefill") and n.split()[2:5] == ["bf16", "K128", "V128"]} <= chosen
+    assert not any(n.split()[3:5] != ["K128", "V128"] for n in chosen if n.startswith("prefill"))
