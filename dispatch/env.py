@@ -10,8 +10,10 @@ Readers: ``LINATTN_FAST_LAUNCH`` (``kernels/triton/launch.py``), ``LINATTN_FUSED
 (``dispatch/rules/value_rules.py``), ``LINATTN_PLUGINS`` / ``LINATTN_DISABLE_PLUGINS``
 (``dispatch/runtime/registry.py``), ``LINATTN_PEERS`` (``backends/builtin.py``), ``LINATTN_TUNED`` /
 ``LINATTN_AUTOTUNE`` (``dispatch/plugin/tuning.py``; ``LINATTN_TUNE_DIR`` is a path, read there too);
-``LINATTN_CUTEDSL_WALK`` takes its own values (``kernels/cutedsl/fused_walk.py``, ``switch_value``: the
-fused GDN prefill's walk, read when a call is planned), under the same rule.
+``LINATTN_CUTEDSL_WALK`` takes its own values (:data:`CUTEDSL_WALK_VALUES`; ``kernels/cutedsl/fused_walk.py``,
+``switch_value``: the fused GDN prefill's walk, read when a call is planned), under the same rule;
+``LINATTN_CUTEDSL_PREP`` is a switch (``kernels/cutedsl/fused_prep.py``). :func:`check_kernel_switches`
+reads both, so that ``explain`` refuses a malformed one before planning anything.
 
 Example:
     >>> import os
@@ -51,6 +53,37 @@ def env_switch(var: str, default: bool) -> bool:
         return raw in _ON
     raise ConfigError(f"{var}={os.environ[var]!r} is not a switch: set it to 1 or 0 (also true/false, yes/no, "
                      f"on/off) or unset it (default: {int(default)})")
+
+
+#: ``LINATTN_CUTEDSL_WALK``'s values -> the walk (``kernels/cutedsl/fused_walk.py``; blank: the planner's choice)
+CUTEDSL_WALK_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "sync", "wgmma": "wgmma"}
+
+
+def cutedsl_walk(raw: Optional[str] = None) -> str:
+    """The walk ``LINATTN_CUTEDSL_WALK`` asks for: ``""`` (unset or blank: the planner's choice),
+    ``"triton"``, ``"sync"`` or ``"wgmma"``.
+
+    Raises:
+        ConfigError: a value not in :data:`CUTEDSL_WALK_VALUES`, naming it and the allowed ones.
+    """
+    raw = (os.environ.get("LINATTN_CUTEDSL_WALK", "") if raw is None else raw).strip()
+    if raw == "":
+        return ""
+    try:
+        return CUTEDSL_WALK_VALUES[raw]
+    except KeyError:
+        raise ConfigError(f"LINATTN_CUTEDSL_WALK={raw!r}; allowed: unset (the planner's choice), "
+                          f"{', '.join(repr(k) for k in CUTEDSL_WALK_VALUES)}") from None
+
+
+def check_kernel_switches() -> None:
+    """Read the kernels' switches (``LINATTN_CUTEDSL_WALK``, ``LINATTN_CUTEDSL_PREP``) once.
+
+    Raises:
+        ConfigError: either is malformed (:func:`cutedsl_walk`, :func:`env_switch`).
+    """
+    cutedsl_walk()
+    env_switch("LINATTN_CUTEDSL_PREP", default=False)
 
 
 def env_names(var: str) -> Optional[set[str]]:

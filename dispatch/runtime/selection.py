@@ -44,6 +44,7 @@ import torch
 
 from linattn.capabilities import DeviceCapabilities, probe, profile
 
+from ..env import check_kernel_switches
 from ..lru import DECISIONS_MAX, FIRST_CHOICE_LOG_MAX, LRUCache, clear_process_caches, process_caches
 from .policy import Policy, current_policy
 from ..plugin.problem import Problem
@@ -301,6 +302,7 @@ class Dispatcher:
     def explain(self, problem: Problem, device: DeviceLike = None, *, backend: Optional[str] = None,
                 policy: Optional[Policy] = None, capturing: bool = False) -> Decision:
         """The decision trace for ``problem`` on ``device``: see :func:`explain`."""
+        check_kernel_switches()  # a malformed LINATTN_CUTEDSL_* is refused here, not inside a plan's note
         caps = resolve_device(device)
         pol = policy if policy is not None else current_policy()
         reg = self.registry

@@ -25,7 +25,6 @@ sm_90a build 168 registers (44 B spilled) at 3 CTAs per SM, 73.7 KB of shared me
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import NamedTuple, Optional
 
@@ -58,8 +57,15 @@ class PrepKey(NamedTuple):
 
 
 def enabled() -> bool:
-    """Whether the environment asks for this prep (:data:`ENV_SWITCH` is ``"1"``)."""
-    return os.environ.get(ENV_SWITCH, "") == "1"
+    """Whether the environment asks for this prep (:data:`ENV_SWITCH`, a switch: ``1`` / ``0``, ``true`` /
+    ``false``, ``yes`` / ``no``, ``on`` / ``off``; unset: off).
+
+    Raises:
+        linattn.dispatch.env.ConfigError: any other value (``dispatch/env.py``'s rule).
+    """
+    from linattn.dispatch.env import env_switch
+
+    return env_switch(ENV_SWITCH, default=False)
 
 
 def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,

@@ -60,6 +60,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from linattn.dispatch.env import CUTEDSL_WALK_VALUES
+
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached  # the state kernel's dtype names, CuTe types, cache
@@ -71,7 +73,7 @@ _CACHE: dict = {}
 ENV_SWITCH = "LINATTN_CUTEDSL_WALK"
 #: the switch's values -> the walk: ``"triton"`` (``chunk_gdn_fused_kernel``), ``"sync"`` / ``"wgmma"``
 #: (this walk's builds, :attr:`WalkKey.mma`)
-SWITCH_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "sync", "wgmma": "wgmma"}
+SWITCH_VALUES = CUTEDSL_WALK_VALUES  # (dispatch/env.py: one table, read by explain too)
 #: the switch's values that ask for a CuTe DSL build -> its tensor-core instructions (:attr:`WalkKey.mma`)
 MMA_VARIANTS = {"1": "sync", "sync": "sync", "wgmma": "wgmma"}
 #: head dims, chunk and operand dtype of this step
@@ -99,7 +101,8 @@ class WalkKey(NamedTuple):
 
 def switch_value(raw: Optional[str] = None) -> str:
     """The walk :data:`ENV_SWITCH` asks for: ``""`` (unset or empty: the planner's choice),
-    ``"triton"``, ``"sync"`` or ``"wgmma"``.
+    ``"triton"``, ``"sync"`` or ``"wgmma"`` (``dispatch/env.py``'s ``cutedsl_walk``, which ``explain``
+    reads first).
 
     Args:
         raw: the switch's text (default: read from the environment; blank is unset, as every
@@ -108,16 +111,9 @@ def switch_value(raw: Optional[str] = None) -> str:
         linattn.dispatch.env.ConfigError: (a ``ValueError``) a value that is not a key of
             :data:`SWITCH_VALUES`, naming it and the allowed ones (field fault F48's rule).
     """
-    raw = (os.environ.get(ENV_SWITCH, "") if raw is None else raw).strip()
-    if raw == "":
-        return ""
-    try:
-        return SWITCH_VALUES[raw]
-    except KeyError:
-        from linattn.dispatch.env import ConfigError
+    from linattn.dispatch.env import cutedsl_walk
 
-        raise ConfigError(f"{ENV_SWITCH}={raw!r}; allowed: unset (the planner's choice), "
-                          f"{', '.join(repr(k) for k in SWITCH_VALUES)}") from None
+    return cutedsl_walk(raw)
 
 
 def variant() -> str:

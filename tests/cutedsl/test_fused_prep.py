@@ -73,11 +73,22 @@ def test_wrapper_refuses_bad_buffers_before_any_launch(change, needle):
         fp.cutedsl_fused_prep(**{**_args(), **change})
 
 
-def test_switch_is_off_unless_set_to_one(monkeypatch):
+def test_switch_is_a_switch_and_refuses_other_values(monkeypatch):
+    """dispatch/env.py's switch rule: unset or blank off, 1/0 and their words, anything else a
+    ConfigError naming the variable; explain reads it (and the walk's switch) before planning."""
+    import linattn
+    from linattn.dispatch.env import ConfigError
+
     monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
     assert not fp.enabled()
-    for off in ("0", "true", "wgmma"):
-        monkeypatch.setenv(fp.ENV_SWITCH, off)
-        assert not fp.enabled(), off
-    monkeypatch.setenv(fp.ENV_SWITCH, "1")
-    assert fp.enabled()
+    for raw, on in (("", False), ("0", False), ("off", False), ("1", True), ("true", True), ("YES", True)):
+        monkeypatch.setenv(fp.ENV_SWITCH, raw)
+        assert fp.enabled() is on, raw
+    problem = linattn.Problem(op="gdn_prefill", n=16, t=4096, h=16, hv=32, k=128, v=128)
+    for var, bad in ((fp.ENV_SWITCH, "wgmma"), (fp.ENV_SWITCH, "maybe"), ("LINATTN_CUTEDSL_WALK", "yes")):
+        monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ConfigError, match=var):
+            linattn.explain(problem, "sm90")
+        monkeypatch.delenv(var)
+    assert linattn.explain(problem, "sm90").chosen

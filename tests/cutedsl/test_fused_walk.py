@@ -263,18 +263,17 @@ def test_explain_names_the_walk_of_the_fused_prefill(dsl):
     assert "walk: the CuTe DSL walk on warpgroup MMAs, BV 128" in note, note
 
 
-def test_a_bad_switch_value_is_a_config_error_that_explain_shows(monkeypatch, dsl):
+def test_a_bad_switch_value_is_a_config_error_that_explain_raises(monkeypatch, dsl):
     """As every malformed LINATTN_* setting (F48): planning the call raises ConfigError naming the
-    variable (not a silent default); explain keeps triton-split's verdict and names the error."""
+    variable (not a silent default), and explain refuses it before planning (the CLI: exit 2)."""
     import linattn
     from linattn.dispatch.env import ConfigError
 
     monkeypatch.setenv(fw.ENV_SWITCH, "on")
     with pytest.raises(ConfigError, match="LINATTN_CUTEDSL_WALK='on'"):
         _planned(monkeypatch)
-    d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
-    (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
-    assert "walk: planning raises ConfigError: LINATTN_CUTEDSL_WALK='on'" in note, note
+    with pytest.raises(ConfigError, match="LINATTN_CUTEDSL_WALK='on'"):
+        linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
     monkeypatch.setenv(fw.ENV_SWITCH, "  ")  # blank: unset
     assert fw.switch_value() == ""
 
