@@ -38,7 +38,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64, const_expr
+from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 
 from ._fused_walk_kernel import C, FusedWalkKernel
@@ -177,30 +177,8 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
         tOc = thr_o.partition_S(cute.make_identity_tensor((C, BV)))
 
         # ---------------- entering state (as the mma.sync walk) -------------------------------
-        acc_S.fill(0.0)
-        live = True
-        slot = Int64(i_n)
-        keep = Float32(1.0)
-        if const_expr(self.pool):
-            msidx = cute.make_tensor(sidx_ptr, cute.make_layout(N))
-            slot = Int64(msidx[i_n])
-            live = slot >= 0
-            keep = Float32(cutlass.select_(live, Float32(1.0), Float32(0.0)))  # padding: zero output rows
-            carry = Int32(1)
-            if const_expr(self.has_init):  # has_initial_state[n] == 0: a zero h0, the slot not read
-                mhinit = cute.make_tensor(hinit_ptr, cute.make_layout(N))
-                carry = Int32(mhinit[i_n])
-            if live:
-                if carry != 0:
-                    h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                          cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        acc_S[i] = Float32(h0[tScS[i]])
-        elif const_expr(self.has_h0):
-            h0 = cute.make_tensor(h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                  cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = Float32(h0[tScS[i]])
+        live, slot, keep = self.entering_state(acc_S, tScS, i_n, N, sidx_ptr, hinit_ptr, h0_ptr, s0_p, s0_h, s0_v,
+                                               s0_k, hv64, v0)
 
         heads = (Int64(i_h) * sqh, Int64(i_h) * skh, hv64 * svh + Int64(v0), hv64 * sgh)
         if nc > 0:  # prologue: chunk 0 into stage 0
