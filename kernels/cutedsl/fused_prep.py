@@ -16,11 +16,8 @@ Triton prep where ``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty (
 runs, as without the switch). The planner never sets it. Scope of this step: GDN, bf16 ``q/k`` and
 prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused.
 
-Status (2026-12-03): **on the H200 correct (tests/gpu/test_fused_prep_gpu.py: 11 passed; the
-worst-conditioned input 1.66e-2 / 1.40e-2 against the Triton prep's 2.27e-2 / 1.76e-2) and 1.8x the
-Triton prep (0.793 against 1.460 ms at 16 x 4,096 (16, 32); prep + wgmma walk 1.638 ms against 2.321);
-sm_90a build 168 registers (44 B spilled) at 3 CTAs per SM, 73.7 KB of shared memory. Still opt-in**
-(docs/performance.md, 'The prep in CuTe DSL').
+Opt-in (not yet a replay step); correctness: tests/gpu/test_fused_prep_gpu.py; speed and build
+resources: docs/performance.md, 'The prep in CuTe DSL'.
 """
 
 from __future__ import annotations
@@ -40,8 +37,8 @@ _CACHE: dict = {}
 ENV_SWITCH = "LINATTN_CUTEDSL_PREP"
 PREP_K = 128
 PREP_CHUNK = 64
-#: CTAs per SM the build's registers allow (:attr:`PrepKey.min_ctas`): 3, 168 registers and 44 bytes of
-#: spill (0, the compiler's choice, 255 registers and 2 CTAs of 4 warps, ran 4-7% slower on the H200)
+#: CTAs per SM the build's registers allow (:attr:`PrepKey.min_ctas`; 0: the compiler's choice, slower:
+#: docs/performance.md, 'The prep in CuTe DSL')
 MIN_CTAS = 3
 
 

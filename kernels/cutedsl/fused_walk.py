@@ -27,22 +27,15 @@ same walk (:data:`MMA_VARIANTS`):
 
 - ``LINATTN_CUTEDSL_WALK=1`` (or ``sync``): warp-level ``mma.sync`` (:mod:`._fused_walk_kernel`; status below);
 - ``wgmma`` (the default): warpgroup ``wgmma`` with the state as the register A operand
-  and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27).
-  Status (2026-12-03): **sm_90a build 202 registers, no local memory, 138 KB of shared
-  memory at BV = 128; on the H200 correct (tests/gpu/test_fused_walk_gpu.py), its outputs and pool
-  rows bitwise the mma.sync build's, and the walk 1.44-1.54x the Triton walk where the grid fills
-  the SMs (16 x 4,096 (16, 32): 0.854 against 1.293 ms), 1.18x at 8 x 1,024, 2.1x at BV 64 at
-  1 x 65,536 (2, 8) (docs/performance.md, 'The walk on warpgroup MMAs'); through the planner, recorded
-  and replayed, the whole fused prefill 1.20x / 1.15x faster than with the Triton walk at 16 x 4,096
-  / 8 x 1,024 (16, 32) (2.325 / 0.331 ms against 2.782 / 0.379; same section).**
+  and the B operands read from swizzled shared memory (:mod:`._fused_walk_wgmma_kernel`; issue 27);
+  its outputs and pool rows are bitwise the mma.sync build's (speed: docs/performance.md, 'The walk on
+  warpgroup MMAs').
 
 Scope of this step: GDN, bf16 ``q/k/v`` and prep buffers, ``K = V = 128``, chunk 64, fp32 or bf16
 states, no state checkpoints; anything else is refused (:func:`walk_refusal`).
 
-Status of the mma.sync build (2026-12-02): **compiles for sm_90a on the CPU (tests/cutedsl/test_fused_walk.py: 237
-registers, no local memory, ~143 KB of shared memory at BV = 128); on the H200 (tree d2ca3fc)
-correct (tests/gpu/test_fused_walk_gpu.py 10 passed) and 1.04x the Triton walk at 16 x 4,096
-(16, 32), 0.99x at 8 x 1,024 (docs/performance.md, 'The walk in CuTe DSL'), so opt-in.** Tensor cores through warp-level ``mma.sync`` m16n8k16 (as
+The mma.sync build (opt-in: about the Triton walk's speed, docs/performance.md, 'The walk in CuTe DSL'):
+tensor cores through warp-level ``mma.sync`` m16n8k16 (as
 :mod:`._state_kernel`), not ``wgmma``: the state is the A operand from registers, each warp owning
 16 value rows (8 warps at BV = 128, 4 at 64); the next chunk's tiles come by ``cp.async`` issued
 by all threads, two stages (no producer warp, no TMA); each warp forms the chunk's gate factors
@@ -195,8 +188,8 @@ def _caps_refusal(caps) -> str:
 
 def block_v(V: int) -> int:
     """Value columns per CTA of the ``mma.sync`` build (16 per warp): the whole value dim, as the
-    Triton walk's bf16 config (``BV = 128``, 8 warps; BV 64 measured slower, 1.552 against 1.238 ms
-    at 16 x 4,096 (16, 32): docs/performance.md, 'The walk in CuTe DSL')."""
+    Triton walk's bf16 config (``BV = 128``, 8 warps; BV 64 is slower: docs/performance.md, 'The walk in
+    CuTe DSL')."""
     return V
 
 
