@@ -23,25 +23,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import results_path, write_results  # noqa: E402
-from fused_walk import Call, make, parse  # noqa: E402
+from _results import results_path  # noqa: E402
+from fused_walk import Call, make, run_shapes, setenv  # noqa: E402
 from linattn.testing.compare import rel_error as rel  # noqa: E402
 
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
 PREP_SWITCH = "LINATTN_CUTEDSL_PREP"
 WALK_SWITCH = "LINATTN_CUTEDSL_WALK"
-
-
-def setenv(name: str, value: str) -> None:
-    if value:
-        os.environ[name] = value
-    else:
-        os.environ.pop(name, None)
 
 
 def measure(N, L, H, HV) -> dict:
@@ -107,21 +99,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     out = a.out or results_path("fused_prep")
-    rows, rc = [], 0
     notes = ["prep alone and prep + wgmma walk timed through prefill.launch_fused_stages on one planned call "
              "(tables made once; prep alone: the walk replaced by nothing); triton.testing.do_bench medians, ms",
              "cutedsl prep: kernels/cutedsl/fused_prep.py (opt-in LINATTN_CUTEDSL_PREP=1); *_rel: relative "
              "difference to the Triton prep's buffers / the whole prefill with it"]
-    for N, L, H, HV in parse(a.shapes):
-        try:
-            row = measure(N, L, H, HV)
-        except Exception as e:  # noqa: BLE001 - recorded in the row, the next shape still runs
-            traceback.print_exc()
-            row, rc = dict(N=N, L=L, H=H, HV=HV, error=f"{type(e).__name__}: {e}"[:2000]), 1
-        rows.append(row)
-        print(row, flush=True)
-        write_results(out, rows, notes)
-    return rc
+    return run_shapes(a.shapes, measure, out, notes)
 
 
 if __name__ == "__main__":

@@ -92,15 +92,36 @@ class Call:
 BUILDS = {"cutedsl": "1", "wgmma": "wgmma"}
 
 
+def setenv(name: str, value: str) -> None:
+    """Set the environment variable ``name`` to ``value`` ("": unset)."""
+    if value:
+        os.environ[name] = value
+    else:
+        os.environ.pop(name, None)
+
+
 def switch(value: str):
     """Set :data:`fused_walk.ENV_SWITCH` to ``value`` ("": unset, the planner's choice; "0": the Triton
     walk); read when a :class:`Call` plans."""
     from linattn.kernels.cutedsl import fused_walk as fw
 
-    if value:
-        os.environ[fw.ENV_SWITCH] = value
-    else:
-        os.environ.pop(fw.ENV_SWITCH, None)
+    setenv(fw.ENV_SWITCH, value)
+
+
+def run_shapes(spec: str, measure, out, notes: list[str]) -> int:
+    """``measure(N, L, H, HV)`` per shape of ``spec`` (:func:`parse`), its row (or the error's) written to
+    ``out`` after each shape, so that a timeout keeps the shapes done. Returns 1 if a shape failed, else 0."""
+    rows, rc = [], 0
+    for N, L, H, HV in parse(spec):
+        try:
+            row = measure(N, L, H, HV)
+        except Exception as e:  # noqa: BLE001 - recorded in the row, the next shape still runs
+            traceback.print_exc()
+            row, rc = dict(N=N, L=L, H=H, HV=HV, error=f"{type(e).__name__}: {e}"[:2000]), 1
+        rows.append(row)
+        print(row, flush=True)
+        write_results(out, rows, notes)
+    return rc
 
 
 def measure(N, L, H, HV) -> dict:
@@ -170,22 +191,12 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
         return 0
     out = a.out or results_path("fused_walk")
-    rows, rc = [], 0
     notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "
              "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms",
              "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; opt-in "
              "LINATTN_CUTEDSL_WALK=1); wgmma walk: the same with warpgroup MMAs, the state as the register "
              "A operand (LINATTN_CUTEDSL_WALK=wgmma)"]
-    for N, L, H, HV in parse(a.shapes):
-        try:
-            row = measure(N, L, H, HV)
-        except Exception as e:  # noqa: BLE001 - recorded in the row, the next shape still runs
-            traceback.print_exc()
-            row, rc = dict(N=N, L=L, H=H, HV=HV, error=f"{type(e).__name__}: {e}"[:2000]), 1
-        rows.append(row)
-        print(row, flush=True)
-        write_results(out, rows, notes)
-    return rc
+    return run_shapes(a.shapes, measure, out, notes)
 
 
 if __name__ == "__main__":
