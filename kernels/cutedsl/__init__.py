@@ -67,3 +67,21 @@ def importable() -> Optional[str]:
     except Exception as e:  # noqa: BLE001 - any import failure means: not usable
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def sm90_refusal(device: Optional[torch.device], what: str) -> str:
+    """Why ``what`` (an sm_90a-only CuTe DSL kernel, e.g. "the CuTe DSL fused walk") cannot run on
+    ``device`` ('' where it can: an NVIDIA CUDA GPU of compute capability 9.x with ``cutlass.cute``
+    importing; ``device`` None: only the import is asked)."""
+    if device is not None:
+        if device.type != "cuda":
+            return f"{what} runs on CUDA GPUs; got device {device}"
+        if torch.version.hip is not None:
+            return f"{what} is NVIDIA's (sm_90a); this is a ROCm build"
+        major = torch.cuda.get_device_capability(device)[0]
+        if major != 9:
+            return f"{what} is built for sm_90a (H100 / H200); this GPU is sm_{major}x"
+    err = importable()
+    if err is not None:
+        return f"nvidia-cutlass-dsl does not import: {err}"
+    return ""

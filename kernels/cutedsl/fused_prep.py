@@ -96,20 +96,9 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
         return f"the CuTe DSL fused prep forms chunks of {PREP_CHUNK} rows; got {chunk}"
     if not shared_keys:
         return "the plan asks for the unshared Triton prep (prep_shared_keys False)"
-    if device is not None:
-        if device.type != "cuda":
-            return f"the CuTe DSL fused prep runs on CUDA GPUs; got device {device}"
-        if torch.version.hip is not None:
-            return "the CuTe DSL fused prep is NVIDIA's (sm_90a); this is a ROCm build"
-        major = torch.cuda.get_device_capability(device)[0]
-        if major != 9:
-            return f"the CuTe DSL fused prep is built for sm_90a (H100 / H200); this GPU is sm_{major}x"
-    from . import importable
+    from . import sm90_refusal
 
-    err = importable()
-    if err is not None:
-        return f"nvidia-cutlass-dsl does not import: {err}"
-    return ""
+    return sm90_refusal(device, "the CuTe DSL fused prep")
 
 
 def _dummy_args(key: PrepKey):

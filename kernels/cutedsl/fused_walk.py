@@ -157,20 +157,9 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
         why = _caps_refusal(caps)
         if why:
             return why
-    if device is not None:
-        if device.type != "cuda":
-            return f"the CuTe DSL fused walk runs on CUDA GPUs; got device {device}"
-        if torch.version.hip is not None:
-            return "the CuTe DSL fused walk is NVIDIA's (sm_90a); this is a ROCm build"
-        major = torch.cuda.get_device_capability(device)[0]
-        if major != 9:
-            return f"the CuTe DSL fused walk is built for sm_90a (H100 / H200); this GPU is sm_{major}x"
-    from . import importable
+    from . import sm90_refusal
 
-    err = importable()
-    if err is not None:
-        return f"nvidia-cutlass-dsl does not import: {err}"
-    return ""
+    return sm90_refusal(device, "the CuTe DSL fused walk")
 
 
 def _caps_refusal(caps) -> str:
