@@ -210,19 +210,19 @@ def _rows_aligned(x: torch.Tensor) -> bool:
 
 def _launch(fn, key: PrepKey, tensors: tuple, N: int, HV: int, H: int, items: int, scale: float) -> None:
     """Call the compiled prep on the current stream of ``q``'s device."""
-    import cuda.bindings.driver as cuda
     import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_ptr
 
+    from .fused_walk import _runtime  # CuTe DSL's runtime entry points, imported once
+
+    make_ptr, gmem, cu_stream, I64, I32 = _runtime()
     q, k, g, beta, cu, cseq, cstart, tmb, aqk, rk, qs = tensors
     T = _cutlass_types()
 
     def P(x, dt, align):
-        return make_ptr(dt, x.data_ptr(), cute.AddressSpace.gmem, assumed_align=align)
+        return make_ptr(dt, x.data_ptr(), gmem, assumed_align=align)
 
-    F32, BF16, I64, I32 = cutlass.Float32, cutlass.BFloat16, cutlass.Int64, cutlass.Int32
-    stream = cuda.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+    F32, BF16 = cutlass.Float32, cutlass.BFloat16
+    stream = cu_stream(torch.cuda.current_stream(q.device).cuda_stream)
     fn(P(q, BF16, 16), P(k, BF16, 16), P(g, F32, 4), P(beta, T[key.beta_dtype], beta.element_size()),
        P(cu, T[key.cu_dtype], cu.element_size()), P(cseq, I32, 4), P(cstart, I64, 8),
        P(tmb, BF16, 16), P(aqk, BF16, 16), P(rk, F32, 4), P(qs, F32, 4),
