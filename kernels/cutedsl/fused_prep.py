@@ -14,10 +14,12 @@ fp32 registers (no Neumann product, no scratch in HBM).
 Opt-in only: :func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` runs it in place of the
 Triton prep where ``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty (else the Triton prep
 runs, as without the switch). The planner never sets it. Scope of this step: GDN, bf16 ``q/k`` and
-prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused.
+prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused. It is
+launched as a :class:`PrepStep` (a replay step, as the walk's), so a recorded prefill replays it; its
+prep buffers may hold more token rows than q (a prefill bucket's workspace).
 
-Opt-in (not yet a replay step); correctness: tests/gpu/test_fused_prep_gpu.py; speed and build
-resources: docs/performance.md, 'The prep in CuTe DSL'.
+Correctness: tests/gpu/test_fused_prep_gpu.py; speed and build resources: docs/performance.md, 'The
+prep in CuTe DSL'.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -67,7 +70,8 @@ def enabled() -> bool:
 
 def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
                  g_dtype: Optional[torch.dtype] = None, beta_dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None, chunk: int = PREP_CHUNK, shared_keys: bool = True) -> str:
+                 device: Optional[torch.device] = None, chunk: int = PREP_CHUNK, shared_keys: bool = True,
+                 caps=None) -> str:
     """Why the CuTe DSL prep cannot run a call ('' where it can), from host-known facts only.
 
     Args:
@@ -78,6 +82,8 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
         chunk: the chunk size (64 only). shared_keys: the plan's ``prep_shared_keys`` (this prep's
             items are (chunk, key head) pairs: it writes the same outputs either way, so only a
             plan that asks for the unshared Triton prep by configuration is refused).
+        caps: the device as :class:`linattn.capabilities.DeviceCapabilities` (None: not checked), for
+            ``linattn.explain`` on a profile.
     """
     name = lambda dt: str(dt).removeprefix("torch.")  # noqa: E731
     if family != "gdn":
@@ -96,9 +102,31 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
         return f"the CuTe DSL fused prep forms chunks of {PREP_CHUNK} rows; got {chunk}"
     if not shared_keys:
         return "the plan asks for the unshared Triton prep (prep_shared_keys False)"
+    if caps is not None:
+        from .fused_walk import caps_refusal
+
+        why = caps_refusal(caps, "the CuTe DSL fused prep")
+        if why:
+            return why
     from . import sm90_refusal
 
     return sm90_refusal(device, "the CuTe DSL fused prep")
+
+
+def prep_choice(*, family: str, K: int, dtype: torch.dtype, caps) -> str:
+    """Which prep a fused prefill of these facts runs and why, as ``linattn.explain`` says it: the CuTe
+    DSL prep where :data:`ENV_SWITCH` asks for it and :func:`prep_refusal` accepts the call on ``caps``,
+    else the Triton prep (the switch unset: the planner's choice; KDA's prep is Triton's).
+
+    Raises:
+        linattn.dispatch.env.ConfigError: a malformed :data:`ENV_SWITCH` (:func:`enabled`).
+    """
+    if family != "gdn":
+        return "Triton (KDA's prep is Triton's)"
+    if not enabled():
+        return f"Triton (the CuTe DSL prep is opt-in: {ENV_SWITCH}=1)"
+    why = prep_refusal(family=family, K=K, dtype=dtype, caps=caps)
+    return f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})" if why else f"CuTe DSL ({ENV_SWITCH}=1)"
 
 
 def _dummy_args(key: PrepKey):
@@ -178,8 +206,10 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
             "tmb": (tmb, (T_, HV, PREP_CHUNK), (torch.bfloat16,)), "aqk": (aqk, (T_, HV, PREP_CHUNK), (torch.bfloat16,)),
             "rk": (rk, (T_, HV), (torch.float32,)), "qs": (qs, (T_, HV, 2), (torch.float32,))}
     for name, (x, shape, dts) in want.items():
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(f"cutedsl fused prep: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
+        rows_ok = x.shape[0] == T_ if name in ("k", "g", "beta") else x.shape[0] >= T_
+        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]) or x.dim() != len(shape):
+            more = "" if name in ("k", "g", "beta") else " (or more rows)"
+            raise ValueError(f"cutedsl fused prep: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}{more}")
         if x.dtype not in dts:
             raise ValueError(f"cutedsl fused prep: {name} must be {' or '.join(map(str, dts))}, got {x.dtype}")
     for name in ("tmb", "aqk", "rk", "qs"):
@@ -192,43 +222,53 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
     nt_max = chunk_seq.numel()
     if N == 0 or nt_max == 0 or T_ == 0:
         return
-    q, k = (x if _rows_aligned(x) else x.contiguous() for x in (q, k))
-    if max(q.stride(0), k.stride(0)) * PREP_CHUNK >= 2**31:
+    if max(_aligned_stride(q), _aligned_stride(k)) * PREP_CHUNK >= 2**31:
         raise ValueError("cutedsl fused prep: a chunk of q or k spans more than 2**31 elements")
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
     key = PrepKey(K, bool(use_qk_l2norm), _dt(beta.dtype), _dt(cu_seqlens.dtype), arch, MIN_CTAS)
-    _launch(compile_prep(key), key, (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs),
-            N, HV, H, nt_max * H, scale)
+    from linattn.kernels.triton.launch import launch_step
+
+    launch_step(PrepStep(compile_prep(key), key, q.device, N, HV, H, nt_max * H, scale),
+                (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs))
 
 
-def _rows_aligned(x: torch.Tensor) -> bool:
-    """16-byte ``cp.async`` rows: the last dim contiguous, the base and the other strides in 8 elements."""
-    return x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in x.stride()[:-1])
+def _aligned_stride(x: torch.Tensor) -> int:
+    """The token stride the prep reads ``x`` (q or k) with: its own, or its contiguous copy's where its
+    rows are not 16-byte aligned (:class:`PrepStep` copies it then)."""
+    return x.stride(0) if _rows_aligned(x) else x[0].numel()
 
 
-def _launch(fn, key: PrepKey, tensors: tuple, N: int, HV: int, H: int, items: int, scale: float) -> None:
-    """Call the compiled prep on the current stream of ``q``'s device."""
-    import cutlass
+class PrepStep(CuteStep):
+    """One compiled prep with the arguments its call signature fixes (``N``, ``HV``, the GVA group,
+    the work items, the scale), launched on a call's tensors: a
+    :class:`~linattn.kernels.triton.launch.ReplayStep`, so a recorded prefill replays it with the
+    walk (:class:`~linattn.kernels.cutedsl.fused_walk.WalkStep`).
 
-    from .fused_walk import _runtime  # CuTe DSL's runtime entry points, imported once
+    ``args``: ``(q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs)``. ``q, k, g,
+    beta`` are tensors (their token and head strides are read per call; a q or k whose rows are not
+    16-byte aligned is copied first); the others tensors or addresses (a replay's workspace).
+    Launches on the current stream of the device it was made for.
+    """
 
-    make_ptr, gmem, cu_stream, I64, I32 = _runtime()
-    q, k, g, beta, cu, cseq, cstart, tmb, aqk, rk, qs = tensors
-    T = _cutlass_types()
+    __slots__ = ()
 
-    def P(x, dt, align):
-        return make_ptr(dt, x.data_ptr(), gmem, assumed_align=align)
+    def __init__(self, fn, key: PrepKey, device: torch.device, N: int, HV: int, H: int, items: int, scale: float):
+        import cutlass
 
-    F32, BF16 = cutlass.Float32, cutlass.BFloat16
-    stream = cu_stream(torch.cuda.current_stream(q.device).cuda_stream)
-    fn(P(q, BF16, 16), P(k, BF16, 16), P(g, F32, 4), P(beta, T[key.beta_dtype], beta.element_size()),
-       P(cu, T[key.cu_dtype], cu.element_size()), P(cseq, I32, 4), P(cstart, I64, 8),
-       P(tmb, BF16, 16), P(aqk, BF16, 16), P(rk, F32, 4), P(qs, F32, 4),
-       I64(q.stride(0)), I64(q.stride(1)), I64(k.stride(0)), I64(k.stride(1)),
-       I64(g.stride(0)), I64(g.stride(1)), I64(beta.stride(0)), I64(beta.stride(1)),
-       I32(N), I32(HV), I32(HV // H), I32(items), F32(float(scale)), stream)
+        _, _, _, I64, I32 = _runtime()
+        T = _cutlass_types()
+        F32, BF16 = cutlass.Float32, cutlass.BFloat16
+        beta, cu = T[key.beta_dtype], T[key.cu_dtype]
+        ptr_types = ((BF16, 16), (BF16, 16), (F32, 4), (beta, beta.width // 8), (cu, cu.width // 8), (I32, 4),
+                     (I64, 8), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4))
+        super().__init__(fn, key, device, ptr_types, (I32(N), I32(HV), I32(HV // H), I32(items), F32(float(scale))))
+
+    def __call__(self, args: tuple) -> None:
+        q, k, g, beta = _aligned(args[0]), _aligned(args[1]), args[2], args[3]
+        addrs = tuple(a if a.__class__ is int else a.data_ptr() for a in (q, k, g, beta) + tuple(args[4:]))
+        self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *g.stride()[:2], *beta.stride()[:2]))
 
 
 def run_for_plan(plan, x, t, b, scale: float) -> bool:
@@ -239,21 +279,14 @@ def run_for_plan(plan, x, t, b, scale: float) -> bool:
         plan: the call's ``PrefillPlan`` (fused GDN); x, t, b: its ``PrefillInputs``, ``ChunkTables``
             and ``PrefillBuffers``; scale: the query scale.
     Returns:
-        True where it ran; False where :func:`prep_refusal` refuses the call (the caller runs the
-        Triton prep: the switch asks, it does not force).
-    Raises:
-        linattn.kernels.triton.launch.NotReplayable: while launches are being recorded for replay
-            (the call then runs its stages directly each time).
+        True where it ran (or was recorded, as a :class:`PrepStep`); False where :func:`prep_refusal`
+        refuses the call (the caller runs the Triton prep: the switch asks, it does not force).
     """
-    from linattn.kernels.triton import launch as tl_launch
-
     why = prep_refusal(family=plan.family, K=plan.K, dtype=plan.dtype, buf_dtype=b.fused_tmb.dtype,
                        g_dtype=x.g.dtype, beta_dtype=x.beta.dtype, device=x.q.device,
                        shared_keys=plan.fused.prep_shared_keys)
     if why:
         return False
-    if getattr(tl_launch._recording, "records", None) is not None:
-        raise tl_launch.NotReplayable(f"the CuTe DSL fused prep ({ENV_SWITCH}) is not a Triton launch")
     cutedsl_fused_prep(q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens, chunk_seq=t.chunk_seq,
                        chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
                        scale=scale, use_qk_l2norm=plan.use_qk_l2norm)

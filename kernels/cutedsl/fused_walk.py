@@ -154,7 +154,7 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
     if checkpoints:
         return "the CuTe DSL fused walk does not store state checkpoints (the Triton walk does)"
     if caps is not None:
-        why = _caps_refusal(caps)
+        why = caps_refusal(caps)
         if why:
             return why
     from . import sm90_refusal
@@ -162,14 +162,14 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
     return sm90_refusal(device, "the CuTe DSL fused walk")
 
 
-def _caps_refusal(caps) -> str:
-    """:func:`walk_refusal`'s verdict on a capabilities profile ('' where it is an SM90 NVIDIA GPU
-    with nvidia-cutlass-dsl in its toolchain)."""
+def caps_refusal(caps, what: str = "the CuTe DSL fused walk") -> str:
+    """:func:`walk_refusal`'s (and the prep's) verdict on a capabilities profile ('' where it is an SM90
+    NVIDIA GPU with nvidia-cutlass-dsl in its toolchain); ``what`` names the kernel."""
     cc = caps.compute_capability
     if caps.device_type != "cuda" or caps.vendor != "nvidia" or cc is None:
-        return f"the CuTe DSL fused walk runs on NVIDIA CUDA GPUs; this is {caps.vendor} {caps.arch}"
+        return f"{what} runs on NVIDIA CUDA GPUs; this is {caps.vendor} {caps.arch}"
     if cc[0] != 9:
-        return f"the CuTe DSL fused walk is built for sm_90a (H100 / H200); this GPU is {caps.arch}"
+        return f"{what} is built for sm_90a (H100 / H200); this GPU is {caps.arch}"
     if caps.toolchain.cutlass_dsl is None:
         return "nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')"
     return ""
@@ -427,7 +427,44 @@ def _runtime():
     return make_ptr, cute.AddressSpace.gmem, cuda.CUstream, cutlass.Int64, cutlass.Int32
 
 
-class WalkStep:
+class CuteStep:
+    """The host side the CuTe DSL launch steps share (:class:`WalkStep`, and the prep's
+    :class:`~linattn.kernels.cutedsl.fused_prep.PrepStep`): a compiled function called with its pointer
+    arguments, its Int64 stride arguments, the scalars its call signature fixed (``tail``) and the
+    current stream of the device the step was made for.
+
+    ``ptr_types``: per pointer argument its (CuTe type, assumed byte alignment). The last call's
+    (addresses, CuTe pointers) and (strides, CuTe Int64s) are kept: a call on the same ones (the pool,
+    a workspace block the caching allocator hands back) reuses them (``make_ptr`` costs about 2.6 us
+    a pointer on the host); each pair is replaced whole, so threads see a consistent pair.
+    """
+
+    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_ptrs", "_strides")
+
+    def __init__(self, fn, key, device: torch.device, ptr_types: tuple, tail: tuple):
+        self.fn, self.key, self.ptr_types, self.tail = fn, key, ptr_types, tail
+        self.device = device.index  # None: the current device when launched
+        self._ptrs: tuple = ((), ())
+        self._strides: tuple = ((), ())
+
+    def launch(self, addrs: tuple, strides: tuple) -> None:
+        """Call the compiled function on these addresses (one per :attr:`ptr_types`) and strides."""
+        make_ptr, gmem, stream, I64, _ = _runtime()
+        last, ptrs = self._ptrs
+        if addrs != last:
+            ptrs = tuple(ptrs[i] if last and last[i] == a else make_ptr(dt, a, gmem, assumed_align=al)
+                         for i, (a, (dt, al)) in enumerate(zip(addrs, self.ptr_types)))
+            self._ptrs = (addrs, ptrs)
+        last, ints = self._strides
+        if strides != last:
+            ints = tuple(I64(x) for x in strides)
+            self._strides = (strides, ints)
+        self.fn(*ptrs, *ints, *self.tail,
+                stream(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None
+                                                          else self.device)))
+
+
+class WalkStep(CuteStep):
     """One compiled walk with the arguments its call signature fixes (state strides, ``N``, ``HV``,
     the GVA group), launched on a call's buffers: a
     :class:`~linattn.kernels.triton.launch.ReplayStep`, so a recorded prefill replays it.
@@ -439,7 +476,7 @@ class WalkStep:
     the others tensors or addresses. Launches on the current stream of the device it was made for.
     """
 
-    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_ptrs", "_strides")
+    __slots__ = ()
 
     def __init__(self, fn, key: WalkKey, device: torch.device, s0: tuple, st: tuple, N: int, HV: int, H: int):
         import cutlass
@@ -448,37 +485,17 @@ class WalkStep:
         T = _cutlass_types()
         F32, BF16 = cutlass.Float32, cutlass.BFloat16
         idx, cu, s0t, stt = T[key.index_dtype], T[key.cu_dtype], T[key.h0_dtype], T[key.state_dtype]
-        self.fn, self.key = fn, key
-        self.device = device.index  # None: the current device when launched
-        #: per pointer argument: (CuTe type, assumed byte alignment)
-        self.ptr_types = ((BF16, 16),) * 3 + ((F32, 4), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4), (BF16, 16),
-                                              (cu, cu.width // 8), (idx, idx.width // 8), (cutlass.Uint8, 1),
-                                              (s0t, s0t.width // 8), (stt, stt.width // 8))
-        self.tail = (I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
-                     I32(N), I32(HV), I32(HV // H))
-        #: the last call's (addresses, CuTe pointers) and (token and head strides, CuTe Int64s): a call on
-        #: the same ones (the pool, a workspace block the caching allocator hands back) reuses them
-        #: (``make_ptr`` costs about 2.6 us a pointer on the host); each replaced whole, so threads see a pair
-        self._ptrs: tuple = ((), ())
-        self._strides: tuple = ((), ())
+        ptr_types = ((BF16, 16),) * 3 + ((F32, 4), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4), (BF16, 16),
+                                         (cu, cu.width // 8), (idx, idx.width // 8), (cutlass.Uint8, 1),
+                                         (s0t, s0t.width // 8), (stt, stt.width // 8))
+        tail = (I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
+                I32(N), I32(HV), I32(HV // H))
+        super().__init__(fn, key, device, ptr_types, tail)
 
     def __call__(self, args: tuple) -> None:
-        make_ptr, gmem, stream, I64, _ = _runtime()
         q, k, v, g = _aligned(args[0]), _aligned(args[1]), _aligned(args[2]), args[3]
         addrs = tuple(a if a.__class__ is int else a.data_ptr() for a in (q, k, v, g) + tuple(args[4:]))
-        last, ptrs = self._ptrs
-        if addrs != last:
-            ptrs = tuple(ptrs[i] if last and last[i] == a else make_ptr(dt, a, gmem, assumed_align=al)
-                         for i, (a, (dt, al)) in enumerate(zip(addrs, self.ptr_types)))
-            self._ptrs = (addrs, ptrs)
-        strides = (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2])
-        last, ints = self._strides
-        if strides != last:
-            ints = tuple(I64(x) for x in strides)
-            self._strides = (strides, ints)
-        self.fn(*ptrs, *ints, *self.tail,
-                stream(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None
-                                                          else self.device)))
+        self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2]))
 
 
 def run_for_plan(plan, x, b, st) -> bool:

@@ -92,3 +92,82 @@ def test_switch_is_a_switch_and_refuses_other_values(monkeypatch):
             linattn.explain(problem, "sm90")
         monkeypatch.delenv(var)
     assert linattn.explain(problem, "sm90").chosen
+
+
+# -- the prep as a replay step (PrepStep) --------------------------------------------------------------
+
+def test_a_prep_step_passes_each_calls_addresses_and_strides_whatever_it_reused(monkeypatch):
+    """PrepStep keeps the last call's CuTe pointers and stride integers for a call on the same ones; a
+    call on others (or back on the first) gets its own, in the compiled prep's argument order (11
+    pointers, 8 strides, N, HV, group, items, scale, the stream); a q whose base is not 16-byte aligned
+    is copied first. The compiled function is a stub (no GPU)."""
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+    seen = []
+
+    def fn(*a):
+        seen.append(([p._pointer for p in a[:11]], [int(x) for x in a[11:19]], [x.value for x in a[19:23]],
+                     a[23].value, len(a)))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
+    key = fp.PrepKey(128, True, "bfloat16", "int32", "sm_90a", fp.MIN_CTAS)
+    step = fp.PrepStep(fn, key, torch.device("cpu", 0), 2, 4, 2, 6, 0.25)
+    bf = torch.bfloat16
+
+    def call_args(wide: bool):
+        q = torch.zeros(70, 4 if wide else 2, 128, dtype=bf)[:, :2]
+        g, beta = torch.zeros(70, 4), torch.zeros(70, 8, dtype=bf)[:, ::2]
+        return (q, q, g, beta, torch.zeros(3, dtype=torch.int32), 4096, 8192, 12288, torch.zeros(80, 4, 64, dtype=bf),
+                torch.zeros(80, 4), 2**20)
+    a, b = call_args(False), call_args(True)
+    for args in (a, a, b, a):
+        step(args)
+    for (addrs, strides, tail, scale, n), args in zip(seen, (a, a, b, a)):
+        assert addrs == [x if isinstance(x, int) else x.data_ptr() for x in args] and n == 11 + 8 + 5 + 1
+        q, g, beta = args[0], args[2], args[3]
+        assert strides == [*q.stride()[:2], *q.stride()[:2], *g.stride()[:2], *beta.stride()[:2]]
+        assert tail == [2, 4, 2, 6] and scale == 0.25
+    misaligned = torch.zeros(70 * 2 * 128 + 1, dtype=bf)[1:].view(70, 2, 128)
+    step((misaligned, *a[1:]))
+    assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()
+    assert seen[-1][1][:2] == [256, 128]  # the copy's strides
+
+
+def test_the_wrapper_records_a_prep_step_and_takes_a_buckets_larger_buffers(monkeypatch):
+    """Under launch recording the wrapper records one PrepStep on the call's tensors and runs nothing
+    (a recorded prefill replays it with the walk); the prep buffers may hold more token rows than q
+    (a prefill bucket's workspace), not fewer."""
+    from linattn.kernels.triton.launch import StepRecord, recording
+
+    ran = []
+    monkeypatch.setattr(fp, "compile_prep", lambda key: lambda *a: ran.append(a))
+    monkeypatch.setattr(fp, "PrepStep", lambda fn, key, device, *rest: ("step", key, rest))
+    bigger = {n: torch.zeros(128, *x.shape[1:], dtype=x.dtype) for n, x in _args().items()
+              if n in ("tmb", "aqk", "rk", "qs")}
+    args = {**_args(), **bigger}
+    with recording() as records:
+        fp.cutedsl_fused_prep(**args, arch="sm_90a")
+    (rec,) = records
+    assert isinstance(rec, StepRecord) and not ran
+    assert rec.step[1] == fp.PrepKey(128, True, "float32", "int32", "sm_90a", fp.MIN_CTAS)
+    assert rec.step[2] == (2, 4, 2, 3 * 2, 0.1)  # N, HV, H, items = chunk slots x key heads, scale
+    names = ("q", "k", "g", "beta", "cu_seqlens", "chunk_seq", "chunk_start", "tmb", "aqk", "rk", "qs")
+    assert all(x is args[n] for x, n in zip(rec.args, names))
+    with pytest.raises(ValueError, match=r"tmb has shape \(69, 4, 64\).*or more rows"):
+        fp.cutedsl_fused_prep(**{**_args(), "tmb": torch.zeros(69, 4, 64, dtype=torch.bfloat16)}, arch="sm_90a")
+
+
+def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
+    """explain's note on a fused GDN prefill says which prep runs: the Triton one unless the switch
+    asks for the CuTe DSL prep and the call and device are in its scope (the reason otherwise)."""
+    import linattn
+
+    def note(dtype="bfloat16", device="sm90", k=128):
+        d = linattn.explain("gdn_prefill", device=device, n=16, t=65536, h=16, hv=32, k=k, v=k, dtype=dtype)
+        (msg,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
+        return msg
+
+    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    assert "prep: Triton (the CuTe DSL prep is opt-in: LINATTN_CUTEDSL_PREP=1); walk:" in note()
+    monkeypatch.setenv(fp.ENV_SWITCH, "1")
+    if fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == "":  # nvidia-cutlass-dsl imports
+        assert "prep: CuTe DSL (LINATTN_CUTEDSL_PREP=1); walk:" in note()
+    assert "asks for the CuTe DSL prep, but the CuTe DSL fused prep is built for K = 128; got K = 64" in note(k=64)

@@ -11,7 +11,8 @@ Triton walk's error plus 2e-3; bitwise equality with the Triton walk is not expe
 both layouts and pool dtypes with rows not owned bitwise unchanged, padding rows zero and
 ``has_initial_state``, pool == dense bitwise, both value blocks (128: 8 warps, two warpgroups; 64: 4 warps, one).
 The planner's default (the switch unset: the ``wgmma`` build) recorded and replayed (``PrefillLaunch``,
-``PrefillReplay``'s T buckets) against the same call unrecorded: bitwise.
+``PrefillReplay``'s T buckets) against the same call unrecorded: bitwise, with the Triton prep and with
+the CuTe DSL prep (``LINATTN_CUTEDSL_PREP=1``: a ``PrepStep`` before the ``WalkStep``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if torch.cuda.get_device_capability()[0] != 9:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "prefill"))
 
 from linattn.capabilities import probe  # noqa: E402
+from linattn.kernels.cutedsl import fused_prep as fp  # noqa: E402
 from linattn.kernels.cutedsl import fused_walk as fw  # noqa: E402
 from linattn.kernels.triton import launch as launch_mod  # noqa: E402
 from linattn.kernels.triton import prefill as pm  # noqa: E402
@@ -218,11 +220,24 @@ def _same(got, want, before):
 
 
 def _steps_run(monkeypatch) -> list:
-    """The WalkStep launches made from now on (each call's ``mma``, value block)."""
-    ran, real = [], fw.WalkStep.__call__
+    """The CuTe DSL steps launched from now on: ``"prep"`` per PrepStep, ``(mma, value block)`` per WalkStep."""
+    ran, walk, prep = [], fw.WalkStep.__call__, fp.PrepStep.__call__
     monkeypatch.setattr(fw.WalkStep, "__call__", lambda self, args: ran.append((self.key.mma, self.key.BV))
-                        or real(self, args))
+                        or walk(self, args))
+    monkeypatch.setattr(fp.PrepStep, "__call__", lambda self, args: ran.append("prep") or prep(self, args))
     return ran
+
+
+PREPS = pytest.mark.parametrize("prep", ["triton", "cutedsl"])  # LINATTN_CUTEDSL_PREP unset / 1
+
+
+def _set_prep(monkeypatch, prep: str) -> list:
+    """The prep switch for ``prep``; the steps a call then runs before its walk."""
+    if prep == "cutedsl":
+        monkeypatch.setenv(fp.ENV_SWITCH, "1")
+        return ["prep"]
+    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    return []
 
 
 def test_the_planner_picks_the_wgmma_walk_and_the_switch_overrides_it(monkeypatch):
@@ -235,12 +250,15 @@ def test_the_planner_picks_the_wgmma_walk_and_the_switch_overrides_it(monkeypatc
         assert _plan_of(kw, fused=True).fused_walk.walk == walk
 
 
+@PREPS
 @pytest.mark.parametrize("dense", [False, True])
-def test_a_recorded_then_replayed_wgmma_walk_is_bitwise_the_unrecorded_call(monkeypatch, dense):
+def test_a_recorded_then_replayed_wgmma_walk_is_bitwise_the_unrecorded_call(monkeypatch, dense, prep):
     """The planner's walk (switch unset: wgmma) under run_prefill's recording: call 1 stage by stage,
     call 2 recorded (prep + WalkStep) and replayed, calls 3 and 4 replayed on new tensors of the
-    same signature (direct launches); each bitwise the same call run unrecorded."""
+    same signature (direct launches); each bitwise the same call run unrecorded. With the CuTe DSL
+    prep, its PrepStep is recorded and replayed before the walk's."""
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    before = _set_prep(monkeypatch, prep)
     lens = [300, 1, 64, 0, 200]
     calls = []
     for seed in (22, 22, 23, 24):
@@ -259,18 +277,21 @@ def test_a_recorded_then_replayed_wgmma_walk_is_bitwise_the_unrecorded_call(monk
         work = dict(kw, state_pool=kw["state_pool"].clone()) if not dense else dict(kw)
         o, final = pm.run_prefill(plan, **work, scale=0.125)
         torch.cuda.synchronize()
-        assert ran == [("wgmma", plan.fused_walk.block_v)], (i, ran)  # the walk ran once, as a step
+        assert ran == before + [("wgmma", plan.fused_walk.block_v)], (i, ran)  # the walk ran once, as a step
         _same((o, final, work.get("state_pool")), want, kw)
     (launch,) = plan.launches.values()
     assert isinstance(launch, pm.PrefillLaunch), launch
     assert isinstance(launch.sequence, launch_mod.SteppedSequence)
-    assert [type(s) for s in launch.sequence.steps] == [fw.WalkStep]
+    assert [type(s) for s in launch.sequence.steps] == [fp.PrepStep] * len(before) + [fw.WalkStep]
 
 
-def test_a_prefill_bucket_replays_the_wgmma_walk_with_the_bits_of_its_own_plan(monkeypatch):
+@PREPS
+def test_a_prefill_bucket_replays_the_wgmma_walk_with_the_bits_of_its_own_plan(monkeypatch, prep):
     """PrefillReplay (issue 28): calls of new T in one bucket replay prep + wgmma walk, bitwise the
-    call planned for its own T and run unrecorded."""
+    call planned for its own T and run unrecorded (the CuTe DSL prep then writes into the bucket's
+    buffers, which hold more rows than the call)."""
     monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    before = _set_prep(monkeypatch, prep)
     heads = dict(H=16, HV=32)  # 5 x 32 programs fill the SMs: the planner's fused prefill, BV 128
     first = _pool_call([300, 1, 64, 0, 200], seed=25, **heads)  # T = 565: bucket 640
     replay = pm.PrefillReplay("gdn", dict(first, scale=0.125, use_qk_l2norm=True, state_layout="vk"),
@@ -283,7 +304,7 @@ def test_a_prefill_bucket_replays_the_wgmma_walk_with_the_bits_of_its_own_plan(m
         work = dict(kw, state_pool=kw["state_pool"].clone())
         o, final = replay(work)
         torch.cuda.synchronize()
-        assert ran == [("wgmma", 128)], ran
+        assert ran == before + [("wgmma", 128)], ran
         _same((o, final, work["state_pool"]), want, kw)
     (plan, launch, _), = replay.entries.values()
     assert plan.fused is not None and isinstance(launch, pm.PrefillLaunch)
