@@ -70,6 +70,36 @@ def test_wgmma_pool_walk_compiles_for_sm90a_with_register_a_warpgroup_mmas(tmp_p
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 3
     for bad in ("mma.sync", "ldmatrix", "tcgen05", "cp.async.bulk"):
         assert bad not in ptx, bad
+    # the order within a chunk: the async-proxy fence before the barrier that publishes the tiles; each
+    # group fenced before its MMAs and awaited before its registers are read; the update (m64n128)
+    # committed apart, O^T staged to shared memory while it runs (wait 1), then awaited (wait 0)
+    assert _wgmma_order(ptx) == [
+        "proxy fence", "bar", "fence", "mma n64 x16", "commit", "wait 0", "fence", "mma n64 x4", "commit", "wait 0",
+        "fence", "mma n64 x4", "commit", "mma n128 x4", "commit", "wait 1", "st.shared", "wait 0", "bar x2"]
+
+
+def _wgmma_order(ptx: str) -> list:
+    """The walk's synchronisation and MMA issue order from the last async-proxy fence on, runs of one
+    kind counted (``x n``); shared-memory stores shown (uncounted) only after the first MMA group's fence."""
+    kinds = (("proxy fence", r"fence\.proxy\.async\.shared::cta"), ("bar", r"\bbar\.sync\b"),
+             ("fence", r"wgmma\.fence"), ("mma n", r"wgmma\.mma_async\S*m64n(\d+)"),
+             ("commit", r"wgmma\.commit_group"), ("wait ", r"wgmma\.wait_group\.sync\.aligned\s+(\d)"),
+             ("st.shared", r"\bst\.shared"))
+    events = []
+    for m in re.finditer("|".join(rx for _, rx in kinds), ptx):
+        name, rx = next((n, rx) for n, rx in kinds if re.fullmatch(rx, m.group(0)))
+        arg = re.fullmatch(rx, m.group(0)).groups()
+        events.append(name + (arg[0] if arg else ""))
+    events = events[len(events) - 1 - events[::-1].index("proxy fence"):]
+    first = events.index("fence")
+    events = [e for i, e in enumerate(events) if e != "st.shared" or i > first]
+    out: list = []
+    for e in events:
+        if out and out[-1][0] == e:
+            out[-1][1] += 1
+        else:
+            out.append([e, 1])
+    return [e if n == 1 or e == "st.shared" else f"{e} x{n}" for e, n in out]
 
 
 def test_wgmma_dense_walk_with_bf16_state_and_one_warpgroup_compiles(tmp_path):
