@@ -1,9 +1,9 @@
 """Context-parallel prefill (linattn/context_parallel.py) on the CPU: 2 and 3 spawned gloo ranks, one
 process group of one rank in this process, and the host-only plan.
 
-Each world size is spawned once (module fixtures); every case of tests/distributed/cp_cases.py runs
-inside it on every rank and reports its failures by name, so a test here fails with the case's
-and the rank's messages. The oracle is the single-process call and the float64 reference
+Each world size is spawned once (one test per world size); every case of tests/distributed/cp_cases.py
+runs inside it on every rank and reports its failures by name, so the test fails with each failing
+case's and rank's messages. The oracle is the single-process call and the float64 reference
 (docs/ops.md "Tolerances"); pool rows a rank must not write are compared bit for bit.
 """
 
@@ -25,29 +25,21 @@ def _spawned(world: int) -> list[dict]:
     return spawn_ranks(run_cases, world, backend="gloo", timeout_s=SPAWN_TIMEOUT_S)
 
 
-@pytest.fixture(scope="module")
-def two_ranks():
-    return _spawned(2)
-
-
-@pytest.fixture(scope="module")
-def three_ranks():
-    return _spawned(3)
-
-
 def _failures(results: list[dict], name: str) -> str:
     bad = {r: res.get(name, ["case did not run"]) for r, res in enumerate(results)}
     return "\n".join(f"rank {r}: " + "\n  ".join(errs) for r, errs in bad.items() if errs)
 
 
-@pytest.mark.parametrize("name", sorted(cases(2)))
-def test_two_gloo_ranks_agree_with_the_single_process_call(two_ranks, name):
-    assert not _failures(two_ranks, name), _failures(two_ranks, name)
-
-
-@pytest.mark.parametrize("name", sorted(cases(3)))
-def test_three_gloo_ranks_agree_with_the_single_process_call(three_ranks, name):
-    assert not _failures(three_ranks, name), _failures(three_ranks, name)
+# One test per world size, not one per case: a spawned group costs 6-23 s, and pytest-xdist would spawn
+# a module fixture's group once in each worker that ran one of its cases (twice under make test's -n 2).
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_ranks_agree_with_the_single_process_call_in_every_case(world):
+    results = _spawned(world)
+    names = sorted(cases(world))
+    assert names and all(set(names) <= set(r) for r in results), (names, [sorted(r) for r in results])
+    failed = {n: _failures(results, n) for n in names}
+    failed = {n: f for n, f in failed.items() if f}
+    assert not failed, "\n".join(f"case {n} ({world} ranks):\n{f}" for n, f in failed.items())
 
 
 # -- one rank: the ordinary call ----------------------------------------------------------------------
