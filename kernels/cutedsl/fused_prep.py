@@ -16,7 +16,10 @@ Triton prep where ``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty (
 runs, as without the switch). The planner never sets it. Scope of this step: GDN, bf16 ``q/k`` and
 prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused. It is
 launched as a :class:`PrepStep` (a replay step, as the walk's), so a recorded prefill replays it; its
-prep buffers may hold more token rows than q (a prefill bucket's workspace).
+prep buffers may hold more token rows than q (a prefill bucket's workspace). The switch is read when a
+call's stages run one by one and when a call signature (or T bucket) is recorded: a recorded launch
+replays the prep it recorded, as it replays its plan's walk (``linattn.dispatcher().clear()`` drops the
+recordings with the call plans that hold them).
 
 Correctness: tests/gpu/test_fused_prep_gpu.py; speed and build resources: docs/performance.md, 'The
 prep in CuTe DSL'.
@@ -32,7 +35,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, caps_refusal
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -103,8 +106,6 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
     if not shared_keys:
         return "the plan asks for the unshared Triton prep (prep_shared_keys False)"
     if caps is not None:
-        from .fused_walk import caps_refusal
-
         why = caps_refusal(caps, "the CuTe DSL fused prep")
         if why:
             return why
@@ -126,7 +127,22 @@ def prep_choice(*, family: str, K: int, dtype: torch.dtype, caps) -> str:
     if not enabled():
         return f"Triton (the CuTe DSL prep is opt-in: {ENV_SWITCH}=1)"
     why = prep_refusal(family=family, K=K, dtype=dtype, caps=caps)
-    return f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})" if why else f"CuTe DSL ({ENV_SWITCH}=1)"
+    if why:
+        return f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})"
+    return f"CuTe DSL ({ENV_SWITCH}=1; where the call's g is fp32 and beta fp32 or bf16)"
+
+
+def _ptr_types(key: PrepKey) -> tuple:
+    """(CuTe type, assumed byte alignment) of the compiled prep's 11 pointer arguments, in its order
+    (``q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs``): the compile's stand-ins
+    (:func:`_dummy_args`) and :class:`PrepStep`'s launches take them from here."""
+    import cutlass
+
+    T = _cutlass_types()
+    bf, f32, I32, I64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
+    beta, cu = T[key.beta_dtype], T[key.cu_dtype]
+    return ((bf, 16), (bf, 16), (f32, 4), (beta, beta.width // 8), (cu, cu.width // 8), (I32, 4), (I64, 8),
+            (bf, 16), (bf, 16), (f32, 4), (f32, 4))
 
 
 def _dummy_args(key: PrepKey):
@@ -136,17 +152,9 @@ def _dummy_args(key: PrepKey):
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
-    T = _cutlass_types()
-
-    def P(dt, align):
-        return make_ptr(dt, 1 << 20, cute.AddressSpace.gmem, assumed_align=align)
-
-    bf, f32 = cutlass.BFloat16, cutlass.Float32
-    cu, be = T[key.cu_dtype], T[key.beta_dtype]
     I64, I32 = cutlass.Int64, cutlass.Int32
-    return [P(bf, 16), P(bf, 16), P(f32, 4), P(be, be.width // 8), P(cu, cu.width // 8), P(I32, 4),
-            P(I64, 8), P(bf, 16), P(bf, 16), P(f32, 4), P(f32, 4),
-            *[I64(8)] * 8, I32(1), I32(1), I32(1), I32(1), f32(1.0), cuda.CUstream(0)]
+    return [*(make_ptr(dt, 1 << 20, cute.AddressSpace.gmem, assumed_align=al) for dt, al in _ptr_types(key)),
+            *[I64(8)] * 8, I32(1), I32(1), I32(1), I32(1), cutlass.Float32(1.0), cuda.CUstream(0)]
 
 
 def compile_prep(key: PrepKey, dump_dir: Optional[str] = None):
@@ -180,8 +188,9 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
             the kernel). beta: ``[T, HV]`` fp32 or bf16.
         cu_seqlens: ``[N+1]`` int32/int64. chunk_seq: ``[NT_max]`` int32, chunk_start: ``[NT_max]``
             int64 (:func:`linattn.kernels.triton.chunk_tables.chunk_tables_triton`).
-        tmb, aqk: ``[T, HV, 64]`` bf16, contiguous: written (rows of each chunk inside its sequence).
-        rk: ``[T, HV]`` fp32; qs: ``[T, HV, 2]`` fp32 (contiguous): written.
+        tmb, aqk: ``[T', HV, 64]`` bf16, contiguous: written (rows of each chunk inside its sequence).
+        rk: ``[T', HV]`` fp32; qs: ``[T', HV, 2]`` fp32 (contiguous): written. ``T' >= T`` (a prefill
+            bucket's workspace; rows past ``T`` are not written).
         scale: the query scale. use_qk_l2norm: the q/k l2 norms in the kernel.
         arch: the target (default: the device's).
     Raises:
@@ -206,8 +215,8 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
             "tmb": (tmb, (T_, HV, PREP_CHUNK), (torch.bfloat16,)), "aqk": (aqk, (T_, HV, PREP_CHUNK), (torch.bfloat16,)),
             "rk": (rk, (T_, HV), (torch.float32,)), "qs": (qs, (T_, HV, 2), (torch.float32,))}
     for name, (x, shape, dts) in want.items():
-        rows_ok = x.shape[0] == T_ if name in ("k", "g", "beta") else x.shape[0] >= T_
-        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]) or x.dim() != len(shape):
+        rows_ok = x.dim() == len(shape) and (x.shape[0] == T_ if name in ("k", "g", "beta") else x.shape[0] >= T_)
+        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]):
             more = "" if name in ("k", "g", "beta") else " (or more rows)"
             raise ValueError(f"cutedsl fused prep: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}{more}")
         if x.dtype not in dts:
@@ -257,13 +266,9 @@ class PrepStep(CuteStep):
     def __init__(self, fn, key: PrepKey, device: torch.device, N: int, HV: int, H: int, items: int, scale: float):
         import cutlass
 
-        _, _, _, I64, I32 = _runtime()
-        T = _cutlass_types()
-        F32, BF16 = cutlass.Float32, cutlass.BFloat16
-        beta, cu = T[key.beta_dtype], T[key.cu_dtype]
-        ptr_types = ((BF16, 16), (BF16, 16), (F32, 4), (beta, beta.width // 8), (cu, cu.width // 8), (I32, 4),
-                     (I64, 8), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4))
-        super().__init__(fn, key, device, ptr_types, (I32(N), I32(HV), I32(HV // H), I32(items), F32(float(scale))))
+        I32 = _runtime()[4]
+        super().__init__(fn, key, device, _ptr_types(key),
+                         (I32(N), I32(HV), I32(HV // H), I32(items), cutlass.Float32(float(scale))))
 
     def __call__(self, args: tuple) -> None:
         q, k, g, beta = _aligned(args[0]), _aligned(args[1]), args[2], args[3]

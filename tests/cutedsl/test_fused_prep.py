@@ -99,36 +99,44 @@ def test_switch_is_a_switch_and_refuses_other_values(monkeypatch):
 def test_a_prep_step_passes_each_calls_addresses_and_strides_whatever_it_reused(monkeypatch):
     """PrepStep keeps the last call's CuTe pointers and stride integers for a call on the same ones; a
     call on others (or back on the first) gets its own, in the compiled prep's argument order (11
-    pointers, 8 strides, N, HV, group, items, scale, the stream); a q whose base is not 16-byte aligned
-    is copied first. The compiled function is a stub (no GPU)."""
+    pointers of the compiled types and alignments, 8 strides, N, HV, group, items, scale, the
+    stream); a q whose base is not 16-byte aligned is copied first. The compiled function is a stub
+    (no GPU); q and k, N and the group differ, so a swap of either fails."""
     pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+    import cutlass
+
     seen = []
 
     def fn(*a):
-        seen.append(([p._pointer for p in a[:11]], [int(x) for x in a[11:19]], [x.value for x in a[19:23]],
-                     a[23].value, len(a)))
+        seen.append(([p._pointer for p in a[:11]], [(p.dtype, p._assumed_align) for p in a[:11]],
+                     [int(x) for x in a[11:19]], [x.value for x in a[19:23]], a[23].value, len(a)))
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: 0, raising=False)
-    key = fp.PrepKey(128, True, "bfloat16", "int32", "sm_90a", fp.MIN_CTAS)
-    step = fp.PrepStep(fn, key, torch.device("cpu", 0), 2, 4, 2, 6, 0.25)
+    key = fp.PrepKey(128, True, "bfloat16", "int64", "sm_90a", fp.MIN_CTAS)
+    step = fp.PrepStep(fn, key, torch.device("cpu", 0), 3, 4, 2, 6, 0.25)  # N 3, HV 4, H 2: group 2
     bf = torch.bfloat16
+    bf16, f32, i32, i64 = cutlass.BFloat16, cutlass.Float32, cutlass.Int32, cutlass.Int64
+    want_types = [(bf16, 16), (bf16, 16), (f32, 4), (bf16, 2), (i64, 8), (i32, 4), (i64, 8), (bf16, 16), (bf16, 16),
+                  (f32, 4), (f32, 4)]
 
     def call_args(wide: bool):
         q = torch.zeros(70, 4 if wide else 2, 128, dtype=bf)[:, :2]
+        k = torch.zeros(70, 3, 128, dtype=bf)[:, 1:]  # its own strides (and a base 256 bytes in)
         g, beta = torch.zeros(70, 4), torch.zeros(70, 8, dtype=bf)[:, ::2]
-        return (q, q, g, beta, torch.zeros(3, dtype=torch.int32), 4096, 8192, 12288, torch.zeros(80, 4, 64, dtype=bf),
+        return (q, k, g, beta, torch.zeros(4, dtype=torch.int64), 4096, 8192, 12288, torch.zeros(80, 4, 64, dtype=bf),
                 torch.zeros(80, 4), 2**20)
     a, b = call_args(False), call_args(True)
     for args in (a, a, b, a):
         step(args)
-    for (addrs, strides, tail, scale, n), args in zip(seen, (a, a, b, a)):
+    for (addrs, types, strides, tail, scale, n), args in zip(seen, (a, a, b, a)):
         assert addrs == [x if isinstance(x, int) else x.data_ptr() for x in args] and n == 11 + 8 + 5 + 1
-        q, g, beta = args[0], args[2], args[3]
-        assert strides == [*q.stride()[:2], *q.stride()[:2], *g.stride()[:2], *beta.stride()[:2]]
-        assert tail == [2, 4, 2, 6] and scale == 0.25
+        assert types == want_types
+        q, k, g, beta = args[:4]
+        assert strides == [*q.stride()[:2], *k.stride()[:2], *g.stride()[:2], *beta.stride()[:2]]
+        assert tail == [3, 4, 2, 6] and scale == 0.25
     misaligned = torch.zeros(70 * 2 * 128 + 1, dtype=bf)[1:].view(70, 2, 128)
     step((misaligned, *a[1:]))
     assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()
-    assert seen[-1][1][:2] == [256, 128]  # the copy's strides
+    assert seen[-1][2][:2] == [256, 128]  # the copy's strides
 
 
 def test_the_wrapper_records_a_prep_step_and_takes_a_buckets_larger_buffers(monkeypatch):
@@ -169,5 +177,5 @@ def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
     assert "prep: Triton (the CuTe DSL prep is opt-in: LINATTN_CUTEDSL_PREP=1); walk:" in note()
     monkeypatch.setenv(fp.ENV_SWITCH, "1")
     if fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == "":  # nvidia-cutlass-dsl imports
-        assert "prep: CuTe DSL (LINATTN_CUTEDSL_PREP=1); walk:" in note()
+        assert "prep: CuTe DSL (LINATTN_CUTEDSL_PREP=1; where the call's g is fp32 and beta fp32 or bf16); walk:" in note()
     assert "asks for the CuTe DSL prep, but the CuTe DSL fused prep is built for K = 128; got K = 64" in note(k=64)

@@ -5,6 +5,7 @@ wrapper's argument checks, which raise before anything is compiled or launched; 
 What it computes is checked on the H200 by tests/gpu/test_fused_walk_gpu.py.
 """
 
+import itertools
 import re
 
 import pytest
@@ -79,27 +80,24 @@ def test_wgmma_pool_walk_compiles_for_sm90a_with_register_a_warpgroup_mmas(tmp_p
 
 
 def _wgmma_order(ptx: str) -> list:
-    """The walk's synchronisation and MMA issue order from the last async-proxy fence on, runs of one
-    kind counted (``x n``); shared-memory stores shown (uncounted) only after the first MMA group's fence."""
-    kinds = (("proxy fence", r"fence\.proxy\.async\.shared::cta"), ("bar", r"\bbar\.sync\b"),
-             ("fence", r"wgmma\.fence"), ("mma n", r"wgmma\.mma_async\S*m64n(\d+)"),
-             ("commit", r"wgmma\.commit_group"), ("wait ", r"wgmma\.wait_group\.sync\.aligned\s+(\d)"),
-             ("st.shared", r"\bst\.shared"))
+    """The walk's synchronisation and MMA issue order from the last async-proxy fence on (one PTX
+    instruction per line), runs of one kind counted (``x n``); shared-memory stores shown, uncounted,
+    only after the first MMA group's fence."""
+    kinds = {"proxy fence": r"fence\.proxy\.async\.shared::cta", "bar": r"\bbar\.sync\b", "fence": r"wgmma\.fence",
+             "mma n": r"wgmma\.mma_async\S*m64n(\d+)", "commit": r"wgmma\.commit_group",
+             "wait ": r"wgmma\.wait_group\.sync\.aligned\s+(\d)", "st.shared": r"\bst\.shared"}
     events = []
-    for m in re.finditer("|".join(rx for _, rx in kinds), ptx):
-        name, rx = next((n, rx) for n, rx in kinds if re.fullmatch(rx, m.group(0)))
-        arg = re.fullmatch(rx, m.group(0)).groups()
-        events.append(name + (arg[0] if arg else ""))
+    for line in ptx.splitlines():
+        for name, rx in kinds.items():
+            m = re.search(rx, line)
+            if m:
+                events.append(name + "".join(m.groups()))
+                break
     events = events[len(events) - 1 - events[::-1].index("proxy fence"):]
     first = events.index("fence")
     events = [e for i, e in enumerate(events) if e != "st.shared" or i > first]
-    out: list = []
-    for e in events:
-        if out and out[-1][0] == e:
-            out[-1][1] += 1
-        else:
-            out.append([e, 1])
-    return [e if n == 1 or e == "st.shared" else f"{e} x{n}" for e, n in out]
+    runs = [(e, len(list(g))) for e, g in itertools.groupby(events)]
+    return [e if n == 1 or e == "st.shared" else f"{e} x{n}" for e, n in runs]
 
 
 def test_wgmma_dense_walk_with_bf16_state_and_one_warpgroup_compiles(tmp_path):

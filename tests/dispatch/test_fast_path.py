@@ -349,3 +349,4 @@ def test_a_class_shares_its_first_plans_prepared_launch_when_it_serves_the_class
     entry.plan.replay = None  # no class-serving launch: each length prepares its own
     derived = fast_path._from_class(entry, dict(y, scale=None))
     assert derived.prepared is None and derived.copies is None
+    fast_path.clear()  # the class plan changed above is not left to later tests of the worker
