@@ -337,9 +337,10 @@ _FLAT_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
 
 
 class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
-    """Re-raise linattn's ValueError / TypeError in the caller's terms: a flattened position
-    ``name[b * T + t, ...]`` becomes ``name[b, t, ...]`` and the pool the recurrent route builds
-    from ``initial_state`` is named so. (A class rather than a generator: entered on every call.)"""
+    """Re-raise linattn's ValueError / TypeError in the caller's terms, named after the compat function
+    (``linattn.compat.fla.<func>: ...``, on every route): a flattened position ``name[b * T + t, ...]``
+    becomes ``name[b, t, ...]`` and the pool the recurrent route builds from ``initial_state`` is named so.
+    (A class rather than a generator: entered on every call.)"""
 
     __slots__ = ("func", "T", "flattened")
 
@@ -356,7 +357,7 @@ class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
         if self.flattened:
             msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // T}, {int(m[2]) % T}{m[3]}]", msg)
         msg = msg.replace("state_pool", "initial_state")
-        if msg == str(err):
+        if msg.startswith("linattn.compat.fla."):
             return False
         raise type(err)(f"linattn.compat.fla.{self.func}: {msg}") from err
 

@@ -394,19 +394,31 @@ def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = to
     Args:
         name: a key of :data:`TINY_MODELS` (``"qwen3-next"``, ``"qwen3.5"``, ``"kimi-linear"``,
             ``"olmo-hybrid"``).
-        device, dtype: where and in which dtype the model lives. seed: torch's seed for the weights.
-        **overrides: config fields to change.
+        device, dtype: where and in which dtype the model lives. seed: the weights' seed (drawn from a
+            forked generator: the caller's torch random state is left as it was).
+        **overrides: config fields to change (each a field of the model's config class; a change of
+            ``num_hidden_layers`` needs a ``layer_types`` of that length too).
     Returns:
         the ``*ForCausalLM`` model in eval mode.
     Raises:
-        KeyError: unknown name. ImportError: the installed transformers lacks that model.
+        KeyError: unknown name (the message lists the known ones). TypeError: an override that is no
+        field of the config class. ImportError: the installed transformers lacks that model.
     """
     import transformers
 
+    if name not in TINY_MODELS:
+        raise KeyError(f"tiny_random_model: unknown model {name!r}; known: {', '.join(TINY_MODELS)}")
     cfg_name, model_name, kwargs = TINY_MODELS[name]
     if not hasattr(transformers, cfg_name):
         raise ImportError(f"transformers {transformers.__version__} has no {cfg_name}")
-    config = getattr(transformers, cfg_name)(**{**kwargs, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(config)
+    cfg_cls = getattr(transformers, cfg_name)
+    fields = set(cfg_cls(**kwargs).to_dict())
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"tiny_random_model: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a field "
+                        f"of {cfg_name} (a misspelt override would be kept silently as an unused attribute)")
+    config = cfg_cls(**{**kwargs, **overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, model_name)(config)
     return model.to(device=device, dtype=dtype).eval()

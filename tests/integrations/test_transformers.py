@@ -190,3 +190,17 @@ def test_enable_checks_the_backend_name_before_routing_anything():
 
 def test_supported_layers():
     assert {"Qwen3NextGatedDeltaNet", "KimiLinearDeltaAttention"} <= set(lt.supported_layers())
+
+
+def test_tiny_random_model_names_its_models_refuses_unknown_overrides_and_keeps_the_callers_rng():
+    with pytest.raises(KeyError, match="known: qwen3-next, qwen3.5, kimi-linear, olmo-hybrid"):
+        lt.tiny_random_model("qwen3")
+    with pytest.raises(TypeError, match="num_hidden_layer is not a field of Qwen3NextConfig"):
+        lt.tiny_random_model("qwen3-next", num_hidden_layer=2)  # misspelt: would be kept as an unused attribute
+    torch.manual_seed(7)
+    want = torch.rand(3)
+    torch.manual_seed(7)
+    a = lt.tiny_random_model("qwen3-next", rms_norm_eps=1e-5)
+    assert torch.equal(torch.rand(3), want)  # the caller's generator as it was
+    b = lt.tiny_random_model("qwen3-next")
+    assert a.config.rms_norm_eps == 1e-5 and all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
