@@ -237,7 +237,7 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
         'triton'
     """
     if switch == "triton":
-        return WalkChoice("triton", 0, f"the Triton walk ({ENV_SWITCH}=0)")
+        return WalkChoice("triton", 0, f"the Triton walk ({ENV_SWITCH} forces it)")
     why = walk_refusal(family=family, K=K, V=V, dtype=dtype, buf_dtype=buf_dtype, checkpoints=checkpoints, caps=caps)
     if why:
         asked = f"{ENV_SWITCH} asks for the CuTe DSL walk, but " if switch else ""
@@ -245,15 +245,17 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
     mma = switch or "wgmma"
     bv = walk_block_v(mma, N, HV, V, caps.sm_count)
     if switch:
-        return WalkChoice(mma, bv, f"the CuTe DSL walk, {mma} build, BV {bv} ({ENV_SWITCH})")
+        build = ("on warpgroup MMAs (wgmma), the planner's build" if mma == "wgmma" else
+                 "on warp mma.sync (sync), a build the planner never picks")
+        return WalkChoice(mma, bv, f"the CuTe DSL walk {build}, BV {bv} ({ENV_SWITCH} forces it)")
     ctas = N * HV * (V // 128)
     if bv == 64:
         why = (f"{ctas} CTAs at BV 128 < {caps.sm_count} SMs: BV 64 doubles them (2.1x the Triton walk at 8 CTAs, "
                "1 x 65,536 (2, 8), H200)")
     else:
         why = f"{ctas} CTAs at BV 128 >= {caps.sm_count} SMs: 1.2-1.5x the Triton walk on the H200"
-    return WalkChoice(mma, bv, f"the CuTe DSL walk on warpgroup MMAs, BV {bv} ({why}; {ENV_SWITCH}=0 keeps the "
-                      "Triton walk)")
+    return WalkChoice(mma, bv, f"the CuTe DSL walk on warpgroup MMAs (wgmma), BV {bv} ({why}; {ENV_SWITCH}=0 keeps "
+                      "the Triton walk)")
 
 
 def _dummy_args(key: WalkKey):

@@ -265,7 +265,8 @@ def _sm90():
 def test_the_switch_forces_a_walk(monkeypatch, dsl, value, walk):
     monkeypatch.setenv(fw.ENV_SWITCH, value)
     choice = _planned(monkeypatch, N=1, HV=8).fused_walk
-    assert choice.walk == walk and fw.ENV_SWITCH in choice.reason
+    assert choice.walk == walk and f"{fw.ENV_SWITCH} forces it" in choice.reason, choice.reason
+    assert ("the planner never picks" in choice.reason) == (walk == "sync")
     assert choice.block_v == {"triton": 0, "sync": 128, "wgmma": 64}[walk]
 
 
@@ -288,7 +289,7 @@ def test_explain_names_the_walk_of_the_fused_prefill(dsl):
 
     d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
     (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
-    assert "walk: the CuTe DSL walk on warpgroup MMAs, BV 128" in note, note
+    assert "walk: the CuTe DSL walk on warpgroup MMAs (wgmma), BV 128" in note, note
 
 
 def test_a_bad_switch_value_is_a_config_error_that_explain_raises(monkeypatch, dsl):
