@@ -37,7 +37,7 @@ def _have(backend: str) -> bool:
 
 #: In the ci profile triton-folded (the same kernels as triton-split on another launch grid; the
 #: contract test proves the two bitwise equal) runs these foci only; the long profile runs all.
-FOLDED_CI_FOCI = ("plain", "dense", "mixed", "empty", "state_tiles")
+FOLDED_CI_FOCI = ("mixed", "empty", "state_tiles")
 
 
 def _params(ops, backends, foci):
@@ -51,8 +51,8 @@ def _params(ops, backends, foci):
                 if not _have(be):
                     m = m + [pytest.mark.skip(reason=f"backend {be} not installed")]
                 elif be == "triton-folded" and focus not in FOLDED_CI_FOCI and profile_name() == "ci":
-                    m = m + [pytest.mark.skip(reason="ci profile: triton-folded runs the plain, dense, mixed, "
-                                                     "empty and state_tiles foci (LINATTN_FUZZ_PROFILE=long: all)")]
+                    m = m + [pytest.mark.skip(reason="ci profile: triton-folded runs the mixed, empty and "
+                                                     "state_tiles foci (LINATTN_FUZZ_PROFILE=long: all)")]
                 out.append(pytest.param(op, be, focus, marks=m, id=f"{op}-{be}-{focus}"))
     return out
 
