@@ -868,9 +868,10 @@ class TorchChunkedBackend(Backend):
                     "and written back (scattered rows of at most 128 KiB) or row by row; any other decode runs "
                     "torch-ref's code")
         per_seq = p.t / max(p.n, 1)
+        steps = -(-int(per_seq) // CHUNK)
         note = (f"chunked form, C={CHUNK}: the intra-chunk matrices and triangular inverses batched over "
-                f"every chunk and value head, the recurrence over about {-(-int(per_seq) // CHUNK)} chunk "
-                "steps per sequence")
+                f"every chunk and value head, the recurrence over about {steps} chunk step{'' if steps == 1 else 's'} "
+                "per sequence")
         if caps.vendor == "cpu" and per_seq < SHORT[p.family]:
             note += f"; below {SHORT[p.family]} tokens per sequence torch-ref's token-serial prefill is first"
         if p.checkpoints:

@@ -466,8 +466,8 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
                        f"{str(dtype).removeprefix('torch.')} on {where} (fused=True forces it)")
     programs = N * HV * triton.cdiv(V, cfg.block_v)
     if programs < FUSED_MIN_PROGRAMS_PER_SM * caps.sm_count:
-        return False, (f"the fused grid's {programs} programs (N x HV x V/{cfg.block_v}) would leave SMs of "
-                       f"{caps.sm_count} idle for the whole sequence: the pipeline is kept (its segment-parallel "
+        return False, (f"the fused grid's {programs} programs (N x HV x V/{cfg.block_v}) would leave some of the "
+                       f"{caps.sm_count} SMs idle for the whole sequence: the pipeline is kept (its segment-parallel "
                        "state pass runs only where the segment plan cuts segments)")
     return True, (f"fused: {programs} programs (N x HV x V/{cfg.block_v}) fill {caps.sm_count} SMs; the state stays "
                   "on chip (no per-chunk states, w, u or new values in memory)")
