@@ -356,6 +356,7 @@ class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
         msg, T = str(err), max(self.T, 1)
         if self.flattened:
             msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // T}, {int(m[2]) % T}{m[3]}]", msg)
+            msg = msg.replace("(q.shape[0])", "(B * T of q [B, T, H, K])")  # the op's packed q is the caller's [B, T]
         msg = msg.replace("state_pool", "initial_state")
         if msg.startswith("linattn.compat.fla."):
             return False

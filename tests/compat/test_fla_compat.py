@@ -231,6 +231,14 @@ def test_fla_shape_errors():
     with pytest.raises(ValueError, match="GVA"):
         fla.chunk_gated_delta_rule(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 3, 8),
                                    -torch.rand(1, 4, 3), torch.rand(1, 4, 3))
+    # cu_seqlens short of the tokens: said in the caller's [B, T] terms, with the function's prefix on every route
+    one = [x[:1] for x in (q, k, v, g, beta)]
+    for fn in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule):
+        with pytest.raises(ValueError, match=rf"^linattn\.compat\.fla\.{fn.__name__}: cu_seqlens\[-1\] = 3 .*"
+                                             r"\(B \* T of q \[B, T, H, K\]\)"):
+            fn(*one[:4], beta=one[4], cu_seqlens=torch.tensor([0, 1, 3]))
+    with pytest.raises(ValueError, match=r"^linattn\.compat\.fla\.fused_recurrent_gated_delta_rule: g\[0, 0, 0\]"):
+        fla.fused_recurrent_gated_delta_rule(q, k, v, -g, beta=beta)  # g > 0 on the equal-length (decode) route
 
 
 # -- refusals ------------------------------------------------------------------------------------------------
