@@ -87,8 +87,7 @@ demo: $(STAMP)
 XDIST := -n 2 --maxschedchunk 1
 # PYTHONSAFEPATH=1 on the pytest runs: `python -m` puts the working directory (this repository's root) first on
 # sys.path, where the source folders kernels/, backends/, dispatch/ ... (linattn's subpackages, mapped by the
-# editable install) shadow PyPI packages of the same name. transformers 5.25 imports the `kernels` package (its
-# dependency since that release) and got this repository's kernels/ instead (ImportError, 2026-12-03).
+# editable install) shadow PyPI packages of the same name, e.g. the `kernels` package transformers imports.
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

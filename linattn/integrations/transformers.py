@@ -412,8 +412,7 @@ def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = to
     if not hasattr(transformers, cfg_name):
         raise ImportError(f"transformers {transformers.__version__} has no {cfg_name}")
     cfg_cls = getattr(transformers, cfg_name)
-    fields = set(cfg_cls(**kwargs).to_dict())
-    unknown = sorted(set(overrides) - fields)
+    unknown = sorted(set(overrides) - set(cfg_cls(**kwargs).to_dict())) if overrides else []
     if unknown:
         raise TypeError(f"tiny_random_model: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a field "
                         f"of {cfg_name} (a misspelt override would be kept silently as an unused attribute)")
