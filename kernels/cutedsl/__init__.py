@@ -69,10 +69,21 @@ def importable() -> Optional[str]:
     return None
 
 
-def sm90_refusal(device: Optional[torch.device], what: str) -> str:
+def sm90_refusal(device: Optional[torch.device], what: str, caps=None) -> str:
     """Why ``what`` (an sm_90a-only CuTe DSL kernel, e.g. "the CuTe DSL fused walk") cannot run on
     ``device`` ('' where it can: an NVIDIA CUDA GPU of compute capability 9.x with ``cutlass.cute``
-    importing; ``device`` None: only the import is asked)."""
+    importing; ``device`` None: only the import is asked). ``caps``: the device as a
+    :class:`linattn.capabilities.DeviceCapabilities` profile, asked first (the planner's and
+    ``linattn.explain``'s view, which has no device: NVIDIA CUDA of compute capability 9.x with
+    nvidia-cutlass-dsl in its toolchain); None: not asked."""
+    if caps is not None:
+        cc = caps.compute_capability
+        if caps.device_type != "cuda" or caps.vendor != "nvidia" or cc is None:
+            return f"{what} runs on NVIDIA CUDA GPUs; this is {caps.vendor} {caps.arch}"
+        if cc[0] != 9:
+            return f"{what} is built for sm_90a (H100 / H200); this GPU is {caps.arch}"
+        if caps.toolchain.cutlass_dsl is None:
+            return "nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')"
     if device is not None:
         if device.type != "cuda":
             return f"{what} runs on CUDA GPUs; got device {device}"

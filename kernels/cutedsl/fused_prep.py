@@ -35,7 +35,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, caps_refusal
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -105,13 +105,9 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
         return f"the CuTe DSL fused prep forms chunks of {PREP_CHUNK} rows; got {chunk}"
     if not shared_keys:
         return "the plan asks for the unshared Triton prep (prep_shared_keys False)"
-    if caps is not None:
-        why = caps_refusal(caps, "the CuTe DSL fused prep")
-        if why:
-            return why
     from . import sm90_refusal
 
-    return sm90_refusal(device, "the CuTe DSL fused prep")
+    return sm90_refusal(device, "the CuTe DSL fused prep", caps)
 
 
 def prep_choice(*, family: str, K: int, dtype: torch.dtype, caps) -> str:

@@ -153,26 +153,9 @@ def walk_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, buf_dtype: 
         return f"the CuTe DSL fused walk walks chunks of {WALK_CHUNK} rows; got {chunk}"
     if checkpoints:
         return "the CuTe DSL fused walk does not store state checkpoints (the Triton walk does)"
-    if caps is not None:
-        why = caps_refusal(caps)
-        if why:
-            return why
     from . import sm90_refusal
 
-    return sm90_refusal(device, "the CuTe DSL fused walk")
-
-
-def caps_refusal(caps, what: str = "the CuTe DSL fused walk") -> str:
-    """:func:`walk_refusal`'s (and the prep's) verdict on a capabilities profile ('' where it is an SM90
-    NVIDIA GPU with nvidia-cutlass-dsl in its toolchain); ``what`` names the kernel."""
-    cc = caps.compute_capability
-    if caps.device_type != "cuda" or caps.vendor != "nvidia" or cc is None:
-        return f"{what} runs on NVIDIA CUDA GPUs; this is {caps.vendor} {caps.arch}"
-    if cc[0] != 9:
-        return f"{what} is built for sm_90a (H100 / H200); this GPU is {caps.arch}"
-    if caps.toolchain.cutlass_dsl is None:
-        return "nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')"
-    return ""
+    return sm90_refusal(device, "the CuTe DSL fused walk", caps)
 
 
 def block_v(V: int) -> int:
