@@ -30,6 +30,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
+from ._state_kernel import load_state_block  # the entering state's load, shared
+
 C = 64  # chunk rows
 
 
@@ -328,15 +330,11 @@ class FusedWalkKernel:
                 carry = Int32(mhinit[i_n])
             if live:
                 if carry != 0:
-                    h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                          cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        acc_S[i] = Float32(h0[tScS[i]])
+                    load_state_block(acc_S, tScS, h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                                     BV, K, s0_v, s0_k)
         elif const_expr(self.has_h0):
-            h0 = cute.make_tensor(h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                  cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = Float32(h0[tScS[i]])
+            load_state_block(acc_S, tScS, h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                             BV, K, s0_v, s0_k)
         return live, slot, keep
 
     @cute.jit

@@ -40,6 +40,17 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
+
+def load_state_block(acc_S, tScS, base, BV, K, s_v, s_k) -> None:
+    """The fp32 registers ``acc_S`` from the ``[BV, K]`` state block at ``base`` (value-row stride ``s_v``,
+    key stride ``s_k``), register ``i`` from the thread's coordinate ``tScS[i]``. A plain function,
+    traced inline where a kernel calls it (this state kernel's and the fused walk's entering state): not
+    preprocessed by CuTe DSL, so its Python loop is unrolled at trace time, as ``range_constexpr`` is in a kernel."""
+    block = cute.make_tensor(base, cute.make_layout((BV, K), stride=(s_v, s_k)))
+    for i in range(cute.size(acc_S)):
+        acc_S[i] = Float32(block[tScS[i]])
+
+
 C = 64  # chunk rows
 
 
@@ -220,21 +231,15 @@ class StateKernel:
                 carry = Int32(mhinit[i_n])
                 if live:
                     if carry != 0:
-                        h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                              cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-                        for i in cutlass.range_constexpr(cute.size(acc_S)):
-                            acc_S[i] = Float32(h0[tScS[i]])
+                        load_state_block(acc_S, tScS, h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                                         BV, K, s0_v, s0_k)
             else:  # the code measured on the H200, unchanged
                 if live:
-                    h0 = cute.make_tensor(h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                          cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        acc_S[i] = Float32(h0[tScS[i]])
+                    load_state_block(acc_S, tScS, h0_ptr + (slot * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                                     BV, K, s0_v, s0_k)
         elif const_expr(self.has_h0):
-            h0 = cute.make_tensor(h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
-                                  cute.make_layout((BV, K), stride=(s0_v, s0_k)))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = Float32(h0[tScS[i]])
+            load_state_block(acc_S, tScS, h0_ptr + (Int64(i_n) * s0_p + hv64 * s0_h + Int64(v0) * Int64(s0_v)),
+                             BV, K, s0_v, s0_k)
 
         # ---------------- chunk loads (cp.async, rows past the sequence zero-filled) ----------
         k_head = Int64(i_h) * skh
