@@ -21,9 +21,11 @@ import torch
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (run on the H200 through the device tool)", allow_module_level=True)
-pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
-if torch.cuda.get_device_capability()[0] != 9:
-    pytest.skip("the CuTe DSL fused prep is built for sm_90a (H100 / H200)", allow_module_level=True)
+from linattn.kernels.cutedsl import sm90_refusal  # noqa: E402
+
+_WHY = sm90_refusal(torch.device("cuda"), "the CuTe DSL fused prep")  # not SM90, or nvidia-cutlass-dsl does not import
+if _WHY:
+    pytest.skip(_WHY, allow_module_level=True)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "prefill"))
 
