@@ -254,9 +254,10 @@ class TritonBackend(Backend):
                 walk = plan_walk(family, p.k, p.v, dtype, caps, p.n, p.hv, ckpt).reason
             except ValueError as e:  # a malformed LINATTN_CUTEDSL_WALK (ConfigError): planning the call raises it
                 walk = f"planning raises {type(e).__name__}: {e}"
-            from linattn.kernels.cutedsl.fused_prep import prep_choice
+            from linattn.kernels.cutedsl.fused_prep import choose_prep
 
-            return f"prefill: {fwhy}; prep: {prep_choice(family=family, K=p.k, dtype=dtype, caps=caps)}; walk: {walk}"
+            prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps)[1]
+            return f"prefill: {fwhy}; prep: {prep}; walk: {walk}"
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,

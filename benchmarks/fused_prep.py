@@ -21,6 +21,7 @@ Usage:  python benchmarks/fused_prep.py [--shapes 16x4096@16/32,4x8192@16/64,8x1
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -49,9 +50,10 @@ def measure(N, L, H, HV) -> dict:
     bufs, outs = {}, {}
     for name, value in (("triton", ""), ("cutedsl", "1")):
         pool = pool0.clone()
-        call = Call(d, pool, idx)
-        setenv(PREP_SWITCH, value)
+        setenv(PREP_SWITCH, value)  # both switches read when the call is planned
         setenv(WALK_SWITCH, "wgmma")
+        call = Call(d, pool, idx)
+        assert call.plan.fused_prep == bool(value), call.plan.fused_prep
         call()
         torch.cuda.synchronize()
         b = call.bufs
@@ -67,16 +69,17 @@ def measure(N, L, H, HV) -> dict:
     row["rows_not_owned_unchanged"] = all(x[2] for x in outs.values())
     print({k: v for k, v in row.items() if "rel" in k or "abs" in k}, flush=True)
 
+    setenv(WALK_SWITCH, "wgmma")
     call = Call(d, pool0.clone(), idx)
+    planned = call.plan
 
     def bench():
         return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
     real, shipped = fw.run_for_plan, fp.MIN_CTAS
     try:
-        setenv(WALK_SWITCH, "wgmma")
         for name, value in (("triton", ""), ("cutedsl", "1")):
-            setenv(PREP_SWITCH, value)
+            call.plan = dataclasses.replace(planned, fused_prep=bool(value))  # the planner's choice under the switch
             row[f"{name}_prep_wgmma_walk_ms"] = bench()
             fw.run_for_plan = lambda *a: True  # the prep alone
             row[f"{name}_prep_ms"] = bench()

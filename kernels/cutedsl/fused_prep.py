@@ -11,15 +11,14 @@ norms and ``K K^T``, ``Q K^T`` (warp ``mma.sync``) once for the key head's value
 per value head the gates, ``Aqk``, ``A`` and the solve ``(I + A)^-1`` by forward substitution in
 fp32 registers (no Neumann product, no scratch in HBM).
 
-Opt-in only: :func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` runs it in place of the
-Triton prep where ``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty (else the Triton prep
-runs, as without the switch). The planner never sets it. Scope of this step: GDN, bf16 ``q/k`` and
+Opt-in only: the planner chooses it (``PrefillPlan.fused_prep``, :func:`choose_prep`) where
+``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty, and
+:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` runs it in place of the Triton prep
+(else the Triton prep runs, as without the switch); without the switch the planner never chooses it. Scope of this step: GDN, bf16 ``q/k`` and
 prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused. It is
 launched as a :class:`PrepStep` (a replay step, as the walk's), so a recorded prefill replays it; its
 prep buffers may hold more token rows than q (a prefill bucket's workspace). The switch is read when a
-call's stages run one by one and when a call signature (or T bucket) is recorded: a recorded launch
-replays the prep it recorded, as it replays its plan's walk (``linattn.dispatcher().clear()`` drops the
-recordings with the call plans that hold them).
+call is planned, as the walk's (``linattn.dispatcher().clear()`` drops the plans).
 
 Correctness: tests/gpu/test_fused_prep_gpu.py; speed and build resources: docs/performance.md, 'The
 prep in CuTe DSL'.
@@ -110,22 +109,25 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
     return sm90_refusal(device, "the CuTe DSL fused prep", caps)
 
 
-def prep_choice(*, family: str, K: int, dtype: torch.dtype, caps) -> str:
-    """Which prep a fused prefill of these facts runs and why, as ``linattn.explain`` says it: the CuTe
-    DSL prep where :data:`ENV_SWITCH` asks for it and :func:`prep_refusal` accepts the call on ``caps``,
-    else the Triton prep (the switch unset: the planner's choice; KDA's prep is Triton's).
+def choose_prep(*, family: str, K: int, dtype: torch.dtype, caps, buf_dtype: Optional[torch.dtype] = None,
+                shared_keys: bool = True) -> tuple[bool, str]:
+    """Whether a fused prefill of these facts runs the CuTe DSL prep, and why, as the planner decides it
+    (``PrefillPlan.fused_prep``) and ``linattn.explain`` says it: where :data:`ENV_SWITCH` asks for it and
+    :func:`prep_refusal` accepts the call on ``caps``; else the Triton prep (the switch unset: the
+    planner's choice; KDA's prep is Triton's). A launch still checks the call's device and its g / beta
+    dtypes (:func:`run_for_plan`).
 
     Raises:
         linattn.dispatch.env.ConfigError: a malformed :data:`ENV_SWITCH` (:func:`enabled`).
     """
     if family != "gdn":
-        return "Triton (KDA's prep is Triton's)"
+        return False, "Triton (KDA's prep is Triton's)"
     if not enabled():
-        return f"Triton (the CuTe DSL prep is opt-in: {ENV_SWITCH}=1)"
-    why = prep_refusal(family=family, K=K, dtype=dtype, caps=caps)
+        return False, f"Triton (the CuTe DSL prep is opt-in: {ENV_SWITCH}=1)"
+    why = prep_refusal(family=family, K=K, dtype=dtype, buf_dtype=buf_dtype, shared_keys=shared_keys, caps=caps)
     if why:
-        return f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})"
-    return f"CuTe DSL ({ENV_SWITCH}=1; where the call's g is fp32 and beta fp32 or bf16)"
+        return False, f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})"
+    return True, f"CuTe DSL ({ENV_SWITCH}=1; where the call's g is fp32 and beta fp32 or bf16)"
 
 
 def _ptr_types(key: PrepKey) -> tuple:
@@ -274,7 +276,8 @@ class PrepStep(CuteStep):
 
 def run_for_plan(plan, x, t, b, scale: float) -> bool:
     """Run this prep for a planned fused GDN call in place of the Triton prep
-    (:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` calls it where :func:`enabled`).
+    (:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` calls it where the plan chose it:
+    ``plan.fused_prep``, :func:`choose_prep`).
 
     Args:
         plan: the call's ``PrefillPlan`` (fused GDN); x, t, b: its ``PrefillInputs``, ``ChunkTables``

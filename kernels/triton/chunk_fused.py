@@ -488,7 +488,7 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
         prep, fused = chunk_gdn_fused_prep_kernel, chunk_gdn_fused_kernel
         family = dict(BK=min(plan.K, cfg.prep_block_k), DT=plan.DT, SHARED_KEYS=cfg.prep_shared_keys)
         walk = {}
-    if plan.kda or not _cutedsl_prep(plan, x, t, b, scale):
+    if not (plan.fused_prep and _cutedsl_prep(plan, x, t, b, scale)):
         launch_fused_prep(_launch_plain, prep, q=x.q, k=x.k, g=x.g, beta=x.beta, cu_seqlens=x.cu_seqlens,
                           chunk_seq=t.chunk_seq, chunk_start=t.chunk_start, tmb=b.fused_tmb, aqk=b.fused_aqk,
                           rk=b.rk, qs=b.fused_qs, scratch=b.intra_scratch, N=plan.N, group=plan.group, HV=plan.HV,
@@ -508,11 +508,11 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
 
 
 def _cutedsl_prep(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, scale: float) -> bool:
-    """Opt-in: the CuTe DSL prep (kernels/cutedsl/fused_prep.py) where ``LINATTN_CUTEDSL_PREP=1`` and it
-    accepts the call; False: the Triton prep runs."""
+    """The CuTe DSL prep the plan chose (kernels/cutedsl/fused_prep.py, opt-in ``LINATTN_CUTEDSL_PREP=1``)
+    where the call's device and tensors allow it; False: the Triton prep runs."""
     from linattn.kernels.cutedsl import fused_prep
 
-    return fused_prep.enabled() and fused_prep.run_for_plan(plan, x, t, b, scale)
+    return fused_prep.run_for_plan(plan, x, t, b, scale)
 
 
 def _launch_plain(kernel, grid, args, constexprs, *, num_warps, num_stages):

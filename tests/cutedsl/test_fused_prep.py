@@ -179,3 +179,26 @@ def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
     if fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == "":  # nvidia-cutlass-dsl imports
         assert "prep: CuTe DSL (LINATTN_CUTEDSL_PREP=1; where the call's g is fp32 and beta fp32 or bf16); walk:" in note()
     assert "asks for the CuTe DSL prep, but the CuTe DSL fused prep is built for K = 128; got K = 64" in note(k=64)
+
+
+def test_the_planner_chooses_the_prep_where_the_switch_asks_and_the_profile_allows(monkeypatch):
+    """PrefillPlan.fused_prep (choose_prep), read when the call is planned, as the walk's switch: on with
+    the switch on an SM90 profile (nvidia-cutlass-dsl importing), off without the switch, off on another
+    profile; the launch follows the plan (chunk_fused.launch_fused_stages)."""
+    from linattn.capabilities import profile
+    from linattn.kernels.triton.prefill import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "interpreter_enabled", lambda: False)  # bf16 prep buffers, as compiled
+
+    def planned(caps="sm90"):
+        T = 16 * 64
+        q, v = torch.empty(T, 16, 128, dtype=torch.bfloat16), torch.empty(T, 32, 128, dtype=torch.bfloat16)
+        return plan_mod.plan_prefill("gdn", q=q, v=v, cu_seqlens=torch.arange(0, T + 1, 64, dtype=torch.int32),
+                                     caps=profile(caps), fused=True)
+    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    assert planned().fused_prep is False
+    monkeypatch.setenv(fp.ENV_SWITCH, "1")
+    dsl = fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == ""
+    assert planned().fused_prep is dsl
+    assert planned("sm100").fused_prep is False
+    assert "built for sm_90a" in fp.choose_prep(family="gdn", K=128, dtype=torch.bfloat16, caps=profile("sm100"))[1]

@@ -172,6 +172,9 @@ class PrefillPlan:
     #: the fused GDN prefill's walk: the Triton kernel or a CuTe DSL build, its value block and why
     #: (:func:`linattn.kernels.cutedsl.fused_walk.choose_walk`; None where the fused prefill does not run)
     fused_walk: Optional["WalkChoice"] = None
+    #: the fused GDN prefill's prep: the CuTe DSL one (True; :func:`linattn.kernels.cutedsl.fused_prep.choose_prep`,
+    #: opt-in ``LINATTN_CUTEDSL_PREP=1``) or the Triton kernel
+    fused_prep: bool = False
     #: the recorded launches of this plan's calls, per signature of their tensors (:func:`run_prefill`:
     #: a :class:`PrefillLaunch`, None where it cannot be replayed, or a mark of a first call); not part
     #: of the plan's value
@@ -485,6 +488,15 @@ def plan_walk(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapab
                                   checkpoints=checkpoints, buf_dtype=buf_dtype, switch=fused_walk.switch_value())
 
 
+def _plan_prep(plan: PrefillPlan, caps: DeviceCapabilities, cfg: FusedConfig) -> bool:
+    """Whether the fused prefill runs the CuTe DSL prep (:func:`linattn.kernels.cutedsl.fused_prep.choose_prep`,
+    the ``LINATTN_CUTEDSL_PREP`` switch read now)."""
+    from linattn.kernels.cutedsl import fused_prep
+
+    return fused_prep.choose_prep(family=plan.family, K=plan.K, dtype=plan.dtype, caps=caps, buf_dtype=plan.buf_dtype,
+                                  shared_keys=cfg.prep_shared_keys)[0]
+
+
 def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced: Optional[bool],
                 cfg: Optional[FusedConfig], segment_chunks: Optional[int]) -> PrefillPlan:
     """``plan`` (the pipeline's) turned into the fused prefill's where :func:`plan_fused` says so:
@@ -515,6 +527,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
                                fused_walk=plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV,
                                                     plan.checkpoints, plan.buf_dtype),
+                               fused_prep=_plan_prep(plan, caps, cfg),
                                segment_grids=None, segment_reason="the fused prefill runs (no state stage)",
                                fused_grid=plan_grid(plan.N, HV, plan.V // cfg.block_v, caps, layout),
                                grids=plan.grids._replace(intra=(progs,)))
