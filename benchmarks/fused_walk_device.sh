@@ -8,8 +8,13 @@
 #   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + each CuTe walk, mma.sync and
 #      wgmma; 16 x 4,096 and 8 x 1,024 at (16, 32))                            -> $OUT/fused_walk_<device>.json
 #   c. ncu of one CuTe walk (WALK=1: mma.sync, WALK=wgmma) at 16 x 4,096 (16, 32) -> $OUT/fused_walk_ncu.txt
-# STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c). Pass LINATTN_COMMIT=<commit>
-# to record the commit; T_TESTS / T_BENCH / T_NCU cap each step (seconds; the device allows 600 per call).
+#   g. pytest tests/gpu (the whole GPU suite)                                     -> $OUT/gpu_tests.xml
+#   p. python benchmarks/prefill_fused.py --quick --keep (the planner's fused GDN prefill: pipeline, FLA, fused,
+#      the same with the Triton walk and with the Triton prep; the committed KDA rows kept)
+#                                                                                  -> $OUT/prefill_fused_<device>.json
+# STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c; e.g. STEPS=gp). Pass LINATTN_COMMIT=<commit>
+# to record the commit; T_TESTS / T_BENCH / T_NCU / T_GPU / T_FUSED cap each step (seconds; the device allows 600
+# per call).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -37,4 +42,14 @@ if [[ $STEPS == *c* ]]; then
     python3 benchmarks/fused_walk.py --once --walk "${WALK:-1}" --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
   echo "step c rc=$?"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Stall|Tensor" \
     "$OUT/fused_walk_ncu.txt" | head -30
+fi
+if [[ $STEPS == *g* ]]; then
+  timeout -k 5 "${T_GPU:-400}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs tests/gpu \
+    --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -40
+  echo "step g rc=${PIPESTATUS[0]}"
+fi
+if [[ $STEPS == *p* ]]; then
+  cp benchmarks/results/prefill_fused_*.json "$OUT/" 2>/dev/null
+  timeout -k 5 "${T_FUSED:-200}" python3 benchmarks/prefill_fused.py --quick --keep 2>&1 | grep -v Warning | tail -30
+  echo "step p rc=${PIPESTATUS[0]}"
 fi

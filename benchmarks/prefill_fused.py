@@ -10,7 +10,9 @@ written; rows not owned bitwise unchanged) and against FLA 0.6 ``chunk_gated_del
 launch configuration of ``VARIANTS`` (the first is the pinned :func:`fused_config`), plus the
 profiler's split of the pinned fused call into its kernels. The fused prefill runs the walk its plan
 chose (``fused_walk``: on SM90 the CuTe DSL ``wgmma`` walk for GDN, ``LINATTN_CUTEDSL_WALK``); where
-that is not the Triton walk, ``fused_triton_walk_ms`` times the same call with the switch at ``0``.
+that is not the Triton walk, ``fused_triton_walk_ms`` times the same call with the switch at ``0``; where
+the plan runs the CuTe DSL prep (``fused_prep``, ``LINATTN_CUTEDSL_PREP``), ``fused_triton_prep_ms`` times it with the
+Triton prep.
 
 Gates (``--gates``, default ``mild,realistic``): the row is measured on the first kind (``mild``:
 ``logsigmoid(N(3, 1))``); each further kind (``realistic``: the family's model initialisation from
@@ -53,6 +55,8 @@ from _results import results_path, write_results  # noqa: E402
 from prefill import bench_ms, rel, stage_times  # noqa: E402
 
 from linattn.kernels.triton.prefill import SolveConfig  # noqa: E402
+from linattn.kernels.cutedsl.fused_prep import ENV_SWITCH as PREP_SWITCH  # noqa: E402
+from linattn.kernels.cutedsl.fused_walk import ENV_SWITCH as WALK_SWITCH  # noqa: E402
 
 #: (N, L, H, HV): issue 27's shapes (GDN)
 SHAPES = [(16, 4096, 16, 32), (64, 1024, 16, 32), (8, 1024, 16, 32), (4, 8192, 16, 64), (1, 65536, 2, 8),
@@ -102,19 +106,18 @@ def linattn(family, d, pool, idx, fused, cfg=None):
 
 
 @contextlib.contextmanager
-def walk_switch(value):
-    """``LINATTN_CUTEDSL_WALK`` set to ``value`` in the block (read when a call is planned)."""
-    from linattn.kernels.cutedsl.fused_walk import ENV_SWITCH
-
-    old = os.environ.get(ENV_SWITCH)
-    os.environ[ENV_SWITCH] = value
+def env_switch(name, value):
+    """The environment switch ``name`` (``LINATTN_CUTEDSL_WALK``, ``LINATTN_CUTEDSL_PREP``: read when a call
+    is planned) set to ``value`` in the block."""
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            os.environ.pop(ENV_SWITCH, None)
+            os.environ.pop(name, None)
         else:
-            os.environ[ENV_SWITCH] = old
+            os.environ[name] = old
 
 
 def fla_fn(family, d, pool, idx):
@@ -194,8 +197,10 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     auto, _ = linattn(family, d, pool, idx, None)
     row["planner_fused"] = auto.fused is not None
     row["planner_reason"] = auto.fused_reason
-    walk = linattn(family, d, pool, idx, True)[0].fused_walk  # the walk of the fused prefill (LINATTN_CUTEDSL_WALK)
+    fused_plan = linattn(family, d, pool, idx, True)[0]
+    walk = fused_plan.fused_walk  # the walk of the fused prefill (LINATTN_CUTEDSL_WALK)
     row["fused_walk"] = None if walk is None else walk._asdict()
+    row["fused_prep"] = "cutedsl" if fused_plan.fused_prep else "triton"  # its prep (LINATTN_CUTEDSL_PREP)
     try:
         row["fla_ms"] = bench_ms(fla_fn(family, d, pool, idx))
     except Exception as e:  # noqa: BLE001
@@ -227,9 +232,13 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
     if walk is not None and walk.walk != "triton":  # the same fused prefill with the Triton walk (switch "0")
-        with walk_switch("0"):
+        with env_switch(WALK_SWITCH, "0"):
             row["fused_triton_walk_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
         row["fused_walk_speedup"] = row["fused_triton_walk_ms"] / row["fused_ms"]
+    if fused_plan.fused_prep:  # the same fused prefill with the Triton prep (switch "0")
+        with env_switch(PREP_SWITCH, "0"):
+            row["fused_triton_prep_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
+        row["fused_prep_speedup"] = row["fused_triton_prep_ms"] / row["fused_ms"]
     if with_variants and family == "gdn":
         row["prep_variants"] = prep_variants(family, d, pool, idx)
     del d, pool
