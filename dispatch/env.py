@@ -83,7 +83,7 @@ def check_kernel_switches() -> None:
         ConfigError: either is malformed (:func:`cutedsl_walk`, :func:`env_switch`).
     """
     cutedsl_walk()
-    env_switch("LINATTN_CUTEDSL_PREP", default=False)
+    env_switch("LINATTN_CUTEDSL_PREP", default=True)
 
 
 def env_names(var: str) -> Optional[set[str]]:

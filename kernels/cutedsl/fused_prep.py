@@ -11,10 +11,11 @@ norms and ``K K^T``, ``Q K^T`` (warp ``mma.sync``) once for the key head's value
 per value head the gates, ``Aqk``, ``A`` and the solve ``(I + A)^-1`` by forward substitution in
 fp32 registers (no Neumann product, no scratch in HBM).
 
-Opt-in only: the planner chooses it (``PrefillPlan.fused_prep``, :func:`choose_prep`) where
-``LINATTN_CUTEDSL_PREP=1`` and :func:`prep_refusal` is empty, and
+The planner's default on SM90: it chooses it (``PrefillPlan.fused_prep``, :func:`choose_prep`) where
+:func:`prep_refusal` is empty and ``LINATTN_CUTEDSL_PREP`` is not ``0`` (the switch: ``0`` keeps the
+Triton prep, ``1`` asks for this one, as unset does), and
 :func:`linattn.kernels.triton.chunk_fused.launch_fused_stages` runs it in place of the Triton prep
-(else the Triton prep runs, as without the switch); without the switch the planner never chooses it. Scope of this step: GDN, bf16 ``q/k`` and
+(else the Triton prep runs). Scope of this step: GDN, bf16 ``q/k`` and
 prep buffers, fp32 ``g``, fp32 or bf16 ``beta``, ``K = 128``, chunk 64; anything else is refused. It is
 launched as a :class:`PrepStep` (a replay step, as the walk's), so a recorded prefill replays it; its
 prep buffers may hold more token rows than q (a prefill bucket's workspace). The switch is read when a
@@ -59,15 +60,15 @@ class PrepKey(NamedTuple):
 
 
 def enabled() -> bool:
-    """Whether the environment asks for this prep (:data:`ENV_SWITCH`, a switch: ``1`` / ``0``, ``true`` /
-    ``false``, ``yes`` / ``no``, ``on`` / ``off``; unset: off).
+    """Whether the environment allows this prep (:data:`ENV_SWITCH`, a switch: ``1`` / ``0``, ``true`` /
+    ``false``, ``yes`` / ``no``, ``on`` / ``off``; unset: on, the planner's default).
 
     Raises:
         linattn.dispatch.env.ConfigError: any other value (``dispatch/env.py``'s rule).
     """
     from linattn.dispatch.env import env_switch
 
-    return env_switch(ENV_SWITCH, default=False)
+    return env_switch(ENV_SWITCH, default=True)
 
 
 def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional[torch.dtype] = None,
@@ -112,10 +113,9 @@ def prep_refusal(*, family: str, K: int, dtype: torch.dtype, buf_dtype: Optional
 def choose_prep(*, family: str, K: int, dtype: torch.dtype, caps, buf_dtype: Optional[torch.dtype] = None,
                 shared_keys: bool = True) -> tuple[bool, str]:
     """Whether a fused prefill of these facts runs the CuTe DSL prep, and why, as the planner decides it
-    (``PrefillPlan.fused_prep``) and ``linattn.explain`` says it: where :data:`ENV_SWITCH` asks for it and
-    :func:`prep_refusal` accepts the call on ``caps``; else the Triton prep (the switch unset: the
-    planner's choice; KDA's prep is Triton's). A launch still checks the call's device and its g / beta
-    dtypes (:func:`run_for_plan`).
+    (``PrefillPlan.fused_prep``) and ``linattn.explain`` says it: where :func:`prep_refusal` accepts the
+    call on ``caps`` and :data:`ENV_SWITCH` is not ``0``; else the Triton prep (KDA's prep is
+    Triton's). A launch still checks the call's device and its g / beta dtypes (:func:`run_for_plan`).
 
     Raises:
         linattn.dispatch.env.ConfigError: a malformed :data:`ENV_SWITCH` (:func:`enabled`).
@@ -123,11 +123,11 @@ def choose_prep(*, family: str, K: int, dtype: torch.dtype, caps, buf_dtype: Opt
     if family != "gdn":
         return False, "Triton (KDA's prep is Triton's)"
     if not enabled():
-        return False, f"Triton (the CuTe DSL prep is opt-in: {ENV_SWITCH}=1)"
+        return False, f"Triton ({ENV_SWITCH}=0 keeps it)"
     why = prep_refusal(family=family, K=K, dtype=dtype, buf_dtype=buf_dtype, shared_keys=shared_keys, caps=caps)
     if why:
-        return False, f"Triton ({ENV_SWITCH}=1 asks for the CuTe DSL prep, but {why})"
-    return True, f"CuTe DSL ({ENV_SWITCH}=1; where the call's g is fp32 and beta fp32 or bf16)"
+        return False, f"Triton (the CuTe DSL prep cannot run it: {why})"
+    return True, "CuTe DSL (where the call's g is fp32 and beta fp32 or bf16; faster than Triton's on the H200)"
 
 
 def _ptr_types(key: PrepKey) -> tuple:

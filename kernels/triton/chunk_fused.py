@@ -508,7 +508,7 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
 
 
 def _cutedsl_prep(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: PrefillBuffers, scale: float) -> bool:
-    """The CuTe DSL prep the plan chose (kernels/cutedsl/fused_prep.py, opt-in ``LINATTN_CUTEDSL_PREP=1``)
+    """The CuTe DSL prep the plan chose (kernels/cutedsl/fused_prep.py; ``LINATTN_CUTEDSL_PREP=0`` keeps Triton's)
     where the call's device and tensors allow it; False: the Triton prep runs."""
     from linattn.kernels.cutedsl import fused_prep
 

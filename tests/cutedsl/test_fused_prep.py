@@ -80,8 +80,8 @@ def test_switch_is_a_switch_and_refuses_other_values(monkeypatch):
     from linattn.dispatch.env import ConfigError
 
     monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
-    assert not fp.enabled()
-    for raw, on in (("", False), ("0", False), ("off", False), ("1", True), ("true", True), ("YES", True)):
+    assert fp.enabled()  # unset: on, the planner's default
+    for raw, on in (("", True), ("0", False), ("off", False), ("1", True), ("true", True), ("YES", True)):
         monkeypatch.setenv(fp.ENV_SWITCH, raw)
         assert fp.enabled() is on, raw
     problem = linattn.Problem(op="gdn_prefill", n=16, t=4096, h=16, hv=32, k=128, v=128)
@@ -164,8 +164,8 @@ def test_the_wrapper_records_a_prep_step_and_takes_a_buckets_larger_buffers(monk
 
 
 def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
-    """explain's note on a fused GDN prefill says which prep runs: the Triton one unless the switch
-    asks for the CuTe DSL prep and the call and device are in its scope (the reason otherwise)."""
+    """explain's note on a fused GDN prefill says which prep runs: the CuTe DSL one where the call and
+    device are in its scope (the reason otherwise) unless the switch keeps the Triton prep."""
     import linattn
 
     def note(dtype="bfloat16", device="sm90", k=128):
@@ -173,18 +173,23 @@ def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
         (msg,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
         return msg
 
-    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
-    assert "prep: Triton (the CuTe DSL prep is opt-in: LINATTN_CUTEDSL_PREP=1); walk:" in note()
-    monkeypatch.setenv(fp.ENV_SWITCH, "1")
-    if fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == "":  # nvidia-cutlass-dsl imports
-        assert "prep: CuTe DSL (LINATTN_CUTEDSL_PREP=1; where the call's g is fp32 and beta fp32 or bf16); walk:" in note()
-    assert "asks for the CuTe DSL prep, but the CuTe DSL fused prep is built for K = 128; got K = 64" in note(k=64)
+    monkeypatch.setenv(fp.ENV_SWITCH, "0")
+    assert "prep: Triton (LINATTN_CUTEDSL_PREP=0 keeps it); walk:" in note()
+    for switch in ("1", None):  # asked for, or the default
+        if switch is None:
+            monkeypatch.delenv(fp.ENV_SWITCH)
+        else:
+            monkeypatch.setenv(fp.ENV_SWITCH, switch)
+        if fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == "":  # nvidia-cutlass-dsl imports
+            assert "prep: CuTe DSL (where the call's g is fp32 and beta fp32 or bf16;" in note()
+        assert "prep: Triton (the CuTe DSL prep cannot run it: the CuTe DSL fused prep is built for K = 128; got K = 64" \
+            in note(k=64)
 
 
 def test_the_planner_chooses_the_prep_where_the_switch_asks_and_the_profile_allows(monkeypatch):
-    """PrefillPlan.fused_prep (choose_prep), read when the call is planned, as the walk's switch: on with
-    the switch on an SM90 profile (nvidia-cutlass-dsl importing), off without the switch, off on another
-    profile; the launch follows the plan (chunk_fused.launch_fused_stages)."""
+    """PrefillPlan.fused_prep (choose_prep), read when the call is planned, as the walk's switch: on by
+    default and with the switch at 1 on an SM90 profile (nvidia-cutlass-dsl importing), off with the
+    switch at 0, off on another profile; the launch follows the plan (chunk_fused.launch_fused_stages)."""
     from linattn.capabilities import profile
     from linattn.kernels.triton.prefill import plan as plan_mod
 
@@ -195,10 +200,12 @@ def test_the_planner_chooses_the_prep_where_the_switch_asks_and_the_profile_allo
         q, v = torch.empty(T, 16, 128, dtype=torch.bfloat16), torch.empty(T, 32, 128, dtype=torch.bfloat16)
         return plan_mod.plan_prefill("gdn", q=q, v=v, cu_seqlens=torch.arange(0, T + 1, 64, dtype=torch.int32),
                                      caps=profile(caps), fused=True)
-    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    monkeypatch.setenv(fp.ENV_SWITCH, "0")
     assert planned().fused_prep is False
-    monkeypatch.setenv(fp.ENV_SWITCH, "1")
     dsl = fp.prep_refusal(family="gdn", K=128, dtype=torch.bfloat16) == ""
+    monkeypatch.setenv(fp.ENV_SWITCH, "1")
+    assert planned().fused_prep is dsl
+    monkeypatch.delenv(fp.ENV_SWITCH)
     assert planned().fused_prep is dsl
     assert planned("sm100").fused_prep is False
     assert "built for sm_90a" in fp.choose_prep(family="gdn", K=128, dtype=torch.bfloat16, caps=profile("sm100"))[1]

@@ -1,5 +1,5 @@
-"""The CuTe DSL prep of the fused GDN prefill (kernels/cutedsl/fused_prep.py, ``LINATTN_CUTEDSL_PREP=1``)
-against the Triton prep and the float64 reference, on an SM90 GPU (H200).
+"""The CuTe DSL prep of the fused GDN prefill (kernels/cutedsl/fused_prep.py, the planner's default;
+``LINATTN_CUTEDSL_PREP=0``: the Triton prep) against the Triton prep and the float64 reference, on an SM90 GPU (H200).
 
 Pinned: the prep's buffers (``tmb``, ``aqk``, ``rk``, ``qs``) against the Triton prep's on the same
 planned call (varlen with tail chunks, empty and one-token sequences, GVA groups of 1, 2 and 3
@@ -42,10 +42,7 @@ def _prep_buffers(monkeypatch, inp, on: bool, use_qk_l2norm=True):
     """The prep's ``(tmb, aqk, rk, qs)`` of one planned fused call and the mask of written rows."""
     from linattn.kernels.triton import prefill as pm
 
-    if on:
-        monkeypatch.setenv(fp.ENV_SWITCH, "1")
-    else:
-        monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    monkeypatch.setenv(fp.ENV_SWITCH, "1" if on else "0")
     monkeypatch.setattr(fw, "run_for_plan", lambda *a: True)  # the prep alone
     monkeypatch.setenv(fw.ENV_SWITCH, "1")
     plan = pm.plan_prefill("gdn", q=inp["q"], v=inp["v"], cu_seqlens=inp["cu_seqlens"],
@@ -101,10 +98,7 @@ def _both(monkeypatch, inp, walk="", **kw):
     if walk:
         monkeypatch.setenv(fw.ENV_SWITCH, walk)
     for on in (False, True):
-        if on:
-            monkeypatch.setenv(fp.ENV_SWITCH, "1")
-        else:
-            monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+        monkeypatch.setenv(fp.ENV_SWITCH, "1" if on else "0")
         k2 = {n: (x.clone() if n == "state_pool" else x) for n, x in kw.items()}
         o, ht = run("gdn", inp, fused=True, **k2)
         torch.cuda.synchronize()

@@ -12,7 +12,7 @@ both layouts and pool dtypes with rows not owned bitwise unchanged, padding rows
 ``has_initial_state``, pool == dense bitwise, both value blocks (128: 8 warps, two warpgroups; 64: 4 warps, one).
 The planner's default (the switch unset: the ``wgmma`` build) recorded and replayed (``PrefillLaunch``,
 ``PrefillReplay``'s T buckets) against the same call unrecorded: bitwise, with the Triton prep and with
-the CuTe DSL prep (``LINATTN_CUTEDSL_PREP=1``: a ``PrepStep`` before the ``WalkStep``).
+the CuTe DSL prep (the default, ``LINATTN_CUTEDSL_PREP`` unset: a ``PrepStep`` before the ``WalkStep``).
 """
 
 from __future__ import annotations
@@ -230,15 +230,15 @@ def _steps_run(monkeypatch) -> list:
     return ran
 
 
-PREPS = pytest.mark.parametrize("prep", ["triton", "cutedsl"])  # LINATTN_CUTEDSL_PREP unset / 1
+PREPS = pytest.mark.parametrize("prep", ["triton", "cutedsl"])  # LINATTN_CUTEDSL_PREP 0 / unset (the default)
 
 
 def _set_prep(monkeypatch, prep: str) -> list:
     """The prep switch for ``prep``; the steps a call then runs before its walk."""
     if prep == "cutedsl":
-        monkeypatch.setenv(fp.ENV_SWITCH, "1")
+        monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
         return ["prep"]
-    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    monkeypatch.setenv(fp.ENV_SWITCH, "0")
     return []
 
 

@@ -173,7 +173,7 @@ class PrefillPlan:
     #: (:func:`linattn.kernels.cutedsl.fused_walk.choose_walk`; None where the fused prefill does not run)
     fused_walk: Optional["WalkChoice"] = None
     #: the fused GDN prefill's prep: the CuTe DSL one (True; :func:`linattn.kernels.cutedsl.fused_prep.choose_prep`,
-    #: opt-in ``LINATTN_CUTEDSL_PREP=1``) or the Triton kernel
+    #: the default where it can run; ``LINATTN_CUTEDSL_PREP=0`` keeps Triton's) or the Triton kernel
     fused_prep: bool = False
     #: the recorded launches of this plan's calls, per signature of their tensors (:func:`run_prefill`:
     #: a :class:`PrefillLaunch`, None where it cannot be replayed, or a mark of a first call); not part
