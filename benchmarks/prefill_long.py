@@ -3,11 +3,13 @@ segment-parallel state pass, against flash-linear-attention.
 
 The low-parallelism shapes of issue 18: one sequence (or a few) of 8,192 to 131,072 tokens at the
 per-rank heads of tensor-parallel serving (Qwen3.5-397B at TP8 / TP4 / TP2, Qwen3-Next at TP1 /
-TP2, Kimi-Linear at TP1 / TP4); K = V = 128, bf16 q/k/v, fp32 state pool ``[P, HV, V, K]``. For
+TP2, Kimi-Linear at TP1 / TP4), and issue 27's batched rows (16 x 4,096, 64 x 1,024, 8 x 1,024 at
+Qwen3-Next TP1 heads, 4 x 8,192 at Qwen3.5 TP1 heads); K = V = 128, bf16 q/k/v, fp32 state pool ``[P, HV, V, K]``. For
 each case, ``triton.testing.do_bench`` medians of:
 
 - ``linattn``: :func:`linattn.kernels.triton.prefill.chunk_prefill` in pool mode, the planner's
-  choice of segments (``plan_segments``; ``linattn_segment_chunks`` and ``..._reason`` record it);
+  choice of segments (``plan_segments``; ``linattn_segment_chunks`` and ``..._reason`` record it) and
+  of the fused prefill (``linattn_fused``; its prep and walk: ``linattn_fused_prep``, ``..._walk``);
 - ``segments_ms``: the same with the segment length forced (``0``: one pass per sequence, the
   path before issue 18; ``L``: segments of ``L`` chunks);
 - ``fla``: FLA 0.6 ``chunk_gated_delta_rule`` / ``chunk_kda`` with dense states, l2norm in kernel,
@@ -52,6 +54,9 @@ CASES = [
     ("qwen35-tp8", "gdn", 2, 8, [65536]), ("qwen35-tp8", "gdn", 2, 8, [8192]),
     ("qwen35-tp8", "gdn", 2, 8, [1024] * 8),
     ("qwen3next-tp1", "gdn", 16, 32, [65536]), ("qwen3next-tp1", "gdn", 16, 32, [8192]),
+    # issue 27's batched rows: many prompts per call, as an engine's prefill batch
+    ("qwen3next-tp1", "gdn", 16, 32, [4096] * 16), ("qwen3next-tp1", "gdn", 16, 32, [1024] * 64),
+    ("qwen3next-tp1", "gdn", 16, 32, [1024] * 8), ("qwen35-tp1", "gdn", 16, 64, [8192] * 4),
     ("kimi-tp1", "kda", 32, 32, [32768]),
 ] + [(name, fam, h, hv, [t]) for name, fam, h, hv in (("qwen35-tp2", "gdn", 8, 32), ("qwen35-tp4", "gdn", 4, 16),
                                                        ("qwen3next-tp2", "gdn", 8, 16), ("kimi-tp4", "kda", 8, 8))
@@ -229,7 +234,9 @@ def run_case(case, segments, have_fla, block_vs=(), flashinfer=()):
     T = sum(lens)
     plan = plan_prefill(family, q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool, state_indices=idx)
     row = dict(case=name, family=family, H=H, HV=HV, shape=f"{len(lens)}x{lens[0]}", tokens=T,
-               linattn_segment_chunks=plan.segment_chunks, linattn_segment_reason=plan.segment_reason)
+               linattn_segment_chunks=plan.segment_chunks, linattn_segment_reason=plan.segment_reason,
+               linattn_fused=plan.fused is not None, linattn_fused_prep="cutedsl" if plan.fused_prep else "triton",
+               linattn_fused_walk=None if plan.fused_walk is None else plan.fused_walk.walk)
     work = pool.clone()
     row["linattn_ms"] = bench_ms(linattn_call(family, d, work, idx))
     row["linattn_mtok_s"] = T / row["linattn_ms"] / 1e3
