@@ -79,8 +79,12 @@ def _pool(family, dtype=torch.float32):
 @pytest.mark.parametrize("fused", [False, True], ids=["pipeline", "fused"])
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16], ids=["fp32-pool", "bf16-pool"])
-def test_triton_checkpoints_are_the_states_of_a_prefill_stopped_there(family, fused, pool_dtype):
-    """The Triton kernels (KDA's fused walk is opt-in: forced here), checkpoints every 256 tokens."""
+def test_triton_checkpoints_are_the_states_of_a_prefill_stopped_there(family, fused, pool_dtype, monkeypatch):
+    """The Triton kernels (KDA's fused walk is opt-in: forced here), checkpoints every 256 tokens. The
+    fused GDN walk is Triton's on every call (``LINATTN_CUTEDSL_WALK=0``): the CuTe DSL walk, the
+    planner's default on SM90, stores no checkpoints, so a call with them runs the Triton walk and
+    the bitwise claims are about that walk."""
+    monkeypatch.setenv("LINATTN_CUTEDSL_WALK", "0")
     n = check_triton_checkpoints(family, _inputs(family, LENS), _pool(family, pool_dtype), READ, _table(LENS),
                                  EVERY, fused=fused, tol=tolerances("bfloat16", str(pool_dtype)[6:])[1])
     assert n == 12  # 1000: 3, 256: 1 (its length), 2048: 8; the empty one, padding, past a length: none
