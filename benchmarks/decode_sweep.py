@@ -299,12 +299,14 @@ MERGED_KINDS = {"sweep": "bf16_sweep", "copy": "bf16_sweep_copy"}
 MERGED_NOTE = "rows of kind bf16_sweep / bf16_sweep_copy"
 
 
-def merge_into(sweep_path, target, note: str = "") -> dict:
+def merge_into(sweep_path, target, note: str = "", label: str = "") -> dict:
     """Put the rows of the sweep's results file ``sweep_path`` into the results file ``target``
     (benchmarks/results/decode_<device>.json) as rows of kind bf16_sweep (sweep rows) and
     bf16_sweep_copy (its copy ceiling), replacing rows of those kinds and the note that begins
     :data:`MERGED_NOTE`; every other row and note is kept. The new note carries the sweep's command,
     commit, notes and ``note`` (how it ran). Both files in the ``benchmarks/_results.py`` schema.
+    With ``label``, a sweep is added beside the earlier ones instead: its rows carry ``sweep=label``
+    and its note begins with :data:`MERGED_NOTE` and ``[label]``; rows and notes of other labels stay.
 
     Returns the merged document (written to ``target``).
     Raises:
@@ -318,12 +320,15 @@ def merge_into(sweep_path, target, note: str = "") -> dict:
     bad = {r.get("kind") for r in sweep.rows} - set(MERGED_KINDS)
     if bad:
         raise ValueError(f"{sweep_path}: rows of kind {sorted(bad)}; a sweep file holds {sorted(MERGED_KINDS)}")
-    rows = [r for r in doc.rows if r.get("kind") not in MERGED_KINDS.values()]
-    rows += [dict(r, kind=MERGED_KINDS[r["kind"]]) for r in sweep.rows]
-    text = (f"{MERGED_NOTE} (benchmarks/decode_sweep.py, merged by its --merge): `{sweep.command}`, "
+    head = f"{MERGED_NOTE} [{label}]" if label else MERGED_NOTE
+    ours = (lambda r: r.get("sweep") == label) if label else (lambda r: "sweep" not in r)
+    rows = [r for r in doc.rows if r.get("kind") not in MERGED_KINDS.values() or not ours(r)]
+    rows += [dict(r, kind=MERGED_KINDS[r["kind"]], **({"sweep": label} if label else {})) for r in sweep.rows]
+    text = (f"{head} (benchmarks/decode_sweep.py, merged by its --merge): `{sweep.command}`, "
             f"commit field {sweep.commit}" + (f"; {note}" if note else "") + ". The sweep's notes: "
             + " | ".join(n.replace("kind: copy | sweep", "kind (here): bf16_sweep_copy | bf16_sweep") for n in sweep.notes))
-    notes = [n for n in doc.notes if not n.startswith(MERGED_NOTE)] + [text]
+    mine = (lambda n: n.startswith(head)) if label else (lambda n: n.startswith(MERGED_NOTE + " ("))
+    notes = [n for n in doc.notes if not mine(n)] + [text]
     merged = Results(command=doc.command, commit=doc.commit, device=doc.device, toolchain=doc.toolchain,
                      rows=rows, notes=notes)
     Path(target).write_text(json.dumps(merged.model_dump(), indent=1, default=str) + "\n")
@@ -347,12 +352,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--into", default=None, help="with --merge: the results file (default: "
                                                  "benchmarks/results/decode_<device tag of the sweep file>.json)")
     ap.add_argument("--note", default="", help="with --merge: how the sweep ran (the device command, tree, date)")
+    ap.add_argument("--label", default="", help="with --merge: add the sweep beside the earlier ones, its rows "
+                                                "tagged sweep=LABEL (unlabelled: it replaces the unlabelled sweep)")
     args = ap.parse_args(argv)
     if args.merge:
         from _results import RESULTS, read_results
 
         into = args.into or RESULTS / f"decode_{device_tag(read_results(args.merge).device.get('name'))}.json"
-        merged = merge_into(args.merge, into, args.note)
+        merged = merge_into(args.merge, into, args.note, args.label)
         print(f"merged {sum(r.get('kind') in MERGED_KINDS.values() for r in merged['rows'])} sweep rows into {into}")
         return merged["rows"]
     bad_parts = [p for p in args.no_prologue.split(",") if p and p not in PROLOGUE_PARTS]

@@ -83,7 +83,8 @@ def test_the_checks_see_a_config_that_computes_something_else(monkeypatch):
 
 def test_merge_puts_the_sweep_rows_into_the_decode_file_and_replaces_them_next_time(tmp_path):
     """--merge: the sweep's rows join the decode file as kind bf16_sweep / bf16_sweep_copy, with one
-    note; the file's other rows and notes stay; a second merge replaces the first's rows and note;
+    note; the file's other rows and notes stay; a second merge replaces the first's rows and note; a
+    labelled merge (--label) adds its rows and note beside them and replaces only its own;
     a sweep file from another device, or with rows of another kind, is refused."""
     mod = _load()
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -103,6 +104,18 @@ def test_merge_puts_the_sweep_rows_into_the_decode_file_and_replaces_them_next_t
             assert doc.rows[0]["TBps"] == 4.0 and doc.rows[2]["TBps"] == 4.2 and doc.commit == "abc1234"
             assert doc.notes[0] == "decode note" and sum(n.startswith(mod.MERGED_NOTE) for n in doc.notes) == 1
             assert "how it ran" in doc.notes[-1] and "def5678" in doc.notes[-1]
+        for _ in range(2):  # a labelled sweep joins the unlabelled one; merged again, it replaces only itself
+            mod.merge_into(sweep, target, "later", label="s12")
+            doc = read_results(target)
+            assert [(r["kind"], r.get("sweep")) for r in doc.rows] == [
+                ("copy", None), ("decode", None), ("bf16_sweep_copy", None), ("bf16_sweep", None),
+                ("bf16_sweep_copy", "s12"), ("bf16_sweep", "s12")]
+            assert sum(n.startswith(mod.MERGED_NOTE) for n in doc.notes) == 2
+            assert doc.notes[-1].startswith(mod.MERGED_NOTE + " [s12]") and "later" in doc.notes[-1]
+        mod.merge_into(sweep, target, "again")  # the unlabelled merge keeps the labelled rows and note
+        doc = read_results(target)
+        assert sum(r.get("sweep") == "s12" for r in doc.rows) == 2
+        assert sum(n.startswith(mod.MERGED_NOTE) for n in doc.notes) == 2 and "again" in doc.notes[-1]
         write_results(sweep, [dict(kind="copy", TBps=4.2)], device={"name": "NVIDIA B200", "kind": "cuda"},
                       command="x", commit="y")
         with pytest.raises(ValueError, match="B200"):

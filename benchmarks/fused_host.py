@@ -1,0 +1,168 @@
+"""Host cost of the fused GDN prefill per prep and walk (GPU): is a small prefill bound by its launches?
+
+For each shape (default 8 x 1,024 and 16 x 4,096 at Qwen3-Next TP1 heads, (16, 32), K = V = 128, bf16
+q/k/v, fp32 "vk" pool) and each (prep, walk) of ``LINATTN_CUTEDSL_PREP`` x ``LINATTN_CUTEDSL_WALK`` in
+(unset: the planner's, ``0``: Triton's), three ways in:
+
+- ``planned``: :func:`linattn.kernels.triton.prefill.run_prefill` on a plan made once;
+- ``chunk_prefill``: the kernel-level entry, planned per call (as ``benchmarks/prefill_long.py`` times it);
+- ``public``: :func:`linattn.gdn_prefill` (``validate=False``; the dispatcher's cached plans).
+
+Per way: ``device_ms`` (``triton.testing.do_bench`` median: the GPU-bound time where the host keeps up)
+and ``host_us`` (wall clock per call of 200 eager calls without a sync, the median of 5 loops: what
+the host spends to enqueue one call). Where ``host_us`` / 1e3 is near ``device_ms`` the call is
+host-bound. ``--profile`` adds the top of a cProfile of 200 ``chunk_prefill`` calls of the first shape
+at the planner's choice. Writes ``$LINATTN_RESULTS_DIR/fused_host_<device>.json`` (an experiment:
+its numbers go to docs/performance.md, the file is not committed).
+
+    python benchmarks/fused_host.py [--shapes 8x1024@16/32,16x4096@16/32] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path, write_results  # noqa: E402
+
+K = V = 128
+SWITCHES = ("LINATTN_CUTEDSL_PREP", "LINATTN_CUTEDSL_WALK")
+
+
+@contextlib.contextmanager
+def switches(prep: str, walk: str):
+    """The two switches set ("" = unset) inside the block; the dispatcher's plans dropped on entry."""
+    from linattn.dispatch.runtime.selection import dispatcher
+
+    old = {n: os.environ.get(n) for n in SWITCHES}
+    for name, value in zip(SWITCHES, (prep, walk)):
+        if value:
+            os.environ[name] = value
+        else:
+            os.environ.pop(name, None)
+    dispatcher().clear()
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def make(N, L, H, HV):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    T = N * L
+    d = dict(q=torch.randn(T, H, K, device="cuda", generator=gen).bfloat16(),
+             k=torch.randn(T, H, K, device="cuda", generator=gen).bfloat16(),
+             v=torch.randn(T, HV, V, device="cuda", generator=gen).bfloat16(),
+             g=torch.nn.functional.logsigmoid(torch.randn(T, HV, device="cuda", generator=gen) + 3.0),
+             beta=torch.sigmoid(torch.randn(T, HV, device="cuda", generator=gen)),
+             cu_seqlens=torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32))
+    pool = torch.randn(2 * N, HV, V, K, device="cuda", generator=gen) * 0.1
+    idx = torch.randperm(2 * N, device="cuda", generator=gen)[:N].to(torch.int32)
+    return d, pool, idx
+
+
+def host_us(fn, calls=200, repeats=5) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def ways(d, pool, idx):
+    import linattn
+    from linattn.kernels.triton import prefill as pm
+
+    kw = dict(state_pool=pool, state_indices=idx)
+    plan = pm.plan_prefill("gdn", q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], **kw)
+    return plan, {
+        "planned": lambda: pm.run_prefill(plan, **d, scale=K ** -0.5, **kw),
+        "chunk_prefill": lambda: pm.chunk_prefill("gdn", **d, **kw, initial_state=None, scale=K ** -0.5,
+                                                  use_qk_l2norm=True, state_layout="vk"),
+        "public": lambda: linattn.gdn_prefill(**d, **kw, validate=False),
+    }
+
+
+def run_shape(N, L, H, HV) -> list[dict]:
+    from triton.testing import do_bench
+
+    d, pool, idx = make(N, L, H, HV)
+    rows = []
+    for prep in ("", "0"):
+        for walk in ("", "0"):
+            with switches(prep, walk):
+                plan, fns = ways(d, pool, idx)
+                row = dict(shape=f"{N}x{L}", heads=f"({H}, {HV})", prep_switch=prep or "unset",
+                           walk_switch=walk or "unset", fused=plan.fused is not None,
+                           prep="cutedsl" if plan.fused_prep else "triton",
+                           walk=None if plan.fused_walk is None else plan.fused_walk.walk)
+                for name, fn in fns.items():
+                    row[f"{name}_device_ms"] = float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+                    row[f"{name}_host_us"] = host_us(fn)
+                print(row, flush=True)
+                rows.append(row)
+    return rows
+
+
+def profile_top(N, L, H, HV, lines=25) -> str:
+    d, pool, idx = make(N, L, H, HV)
+    with switches("", ""):
+        fn = ways(d, pool, idx)[1]["chunk_prefill"]
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(200):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(lines)
+    return s.getvalue()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8x1024@16/32,16x4096@16/32")
+    ap.add_argument("--profile", action="store_true")
+    a = ap.parse_args()
+    rows, notes = [], ["host_us: wall clock per eager call (200 calls, no sync; median of 5); device_ms: do_bench median"]
+    shapes = []
+    for s in a.shapes.split(","):
+        nl, hh = s.split("@")
+        n, length = nl.split("x")
+        h, hv = hh.split("/")
+        shapes.append((int(n), int(length), int(h), int(hv)))
+    for shp in shapes:
+        rows += run_shape(*shp)
+        write_results(results_path("fused_host"), rows, notes=notes)
+    if a.profile:
+        text = profile_top(*shapes[0])
+        print(text)
+        notes.append("cProfile (cumulative) of 200 chunk_prefill calls at the first shape:\n" + text)
+        write_results(results_path("fused_host"), rows, notes=notes)
+
+
+if __name__ == "__main__":
+    main()
