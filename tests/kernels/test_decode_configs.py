@@ -209,7 +209,7 @@ def test_the_backend_plans_the_pool_dtypes_grid(monkeypatch):
     try:
         assert work(64, "float32") == (64, 32, 128 // dm.PINNED[("gdn", 128, 128, "large", "fp32")].block_v)
         assert work(64, "bfloat16") == (64, 32, 128 // dm.PINNED[("gdn", 128, 128, "large", "bf16")].block_v)
-        assert dm.PINNED[("gdn", 128, 128, "large", "bf16")] == dm.DecodeConfig(16, 1, l2norm_one_pass=True)
+        assert dm.PINNED[("gdn", 128, 128, "large", "bf16")] == dm.DecodeConfig(16, 1, l2norm_one_pass=True, decay_exp2=True)
         monkeypatch.setitem(dm.PINNED, ("gdn", 128, 128, "large", "bf16"), dm.DecodeConfig(8, 1, blocks=4))
         dm._config.cache_clear()
         assert work(64, "bfloat16") == (64, 32, 4)  # 128 rows / (BV 8 x 4 blocks)
