@@ -9,7 +9,9 @@ each case, ``triton.testing.do_bench`` medians of:
 
 - ``linattn``: :func:`linattn.kernels.triton.prefill.chunk_prefill` in pool mode, the planner's
   choice of segments (``plan_segments``; ``linattn_segment_chunks`` and ``..._reason`` record it) and
-  of the fused prefill (``linattn_fused``; its prep and walk: ``linattn_fused_prep``, ``..._walk``);
+  of the fused prefill (``linattn_fused``; its prep and walk: ``linattn_fused_prep``, ``..._walk``); it plans
+  every call, so a short call is host-bound there: ``linattn_public_ms`` times the public op
+  (``validate=False``, the dispatcher's cached plan: what an engine pays) on the same data;
 - ``segments_ms``: the same with the segment length forced (``0``: one pass per sequence, the
   path before issue 18; ``L``: segments of ``L`` chunks);
 - ``fla``: FLA 0.6 ``chunk_gated_delta_rule`` / ``chunk_kda`` with dense states, l2norm in kernel,
@@ -103,6 +105,19 @@ def linattn_call(family, d, pool, idx, segment_chunks=None):
     return lambda: chunk_prefill(family, **d, state_pool=pool, state_indices=idx, initial_state=None,
                                  scale=K ** -0.5, use_qk_l2norm=True, state_layout="vk",
                                  segment_chunks=segment_chunks)
+
+
+def public_columns(family, d, pool, idx) -> dict:
+    """The public op (``linattn.gdn_prefill`` / ``kda_prefill``, ``validate=False``) on the same call, as
+    an engine makes it: the dispatcher's cached plan, not a plan per call as :func:`linattn_call`'s
+    ``chunk_prefill``, so where the GPU work is short this is the time an engine pays
+    (``linattn_public_ms``; ``linattn_public_backend``: what the dispatcher ran)."""
+    import linattn
+
+    op = linattn.kda_prefill if family == "kda" else linattn.gdn_prefill
+    fn = lambda: op(**d, state_pool=pool, state_indices=idx, scale=K ** -0.5, validate=False)  # noqa: E731
+    ms = bench_ms(fn)
+    return {"linattn_public_ms": ms, "linattn_public_backend": linattn.last_decision().chosen}
 
 
 def fla_call(family, d, h0_kv):
@@ -240,6 +255,7 @@ def run_case(case, segments, have_fla, block_vs=(), flashinfer=()):
     work = pool.clone()
     row["linattn_ms"] = bench_ms(linattn_call(family, d, work, idx))
     row["linattn_mtok_s"] = T / row["linattn_ms"] / 1e3
+    row.update(public_columns(family, d, work, idx))
     row["segments_ms"] = {str(L): bench_ms(linattn_call(family, d, work, idx, L)) for L in segments}
     for bv in block_vs:  # the same under another state-stage block width
         with state_block_v(bv):
