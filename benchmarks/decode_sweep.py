@@ -24,13 +24,15 @@ Writes the ``benchmarks/_results.py`` schema (``decode_sweep_<device>.json`` und
 N, config). A config that fails to build or run gets a row with its ``error``. benchmarks/results/
 keeps no file of its own for it (at most 15 files): ``--merge`` puts a run's rows into the decode
 benchmark's file, ``benchmarks/results/decode_<device>.json``, as rows of ``kind`` bf16_sweep /
-bf16_sweep_copy (replacing the previous sweep's rows and note; the other rows kept).
+bf16_sweep_copy (replacing the previous sweep's rows and note; the other rows kept), or with
+``--label NAME`` beside them (rows tagged ``sweep=NAME``; a later merge of that label replaces only it).
 
 Usage:
     python benchmarks/decode_sweep.py                       # 61 s on the H200 with 88722f3's 16 configs (2026-12-02)
     python benchmarks/decode_sweep.py --ns 1024 --families gdn --configs pinned,bv16_w1_vec4
     python benchmarks/decode_sweep.py --merge /path/to/decode_sweep_h200.json --note "how it ran"
         # -> benchmarks/results/decode_h200.json (--into another file); no GPU needed
+    python benchmarks/decode_sweep.py --merge /path/to/decode_sweep_h200.json --label exp2-s12 --note "..."
 """
 
 from __future__ import annotations
@@ -360,7 +362,8 @@ def main(argv=None) -> list[dict]:
 
         into = args.into or RESULTS / f"decode_{device_tag(read_results(args.merge).device.get('name'))}.json"
         merged = merge_into(args.merge, into, args.note, args.label)
-        print(f"merged {sum(r.get('kind') in MERGED_KINDS.values() for r in merged['rows'])} sweep rows into {into}")
+        n = sum(r.get("kind") in MERGED_KINDS.values() and r.get("sweep", "") == args.label for r in merged["rows"])
+        print(f"merged {n} sweep rows into {into}" + (f" (label {args.label})" if args.label else ""))
         return merged["rows"]
     bad_parts = [p for p in args.no_prologue.split(",") if p and p not in PROLOGUE_PARTS]
     if bad_parts:

@@ -6,14 +6,16 @@ q/k/v, fp32 "vk" pool) and each (prep, walk) of ``LINATTN_CUTEDSL_PREP`` x ``LIN
 
 - ``planned``: :func:`linattn.kernels.triton.prefill.run_prefill` on a plan made once;
 - ``chunk_prefill``: the kernel-level entry, planned per call (as ``benchmarks/prefill_long.py`` times it);
-- ``public``: :func:`linattn.gdn_prefill` (``validate=False``; the dispatcher's cached plans).
+- ``public``: :func:`linattn.gdn_prefill` (``validate=False``, ``backend="triton-split"``; the dispatcher's
+  cached plans).
 
 Per way: ``device_ms`` (``triton.testing.do_bench`` median: the GPU-bound time where the host keeps up)
 and ``host_us`` (wall clock per call of 200 eager calls without a sync, the median of 5 loops: what
 the host spends to enqueue one call). Where ``host_us`` / 1e3 is near ``device_ms`` the call is
 host-bound. ``--profile`` adds the top of a cProfile of 200 ``chunk_prefill`` calls of the first shape
-at the planner's choice. Writes ``$LINATTN_RESULTS_DIR/fused_host_<device>.json`` (an experiment:
-its numbers go to docs/performance.md, the file is not committed).
+at the planner's choice. Writes ``$LINATTN_RESULTS_DIR/fused_host_<device>.json``, else
+``/tmp/fused_host_<device>.json`` (an experiment: its numbers go to docs/performance.md, the file is not
+committed; ``benchmarks/results/`` holds at most 15 files).
 
     python benchmarks/fused_host.py [--shapes 8x1024@16/32,16x4096@16/32] [--profile]
 """
@@ -33,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import results_path, write_results  # noqa: E402
+from _results import device_tag, results_path, write_results  # noqa: E402
 
 K = V = 128
 SWITCHES = ("LINATTN_CUTEDSL_PREP", "LINATTN_CUTEDSL_WALK")
@@ -62,6 +64,9 @@ def switches(prep: str, walk: str):
 
 
 def make(N, L, H, HV):
+    """One fused-prefill call's inputs on CUDA: ``N`` sequences of ``L`` tokens, ``H`` key and ``HV`` value
+    heads, K = V = 128, bf16 q/k/v, fp32 gates (mild: ``logsigmoid(N(3, 1))``), fp32 pool ``[2N, HV, V, K]``
+    and ``N`` distinct slots. Returns ``(inputs, pool, state_indices)``."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     T = N * L
     d = dict(q=torch.randn(T, H, K, device="cuda", generator=gen).bfloat16(),
@@ -76,6 +81,8 @@ def make(N, L, H, HV):
 
 
 def host_us(fn, calls=200, repeats=5) -> float:
+    """Microseconds of host wall clock per eager call of ``fn``: ``calls`` calls without a sync, the
+    median of ``repeats`` such loops (a sync after each loop, not timed)."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
@@ -90,6 +97,7 @@ def host_us(fn, calls=200, repeats=5) -> float:
 
 
 def ways(d, pool, idx):
+    """``(plan, {way: call})``: the planned call, ``chunk_prefill`` and the public op on the same data."""
     import linattn
     from linattn.kernels.triton import prefill as pm
 
@@ -99,11 +107,12 @@ def ways(d, pool, idx):
         "planned": lambda: pm.run_prefill(plan, **d, scale=K ** -0.5, **kw),
         "chunk_prefill": lambda: pm.chunk_prefill("gdn", **d, **kw, initial_state=None, scale=K ** -0.5,
                                                   use_qk_l2norm=True, state_layout="vk"),
-        "public": lambda: linattn.gdn_prefill(**d, **kw, validate=False),
+        "public": lambda: linattn.gdn_prefill(**d, **kw, validate=False, backend="triton-split"),
     }
 
 
 def run_shape(N, L, H, HV) -> list[dict]:
+    """One row per (prep, walk) switch pair at one shape: device ms and host us of each way."""
     from triton.testing import do_bench
 
     d, pool, idx = make(N, L, H, HV)
@@ -125,6 +134,7 @@ def run_shape(N, L, H, HV) -> list[dict]:
 
 
 def profile_top(N, L, H, HV, lines=25) -> str:
+    """The top ``lines`` (cumulative) of a cProfile of 200 ``chunk_prefill`` calls at the planner's choice."""
     d, pool, idx = make(N, L, H, HV)
     with switches("", ""):
         fn = ways(d, pool, idx)[1]["chunk_prefill"]
@@ -143,6 +153,7 @@ def profile_top(N, L, H, HV, lines=25) -> str:
 
 
 def main():
+    """Parse the arguments, measure every shape, write the results file after each."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="8x1024@16/32,16x4096@16/32")
     ap.add_argument("--profile", action="store_true")
@@ -154,14 +165,16 @@ def main():
         n, length = nl.split("x")
         h, hv = hh.split("/")
         shapes.append((int(n), int(length), int(h), int(hv)))
+    out = results_path("fused_host") if os.environ.get("LINATTN_RESULTS_DIR") else f"/tmp/fused_host_{device_tag()}.json"
     for shp in shapes:
         rows += run_shape(*shp)
-        write_results(results_path("fused_host"), rows, notes=notes)
+        write_results(out, rows, notes=notes)
     if a.profile:
         text = profile_top(*shapes[0])
         print(text)
         notes.append("cProfile (cumulative) of 200 chunk_prefill calls at the first shape:\n" + text)
-        write_results(results_path("fused_host"), rows, notes=notes)
+        write_results(out, rows, notes=notes)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The fused GDN prefill's prep: Triton (``chunk_gdn_fused_prep_kernel``) against CuTe DSL
-(kernels/cutedsl/fused_prep.py, ``LINATTN_CUTEDSL_PREP=1``), and the whole prefill with each prep
+(kernels/cutedsl/fused_prep.py, ``LINATTN_CUTEDSL_PREP`` 1; Triton: 0), and the whole prefill with each prep
 and the warpgroup walk (``LINATTN_CUTEDSL_WALK=wgmma``) (issue 27).
 
 Per shape (benchmarks/fused_walk.py's inputs: bf16 q/k/v, l2norm, fp32 "vk" pool, "mild" gates):
@@ -48,12 +48,12 @@ def measure(N, L, H, HV) -> dict:
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
     bufs, outs = {}, {}
-    for name, value in (("triton", ""), ("cutedsl", "1")):
+    for name, value in (("triton", "0"), ("cutedsl", "1")):
         pool = pool0.clone()
         setenv(PREP_SWITCH, value)  # both switches read when the call is planned
         setenv(WALK_SWITCH, "wgmma")
         call = Call(d, pool, idx)
-        assert call.plan.fused_prep == bool(value), call.plan.fused_prep
+        assert call.plan.fused_prep == (value == "1"), call.plan.fused_prep
         call()
         torch.cuda.synchronize()
         b = call.bufs
@@ -78,12 +78,12 @@ def measure(N, L, H, HV) -> dict:
 
     real, shipped = fw.run_for_plan, fp.MIN_CTAS
     try:
-        for name, value in (("triton", ""), ("cutedsl", "1")):
-            call.plan = dataclasses.replace(planned, fused_prep=bool(value))  # the planner's choice under the switch
+        for name, value in (("triton", "0"), ("cutedsl", "1")):
+            call.plan = dataclasses.replace(planned, fused_prep=value == "1")  # the planner's choice under the switch
             row[f"{name}_prep_wgmma_walk_ms"] = bench()
             fw.run_for_plan = lambda *a: True  # the prep alone
             row[f"{name}_prep_ms"] = bench()
-            if value:  # the build at the compiler's register choice (255: 2 CTAs per SM)
+            if value == "1":  # the build at the compiler's register choice (255: 2 CTAs per SM)
                 shipped, fp.MIN_CTAS = fp.MIN_CTAS, 0
                 row[f"{name}_prep_free_regs_ms"] = bench()
                 fp.MIN_CTAS = shipped
@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     out = a.out or results_path("fused_prep")
     notes = ["prep alone and prep + wgmma walk timed through prefill.launch_fused_stages on one planned call "
              "(tables made once; prep alone: the walk replaced by nothing); triton.testing.do_bench medians, ms",
-             "cutedsl prep: kernels/cutedsl/fused_prep.py (opt-in LINATTN_CUTEDSL_PREP=1); *_rel: relative "
+             "cutedsl prep: kernels/cutedsl/fused_prep.py (the planner's default since session 12; "
+             "LINATTN_CUTEDSL_PREP=0: the Triton prep); *_rel: relative "
              "difference to the Triton prep's buffers / the whole prefill with it"]
     return run_shapes(a.shapes, measure, out, notes)
 

@@ -163,6 +163,7 @@ def measure(N, L, H, HV) -> dict:
             row[f"prep_{name}_walk_ms"] = bench(Call(d, pool0.clone(), idx, bv=128))
             row[f"prep_{name}_walk_bv64_ms"] = bench(Call(d, pool0.clone(), idx, bv=64))  # half the warps, 2x the CTAs
         call = Call(d, pool0.clone(), idx)
+        row["prep"] = "cutedsl" if call.plan.fused_prep else "triton"  # the planner's (LINATTN_CUTEDSL_PREP)
         fw.run_for_plan = lambda *a: True  # the prep alone
         row["prep_ms"] = bench(call)
     finally:
@@ -192,9 +193,10 @@ def main(argv=None) -> int:
         return 0
     out = a.out or results_path("fused_walk")
     notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "
-             "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms",
-             "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; opt-in "
-             "LINATTN_CUTEDSL_WALK=1); wgmma walk: the same with warpgroup MMAs, the state as the register "
+             "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms; the prep is the planner's "
+             "(row key prep: the CuTe DSL prep by default since session 12, the Triton prep before)",
+             "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; "
+             "LINATTN_CUTEDSL_WALK=1 forces it); wgmma walk: the same with warpgroup MMAs, the state as the register "
              "A operand (LINATTN_CUTEDSL_WALK=wgmma)"]
     return run_shapes(a.shapes, measure, out, notes)
 

@@ -8,9 +8,12 @@
 #   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + each CuTe walk, mma.sync and
 #      wgmma; 16 x 4,096 and 8 x 1,024 at (16, 32))                            -> $OUT/fused_walk_<device>.json
 #   c. ncu of one CuTe walk (WALK=1: mma.sync, WALK=wgmma) at 16 x 4,096 (16, 32) -> $OUT/fused_walk_ncu.txt
-#   g. pytest tests/gpu (the whole GPU suite)                                     -> $OUT/gpu_tests.xml
+#   g. pytest tests/gpu (the whole GPU suite: it takes longer than one call allows; on 2026-12-03 it reached
+#      26 tests in 330 s, so give it a call of its own or select with GPU_TESTS="tests/gpu/test_x.py ...")
+#                                                                                  -> $OUT/gpu_tests.xml
 #   p. python benchmarks/prefill_fused.py --quick --keep (the planner's fused GDN prefill: pipeline, FLA, fused,
-#      the same with the Triton walk and with the Triton prep; the committed KDA rows kept)
+#      the same with the Triton walk and with the Triton prep), starting from a copy of the committed file:
+#      --keep keeps its KDA rows only, so merge the new GDN rows into the committed file by hand
 #                                                                                  -> $OUT/prefill_fused_<device>.json
 # STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c; e.g. STEPS=gp). Pass LINATTN_COMMIT=<commit>
 # to record the commit; T_TESTS / T_BENCH / T_NCU / T_GPU / T_FUSED cap each step (seconds; the device allows 600
@@ -44,7 +47,7 @@ if [[ $STEPS == *c* ]]; then
     "$OUT/fused_walk_ncu.txt" | head -30
 fi
 if [[ $STEPS == *g* ]]; then
-  timeout -k 5 "${T_GPU:-400}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs tests/gpu \
+  timeout -k 5 "${T_GPU:-400}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs ${GPU_TESTS:-tests/gpu} \
     --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -40
   echo "step g rc=${PIPESTATUS[0]}"
 fi

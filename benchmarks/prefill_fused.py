@@ -7,7 +7,8 @@ pipeline (``fused=False``) on the same data (relative difference of the outputs 
 written; rows not owned bitwise unchanged) and against FLA 0.6 ``chunk_gated_delta_rule`` /
 ``chunk_kda`` (dense states), then times with
 ``triton.testing.do_bench`` (medians, ms): the pipeline, FLA, and the fused prefill under each
-launch configuration of ``VARIANTS`` (the first is the pinned :func:`fused_config`), plus the
+launch configuration of ``VARIANTS`` (the first is the pinned :func:`fused_config`; with the Triton prep,
+whose knobs they set), plus the
 profiler's split of the pinned fused call into its kernels. The fused prefill runs the walk its plan
 chose (``fused_walk``: on SM90 the CuTe DSL ``wgmma`` walk for GDN, ``LINATTN_CUTEDSL_WALK``); where
 that is not the Triton walk, ``fused_triton_walk_ms`` times the same call with the switch at ``0``; where
@@ -106,7 +107,7 @@ def linattn(family, d, pool, idx, fused, cfg=None):
 
 
 @contextlib.contextmanager
-def env_switch(name, value):
+def set_env(name, value):
     """The environment switch ``name`` (``LINATTN_CUTEDSL_WALK``, ``LINATTN_CUTEDSL_PREP``: read when a call
     is planned) set to ``value`` in the block."""
     old = os.environ.get(name)
@@ -218,8 +219,9 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
         key = (f"bv{cfg.block_v}_w{cfg.num_warps}_s{cfg.num_stages}_p{cfg.prep_ctas_per_sm}_bk{cfg.prep_block_k}"
                f"_r{cfg.prep_maxnreg}" + ("_late" if cfg.late_keys else "")
                + ("" if family == "kda" or cfg.prep_shared_keys else "_unshared"))
-        try:
-            variants[key] = bench_ms(linattn(family, d, pool, idx, True, cfg)[1])
+        try:  # with the Triton prep, whose knobs these are (the CuTe DSL prep has none of them)
+            with set_env(PREP_SWITCH, "0"):
+                variants[key] = bench_ms(linattn(family, d, pool, idx, True, cfg)[1])
         except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded
             variants[key] = f"{type(e).__name__}: {e}"[:200]
     row["fused_variants_ms"] = variants
@@ -232,11 +234,11 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
     if walk is not None and walk.walk != "triton":  # the same fused prefill with the Triton walk (switch "0")
-        with env_switch(WALK_SWITCH, "0"):
+        with set_env(WALK_SWITCH, "0"):
             row["fused_triton_walk_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
         row["fused_walk_speedup"] = row["fused_triton_walk_ms"] / row["fused_ms"]
     if fused_plan.fused_prep:  # the same fused prefill with the Triton prep (switch "0")
-        with env_switch(PREP_SWITCH, "0"):
+        with set_env(PREP_SWITCH, "0"):
             row["fused_triton_prep_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
         row["fused_prep_speedup"] = row["fused_triton_prep_ms"] / row["fused_ms"]
     if with_variants and family == "gdn":
@@ -259,7 +261,13 @@ PREP_VARIANTS = {"diag_tf32": {"intra.solve": SolveConfig(neumann=True, diag_pre
 
 def prep_variants(family, d, pool, idx) -> dict:
     """Each :data:`PREP_VARIANTS` entry on the row's data: fused median and kernel times, and its output
-    and written rows against the shipped prep's (relative), rows not owned unchanged."""
+    and written rows against the shipped Triton prep's (relative), rows not owned unchanged. All with the
+    Triton prep (``LINATTN_CUTEDSL_PREP=0``), whose configuration the variants change."""
+    with set_env(PREP_SWITCH, "0"):
+        return _prep_variants(family, d, pool, idx)
+
+
+def _prep_variants(family, d, pool, idx) -> dict:
     from linattn.kernels.triton.chunk_fused import fused_config
     from prefill import config_override
 

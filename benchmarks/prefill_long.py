@@ -11,7 +11,8 @@ each case, ``triton.testing.do_bench`` medians of:
   choice of segments (``plan_segments``; ``linattn_segment_chunks`` and ``..._reason`` record it) and
   of the fused prefill (``linattn_fused``; its prep and walk: ``linattn_fused_prep``, ``..._walk``); it plans
   every call, so a short call is host-bound there: ``linattn_public_ms`` times the public op
-  (``validate=False``, the dispatcher's cached plan: what an engine pays) on the same data;
+  (``validate=False``, ``backend="triton-split"``, the dispatcher's cached plan: what an engine pays) on
+  the same data;
 - ``segments_ms``: the same with the segment length forced (``0``: one pass per sequence, the
   path before issue 18; ``L``: segments of ``L`` chunks);
 - ``fla``: FLA 0.6 ``chunk_gated_delta_rule`` / ``chunk_kda`` with dense states, l2norm in kernel,
@@ -108,16 +109,18 @@ def linattn_call(family, d, pool, idx, segment_chunks=None):
 
 
 def public_columns(family, d, pool, idx) -> dict:
-    """The public op (``linattn.gdn_prefill`` / ``kda_prefill``, ``validate=False``) on the same call, as
-    an engine makes it: the dispatcher's cached plan, not a plan per call as :func:`linattn_call`'s
-    ``chunk_prefill``, so where the GPU work is short this is the time an engine pays
-    (``linattn_public_ms``; ``linattn_public_backend``: what the dispatcher ran)."""
+    """The public op (``linattn.gdn_prefill`` / ``kda_prefill``, ``validate=False``, ``backend="triton-split"``:
+    linattn's own kernels, never a peer library the dispatcher may have registered) on the same call, as an
+    engine makes it: the dispatcher's cached plan, not a plan per call as :func:`linattn_call`'s
+    ``chunk_prefill``, so where the GPU work is short this is the time an engine pays (``linattn_public_ms``)."""
     import linattn
 
     op = linattn.kda_prefill if family == "kda" else linattn.gdn_prefill
-    fn = lambda: op(**d, state_pool=pool, state_indices=idx, scale=K ** -0.5, validate=False)  # noqa: E731
-    ms = bench_ms(fn)
-    return {"linattn_public_ms": ms, "linattn_public_backend": linattn.last_decision().chosen}
+
+    def call():
+        return op(**d, state_pool=pool, state_indices=idx, scale=K ** -0.5, validate=False, backend="triton-split")
+
+    return {"linattn_public_ms": bench_ms(call)}
 
 
 def fla_call(family, d, h0_kv):

@@ -1,7 +1,8 @@
 """CPU checks of the CuTe DSL prep of the fused GDN prefill (kernels/cutedsl/fused_prep.py, issue 27).
 
 Compiled for sm_90a without a GPU (the instruction mix read from the PTX); the refusals and the
-wrapper's argument checks, which raise before anything is compiled or launched; the opt-in switch.
+wrapper's argument checks, which raise before anything is compiled or launched; the switch (on by
+default, ``0`` keeps the Triton prep).
 What it computes is checked on the H200 by tests/gpu/test_fused_prep_gpu.py.
 """
 
@@ -184,6 +185,28 @@ def test_explain_names_the_prep_of_the_fused_prefill(monkeypatch):
             assert "prep: CuTe DSL (where the call's g is fp32 and beta fp32 or bf16;" in note()
         assert "prep: Triton (the CuTe DSL prep cannot run it: the CuTe DSL fused prep is built for K = 128; got K = 64" \
             in note(k=64)
+
+
+def test_choose_prep_is_on_by_default_wherever_the_refusal_is_empty(monkeypatch):
+    """choose_prep's rule alone, whether or not nvidia-cutlass-dsl imports here: with the refusal empty
+    the CuTe DSL prep runs with the switch unset or 1 and not with 0; a refusal keeps the Triton prep
+    and names its reason; KDA's prep is Triton's."""
+    why = {"text": ""}
+    monkeypatch.setattr(fp, "prep_refusal", lambda **kw: why["text"])
+
+    def choice():
+        return fp.choose_prep(family="gdn", K=128, dtype=torch.bfloat16, caps=None)
+
+    for switch, on in ((None, True), ("1", True), ("0", False), ("off", False)):
+        if switch is None:
+            monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+        else:
+            monkeypatch.setenv(fp.ENV_SWITCH, switch)
+        assert choice()[0] is on, switch
+    monkeypatch.delenv(fp.ENV_SWITCH)
+    why["text"] = "a reason of the refusal"
+    assert choice() == (False, "Triton (the CuTe DSL prep cannot run it: a reason of the refusal)")
+    assert fp.choose_prep(family="kda", K=128, dtype=torch.bfloat16, caps=None)[0] is False
 
 
 def test_the_planner_chooses_the_prep_where_the_switch_asks_and_the_profile_allows(monkeypatch):

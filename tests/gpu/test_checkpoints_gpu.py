@@ -6,7 +6,9 @@ The Triton prefill writes the checkpoints in its state loop (``HAS_CKPT``: the p
 kernel, the fused walk). Each checkpoint is held bitwise to the same kernels stopped after that many
 tokens (the pipeline or the fused prefill forced on both calls, so the chunk decomposition is
 identical) and to the float64 token-serial reference within the bf16 state tolerance; outputs and
-final states bitwise to the call without checkpoints (tests/ops/checkpoint_cases.py). The public op
+final states bitwise to the call without checkpoints (tests/ops/checkpoint_cases.py), the fused GDN
+walk held to Triton's on every call (``LINATTN_CUTEDSL_WALK=0``: the CuTe DSL walk, SM90's default,
+stores no checkpoints, so a call with them runs the Triton walk). The public op
 picks a Triton backend for a call with checkpoints. The CuTe DSL prefill (its state kernel stores
 them in its chunk loop) is held bitwise to its own prefill stopped there and to float64. The PyTorch fallbacks on CUDA (torch-chunked,
 torch-ref) are held to the float64 reference within the same tolerance only: cuBLAS picks other
