@@ -49,7 +49,7 @@ from linattn.dispatch.plugin.hookspecs import PLUGIN_API_VERSION
 from linattn.dispatch.rules.ops_table import FEATURES, FLAGS, METHODS, OP_TABLE
 from linattn.dispatch.plugin.problem import Problem
 from linattn.dispatch.plugin.self_check_case import check_against_reference, kernel_class
-from linattn.dispatch.plugin.verdict import Check, Rank, Reason
+from linattn.dispatch.plugin.verdict import Check, Rank, Reason, join_plan
 
 __all__ = ["ALL_VENDORS", "FEATURES", "FLOAT_DTYPES", "Backend", "Check", "ClampCall", "DecodeCall",
            "FirstReleaseAdapter", "GatingCall", "OpCall", "PrefillCall", "Rank", "Reason"]
@@ -295,10 +295,17 @@ class Backend:
 
     def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
         """What the backend would launch for ``p`` on ``caps`` and why, for ``explain`` (the
-        accepted verdict's message), from the problem's shapes alone. "" (the default): nothing to
-        say. A backend whose plan depends on the shape (e.g. the Triton prefill's segment-parallel
-        state pass) says it here."""
-        return ""
+        accepted verdict's message), from the problem's shapes alone. The default: :meth:`plan_parts`
+        as ``"name: text; name: text"`` ("" where it names none). A backend whose plan depends on the
+        shape (e.g. the Triton prefill's segment-parallel state pass) says it here or in its parts."""
+        return join_plan(self.plan_parts(p, caps))
+
+    def plan_parts(self, p: Problem, caps: DeviceCapabilities) -> dict[str, str]:
+        """The plan note's parts by name (the accepted verdict's ``plan``, ``linattn explain --json``), so a
+        tool reads a choice without parsing prose: e.g. the Triton prefill's ``{"prefill": why fused or
+        not, "prep": ..., "walk": ...}``. Names are identifiers; :func:`join_plan` shows them with spaces.
+        {} (the default): none."""
+        return {}
 
     def size_class(self, p: Problem, caps: DeviceCapabilities) -> Hashable:
         """What this backend's predicates, :meth:`rank` and :meth:`needs_forcing` read of the sizes

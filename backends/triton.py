@@ -196,7 +196,7 @@ class TritonBackend(Backend):
 
     def size_class(self, p: Problem, caps: DeviceCapabilities) -> tuple:
         """Only :meth:`supports_grid` reads the sizes (N, through the grid and decode's block
-        width): its outcome. :meth:`plan_note` reads T and N for its message only. Kept per what
+        width): its outcome. :meth:`plan_parts` reads T and N for its message only. Kept per what
         the grid reads (``_work``: op, N, heads, head dims, dtype, state pool dtype (decode's config);
         the layout and the device), so a new prefill length T of a known N asks no grid planner (issue 28)."""
         key = (self.layout, p.op, p.n, p.hv, p.k, p.v, p.d, p.dtype, p.state_dtype, id(caps))
@@ -218,32 +218,34 @@ class TritonBackend(Backend):
     def rank(self, p: Problem, caps: DeviceCapabilities) -> int:
         return Rank.NATIVE if caps.vendor in self.native else Rank.FORCED_ONLY
 
-    def plan_note(self, p: Problem, caps: DeviceCapabilities) -> str:
-        """Prefill: the fused GDN prefill where ``kernels.triton.prefill.plan_fused`` chooses it (its
-        reason, and its walk's: ``plan_walk``, the CuTe DSL walk on SM90 or the Triton one), else the
-        pipeline, why, and its state stage's plan (one pass per sequence, or the segment-parallel pass
-        with its segment length), from ``kernels.triton.prefill.plan_segments``
-        on the problem's shapes, and with ``output_state_indices`` the row copy before it; "" for the
-        other ops or without Triton."""
+    def plan_parts(self, p: Problem, caps: DeviceCapabilities) -> dict[str, str]:
+        """Prefill: the fused GDN prefill where ``kernels.triton.prefill.plan_fused`` chooses it
+        (``prefill``: its reason; ``prep``: ``fused_prep.choose_prep``'s, the CuTe DSL prep on SM90 or
+        the Triton one; ``walk``: ``plan_walk``'s, the CuTe DSL walk on SM90 or the Triton one), else
+        the pipeline (``prefill``: why) and its state stage's plan (``state_stage``: one pass per
+        sequence, or the segment-parallel pass with its segment length, from
+        ``kernels.triton.prefill.plan_segments`` on the problem's shapes); with ``output_state_indices``
+        the row copy before it, with checkpoints where they are stored. {} for the other ops or
+        without Triton. :meth:`plan_note` joins them (``"prefill: ...; prep: ...; walk: ..."``)."""
         if p.phase != "prefill" or not p.k or not p.v:
-            return ""
-        note = self._prefill_note(p, caps)
-        if note and p.output_state_indices:
-            note += "; output_state_indices: each read row copied into its write row first (fork_slots, one launch)"
-        if note and p.checkpoints and p.mode == "pool":
-            note += ("; checkpoints: stored in the state loop after each chunk that ends at a multiple of "
-                     "checkpoint_every (HAS_CKPT builds), not replayed")
-        return note
+            return {}
+        parts = self._prefill_parts(p, caps)
+        if parts and p.output_state_indices:
+            parts["output_state_indices"] = "each read row copied into its write row first (fork_slots, one launch)"
+        if parts and p.checkpoints and p.mode == "pool":
+            parts["checkpoints"] = ("stored in the state loop after each chunk that ends at a multiple of "
+                                    "checkpoint_every (HAS_CKPT builds), not replayed")
+        return parts
 
     @staticmethod
-    def _prefill_note(p: Problem, caps: DeviceCapabilities) -> str:
+    def _prefill_parts(p: Problem, caps: DeviceCapabilities) -> dict[str, str]:
         try:
             import torch
 
             from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments, plan_walk,
                                                         prefill_config, stage_options)
         except ImportError:
-            return ""
+            return {}
         family = OP_TABLE[p.op].family
         dtype = getattr(torch, p.dtype)
         ckpt = p.checkpoints and p.mode == "pool"  # the state stage in one pass per sequence
@@ -257,7 +259,7 @@ class TritonBackend(Backend):
             from linattn.kernels.cutedsl.fused_prep import choose_prep
 
             prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps)[1]
-            return f"prefill: {fwhy}; prep: {prep}; walk: {walk}"
+            return {"prefill": fwhy, "prep": prep, "walk": walk}
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state
         L, why = plan_segments(N=p.n, HV=p.hv, K=p.k, V=p.v, nt_max=p.t // CHUNK + p.n,
@@ -265,8 +267,7 @@ class TritonBackend(Backend):
                                forced=0 if ckpt else None)
         if ckpt:
             why = "state checkpoints: no segment-parallel pass"
-        state = f"state stage: {why}" if L else f"state stage: one pass per sequence ({why})"
-        return f"prefill: the pipeline ({fwhy}); {state}"
+        return {"prefill": f"the pipeline ({fwhy})", "state_stage": why if L else f"one pass per sequence ({why})"}
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------
 

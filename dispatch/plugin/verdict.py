@@ -63,6 +63,17 @@ class Reason(str, enum.Enum):
     CAPTURE = "capture"  # it cannot run inside CUDA-graph capture (e.g. its library syncs with the host)
 
 
+def join_plan(parts: dict[str, str]) -> str:
+    """A plan note from its parts (``Backend.plan_parts``, ``Accepted.plan``): ``"name: text; ..."``, an
+    identifier shown as :data:`PLAN_LABELS` says where it is not how the note names it
+    (``state_stage`` -> ``state stage``); "" for no parts."""
+    return "; ".join(f"{PLAN_LABELS.get(name, name)}: {text}" for name, text in parts.items())
+
+
+#: :func:`join_plan`'s labels for parts whose identifier is not how the note says it
+PLAN_LABELS = {"state_stage": "state stage"}
+
+
 class Accepted(BaseModel):
     """The backend may run the problem; ``rank`` orders the accepted ones (lower runs first).
 
@@ -81,6 +92,9 @@ class Accepted(BaseModel):
     verified: bool = Field(True, description="False: never verified on this arch, self-checks on its first eager call")
     measured_ms: Optional[float] = Field(None, description="its median time in the tuned table's bucket of this "
                                          "problem (dispatch/plugin/tuning.py); None: not measured there")
+    plan: dict[str, str] = Field(default_factory=dict, description="the parts of the backend's plan note by name "
+                                 "(Backend.plan_parts; the Triton prefill: prefill, prep, walk or state_stage, ...); "
+                                 "empty where the backend names none")
 
     @property
     def ok(self) -> bool:

@@ -151,7 +151,8 @@ def backend_verdict(backend, problem: Problem, caps: DeviceCapabilities, pol: Po
         if msg and forced != name:
             return Rejected(backend=name, reason=Reason.NOT_FORCED, message=msg,
                             hint=f"force it: backend={name!r} or LINATTN_BACKEND={problem.phase}={name}")
-        accepted = Accepted(backend=name, rank=int(backend.rank(problem, caps)), message=backend.plan_note(problem, caps))
+        accepted = Accepted(backend=name, rank=int(backend.rank(problem, caps)), message=backend.plan_note(problem, caps),
+                            plan=dict(backend.plan_parts(problem, caps)))
         return self_checks.verdict_for(backend, problem, caps, accepted, capturing)
     except Exception as e:  # noqa: BLE001 - a plugin's rank or forcing rule must not break dispatch
         return Rejected(backend=name, reason=Reason.BACKEND_ERROR, message=f"a predicate raised {type(e).__name__}: "

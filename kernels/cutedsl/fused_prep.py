@@ -127,7 +127,8 @@ def choose_prep(*, family: str, K: int, dtype: torch.dtype, caps, buf_dtype: Opt
     why = prep_refusal(family=family, K=K, dtype=dtype, buf_dtype=buf_dtype, shared_keys=shared_keys, caps=caps)
     if why:
         return False, f"Triton (the CuTe DSL prep cannot run it: {why})"
-    return True, "CuTe DSL (where the call's g is fp32 and beta fp32 or bf16; faster than Triton's on the H200)"
+    return True, (f"CuTe DSL (where the call's g is fp32 and beta fp32 or bf16; faster than Triton's on the H200; "
+                  f"{ENV_SWITCH}=0 keeps the Triton prep)")
 
 
 def _ptr_types(key: PrepKey) -> tuple:
