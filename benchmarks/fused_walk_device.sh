@@ -7,7 +7,9 @@
 #   a. pytest tests/cutedsl/test_fused_walk.py tests/gpu/test_fused_walk_gpu.py  -> $OUT/fused_walk_tests.xml
 #   b. python benchmarks/fused_walk.py (prep + Triton walk vs prep + each CuTe walk, mma.sync and
 #      wgmma; 16 x 4,096 and 8 x 1,024 at (16, 32))                            -> $OUT/fused_walk_<device>.json
-#   c. ncu of one CuTe walk (WALK=1: mma.sync, WALK=wgmma) at 16 x 4,096 (16, 32) -> $OUT/fused_walk_ncu.txt
+#   c. ncu of one CuTe DSL walk (WALK=wgmma, the default; 1: mma.sync) and of the prep that precedes it (the
+#      planner's: the CuTe DSL prep unless LINATTN_CUTEDSL_PREP=0) at 16 x 4,096 (16, 32); NCU_KERNELS: the
+#      kernel-name regex (CuTe DSL names them ..._fused_walk_wgmma..., ..._fused_prep_kernel...) -> $OUT/fused_walk_ncu.txt
 #   g. pytest tests/gpu (the whole GPU suite: it takes longer than one call allows; on 2026-12-03 it reached
 #      26 tests in 330 s, so give it a call of its own or select with GPU_TESTS="tests/gpu/test_x.py ...")
 #                                                                                  -> $OUT/gpu_tests.xml
@@ -41,8 +43,9 @@ timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_walk.py 2>&1 | grep -v W
 echo "step b rc=${PIPESTATUS[0]}"
 fi
 if [[ $STEPS == *c* ]]; then
-  timeout -k 5 "${T_NCU:-150}" ncu --clock-control none -k regex:FusedWalk -c 1 --set full \
-    python3 benchmarks/fused_walk.py --once --walk "${WALK:-1}" --shapes 16x4096@16/32 >"$OUT/fused_walk_ncu.txt" 2>&1
+  timeout -k 5 "${T_NCU:-150}" ncu --clock-control none -k "regex:${NCU_KERNELS:-fused_walk|FusedWalk|fused_prep|FusedPrep}" \
+    -c 2 --set full python3 benchmarks/fused_walk.py --once --walk "${WALK:-wgmma}" --shapes 16x4096@16/32 \
+    >"$OUT/fused_walk_ncu.txt" 2>&1
   echo "step c rc=$?"; grep -E "Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Dynamic Shared|Stall|Tensor" \
     "$OUT/fused_walk_ncu.txt" | head -30
 fi
