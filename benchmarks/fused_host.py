@@ -28,17 +28,23 @@ import cProfile
 import io
 import os
 import pstats
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _results import device_tag, results_path, write_results  # noqa: E402
+from fused_walk import make, parse  # noqa: E402  (the same inputs as the walk's benchmark)
+from host_overhead import host_us as _host_us  # noqa: E402
 
 K = V = 128
 SWITCHES = ("LINATTN_CUTEDSL_PREP", "LINATTN_CUTEDSL_WALK")
+
+
+def host_us(fn) -> float:
+    """Microseconds of host wall clock per eager call of ``fn``: 200 calls without a sync, the median of 5
+    such loops (``benchmarks/host_overhead.py``'s timer)."""
+    return _host_us(fn, 200, 5, torch.cuda.synchronize)
 
 
 @contextlib.contextmanager
@@ -61,39 +67,6 @@ def switches(prep: str, walk: str):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def make(N, L, H, HV):
-    """One fused-prefill call's inputs on CUDA: ``N`` sequences of ``L`` tokens, ``H`` key and ``HV`` value
-    heads, K = V = 128, bf16 q/k/v, fp32 gates (mild: ``logsigmoid(N(3, 1))``), fp32 pool ``[2N, HV, V, K]``
-    and ``N`` distinct slots. Returns ``(inputs, pool, state_indices)``."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    T = N * L
-    d = dict(q=torch.randn(T, H, K, device="cuda", generator=gen).bfloat16(),
-             k=torch.randn(T, H, K, device="cuda", generator=gen).bfloat16(),
-             v=torch.randn(T, HV, V, device="cuda", generator=gen).bfloat16(),
-             g=torch.nn.functional.logsigmoid(torch.randn(T, HV, device="cuda", generator=gen) + 3.0),
-             beta=torch.sigmoid(torch.randn(T, HV, device="cuda", generator=gen)),
-             cu_seqlens=torch.arange(0, T + 1, L, device="cuda", dtype=torch.int32))
-    pool = torch.randn(2 * N, HV, V, K, device="cuda", generator=gen) * 0.1
-    idx = torch.randperm(2 * N, device="cuda", generator=gen)[:N].to(torch.int32)
-    return d, pool, idx
-
-
-def host_us(fn, calls=200, repeats=5) -> float:
-    """Microseconds of host wall clock per eager call of ``fn``: ``calls`` calls without a sync, the
-    median of ``repeats`` such loops (a sync after each loop, not timed)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
 
 
 def ways(d, pool, idx):
@@ -159,12 +132,7 @@ def main():
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     rows, notes = [], ["host_us: wall clock per eager call (200 calls, no sync; median of 5); device_ms: do_bench median"]
-    shapes = []
-    for s in a.shapes.split(","):
-        nl, hh = s.split("@")
-        n, length = nl.split("x")
-        h, hv = hh.split("/")
-        shapes.append((int(n), int(length), int(h), int(hv)))
+    shapes = parse(a.shapes)
     out = results_path("fused_host") if os.environ.get("LINATTN_RESULTS_DIR") else f"/tmp/fused_host_{device_tag()}.json"
     for shp in shapes:
         rows += run_shape(*shp)
