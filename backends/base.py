@@ -300,10 +300,14 @@ class Backend:
         shape (e.g. the Triton prefill's segment-parallel state pass) says it here or in its parts."""
         return join_plan(self.plan_parts(p, caps))
 
+    plan_note.joins_parts = True  # the dispatcher joins the parts itself instead of asking twice
+
     def plan_parts(self, p: Problem, caps: DeviceCapabilities) -> dict[str, str]:
         """The plan note's parts by name (the accepted verdict's ``plan``, ``linattn explain --json``), so a
         tool reads a choice without parsing prose: e.g. the Triton prefill's ``{"prefill": why fused or
-        not, "prep": ..., "walk": ...}``. Names are identifiers; :func:`join_plan` shows them with spaces.
+        not, "prep": ..., "walk": ...}``. Names and texts are strings; :func:`join_plan` shows a name as
+        written, or as ``PLAN_LABELS`` spells it (``state_stage`` -> ``state stage``). Like the
+        message, what a cached decision holds is its shape class's first call's (:meth:`size_class`).
         {} (the default): none."""
         return {}
 

@@ -94,7 +94,8 @@ class Accepted(BaseModel):
                                          "problem (dispatch/plugin/tuning.py); None: not measured there")
     plan: dict[str, str] = Field(default_factory=dict, description="the parts of the backend's plan note by name "
                                  "(Backend.plan_parts; the Triton prefill: prefill, prep, walk or state_stage, ...); "
-                                 "empty where the backend names none")
+                                 "empty where the backend names none; in a cached decision, as the message, its "
+                                 "shape class's first call's (explain plans the problem given)")
 
     @property
     def ok(self) -> bool:

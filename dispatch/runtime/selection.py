@@ -52,7 +52,8 @@ from .registry import ENTRY_POINT_GROUP, Registry
 from .self_check import SelfChecks
 from ..plugin.tuning import Tuned, Tuning
 from ..rules import value_rules
-from ..plugin.verdict import Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, run_order
+from ..plugin.verdict import (Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, join_plan,
+                              run_order)
 
 log = logging.getLogger("linattn")
 AUTOTUNE = "LINATTN_AUTOTUNE=1"
@@ -151,12 +152,22 @@ def backend_verdict(backend, problem: Problem, caps: DeviceCapabilities, pol: Po
         if msg and forced != name:
             return Rejected(backend=name, reason=Reason.NOT_FORCED, message=msg,
                             hint=f"force it: backend={name!r} or LINATTN_BACKEND={problem.phase}={name}")
-        accepted = Accepted(backend=name, rank=int(backend.rank(problem, caps)), message=backend.plan_note(problem, caps),
-                            plan=dict(backend.plan_parts(problem, caps)))
+        note, parts = _plan(backend, problem, caps)
+        accepted = Accepted(backend=name, rank=int(backend.rank(problem, caps)), message=note, plan=parts)
         return self_checks.verdict_for(backend, problem, caps, accepted, capturing)
     except Exception as e:  # noqa: BLE001 - a plugin's rank or forcing rule must not break dispatch
         return Rejected(backend=name, reason=Reason.BACKEND_ERROR, message=f"a predicate raised {type(e).__name__}: "
                         f"{e}", hint="report it to the backend's authors")
+
+
+def _plan(backend, problem: Problem, caps: DeviceCapabilities) -> tuple[str, dict[str, str]]:
+    """The accepted verdict's message and plan from the backend's ``plan_parts`` (asked once): its own
+    ``plan_note`` where it writes one, else the parts joined (``join_plan``, as the default ``plan_note``
+    does: ``joins_parts`` marks it). The parts' names and texts as strings (a plugin's ``None``: none)."""
+    parts = {str(k): str(v) for k, v in (backend.plan_parts(problem, caps) or {}).items()}
+    if getattr(backend.__class__.plan_note, "joins_parts", False):
+        return join_plan(parts), parts
+    return backend.plan_note(problem, caps), parts
 
 
 def _plugin_verdicts(registry: Registry) -> list[Rejected]:

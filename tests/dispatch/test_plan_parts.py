@@ -2,8 +2,14 @@
 ``linattn explain --json`` gives the Triton prefill's choices (fused or pipeline, prep, walk, state stage)
 as fields, and the message is those parts joined (``join_plan``)."""
 
+import pytest
+
 import linattn
+from linattn.backends.base import Backend
 from linattn.dispatch.plugin.verdict import join_plan
+from linattn.dispatch.runtime.selection import _plan
+
+pytest.importorskip("triton")  # the triton-split backend's plan
 
 SHAPE = dict(n=16, t=65536, h=16, hv=32, k=128, v=128)
 
@@ -21,7 +27,7 @@ def test_the_fused_prefill_names_its_prep_and_walk(monkeypatch):
     assert list(v.plan) == ["prefill", "prep", "walk"], v.plan
     assert v.plan["prep"] == "Triton (LINATTN_CUTEDSL_PREP=0 keeps it)"
     assert v.plan["walk"].startswith("the Triton walk"), v.plan["walk"]
-    assert v.plan["prefill"].startswith("fused"), v.plan["prefill"]
+    assert v.message.startswith("prefill: fused: "), v.message
     assert v.message.endswith(join_plan(v.plan)) and "; prep: Triton (" in v.message
     (doc,) = [x for x in d.model_dump(mode="json")["verdicts"] if x["backend"] == "triton-split"]
     assert doc["plan"] == v.plan  # what explain --json prints
@@ -34,6 +40,43 @@ def test_the_pipeline_names_its_state_stage_and_other_ops_name_nothing():
     assert f"state stage: {v.plan['state_stage']}" in v.message
     _, dec = _triton(op="gdn_decode", t=16)
     assert dec.plan == {}
+
+
+def test_a_pool_call_names_its_row_copy_and_checkpoints():
+    _, v = _triton(dtype="float32", mode="pool", output_state_indices=True, checkpoints=True)
+    assert list(v.plan) == ["prefill", "state_stage", "output_state_indices", "checkpoints"], v.plan
+    assert v.plan["state_stage"].startswith("one pass per sequence (state checkpoints")
+    assert v.message.endswith("; output_state_indices: " + v.plan["output_state_indices"]
+                              + "; checkpoints: " + v.plan["checkpoints"])
+
+
+def test_a_backends_own_note_is_kept_and_its_parts_are_strings():
+    """A backend without parts: no message, no plan; one that writes its own note (torch-chunked) keeps
+    it beside its parts; parts given as other types are shown as strings, None as none."""
+    from linattn.dispatch.plugin.problem import Problem
+
+    class Plain(Backend):
+        name = "plain-test"
+
+    class Own(Backend):
+        name = "own-test"
+
+        def plan_note(self, p, caps):
+            return "my own words"
+
+        def plan_parts(self, p, caps):
+            return {"tiles": 4}
+
+    class Nothing(Backend):
+        name = "none-test"
+
+        def plan_parts(self, p, caps):
+            return None
+
+    p = Problem(op="gdn_prefill", n=1, t=64, h=1, hv=1, k=64, v=64)
+    assert _plan(Plain(), p, None) == ("", {})
+    assert _plan(Own(), p, None) == ("my own words", {"tiles": "4"})
+    assert _plan(Nothing(), p, None) == ("", {})
 
 
 def test_join_plan():
