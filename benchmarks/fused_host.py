@@ -29,6 +29,7 @@ import io
 import os
 import pstats
 import sys
+from unittest import mock
 
 import torch
 
@@ -49,24 +50,13 @@ def host_us(fn) -> float:
 
 @contextlib.contextmanager
 def switches(prep: str, walk: str):
-    """The two switches set ("" = unset) inside the block; the dispatcher's plans dropped on entry."""
+    """The two switches set inside the block ("": the planner's choice, as unset); the dispatcher's plans
+    dropped on entry, so that the public op plans again under them."""
     from linattn.dispatch.runtime.selection import dispatcher
 
-    old = {n: os.environ.get(n) for n in SWITCHES}
-    for name, value in zip(SWITCHES, (prep, walk)):
-        if value:
-            os.environ[name] = value
-        else:
-            os.environ.pop(name, None)
-    dispatcher().clear()
-    try:
+    with mock.patch.dict(os.environ, dict(zip(SWITCHES, (prep, walk)))):
+        dispatcher().clear()
         yield
-    finally:
-        for name, value in old.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def ways(d, pool, idx):

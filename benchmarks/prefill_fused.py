@@ -44,10 +44,10 @@ root's ``linattn/`` folder, not the package, is never imported)::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -104,21 +104,6 @@ def linattn(family, d, pool, idx, fused, cfg=None):
     plan = pm.plan_prefill(family, q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool,
                            state_indices=idx, fused=fused, fused_cfg=cfg)
     return plan, lambda: pm.run_prefill(plan, **d, scale=K ** -0.5, state_pool=pool, state_indices=idx)
-
-
-@contextlib.contextmanager
-def set_env(name, value):
-    """The environment switch ``name`` (``LINATTN_CUTEDSL_WALK``, ``LINATTN_CUTEDSL_PREP``: read when a call
-    is planned) set to ``value`` in the block."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
 
 
 def fla_fn(family, d, pool, idx):
@@ -220,7 +205,7 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
                f"_r{cfg.prep_maxnreg}" + ("_late" if cfg.late_keys else "")
                + ("" if family == "kda" or cfg.prep_shared_keys else "_unshared"))
         try:  # with the Triton prep, whose knobs these are (the CuTe DSL prep has none of them)
-            with set_env(PREP_SWITCH, "0"):
+            with mock.patch.dict(os.environ, {PREP_SWITCH: "0"}):
                 variants[key] = bench_ms(linattn(family, d, pool, idx, True, cfg)[1])
         except Exception as e:  # noqa: BLE001 - a variant that fails to build is recorded
             variants[key] = f"{type(e).__name__}: {e}"[:200]
@@ -234,11 +219,11 @@ def run_shape(family, N, L, H, HV, quick, kinds=("mild",), with_variants=False):
     if row.get("fla_ms"):
         row["speedup_vs_fla"] = row["fla_ms"] / row["fused_ms"]
     if walk is not None and walk.walk != "triton":  # the same fused prefill with the Triton walk (switch "0")
-        with set_env(WALK_SWITCH, "0"):
+        with mock.patch.dict(os.environ, {WALK_SWITCH: "0"}):
             row["fused_triton_walk_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
         row["fused_walk_speedup"] = row["fused_triton_walk_ms"] / row["fused_ms"]
     if fused_plan.fused_prep:  # the same fused prefill with the Triton prep (switch "0")
-        with set_env(PREP_SWITCH, "0"):
+        with mock.patch.dict(os.environ, {PREP_SWITCH: "0"}):
             row["fused_triton_prep_ms"] = bench_ms(linattn(family, d, pool, idx, True, pinned)[1])
         row["fused_prep_speedup"] = row["fused_triton_prep_ms"] / row["fused_ms"]
     if with_variants and family == "gdn":
@@ -263,7 +248,7 @@ def prep_variants(family, d, pool, idx) -> dict:
     """Each :data:`PREP_VARIANTS` entry on the row's data: fused median and kernel times, and its output
     and written rows against the shipped Triton prep's (relative), rows not owned unchanged. All with the
     Triton prep (``LINATTN_CUTEDSL_PREP=0``), whose configuration the variants change."""
-    with set_env(PREP_SWITCH, "0"):
+    with mock.patch.dict(os.environ, {PREP_SWITCH: "0"}):
         return _prep_variants(family, d, pool, idx)
 
 
