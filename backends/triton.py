@@ -249,8 +249,8 @@ class TritonBackend(Backend):
         family = OP_TABLE[p.op].family
         dtype = getattr(torch, p.dtype)
         ckpt = p.checkpoints and p.mode == "pool"  # the state stage in one pass per sequence
-        fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps,
-                                 cfg=fused_config(p.k, p.v, dtype))
+        fcfg = fused_config(p.k, p.v, dtype, family)  # the planner's (prefill.plan._with_fused)
+        fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps, cfg=fcfg)
         if fused:
             try:
                 walk = plan_walk(family, p.k, p.v, dtype, caps, p.n, p.hv, ckpt).reason
@@ -258,7 +258,7 @@ class TritonBackend(Backend):
                 walk = f"planning raises {type(e).__name__}: {e}"
             from linattn.kernels.cutedsl.fused_prep import choose_prep
 
-            prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps)[1]
+            prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps, shared_keys=fcfg.prep_shared_keys)[1]
             return {"prefill": fwhy, "prep": prep, "walk": walk}
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state
