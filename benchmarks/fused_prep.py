@@ -104,8 +104,7 @@ def main(argv=None) -> int:
     out = a.out or results_path("fused_prep")
     notes = ["prep alone and prep + wgmma walk timed through prefill.launch_fused_stages on one planned call "
              "(tables made once; prep alone: the walk replaced by nothing); triton.testing.do_bench medians, ms",
-             "cutedsl prep: kernels/cutedsl/fused_prep.py (the planner's default since session 12; "
-             "LINATTN_CUTEDSL_PREP=0: the Triton prep); *_rel: relative "
+             "cutedsl prep: kernels/cutedsl/fused_prep.py (LINATTN_CUTEDSL_PREP=0: the Triton prep); *_rel: relative "
              "difference to the Triton prep's buffers / the whole prefill with it"]
     return run_shapes(a.shapes, measure, out, notes)
 

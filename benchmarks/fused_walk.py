@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     out = a.out or results_path("fused_walk")
     notes = ["prep + walk timed through prefill.launch_fused_stages on one planned call (tables made once); "
              "walk = (prep + walk) - prep alone; triton.testing.do_bench medians, ms; the prep is the planner's "
-             "(row key prep: the CuTe DSL prep by default since session 12, the Triton prep before)",
+             "(row key prep)",
              "cutedsl walk: kernels/cutedsl/fused_walk.py (mma.sync, cp.async double-buffered; "
              "LINATTN_CUTEDSL_WALK=1 forces it); wgmma walk: the same with warpgroup MMAs, the state as the register "
              "A operand (LINATTN_CUTEDSL_WALK=wgmma)"]

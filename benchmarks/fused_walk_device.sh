@@ -10,8 +10,8 @@
 #   c. ncu of one CuTe DSL walk (WALK=wgmma, the default; 1: mma.sync) and of the prep that precedes it (the
 #      planner's: the CuTe DSL prep unless LINATTN_CUTEDSL_PREP=0) at 16 x 4,096 (16, 32); NCU_KERNELS: the
 #      kernel-name regex (CuTe DSL names them ..._fused_walk_wgmma..., ..._fused_prep_kernel...) -> $OUT/fused_walk_ncu.txt
-#   g. pytest tests/gpu (the whole GPU suite: it takes longer than one call allows; on 2026-12-03 it reached
-#      26 tests in 330 s, so give it a call of its own or select with GPU_TESTS="tests/gpu/test_x.py ...")
+#   g. pytest tests/gpu (the whole GPU suite takes longer than one call allows: select files with
+#      GPU_TESTS="tests/gpu/test_x.py ...", a few per call)
 #                                                                                  -> $OUT/gpu_tests.xml
 #   p. python benchmarks/prefill_fused.py --quick --keep (the planner's fused GDN prefill: pipeline, FLA, fused,
 #      the same with the Triton walk and with the Triton prep), starting from a copy of the committed file:

@@ -352,9 +352,8 @@ class DecodeConfig(NamedTuple):
 #: batch class ``large``: BV 16, 1 warp, q's and k's norms in one pass (``l2norm_one_pass``), the best
 #: config of ``benchmarks/decode_sweep.py`` on the H200 that gives the same bits as BV 8
 #: (docs/performance.md#decode-on-bf16-pools); ``small`` and fp32 pools are unmeasured with the one-pass
-#: norm and keep BV 8, 1 warp. GDN on bf16 pools also takes the decay as ``exp2`` of a ``log2``
-#: (``decay_exp2``; docs/performance.md, "Session 12"), in both batch classes so that a request's bits do
-#: not depend on the size of its batch; KDA's sweep showed no gain and keeps the log1p form.
+#: norm and keep BV 8, 1 warp. GDN on bf16 pools also takes ``decay_exp2``, in both batch classes so that
+#: a request's bits do not depend on its batch's size (docs/performance.md#decode-on-bf16-pools).
 PINNED: dict[tuple[str, int, int, str, str], DecodeConfig] = {
     **{(gate, 128, 128, cls, dt): DecodeConfig(8, 1) for gate in ("gdn", "kda") for cls in ("small", "large")
        for dt in ("fp32", "bf16")},
