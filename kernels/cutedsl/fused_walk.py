@@ -46,6 +46,7 @@ benchmarks/fused_walk.py; both through benchmarks/fused_walk_device.sh on the H2
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import threading
@@ -418,35 +419,80 @@ class CuteStep:
     arguments, its Int64 stride arguments, the scalars its call signature fixed (``tail``) and the
     current stream of the device the step was made for.
 
-    ``ptr_types``: per pointer argument its (CuTe type, assumed byte alignment). The last call's
-    (addresses, CuTe pointers) and (strides, CuTe Int64s) are kept: a call on the same ones (the pool,
-    a workspace block the caching allocator hands back) reuses them (``make_ptr`` costs about 2.6 us
-    a pointer on the host); each pair is replaced whole, so threads see a consistent pair.
+    ``ptr_types``: per pointer argument its (CuTe type, assumed byte alignment). The first call goes
+    through the compiled function's own call (CuTe pointers, ``Int64`` objects, the stream's handle
+    object: about 45 us of host time for the walk's 34 arguments, mostly its argument conversion).
+    Where the function is CuTe DSL's executor (``generate_execution_args`` and
+    ``run_compiled_program``), that call's C arguments are kept: each pointer, stride and the stream
+    is one 8-byte cell of a ctypes array whose address the executor passes (the layout the executor
+    gives those types, checked against its own conversion of the first call's arguments before it is
+    used), so a later call writes its addresses, strides and stream into the cells and runs the
+    program, a few microseconds; the ``tail``'s C values are the first call's, kept alive. A lock
+    holds the cells for one call at a time. A function without those methods (a test's stub, another
+    executor) is called with CuTe objects every time, as is one whose conversion is not that layout.
+
+    Raises:
+        ValueError: an address not aligned to its type's assumed alignment (checked on every call,
+            as ``make_ptr`` does).
     """
 
-    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_ptrs", "_strides")
+    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_fast", "_lock", "_aligns")
 
     def __init__(self, fn, key, device: torch.device, ptr_types: tuple, tail: tuple):
         self.fn, self.key, self.ptr_types, self.tail = fn, key, ptr_types, tail
         self.device = device.index  # None: the current device when launched
-        self._ptrs: tuple = ((), ())
-        self._strides: tuple = ((), ())
+        self._fast = None  # (cells, exe_args, keep-alive) once the executor's layout is checked; False: never
+        self._lock = threading.Lock()
+        self._aligns = tuple(al for _, al in ptr_types)
 
     def launch(self, addrs: tuple, strides: tuple) -> None:
         """Call the compiled function on these addresses (one per :attr:`ptr_types`) and strides."""
+        for a, al in zip(addrs, self._aligns):
+            if a % al:
+                raise ValueError(f"a CuTe DSL pointer argument at {a:#x} is not {al}-byte aligned")
+        raw = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None else self.device)
+        fast = self._fast
+        if fast:
+            cells, exe_args, _ = fast
+            n, m = len(addrs), len(addrs) + len(strides)
+            with self._lock:
+                cells[:n], cells[n:m], cells[m] = addrs, strides, raw
+                self.fn.run_compiled_program(exe_args)
+            return
         make_ptr, gmem, stream, I64, _ = _runtime()
-        last, ptrs = self._ptrs
-        if addrs != last:
-            ptrs = tuple(ptrs[i] if last and last[i] == a else make_ptr(dt, a, gmem, assumed_align=al)
-                         for i, (a, (dt, al)) in enumerate(zip(addrs, self.ptr_types)))
-            self._ptrs = (addrs, ptrs)
-        last, ints = self._strides
-        if strides != last:
-            ints = tuple(I64(x) for x in strides)
-            self._strides = (strides, ints)
-        self.fn(*ptrs, *ints, *self.tail,
-                stream(torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None
-                                                          else self.device)))
+        ptrs = tuple(make_ptr(dt, a, gmem, assumed_align=al) for a, (dt, al) in zip(addrs, self.ptr_types))
+        args = (*ptrs, *(I64(x) for x in strides), *self.tail, stream(raw))
+        if fast is None:
+            self._fast = _executor_cells(self.fn, args, (*addrs, *strides, raw), len(self.tail)) or False
+            if self._fast:
+                self.fn.run_compiled_program(self._fast[1])
+                return
+        self.fn(*args)
+
+
+def _executor_cells(fn, args: tuple, values: tuple, n_tail: int):
+    """``(cells, exe_args, keep_alive)`` for :class:`CuteStep`'s fast path, or None where ``fn`` is not
+    an executor whose C arguments for ``args`` are one 8-byte value per pointer, stride and stream
+    (``values``, in order) followed by the tail's: the executor's own conversion
+    (``generate_execution_args``) of this call's arguments is read back and compared."""
+    gen, run = getattr(fn, "generate_execution_args", None), getattr(fn, "run_compiled_program", None)
+    if not (callable(gen) and callable(run)):
+        return None
+    try:
+        exe_args, adapted = gen(*args)
+    except Exception:  # noqa: BLE001 - any failure keeps the executor's own call
+        return None
+    n = len(values) - 1  # pointers and strides; the stream is the last value, after the tail
+    if len(exe_args) != len(values) + n_tail:
+        return None
+    addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args]
+    order = list(range(n)) + [n + n_tail]
+    if any(not addr[i] or ctypes.c_int64.from_address(addr[i]).value != v for i, v in zip(order, values)):
+        return None
+    cells = (ctypes.c_int64 * len(values))(*values)
+    base = ctypes.addressof(cells)
+    fast_args = [base + 8 * j for j in range(n)] + exe_args[n:n + n_tail] + [base + 8 * n]
+    return cells, fast_args, (args, exe_args, adapted)
 
 
 class WalkStep(CuteStep):

@@ -97,9 +97,9 @@ def test_switch_is_a_switch_and_refuses_other_values(monkeypatch):
 
 # -- the prep as a replay step (PrepStep) --------------------------------------------------------------
 
-def test_a_prep_step_passes_each_calls_addresses_and_strides_whatever_it_reused(monkeypatch):
-    """PrepStep keeps the last call's CuTe pointers and stride integers for a call on the same ones; a
-    call on others (or back on the first) gets its own, in the compiled prep's argument order (11
+def test_a_prep_step_passes_each_calls_addresses_and_strides_whatever_an_earlier_call_passed(monkeypatch):
+    """A compiled function that is not CuTe DSL's executor (a stub here) is called with each call's
+    CuTe pointers and stride integers, whatever an earlier call passed, in the prep's argument order (11
     pointers of the compiled types and alignments, 8 strides, N, HV, group, items, scale, the
     stream); a q whose base is not 16-byte aligned is copied first. The compiled function is a stub
     (no GPU); q and k, N and the group differ, so a swap of either fails."""

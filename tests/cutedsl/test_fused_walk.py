@@ -309,10 +309,10 @@ def test_a_bad_switch_value_is_a_config_error_that_explain_raises(monkeypatch, d
 
 # -- the walk as a replay step (WalkStep) --------------------------------------------------------------
 
-def test_a_walk_step_passes_each_calls_addresses_and_strides_whatever_it_reused(monkeypatch):
-    """WalkStep keeps the last call's CuTe pointers and stride integers for a call on the same ones;
-    a call on others (or back on the first) gets its own, in the compiled walk's argument order; a q
-    whose base is not 16-byte aligned is copied first. The compiled function is a stub (no GPU)."""
+def test_a_walk_step_passes_each_calls_addresses_and_strides_whatever_an_earlier_call_passed(monkeypatch):
+    """A compiled function that is not CuTe DSL's executor (a stub here, no GPU) is called with each
+    call's CuTe pointers and stride integers in the compiled walk's argument order, whatever an
+    earlier call passed; a q whose base is not 16-byte aligned is copied first."""
     pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
     seen = []
 
@@ -339,3 +339,66 @@ def test_a_walk_step_passes_each_calls_addresses_and_strides_whatever_it_reused(
     misaligned = torch.zeros(70 * 2 * 128 + 1, dtype=bf)[1:].view(70, 2, 128)
     step((misaligned, *a[1:]))
     assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()
+
+
+class _Spy:
+    """A compiled walk's executor whose program is not run: ``run_compiled_program`` reads the 8-byte
+    value behind each C argument (what the program would read); ``__call__`` (the executor's own
+    call) is recorded as ``"call"``. ``layout``: a change to the executor's conversion."""
+
+    def __init__(self, real, layout=lambda exe: exe):
+        self.real, self.layout, self.seen = real, layout, []
+
+    def generate_execution_args(self, *args):
+        exe, adapted = self.real.generate_execution_args(*args)
+        return self.layout(exe), adapted
+
+    def run_compiled_program(self, exe_args):
+        import ctypes
+
+        self.seen.append([ctypes.c_int64.from_address(int(e.value if isinstance(e, ctypes.c_void_p) else e)).value
+                          for e in exe_args])
+
+    def __call__(self, *args):
+        self.seen.append("call")
+
+
+def _real_walk_step(monkeypatch, layout=lambda exe: exe):
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+    stream = iter(range(0x5000, 0x6000, 0x100))  # a new current stream per call
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: next(stream), raising=False)
+    key = fw.WalkKey(128, 128, 128, True, True, "float32", "float32", "int32", "int32", "sm_90a", True, mma="wgmma")
+    spy = _Spy(fw.compile_walk(key), layout)
+    return spy, fw.WalkStep(spy, key, torch.device("cpu", 0), (1, 2, 3, 4), (5, 6, 7, 8), 2, 4, 2)
+
+
+def test_a_walk_step_on_the_compiled_executor_writes_each_calls_arguments_where_the_program_reads_them(monkeypatch):
+    """On the real compiled walk's executor (sm_90a, no GPU; its program is not run) the step converts
+    the first call's arguments with the executor and from then on writes each call's addresses,
+    strides and stream into the cells the program reads: what the program would read, call by call,
+    is that call's pointers, strides, the fixed tail (state strides, N, HV, group) and its stream,
+    never an earlier call's; the executor's own (slow) call is not used."""
+    spy, step = _real_walk_step(monkeypatch)
+    tail = [1, 2, 4, 3, 5, 6, 8, 7, 2, 4, 2]  # the state strides as the walk takes them, N, HV, group
+    calls = [(tuple(4096 * (i + 1) for i in range(14)), tuple(range(100, 108))),
+             (tuple(4096 * (i + 7) for i in range(14)), tuple(range(207, 199, -1))),
+             (tuple(4096 * (i + 1) for i in range(14)), tuple(range(100, 108)))]
+    for addrs, strides in calls:
+        step.launch(addrs, strides)
+    assert "call" not in spy.seen and len(spy.seen) == 3
+    for got, (addrs, strides), stream in zip(spy.seen, calls, (0x5000, 0x5100, 0x5200)):
+        assert got[:22] == [*addrs, *strides] and got[-1] == stream
+        assert [v & 0xFFFFFFFF if i in (2, 3, 6, 7, 8, 9, 10) else v for i, v in enumerate(got[22:33])] == tail
+
+
+def test_a_walk_step_keeps_the_executors_own_call_where_its_conversion_is_another_layout(monkeypatch):
+    """Where the executor's C arguments are not one cell per argument in order (here one dropped), the
+    step calls the executor with CuTe objects on every call; a misaligned address is refused
+    before anything runs."""
+    spy, step = _real_walk_step(monkeypatch, layout=lambda exe: exe[1:])
+    for _ in range(2):
+        step.launch(tuple(4096 * (i + 1) for i in range(14)), tuple(range(8)))
+    assert spy.seen == ["call", "call"]
+    with pytest.raises(ValueError, match="aligned"):
+        step.launch((4096 + 2,) + tuple(4096 * (i + 1) for i in range(1, 14)), tuple(range(8)))
+    assert spy.seen == ["call", "call"]
