@@ -35,7 +35,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -238,7 +238,7 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
     key = PrepKey(K, bool(use_qk_l2norm), _dt(beta.dtype), _dt(cu_seqlens.dtype), arch, MIN_CTAS)
     from linattn.kernels.triton.launch import launch_step
 
-    launch_step(PrepStep(compile_prep(key), key, q.device, N, HV, H, nt_max * H, scale),
+    launch_step(cached_step(PrepStep, compile_prep, key, q.device, N, HV, H, nt_max * H, scale),
                 (q, k, g, beta, cu_seqlens, chunk_seq, chunk_start, tmb, aqk, rk, qs))
 
 
@@ -267,7 +267,7 @@ class PrepStep(CuteStep):
 
         I32 = _runtime()[4]
         super().__init__(fn, key, device, _ptr_types(key),
-                         (I32(N), I32(HV), I32(HV // H), I32(items), cutlass.Float32(float(scale))))
+                         ((I32, N), (I32, HV), (I32, HV // H), (I32, items), (cutlass.Float32, float(scale))))
 
     def __call__(self, args: tuple) -> None:
         q, k, g, beta = _aligned(args[0]), _aligned(args[1]), args[2], args[3]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import threading
 from typing import NamedTuple, Optional
 
@@ -366,7 +367,7 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     mask = has_initial_state if has_initial_state is not None else sidx
     from linattn.kernels.triton.launch import launch_step
 
-    launch_step(WalkStep(compile_walk(key), key, q.device, s0, st, N, HV, H),
+    launch_step(cached_step(WalkStep, compile_walk, key, q.device, s0, st, N, HV, H),
                 (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, sidx, mask, h0 if h0 is not None else ht, ht))
 
 
@@ -416,32 +417,32 @@ def _runtime():
 class CuteStep:
     """The host side the CuTe DSL launch steps share (:class:`WalkStep`, and the prep's
     :class:`~linattn.kernels.cutedsl.fused_prep.PrepStep`): a compiled function called with its pointer
-    arguments, its Int64 stride arguments, the scalars its call signature fixed (``tail``) and the
-    current stream of the device the step was made for.
+    arguments, its Int64 stride arguments, the scalars its call signature fixed (``tail``: per scalar
+    its CuTe type, ``Int64`` / ``Int32`` / ``Float32``, and value) and the current stream of the device
+    the step was made for.
 
-    ``ptr_types``: per pointer argument its (CuTe type, assumed byte alignment). The first call goes
-    through the compiled function's own call (CuTe pointers, ``Int64`` objects, the stream's handle
-    object: about 45 us of host time for the walk's 34 arguments, mostly its argument conversion).
-    Where the function is CuTe DSL's executor (``generate_execution_args`` and
-    ``run_compiled_program``), that call's C arguments are kept: each pointer, stride and the stream
-    is one 8-byte cell of a ctypes array whose address the executor passes (the layout the executor
-    gives those types, checked against its own conversion of the first call's arguments before it is
-    used), so a later call writes its addresses, strides and stream into the cells and runs the
-    program, a few microseconds; the ``tail``'s C values are the first call's, kept alive. A lock
-    holds the cells for one call at a time. A function without those methods (a test's stub, another
-    executor) is called with CuTe objects every time, as is one whose conversion is not that layout.
+    ``ptr_types``: per pointer argument its (CuTe type, assumed byte alignment). Where the function is
+    CuTe DSL's executor (``generate_execution_args`` and ``run_compiled_program``), each argument is
+    one 8-byte cell of a ctypes array whose cell addresses are the C arguments the program reads
+    (the layout the executor's own conversion gives these types, checked once per compiled function
+    against its conversion of a first call's arguments: :func:`_executor_layout`): a call writes its
+    addresses, strides and stream into the cells and runs the program, a few microseconds of host
+    time where the executor's own call (CuTe pointers, ``Int64`` objects, its argument conversion)
+    takes about 45. A lock holds the cells for one call at a time. A function without those methods
+    (a test's stub, another executor), or one whose conversion is not that layout, is called with
+    CuTe objects every time.
 
     Raises:
         ValueError: an address not aligned to its type's assumed alignment (checked on every call,
             as ``make_ptr`` does).
     """
 
-    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_fast", "_lock", "_aligns")
+    __slots__ = ("fn", "key", "device", "ptr_types", "tail", "_cells", "_exe_args", "_lock", "_aligns")
 
     def __init__(self, fn, key, device: torch.device, ptr_types: tuple, tail: tuple):
         self.fn, self.key, self.ptr_types, self.tail = fn, key, ptr_types, tail
         self.device = device.index  # None: the current device when launched
-        self._fast = None  # (cells, exe_args, keep-alive) once the executor's layout is checked; False: never
+        self._cells = self._exe_args = None  # made at the first call where the executor's layout holds
         self._lock = threading.Lock()
         self._aligns = tuple(al for _, al in ptr_types)
 
@@ -451,48 +452,95 @@ class CuteStep:
             if a % al:
                 raise ValueError(f"a CuTe DSL pointer argument at {a:#x} is not {al}-byte aligned")
         raw = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice() if self.device is None else self.device)
-        fast = self._fast
-        if fast:
-            cells, exe_args, _ = fast
-            n, m = len(addrs), len(addrs) + len(strides)
-            with self._lock:
-                cells[:n], cells[n:m], cells[m] = addrs, strides, raw
-                self.fn.run_compiled_program(exe_args)
-            return
-        make_ptr, gmem, stream, I64, _ = _runtime()
-        ptrs = tuple(make_ptr(dt, a, gmem, assumed_align=al) for a, (dt, al) in zip(addrs, self.ptr_types))
-        args = (*ptrs, *(I64(x) for x in strides), *self.tail, stream(raw))
-        if fast is None:
-            self._fast = _executor_cells(self.fn, args, (*addrs, *strides, raw), len(self.tail)) or False
-            if self._fast:
-                self.fn.run_compiled_program(self._fast[1])
+        cells = self._cells
+        if cells is None:
+            cells = self._first_call(addrs, strides, raw)
+            if cells is None:
                 return
-        self.fn(*args)
+        with self._lock:
+            cells[:len(addrs) + len(strides)], cells[-1] = (*addrs, *strides), raw
+            self.fn.run_compiled_program(self._exe_args)
+
+    def _first_call(self, addrs: tuple, strides: tuple, raw: int):
+        """This step's argument cells where :func:`_executor_layout` holds for its compiled function;
+        else None, having called the function with CuTe objects."""
+        args = None
+        if _LAYOUTS.get(id(self.fn), (None,))[0] is not self.fn:
+            i64 = ctypes.c_int64
+            args = self._cute_args(addrs, strides, raw)
+            _executor_layout(self.fn, args, (*((i64, a) for a in addrs), *((i64, x) for x in strides),
+                                             *((_ctype(t), v) for t, v in self.tail), (i64, raw)))
+        if not _LAYOUTS[id(self.fn)][1]:
+            self.fn(*(args or self._cute_args(addrs, strides, raw)))
+            return None
+        # a 4-byte value in its cell's low bytes (little-endian hosts): an int32 as the int64 of its value,
+        # a float32 as the integer of its bits
+        tail = tuple(struct.unpack("<i", struct.pack("<f", v))[0] if _ctype(t) is ctypes.c_float else v
+                     for t, v in self.tail)
+        cells = (ctypes.c_int64 * (len(addrs) + len(strides) + len(tail) + 1))(*addrs, *strides, *tail, raw)
+        with self._lock:
+            if self._cells is None:
+                base = ctypes.addressof(cells)
+                self._exe_args = [base + 8 * i for i in range(len(cells))]
+                self._cells = cells
+            return self._cells
+
+    def _cute_args(self, addrs: tuple, strides: tuple, raw: int) -> tuple:
+        """The compiled function's arguments as CuTe objects (its executor's own call)."""
+        make_ptr, gmem, stream, I64, _ = _runtime()
+        return (*(make_ptr(dt, a, gmem, assumed_align=al) for a, (dt, al) in zip(addrs, self.ptr_types)),
+                *(I64(x) for x in strides), *(t(v) for t, v in self.tail), stream(raw))
 
 
-def _executor_cells(fn, args: tuple, values: tuple, n_tail: int):
-    """``(cells, exe_args, keep_alive)`` for :class:`CuteStep`'s fast path, or None where ``fn`` is not
-    an executor whose C arguments for ``args`` are one 8-byte value per pointer, stride and stream
-    (``values``, in order) followed by the tail's: the executor's own conversion
-    (``generate_execution_args``) of this call's arguments is read back and compared."""
-    gen, run = getattr(fn, "generate_execution_args", None), getattr(fn, "run_compiled_program", None)
-    if not (callable(gen) and callable(run)):
-        return None
-    try:
-        exe_args, adapted = gen(*args)
-    except Exception:  # noqa: BLE001 - any failure keeps the executor's own call
-        return None
-    n = len(values) - 1  # pointers and strides; the stream is the last value, after the tail
-    if len(exe_args) != len(values) + n_tail:
-        return None
-    addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args]
-    order = list(range(n)) + [n + n_tail]
-    if any(not addr[i] or ctypes.c_int64.from_address(addr[i]).value != v for i, v in zip(order, values)):
-        return None
-    cells = (ctypes.c_int64 * len(values))(*values)
-    base = ctypes.addressof(cells)
-    fast_args = [base + 8 * j for j in range(n)] + exe_args[n:n + n_tail] + [base + 8 * n]
-    return cells, fast_args, (args, exe_args, adapted)
+_STEPS: dict = {}  # (step class, key, device, signature) -> step: a call stream's few signatures
+_STEPS_MAX = 256
+
+
+def cached_step(cls, compile_fn, key, device: torch.device, *signature):
+    """The :class:`CuteStep` ``cls(compile_fn(key), key, device, *signature)``, made once per (class,
+    key, device, signature) and kept (at most ``_STEPS_MAX``; the oldest half dropped beyond): a
+    call on a signature seen before reuses its step and the step's argument cells."""
+    k = (cls, key, device, signature)
+    step = _STEPS.get(k)
+    if step is None:
+        step = cls(compile_fn(key), key, device, *signature)
+        with _STEPS_LOCK:
+            if len(_STEPS) >= _STEPS_MAX:
+                for old in list(_STEPS)[:_STEPS_MAX // 2]:
+                    _STEPS.pop(old, None)
+            step = _STEPS.setdefault(k, step)
+    return step
+
+
+_STEPS_LOCK = threading.Lock()
+
+
+def _ctype(t):
+    """The C type of a CuTe ``Int64`` / ``Int32`` / ``Float32`` argument type."""
+    import cutlass
+
+    return ctypes.c_float if t is cutlass.Float32 else ctypes.c_int64 if t.width == 64 else ctypes.c_int32
+
+
+_LAYOUTS: dict = {}  # id(fn) -> (fn, whether the executor passes one C pointer per argument to its value)
+
+
+def _executor_layout(fn, args: tuple, values: tuple) -> bool:
+    """Whether ``fn`` is CuTe DSL's executor and passes ``args`` as one C pointer per argument to that
+    argument's value (``values``: per argument its (ctypes type, value): the pointers' addresses, the
+    strides, the tail's numbers, the stream's handle): its own conversion (``generate_execution_args``)
+    of ``args`` read back and compared; recorded in ``_LAYOUTS`` per compiled function."""
+    ok = callable(getattr(fn, "generate_execution_args", None)) and callable(getattr(fn, "run_compiled_program", None))
+    if ok:
+        try:
+            exe_args = fn.generate_execution_args(*args)[0]
+        except Exception:  # noqa: BLE001 - any failure keeps the executor's own call
+            exe_args = ()
+        addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args]
+        ok = len(addr) == len(args) == len(values) and all(addr) and all(
+            ct.from_address(a).value == ct(v).value for a, (ct, v) in zip(addr, values))
+    _LAYOUTS[id(fn)] = (fn, ok)
+    return ok
 
 
 class WalkStep(CuteStep):
@@ -519,8 +567,8 @@ class WalkStep(CuteStep):
         ptr_types = ((BF16, 16),) * 3 + ((F32, 4), (BF16, 16), (BF16, 16), (F32, 4), (F32, 4), (BF16, 16),
                                          (cu, cu.width // 8), (idx, idx.width // 8), (cutlass.Uint8, 1),
                                          (s0t, s0t.width // 8), (stt, stt.width // 8))
-        tail = (I64(s0[0]), I64(s0[1]), I32(s0[3]), I32(s0[2]), I64(st[0]), I64(st[1]), I32(st[3]), I32(st[2]),
-                I32(N), I32(HV), I32(HV // H))
+        tail = ((I64, s0[0]), (I64, s0[1]), (I32, s0[3]), (I32, s0[2]), (I64, st[0]), (I64, st[1]), (I32, st[3]),
+                (I32, st[2]), (I32, N), (I32, HV), (I32, HV // H))
         super().__init__(fn, key, device, ptr_types, tail)
 
     def __call__(self, args: tuple) -> None:
