@@ -23,12 +23,44 @@ _STATE = threading.local()
 
 
 def install() -> bool:
-    """Wrap the interpreter's ``_patch_lang`` and ``GridExecutor.__call__``; False where this Triton
-    has not got them (nothing changed)."""
+    """Install every patch below that this Triton has the names for; True where any was installed."""
     try:
         from triton.runtime import interpreter as interp
     except ImportError:
         return False
+    return any([_patch_lang_once_per_launch(interp), _overflow_checks_only_where_asserted(interp)])
+
+
+def _overflow_checks_only_where_asserted(interp) -> bool:
+    """Skip the interpreter's integer-overflow sanitizer where its verdict is thrown away.
+
+    Every int32 ``+``, ``-``, ``*`` in a kernel (``sanitize_overflow=True`` by default) runs
+    ``TritonSemantic.binary_op_sanitize_overflow_impl``: both operands cast to int64, the op again,
+    two compares and an ``and`` against int32's bounds, then ``device_assert`` of the result, which
+    returns at once unless the builder's options have ``debug`` (the interpreter's
+    ``InterpreterOptions()``: never). So under the interpreter the check builds five tensors per
+    integer op and asserts nothing: about 40% of an interpreted launch's time (cProfile of
+    tests/prefill/test_prefill_segments.py's kda-L1 case: 8.3 of 20.5 s). Where ``debug`` is off the
+    patched method returns before that work (the kernel's values and every assertion are as before);
+    where it is on, Triton's own code runs. Only the interpreter's semantic object is patched.
+    """
+    semantic = getattr(interp, "interpreter_semantic", None)
+    sanitize = getattr(type(semantic), "binary_op_sanitize_overflow_impl", None)
+    if semantic is None or sanitize is None or "binary_op_sanitize_overflow_impl" in vars(semantic):
+        return False
+
+    def sanitize_where_asserted(lhs, rhs, binary_op):
+        if not semantic.builder.options.debug:  # device_assert would drop the condition unread
+            return None
+        return sanitize(semantic, lhs, rhs, binary_op)
+
+    semantic.binary_op_sanitize_overflow_impl = sanitize_where_asserted
+    return True
+
+
+def _patch_lang_once_per_launch(interp) -> bool:
+    """Wrap the interpreter's ``_patch_lang`` and ``GridExecutor.__call__`` (module docstring); False
+    where this Triton has not got them (nothing changed)."""
     grid_executor = getattr(interp, "GridExecutor", None)
     patch_lang, scope_cls = getattr(interp, "_patch_lang", None), getattr(interp, "_LangPatchScope", None)
     if grid_executor is None or patch_lang is None or scope_cls is None or getattr(patch_lang, "_linattn", False):
