@@ -1,17 +1,23 @@
-"""One patch of ``triton.language`` per interpreted launch, not one per device-function call.
+"""Test-only speed-ups of Triton's interpreter: each leaves every value a kernel computes and every
+check Triton makes as they were, and each is installed only where this Triton has the names it wraps
+(:func:`install`; where a release lacks them the suite runs as before). Only the test suite installs
+them (tests/conftest.py, under ``TRITON_INTERPRET=1``):
 
-Under ``TRITON_INTERPRET=1`` Triton's launch (``GridExecutor.__call__``) points the builtins of
-the language modules the kernel's module imports (``triton.language`` / its ``core``) at the
-interpreter for the whole launch and restores them at its end; then every call of a ``@triton.jit``
-helper inside the kernel (``InterpretedFunction.__call__``) runs the same patch again for the modules
-the helper's module imports, rebuilding the same wrappers around the same builder, and never restores
-it (what the launch had patched its restore puts back; a module only a helper imports stays patched,
-as upstream). Our kernels call small helpers in their loops, so that repeated patch was
-about 8% of an interpreter-bound file's CPU time (tests/prefill/test_prefill_segments.py on two workers:
-129.6 -> 119.4 s). :func:`install` makes a helper's patch a no-op while a launch
-has already patched the language modules that helper sees (``triton.language`` / its ``core``); any
-other case runs Triton's own code. Only the test suite installs it (tests/conftest.py); where a Triton
-release lacks the names it wraps, nothing is installed and the suite runs as before.
+- one patch of ``triton.language`` per launch (:func:`_patch_lang_once_per_launch`);
+- no integer-overflow sanitizer whose verdict is dropped (:func:`_overflow_checks_only_where_asserted`);
+- numpy dtypes from a table (:func:`_np_dtype_table`).
+
+One patch per launch: under ``TRITON_INTERPRET=1`` Triton's launch (``GridExecutor.__call__``) points
+the builtins of the language modules the kernel's module imports (``triton.language`` / its ``core``)
+at the interpreter for the whole launch and restores them at its end; then every call of a
+``@triton.jit`` helper inside the kernel (``InterpretedFunction.__call__``) runs the same patch again
+for the modules the helper's module imports, rebuilding the same wrappers around the same builder, and
+never restores it (what the launch had patched its restore puts back; a module only a helper imports
+stays patched, as upstream). Our kernels call small helpers in their loops, so that repeated patch was
+about 8% of an interpreter-bound file's CPU time (tests/prefill/test_prefill_segments.py on two
+workers: 129.6 -> 119.4 s). The patch makes a helper's patch a no-op while a launch has already
+patched the language modules that helper sees (``triton.language`` / its ``core``); any other case
+runs Triton's own code.
 """
 
 from __future__ import annotations
@@ -28,7 +34,38 @@ def install() -> bool:
         from triton.runtime import interpreter as interp
     except ImportError:
         return False
-    return any([_patch_lang_once_per_launch(interp), _overflow_checks_only_where_asserted(interp)])
+    return any([_patch_lang_once_per_launch(interp), _overflow_checks_only_where_asserted(interp),
+                _np_dtype_table(interp)])
+
+
+def _np_dtype_table(interp) -> bool:
+    """The interpreter's ``_get_np_dtype`` answered from a table filled by Triton's own function.
+
+    Triton's builds a dict of 19 dtypes on every call, and the interpreter asks it for nearly every
+    tensor it makes (27k calls in the kda-L1 segments case: 0.7 of 11.5 s of interpreted launches).
+    The answer depends on the scalar dtype alone (a block's is its element's), which ``tl.dtype``
+    compares by name; so a plain scalar dtype, or a block of one, is looked up by that name, the entry
+    filled by Triton's function on first use. Anything else (pointers, blocks of pointers) goes to
+    Triton's function as before.
+    """
+    get, tl = getattr(interp, "_get_np_dtype", None), getattr(interp, "tl", None)
+    if get is None or tl is None or getattr(get, "_linattn", False):
+        return False
+    plain, block = tl.dtype, tl.block_type
+    by_name: dict = {}
+
+    def get_np_dtype(tt_dtype):
+        scalar = tt_dtype.element_ty if type(tt_dtype) is block else tt_dtype
+        if type(scalar) is not plain:
+            return get(tt_dtype)
+        got = by_name.get(scalar.name)
+        if got is None:
+            got = by_name[scalar.name] = get(scalar)
+        return got
+
+    get_np_dtype._linattn = True
+    interp._get_np_dtype = get_np_dtype
+    return True
 
 
 def _overflow_checks_only_where_asserted(interp) -> bool:
