@@ -1,14 +1,16 @@
 """The CLI behind a pipe: a reader that closes early (``linattn report | head -1``) ends the output,
 not the verb (no traceback, the verb's own exit code); progress never reaches stdout.
 
-These run ``python -m linattn`` in a subprocess: the closed pipe is the real file descriptor's.
+These run ``python -m linattn`` in a subprocess: the closed pipe is the real file descriptor's. One
+subprocess per test imports linattn once and forks a child per command (tests/cli/cli_forks.py), so
+the eight commands pay for one import of torch per test, not one each.
 """
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 import linattn.apps.cli as cli
@@ -24,19 +26,22 @@ CLOSED_EARLY = [
 ]
 
 
-def _closed_reader(args: tuple) -> subprocess.Popen:
-    """Start ``linattn ARGS`` with stdout a pipe whose reader is closed before the verb writes."""
-    p = subprocess.Popen([sys.executable, "-m", "linattn", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    p.stdout.close()  # the reader goes away (``| head -0``): the verb's first write meets a closed pipe
-    return p
+def _forked_runs(runs: list[dict]) -> list[dict]:
+    """``python -m linattn ARGS`` for every run, each a fork of one interpreter that imported linattn once
+    (tests/cli/cli_forks.py: each child runs linattn/__main__.py and ends as the command ends); a run's
+    ``stdout`` is ``"closed"`` (a pipe whose reader is gone before the verb writes) or ``"pipe"``."""
+    p = subprocess.run([sys.executable, str(Path(__file__).with_name("cli_forks.py")), json.dumps(runs)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
 
 
 def test_a_reader_closing_the_pipe_early_ends_the_output_quietly_with_the_verbs_exit_code():
-    procs = [(args, code, _closed_reader(args)) for args, code in CLOSED_EARLY]  # all at once: ~2 s each
-    for args, code, p in procs:
-        err = p.stderr.read().decode()
-        p.stderr.close()
-        assert p.wait(timeout=120) == code, (args, err)
+    runs = _forked_runs([dict(args=list(args), stdout="closed") for args, _ in CLOSED_EARLY])
+    assert len(runs) == len(CLOSED_EARLY)
+    for (args, code), run in zip(CLOSED_EARLY, runs):
+        err = run["stderr"]
+        assert run["code"] == code, (args, err)
         assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, (args, err)
 
 
@@ -47,13 +52,17 @@ def test_check_shows_no_progress_on_stdout_when_piped():
     assert "done" not in res.output  # nor on stderr: the bar is drawn on a terminal only
 
 
-@pytest.mark.parametrize("extra", [(), ("--json",)])
-def test_check_piped_stdout_is_the_report_alone(extra):
-    p = subprocess.run([sys.executable, "-m", "linattn", "check", "silu_and_mul_clamp", "--backend", "torch-ref",
-                        *extra], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    if extra:
-        assert json.loads(p.stdout)["status"] == "passed"  # pure JSON
-    else:
-        assert p.stdout.startswith("linattn check: torch-ref") and "━━━" not in p.stdout.split("\n", 1)[0]
-    assert "done" not in p.stderr
+def test_check_piped_stdout_is_the_report_alone():
+    """``linattn check`` with stdout a pipe, as text and as ``--json`` (both runs in one process:
+    :func:`_forked_runs`): the report alone on stdout, no progress bar on either stream."""
+    extras = [(), ("--json",)]
+    runs = _forked_runs([dict(args=["check", "silu_and_mul_clamp", "--backend", "torch-ref", *extra], stdout="pipe")
+                         for extra in extras])
+    assert len(runs) == len(extras)
+    for extra, p in zip(extras, runs):
+        assert p["code"] == 0, (extra, p["stderr"])
+        if extra:
+            assert json.loads(p["stdout"])["status"] == "passed"  # pure JSON
+        else:
+            assert p["stdout"].startswith("linattn check: torch-ref") and "━━━" not in p["stdout"].split("\n", 1)[0]
+        assert "done" not in p["stderr"], extra
