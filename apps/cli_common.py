@@ -133,7 +133,6 @@ def quiet_stdout() -> None:
     (https://docs.python.org/3/library/signal.html#note-on-sigpipe); the verb then ends quietly with its
     own exit code (0 when it succeeded), never a traceback. A stdout without a file descriptor (a test
     runner's buffer) is left as it is."""
-    return
     try:
         fd = sys.stdout.fileno()
     except (AttributeError, ValueError, io.UnsupportedOperation):
