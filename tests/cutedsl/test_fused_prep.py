@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from linattn.kernels.cutedsl import fused_prep as fp
-from linattn.kernels.cutedsl import fused_walk as fwmod
 
 MMA = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 
@@ -139,43 +138,6 @@ def test_a_prep_step_passes_each_calls_addresses_and_strides_whatever_an_earlier
     step((misaligned, *a[1:]))
     assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()
     assert seen[-1][2][:2] == [256, 128]  # the copy's strides
-
-
-def test_a_prep_step_on_the_compiled_executor_writes_each_calls_arguments_where_the_program_reads_them(monkeypatch):
-    """On the real compiled prep's executor (sm_90a, no GPU; its program is not run: ``run_compiled_program``
-    reads the value behind each C argument) each call's pointers, strides and stream are what the
-    program would read, with the signature's N, HV, group, items (int32) and scale (float32) after
-    them; steps of one signature are one step (:func:`fused_walk.cached_step`), another scale another."""
-    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
-    import ctypes
-
-    key = fp.PrepKey(128, True, "bfloat16", "int64", "sm_90a", fp.MIN_CTAS)
-    real, seen = fp.compile_prep(key), []
-
-    class Spy:
-        generate_execution_args = staticmethod(real.generate_execution_args)
-
-        def run_compiled_program(self, exe_args):
-            ints = [ctypes.c_int64.from_address(a).value for a in exe_args]
-            seen.append((ints[:19], [ctypes.c_int32.from_address(a).value for a in exe_args[19:23]],
-                         ctypes.c_float.from_address(exe_args[23]).value, ints[24], len(exe_args)))
-
-        def __call__(self, *args):
-            seen.append("call")
-
-    spy = Spy()
-    stream = iter(range(0x7000, 0x8000, 0x100))
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: next(stream), raising=False)
-    step = fwmod.cached_step(fp.PrepStep, lambda k: spy, key, torch.device("cpu", 0), 3, 4, 2, 6, 0.1)
-    assert fwmod.cached_step(fp.PrepStep, lambda k: spy, key, torch.device("cpu", 0), 3, 4, 2, 6, 0.1) is step
-    assert fwmod.cached_step(fp.PrepStep, lambda k: spy, key, torch.device("cpu", 0), 3, 4, 2, 6, 0.2) is not step
-    calls = [(tuple(4096 * (i + 1) for i in range(11)), tuple(range(8))),
-             (tuple(4096 * (i + 5) for i in range(11)), tuple(range(30, 38)))]
-    for addrs, strides in calls:
-        step.launch(addrs, strides)
-    assert [s[0] for s in seen] == [[*a, *st] for a, st in calls]
-    assert all(s[1] == [3, 4, 2, 6] and s[2] == ctypes.c_float(0.1).value and s[4] == 25 for s in seen)
-    assert [s[3] for s in seen] == [0x7000, 0x7100]
 
 
 def test_the_wrapper_records_a_prep_step_and_takes_a_buckets_larger_buffers(monkeypatch):

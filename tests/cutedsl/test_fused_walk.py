@@ -341,10 +341,38 @@ def test_a_walk_step_passes_each_calls_addresses_and_strides_whatever_an_earlier
     assert seen[-1][0][0] % 16 == 0 and seen[-1][0][0] != misaligned.data_ptr()
 
 
+def _tiny_executor():
+    """A CuTe DSL executor (compiled for sm_90a without a GPU, in a tenth of a second) taking the kinds of
+    arguments the steps pass: pointers of two alignments, Int64 strides, an Int64 / Int32 / Float32 tail
+    and a stream."""
+    cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is not installed")
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+    from cutlass import Float32, Int32, Int64
+    from cutlass.cute.runtime import make_ptr
+
+    class Tiny:
+        @cute.jit
+        def __call__(self, a: cute.Pointer, b: cute.Pointer, s0: Int64, s1: Int64, t0: Int64, t1: Int32,
+                     t2: Float32, stream):
+            self.kernel(a, b, s0, s1, t0, t1, t2).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, a: cute.Pointer, b: cute.Pointer, s0: Int64, s1: Int64, t0: Int64, t1: Int32, t2: Float32):
+            m = cute.make_tensor(b, cute.make_layout(1))
+            m[0] = Float32(s0 + s1 + t0 + Int64(t1)) * t2
+
+    gmem = cute.AddressSpace.gmem
+    types = ((cutlass.BFloat16, 16), (cutlass.Float32, 4))
+    return cute.compile(Tiny(), *(make_ptr(t, 64, gmem, assumed_align=al) for t, al in types), Int64(1), Int64(2),
+                        Int64(3), Int32(4), Float32(0.5), cuda.CUstream(0), options="--gpu-arch sm_90a"), types
+
+
 class _Spy:
-    """A compiled walk's executor whose program is not run: ``run_compiled_program`` reads the 8-byte
-    value behind each C argument (what the program would read); ``__call__`` (the executor's own
-    call) is recorded as ``"call"``. ``layout``: a change to the executor's conversion."""
+    """A compiled executor whose program is not run: ``run_compiled_program`` reads what the program
+    would read behind each C argument (8 bytes; the int32 and float32 of the tail as such);
+    ``__call__`` (the executor's own call) is recorded as ``"call"``. ``layout``: a change to the
+    executor's conversion."""
 
     def __init__(self, real, layout=lambda exe: exe):
         self.real, self.layout, self.seen = real, layout, []
@@ -356,49 +384,61 @@ class _Spy:
     def run_compiled_program(self, exe_args):
         import ctypes
 
-        self.seen.append([ctypes.c_int64.from_address(int(e.value if isinstance(e, ctypes.c_void_p) else e)).value
-                          for e in exe_args])
+        a = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args]
+        self.seen.append([ctypes.c_int64.from_address(x).value for x in a[:5]]
+                         + [ctypes.c_int32.from_address(a[5]).value, ctypes.c_float.from_address(a[6]).value,
+                            ctypes.c_int64.from_address(a[7]).value])
 
     def __call__(self, *args):
         self.seen.append("call")
 
 
-def _real_walk_step(monkeypatch, layout=lambda exe: exe):
-    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed")
+def _stream_per_call(monkeypatch):
     stream = iter(range(0x5000, 0x6000, 0x100))  # a new current stream per call
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda d: next(stream), raising=False)
-    key = fw.WalkKey(128, 128, 128, True, True, "float32", "float32", "int32", "int32", "sm_90a", True, mma="wgmma")
-    spy = _Spy(fw.compile_walk(key), layout)
-    return spy, fw.WalkStep(spy, key, torch.device("cpu", 0), (1, 2, 3, 4), (5, 6, 7, 8), 2, 4, 2)
 
 
-def test_a_walk_step_on_the_compiled_executor_writes_each_calls_arguments_where_the_program_reads_them(monkeypatch):
-    """On the real compiled walk's executor (sm_90a, no GPU; its program is not run) the step converts
-    the first call's arguments with the executor and from then on writes each call's addresses,
-    strides and stream into the cells the program reads: what the program would read, call by call,
-    is that call's pointers, strides, the fixed tail (state strides, N, HV, group) and its stream,
-    never an earlier call's; the executor's own (slow) call is not used."""
-    spy, step = _real_walk_step(monkeypatch)
-    tail = [1, 2, 4, 3, 5, 6, 8, 7, 2, 4, 2]  # the state strides as the walk takes them, N, HV, group
-    calls = [(tuple(4096 * (i + 1) for i in range(14)), tuple(range(100, 108))),
-             (tuple(4096 * (i + 7) for i in range(14)), tuple(range(207, 199, -1))),
-             (tuple(4096 * (i + 1) for i in range(14)), tuple(range(100, 108)))]
+def test_a_cute_step_writes_each_calls_arguments_where_the_compiled_program_reads_them(monkeypatch):
+    """On a real CuTe DSL executor (its program not run), a step converts its first call's arguments with
+    the executor, checks that layout, and from then on writes each call's addresses, strides and stream
+    into the cells the program reads: what the program would read, call by call, is that call's
+    pointers, strides and stream, never an earlier call's, with the signature's int64 / int32 / float32
+    tail after them; the executor's own (slow) call is not used. Steps of one signature are one step
+    (``cached_step``), another signature another."""
+    real, types = _tiny_executor()
+    _stream_per_call(monkeypatch)
+    spy = _Spy(real)
+    import cutlass
+
+    def make(fn, key, device, t1, t2):
+        return fw.CuteStep(fn, key, device, types, ((cutlass.Int64, -7), (cutlass.Int32, t1), (cutlass.Float32, t2)))
+
+    dev = torch.device("cpu", 0)
+    step = fw.cached_step(make, lambda key: spy, "tiny", dev, -3, 0.1)
+    assert fw.cached_step(make, lambda key: spy, "tiny", dev, -3, 0.1) is step
+    assert fw.cached_step(make, lambda key: spy, "tiny", dev, 5, 0.1) is not step
+    calls = [((4096, 8192), (100, 101)), ((65536, 4100), (207, 206)), ((4096, 8192), (100, 101))]
     for addrs, strides in calls:
         step.launch(addrs, strides)
-    assert "call" not in spy.seen and len(spy.seen) == 3
-    for got, (addrs, strides), stream in zip(spy.seen, calls, (0x5000, 0x5100, 0x5200)):
-        assert got[:22] == [*addrs, *strides] and got[-1] == stream
-        assert [v & 0xFFFFFFFF if i in (2, 3, 6, 7, 8, 9, 10) else v for i, v in enumerate(got[22:33])] == tail
+    assert "call" not in spy.seen
+    assert spy.seen == [[*a, *s, -7, -3, pytest.approx(0.1, rel=1e-7), st]
+                        for (a, s), st in zip(calls, (0x5000, 0x5100, 0x5200))]
 
 
-def test_a_walk_step_keeps_the_executors_own_call_where_its_conversion_is_another_layout(monkeypatch):
+def test_a_cute_step_keeps_the_executors_own_call_where_its_conversion_is_another_layout(monkeypatch):
     """Where the executor's C arguments are not one cell per argument in order (here one dropped), the
     step calls the executor with CuTe objects on every call; a misaligned address is refused
     before anything runs."""
-    spy, step = _real_walk_step(monkeypatch, layout=lambda exe: exe[1:])
+    real, types = _tiny_executor()
+    _stream_per_call(monkeypatch)
+    import cutlass
+
+    spy = _Spy(real, layout=lambda exe: exe[1:])
+    step = fw.CuteStep(spy, "tiny", torch.device("cpu", 0), types,
+                       ((cutlass.Int64, 1), (cutlass.Int32, 2), (cutlass.Float32, 0.5)))
     for _ in range(2):
-        step.launch(tuple(4096 * (i + 1) for i in range(14)), tuple(range(8)))
+        step.launch((4096, 8192), (1, 2))
     assert spy.seen == ["call", "call"]
     with pytest.raises(ValueError, match="aligned"):
-        step.launch((4096 + 2,) + tuple(4096 * (i + 1) for i in range(1, 14)), tuple(range(8)))
+        step.launch((4096 + 2, 8192), (1, 2))
     assert spy.seen == ["call", "call"]

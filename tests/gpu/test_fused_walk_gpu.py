@@ -285,6 +285,9 @@ def test_a_recorded_then_replayed_wgmma_walk_is_bitwise_the_unrecorded_call(monk
     assert isinstance(launch, pm.PrefillLaunch), launch
     assert isinstance(launch.sequence, launch_mod.SteppedSequence)
     assert [type(s) for s in launch.sequence.steps] == [fp.PrepStep] * len(before) + [fw.WalkStep]
+    # the steps launched through their argument cells (the compiled executors' layout held), not the
+    # executor's own per-call conversion
+    assert all(s._cells is not None for s in launch.sequence.steps)
 
 
 @PREPS
