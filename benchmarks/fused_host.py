@@ -10,10 +10,10 @@ q/k/v, fp32 "vk" pool) and each (prep, walk) of ``LINATTN_CUTEDSL_PREP`` x ``LIN
   cached plans).
 
 Per way: ``device_ms`` (``triton.testing.do_bench`` median: the GPU-bound time where the host keeps up)
-and ``host_us`` (wall clock per call of 200 eager calls without a sync, the median of 5 loops: what
-the host spends to enqueue one call). Where ``host_us`` / 1e3 is near ``device_ms`` the call is
-host-bound. ``--profile`` adds the top of a cProfile of 200 ``chunk_prefill`` calls of the first shape
-at the planner's choice. Writes ``$LINATTN_RESULTS_DIR/fused_host_<device>.json``, else
+and ``host_us`` (wall clock per call of 100 eager calls without a sync, the median of 5 loops, each
+behind a sleep kernel that holds the GPU: what the host spends to enqueue one call, never waiting for
+the GPU). Where ``host_us`` / 1e3 is near ``device_ms`` the call is host-bound. ``--profile`` adds the
+top of a cProfile of 200 ``chunk_prefill`` calls of the first shape at the planner's choice. Writes ``$LINATTN_RESULTS_DIR/fused_host_<device>.json``, else
 ``/tmp/fused_host_<device>.json`` (an experiment: its numbers go to docs/performance.md, the file is not
 committed; ``benchmarks/results/`` holds at most 15 files).
 
@@ -43,9 +43,14 @@ SWITCHES = ("LINATTN_CUTEDSL_PREP", "LINATTN_CUTEDSL_WALK")
 
 
 def host_us(fn) -> float:
-    """Microseconds of host wall clock per eager call of ``fn``: 200 calls without a sync, the median of 5
-    such loops (``benchmarks/host_overhead.py``'s timer)."""
-    return _host_us(fn, 200, 5, torch.cuda.synchronize)
+    """Microseconds of host wall clock per eager call of ``fn``: 100 calls without a sync, the median of 5
+    such loops (``benchmarks/host_overhead.py``'s timer), each loop started behind a 0.2 s
+    ``torch.cuda._sleep`` on the stream, so that no call waits for the GPU (100 calls of a few launches
+    stay within the launch queue): the host's cost even where the call is device-bound."""
+    return _host_us(fn, 100, 5, torch.cuda.synchronize, hold=lambda: torch.cuda._sleep(HOLD_CYCLES))
+
+
+HOLD_CYCLES = 400_000_000  # about 0.2 s at the H200's ~1.98 GHz SM clock: longer than 100 calls of host time
 
 
 @contextlib.contextmanager
@@ -121,7 +126,8 @@ def main():
     ap.add_argument("--shapes", default="8x1024@16/32,16x4096@16/32")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
-    rows, notes = [], ["host_us: wall clock per eager call (200 calls, no sync; median of 5); device_ms: do_bench median"]
+    rows, notes = [], ["host_us: wall clock per eager call (100 calls behind a sleep kernel, no sync; median of 5); "
+                       "device_ms: do_bench median"]
     shapes = parse(a.shapes)
     out = results_path("fused_host") if os.environ.get("LINATTN_RESULTS_DIR") else f"/tmp/fused_host_{device_tag()}.json"
     for shp in shapes:

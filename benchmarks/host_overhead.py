@@ -41,13 +41,20 @@ from linattn.kernels.triton import launch as launch_mod  # noqa: E402
 H, HV, K, V = 16, 32, 128, 128
 
 
-def host_us(fn, calls: int, repeats: int, sync) -> float:
-    """Median over ``repeats`` of the host wall clock per call of ``calls`` calls (no sync inside)."""
+def host_us(fn, calls: int, repeats: int, sync, hold=None) -> float:
+    """Median over ``repeats`` of the host wall clock per call of ``calls`` calls (no sync inside).
+
+    ``hold``: called (untimed) before each timed loop to keep the device busy for longer than the loop
+    (e.g. ``torch.cuda._sleep``), so that no call waits for the GPU's launch queue to drain: the pure
+    host cost where the device is slower than the host (without it a device-bound call's figure
+    includes the wait)."""
     for _ in range(20):
         fn()
     sync()
     samples = []
     for _ in range(repeats):
+        if hold is not None:
+            hold()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
