@@ -20,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ["OMP_NUM_THREADS"] == "1
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # one language patch per interpreted launch (module docstring)
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter's test-only speed-ups (tests/_interpreter_speed.py)
     import _interpreter_speed
 
     _interpreter_speed.install()
