@@ -103,6 +103,8 @@ PROCESS_CACHES: tuple[str, ...] = (
     "linattn.kernels.triton.launch:_compiled",
     "linattn.kernels.cutedsl.chunk_state:_CACHE",
     "linattn.kernels.cutedsl.fused_walk:_CACHE",
+    "linattn.kernels.cutedsl.fused_walk:_STEPS",
+    "linattn.kernels.cutedsl.fused_walk:_LAYOUTS",
     "linattn.kernels.cutedsl.fused_prep:_CACHE",
 )
 

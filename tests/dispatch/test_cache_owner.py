@@ -76,7 +76,8 @@ def _fill_the_rest(monkeypatch) -> None:
     cutedsl.importable()  # imports CuTe DSL where installed (about 2 s), else records why not
     from linattn.backends import torch_chunked
 
-    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, fused_prep._CACHE, dispatcher().self_checks._results,
+    for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, fused_walk._STEPS, fused_walk._LAYOUTS,
+                  fused_prep._CACHE, dispatcher().self_checks._results,
                   torch_chunked._LAYOUTS, torch_chunked._CONSTANTS):  # the last two: when no CPU prefill above ran torch-chunked
         cache.setdefault(("stand-in",), None)
 
