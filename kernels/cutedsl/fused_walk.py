@@ -50,12 +50,14 @@ import ctypes
 import functools
 import os
 import struct
+import sys
 import threading
 from typing import NamedTuple, Optional
 
 import torch
 
 from linattn.dispatch.env import CUTEDSL_WALK_VALUES
+from linattn.dispatch.lru import LRUCache
 
 from linattn.kernels.triton.limits import G_MIN
 
@@ -464,19 +466,14 @@ class CuteStep:
     def _first_call(self, addrs: tuple, strides: tuple, raw: int):
         """This step's argument cells where :func:`_executor_layout` holds for its compiled function;
         else None, having called the function with CuTe objects."""
-        args = None
-        if _LAYOUTS.get(id(self.fn), (None,))[0] is not self.fn:
-            i64 = ctypes.c_int64
-            args = self._cute_args(addrs, strides, raw)
-            _executor_layout(self.fn, args, (*((i64, a) for a in addrs), *((i64, x) for x in strides),
-                                             *((_ctype(t), v) for t, v in self.tail), (i64, raw)))
-        if not _LAYOUTS[id(self.fn)][1]:
-            self.fn(*(args or self._cute_args(addrs, strides, raw)))
+        hit = _LAYOUTS.get(id(self.fn))
+        ok = hit[1] if hit is not None and hit[0] is self.fn else _executor_layout(self, len(addrs), len(strides))
+        if not ok:
+            self.fn(*self._cute_args(addrs, strides, raw))
             return None
         # a 4-byte value in its cell's low bytes (little-endian hosts): an int32 as the int64 of its value,
         # a float32 as the integer of its bits
-        tail = tuple(struct.unpack("<i", struct.pack("<f", v))[0] if _ctype(t) is ctypes.c_float else v
-                     for t, v in self.tail)
+        tail = tuple(_float_bits(v) if _ctype(t) is ctypes.c_float else v for t, v in self.tail)
         cells = (ctypes.c_int64 * (len(addrs) + len(strides) + len(tail) + 1))(*addrs, *strides, *tail, raw)
         with self._lock:
             if self._cells is None:
@@ -492,54 +489,76 @@ class CuteStep:
                 *(I64(x) for x in strides), *(t(v) for t, v in self.tail), stream(raw))
 
 
-_STEPS: dict = {}  # (step class, key, device, signature) -> step: a call stream's few signatures
-_STEPS_MAX = 256
+#: (step class, key, device, signature) -> step, the 256 used last (the signature holds N and the chunk
+#: count, so a serving stream makes new ones often: a miss costs one step, ~10 us, the layout is not rechecked)
+_STEPS = LRUCache(256)
 
 
 def cached_step(cls, compile_fn, key, device: torch.device, *signature):
     """The :class:`CuteStep` ``cls(compile_fn(key), key, device, *signature)``, made once per (class,
-    key, device, signature) and kept (at most ``_STEPS_MAX``; the oldest half dropped beyond): a
-    call on a signature seen before reuses its step and the step's argument cells."""
+    key, device, signature) and kept among the 256 used last: a call on a signature seen before
+    reuses its step and the step's argument cells."""
     k = (cls, key, device, signature)
     step = _STEPS.get(k)
     if step is None:
         step = cls(compile_fn(key), key, device, *signature)
-        with _STEPS_LOCK:
-            if len(_STEPS) >= _STEPS_MAX:
-                for old in list(_STEPS)[:_STEPS_MAX // 2]:
-                    _STEPS.pop(old, None)
-            step = _STEPS.setdefault(k, step)
+        _STEPS.put(k, step)
     return step
-
-
-_STEPS_LOCK = threading.Lock()
 
 
 def _ctype(t):
     """The C type of a CuTe ``Int64`` / ``Int32`` / ``Float32`` argument type."""
     import cutlass
 
-    return ctypes.c_float if t is cutlass.Float32 else ctypes.c_int64 if t.width == 64 else ctypes.c_int32
+    got = {cutlass.Float32: ctypes.c_float, cutlass.Int64: ctypes.c_int64, cutlass.Int32: ctypes.c_int32}.get(t)
+    if got is None:
+        raise TypeError(f"a CuTe DSL step's scalar must be Int64, Int32 or Float32, got {t}")
+    return got
 
 
 _LAYOUTS: dict = {}  # id(fn) -> (fn, whether the executor passes one C pointer per argument to its value)
 
 
-def _executor_layout(fn, args: tuple, values: tuple) -> bool:
-    """Whether ``fn`` is CuTe DSL's executor and passes ``args`` as one C pointer per argument to that
-    argument's value (``values``: per argument its (ctypes type, value): the pointers' addresses, the
-    strides, the tail's numbers, the stream's handle): its own conversion (``generate_execution_args``)
-    of ``args`` read back and compared; recorded in ``_LAYOUTS`` per compiled function."""
-    ok = callable(getattr(fn, "generate_execution_args", None)) and callable(getattr(fn, "run_compiled_program", None))
+def _float_bits(v: float) -> int:
+    """The int32 of a float32's bits (``v`` rounded to float32 as ctypes does: out of range is inf)."""
+    return struct.unpack("<i", bytes(ctypes.c_float(v)))[0]
+
+
+def _executor_layout(step: "CuteStep", n_ptrs: int, n_strides: int) -> bool:
+    """Whether ``step.fn`` is CuTe DSL's executor and passes each argument as one C pointer to that
+    argument's value, in order, with nothing added: its own conversion (``generate_execution_args``,
+    which launches nothing) of made-up arguments, every one a distinct value (aligned fake addresses,
+    strides, the tail's types, a stream handle), read back and compared; recorded in ``_LAYOUTS``
+    per compiled function. A refusal is warned about once: the step then takes the executor's own
+    call (about 45 us of host a launch)."""
+    fn = step.fn
+    ok = (sys.byteorder == "little" and callable(getattr(fn, "generate_execution_args", None))
+          and callable(getattr(fn, "run_compiled_program", None))
+          and not getattr(fn, "total_added_arguments", 0) and getattr(fn, "_pyir_spec", None) is None)
     if ok:
+        addrs = tuple(2**20 * (i + 1) for i in range(n_ptrs))  # 1 MiB apart: every alignment holds
+        strides = tuple(1000 + i for i in range(n_strides))
+        tail = tuple((t, 0.5 + i if _ctype(t) is ctypes.c_float else 100 + i) for i, (t, _) in enumerate(step.tail))
+        raw = 0x7E57
+        i64 = ctypes.c_int64
+        values = (*((i64, a) for a in addrs), *((i64, x) for x in strides), *((_ctype(t), v) for t, v in tail),
+                  (i64, raw))
         try:
+            args = CuteStep(fn, step.key, torch.device("cpu"), step.ptr_types, tail)._cute_args(addrs, strides, raw)
             exe_args = fn.generate_execution_args(*args)[0]
+            ok = len(exe_args) == len(args) == len(values) and all(
+                isinstance(e, ctypes.c_void_p) or isinstance(e, int) for e in exe_args)
+            addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args] if ok else []
+            ok = ok and all(addr) and all(ct.from_address(a).value == ct(v).value for a, (ct, v) in zip(addr, values))
         except Exception:  # noqa: BLE001 - any failure keeps the executor's own call
-            exe_args = ()
-        addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args]
-        ok = len(addr) == len(args) == len(values) and all(addr) and all(
-            ct.from_address(a).value == ct(v).value for a, (ct, v) in zip(addr, values))
+            ok = False
     _LAYOUTS[id(fn)] = (fn, ok)
+    if not ok:
+        import warnings
+
+        warnings.warn(f"linattn: CuTe DSL launches of {step.key!r} take the executor's own call (its C argument "
+                      "layout is not the one linattn's argument cells write): correct, about 45 us of host a launch "
+                      "more", RuntimeWarning, stacklevel=4)
     return ok
 
 

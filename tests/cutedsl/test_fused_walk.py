@@ -425,19 +425,23 @@ def test_a_cute_step_writes_each_calls_arguments_where_the_compiled_program_read
                         for (a, s), st in zip(calls, (0x5000, 0x5100, 0x5200))]
 
 
-def test_a_cute_step_keeps_the_executors_own_call_where_its_conversion_is_another_layout(monkeypatch):
-    """Where the executor's C arguments are not one cell per argument in order (here one dropped), the
-    step calls the executor with CuTe objects on every call; a misaligned address is refused
-    before anything runs."""
+@pytest.mark.parametrize("layout", ["one dropped", "two strides swapped"])
+def test_a_cute_step_keeps_the_executors_own_call_where_its_conversion_is_another_layout(monkeypatch, layout):
+    """Where the executor's C arguments are not one cell per argument in order (one dropped; or as
+    many, two strides swapped: caught by the values, made distinct for the check, even though this
+    call's two strides are equal), the step warns once and calls the executor with CuTe objects on
+    every call; a misaligned address is refused before anything runs."""
     real, types = _tiny_executor()
     _stream_per_call(monkeypatch)
     import cutlass
 
-    spy = _Spy(real, layout=lambda exe: exe[1:])
+    change = (lambda exe: exe[1:]) if layout == "one dropped" else (lambda exe: [*exe[:2], exe[3], exe[2], *exe[4:]])
+    spy = _Spy(real, layout=change)
     step = fw.CuteStep(spy, "tiny", torch.device("cpu", 0), types,
                        ((cutlass.Int64, 1), (cutlass.Int32, 2), (cutlass.Float32, 0.5)))
-    for _ in range(2):
-        step.launch((4096, 8192), (1, 2))
+    with pytest.warns(RuntimeWarning, match="executor's own call"):
+        step.launch((4096, 8192), (7, 7))
+    step.launch((4096, 8192), (7, 7))
     assert spy.seen == ["call", "call"]
     with pytest.raises(ValueError, match="aligned"):
         step.launch((4096 + 2, 8192), (1, 2))
