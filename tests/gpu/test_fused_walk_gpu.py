@@ -313,3 +313,28 @@ def test_a_prefill_bucket_replays_the_wgmma_walk_with_the_bits_of_its_own_plan(m
         _same((o, final, work["state_pool"]), want, kw)
     (plan, launch, _), = replay.entries.values()
     assert plan.fused is not None and isinstance(launch, pm.PrefillLaunch)
+
+
+def test_the_argument_cells_launch_bitwise_as_the_executors_own_call(monkeypatch):
+    """The CuTe DSL prep and walk launched through their argument cells (``CuteStep``'s fast path) give
+    the bits of the same call launched through CuTe DSL's executor (CuTe objects, its own argument
+    conversion), on the same inputs, outputs and pool rows; the fast path did run."""
+    monkeypatch.delenv(fw.ENV_SWITCH, raising=False)
+    monkeypatch.delenv(fp.ENV_SWITCH, raising=False)
+    kw = _pool_call([300, 1, 64, 0, 200], seed=31)
+    plan = _plan_of(kw, fused=True)
+    assert plan.fused_walk.walk == "wgmma"
+
+    def run():
+        fw._STEPS.clear()
+        got = _unrecorded(monkeypatch, plan, kw)
+        return got, [s for s in fw._STEPS.values()]
+
+    fast, steps = run()
+    assert len(steps) == 2 and all(s._cells is not None for s in steps)  # prep and walk through their cells
+    with monkeypatch.context() as m:
+        m.setattr(fw, "_executor_layout", lambda step, n_ptrs, n_strides: False)
+        m.setattr(fw, "_LAYOUTS", {})
+        slow, steps = run()
+    assert len(steps) == 2 and all(s._cells is None for s in steps)  # the executor's own call
+    _same(fast, slow, kw)
