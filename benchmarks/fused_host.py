@@ -47,7 +47,8 @@ def host_us(fn) -> float:
     such loops (``benchmarks/host_overhead.py``'s timer), each loop started behind a 0.2 s
     ``torch.cuda._sleep`` on the stream, so that no call waits for the GPU (100 calls of a few launches
     stay within the launch queue): the host's cost even where the call is device-bound."""
-    return _host_us(fn, 100, 5, torch.cuda.synchronize, hold=lambda: torch.cuda._sleep(HOLD_CYCLES))
+    return _host_us(fn, 100, 5, torch.cuda.synchronize, hold=lambda: torch.cuda._sleep(HOLD_CYCLES),
+                    held=lambda: not torch.cuda.current_stream().query())
 
 
 HOLD_CYCLES = 400_000_000  # about 0.2 s at the H200's ~1.98 GHz SM clock: longer than 100 calls of host time

@@ -41,13 +41,14 @@ from linattn.kernels.triton import launch as launch_mod  # noqa: E402
 H, HV, K, V = 16, 32, 128, 128
 
 
-def host_us(fn, calls: int, repeats: int, sync, hold=None) -> float:
+def host_us(fn, calls: int, repeats: int, sync, hold=None, held=None) -> float:
     """Median over ``repeats`` of the host wall clock per call of ``calls`` calls (no sync inside).
 
     ``hold``: called (untimed) before each timed loop to keep the device busy for longer than the loop
     (e.g. ``torch.cuda._sleep``), so that no call waits for the GPU's launch queue to drain: the pure
     host cost where the device is slower than the host (without it a device-bound call's figure
-    includes the wait)."""
+    includes the wait). ``held``: called right after each timed loop, True while the device is still
+    busy with the hold (else RuntimeError: the hold was too short for the loop)."""
     for _ in range(20):
         fn()
     sync()
@@ -59,6 +60,8 @@ def host_us(fn, calls: int, repeats: int, sync, hold=None) -> float:
         for _ in range(calls):
             fn()
         samples.append((time.perf_counter() - t0) / calls * 1e6)
+        if held is not None and not held():
+            raise RuntimeError("host_us: the device finished its hold before the timed loop did: hold it longer")
         sync()
     return statistics.median(samples)
 
