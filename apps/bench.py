@@ -593,7 +593,7 @@ def check_writable(path: Path, option: str) -> None:
         raise BenchUsageError(f"{option} {path} cannot be written ({e.strerror or e}); give a path in a writable "
                               "folder") from None
     if not existed:
-        path.unlink()
+        path.unlink(missing_ok=True)  # another process may have removed the probe file already
 
 
 def _fail_usage(err: Exception, json_: bool) -> None:

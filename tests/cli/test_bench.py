@@ -238,10 +238,10 @@ def test_unknown_op_in_text_mode_exits_2_and_lists_the_ops(registry):
     assert "gdn_decode" in res.output and "silu_and_mul_clamp" in res.output
 
 
-def test_plot_without_matplotlib_exits_2_before_measuring(registry, monkeypatch):
+def test_plot_without_matplotlib_exits_2_before_measuring(registry, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("measured before checking --plot"))
-    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--plot", "x.png"])
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--plot", str(tmp_path / "x.png")])
     assert res.exit_code == 2 and "matplotlib" in res.output
 
 

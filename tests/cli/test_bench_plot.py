@@ -127,12 +127,15 @@ def test_bench_from_plots_an_existing_results_file_without_measuring(tmp_path, m
 
 @pytest.mark.parametrize("extra, needle", [
     ((), "give --plot PATH"),
-    (("--plot", "x.png", "--batch", "4"), "--batch does not apply"),
-    (("--plot", "x.png", "--backend", "torch-ref", "--device", "cpu"), "--backend, --device do not apply"),
+    (("--plot", "{tmp}/x.png", "--batch", "4"), "--batch does not apply"),
+    (("--plot", "{tmp}/x.png", "--backend", "torch-ref", "--device", "cpu"), "--backend, --device do not apply"),
 ])
 def test_bench_from_refuses_what_does_not_apply(tmp_path, extra, needle):
+    """(The PNG path in the test's own folder: two workers probing one relative x.png in the shared
+    working directory raced, one removing the other's probe file.)"""
     src = tmp_path / "results.json"
     src.write_text(json.dumps(COMMON_DECODE))
+    extra = tuple(x.format(tmp=tmp_path) for x in extra)
     res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(src), *extra, "--json"])
     assert res.exit_code == 2 and needle in json.loads(res.stdout)["error"]["message"]
 
