@@ -529,8 +529,8 @@ def _executor_layout(step: "CuteStep", n_ptrs: int, n_strides: int) -> bool:
     argument's value, in order, with nothing added: its own conversion (``generate_execution_args``,
     which launches nothing) of made-up arguments, every one a distinct value (aligned fake addresses,
     strides, the tail's types, a stream handle), read back and compared; recorded in ``_LAYOUTS``
-    per compiled function. A refusal is warned about once: the step then takes the executor's own
-    call (about 45 us of host a launch)."""
+    per compiled function. An executor refused is warned about once: the step then takes the
+    executor's own call (about 45 us of host a launch)."""
     fn = step.fn
     ok = (sys.byteorder == "little" and callable(getattr(fn, "generate_execution_args", None))
           and callable(getattr(fn, "run_compiled_program", None))
@@ -553,7 +553,7 @@ def _executor_layout(step: "CuteStep", n_ptrs: int, n_strides: int) -> bool:
         except Exception:  # noqa: BLE001 - any failure keeps the executor's own call
             ok = False
     _LAYOUTS[id(fn)] = (fn, ok)
-    if not ok:
+    if not ok and callable(getattr(fn, "generate_execution_args", None)):  # an executor (not a plain callable)
         import warnings
 
         warnings.warn(f"linattn: CuTe DSL launches of {step.key!r} take the executor's own call (its C argument "
