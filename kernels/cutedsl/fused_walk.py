@@ -466,10 +466,10 @@ class CuteStep:
     def _first_call(self, addrs: tuple, strides: tuple, raw: int):
         """This step's argument cells where :func:`_executor_layout` holds for its compiled function;
         else None, having called the function with CuTe objects."""
-        hit = _LAYOUTS.get(id(self.fn))
-        ok = hit[1] if hit is not None and hit[0] is self.fn else _executor_layout(self, len(addrs), len(strides))
+        hit = _LAYOUTS.get(id(self.fn))  # the entry holds fn, so its id is not another function's
+        ok = hit[1] if hit is not None else _executor_layout(self, len(addrs), len(strides))
         if not ok:
-            self.fn(*self._cute_args(addrs, strides, raw))
+            self.fn(*_cute_args(self.ptr_types, self.tail, addrs, strides, raw))
             return None
         # a 4-byte value in its cell's low bytes (little-endian hosts): an int32 as the int64 of its value,
         # a float32 as the integer of its bits
@@ -482,11 +482,6 @@ class CuteStep:
                 self._cells = cells
             return self._cells
 
-    def _cute_args(self, addrs: tuple, strides: tuple, raw: int) -> tuple:
-        """The compiled function's arguments as CuTe objects (its executor's own call)."""
-        make_ptr, gmem, stream, I64, _ = _runtime()
-        return (*(make_ptr(dt, a, gmem, assumed_align=al) for a, (dt, al) in zip(addrs, self.ptr_types)),
-                *(I64(x) for x in strides), *(t(v) for t, v in self.tail), stream(raw))
 
 
 #: (step class, key, device, signature) -> step, the 256 used last (the signature holds N and the chunk
@@ -504,6 +499,14 @@ def cached_step(cls, compile_fn, key, device: torch.device, *signature):
         step = cls(compile_fn(key), key, device, *signature)
         _STEPS.put(k, step)
     return step
+
+
+def _cute_args(ptr_types: tuple, tail: tuple, addrs: tuple, strides: tuple, raw: int) -> tuple:
+    """A step's arguments as CuTe objects (what its executor's own call takes): ``ptr_types`` and ``tail``
+    as :class:`CuteStep` holds them, the call's addresses, strides and raw stream handle."""
+    make_ptr, gmem, stream, I64, _ = _runtime()
+    return (*(make_ptr(dt, a, gmem, assumed_align=al) for a, (dt, al) in zip(addrs, ptr_types)),
+            *(I64(x) for x in strides), *(t(v) for t, v in tail), stream(raw))
 
 
 def _ctype(t):
@@ -544,10 +547,9 @@ def _executor_layout(step: "CuteStep", n_ptrs: int, n_strides: int) -> bool:
         values = (*((i64, a) for a in addrs), *((i64, x) for x in strides), *((_ctype(t), v) for t, v in tail),
                   (i64, raw))
         try:
-            args = CuteStep(fn, step.key, torch.device("cpu"), step.ptr_types, tail)._cute_args(addrs, strides, raw)
+            args = _cute_args(step.ptr_types, tail, addrs, strides, raw)
             exe_args = fn.generate_execution_args(*args)[0]
-            ok = len(exe_args) == len(args) == len(values) and all(
-                isinstance(e, ctypes.c_void_p) or isinstance(e, int) for e in exe_args)
+            ok = len(exe_args) == len(args) == len(values) and all(isinstance(e, (ctypes.c_void_p, int)) for e in exe_args)
             addr = [int(e.value if isinstance(e, ctypes.c_void_p) else e) for e in exe_args] if ok else []
             ok = ok and all(addr) and all(ct.from_address(a).value == ct(v).value for a, (ct, v) in zip(addr, values))
         except Exception:  # noqa: BLE001 - any failure keeps the executor's own call

@@ -52,8 +52,9 @@ def _run(args: list[str], stdout: str) -> dict:
         with os.fdopen(read_end, "rb") as r:
             out = r.read()
     _, status = os.waitpid(pid, 0)
-    err.seek(0)
-    return dict(code=os.waitstatus_to_exitcode(status), stdout=out.decode(), stderr=err.read().decode())
+    with err:
+        err.seek(0)
+        return dict(code=os.waitstatus_to_exitcode(status), stdout=out.decode(), stderr=err.read().decode())
 
 
 if __name__ == "__main__":

@@ -328,7 +328,7 @@ def test_the_argument_cells_launch_bitwise_as_the_executors_own_call(monkeypatch
     def run():
         fw._STEPS.clear()
         got = _unrecorded(monkeypatch, plan, kw)
-        return got, [s for s in fw._STEPS.values()]
+        return got, list(fw._STEPS.values())
 
     fast, steps = run()
     assert len(steps) == 2 and all(s._cells is not None for s in steps)  # prep and walk through their cells
