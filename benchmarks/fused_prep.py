@@ -76,22 +76,25 @@ def measure(N, L, H, HV) -> dict:
     def bench():
         return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
-    real, shipped = fw.run_for_plan, fp.MIN_CTAS
+    real, shipped = fw.run_for_plan, fp.SOLVE
     try:
         for name, value in (("triton", "0"), ("cutedsl", "1")):
             call.plan = dataclasses.replace(planned, fused_prep=value == "1")  # the planner's choice under the switch
-            row[f"{name}_prep_wgmma_walk_ms"] = bench()
-            fw.run_for_plan = lambda *a: True  # the prep alone
-            row[f"{name}_prep_ms"] = bench()
-            if value == "1":  # the build at the compiler's register choice (255: 2 CTAs per SM)
-                shipped, fp.MIN_CTAS = fp.MIN_CTAS, 0
-                row[f"{name}_prep_free_regs_ms"] = bench()
-                fp.MIN_CTAS = shipped
+            for solve in (("column", "blocks") if value == "1" else ("",)):
+                if solve:
+                    fp.SOLVE = solve  # the prep's solve (PrepKey.solve): whole-block substitution or blockwise
+                tag = f"{name}_{solve}" if solve else name
+                fw.run_for_plan = real
+                row[f"{tag}_prep_wgmma_walk_ms"] = bench()
+                fw.run_for_plan = lambda *a: True  # the prep alone
+                row[f"{tag}_prep_ms"] = bench()
             fw.run_for_plan = real
     finally:
-        fw.run_for_plan, fp.MIN_CTAS = real, shipped
+        fw.run_for_plan, fp.SOLVE = real, shipped
         setenv(PREP_SWITCH, "")
         setenv(WALK_SWITCH, "")
+    row["cutedsl_prep_ms"] = row[f"cutedsl_{shipped}_prep_ms"]
+    row["cutedsl_prep_wgmma_walk_ms"] = row[f"cutedsl_{shipped}_prep_wgmma_walk_ms"]
     row["prep_speedup"] = row["triton_prep_ms"] / max(row["cutedsl_prep_ms"], 1e-9)
     return row
 
@@ -105,7 +108,9 @@ def main(argv=None) -> int:
     notes = ["prep alone and prep + wgmma walk timed through prefill.launch_fused_stages on one planned call "
              "(tables made once; prep alone: the walk replaced by nothing); triton.testing.do_bench medians, ms",
              "cutedsl prep: kernels/cutedsl/fused_prep.py (LINATTN_CUTEDSL_PREP=0: the Triton prep); *_rel: relative "
-             "difference to the Triton prep's buffers / the whole prefill with it"]
+             "difference to the Triton prep's buffers / the whole prefill with it (the shipped solve, fused_prep.SOLVE)",
+             "cutedsl_column_* / cutedsl_blocks_*: the CuTe prep with each solve (PrepKey.solve); cutedsl_prep_*: the "
+             "shipped one's"]
     return run_shapes(a.shapes, measure, out, notes)
 
 

@@ -59,8 +59,11 @@ class FusedPrepKernel:
             thread at 168 registers).
     """
 
-    def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0):
+    def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0,
+                 solve: str = "blocks"):
         assert K % 16 == 0 and K <= 128
+        assert solve in ("blocks", "column")
+        self.solve = solve
         self.min_ctas = min_ctas
         self.K = K
         self.l2norm = l2norm
@@ -69,6 +72,7 @@ class FusedPrepKernel:
         self.PK = K + 8  # padded smem pitches (elements): k, q rows; the bf16 staging; A^T (fp32)
         self.PS = C + 8
         self.PA = C + 4
+        self.PZ = 32 + 4  # the blockwise solve's fp32 Z [32, 32] (in the slot's Tm diag(beta) staging bytes)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -231,11 +235,16 @@ class FusedPrepKernel:
                             a = acc_kk[i] * e * (sVec[rr, 6 + slot] * sVec[rr, 0]) * uks
                             sAt[ss, rr, slot] = cutlass.select_(rr > ss, a, zero)
                 cute.arch.sync_threads()
-                # (c) the solve: thread c of slot tid // 64 holds column c of Tm
+                # (c) the solve (slot tid // 64): Tm diag(beta) into the staging
                 slot_t = tid // C
                 col = tid % C
-                if j0 + slot_t < GROUP:
-                    self.solve_column(sAt, sStg, sVec, slot_t, col)
+                active = j0 + slot_t < GROUP
+                if const_expr(self.solve == "column"):
+                    if active:
+                        self.solve_column(sAt, sStg, sVec, slot_t, col)
+                else:
+                    self.solve_blocks(sAt, sRaw, sStg, sVec, slot_t, col, active)
+                if active:
                     if col < L:  # rk, qs of row col for this value head
                         hv = Int64(i_h * GROUP + j0 + slot_t)
                         rh = (t0 + Int64(col)) * Int64(HV) + hv
@@ -350,3 +359,133 @@ class FusedPrepKernel:
         b = sVec[col, 6 + slot]
         for i in cutlass.range_constexpr(C):
             sStg[i, col, 2 + slot] = BFloat16(x[i] * b)
+
+    # ------------------------------------------------------------------------------------------
+    # The blockwise solve (``solve="blocks"``): Tm = (I + A)^-1 by block doubling. Tm's strictly lower
+    # part is kept in fp32 in ``sAt``'s strictly lower triangle (``sAt[i, j] = Tm[i, j]``, i > j), where
+    # A^T holds zeros; A^T stays in the strictly upper triangle and Tm's unit diagonal is implicit.
+    #   S1  the four 16 x 16 diagonal blocks by forward substitution in fp32 (thread: a block's column)
+    #   S2  16 -> 32: Tm[o+16:o+32, o:o+16] = -Tm_hi (A[o+16:o+32, o:o+16] Tm_lo), o = 0, 32 (a warp each)
+    #   S3  32 -> 64: Tm[32:64, 0:32] = -Tm_hi (A[32:64, 0:32] Tm_lo) (a warp per 16 rows)
+    #   S4  Tm diag(beta) -> the bf16 staging (thread: a column)
+    # The products run on warp mma.sync (bf16, fp32 accumulation) with each fp32 operand split into
+    # bf16 hi + lo (hi lo + lo hi + hi hi: about 16 bits of each operand, fp32's range).
+    @cute.jit
+    def solve_blocks(self, sAt, sRaw, sStg, sVec, slot, col, active):
+        """``Tm diag(beta)`` of value-head slot ``slot`` into staging slot ``2 + slot`` (the scheme above).
+        Every thread of the CTA calls it (it holds the CTA's barriers); ``active``: this thread's slot
+        holds a value head."""
+        PA, PZ = self.PA, self.PZ
+        sA = cute.make_tensor(sAt.iterator + slot * (C * PA), cute.make_layout((C, C), stride=(PA, 1)))
+        zp = cute.recast_ptr(sRaw.iterator + (2 + slot) * (C * self.PS), dtype=Float32)
+        ws = col // 32  # the warp of the slot
+        lane = col % 32
+        tiled = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (1, 1, 1))
+        # S1: the diagonal blocks (x: column col % 16 of block col // 16), written once every thread has
+        # read the zeros below A^T's diagonal
+        x = cute.make_rmem_tensor((16,), Float32)
+        o = (col // 16) * 16
+        if active:
+            self.solve_diag_block(sA, x, o, col % 16)
+        cute.arch.sync_threads()
+        if active:
+            for i in cutlass.range_constexpr(1, 16):
+                if col % 16 < i:
+                    sA[o + i, o + col % 16] = x[i]
+        cute.arch.sync_threads()
+        # S2: warp ws doubles the pair at o = 32 ws (its own Z rows 16 ws ..)
+        if active:
+            o2 = ws * 32
+            zw = zp + ws * (16 * PZ)
+            self.block_product(tiled, lane, sA.iterator + (o2 * PA + o2 + 16), (1, PA), False, 0,
+                               sA.iterator + (o2 * PA + o2), (1, PA), True, 16, 16, zw, False)
+            cute.arch.sync_warp()
+            self.block_product(tiled, lane, sA.iterator + ((o2 + 16) * PA + o2 + 16), (PA, 1), True, 0,
+                               zw, (1, PZ), False, 16, 16, sA.iterator + ((o2 + 16) * PA + o2), True)
+        cute.arch.sync_threads()
+        # S3: Z = A[32:64, 0:32] Tm[0:32, 0:32] (warp ws: rows 16 ws ..), then Tm[32:64, 0:32] = -Tm_hi Z
+        if active:
+            self.block_product(tiled, lane, sA.iterator + (32 + 16 * ws), (1, PA), False, 0,
+                               sA.iterator, (1, PA), True, 32, 32, zp + ws * (16 * PZ), False)
+        cute.arch.sync_threads()
+        if active:
+            self.block_product(tiled, lane, sA.iterator + ((32 + 16 * ws) * PA + 32), (PA, 1), True, 16 * ws,
+                               zp, (1, PZ), False, 32, 32, sA.iterator + ((32 + 16 * ws) * PA), True)
+        cute.arch.sync_threads()
+        # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
+        if active:
+            b = sVec[col, 6 + slot]
+            for i in cutlass.range_constexpr(C):
+                v = cutlass.select_(col < i, sA[i, col], cutlass.select_(col == i, Float32(1.0), Float32(0.0)))
+                sStg[i, col, 2 + slot] = BFloat16(v * b)
+
+    @cute.jit
+    def solve_diag_block(self, sA, x, o, c):
+        """Column ``c`` of ``(I + A[o:o+16, o:o+16])^-1`` into ``x`` (fp32 forward substitution;
+        ``A``'s column ``j`` read as 16-byte pieces of row ``j`` of ``A^T``, whose zeros at and below
+        its diagonal keep the leading pieces harmless)."""
+        for i in cutlass.range_constexpr(16):
+            x[i] = cutlass.select_(c == i, Float32(1.0), Float32(0.0))
+        a4 = cute.make_rmem_tensor((4,), Float32)
+        for j in cutlass.range_constexpr(15):
+            xj = x[j]
+            for ib in cutlass.range_constexpr((j + 1) // 4, 4):
+                src = cute.make_tensor((sA.iterator + (o + j) * self.PA + o + 4 * ib).align(16), cute.make_layout(4))
+                cute.autovec_copy(src, a4)
+                for u in cutlass.range_constexpr(4):
+                    x[4 * ib + u] = x[4 * ib + u] - a4[u] * xj
+
+    @cute.jit
+    def block_product(self, tiled, lane, pa, sa, tri_a: cutlass.Constexpr[bool], row_a, pb, sb,
+                      tri_b: cutlass.Constexpr[bool], KD: cutlass.Constexpr[int], N: cutlass.Constexpr[int],
+                      pd, neg: cutlass.Constexpr[bool]):
+        """One warp: ``D[16, N] = (-)X[16, KD] Y[KD, N]`` from fp32 shared memory on mma.sync.
+
+        ``X`` at ``pa`` with strides ``sa`` (row, column); ``Y`` given as its transpose at ``pb`` with
+        strides ``sb`` (``Y[k, n]`` at ``pb + n sb[0] + k sb[1]``). ``tri_a`` / ``tri_b``: the operand is a
+        block of Tm on its diagonal (row ``row_a + r`` / ``k`` against column ``c`` / ``n``): 1 on the
+        diagonal, 0 above it, the stored value below. ``D`` goes to ``pd`` (``neg``: a block of Tm,
+        negated, row pitch ``PA``; else Z, row pitch ``PZ``)."""
+        thr = tiled.get_slice(lane)
+        gX = cute.make_tensor(pa, cute.make_layout((16, KD), stride=sa))
+        gY = cute.make_tensor(pb, cute.make_layout((N, KD), stride=sb))
+        tX = thr.partition_A(gX)
+        tY = thr.partition_B(gY)
+        cX = thr.partition_A(cute.make_identity_tensor((16, KD)))
+        cY = thr.partition_B(cute.make_identity_tensor((N, KD)))
+        xf = cute.make_rmem_tensor_like(tX, Float32)
+        yf = cute.make_rmem_tensor_like(tY, Float32)
+        for i in cutlass.range_constexpr(cute.size(tX)):
+            v = Float32(tX[i])
+            if const_expr(tri_a):
+                r = row_a + cX[i][0]
+                c = cX[i][1]
+                v = cutlass.select_(r > c, v, cutlass.select_(r == c, Float32(1.0), Float32(0.0)))
+            xf[i] = v
+        for i in cutlass.range_constexpr(cute.size(tY)):
+            v = Float32(tY[i])
+            if const_expr(tri_b):
+                n = cY[i][0]
+                k = cY[i][1]
+                v = cutlass.select_(k > n, v, cutlass.select_(k == n, Float32(1.0), Float32(0.0)))
+            yf[i] = v
+        # the split: hi = bf16(v), lo = bf16(v - hi) (whole fragments: packed conversions, no local memory)
+        xh = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
+        xl = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
+        yh = thr.make_fragment_B(thr.partition_shape_B((N, KD)))
+        yl = thr.make_fragment_B(thr.partition_shape_B((N, KD)))
+        xh.store(xf.load().to(BFloat16))
+        xl.store((xf.load() - xh.load().to(Float32)).to(BFloat16))
+        yh.store(yf.load().to(BFloat16))
+        yl.store((yf.load() - yh.load().to(Float32)).to(BFloat16))
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((16, N)), Float32)
+        acc.fill(0.0)
+        cute.gemm(tiled, acc, xl, yh, acc)
+        cute.gemm(tiled, acc, xh, yl, acc)
+        cute.gemm(tiled, acc, xh, yh, acc)
+        cD = thr.partition_C(cute.make_identity_tensor((16, N)))
+        pitch = self.PA if neg else self.PZ
+        gD = cute.make_tensor(pd, cute.make_layout((16, N), stride=(pitch, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            crd = cD[i]
+            gD[crd] = -acc[i] if neg else acc[i]

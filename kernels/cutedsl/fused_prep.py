@@ -46,6 +46,10 @@ PREP_CHUNK = 64
 #: CTAs per SM the build's registers allow (:attr:`PrepKey.min_ctas`; 0: the compiler's choice, slower:
 #: docs/performance.md, 'The prep in CuTe DSL')
 MIN_CTAS = 3
+#: how the prep inverts ``I + A`` (:attr:`PrepKey.solve`): ``"blocks"``, block doubling with the products on
+#: mma.sync (the 16 x 16 diagonal blocks by fp32 substitution), or ``"column"``, the whole 64 x 64 block by fp32
+#: substitution, a column per thread (docs/performance.md, 'The prep's blockwise solve')
+SOLVE = "blocks"
 
 
 class PrepKey(NamedTuple):
@@ -57,6 +61,7 @@ class PrepKey(NamedTuple):
     cu_dtype: str  # cu_seqlens': "int32" | "int64"
     arch: str  # "sm_90a", ...
     min_ctas: int = 0  # CTAs per SM the registers must allow (FusedPrepKernel.min_ctas; 0: the compiler's)
+    solve: str = "blocks"  # the (I + A)^-1 solve: "blocks" (block doubling on mma.sync) | "column" (substitution)
 
 
 def enabled() -> bool:
@@ -170,7 +175,7 @@ def compile_prep(key: PrepKey, dump_dir: Optional[str] = None):
     def kernel():
         from ._fused_prep_kernel import FusedPrepKernel
 
-        return FusedPrepKernel(key.K, key.l2norm, key.beta_dtype == "bfloat16", G_MIN, key.min_ctas)
+        return FusedPrepKernel(key.K, key.l2norm, key.beta_dtype == "bfloat16", G_MIN, key.min_ctas, key.solve)
 
     return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
 
@@ -235,7 +240,7 @@ def cutedsl_fused_prep(*, q: torch.Tensor, k: torch.Tensor, g: torch.Tensor, bet
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
-    key = PrepKey(K, bool(use_qk_l2norm), _dt(beta.dtype), _dt(cu_seqlens.dtype), arch, MIN_CTAS)
+    key = PrepKey(K, bool(use_qk_l2norm), _dt(beta.dtype), _dt(cu_seqlens.dtype), arch, MIN_CTAS, SOLVE)
     from linattn.kernels.triton.launch import launch_step
 
     launch_step(cached_step(PrepStep, compile_prep, key, q.device, N, HV, H, nt_max * H, scale),

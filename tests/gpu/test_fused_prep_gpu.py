@@ -147,3 +147,31 @@ def test_worst_conditioned_no_worse_than_triton_prep(monkeypatch):
     print(f"worst-conditioned: triton prep o {eo_t:.2e} state {es_t:.2e}; cutedsl prep o {eo_c:.2e} state {es_c:.2e}")
     assert torch.isfinite(o_c.float()).all()
     assert eo_c <= 1.05 * eo_t + 1e-4 and es_c <= 1.05 * es_t + 1e-4
+
+
+def _prep_with_solve(monkeypatch, inp, solve):
+    monkeypatch.setattr(fp, "SOLVE", solve)
+    return _prep_buffers(monkeypatch, inp, True)
+
+
+@pytest.mark.parametrize("case", ["random", "worst", "beta2"])
+def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case):
+    """The blockwise solve (block doubling, products on bf16 hi/lo splits) against the whole-block fp32
+    substitution on the same inputs: ``aqk``, ``rk``, ``qs`` bitwise (the same code), ``tmb`` within two
+    bf16 steps of each row's largest entry. ``worst``: every key equal, beta 1, no decay (Tm's entries
+    0 and +-1 from cancelling products); ``beta2``: the same at beta 2 (``A``'s entries 2)."""
+    inp = make_inputs("gdn", [300, 1, 64, 130], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=5)
+    if case != "random":
+        inp = worst_conditioned(inp)
+    if case == "beta2":
+        inp["beta"] = inp["beta"] * 2
+    col = _prep_with_solve(monkeypatch, inp, "column")
+    blk = _prep_with_solve(monkeypatch, inp, "blocks")
+    for name, c, b in zip(("aqk", "rk", "qs"), col[1:], blk[1:]):
+        assert torch.equal(c, b), name
+    t_c, t_b = col[0].float(), blk[0].float()
+    assert torch.isfinite(t_b).all()
+    scale = t_c.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)  # per (row, value head)
+    err = ((t_b - t_c).abs() / scale).max().item()
+    print(f"{case}: tmb blocks vs column: {err:.2e} of each row's largest entry; largest {t_c.abs().max():.3g}")
+    assert err <= 2 * 2.0 ** -8, err
