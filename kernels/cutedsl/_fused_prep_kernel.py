@@ -13,16 +13,20 @@ Triton prep's items; a chunk past the real count does nothing). The maths is
       gates   G = cumsum(max(g, G_MIN)) by a warp's shuffle scan; beta
       tiles   e = exp(G_r - G_s) once per element, shared by Aqk (r >= s) and A (r > s) (each warp its rows)
               Aqk = (Q K^T) e uk_s qs_r -> bf16 staging;  A = (K K^T) e (beta uk)_r uk_s -> fp32, transposed
-      solve   Tm = (I + A)^-1 column by column: thread c of the slot's 64 threads holds column c of Tm in
-              registers and runs the right-looking forward substitution x_i -= A_ij x_j (fp32 FMA, exact
-              order per column, 63 dependent steps; A's column j read as a broadcast row of A^T)
+      solve   Tm = (I + A)^-1 (``solve="blocks"``, the default): the four 16 x 16 diagonal blocks by forward
+              substitution in fp32 registers (a thread per block column, 15 dependent steps), then block
+              doubling 16 -> 32 -> 64 (Tm_off = -Tm_hi A_off Tm_lo) on warp mma.sync with each fp32 operand
+              split into bf16 hi + lo (three products per tile: about 16 bits of each operand, fp32's
+              range), Tm kept in fp32 in the free triangle of A^T's tile (:meth:`FusedPrepKernel.solve_blocks`).
+              ``solve="column"``: thread c of the slot's 64 threads holds column c of Tm and runs the
+              right-looking substitution x_i -= A_ij x_j over the whole block (63 dependent steps)
       stores  Tm diag(beta) -> bf16 staging; the staged Aqk and Tm diag(beta) rows to HBM by 16-byte
               stores; rk, qs per row
 
-No scratch in HBM and no Neumann product: the solve is forward substitution in fp32 for the whole
-64 x 64 block (the Triton prep: Neumann products on 3xTF32 dots for the 16 x 16 diagonal blocks, single
-TF32 dots below them), so it is at least as exact on the worst-conditioned input (A all ones below the
-diagonal: x stays in {0, +-1}, no cancellation).
+No scratch in HBM and no Neumann product (the Triton prep: Neumann products on 3xTF32 dots for the
+16 x 16 diagonal blocks, single TF32 dots below them): on the worst-conditioned input (A all ones below
+the diagonal) the substitution's x stays in {0, +-1}, and the doubling's products of those entries are
+exact in bf16 hi + lo.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ and ``qs [T, HV, 2]`` fp32; rows of a chunk past its sequence not written), so e
 or :mod:`.fused_walk`) consumes them unchanged. The maths is that module's docstring (1); the kernel,
 :mod:`._fused_prep_kernel`, says how it maps onto the hardware: one CTA per (chunk, key head), the
 norms and ``K K^T``, ``Q K^T`` (warp ``mma.sync``) once for the key head's value heads (GVA), then
-per value head the gates, ``Aqk``, ``A`` and the solve ``(I + A)^-1`` by forward substitution in
-fp32 registers (no Neumann product, no scratch in HBM).
+per value head the gates, ``Aqk``, ``A`` and the solve ``(I + A)^-1`` (the diagonal 16 x 16 blocks by
+forward substitution in fp32 registers, the blocks below them by block doubling on ``mma.sync``: :data:`SOLVE`;
+no Neumann product, no scratch in HBM).
 
 The planner's default on SM90: it chooses it (``PrefillPlan.fused_prep``, :func:`choose_prep`) where
 :func:`prep_refusal` is empty and ``LINATTN_CUTEDSL_PREP`` is not ``0`` (the switch: ``0`` keeps the
