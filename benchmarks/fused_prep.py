@@ -35,6 +35,8 @@ from linattn.testing.compare import rel_error as rel  # noqa: E402
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
 PREP_SWITCH = "LINATTN_CUTEDSL_PREP"
 WALK_SWITCH = "LINATTN_CUTEDSL_WALK"
+#: the CuTe DSL prep's builds timed (fused_prep.SOLVE, MIN_CTAS): one of them is the shipped one
+CUTE_VARIANTS = {"column": ("column", 3), "blocks": ("blocks", 3)}
 
 
 def measure(N, L, H, HV) -> dict:
@@ -76,25 +78,27 @@ def measure(N, L, H, HV) -> dict:
     def bench():
         return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
-    real, shipped = fw.run_for_plan, fp.SOLVE
+    real, shipped = fw.run_for_plan, (fp.SOLVE, fp.MIN_CTAS)
     try:
         for name, value in (("triton", "0"), ("cutedsl", "1")):
             call.plan = dataclasses.replace(planned, fused_prep=value == "1")  # the planner's choice under the switch
-            for solve in (("column", "blocks") if value == "1" else ("",)):
-                if solve:
-                    fp.SOLVE = solve  # the prep's solve (PrepKey.solve): whole-block substitution or blockwise
-                tag = f"{name}_{solve}" if solve else name
+            for variant in (CUTE_VARIANTS if value == "1" else ("",)):
+                if variant:  # the prep's solve and CTAs per SM (PrepKey)
+                    fp.SOLVE, fp.MIN_CTAS = CUTE_VARIANTS[variant]
+                tag = f"{name}_{variant}" if variant else name
                 fw.run_for_plan = real
                 row[f"{tag}_prep_wgmma_walk_ms"] = bench()
                 fw.run_for_plan = lambda *a: True  # the prep alone
                 row[f"{tag}_prep_ms"] = bench()
             fw.run_for_plan = real
     finally:
-        fw.run_for_plan, fp.SOLVE = real, shipped
+        fw.run_for_plan = real
+        fp.SOLVE, fp.MIN_CTAS = shipped
         setenv(PREP_SWITCH, "")
         setenv(WALK_SWITCH, "")
-    row["cutedsl_prep_ms"] = row[f"cutedsl_{shipped}_prep_ms"]
-    row["cutedsl_prep_wgmma_walk_ms"] = row[f"cutedsl_{shipped}_prep_wgmma_walk_ms"]
+    ship = next(v for v, cfg in CUTE_VARIANTS.items() if cfg == shipped)
+    row["cutedsl_prep_ms"] = row[f"cutedsl_{ship}_prep_ms"]
+    row["cutedsl_prep_wgmma_walk_ms"] = row[f"cutedsl_{ship}_prep_wgmma_walk_ms"]
     row["prep_speedup"] = row["triton_prep_ms"] / max(row["cutedsl_prep_ms"], 1e-9)
     return row
 
@@ -109,8 +113,8 @@ def main(argv=None) -> int:
              "(tables made once; prep alone: the walk replaced by nothing); triton.testing.do_bench medians, ms",
              "cutedsl prep: kernels/cutedsl/fused_prep.py (LINATTN_CUTEDSL_PREP=0: the Triton prep); *_rel: relative "
              "difference to the Triton prep's buffers / the whole prefill with it (the shipped solve, fused_prep.SOLVE)",
-             "cutedsl_column_* / cutedsl_blocks_*: the CuTe prep with each solve (PrepKey.solve); cutedsl_prep_*: the "
-             "shipped one's"]
+             "cutedsl_<variant>_*: the CuTe prep built as CUTE_VARIANTS[variant] (PrepKey solve, min_ctas); "
+             "cutedsl_prep_*: the shipped build's"]
     return run_shapes(a.shapes, measure, out, notes)
 
 
