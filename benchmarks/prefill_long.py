@@ -295,6 +295,8 @@ def main():
     ap.add_argument("--out", default=None, help="default: benchmarks/results/prefill_long_<device>.json")
     ap.add_argument("--cases", default=None, help="comma-separated case names (default: all)")
     ap.add_argument("--max-tokens", type=int, default=None, help="skip cases with more tokens")
+    ap.add_argument("--shapes", default=None,
+                    help="comma-separated NxL shapes to run (e.g. 16x4096,64x1024; default: every shape of the cases)")
     ap.add_argument("--segments", default="0,16,32,64,128", help="forced segment lengths to time (chunks)")
     ap.add_argument("--block-v", default="", help="also time the state stage at these block widths (sweep)")
     ap.add_argument("--flashinfer", action=argparse.BooleanOptionalAction, default=None,
@@ -337,6 +339,8 @@ def main():
     results = []
     for case in CASES:
         if (names and case[0] not in names) or (args.max_tokens and sum(case[4]) > args.max_tokens):
+            continue
+        if args.shapes and f"{len(case[4])}x{case[4][0]}" not in args.shapes.split(","):
             continue
         t0 = time.time()
         row = run_case(case, segments, have_fla, [int(b) for b in args.block_v.split(",") if b], fi_modes)
