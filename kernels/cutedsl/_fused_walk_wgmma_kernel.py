@@ -18,8 +18,10 @@ and every product that reads it or a product of it takes its A operand from regi
 
 so ``k``'s one shared tile serves as a K-major B (``P1``) and, viewed transposed, an MN-major B
 (the update). ``k``, ``q``, ``Tb``, ``Aqk`` sit in 128-byte-swizzled shared memory (the ``wgmma``
-canonical layouts; 1,024-byte aligned); ``v`` (read element by element, then overwritten by
-``O^T`` for the coalesced output stores) keeps the padded rows of the ``mma.sync`` kernel.
+canonical layouts; 1,024-byte aligned); ``v`` keeps the padded rows of the ``mma.sync`` kernel and is
+read as ``v^T`` straight into ``X``'s accumulator layout by ``ldmatrix.trans`` (8 x 8 bf16 tiles: a
+row of 8 value channels is 16 contiguous bytes), then overwritten by ``O^T`` through
+``stmatrix.trans`` (each warp writes back only the tiles it read) for the coalesced output stores.
 Three ``wgmma`` groups per chunk (``P1, P2``; ``Vn^T``; ``O^T`` then the update, committed apart
 so that ``O^T`` is staged while the update runs); ``wgmma.fence`` before each group (its
 accumulators and A registers were written by ordinary instructions), ``fence.proxy.async`` after
@@ -36,7 +38,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float32, Int32, Int64
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
 from ._fused_walk_kernel import C, FusedWalkKernel
 
@@ -142,6 +144,9 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
         sFacW = cute.make_tensor(sFac.iterator + (tid // 32) * (3 * C), cute.make_layout((C, 3), stride=(1, C)))
         # k viewed as (key channel, row): the update's MN-major B operand (the same bytes)
         sKt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
+        # v viewed as (value channel, row): read into X's accumulator layout by ldmatrix.trans (v's rows of 8
+        # value channels are 16 contiguous bytes; the transpose hands each thread its pairs of rows)
+        sVt = cute.make_tensor(sV.iterator, cute.select(sV.layout, mode=[1, 0, 2]))
 
         # ---------------- MMA partitions -------------------------------------------------------
         thr_mc = mma_c.get_slice(tid)
@@ -171,6 +176,15 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
         tTsT, tAsA = thr_c.partition_D(sT), thr_c.partition_D(sA)
         tCc = thr_c.partition_S(cute.make_identity_tensor((C, C)))
         tOs = thr_o.partition_S(sV)
+        # v^T in, O^T out: 8 x 8 transposing ldmatrix / stmatrix in the accumulators' layout
+        s2r_v = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), BFloat16), mma_c)
+        thr_s2r_v = s2r_v.get_slice(tid)
+        tVtS = thr_s2r_v.partition_S(sVt)
+        r2s_o = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), BFloat16), mma_c)
+        thr_r2s_o = r2s_o.get_slice(tid)
+        tOtD = thr_r2s_o.partition_D(sVt)
         tOc = thr_o.partition_S(cute.make_identity_tensor((C, BV)))
 
         # ---------------- entering state (as the mma.sync walk) -------------------------------
@@ -211,9 +225,10 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
             warpgroup.wait_group(0)
 
             # (c) X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
+            rV = cute.make_fragment_like(acc_X, BFloat16)  # v^T (value channel, row), X's layout
+            cute.copy(s2r_v, tVtS[None, None, None, stage], thr_s2r_v.retile(rV))
             for i in cutlass.range_constexpr(cute.size(acc_X)):
-                crd = tPcP[i]  # (value channel, row)
-                acc_X[i] = Float32(sV[crd[1], crd[0], stage]) - acc_X[i] * sFacW[crd[1], 0]
+                acc_X[i] = Float32(rV[i]) - acc_X[i] * sFacW[tPcP[i][1], 0]
             rX = cute.make_fragment_like(acc_X, BFloat16)
             rX.store(acc_X.load().to(BFloat16))
             warpgroup.fence()
@@ -238,10 +253,10 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
             self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, stage], False)
             warpgroup.commit_group()
             warpgroup.wait_group(1)  # O^T done; the update still running
-            # O^T into this stage's value tile (each thread overwrites only the elements it read in (c))
-            for i in cutlass.range_constexpr(cute.size(acc_O)):
-                crd = tPcP[i]
-                sV[crd[1], crd[0], stage] = BFloat16(acc_O[i] * keep)
+            # O^T into this stage's value tile (each warp overwrites only the elements it read in (c))
+            rO = cute.make_fragment_like(acc_O, BFloat16)
+            rO.store((acc_O.load() * keep).to(BFloat16))
+            cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, stage])
             warpgroup.wait_group(0)
             cute.arch.sync_threads()
 

@@ -69,7 +69,10 @@ def test_wgmma_pool_walk_compiles_for_sm90a_with_register_a_warpgroup_mmas(tmp_p
     assert "fence.proxy.async.shared::cta" in ptx  # cp.async writes made visible to wgmma's reads
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 32  # 16-byte copies into swizzled tiles
     assert len(re.findall(r"\bbar\.sync\b", ptx)) == 3
-    for bad in ("mma.sync", "ldmatrix", "tcgen05", "cp.async.bulk"):
+    # v^T into X's accumulator layout and O^T back over it: 8 x 8 transposing loads and stores, four a thread
+    assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", ptx)) == 4
+    assert len(re.findall(r"stmatrix\.sync\.aligned\.m8n8\.x4\.trans\.shared\.b16", ptx)) == 4
+    for bad in ("mma.sync", "tcgen05", "cp.async.bulk"):
         assert bad not in ptx, bad
     # the order within a chunk: the async-proxy fence before the barrier that publishes the tiles; each
     # group fenced before its MMAs and awaited before its registers are read; the update (m64n128)
@@ -85,7 +88,7 @@ def _wgmma_order(ptx: str) -> list:
     only after the first MMA group's fence."""
     kinds = {"proxy fence": r"fence\.proxy\.async\.shared::cta", "bar": r"\bbar\.sync\b", "fence": r"wgmma\.fence",
              "mma n": r"wgmma\.mma_async\S*m64n(\d+)", "commit": r"wgmma\.commit_group",
-             "wait ": r"wgmma\.wait_group\.sync\.aligned\s+(\d)", "st.shared": r"\bst\.shared"}
+             "wait ": r"wgmma\.wait_group\.sync\.aligned\s+(\d)", "st.shared": r"\bst\.shared|\bstmatrix"}
     events = []
     for line in ptx.splitlines():
         for name, rx in kinds.items():
