@@ -79,6 +79,9 @@ def measure(N, L, H, HV) -> dict:
         return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
     real, shipped = fw.run_for_plan, (fp.SOLVE, fp.MIN_CTAS)
+    ship = next((v for v, cfg in CUTE_VARIANTS.items() if cfg == shipped), None)
+    if ship is None:
+        raise SystemExit(f"the shipped prep build {shipped} (fused_prep.SOLVE, MIN_CTAS) is not in CUTE_VARIANTS")
     try:
         for name, value in (("triton", "0"), ("cutedsl", "1")):
             call.plan = dataclasses.replace(planned, fused_prep=value == "1")  # the planner's choice under the switch
@@ -96,7 +99,6 @@ def measure(N, L, H, HV) -> dict:
         fp.SOLVE, fp.MIN_CTAS = shipped
         setenv(PREP_SWITCH, "")
         setenv(WALK_SWITCH, "")
-    ship = next(v for v, cfg in CUTE_VARIANTS.items() if cfg == shipped)
     row["cutedsl_prep_ms"] = row[f"cutedsl_{ship}_prep_ms"]
     row["cutedsl_prep_wgmma_walk_ms"] = row[f"cutedsl_{ship}_prep_wgmma_walk_ms"]
     row["prep_speedup"] = row["triton_prep_ms"] / max(row["cutedsl_prep_ms"], 1e-9)

@@ -66,6 +66,11 @@ CASES = [
      for t in (32768, 65536, 131072)]
 
 
+def shape_name(lens) -> str:
+    """A case's shape as the rows and ``--shapes`` name it: ``NxL`` (sequences x the first one's tokens)."""
+    return f"{len(lens)}x{lens[0]}"
+
+
 def make(family, H, HV, lens, seed=0):
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -251,7 +256,7 @@ def run_case(case, segments, have_fla, block_vs=(), flashinfer=()):
     d, pool, idx = make(family, H, HV, lens)
     T = sum(lens)
     plan = plan_prefill(family, q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool, state_indices=idx)
-    row = dict(case=name, family=family, H=H, HV=HV, shape=f"{len(lens)}x{lens[0]}", tokens=T,
+    row = dict(case=name, family=family, H=H, HV=HV, shape=shape_name(lens), tokens=T,
                linattn_segment_chunks=plan.segment_chunks, linattn_segment_reason=plan.segment_reason,
                linattn_fused=plan.fused is not None, linattn_fused_prep="cutedsl" if plan.fused_prep else "triton",
                linattn_fused_walk=None if plan.fused_walk is None else plan.fused_walk.walk)
@@ -329,6 +334,10 @@ def main():
             fi_note = f"FlashInfer not run: {why}"
     segments = [int(s) for s in args.segments.split(",") if s != ""]
     names = None if args.cases is None else set(args.cases.split(","))
+    known = {shape_name(c[4]) for c in CASES if names is None or c[0] in names}
+    unknown = set(args.shapes.split(",")) - known if args.shapes else set()
+    if unknown:
+        raise SystemExit(f"--shapes {sorted(unknown)} match no case; the cases' shapes: {sorted(known)}")
     notes = [
         "Triton chunked prefill in pool mode on long prompts at per-rank heads (K = V = 128, bf16 q/k/v, fp32 pool "
         "'vk'): linattn_* the planner's choice of the segment-parallel state pass, segments_ms the same with the "
@@ -340,7 +349,7 @@ def main():
     for case in CASES:
         if (names and case[0] not in names) or (args.max_tokens and sum(case[4]) > args.max_tokens):
             continue
-        if args.shapes and f"{len(case[4])}x{case[4][0]}" not in args.shapes.split(","):
+        if args.shapes and shape_name(case[4]) not in args.shapes.split(","):
             continue
         t0 = time.time()
         row = run_case(case, segments, have_fla, [int(b) for b in args.block_v.split(",") if b], fi_modes)

@@ -61,6 +61,8 @@ class FusedPrepKernel:
         g_min: the floor of the log decays (``limits.G_MIN``).
         min_ctas: CTAs per SM the register allocation must allow (0: the compiler's choice; 3 caps a
             thread at 168 registers).
+        solve: how ``(I + A)^-1`` is computed: ``"blocks"`` (:meth:`solve_blocks`) or ``"column"``
+            (:meth:`solve_column`).
     """
 
     def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0,

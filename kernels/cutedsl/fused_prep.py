@@ -51,6 +51,7 @@ MIN_CTAS = 3
 #: mma.sync (the 16 x 16 diagonal blocks by fp32 substitution), or ``"column"``, the whole 64 x 64 block by fp32
 #: substitution, a column per thread (docs/performance.md, 'The prep's blockwise solve')
 SOLVE = "blocks"
+SOLVES = ("blocks", "column")
 
 
 class PrepKey(NamedTuple):
@@ -171,8 +172,12 @@ def compile_prep(key: PrepKey, dump_dir: Optional[str] = None):
     Returns:
         the compiled CuTe DSL function (pointers, strides, sizes, scale and a CUDA stream).
     Raises:
+        ValueError: ``key.solve`` is not ``"blocks"`` or ``"column"``.
         ImportError: nvidia-cutlass-dsl is not installed.
     """
+    if key.solve not in SOLVES:
+        raise ValueError(f"PrepKey.solve must be one of {SOLVES}, got {key.solve!r}")
+
     def kernel():
         from ._fused_prep_kernel import FusedPrepKernel
 

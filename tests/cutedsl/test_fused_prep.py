@@ -17,12 +17,12 @@ MMA = r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32"
 
 
 @pytest.mark.parametrize("solve", ["blocks", "column"])
-def test_prep_compiles_for_sm90a_with_warp_mma_and_a_register_solve(tmp_path, solve):
+def test_prep_compiles_for_sm90a_with_warp_mma_and_each_solve(tmp_path, solve):
     pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
     key = fp.PrepKey(128, True, "float32", "int32", "sm_90a", fp.MIN_CTAS, solve)
     ptx = fp.compile_prep(key, dump_dir=str(tmp_path)).artifacts.PTX
     assert ".target sm_90a" in ptx and ".reqntid 128, 1, 1" in ptx
-    assert ".minnctapersm 3" in ptx  # the shipped build: 168 registers (ptxas -v: 84 / 44 bytes of spill)
+    assert ".minnctapersm 3" in ptx  # the shipped build's register cap (3 CTAs per SM)
     # per warp: K K^T and Q K^T, 16 x 64 x 128 each (m16n8k16: 64 each), A from ldmatrix
     n_mma = len(re.findall(MMA, ptx))
     assert len(re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x4\.shared\.b16", ptx)) == 48
@@ -31,7 +31,7 @@ def test_prep_compiles_for_sm90a_with_warp_mma_and_a_register_solve(tmp_path, so
     if solve == "column":  # the whole block by substitution: rows of A^T as 16-byte broadcast reads
         assert n_mma == 128 and n_v4 >= 500
     else:  # the diagonal blocks' substitution (36 reads of A^T) and the doubling's products on mma.sync
-        # (bf16 hi / lo: 3 per tile; 16 -> 32: 2 x 2 tiles, 32 -> 64: 2 x 8 tiles, 60 in all)
+        # (bf16 hi / lo: 3 per tile; 16 -> 32: 2 x 2 tiles, 32 -> 64: 2 x 8 tiles: 60, of which the build keeps 59)
         assert 128 + 48 <= n_mma <= 128 + 60 and n_v4 < 100
     assert len(re.findall(r"st\.global\.v4\.b32", ptx)) == 16  # aqk and tmb rows: 4 passes x 2 slots x 2
     assert len(re.findall(r"shfl\.sync\.up", ptx)) == 10  # the gates' scan
@@ -238,3 +238,8 @@ def test_the_planner_chooses_the_prep_where_the_switch_asks_and_the_profile_allo
     assert planned().fused_prep is dsl
     assert planned("sm100").fused_prep is False
     assert "built for sm_90a" in fp.choose_prep(family="gdn", K=128, dtype=torch.bfloat16, caps=profile("sm100"))[1]
+
+
+def test_compile_prep_refuses_an_unknown_solve():
+    with pytest.raises(ValueError, match="PrepKey.solve must be one of"):
+        fp.compile_prep(fp.PrepKey(128, True, "float32", "int32", "sm_90a", fp.MIN_CTAS, "neumann"))

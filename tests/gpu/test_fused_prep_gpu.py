@@ -154,17 +154,24 @@ def _prep_with_solve(monkeypatch, inp, solve):
     return _prep_buffers(monkeypatch, inp, True)
 
 
-@pytest.mark.parametrize("case", ["random", "worst", "beta2"])
-def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case):
+@pytest.mark.parametrize("H,HV", [(4, 8), (2, 6)])  # GVA groups of 2 and 3 (a pass with one value head)
+@pytest.mark.parametrize("case", ["random", "worst", "beta2", "near_singular"])
+def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case, H, HV):
     """The blockwise solve (block doubling, products on bf16 hi/lo splits) against the whole-block fp32
-    substitution on the same inputs: ``aqk``, ``rk``, ``qs`` bitwise (the same code), ``tmb`` within two
-    bf16 steps of each row's largest entry. ``worst``: every key equal, beta 1, no decay (Tm's entries
-    0 and +-1 from cancelling products); ``beta2``: the same at beta 2 (``A``'s entries 2)."""
-    inp = make_inputs("gdn", [300, 1, 64, 130], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=5)
+    substitution on the same inputs: ``aqk``, ``rk``, ``qs`` bitwise (the same code), ``tmb`` within
+    2.5e-4 of each row's largest entry on random inputs (hi-only products would be about 1e-3 off) and
+    within a bf16 step on the ill-conditioned ones. ``worst``: every key equal, beta 1, no decay (Tm's
+    entries 0 and +-1 from cancelling products); ``beta2``: the same at beta 2; ``near_singular``: the
+    keys equal plus 5% noise, beta 1.99."""
+    inp = make_inputs("gdn", [300, 1, 64, 130], H=H, HV=HV, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=5)
     if case != "random":
         inp = worst_conditioned(inp)
     if case == "beta2":
         inp["beta"] = inp["beta"] * 2
+    if case == "near_singular":
+        k = inp["k"].float()
+        inp["k"] = (k + 0.05 * k.norm(dim=-1, keepdim=True) / 128 ** 0.5 * torch.randn_like(k)).to(torch.bfloat16)
+        inp["beta"] = inp["beta"] * 1.99
     col = _prep_with_solve(monkeypatch, inp, "column")
     blk = _prep_with_solve(monkeypatch, inp, "blocks")
     for name, c, b in zip(("aqk", "rk", "qs"), col[1:], blk[1:]):
@@ -174,4 +181,4 @@ def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case):
     scale = t_c.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)  # per (row, value head)
     err = ((t_b - t_c).abs() / scale).max().item()
     print(f"{case}: tmb blocks vs column: {err:.2e} of each row's largest entry; largest {t_c.abs().max():.3g}")
-    assert err <= 2 * 2.0 ** -8, err
+    assert err <= (2.5e-4 if case == "random" else 2.0 ** -8), err
