@@ -72,7 +72,7 @@ from .registry import get_registry
 from . import selection
 from .selection import dispatcher, resolve_device, select, shape_class
 from ..rules.validate import validate_call, value_rules_of, written_arguments
-from ..rules.value_rules import _run_value_rules, fused_value_check
+from ..rules.value_rules import _run_value_rules, fused_value_check, live_rules
 
 _Tensor = torch.Tensor
 _NoneType = type(None)
@@ -153,7 +153,8 @@ class CallPlan:
     with the other only when the decision is read: ``linattn.last_decision``); ``scalars``
     the normalised non-tensor keyword arguments; ``tensors`` the names of the caller's tensor
     arguments passed through; ``dims`` the validation layer's derived facts (for the value rules);
-    ``rules`` the value rules to run per call and ``value_check`` the same as one kernel launch
+    ``rules`` the value rules to run per call (on the CPU only those with something to check for the key's
+    None arguments: ``value_rules.live_rules``) and ``value_check`` the same as one kernel launch
     (or None: the torch rules run); ``written`` per written, non-empty tensor argument its name,
     its byte span from its data pointer and the other non-empty tensor arguments' names and spans;
     ``prepared`` the backend's prepared launch (or None: its op method runs); ``replay`` the
@@ -259,7 +260,7 @@ def plan_call(op: str, args: dict, backend: Optional[str], validate: bool, check
         impl, decision = select(op, signature, _device_of(nargs), backend or None)
     except NoBackendError as e:
         raise on_no_backend(e, nargs, signature) from e
-    rules = value_rules_of(op, check_values=validate, check_finite=check_finite)
+    rules = live_rules(value_rules_of(op, check_values=validate, check_finite=check_finite), nargs, dims)
     return CallPlan(op, nargs, dims, impl, decision, rules, check_finite), nargs
 
 

@@ -106,6 +106,9 @@ def test_host_and_torch_rules_agree(call):
     for rules in (RULES, *((r,) for r in RULES)):  # each rule alone too: the others do not mask it
         torch_verdict = _verdict(rules, args, dims, host=False)
         assert _verdict(rules, args, dims, host=True) == torch_verdict, rules
+        # a call plan's rules (the ones left for its None arguments) give the same verdict, either way
+        live = vr.live_rules(rules, args, dims)
+        assert _verdict(live, args, dims, host=True) == torch_verdict == _verdict(live, args, dims, host=False), rules
         if torch_verdict is None:  # an accepted call: the host path decided every rule, no torch probe ran
             assert vr._host_remaining(rules, args, dims) == ()
 
@@ -183,3 +186,41 @@ def test_a_cpu_decode_call_refuses_with_the_torch_message():
         assert torch.equal(pool, x["state_pool"])  # refused before launch: no pool row written
         messages.append(str(e.value))
     assert messages[0] == messages[1] and "out of range" in messages[0]
+
+
+def test_a_rule_whose_argument_is_none_probes_nothing_and_is_left_out_on_the_cpu():
+    """live_rules drops a rule only where it has nothing to check: its argument (value_rules._NEEDS) is
+    None, so the rule gives no probe and its host form passes, whatever the others hold."""
+    args, dims = _decode_call(n=3, state_indices=torch.tensor([0, 0, 9], dtype=torch.int32), g=torch.tensor([1.0]),
+                              A_log=torch.tensor([NAN]), dt_bias=torch.tensor([INF]))
+    for rule, name in vr._NEEDS.items():
+        bare = {**args, "checkpoint_indices": None, name: None}
+        assert rule(bare, dims) == [] and vr._HOST_FORMS[rule](bare, dims) is True, name
+        assert rule not in vr.live_rules((rule,), bare, dims)
+    kept = vr.live_rules(DECODE, args, dims)  # the gate-form decode: the slots, g and the gate parameters
+    assert kept == (vr._v_state_indices, vr._v_shared_gate_params, vr._v_decode_log_decay)
+    dims["device"] = torch.device("cuda", 0)  # a GPU call's plan keeps every rule (the fused check's set)
+    assert vr.live_rules(DECODE, args, dims) == DECODE
+
+
+def test_a_cpu_decode_plan_keeps_the_rules_its_arguments_need():
+    import linattn
+    from linattn.dispatch.runtime import fast_path
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    pool, slots = r(4, 2, 8, 8), torch.tensor([2, 0], dtype=torch.int32)
+    x = dict(q=r(2, 1, 1, 8), k=r(2, 1, 1, 8), v=r(2, 1, 2, 8), g=-torch.rand(2, 1, 2, generator=g),
+             beta=torch.rand(2, 1, 2, generator=g))
+    fast_path.clear()
+    linattn.gdn_decode(**x, state_pool=pool, state_indices=slots, backend="torch-chunked")
+    (plan,) = fast_path._plans.values()
+    assert plan.rules == (vr._v_state_indices, vr._v_decode_log_decay)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"g\[1, 0, 1\] = 0.5: g is a log-space decay"):
+        linattn.gdn_decode(**{**x, "g": torch.tensor([[[-1.0, -1.0]], [[-1.0, 0.5]]])}, state_pool=pool,
+                           state_indices=slots, backend="torch-chunked")
+    with pytest.raises(ValueError, match="write race"):
+        linattn.gdn_decode(**x, state_pool=pool, state_indices=torch.tensor([2, 2], dtype=torch.int32),
+                           backend="torch-chunked")
+    assert torch.equal(pool, before)  # refused before anything is written
