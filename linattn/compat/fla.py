@@ -385,22 +385,25 @@ def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
                         "with initial_state.float() if its values are meant as states.")
 
 
-#: ``arange(N)`` int64 CPU tensors, per N: the recurrent route's slots into its own pool (read only)
+#: ``arange(N) * step`` int64 CPU tensors, per (N, step): the recurrent route's slots into its own pool
+#: (step 1) and the dense prefill's ``cu_seqlens`` (step T); read only
 _CPU_SLOTS: dict = {}
 
 
-def _slots(N: int, device: torch.device) -> torch.Tensor:
-    """Slots ``0..N-1`` of the recurrent route's pool: on the CPU one kept tensor per ``N`` (no operation
-    per call; the ops only read it); on another device a new one each call (a kept one could be read on
-    another stream before the stream that wrote it has run)."""
+def _slots(N: int, device: torch.device, step: int = 1) -> torch.Tensor:
+    """``0, step, .., (N - 1) step`` (int64): slots ``0..N-1`` of the recurrent route's pool, or the
+    ``cu_seqlens`` of ``N - 1`` sequences of ``step`` tokens. On the CPU one kept tensor per
+    ``(N, step)`` (no operation per call; the ops only read it); on another device a new one each call
+    (a kept one could be read on another stream before the stream that wrote it has run)."""
     if device.type != "cpu":
-        return torch.arange(N, device=device, dtype=torch.int64)
-    idx = _CPU_SLOTS.get(N)
+        return torch.arange(N, device=device, dtype=torch.int64) * step if step != 1 else \
+            torch.arange(N, device=device, dtype=torch.int64)
+    idx = _CPU_SLOTS.get((N, step))
     if idx is None:
         if len(_CPU_SLOTS) >= 64:
             _CPU_SLOTS.clear()
         with torch.inference_mode(False):  # a normal tensor, whichever mode its first call ran in
-            idx = _CPU_SLOTS[N] = torch.arange(N, dtype=torch.int64)
+            idx = _CPU_SLOTS[(N, step)] = torch.arange(N, dtype=torch.int64) * step
     return idx
 
 
@@ -430,7 +433,8 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         extra = {}
         if initial_state is not None:
-            pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
+            pool = (initial_state if initial_state.dtype == sdtype else initial_state.to(sdtype)).clone(
+                memory_format=torch.contiguous_format)
         elif _DECODE_HAS_INIT[family] and T > 0:  # fresh sequences: no zeroing pass; every slot is written
             pool = q.new_empty(shape, dtype=sdtype)
             extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
@@ -443,7 +447,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
 
     prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
     if cu_seqlens is None:
-        cu = torch.arange(B + 1, device=q.device, dtype=torch.int64) * T
+        cu = _slots(B + 1, q.device, T)
     else:
         cu = cu_seqlens
 

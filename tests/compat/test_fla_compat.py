@@ -321,14 +321,28 @@ def test_recurrent_decode_slots_are_one_kept_cpu_tensor_left_unchanged(family):
     given = h0.clone()
     with torch.inference_mode():
         o1, h1 = call(RECUR[family], q, k, v, g, beta, **kw)
-    slots = fla._CPU_SLOTS[3]
+    slots = fla._CPU_SLOTS[(3, 1)]
     assert not slots.is_inference() and slots.dtype == torch.int64
     with torch.no_grad():
         o2, h2 = call(RECUR[family], q, k, v, g, beta, **kw)
-    assert fla._CPU_SLOTS[3] is slots and torch.equal(slots, torch.arange(3))
+    assert fla._CPU_SLOTS[(3, 1)] is slots and torch.equal(slots, torch.arange(3))
     assert torch.equal(o1, o2) and torch.equal(h1, h2) and torch.equal(h0, given)
     bad = g.clone()
     bad[1, 0, 1] = 0.25
     with pytest.raises(ValueError, match=r"^linattn\.compat\.fla\.fused_recurrent_\w+: g\[1, 0, 1"):
         call(RECUR[family], q, k, v, bad, beta, **kw)
     assert torch.equal(h0, given)
+
+
+
+def test_dense_chunk_cu_seqlens_are_one_kept_cpu_tensor_left_unchanged():
+    """The dense prefill's cu_seqlens 0, T, .., B T: one kept int64 CPU tensor per (B + 1, T), read only;
+    a second call's results are the first's."""
+    fla._CPU_SLOTS.clear()
+    q, k, v, g, beta, h0 = inputs("gdn", 2, 5, 1, 2, 16, 8, seed=6)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o1, h1 = call(CHUNK["gdn"], q, k, v, g, beta, **kw)
+    cu = fla._CPU_SLOTS[(3, 5)]
+    o2, h2 = call(CHUNK["gdn"], q, k, v, g, beta, **kw)
+    assert fla._CPU_SLOTS[(3, 5)] is cu and torch.equal(cu, torch.tensor([0, 5, 10]))
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)
