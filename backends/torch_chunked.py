@@ -649,14 +649,12 @@ def _rows_view(pool: torch.Tensor, slots: list) -> Optional[torch.Tensor]:
     s, n = slots[0], len(slots)
     if s < 0:
         return None
-    if s == 0 and n == pool.shape[0] and slots[-1] == n - 1:  # 0..n-1, increasing: every slot in order
-        return pool
-    if n == 1:
-        return pool.narrow(0, s, 1)
-    d = slots[1] - s
-    if d <= 0 or slots != list(range(s, s + d * n, d)):
+    d = slots[1] - s if n > 1 else 1
+    if n > 1 and (d <= 0 or slots != list(range(s, s + d * n, d))):
         return None
-    return pool.narrow(0, s, 1 + d * (n - 1)) if d == 1 else pool[s:s + d * (n - 1) + 1:d]
+    if d == 1:
+        return pool if s == 0 and n == pool.shape[0] else pool.narrow(0, s, n)
+    return pool[s:s + d * (n - 1) + 1:d]
 
 
 @pinned_fp32_matmul

@@ -412,3 +412,18 @@ def test_decode_batched_product_is_matmuls_bits(vk, n, HV, K, V):
     for S in (buf[:n], buf[1:n + 1], buf[::2][:n]):
         want = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)
         assert torch.equal(tc._batched_product(dqk, S, vk), want)
+
+
+@pytest.mark.parametrize("slots", [[0, 0, 2], [0, 2, 2], [0, 1, 1], [2, 1, 0], [0, 2, 1]])
+def test_decode_without_state_update_reads_repeated_or_unordered_slots_of_the_whole_pool(slots):
+    """disable_state_update allows one slot read by two rows (nothing is written): slots that name as many
+    rows as the pool holds but not 0..P-1 in order read the slots named, not the pool's rows in order
+    (torch-ref's results within fp32's tolerance; the pool unchanged)."""
+    args, pool = _decode_inputs(False, "vk", N=3)
+    pool = pool[:3].clone()
+    idx = torch.tensor(slots)
+    mine = pool.clone()
+    o = linattn.gdn_decode(*args, mine, idx, disable_state_update=True, backend="torch-chunked")
+    ro = tc.gdn_decode_ref(*(x.double() for x in args), pool.double(), idx, disable_state_update=True,
+                           compute_dtype=torch.float64)
+    assert _rel(o, ro) < FP32_TOL and torch.equal(mine, pool)
