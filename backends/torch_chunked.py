@@ -645,16 +645,16 @@ def _plain(q, state_indices, pool, intermediate_states, num_accepted_tokens, has
 
 def _rows_view(pool: torch.Tensor, slots: list) -> Optional[torch.Tensor]:
     """``pool[slots]`` as a view when ``slots`` is an increasing arithmetic progression ``s, s + d, ...``
-    (one slot, consecutive slots, every other slot, ...), else None."""
+    (one slot, consecutive slots, every other slot, ...; ``pool`` itself for every slot in order), else None."""
     s, n = slots[0], len(slots)
     if s < 0:
         return None
-    if n == 1:
-        return pool.narrow(0, s, 1)
-    d = slots[1] - s
-    if d <= 0 or slots != list(range(s, s + d * n, d)):
+    d = slots[1] - s if n > 1 else 1
+    if n > 1 and (d <= 0 or slots != list(range(s, s + d * n, d))):
         return None
-    return pool.narrow(0, s, 1 + d * (n - 1)) if d == 1 else pool[s:s + d * (n - 1) + 1:d]
+    if d == 1:
+        return pool if s == 0 and n == pool.shape[0] else pool.narrow(0, s, n)
+    return pool[s:s + d * (n - 1) + 1:d]
 
 
 @pinned_fp32_matmul
@@ -724,7 +724,7 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
     if l2norm:
         fold = 2.0 ** -60 <= scale <= 2.0 ** 60  # scale^-2 within fp32's range: folded into the norm
         c, eps_c = _scale_consts(scale if fold else 1.0, qk.device)
-        f = torch.addcmul(eps_c, torch.linalg.vecdot(qk, qk).unsqueeze_(-1), c)  # [n, 2, H, 1]: (ss + eps) c
+        f = torch.addcmul(eps_c, torch.mul(qk, qk).sum(-1, keepdim=True), c)  # [n, 2, H, 1]: (ss + eps) c
         if not math.isfinite(f.sum().item()):  # one host read: a row past fp32's range (or NaN / inf in it)
             bad = ~torch.isfinite(f)  # takes torch-ref's overflow-safe l2norm (F44), that row only (F29)
             f = torch.where(bad, c, f)
@@ -735,7 +735,7 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
     elif scale != 1.0:
         qk.select(1, 0).mul_(scale)
     qn, kn = qk.select(1, 0), qk.select(1, 1)  # [n, H, K]
-    qk_dot = torch.linalg.vecdot(qn, kn).view(n, H, 1, 1)  # q . k per key head
+    qk_dot = torch.mul(qn, kn).sum(-1, keepdim=True).unsqueeze(-1)  # q . k per key head [n, H, 1, 1] (vecdot's ops)
     # d grouped as (key head, value heads of that key head): GDN [n, H, r, 1, 1], KDA [n, H, r, 1, K]
     dg = d.view(n, H, r, 1, K) if kda else d.view(n, H, r, 1, 1)
     dqk = torch.empty(n, HV, 2, K, dtype=qk.dtype, device=qk.device)  # (d q, d k) per value head, as rows
@@ -744,7 +744,7 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
     if S is None and HV * K * V * pool.element_size() <= GATHER_ROW_BYTES and min(dests) >= 0:
         S, gathered = pool.index_select(0, idx if sel is None else torch.tensor(slots, device=q.device)), True
     if S is not None:
-        P = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)  # [n, HV, 2, V]
+        P = _batched_product(dqk, S, vk)  # [n, HV, 2, V]
     else:  # large rows at scattered slots: the state passes row by row
         P = torch.cat([torch.matmul(dqk.narrow(0, i, 1), pool.narrow(0, s, 1).transpose(-1, -2) if vk
                                     else pool.narrow(0, s, 1)) for i, s in enumerate(slots)])
@@ -765,6 +765,18 @@ def _decode(kda: bool, q, k, v, gates: tuple, pool, idx, out_idx, scale: float, 
     if sel is None:
         return o
     return q.new_zeros(N, 1, HV, V).index_copy_(0, sel, o)
+
+
+def _batched_product(dqk: torch.Tensor, S: torch.Tensor, vk: bool) -> torch.Tensor:
+    """``dqk [n, HV, 2, K] @ S [n, HV, K, V]`` (``S`` read transposed in the vk layout): one ``bmm`` over the
+    ``n * HV`` states where ``S``'s first two dims fold into one (what ``matmul`` runs for these shapes,
+    without its reshapes), else ``matmul``."""
+    n, HV = S.shape[0], S.shape[1]
+    if n * HV and S.stride(0) == HV * S.stride(1):
+        S3 = S.view(n * HV, *S.shape[2:])
+        P = torch.bmm(dqk.view(n * HV, *dqk.shape[2:]), S3.transpose(1, 2) if vk else S3)
+        return P.view(n, HV, *P.shape[1:])
+    return torch.matmul(dqk, S.transpose(-1, -2) if vk else S)
 
 
 _SCALES: dict = {}

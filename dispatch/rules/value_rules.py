@@ -465,6 +465,52 @@ def _host_remaining(rules: tuple, args: dict, dims: Dims):
     return tuple(left)
 
 
+#: rule -> the argument without which it probes nothing: the rule returns no probe (and its host form
+#: passes) when that argument is None, whatever the other arguments hold (each rule's first lines).
+_NEEDS = {_v_state_indices: "state_indices", _v_output_state_indices: "output_state_indices",
+          _v_checkpoints: "checkpoint_indices", _v_intermediate: "intermediate_state_indices",
+          _v_num_accepted: "num_accepted_tokens", _v_decode_log_decay: "g", _v_shared_gate_params: "A_log"}
+
+
+def live_rules(rules: tuple, args: dict, dims: Dims) -> tuple:
+    """``rules`` less those that probe nothing for a call with ``args``' None arguments (:data:`_NEEDS`),
+    on the CPU (where each rule is Python run per call); a call plan keeps them for every later call with
+    its key, which holds which arguments are None. Other devices keep every rule (the fused check is
+    planned from the whole set, as before)."""
+    dev = dims.get("device")
+    if dev is None or dev.type != "cpu":
+        return rules
+    return tuple(r for r in rules if r not in _NEEDS or args.get(_NEEDS[r]) is not None)
+
+
+def host_value_check(rules: tuple, dims: Dims):
+    """``rules`` for the calls of one CPU call plan as a callable ``check(args)``: the rules' host forms
+    (fixed when the plan is made) in rule order, returning as soon as every one has passed, which is
+    exactly when :func:`_run_value_rules` would return without a torch probe; on any other outcome
+    (a host form that fails or cannot read its tensors, or :data:`HOST_VALUE_RULES` off) it runs
+    :func:`_run_value_rules`, whose verdict and error are the call's. None where the plan keeps
+    :func:`_run_value_rules` (no rules, not a CPU call, a rule without a host form)."""
+    dev = dims.get("device")
+    if not rules or dev is None or dev.type != "cpu":
+        return None
+    forms = tuple(_HOST_FORMS.get(rule) for rule in rules)
+    if None in forms:
+        return None
+
+    def check(args: dict) -> None:
+        if HOST_VALUE_RULES:
+            for form in forms:
+                try:
+                    if not form(args, dims):
+                        break
+                except Exception:  # _Defer, or values the host form does not expect: the full path decides
+                    break
+            else:
+                return
+        _run_value_rules(rules, args, dims)
+    return check
+
+
 # -- the single sync -----------------------------------------------------------------------------
 
 def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: str | None = None) -> None:

@@ -139,6 +139,8 @@ def _unsupported(func: str, arg: str, why: str) -> NotImplementedError:
 
 def _common_kwargs(func: str, state_v_first: bool, kwargs: dict, *, chunk_sizes: Optional[tuple] = None) -> bool:
     """Consume FLA's known keywords; refuse the rest. Returns the effective ``state_v_first``."""
+    if not kwargs:
+        return state_v_first
     kwargs = dict(kwargs)
     if "transpose_state_layout" in kwargs:
         if state_v_first:
@@ -173,6 +175,8 @@ def _gate_in_kernel(func: str, family: str, use_gate_in_kernel: bool, A_log, dt_
     """FLA 0.6's rules for the in-kernel gate's arguments (shapes are checked with the inputs', in
     :func:`_check_gate_params`). Without ``use_gate_in_kernel`` FLA ignores ``A_log`` / ``dt_bias`` /
     ``lower_bound``; linattn refuses them (ValueError) rather than ignore them."""
+    if not use_gate_in_kernel and A_log is None and dt_bias is None and lower_bound is None:
+        return None
     given = [n for n, x in (("A_log", A_log), ("dt_bias", dt_bias), ("lower_bound", lower_bound)) if x is not None]
     if not use_gate_in_kernel:
         if given:
@@ -220,11 +224,20 @@ def _check_gate_params(func: str, family: str, gate: _GateInKernel, g: torch.Ten
                              f"move it with {name}.to(g.device).")
 
 
+#: the options :func:`_run_with_options` sets, per (backend, validate) (frozen, so shared)
+_OPTION_SETS: dict = {}
+
+
 def _run_with_options(fn, backend: Optional[str], validate: bool, /, *args, **kwargs):
     """``fn(*args, **kwargs)`` with :func:`options`' settings ``backend`` and ``validate`` (the same
     context variable, set and reset around the call without a generator: the transformers router's
     per-call path, ``linattn/integrations/transformers.py``)."""
-    token = _OPTIONS.set(_Options(backend, validate))
+    opts = _OPTION_SETS.get((backend, validate))
+    if opts is None:
+        if len(_OPTION_SETS) >= 64:
+            _OPTION_SETS.clear()
+        opts = _OPTION_SETS[(backend, validate)] = _Options(backend, validate)
+    token = _OPTIONS.set(opts)
     try:
         return fn(*args, **kwargs)
     finally:
@@ -372,6 +385,28 @@ def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
                         "with initial_state.float() if its values are meant as states.")
 
 
+#: ``arange(N) * step`` int64 CPU tensors, per (N, step): the recurrent route's slots into its own pool
+#: (step 1) and the dense prefill's ``cu_seqlens`` (step T); read only
+_CPU_SLOTS: dict = {}
+
+
+def _slots(N: int, device: torch.device, step: int = 1) -> torch.Tensor:
+    """``0, step, .., (N - 1) step`` (int64): slots ``0..N-1`` of the recurrent route's pool, or the
+    ``cu_seqlens`` of ``N - 1`` sequences of ``step`` tokens. On the CPU one kept tensor per
+    ``(N, step)`` (no operation per call; the ops only read it); on another device a new one each call
+    (a kept one could be read on another stream before the stream that wrote it has run)."""
+    if device.type != "cpu":
+        return torch.arange(N, device=device, dtype=torch.int64) * step if step != 1 else \
+            torch.arange(N, device=device, dtype=torch.int64)
+    idx = _CPU_SLOTS.get((N, step))
+    if idx is None:
+        if len(_CPU_SLOTS) >= 64:
+            _CPU_SLOTS.clear()
+        with torch.inference_mode(False):  # a normal tensor, whichever mode its first call ran in
+            idx = _CPU_SLOTS[(N, step)] = torch.arange(N, dtype=torch.int64) * step
+    return idx
+
+
 def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, output_final_state: bool,
          use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens, recurrent: bool,
          out_dtype: torch.dtype, gate: Optional[_GateInKernel] = None):
@@ -398,21 +433,21 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         extra = {}
         if initial_state is not None:
-            pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
+            pool = (initial_state if initial_state.dtype == sdtype else initial_state.to(sdtype)).clone(
+                memory_format=torch.contiguous_format)
         elif _DECODE_HAS_INIT[family] and T > 0:  # fresh sequences: no zeroing pass; every slot is written
             pool = q.new_empty(shape, dtype=sdtype)
             extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
         else:  # T = 0 stores nothing (docs/ops.md): the final state is the zero state it starts from
             pool = q.new_zeros(shape, dtype=sdtype)
-        idx = torch.arange(N, device=q.device, dtype=torch.int64)
         with _in_caller_shapes(func, T, flattened=False):
-            o = decode(q, k, v, None, None, None, None, pool, idx, g=g, beta=beta, **extra, **common)
+            o = decode(q, k, v, None, None, None, None, pool, _slots(N, q.device), g=g, beta=beta, **extra, **common)
         final = pool if output_final_state else None
-        return o.to(out_dtype), final
+        return o if o.dtype == out_dtype else o.to(out_dtype), final
 
     prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
     if cu_seqlens is None:
-        cu = torch.arange(B + 1, device=q.device, dtype=torch.int64) * T
+        cu = _slots(B + 1, q.device, T)
     else:
         cu = cu_seqlens
 

@@ -308,3 +308,41 @@ def test_beta_given_in_gks_place_is_refused_with_the_order_named():
     with pytest.raises(NotImplementedError, match="gk") as e:
         fla.fused_recurrent_gated_delta_rule(q, k, v, g, torch.zeros(1, 4, 2, 8), beta=beta)
     assert "pass beta=beta" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_recurrent_decode_slots_are_one_kept_cpu_tensor_left_unchanged(family):
+    """The decode route's slots 0..N-1 into its own pool: one kept int64 CPU tensor per N (a normal
+    tensor, also when made under inference_mode), read only; results as a first call's, every call
+    leaving initial_state as given; a bad g still refused in the caller's terms."""
+    fla._CPU_SLOTS.clear()
+    q, k, v, g, beta, h0 = inputs(family, 3, 1, 1, 2, 16, 8, seed=5)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    given = h0.clone()
+    with torch.inference_mode():
+        o1, h1 = call(RECUR[family], q, k, v, g, beta, **kw)
+    slots = fla._CPU_SLOTS[(3, 1)]
+    assert not slots.is_inference() and slots.dtype == torch.int64
+    with torch.no_grad():
+        o2, h2 = call(RECUR[family], q, k, v, g, beta, **kw)
+    assert fla._CPU_SLOTS[(3, 1)] is slots and torch.equal(slots, torch.arange(3))
+    assert torch.equal(o1, o2) and torch.equal(h1, h2) and torch.equal(h0, given)
+    bad = g.clone()
+    bad[1, 0, 1] = 0.25
+    with pytest.raises(ValueError, match=r"^linattn\.compat\.fla\.fused_recurrent_\w+: g\[1, 0, 1"):
+        call(RECUR[family], q, k, v, bad, beta, **kw)
+    assert torch.equal(h0, given)
+
+
+
+def test_dense_chunk_cu_seqlens_are_one_kept_cpu_tensor_left_unchanged():
+    """The dense prefill's cu_seqlens 0, T, .., B T: one kept int64 CPU tensor per (B + 1, T), read only;
+    a second call's results are the first's."""
+    fla._CPU_SLOTS.clear()
+    q, k, v, g, beta, h0 = inputs("gdn", 2, 5, 1, 2, 16, 8, seed=6)
+    kw = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o1, h1 = call(CHUNK["gdn"], q, k, v, g, beta, **kw)
+    cu = fla._CPU_SLOTS[(3, 5)]
+    o2, h2 = call(CHUNK["gdn"], q, k, v, g, beta, **kw)
+    assert fla._CPU_SLOTS[(3, 5)] is cu and torch.equal(cu, torch.tensor([0, 5, 10]))
+    assert torch.equal(o1, o2) and torch.equal(h1, h2)

@@ -22,11 +22,15 @@ RULES = (vr._v_cu_seqlens, vr._v_state_indices, vr._v_output_state_indices, vr._
 NAN, INF = float("nan"), float("inf")
 
 
-def _verdict(rules, args, dims, host: bool):
+def _verdict(rules, args, dims, host: bool, run=None):
+    """The verdict of ``run(args)`` (default: ``_run_value_rules`` of ``rules``) with the host path on or off."""
     old = vr.HOST_VALUE_RULES
     vr.HOST_VALUE_RULES = host
     try:
-        vr._run_value_rules(rules, args, dims)
+        if run is None:
+            vr._run_value_rules(rules, args, dims)
+        else:
+            run(args)
         return None
     except Exception as e:  # noqa: BLE001 - the type and text are what is compared
         return type(e), str(e)
@@ -106,6 +110,13 @@ def test_host_and_torch_rules_agree(call):
     for rules in (RULES, *((r,) for r in RULES)):  # each rule alone too: the others do not mask it
         torch_verdict = _verdict(rules, args, dims, host=False)
         assert _verdict(rules, args, dims, host=True) == torch_verdict, rules
+        # a call plan's rules (the ones left for its None arguments) give the same verdict, either way
+        live = vr.live_rules(rules, args, dims)
+        assert _verdict(live, args, dims, host=True) == torch_verdict == _verdict(live, args, dims, host=False), rules
+        # and so does the plan's host check of them (host_value_check), with the host path on and off
+        check = vr.host_value_check(live, dims)
+        if check is not None:
+            assert _verdict(live, args, dims, True, check) == torch_verdict == _verdict(live, args, dims, False, check)
         if torch_verdict is None:  # an accepted call: the host path decided every rule, no torch probe ran
             assert vr._host_remaining(rules, args, dims) == ()
 
@@ -183,3 +194,57 @@ def test_a_cpu_decode_call_refuses_with_the_torch_message():
         assert torch.equal(pool, x["state_pool"])  # refused before launch: no pool row written
         messages.append(str(e.value))
     assert messages[0] == messages[1] and "out of range" in messages[0]
+
+
+def test_a_rule_whose_argument_is_none_probes_nothing_and_is_left_out_on_the_cpu():
+    """live_rules drops a rule only where it has nothing to check: its argument (value_rules._NEEDS) is
+    None, so the rule gives no probe and its host form passes, whatever the others hold."""
+    args, dims = _decode_call(n=3, state_indices=torch.tensor([0, 0, 9], dtype=torch.int32), g=torch.tensor([1.0]),
+                              A_log=torch.tensor([NAN]), dt_bias=torch.tensor([INF]))
+    for rule, name in vr._NEEDS.items():
+        bare = {**args, "checkpoint_indices": None, name: None}
+        assert rule(bare, dims) == [] and vr._HOST_FORMS[rule](bare, dims) is True, name
+        assert rule not in vr.live_rules((rule,), bare, dims)
+    kept = vr.live_rules(DECODE, args, dims)  # the gate-form decode: the slots, g and the gate parameters
+    assert kept == (vr._v_state_indices, vr._v_shared_gate_params, vr._v_decode_log_decay)
+    dims["device"] = torch.device("cuda", 0)  # a GPU call's plan keeps every rule (the fused check's set)
+    assert vr.live_rules(DECODE, args, dims) == DECODE
+
+
+def test_a_cpu_decode_plan_keeps_the_rules_its_arguments_need():
+    import linattn
+    from linattn.dispatch.runtime import fast_path
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    pool, slots = r(4, 2, 8, 8), torch.tensor([2, 0], dtype=torch.int32)
+    x = dict(q=r(2, 1, 1, 8), k=r(2, 1, 1, 8), v=r(2, 1, 2, 8), g=-torch.rand(2, 1, 2, generator=g),
+             beta=torch.rand(2, 1, 2, generator=g))
+    fast_path.clear()
+    linattn.gdn_decode(**x, state_pool=pool, state_indices=slots, backend="torch-chunked")
+    (plan,) = fast_path._plans.values()
+    assert plan.rules == (vr._v_state_indices, vr._v_decode_log_decay)
+    before = pool.clone()
+    with pytest.raises(ValueError, match=r"g\[1, 0, 1\] = 0.5: g is a log-space decay"):
+        linattn.gdn_decode(**{**x, "g": torch.tensor([[[-1.0, -1.0]], [[-1.0, 0.5]]])}, state_pool=pool,
+                           state_indices=slots, backend="torch-chunked")
+    with pytest.raises(ValueError, match="write race"):
+        linattn.gdn_decode(**x, state_pool=pool, state_indices=torch.tensor([2, 2], dtype=torch.int32),
+                           backend="torch-chunked")
+    assert torch.equal(pool, before)  # refused before anything is written
+
+
+def test_the_host_check_of_a_plan_runs_no_torch_probe_when_its_rules_pass(monkeypatch):
+    """host_value_check: a CPU plan's rules with a host form each; an accepted call runs no torch probe,
+    a refused one runs _run_value_rules (its error); none for a GPU call or a rule without a host form."""
+    args, dims = _decode_call()
+    check = vr.host_value_check(DECODE, dims)
+    calls = []
+    monkeypatch.setattr(vr, "_run_value_rules", lambda *a: calls.append(a))
+    check(args)
+    assert calls == []
+    check({**args, "state_indices": torch.tensor([0, 9, 1, 2], dtype=torch.int32)})
+    assert len(calls) == 1
+    assert vr.host_value_check((*DECODE, vr._v_finite_inputs(())), dims) is None
+    assert vr.host_value_check(DECODE, {**dims, "device": torch.device("cuda", 0)}) is None
+    assert vr.host_value_check((), dims) is None

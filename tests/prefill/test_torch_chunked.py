@@ -382,3 +382,48 @@ def test_decode_reads_strided_inputs_in_place_with_the_bits_of_contiguous_copies
     assert torch.equal(sp[[1, 2, 3, 5]], pool[[1, 2, 3, 5]])
     named = dict(q=sq, k=sk, v=sv, g=sg, beta=sb, state_indices=idx)
     assert conform_inputs(op.__name__, named, tc.TorchChunkedBackend()) is named  # nothing copied
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_decode_on_the_whole_pool_gives_the_bits_of_a_view_of_a_larger_pool(kda, layout):
+    """Slots 0..N-1 of an N-row pool (the step reads and writes the pool itself) and the same states at
+    consecutive slots of a larger pool (a view of it): the same output and states, bit for bit; the
+    larger pool's other slots unchanged."""
+    args, pool = _decode_inputs(kda, layout)
+    N = args[0].shape[0]
+    extra = {"lower_bound": -5.0} if kda else {}
+    op = linattn.kda_decode if kda else linattn.gdn_decode
+    whole, big = pool[:N].clone(), pool.clone()
+    outs = [op(*args, p, torch.arange(N), state_layout=layout, backend="torch-chunked", **extra) for p in (whole, big)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(big[:N], whole) and not torch.equal(whole, pool[:N])
+    assert torch.equal(big[N:], pool[N:])
+
+
+@pytest.mark.parametrize("vk", [False, True], ids=["kv", "vk"])
+@pytest.mark.parametrize("n,HV,K,V", [(1, 8, 128, 128), (2, 2, 64, 64), (3, 4, 32, 16), (4, 1, 8, 24)])
+def test_decode_batched_product_is_matmuls_bits(vk, n, HV, K, V):
+    """The step's product over the states: one bmm where the slot and head dims fold (the pool itself, a
+    view of consecutive slots, gathered rows), the bits of matmul on the same operands; matmul itself
+    where they do not fold (every other row of a buffer)."""
+    gen = torch.Generator().manual_seed(n * HV + K)
+    dqk = torch.randn(n, HV, 2, K, generator=gen)
+    buf = torch.randn(2 * n + 1, HV, *((V, K) if vk else (K, V)), generator=gen)
+    for S in (buf[:n], buf[1:n + 1], buf[::2][:n]):
+        want = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)
+        assert torch.equal(tc._batched_product(dqk, S, vk), want)
+
+
+@pytest.mark.parametrize("slots", [[0, 0, 2], [0, 2, 2], [0, 1, 1], [2, 1, 0], [0, 2, 1]])
+def test_decode_without_state_update_reads_repeated_or_unordered_slots_of_the_whole_pool(slots):
+    """disable_state_update allows one slot read by two rows (nothing is written): slots that name as many
+    rows as the pool holds but not 0..P-1 in order read the slots named, not the pool's rows in order
+    (torch-ref's results within fp32's tolerance; the pool unchanged)."""
+    args, pool = _decode_inputs(False, "vk", N=3)
+    pool = pool[:3].clone()
+    idx = torch.tensor(slots)
+    mine = pool.clone()
+    o = linattn.gdn_decode(*args, mine, idx, disable_state_update=True, backend="torch-chunked")
+    ro = tc.gdn_decode_ref(*(x.double() for x in args), pool.double(), idx, disable_state_update=True,
+                           compute_dtype=torch.float64)
+    assert _rel(o, ro) < FP32_TOL and torch.equal(mine, pool)
