@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -103,6 +105,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--inner", type=int, default=100)
     ap.add_argument("--shapes", default="ex,gdn,kda", help="a comma list of ex, gdn, kda")
+    ap.add_argument("--out", default=None, help="also write the medians as rows in the results schema to this file "
+                    "(benchmarks/_results.py; not a committed results file: the figures are in docs/performance.md)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -110,9 +114,18 @@ def main() -> None:
     for shape in args.shapes.split(","):
         fns.update(_example(gen) if shape == "ex" else _target(shape, gen))
     med = {n: statistics.median(t) for n, t in interleaved(fns, args.repeats, args.inner).items()}
+    rows = []
     for name, us in med.items():
         hf = med[name.split()[0] + " hf"]
         print(f"{name:10s} {us:8.1f} us   ratio {hf / us:5.3f}")
+        rows.append(dict(function=name, us_per_call=us, ratio_vs_transformers=hf / us))
+    if args.out:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _results import write_results
+
+        write_results(args.out, rows, [f"thread CPU time per call, 1 thread, medians of {args.repeats} interleaved "
+                                       f"timings of {args.inner} calls; ratio_vs_transformers: transformers' median "
+                                       "over the function's (above 1: faster)"])
 
 
 if __name__ == "__main__":
