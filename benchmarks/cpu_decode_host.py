@@ -123,9 +123,14 @@ def main() -> None:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from _results import write_results
 
-        write_results(args.out, rows, [f"thread CPU time per call, 1 thread, medians of {args.repeats} interleaved "
+        import subprocess
+
+        src = os.path.dirname(os.path.abspath(linattn.__file__))  # the timed code's checkout, not this file's
+        head = subprocess.run(["git", "-C", src, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True)
+        write_results(args.out, rows, [f"linattn from {src}", f"thread CPU time per call, 1 thread, medians of {args.repeats} interleaved "
                                        f"timings of {args.inner} calls; ratio_vs_transformers: transformers' median "
-                                       "over the function's (above 1: faster)"])
+                                       "over the function's (above 1: faster)"],
+                      commit=os.environ.get("LINATTN_COMMIT") or head.stdout.strip() or "unknown")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import linattn
 
@@ -390,16 +391,20 @@ def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
 _CPU_SLOTS: dict = {}
 
 
-def _slots(N: int, device: torch.device, step: int = 1) -> torch.Tensor:
-    """``0, step, .., (N - 1) step`` (int64): slots ``0..N-1`` of the recurrent route's pool, or the
-    ``cu_seqlens`` of ``N - 1`` sequences of ``step`` tokens. On the CPU one kept tensor per
-    ``(N, step)`` (no operation per call; the ops only read it); on another device a new one each call
-    (a kept one could be read on another stream before the stream that wrote it has run)."""
-    if device.type != "cpu":
+def _slots(N: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
+    """``0, step, .., (N - 1) step`` (int64) on ``like``'s device: slots ``0..N-1`` of the recurrent route's
+    pool, or the ``cu_seqlens`` of ``N - 1`` sequences of ``step`` tokens. On the CPU one kept tensor per
+    ``(N, step)`` (no operation per call; the ops only read it), made again if anything wrote into it
+    (its version counter moved: a plugin that wrote into an index tensor is refused, F43, and must not
+    leave later calls a changed one; a write through a raw pointer is not seen). A new one each call on
+    another device (a kept one could be read on another stream before the stream that wrote it has run),
+    for a tensor subclass (a fake tensor while tracing) and under a dispatch mode (FakeTensorMode)."""
+    device = like.device
+    if device.type != "cpu" or type(like) is not torch.Tensor or _get_current_dispatch_mode() is not None:
         return torch.arange(N, device=device, dtype=torch.int64) * step if step != 1 else \
             torch.arange(N, device=device, dtype=torch.int64)
     idx = _CPU_SLOTS.get((N, step))
-    if idx is None:
+    if idx is None or idx._version != 0:
         if len(_CPU_SLOTS) >= 64:
             _CPU_SLOTS.clear()
         with torch.inference_mode(False):  # a normal tensor, whichever mode its first call ran in
@@ -441,13 +446,13 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         else:  # T = 0 stores nothing (docs/ops.md): the final state is the zero state it starts from
             pool = q.new_zeros(shape, dtype=sdtype)
         with _in_caller_shapes(func, T, flattened=False):
-            o = decode(q, k, v, None, None, None, None, pool, _slots(N, q.device), g=g, beta=beta, **extra, **common)
+            o = decode(q, k, v, None, None, None, None, pool, _slots(N, q), g=g, beta=beta, **extra, **common)
         final = pool if output_final_state else None
         return o if o.dtype == out_dtype else o.to(out_dtype), final
 
     prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
     if cu_seqlens is None:
-        cu = _slots(B + 1, q.device, T)
+        cu = _slots(B + 1, q, T)
     else:
         cu = cu_seqlens
 

@@ -346,3 +346,35 @@ def test_dense_chunk_cu_seqlens_are_one_kept_cpu_tensor_left_unchanged():
     o2, h2 = call(CHUNK["gdn"], q, k, v, g, beta, **kw)
     assert fla._CPU_SLOTS[(3, 5)] is cu and torch.equal(cu, torch.tensor([0, 5, 10]))
     assert torch.equal(o1, o2) and torch.equal(h1, h2)
+
+
+def test_a_fake_tensor_trace_keeps_no_slot_tensor_and_later_calls_run():
+    """A call traced with fake tensors (FakeTensorMode) makes its own slots: the kept ones stay real, and
+    the same call in eager mode afterwards runs and matches a fresh process's result."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fla._CPU_SLOTS.clear()
+    r = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 1, 1, 8, generator=r) for _ in range(3))
+    g, b = -torch.rand(2, 1, 1, generator=r), torch.rand(2, 1, 1, generator=r)
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fla.fused_recurrent_gated_delta_rule(*(mode.from_tensor(x) for x in (q, k, v)), g=mode.from_tensor(g),
+                                             beta=mode.from_tensor(b))
+    assert all(type(t) is torch.Tensor for t in fla._CPU_SLOTS.values())
+    o, _ = fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=b)
+    fla._CPU_SLOTS.clear()
+    o2, _ = fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=b)
+    assert torch.equal(o, o2)
+
+
+def test_a_kept_cu_seqlens_written_into_is_made_again():
+    """A backend that writes into the cu_seqlens it was given (refused, F43) leaves the next call a fresh
+    tensor, not the changed one: the later result equals the first."""
+    r = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 1, 8, generator=r) for _ in range(3))
+    g, b = -torch.rand(2, 5, 1, generator=r), torch.rand(2, 5, 1, generator=r)
+    want, _ = fla.chunk_gated_delta_rule(q, k, v, g, b)
+    kept = fla._CPU_SLOTS[(3, 5)]
+    kept[1] = 2  # what such a backend does to the tensor it was handed
+    got, _ = fla.chunk_gated_delta_rule(q, k, v, g, b)
+    assert torch.equal(got, want) and fla._CPU_SLOTS[(3, 5)].tolist() == [0, 5, 10]

@@ -19,7 +19,8 @@ from linattn.dispatch.lru import PROCESS_CACHES, cache_size
 ROOT = Path(__file__).resolve().parents[2]
 #: the folders whose modules' caches the dispatcher owns, and their import packages
 PACKAGES = {"dispatch": "linattn.dispatch", "backends": "linattn.backends", "kernels": "linattn.kernels",
-            "capabilities": "linattn.capabilities"}
+            "capabilities": "linattn.capabilities", "linattn/compat": "linattn.compat",
+            "linattn/integrations": "linattn.integrations"}
 
 
 def _decode(n: int, seed: int = 0, H=1, HV=2, K=8, V=8, P=8) -> dict:
@@ -58,6 +59,13 @@ def _run_all() -> list[torch.Tensor]:
     # the decision for a GPU profile asks the Triton backends' size classes (grid verdicts, grid plans)
     for op, t in (("gdn_prefill", 64), ("gdn_decode", 1)):
         linattn.explain(linattn.Problem(op=op, n=2, t=t, h=16, hv=32, k=128, v=128), "sm90")
+    from linattn.compat import fla  # the FLA-compatible API: its kept slot tensors and option sets
+
+    r = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 1, 1, 8, generator=r), torch.randn(2, 1, 1, 8, generator=r)
+    v, g = torch.randn(2, 1, 2, 8, generator=r), -torch.rand(2, 1, 2, generator=r)
+    out += list(fla._run_with_options(fla.fused_recurrent_gated_delta_rule, None, True, q, k, v, g=g,
+                                      beta=torch.rand(2, 1, 2, generator=r), output_final_state=True))
     return out
 
 
@@ -147,6 +155,8 @@ NOT_CACHES = {
                                                  "by a decorator at import: clearing it would lose the checks",
     "linattn.kernels.cutedsl.fused_walk:_runtime": "CuTe DSL's runtime entry points (make_ptr, the address space, "
                                                    "the stream and integer types), imported once: no call's data",
+    "linattn.integrations.transformers:_ROUTERS": "the routers enable() installed over transformers' functions, "
+                                                  "undone by disable(): state of the app's models, not a cache",
 }
 
 

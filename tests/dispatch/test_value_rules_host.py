@@ -224,6 +224,7 @@ def test_a_cpu_decode_plan_keeps_the_rules_its_arguments_need():
     linattn.gdn_decode(**x, state_pool=pool, state_indices=slots, backend="torch-chunked")
     (plan,) = fast_path._plans.values()
     assert plan.rules == (vr._v_state_indices, vr._v_decode_log_decay)
+    assert plan.host_check is not None  # the CPU plan checks them on the host
     before = pool.clone()
     with pytest.raises(ValueError, match=r"g\[1, 0, 1\] = 0.5: g is a log-space decay"):
         linattn.gdn_decode(**{**x, "g": torch.tensor([[[-1.0, -1.0]], [[-1.0, 0.5]]])}, state_pool=pool,

@@ -409,9 +409,21 @@ def test_decode_batched_product_is_matmuls_bits(vk, n, HV, K, V):
     gen = torch.Generator().manual_seed(n * HV + K)
     dqk = torch.randn(n, HV, 2, K, generator=gen)
     buf = torch.randn(2 * n + 1, HV, *((V, K) if vk else (K, V)), generator=gen)
-    for S in (buf[:n], buf[1:n + 1], buf[::2][:n]):
+    real_bmm, calls = torch.bmm, []
+
+    def bmm(*a, **kw):
+        calls.append(1)
+        return real_bmm(*a, **kw)
+
+    for S, folds in ((buf[:n], True), (buf[1:n + 1], True), (buf[::2][:n], False)):
         want = torch.matmul(dqk, S.transpose(-1, -2) if vk else S)
-        assert torch.equal(tc._batched_product(dqk, S, vk), want)
+        calls.clear()
+        torch.bmm = bmm
+        try:
+            got = tc._batched_product(dqk, S, vk)
+        finally:
+            torch.bmm = real_bmm
+        assert torch.equal(got, want) and bool(calls) == folds, (folds, calls)
 
 
 @pytest.mark.parametrize("slots", [[0, 0, 2], [0, 2, 2], [0, 1, 1], [2, 1, 0], [0, 2, 1]])
