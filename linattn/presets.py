@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from linattn.dispatch.rules.ops_table import OP_TABLE, find_op, ops_of
 from linattn.dispatch.plugin.problem import OPS, Problem
@@ -54,17 +54,22 @@ class ModelPreset(BaseModel):
     name: str
     title: str
     family: Literal["gdn", "kda", "swiglu"]
-    H: int = Field(0, ge=0)
-    HV: int = Field(0, ge=0)
-    K: int = Field(0, ge=0)
-    V: int = Field(0, ge=0)
-    D: int = Field(0, ge=0)
+    H: int = 0
+    HV: int = 0
+    K: int = 0
+    V: int = 0
+    D: int = 0
     limit: Optional[float] = None
     layers: str = ""
     source: str
 
     @model_validator(mode="after")
     def _shape_of_family(self) -> "ModelPreset":
+        unused = ("H", "HV", "K", "V") if self.family == "swiglu" else ("D",)
+        negative = [f"{n}={getattr(self, n)}" for n in unused if getattr(self, n) < 0]
+        if negative:
+            raise ValueError(f"a {self.family} preset does not use {', '.join(n.split('=')[0] for n in negative)}: "
+                             f"leave it out or 0 (got {' '.join(negative)})")
         if self.family == "swiglu":
             if self.D <= 0:
                 raise ValueError(f"a swiglu preset needs D > 0 (got D={self.D})")

@@ -23,7 +23,9 @@ BAD_FILES = {
     "missing_field": ('[nosrc]\ntitle="t"\nfamily="gdn"\nH=1\nHV=1\nK=64\nV=64\n', "missing field 'source'"),
     "shadow": ('[qwen3-next]\ntitle="shadow"\nfamily="kda"\nH=1\nHV=1\nK=1\nV=1\nsource="x"\n',
                "'qwen3-next' is already a shipped preset"),
-    "negative": ('[neg]\ntitle="n"\nfamily="gdn"\nH=-4\nHV=8\nK=128\nV=128\nsource="x"\n', "H=-4"),
+    "negative": ('[neg]\ntitle="n"\nfamily="gdn"\nH=-4\nHV=8\nK=128\nV=128\nsource="x"\n', "needs H, HV, K, V > 0 .*H=-4"),
+    "negative_unused": ('[negd]\ntitle="n"\nfamily="gdn"\nH=4\nHV=8\nK=128\nV=128\nD=-1\nsource="x"\n',
+                        "does not use D: leave it out or 0 \\(got D=-1\\)"),
     "gva": ('[odd]\ntitle="n"\nfamily="gdn"\nH=3\nHV=8\nK=128\nV=128\nsource="x"\n', "HV a multiple of H"),
     "not_a_table": ('answer = 42\n', "'answer' is not a \\[table\\]"),
 }
