@@ -66,10 +66,10 @@ class ModelPreset(BaseModel):
     @model_validator(mode="after")
     def _shape_of_family(self) -> "ModelPreset":
         unused = ("H", "HV", "K", "V") if self.family == "swiglu" else ("D",)
-        negative = [f"{n}={getattr(self, n)}" for n in unused if getattr(self, n) < 0]
+        negative = [n for n in unused if getattr(self, n) < 0]
         if negative:
-            raise ValueError(f"a {self.family} preset does not use {', '.join(n.split('=')[0] for n in negative)}: "
-                             f"leave it out or 0 (got {' '.join(negative)})")
+            got = " ".join(f"{n}={getattr(self, n)}" for n in negative)
+            raise ValueError(f"a {self.family} preset does not use {', '.join(negative)}: leave it out or 0 (got {got})")
         if self.family == "swiglu":
             if self.D <= 0:
                 raise ValueError(f"a swiglu preset needs D > 0 (got D={self.D})")

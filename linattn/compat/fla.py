@@ -85,6 +85,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import linattn
+from linattn.dispatch.lru import LRUCache
 
 from linattn._namespace import public_dir
 
@@ -226,7 +227,7 @@ def _check_gate_params(func: str, family: str, gate: _GateInKernel, g: torch.Ten
 
 
 #: the options :func:`_run_with_options` sets, per (backend, validate) (frozen, so shared)
-_OPTION_SETS: dict = {}
+_OPTION_SETS = LRUCache(64)
 
 
 def _run_with_options(fn, backend: Optional[str], validate: bool, /, *args, **kwargs):
@@ -235,9 +236,8 @@ def _run_with_options(fn, backend: Optional[str], validate: bool, /, *args, **kw
     per-call path, ``linattn/integrations/transformers.py``)."""
     opts = _OPTION_SETS.get((backend, validate))
     if opts is None:
-        if len(_OPTION_SETS) >= 64:
-            _OPTION_SETS.clear()
-        opts = _OPTION_SETS[(backend, validate)] = _Options(backend, validate)
+        opts = _Options(backend, validate)
+        _OPTION_SETS.put((backend, validate), opts)
     token = _OPTIONS.set(opts)
     try:
         return fn(*args, **kwargs)
@@ -388,7 +388,7 @@ def _require_float_state(func: str, initial_state: torch.Tensor) -> None:
 
 #: ``arange(N) * step`` int64 CPU tensors, per (N, step): the recurrent route's slots into its own pool
 #: (step 1) and the dense prefill's ``cu_seqlens`` (step T); read only
-_CPU_SLOTS: dict = {}
+_CPU_SLOTS = LRUCache(64)
 
 
 def _slots(N: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
@@ -401,14 +401,12 @@ def _slots(N: int, like: torch.Tensor, step: int = 1) -> torch.Tensor:
     for a tensor subclass (a fake tensor while tracing) and under a dispatch mode (FakeTensorMode)."""
     device = like.device
     if device.type != "cpu" or type(like) is not torch.Tensor or _get_current_dispatch_mode() is not None:
-        return torch.arange(N, device=device, dtype=torch.int64) * step if step != 1 else \
-            torch.arange(N, device=device, dtype=torch.int64)
+        return torch.arange(N, device=device, dtype=torch.int64) * step
     idx = _CPU_SLOTS.get((N, step))
     if idx is None or idx._version != 0:
-        if len(_CPU_SLOTS) >= 64:
-            _CPU_SLOTS.clear()
         with torch.inference_mode(False):  # a normal tensor, whichever mode its first call ran in
-            idx = _CPU_SLOTS[(N, step)] = torch.arange(N, dtype=torch.int64) * step
+            idx = torch.arange(N, dtype=torch.int64) * step
+        _CPU_SLOTS.put((N, step), idx)
     return idx
 
 
@@ -438,8 +436,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         extra = {}
         if initial_state is not None:
-            pool = (initial_state if initial_state.dtype == sdtype else initial_state.to(sdtype)).clone(
-                memory_format=torch.contiguous_format)
+            pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
         elif _DECODE_HAS_INIT[family] and T > 0:  # fresh sequences: no zeroing pass; every slot is written
             pool = q.new_empty(shape, dtype=sdtype)
             extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
@@ -448,7 +445,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         with _in_caller_shapes(func, T, flattened=False):
             o = decode(q, k, v, None, None, None, None, pool, _slots(N, q), g=g, beta=beta, **extra, **common)
         final = pool if output_final_state else None
-        return o if o.dtype == out_dtype else o.to(out_dtype), final
+        return o.to(out_dtype), final
 
     prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
     if cu_seqlens is None:
