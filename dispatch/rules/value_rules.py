@@ -483,34 +483,6 @@ def live_rules(rules: tuple, args: dict, dims: Dims) -> tuple:
     return tuple(r for r in rules if r not in _NEEDS or args.get(_NEEDS[r]) is not None)
 
 
-def host_value_check(rules: tuple, dims: Dims):
-    """``rules`` for the calls of one CPU call plan as a callable ``check(args)``: the rules' host forms
-    (fixed when the plan is made) in rule order, returning as soon as every one has passed, which is
-    exactly when :func:`_run_value_rules` would return without a torch probe; on any other outcome
-    (a host form that fails or cannot read its tensors, or :data:`HOST_VALUE_RULES` off) it runs
-    :func:`_run_value_rules`, whose verdict and error are the call's. None where the plan keeps
-    :func:`_run_value_rules` (no rules, not a CPU call, a rule without a host form)."""
-    dev = dims.get("device")
-    if not rules or dev is None or dev.type != "cpu":
-        return None
-    forms = tuple(_HOST_FORMS.get(rule) for rule in rules)
-    if None in forms:
-        return None
-
-    def check(args: dict) -> None:
-        if HOST_VALUE_RULES:
-            for form in forms:
-                try:
-                    if not form(args, dims):
-                        break
-                except Exception:  # _Defer, or values the host form does not expect: the full path decides
-                    break
-            else:
-                return
-        _run_value_rules(rules, args, dims)
-    return check
-
-
 # -- the single sync -----------------------------------------------------------------------------
 
 def _run_value_rules(rules: tuple, args: dict, dims: Dims, refuse_in_capture: str | None = None) -> None:

@@ -72,7 +72,7 @@ from .registry import get_registry
 from . import selection
 from .selection import dispatcher, resolve_device, select, shape_class
 from ..rules.validate import validate_call, value_rules_of, written_arguments
-from ..rules.value_rules import _run_value_rules, fused_value_check, host_value_check, live_rules
+from ..rules.value_rules import _run_value_rules, fused_value_check, live_rules
 
 _Tensor = torch.Tensor
 _NoneType = type(None)
@@ -155,8 +155,7 @@ class CallPlan:
     arguments passed through; ``dims`` the validation layer's derived facts (for the value rules);
     ``rules`` the value rules to run per call (on the CPU only those with something to check for the key's
     None arguments: ``value_rules.live_rules``) and ``value_check`` the same as one kernel launch
-    (or None: the torch rules run; ``host_check`` on the CPU: their host forms,
-    ``value_rules.host_value_check``); ``written`` per written, non-empty tensor argument its name,
+    (or None: the rules run, on the CPU through their host forms first); ``written`` per written, non-empty tensor argument its name,
     its byte span from its data pointer and the other non-empty tensor arguments' names and spans;
     ``prepared`` the backend's prepared launch (or None: its op method runs); ``replay`` the
     backend's launch for the whole call class where it has one (``serves_class``: the class's plans
@@ -164,7 +163,7 @@ class CallPlan:
     """
 
     __slots__ = ("op", "impl", "_decision", "_problem", "scalars", "tensors", "dims", "rules", "refuse_in_capture",
-                 "written", "prepare", "prepared", "builtin", "copies", "value_check", "host_check", "spans", "replay")
+                 "written", "prepare", "prepared", "builtin", "copies", "value_check", "spans", "replay")
 
     def __init__(self, op: str, nargs: dict, dims: dict, impl, decision, rules: tuple, check_finite: bool,
                  spans: Optional[dict] = None):
@@ -185,7 +184,6 @@ class CallPlan:
         self.replay = None  # the class-serving prepared launch (``serves_class``), where the backend's is one
         self.copies: Optional[tuple] = None  # the arguments the backend gets contiguous copies of (first run)
         self.value_check = fused_value_check(rules, nargs, dims) if rules else None
-        self.host_check = host_value_check(rules, dims) if self.value_check is None else None
 
     @property
     def decision(self):
@@ -210,7 +208,6 @@ class CallPlan:
         new.dims, new._problem, new.spans = dims, problem, spans
         new.written = tuple((n, spans[n], tuple((o, spans[o]) for o, _ in others)) for n, _, others in self.written)
         new.value_check = fused_value_check(self.rules, nargs, dims, like=self.value_check) if self.rules else None
-        new.host_check = host_value_check(self.rules, dims) if new.value_check is None else None
         if self.replay is not None:  # one prepared launch for every length of the class: its launch for these
             new.prepared = self.replay.bind(nargs)
         else:
@@ -241,8 +238,6 @@ class CallPlan:
     def check_values(self, args: dict) -> None:
         if self.value_check is not None:
             self.value_check(args)
-        elif self.host_check is not None:
-            self.host_check(args)
         elif self.rules:
             _run_value_rules(self.rules, args, self.dims, refuse_in_capture=self.refuse_in_capture)
 

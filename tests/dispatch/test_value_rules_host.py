@@ -22,15 +22,12 @@ RULES = (vr._v_cu_seqlens, vr._v_state_indices, vr._v_output_state_indices, vr._
 NAN, INF = float("nan"), float("inf")
 
 
-def _verdict(rules, args, dims, host: bool, run=None):
-    """The verdict of ``run(args)`` (default: ``_run_value_rules`` of ``rules``) with the host path on or off."""
+def _verdict(rules, args, dims, host: bool):
+    """The verdict of ``_run_value_rules`` of ``rules`` with the host path on or off."""
     old = vr.HOST_VALUE_RULES
     vr.HOST_VALUE_RULES = host
     try:
-        if run is None:
-            vr._run_value_rules(rules, args, dims)
-        else:
-            run(args)
+        vr._run_value_rules(rules, args, dims)
         return None
     except Exception as e:  # noqa: BLE001 - the type and text are what is compared
         return type(e), str(e)
@@ -113,10 +110,6 @@ def test_host_and_torch_rules_agree(call):
         # a call plan's rules (the ones left for its None arguments) give the same verdict, either way
         live = vr.live_rules(rules, args, dims)
         assert _verdict(live, args, dims, host=True) == torch_verdict == _verdict(live, args, dims, host=False), rules
-        # and so does the plan's host check of them (host_value_check), with the host path on and off
-        check = vr.host_value_check(live, dims)
-        if check is not None:
-            assert _verdict(live, args, dims, True, check) == torch_verdict == _verdict(live, args, dims, False, check)
         if torch_verdict is None:  # an accepted call: the host path decided every rule, no torch probe ran
             assert vr._host_remaining(rules, args, dims) == ()
 
@@ -224,7 +217,6 @@ def test_a_cpu_decode_plan_keeps_the_rules_its_arguments_need():
     linattn.gdn_decode(**x, state_pool=pool, state_indices=slots, backend="torch-chunked")
     (plan,) = fast_path._plans.values()
     assert plan.rules == (vr._v_state_indices, vr._v_decode_log_decay)
-    assert plan.host_check is not None  # the CPU plan checks them on the host
     before = pool.clone()
     with pytest.raises(ValueError, match=r"g\[1, 0, 1\] = 0.5: g is a log-space decay"):
         linattn.gdn_decode(**{**x, "g": torch.tensor([[[-1.0, -1.0]], [[-1.0, 0.5]]])}, state_pool=pool,
@@ -233,19 +225,3 @@ def test_a_cpu_decode_plan_keeps_the_rules_its_arguments_need():
         linattn.gdn_decode(**x, state_pool=pool, state_indices=torch.tensor([2, 2], dtype=torch.int32),
                            backend="torch-chunked")
     assert torch.equal(pool, before)  # refused before anything is written
-
-
-def test_the_host_check_of_a_plan_runs_no_torch_probe_when_its_rules_pass(monkeypatch):
-    """host_value_check: a CPU plan's rules with a host form each; an accepted call runs no torch probe,
-    a refused one runs _run_value_rules (its error); none for a GPU call or a rule without a host form."""
-    args, dims = _decode_call()
-    check = vr.host_value_check(DECODE, dims)
-    calls = []
-    monkeypatch.setattr(vr, "_run_value_rules", lambda *a: calls.append(a))
-    check(args)
-    assert calls == []
-    check({**args, "state_indices": torch.tensor([0, 9, 1, 2], dtype=torch.int32)})
-    assert len(calls) == 1
-    assert vr.host_value_check((*DECODE, vr._v_finite_inputs(())), dims) is None
-    assert vr.host_value_check(DECODE, {**dims, "device": torch.device("cuda", 0)}) is None
-    assert vr.host_value_check((), dims) is None
