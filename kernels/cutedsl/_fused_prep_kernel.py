@@ -51,6 +51,12 @@ def _from_bits(b: Int32) -> Float32:
     return Float32(llvm.bitcast(Float32.mlir_type, Int32(b).ir_value()))
 
 
+def _unit_lower(v: Float32, r, c) -> Float32:
+    """Entry ``(r, c)`` of a unit lower-triangular matrix whose entries below the diagonal are stored
+    (``v``, read whatever ``(r, c)``): ``v`` below the diagonal, 1 on it, 0 above it."""
+    return cutlass.select_(r > c, v, cutlass.select_(r == c, Float32(1.0), Float32(0.0)))
+
+
 class FusedPrepKernel:
     """Static configuration of one compiled prep (everything that changes the code).
 
@@ -422,8 +428,7 @@ class FusedPrepKernel:
         if active:
             b = sVec[col, 6 + slot]
             for i in cutlass.range_constexpr(C):
-                v = cutlass.select_(col < i, sA[i, col], cutlass.select_(col == i, Float32(1.0), Float32(0.0)))
-                sStg[i, col, 2 + slot] = BFloat16(v * b)
+                sStg[i, col, 2 + slot] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
 
     @cute.jit
     def solve_diag_block(self, sA, x, o, c):
@@ -462,19 +467,9 @@ class FusedPrepKernel:
         xf = cute.make_rmem_tensor_like(tX, Float32)
         yf = cute.make_rmem_tensor_like(tY, Float32)
         for i in cutlass.range_constexpr(cute.size(tX)):
-            v = Float32(tX[i])
-            if const_expr(tri_a):
-                r = row_a + cX[i][0]
-                c = cX[i][1]
-                v = cutlass.select_(r > c, v, cutlass.select_(r == c, Float32(1.0), Float32(0.0)))
-            xf[i] = v
-        for i in cutlass.range_constexpr(cute.size(tY)):
-            v = Float32(tY[i])
-            if const_expr(tri_b):
-                n = cY[i][0]
-                k = cY[i][1]
-                v = cutlass.select_(k > n, v, cutlass.select_(k == n, Float32(1.0), Float32(0.0)))
-            yf[i] = v
+            xf[i] = _unit_lower(Float32(tX[i]), row_a + cX[i][0], cX[i][1]) if const_expr(tri_a) else Float32(tX[i])
+        for i in cutlass.range_constexpr(cute.size(tY)):  # Y[k, n] at (n, k)
+            yf[i] = _unit_lower(Float32(tY[i]), cY[i][1], cY[i][0]) if const_expr(tri_b) else Float32(tY[i])
         # the split: hi = bf16(v), lo = bf16(v - hi) (whole fragments: packed conversions, no local memory)
         xh = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
         xl = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
