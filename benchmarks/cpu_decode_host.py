@@ -26,8 +26,6 @@ function's (above 1: faster than transformers).
 from __future__ import annotations
 
 import argparse
-import importlib
-import inspect
 import os
 import statistics
 import sys
@@ -38,14 +36,9 @@ import torch
 import linattn
 import linattn.compat.fla as fla
 
-HF = {"gdn": ("transformers.models.qwen3_next.modeling_qwen3_next", "torch_recurrent_gated_delta_rule"),
-      "kda": ("transformers.models.kimi_linear.modeling_kimi_linear", "recurrent_kimi_delta_attention")}
-
-
-def hf_function(family: str):
-    """transformers' own PyTorch function (unwrapped from the hub / FLA wrapper)."""
-    module, name = HF[family]
-    return inspect.unwrap(getattr(importlib.import_module(module), name))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_chunked import hf_function  # noqa: E402  transformers' own function (the wrapper's __wrapped__)
+from _results import write_results  # noqa: E402
 
 
 def _example(gen) -> dict:
@@ -56,7 +49,7 @@ def _example(gen) -> dict:
     g, beta = -torch.rand(B, 1, HV, generator=gen) * 0.5, torch.rand(B, 1, HV, generator=gen)
     state = torch.randn(B, HV, K, K, generator=gen) * 0.1
     pool, slots = state.transpose(-1, -2).contiguous(), torch.arange(B)
-    hf = hf_function("gdn")
+    hf = hf_function("gdn", "decode")
     return {"ex hf": lambda: hf(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
                                 use_qk_l2norm_in_kernel=True),
             "ex compat": lambda: fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state,
@@ -74,7 +67,7 @@ def _target(family: str, gen) -> dict:
     beta = torch.rand(1, 1, HV, generator=gen)
     state = torch.randn(1, HV, K, K, generator=gen) * 0.1
     pool, slots = state.transpose(-1, -2).contiguous(), torch.arange(1, dtype=torch.int32)
-    hf, op = hf_function(family), getattr(linattn, f"{family}_decode")
+    hf, op = hf_function(family, "decode"), getattr(linattn, f"{family}_decode")
     return {f"{family} hf": lambda: hf(q, k, v, g, beta, initial_state=state, output_final_state=True,
                                        use_qk_l2norm_in_kernel=True),
             f"{family} op": lambda: op(q, k, v, None, None, None, None, pool, slots, g=g, beta=beta),
@@ -120,9 +113,6 @@ def main() -> None:
         print(f"{name:10s} {us:8.1f} us   ratio {hf / us:5.3f}")
         rows.append(dict(function=name, us_per_call=us, ratio_vs_transformers=hf / us))
     if args.out:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from _results import write_results
-
         import subprocess
 
         src = os.path.dirname(os.path.abspath(linattn.__file__))  # the timed code's checkout, not this file's

@@ -334,8 +334,9 @@ def main():
             fi_note = f"FlashInfer not run: {why}"
     segments = [int(s) for s in args.segments.split(",") if s != ""]
     names = None if args.cases is None else set(args.cases.split(","))
+    shapes = set(args.shapes.split(",")) if args.shapes else None
     known = {shape_name(c[4]) for c in CASES if names is None or c[0] in names}
-    unknown = set(args.shapes.split(",")) - known if args.shapes else set()
+    unknown = shapes - known if shapes else set()
     if unknown:
         raise SystemExit(f"--shapes {sorted(unknown)} match no case; the cases' shapes: {sorted(known)}")
     notes = [
@@ -349,7 +350,7 @@ def main():
     for case in CASES:
         if (names and case[0] not in names) or (args.max_tokens and sum(case[4]) > args.max_tokens):
             continue
-        if args.shapes and shape_name(case[4]) not in args.shapes.split(","):
+        if shapes and shape_name(case[4]) not in shapes:
             continue
         t0 = time.time()
         row = run_case(case, segments, have_fla, [int(b) for b in args.block_v.split(",") if b], fi_modes)
