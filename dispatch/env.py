@@ -56,7 +56,8 @@ def env_switch(var: str, default: bool) -> bool:
 
 
 #: ``LINATTN_CUTEDSL_WALK``'s values -> the walk (``kernels/cutedsl/fused_walk.py``; blank: the planner's choice)
-CUTEDSL_WALK_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "sync", "wgmma": "wgmma"}
+CUTEDSL_WALK_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "sync", "wgmma": "wgmma",
+                       "fused": "fused"}
 
 
 def cutedsl_walk(raw: Optional[str] = None) -> str:

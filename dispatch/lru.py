@@ -106,6 +106,7 @@ PROCESS_CACHES: tuple[str, ...] = (
     "linattn.kernels.cutedsl.fused_walk:_STEPS",
     "linattn.kernels.cutedsl.fused_walk:_LAYOUTS",
     "linattn.kernels.cutedsl.fused_prep:_CACHE",
+    "linattn.kernels.cutedsl.fused_prefill:_CACHE",
     "linattn.compat.fla:_OPTION_SETS",
     "linattn.compat.fla:_CPU_SLOTS",
 )

@@ -69,13 +69,21 @@ class FusedPrepKernel:
             thread at 168 registers).
         solve: how ``(I + A)^-1`` is computed: ``"blocks"`` (:meth:`solve_blocks`) or ``"column"``
             (:meth:`solve_column`).
+        barrier: the barrier the prep's threads meet at: ``None`` the CTA's (this kernel), else
+            ``(id, threads)``: a named barrier of one warpgroup (the one-kernel prefill's prep warpgroup,
+            :mod:`._fused_prefill_kernel`).
+        fold_scale: the F44 row scale ``s`` folded into the rewritten rows: ``rk = uk`` and ``sq = 1``
+            (the one-kernel prefill's walk reads the rewritten k and q tiles); else ``rk = uk s``,
+            ``sq = s`` (the walk kernel reads k and q from HBM).
     """
 
     def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0,
-                 solve: str = "blocks"):
+                 solve: str = "blocks", barrier=None, fold_scale: bool = False):
         assert K % 16 == 0 and K <= 128
         assert solve in ("blocks", "column")
         self.solve = solve
+        self.barrier = barrier
+        self.fold_scale = fold_scale
         self.min_ctas = min_ctas
         self.K = K
         self.l2norm = l2norm
@@ -180,7 +188,7 @@ class FusedPrepKernel:
             r = tid % C
             mat = tid // C
             if const_expr(self.l2norm):
-                self.row_norm(sKQ, sVec, r, mat, L, scale)
+                self.row_norm(sKQ[None, None, mat], sVec, r, mat, L, scale)
             else:
                 one = Float32(cutlass.select_(r < L, Float32(1.0), Float32(0.0)))
                 if mat == 0:
@@ -255,7 +263,8 @@ class FusedPrepKernel:
                     if active:
                         self.solve_column(sAt, sStg, sVec, slot_t, col)
                 else:
-                    self.solve_blocks(sAt, sRaw, sStg, sVec, slot_t, col, active)
+                    zp = cute.recast_ptr(sRaw.iterator + (2 + slot_t) * (C * PS), dtype=Float32)
+                    self.solve_blocks(sAt, zp, sStg[None, None, 2 + slot_t], sVec, slot_t, col, active)
                 if active:
                     if col < L:  # rk, qs of row col for this value head
                         hv = Int64(i_h * GROUP + j0 + slot_t)
@@ -285,14 +294,23 @@ class FusedPrepKernel:
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def row_norm(self, sKQ, sVec, r, mat, L, scale):
+    def sync(self):
+        """The prep's threads meet: the CTA's barrier, or the named barrier of ``self.barrier``."""
+        if const_expr(self.barrier is None):
+            cute.arch.sync_threads()
+        else:
+            cute.arch.barrier(barrier_id=self.barrier[0], number_of_threads=self.barrier[1])
+
+    @cute.jit
+    def row_norm(self, sX, sVec, r, mat, L, scale):
         """Row ``r`` of k (``mat`` 0) or q (1): the inverse l2 norm without overflow (F44, as the Triton
         prep's ``_rnorm``): ``s = 2**-(e - 32)`` for ``max|x| = f 2**e >= 2**32`` (else 1), ``u = 1 /
         sqrt(sum (s x)^2 + 1e-6 s^2)``; a row with ``s != 1`` is rewritten as ``bf16(s x)``. Writes
-        ``uk``, ``rk = uk sk`` (0 past the sequence) or ``qs = uq scale``, ``sq`` to ``sVec``."""
+        ``uk``, ``rk = uk sk`` (0 past the sequence) or ``qs = uq scale``, ``sq`` to ``sVec`` (``fold_scale``:
+        ``rk = uk``, ``sq = 1``). ``sX``: the ``[C, K]`` tile of k (``mat`` 0) or q."""
         K = self.K
         row = cute.make_rmem_tensor((K,), BFloat16)
-        cute.autovec_copy(sKQ[r, None, mat], row)
+        cute.autovec_copy(sX[r, None], row)
         mx = Float32(0.0)
         for i in cutlass.range_constexpr(K):
             x = Float32(row[i])
@@ -308,14 +326,15 @@ class FusedPrepKernel:
         u = Float32(1.0) / cute.math.sqrt(ssum + Float32(1e-6) * sc * sc)
         if shift != 0:  # F44: the products run on s x (exact: a power of two)
             for i in cutlass.range_constexpr(K):
-                sKQ[r, i, mat] = BFloat16(Float32(row[i]) * sc)
+                sX[r, i] = BFloat16(Float32(row[i]) * sc)
         live = r < L
+        kept = Float32(1.0) if const_expr(self.fold_scale) else sc  # the scale the walk's k and q rows still carry
         if mat == 0:
             sVec[r, 0] = cutlass.select_(live, u, Float32(0.0))
-            sVec[r, 1] = cutlass.select_(live, u * sc, Float32(0.0))
+            sVec[r, 1] = cutlass.select_(live, u * kept, Float32(0.0))
         else:
             sVec[r, 2] = u * scale
-            sVec[r, 3] = sc
+            sVec[r, 3] = kept
 
     @cute.jit
     def warp_gates(self, g_ptr, beta_ptr, t0, hv, sgt, sgh, sbt, sbh, L, lane, slot, sVec, g_min):
@@ -383,13 +402,12 @@ class FusedPrepKernel:
     # The products run on warp mma.sync (bf16, fp32 accumulation) with each fp32 operand split into
     # bf16 hi + lo (hi lo + lo hi + hi hi: about 16 bits of each operand, fp32's range).
     @cute.jit
-    def solve_blocks(self, sAt, sRaw, sStg, sVec, slot, col, active):
-        """``Tm diag(beta)`` of value-head slot ``slot`` into staging slot ``2 + slot`` (the scheme above).
-        Every thread of the CTA calls it (it holds the CTA's barriers); ``active``: this thread's slot
-        holds a value head."""
+    def solve_blocks(self, sAt, zp, sDst, sVec, slot, col, active):
+        """``Tm diag(beta)`` of value-head slot ``slot`` into ``sDst [C, C]`` (bf16; the scheme above), with
+        ``Z`` (fp32, ``32 x PZ``) at ``zp``. Every prep thread calls it (it holds the prep's barriers,
+        :meth:`sync`); ``active``: this thread's slot holds a value head."""
         PA, PZ = self.PA, self.PZ
         sA = cute.make_tensor(sAt.iterator + slot * (C * PA), cute.make_layout((C, C), stride=(PA, 1)))
-        zp = cute.recast_ptr(sRaw.iterator + (2 + slot) * (C * self.PS), dtype=Float32)
         ws = col // 32  # the warp of the slot
         lane = col % 32
         tiled = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (1, 1, 1))
@@ -399,12 +417,12 @@ class FusedPrepKernel:
         o = (col // 16) * 16
         if active:
             self.solve_diag_block(sA, x, o, col % 16)
-        cute.arch.sync_threads()
+        self.sync()
         if active:
             for i in cutlass.range_constexpr(1, 16):
                 if col % 16 < i:
                     sA[o + i, o + col % 16] = x[i]
-        cute.arch.sync_threads()
+        self.sync()
         # S2: warp ws doubles the pair at o = 32 ws (its own Z rows 16 ws ..)
         if active:
             o2 = ws * 32
@@ -414,21 +432,21 @@ class FusedPrepKernel:
             cute.arch.sync_warp()
             self.block_product(tiled, lane, sA.iterator + ((o2 + 16) * PA + o2 + 16), (PA, 1), True, 0,
                                zw, (1, PZ), False, 16, 16, sA.iterator + ((o2 + 16) * PA + o2), True)
-        cute.arch.sync_threads()
+        self.sync()
         # S3: Z = A[32:64, 0:32] Tm[0:32, 0:32] (warp ws: rows 16 ws ..), then Tm[32:64, 0:32] = -Tm_hi Z
         if active:
             self.block_product(tiled, lane, sA.iterator + (32 + 16 * ws), (1, PA), False, 0,
                                sA.iterator, (1, PA), True, 32, 32, zp + ws * (16 * PZ), False)
-        cute.arch.sync_threads()
+        self.sync()
         if active:
             self.block_product(tiled, lane, sA.iterator + ((32 + 16 * ws) * PA + 32), (PA, 1), True, 16 * ws,
                                zp, (1, PZ), False, 32, 32, sA.iterator + ((32 + 16 * ws) * PA), True)
-        cute.arch.sync_threads()
+        self.sync()
         # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
         if active:
             b = sVec[col, 6 + slot]
             for i in cutlass.range_constexpr(C):
-                sStg[i, col, 2 + slot] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
+                sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
 
     @cute.jit
     def solve_diag_block(self, sA, x, o, c):

@@ -229,6 +229,9 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
     if why:
         asked = f"{ENV_SWITCH} asks for the CuTe DSL walk, but " if switch else ""
         return WalkChoice("triton", 0, f"the Triton walk ({asked}{why})")
+    if switch == "fused":
+        return WalkChoice("fused", V, f"the CuTe DSL one-kernel prefill: prep and wgmma walk in one kernel, no per-chunk "
+                          f"buffers in HBM ({ENV_SWITCH} forces it; kernels/cutedsl/fused_prefill.py)")
     mma = switch or "wgmma"
     bv = walk_block_v(mma, N, HV, V, caps.sm_count)
     if switch:
@@ -622,9 +625,10 @@ def run_for_plan(plan, x, b, st) -> bool:
     if why:
         return False
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
+    mma = "wgmma" if choice.walk == "fused" else choice.walk  # the one-kernel prefill refused the call's tensors
     cutedsl_fused_walk(q=x.q, k=x.k, v=x.v, g=x.g, tmb=b.fused_tmb, aqk=b.fused_aqk, rk=b.rk, qs=b.fused_qs,
                        o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
                        has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
                        ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
-                       st=state_strides(st.ht, plan.state_layout), bv=choice.block_v, mma=choice.walk)
+                       st=state_strides(st.ht, plan.state_layout), bv=choice.block_v, mma=mma)
     return True

@@ -480,6 +480,10 @@ def launch_fused_stages(plan: PrefillPlan, x: PrefillInputs, t: ChunkTables, b: 
     the CuTe DSL walk where the plan chose it (``plan.fused_walk``: GDN on SM90)."""
     from .chunk_fused_kda import chunk_kda_fused_kernel, chunk_kda_fused_prep_kernel
 
+    if plan.fused_walk is not None and plan.fused_walk.walk == "fused":  # prep and walk in one CuTe DSL kernel
+        from linattn.kernels.cutedsl import fused_prefill
+        if fused_prefill.run_for_plan(plan, x, b, st, scale):  # (kernels/cutedsl/fused_prefill.py)
+            return
     cfg = plan.fused
     if plan.kda:  # the pipeline's channel blocks, operands and fast path (chunk_kda_system_kernel's)
         prep, fused = chunk_kda_fused_prep_kernel, chunk_kda_fused_kernel

@@ -74,7 +74,7 @@ def _fill_the_rest(monkeypatch) -> None:
     kernels, GPU self-checks) with a stand-in entry, so that clearing them is seen."""
     from linattn.backends.peer import import_library
     from linattn.kernels import cutedsl
-    from linattn.kernels.cutedsl import chunk_state, fused_prep, fused_walk
+    from linattn.kernels.cutedsl import chunk_state, fused_prefill, fused_prep, fused_walk
     from linattn.kernels.triton import launch, silu_clamp
 
     import_library("math")
@@ -85,7 +85,7 @@ def _fill_the_rest(monkeypatch) -> None:
     from linattn.backends import torch_chunked
 
     for cache in (launch._compiled, chunk_state._CACHE, fused_walk._CACHE, fused_walk._STEPS, fused_walk._LAYOUTS,
-                  fused_prep._CACHE, dispatcher().self_checks._results,
+                  fused_prep._CACHE, fused_prefill._CACHE, dispatcher().self_checks._results,
                   torch_chunked._LAYOUTS, torch_chunked._CONSTANTS):  # the last two: when no CPU prefill above ran torch-chunked
         cache.setdefault(("stand-in",), None)
 

@@ -1,0 +1,94 @@
+"""The one-kernel GDN prefill (kernels/cutedsl/fused_prefill.py, ``LINATTN_CUTEDSL_WALK=fused``) against the
+two kernels it fuses (the CuTe DSL prep, then the ``wgmma`` walk: the planner's default) (issue 27).
+
+Per shape (benchmarks/fused_walk.py's inputs: bf16 q/k/v, l2norm, fp32 "vk" pool, "mild" gates) the call
+is planned once per switch and its tables made once; both run once on the same inputs and are compared
+(outputs and pool rows: bitwise equal expected, rows not owned unchanged); then
+``launch_fused_stages`` is timed (``triton.testing.do_bench`` medians, ms) for the two kernels and for
+the one kernel at each register split of ``REGS_VARIANTS`` (prep, walk registers a thread).
+
+Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefill_<device>.json``;
+default benchmarks/results/) after every shape; the canonical rows live in
+``benchmarks/results/prefill_fused_h200.json`` (kind ``one_kernel``).
+
+Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 104/200,..]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _results import results_path  # noqa: E402
+from fused_walk import Call, make, run_shapes, switch  # noqa: E402
+
+SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
+REGS_VARIANTS = "104/200"
+
+
+def measure(N, L, H, HV, regs_variants) -> dict:
+    from triton.testing import do_bench
+
+    from linattn.kernels.cutedsl import fused_prefill as fpk
+
+    d, pool0, idx = make(N, L, H, HV)
+    row = dict(kind="one_kernel", N=N, L=L, H=H, HV=HV, K=128, V=128, tokens=N * L, pool="fp32 vk")
+    own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
+    own[idx.long()] = True
+    calls, outs = {}, {}
+    shipped = fpk.REGS
+    try:
+        for name in ("wgmma", "fused"):
+            switch(name)
+            calls[name] = call = Call(d, pool0.clone(), idx)
+            assert call.plan.fused_walk.walk == name, call.plan.fused_walk
+            call()
+            torch.cuda.synchronize()
+            outs[name] = (call.bufs.o[:N * L].clone(), call.pool.clone())
+        o2, p2 = outs["wgmma"]
+        o1, p1 = outs["fused"]
+        row["o_bitwise"] = bool(torch.equal(o1, o2))
+        row["pool_bitwise"] = bool(torch.equal(p1, p2))
+        row["o_max_abs_diff"] = float((o1.float() - o2.float()).abs().max())
+        row["rows_not_owned_unchanged"] = bool(torch.equal(p1[~own], pool0[~own]))
+        print({k: row[k] for k in ("o_bitwise", "pool_bitwise", "o_max_abs_diff", "rows_not_owned_unchanged")},
+              flush=True)
+
+        def bench(call):
+            return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
+
+        row["two_kernels_ms"] = bench(calls["wgmma"])
+        for spec in regs_variants:
+            fpk.REGS = tuple(int(x) for x in spec.split("/"))
+            row[f"one_kernel_{spec.replace('/', '_')}_ms"] = bench(calls["fused"])
+            print(spec, row[f"one_kernel_{spec.replace('/', '_')}_ms"], flush=True)
+    finally:
+        fpk.REGS = shipped
+        switch("")
+    row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
+    row["speedup_vs_two_kernels"] = row["two_kernels_ms"] / max(row["one_kernel_ms"], 1e-9)
+    print(row, flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--regs", default=REGS_VARIANTS, help="register splits 'prep/walk,...' (setmaxnreg)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    out = a.out or results_path("fused_prefill")
+    regs = a.regs.split(",")
+    notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
+             "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
+             "one_kernel_<prep>_<walk>: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split",
+             "o_bitwise / pool_bitwise: the one kernel's outputs and pool against the two kernels' on the same inputs"]
+    return run_shapes(a.shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs), out, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""CPU checks of the one-kernel GDN prefill (kernels/cutedsl/fused_prefill.py, issue 27).
+
+Compiled for sm_90a without a GPU (the warp specialization read from the PTX: three warpgroups, the
+register split, the stage barriers, the prep's mma.sync and the walk's wgmma); the refusals and the
+wrapper's argument checks, which raise before anything is compiled or launched; the switch
+(``LINATTN_CUTEDSL_WALK=fused``) and the planner's reason. What it computes is checked on the H200 by
+tests/gpu/test_fused_prefill_gpu.py (bitwise the two kernels it fuses).
+"""
+
+import re
+
+import pytest
+import torch
+
+from linattn.kernels.cutedsl import fused_prefill as fpk
+from linattn.kernels.cutedsl import fused_walk as fw
+
+
+def _key(**kw):
+    base = dict(pool=True, has_h0=True, state_dtype="float32", h0_dtype="float32", index_dtype="int32",
+                cu_dtype="int32", beta_dtype="float32", l2norm=True, arch="sm_90a", has_init=True)
+    return fpk.PrefillKey(**{**base, **kw})
+
+
+def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(tmp_path):
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
+    ptx = fpk.compile_fused_prefill(_key(), dump_dir=str(tmp_path)).artifacts.PTX
+    assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx
+    prep, walk = fpk.REGS
+    assert f"setmaxnreg.dec.sync.aligned.u32 \t{prep};" in ptx and f"setmaxnreg.inc.sync.aligned.u32 \t{walk};" in ptx
+    # the stages: full (prep arrives, walk waits) and empty (the other way round), all 384 threads
+    assert len(re.findall(r"bar\.arrive %r\d+, 384;", ptx)) == 2 and len(re.findall(r"bar\.sync \t%r\d+, 384;", ptx)) == 2
+    assert re.search(r"bar\.sync \t5, 128;", ptx) and re.search(r"bar\.sync \t6, 256;", ptx)  # each warpgroup's own
+    assert "fence.proxy.async.shared::cta" in ptx
+    # the walk: P1, P2 (8 k blocks each), Vn^T, O^T's Aqk term (4 each), the update (4): 28 wgmma
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 28
+    # the prep: K K^T, Q K^T (64 m16n8k16 each per warp) and the blockwise solve's products
+    assert 128 + 48 <= len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) <= 128 + 60
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 24  # k, q, v: 8 row passes each
+    for bad in ("tcgen05", "cp.async.bulk"):
+        assert bad not in ptx, bad
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(family="kda"), "GDN"),
+    (dict(K=64), "K = V = 128"),
+    (dict(dtype=torch.float16), "bf16"),
+    (dict(g_dtype=torch.bfloat16), "fp32"),
+    (dict(beta_dtype=torch.float16), "fp32 or bf16 beta"),
+    (dict(checkpoints=True), "checkpoint"),
+    (dict(device=torch.device("cpu")), "CUDA GPUs"),
+])
+def test_refusals_name_the_reason(kw, needle):
+    why = fpk.fused_refusal(**{**dict(family="gdn", K=128, V=128, dtype=torch.bfloat16), **kw})
+    assert needle in why, why
+
+
+def _args(T=70, H=2, HV=4):
+    bf, f32 = torch.bfloat16, torch.float32
+    return dict(q=torch.zeros(T, H, 128, dtype=bf), k=torch.zeros(T, H, 128, dtype=bf),
+                v=torch.zeros(T, HV, 128, dtype=bf), g=torch.zeros(T, HV, dtype=f32),
+                beta=torch.zeros(T, HV, dtype=f32), o=torch.zeros(T, HV, 128, dtype=bf),
+                cu_seqlens=torch.tensor([0, 30, T], dtype=torch.int32), state_indices=None,
+                has_initial_state=None, h0=None, ht=torch.zeros(2, HV, 128, 128, dtype=f32),
+                s0=(0, 0, 0, 0), st=(HV * 128 * 128, 128 * 128, 1, 128), scale=0.1, use_qk_l2norm=True,
+                arch="sm_90a")
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(q=torch.zeros(70, 2, 64, dtype=torch.bfloat16)), "K = V = 128"),
+    (dict(v=torch.zeros(70, 4, 128, dtype=torch.float16)), "v must be torch.bfloat16"),
+    (dict(beta=torch.zeros(70, 4, dtype=torch.float16)), "fp32 or bf16 beta"),
+    (dict(g=torch.zeros(69, 4, dtype=torch.float32)), "g has shape"),
+    (dict(o=torch.zeros(70, 4, 64, dtype=torch.bfloat16)), "o has shape"),
+    (dict(o=torch.zeros(128, 70, 4, dtype=torch.bfloat16).permute(1, 2, 0)), "o must be contiguous"),
+    (dict(v=torch.zeros(70, 3, 128, dtype=torch.bfloat16), g=torch.zeros(70, 3), beta=torch.zeros(70, 3),
+          o=torch.zeros(70, 3, 128, dtype=torch.bfloat16)), "GVA"),
+    (dict(state_indices=torch.zeros(2, dtype=torch.int32)), "same pool"),
+    (dict(has_initial_state=torch.ones(2, dtype=torch.bool)), "pool mode"),
+])
+def test_wrapper_refuses_bad_buffers_before_any_launch(monkeypatch, change, needle):
+    monkeypatch.setattr(fpk, "compile_fused_prefill", lambda key: pytest.fail("compiled a refused call"))
+    with pytest.raises(ValueError, match=needle):
+        fpk.cutedsl_fused_prefill(**{**_args(), **change})
+
+
+def _planned(monkeypatch, caps="sm90", N=16, HV=32):
+    from linattn.capabilities import profile
+    from linattn.kernels.triton.prefill import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "interpreter_enabled", lambda: False)
+    T = N * 64
+    q = torch.empty(T, HV // 2, 128, dtype=torch.bfloat16)
+    v = torch.empty(T, HV, 128, dtype=torch.bfloat16)
+    cu = torch.arange(0, T + 1, 64, dtype=torch.int32)
+    return plan_mod.plan_prefill("gdn", q=q, v=v, cu_seqlens=cu, caps=profile(caps), fused=True)
+
+
+def test_the_switch_asks_for_the_one_kernel_where_the_walk_could_run(monkeypatch):
+    import linattn.kernels.cutedsl as cutedsl_pkg
+
+    monkeypatch.setattr(cutedsl_pkg, "importable", lambda: None)
+    monkeypatch.setenv(fw.ENV_SWITCH, "fused")
+    choice = _planned(monkeypatch).fused_walk
+    assert choice.walk == "fused" and "one-kernel" in choice.reason and f"{fw.ENV_SWITCH} forces it" in choice.reason
+    choice = _planned(monkeypatch, caps="sm100").fused_walk  # refused there: the Triton walk, with the reason
+    assert choice.walk == "triton" and "asks for the CuTe DSL walk, but" in choice.reason
+    monkeypatch.delenv(fw.ENV_SWITCH)
+    assert _planned(monkeypatch).fused_walk.walk == "wgmma"  # opt-in: the planner's default stays the two kernels
+
+
+def test_a_refused_call_falls_back_to_the_prep_and_the_wgmma_walk(monkeypatch):
+    """``run_for_plan`` returns False where the call's tensors are refused (here: on the CPU), and the
+    walk's ``run_for_plan`` then runs the ``wgmma`` build for a plan whose choice is ``fused``."""
+    from types import SimpleNamespace as NS
+
+    plan = NS(family="gdn", K=128, V=128, dtype=torch.bfloat16, use_qk_l2norm=True, state_layout="vk",
+              has_init_flags=False, fused_walk=fw.WalkChoice("fused", 128, ""))
+    x = NS(q=torch.zeros(1, 1, 128, dtype=torch.bfloat16), g=torch.zeros(1, 1), beta=torch.zeros(1, 1))
+    assert fpk.run_for_plan(plan, x, None, NS(checkpoints=None), 0.1) is False
+    seen = []
+    monkeypatch.setattr(fw, "walk_refusal", lambda **kw: "")
+    monkeypatch.setattr(fw, "cutedsl_fused_walk", lambda **kw: seen.append(kw["mma"]))
+    st = NS(h0=None, ht=torch.zeros(1, 1, 128, 128), state_indices=None, has_initial_state=None, checkpoints=None)
+    b = NS(fused_tmb=torch.zeros(1, dtype=torch.bfloat16), fused_aqk=None, rk=None, fused_qs=None, o=None)
+    x = NS(q=x.q, k=None, v=None, g=x.g, cu_seqlens=None)
+    assert fw.run_for_plan(plan, x, b, st) and seen == ["wgmma"]
