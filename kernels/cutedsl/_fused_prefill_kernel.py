@@ -5,9 +5,10 @@ The prep (:mod:`._fused_prep_kernel`) and the ``wgmma`` walk (:mod:`._fused_walk
 warp-specialized kernel: one CTA of three warpgroups per (sequence, value head), ``V = BV = 128``::
 
     warpgroup 0 (prep, 128 threads, few registers)      warpgroups 1, 2 (walk, 256 threads)
-      chunk t into stage t % 2:                           chunk t from stage t % 2:
-        wait until the walk has left the stage              wait until the stage is full
-        k, q, v rows by cp.async (past the sequence: 0)     the gate factors, then P1, P2, Vn^T,
+      chunk t (k, q, v stage t % 3, products t % 2):      chunk t from its stages:
+        wait until the walk has left chunk t - 2            wait until chunk t's stage is full
+        chunk t + 1's k, q, v rows by cp.async (rows        the gate factors, then P1, P2, Vn^T,
+          past the sequence: 0)
         the gates' prefix sums, beta, the raw g row           O^T and the state update on wgmma
         the q / k norms (F44: rewritten rows, scale           (the state S^T fp32 in registers for
           folded in: rk = uk, sq = 1)                         the whole sequence)
@@ -46,6 +47,9 @@ WALK_THREADS = 256
 THREADS = PREP_THREADS + WALK_THREADS
 #: named barriers (0 is the CTA's): stage s full at BAR_FULL + s, empty at BAR_EMPTY + s; each warpgroup's own
 BAR_FULL, BAR_EMPTY, BAR_PREP, BAR_WALK = 1, 3, 5, 6
+#: stages of the k, q, v tiles (the prep loads chunk t + 1 while it works on chunk t and the walk on chunk
+#: t - 1) and of the prep's products (Tb, Aqk, the row vectors: chunks t and t - 1)
+KQV_STAGES, PREP_STAGES = 3, 2
 #: registers a thread of the prep / walk warpgroups (setmaxnreg; 128 x (prep + 2 walk) <= 64,512)
 REGS = (152, 176)
 
@@ -68,7 +72,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
         self.regs = regs
         self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="blocks",
-                                    barrier=(BAR_PREP, PREP_THREADS), fold_scale=True)
+                                    barrier=(BAR_PREP, PREP_THREADS), fold_scale=True, stream_norm=True)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -137,14 +141,14 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
         # ---------------- shared memory: the two stages, the prep's own tiles ------------------
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        lay_kq = cute.tile_to_shape(atom, (C, K, 2), order=(0, 1, 2))
+        lay_kq = cute.tile_to_shape(atom, (C, K, KQV_STAGES), order=(0, 1, 2))
         lay_cc = cute.tile_to_shape(atom, (C, C, 2), order=(0, 1, 2))
         smem = cutlass.utils.SmemAllocator()
         sK = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
         sQ = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
         sT = smem.allocate_tensor(BFloat16, lay_cc.outer, 1024, swizzle=lay_cc.inner)
         sA = smem.allocate_tensor(BFloat16, lay_cc.outer, 1024, swizzle=lay_cc.inner)
-        sV = smem.allocate_tensor(BFloat16, cute.make_layout((C, BV, 2), stride=(PV, 1, C * PV)), 16)
+        sV = smem.allocate_tensor(BFloat16, cute.make_layout((C, BV, KQV_STAGES), stride=(PV, 1, C * PV)), 16)
         # per stage: g (raw), rk, qs, sq of each row (the walk's factors read them)
         sRow = smem.allocate_tensor(Float32, cute.make_layout((C, 4, 2), stride=(1, C, 4 * C)), 16)
         sFac = smem.allocate_tensor(Float32, cute.make_layout((C, 3 * self.NW), stride=(1, C)), 16)
@@ -183,33 +187,22 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         tKc = thr_k.partition_S(cute.make_identity_tensor((C, K)))
         tVsV = thr_v.partition_D(sV)
         tVc = thr_v.partition_S(cute.make_identity_tensor((C, BV)))
+        if nc > 0:
+            self.load_kqv(0, 0, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
+                          thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc)
+        cute.arch.cp_async_commit_group()
         for t in cutlass.range(nc, unroll=1):
-            s = t % 2
-            if t >= 2:  # the walk has left this stage (chunk t - 2)
+            ks = t % KQV_STAGES
+            s = t % PREP_STAGES
+            if t >= 2:  # the walk has left chunk t - 2: its k, q, v stage and its products' stage are free
                 cute.arch.barrier(barrier_id=BAR_EMPTY + s, number_of_threads=THREADS)
+            if t + 1 < nc:  # chunk t + 1's loads fly while this chunk is worked on
+                self.load_kqv(t + 1, (t + 1) % KQV_STAGES, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt,
+                              skh, svt, svh, copy_k, copy_v, thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc)
+            cute.arch.cp_async_commit_group()
             row0 = bos + Int64(t * C)
             left = eos - row0
             L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
-            gK = cute.make_tensor((k_ptr + (row0 * skt + Int64(i_h) * skh)).align(16),
-                                  cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
-            gQ = cute.make_tensor((q_ptr + (row0 * sqt + Int64(i_h) * sqh)).align(16),
-                                  cute.make_layout((C, K), stride=(cute.assume(Int32(sqt), divby=8), 1)))
-            gV = cute.make_tensor((v_ptr + (row0 * svt + hv64 * svh)).align(16),
-                                  cute.make_layout((C, BV), stride=(cute.assume(Int32(svt), divby=8), 1)))
-            tKg, tQg, tVg = thr_k.partition_S(gK), thr_k.partition_S(gQ), thr_v.partition_S(gV)
-            for m in cutlass.range_constexpr(cute.size(tKg, mode=[1])):
-                if tKc[0, m, 0][0] < L:
-                    cute.copy(copy_k, tKg[None, m, None], tKsK[None, m, None, s])
-                    cute.copy(copy_k, tQg[None, m, None], tQsQ[None, m, None, s])
-                else:
-                    tKsK[None, m, None, s].fill(0.0)
-                    tQsQ[None, m, None, s].fill(0.0)
-            for m in cutlass.range_constexpr(cute.size(tVg, mode=[1])):
-                if tVc[0, m, 0][0] < L:
-                    cute.copy(copy_v, tVg[None, m, None], tVsV[None, m, None, s])
-                else:
-                    tVsV[None, m, None, s].fill(0.0)
-            cute.arch.cp_async_commit_group()
             self.prep.sync()  # the previous chunk's reads of sVec, sAt and sZ are done
             # the gates' prefix sums and beta (warp 0), the raw g row for the walk (warp 1)
             if wid == 0:
@@ -222,15 +215,15 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                         mg = cute.make_tensor(g_ptr + ((row0 + Int64(rr)) * sgt + hv64 * sgh), cute.make_layout(1))
                         gv = Float32(mg[0])
                     sRow[rr, 0, s] = gv
-            cute.arch.cp_async_wait_group(0)
+            cute.arch.cp_async_wait_group(1)  # chunk t's loads (chunk t + 1's may still fly)
             self.prep.sync()
             # the norms: thread r < 64 row r of k, else row r - 64 of q
             r = ptid % C
             if const_expr(self.prep.l2norm):
                 if ptid < C:
-                    self.prep.row_norm(sK[None, None, s], sVec, r, 0, L, scale)
+                    self.prep.row_norm(sK[None, None, ks], sVec, r, 0, L, scale)
                 else:
-                    self.prep.row_norm(sQ[None, None, s], sVec, r, 1, L, scale)
+                    self.prep.row_norm(sQ[None, None, ks], sVec, r, 1, L, scale)
             else:
                 one = Float32(cutlass.select_(r < L, Float32(1.0), Float32(0.0)))
                 if ptid < C:
@@ -240,10 +233,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                     sVec[r, 2] = scale
                     sVec[r, 3] = Float32(1.0)
             self.prep.sync()
-            self.prep_tiles(ptid, s, mma_p, sK, sQ, sA, sAt, sVec)
+            self.prep_tiles(ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec)
             self.prep.sync()
-            # the solve (threads 0 .. 63: a column each) -> Tm diag(beta) into the stage
-            self.prep.solve_blocks(sAt, sZ.iterator, sT[None, None, s], sVec, 0, ptid % C, ptid < C)
+            # the solve (threads 0 .. 63: a column each; Tm diag(beta) by all 128) -> the stage
+            self.prep.solve_blocks(sAt, sZ.iterator, sT[None, None, s], sVec, 0, ptid % C, ptid < C, ptid // C)
             if ptid >= C:  # rk, qs, sq of row r for the walk's factors
                 sRow[r, 1, s] = sVec[r, 1]
                 sRow[r, 2, s] = sVec[r, 2]
@@ -251,11 +244,41 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             # this thread's shared-memory writes (cp.async included) visible to the walk's wgmma reads
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + s, number_of_threads=THREADS)
+        cute.arch.cp_async_wait_group(0)
 
     @cute.jit
-    def prep_tiles(self, ptid, s, mma_p, sK, sQ, sA, sAt, sVec):
-        """``K K^T`` and ``Q K^T`` of stage ``s`` (warp ``w``: rows ``16 w ..``) and their gate tiles:
-        ``Aqk`` (bf16) into the stage's ``sA``, ``A`` (fp32, transposed) into ``sAt``; the same
+    def load_kqv(self, t, ks, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
+                 thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc):
+        """Issue the prep warpgroup's cp.async loads of chunk ``t``'s k, q, v rows into stage ``ks`` (rows
+        past the sequence zero)."""
+        K, BV = self.K, self.BV
+        row0 = bos + Int64(t * C)
+        left = eos - row0
+        L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
+        gK = cute.make_tensor((k_ptr + (row0 * skt + Int64(i_h) * skh)).align(16),
+                              cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
+        gQ = cute.make_tensor((q_ptr + (row0 * sqt + Int64(i_h) * sqh)).align(16),
+                              cute.make_layout((C, K), stride=(cute.assume(Int32(sqt), divby=8), 1)))
+        gV = cute.make_tensor((v_ptr + (row0 * svt + hv64 * svh)).align(16),
+                              cute.make_layout((C, BV), stride=(cute.assume(Int32(svt), divby=8), 1)))
+        tKg, tQg, tVg = thr_k.partition_S(gK), thr_k.partition_S(gQ), thr_v.partition_S(gV)
+        for m in cutlass.range_constexpr(cute.size(tKg, mode=[1])):
+            if tKc[0, m, 0][0] < L:
+                cute.copy(copy_k, tKg[None, m, None], tKsK[None, m, None, ks])
+                cute.copy(copy_k, tQg[None, m, None], tQsQ[None, m, None, ks])
+            else:
+                tKsK[None, m, None, ks].fill(0.0)
+                tQsQ[None, m, None, ks].fill(0.0)
+        for m in cutlass.range_constexpr(cute.size(tVg, mode=[1])):
+            if tVc[0, m, 0][0] < L:
+                cute.copy(copy_v, tVg[None, m, None], tVsV[None, m, None, ks])
+            else:
+                tVsV[None, m, None, ks].fill(0.0)
+
+    @cute.jit
+    def prep_tiles(self, ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec):
+        """``K K^T`` and ``Q K^T`` of k, q stage ``ks`` (warp ``w``: rows ``16 w ..``) and their gate tiles:
+        ``Aqk`` (bf16) into stage ``s``'s ``sA``, ``A`` (fp32, transposed) into ``sAt``; the same
         products and factors, in the same order, as the prep kernel's (b) for one value head."""
         K = self.K
         thr = mma_p.get_slice(ptid)
@@ -267,7 +290,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         s2r_b = cute.make_tiled_copy_B(ldsm, mma_p)
         thr_a = s2r_a.get_slice(ptid)
         thr_b = s2r_b.get_slice(ptid)
-        sKs, sQs = sK[None, None, s], sQ[None, None, s]
+        sKs, sQs = sK[None, None, ks], sQ[None, None, ks]
         tKA = thr.make_fragment_A(thr.partition_A(sKs))
         tQA = thr.make_fragment_A(thr.partition_A(sQs))
         tKB = thr.make_fragment_B(thr.partition_B(sKs))
@@ -338,7 +361,8 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         live, slot, keep = self.entering_state(acc_S, tScS, i_n, N, sidx_ptr, hinit_ptr, h0_ptr, s0_p, s0_h, s0_v,
                                                s0_k, hv64, Int32(0))
         for t in cutlass.range(nc, unroll=1):
-            stage = t % 2
+            stage = t % PREP_STAGES
+            ks = t % KQV_STAGES
             cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
             cute.arch.sync_warp()
@@ -347,13 +371,13 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             rS.store((acc_S.load() * cs).to(BFloat16))
             tSA = self.wg_acc_as_a(rS)
             warpgroup.fence()
-            self.wg_gemm(mma_c, acc_X, tSA, tKb[None, None, None, stage], True)
-            self.wg_gemm(mma_c, acc_O, tSA, tQb[None, None, None, stage], True)
+            self.wg_gemm(mma_c, acc_X, tSA, tKb[None, None, None, ks], True)
+            self.wg_gemm(mma_c, acc_O, tSA, tQb[None, None, None, ks], True)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             # X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
             rV = cute.make_fragment_like(acc_X, BFloat16)
-            cute.copy(s2r_v, tVtS[None, None, None, stage], thr_s2r_v.retile(rV))
+            cute.copy(s2r_v, tVtS[None, None, None, ks], thr_s2r_v.retile(rV))
             for i in cutlass.range_constexpr(cute.size(acc_X)):
                 acc_X[i] = Float32(rV[i]) - acc_X[i] * sFacW[tPcP[i][1], 0]
             rX = cute.make_fragment_like(acc_X, BFloat16)
@@ -376,12 +400,12 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             warpgroup.fence()
             self.wg_gemm(mma_c, acc_O, self.wg_acc_as_a(rN), tAb[None, None, None, stage], False)
             warpgroup.commit_group()
-            self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, stage], False)
+            self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, ks], False)
             warpgroup.commit_group()
             warpgroup.wait_group(1)
             rO = cute.make_fragment_like(acc_O, BFloat16)
             rO.store((acc_O.load() * keep).to(BFloat16))
-            cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, stage])
+            cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, ks])
             warpgroup.wait_group(0)
             cute.arch.barrier(barrier_id=BAR_WALK, number_of_threads=WALK_THREADS)
             # the chunk's output rows: sV (now O^T as [row, value]) -> o[row, hv, :]
@@ -390,12 +414,12 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                                   cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
             tOg = thr_o.partition_D(gO)
             tOr = cute.make_fragment_like(tOs[None, None, None, 0])
-            cute.autovec_copy(tOs[None, None, None, stage], tOr)
+            cute.autovec_copy(tOs[None, None, None, ks], tOr)
             nrow = Int32(eos - row0)
             for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
                 if tOc[0, m, 0][0] < nrow:
                     cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
-            if t + 2 < nc:  # the prep may refill this stage with chunk t + 2
+            if t + 2 < nc:  # the prep may refill the stages of chunk t with chunk t + 2 (k, q, v: t + 3)
                 cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=THREADS)
 
         if live:

@@ -75,15 +75,17 @@ class FusedPrepKernel:
         fold_scale: the F44 row scale ``s`` folded into the rewritten rows: ``rk = uk`` and ``sq = 1``
             (the one-kernel prefill's walk reads the rewritten k and q tiles); else ``rk = uk s``,
             ``sq = s`` (the walk kernel reads k and q from HBM).
+        stream_norm: the norms read their row in pieces (:meth:`row_norm_streamed`; fewer registers).
     """
 
     def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0,
-                 solve: str = "blocks", barrier=None, fold_scale: bool = False):
+                 solve: str = "blocks", barrier=None, fold_scale: bool = False, stream_norm: bool = False):
         assert K % 16 == 0 and K <= 128
         assert solve in ("blocks", "column")
         self.solve = solve
         self.barrier = barrier
         self.fold_scale = fold_scale
+        self.stream_norm = stream_norm
         self.min_ctas = min_ctas
         self.K = K
         self.l2norm = l2norm
@@ -308,6 +310,9 @@ class FusedPrepKernel:
         sqrt(sum (s x)^2 + 1e-6 s^2)``; a row with ``s != 1`` is rewritten as ``bf16(s x)``. Writes
         ``uk``, ``rk = uk sk`` (0 past the sequence) or ``qs = uq scale``, ``sq`` to ``sVec`` (``fold_scale``:
         ``rk = uk``, ``sq = 1``). ``sX``: the ``[C, K]`` tile of k (``mat`` 0) or q."""
+        if const_expr(self.stream_norm):
+            self.row_norm_streamed(sX, sVec, r, mat, L, scale)
+            return
         K = self.K
         row = cute.make_rmem_tensor((K,), BFloat16)
         cute.autovec_copy(sX[r, None], row)
@@ -329,6 +334,48 @@ class FusedPrepKernel:
                 sX[r, i] = BFloat16(Float32(row[i]) * sc)
         live = r < L
         kept = Float32(1.0) if const_expr(self.fold_scale) else sc  # the scale the walk's k and q rows still carry
+        if mat == 0:
+            sVec[r, 0] = cutlass.select_(live, u, Float32(0.0))
+            sVec[r, 1] = cutlass.select_(live, u * kept, Float32(0.0))
+        else:
+            sVec[r, 2] = u * scale
+            sVec[r, 3] = kept
+
+    @cute.jit
+    def row_norm_streamed(self, sX, sVec, r, mat, L, scale):
+        """:meth:`row_norm` reading the row in pieces of 16 (twice: the largest entry, then the sum of
+        squares; a third time where a row of the warp is rewritten): 8 registers of row instead of 64,
+        the same maximum, sums in the same order (bitwise the same ``u``), for a prep warpgroup with
+        few registers."""
+        K, P = self.K, 16
+        xrow = sX[r, None]
+        seg = cute.make_rmem_tensor((P,), BFloat16)
+        mx = Float32(0.0)
+        for p in cutlass.range_constexpr(K // P):
+            cute.autovec_copy(cute.local_tile(xrow, (P,), (p,)), seg)
+            for j in cutlass.range_constexpr(P):
+                x = Float32(seg[j])
+                mx = cute.arch.fmax(mx, cute.arch.fmax(x, -x))
+        e = (_bits(mx) >> 23) & 0xFF
+        shift = cutlass.select_(e > 158, e - 158, Int32(0))
+        sc = _from_bits((127 - shift) << 23)
+        acc = [Float32(0.0)] * 4
+        for p in cutlass.range_constexpr(K // P):
+            cute.autovec_copy(cute.local_tile(xrow, (P,), (p,)), seg)
+            for j in cutlass.range_constexpr(P):
+                y = Float32(seg[j]) * sc
+                acc[j % 4] = acc[j % 4] + y * y
+        ssum = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        u = Float32(1.0) / cute.math.sqrt(ssum + Float32(1e-6) * sc * sc)
+        if cute.arch.vote_any_sync(shift != 0):  # F44, rare: a branch the whole warp takes or skips
+            if shift != 0:
+                for p in cutlass.range_constexpr(K // P):
+                    piece = cute.local_tile(xrow, (P,), (p,))
+                    cute.autovec_copy(piece, seg)
+                    for j in cutlass.range_constexpr(P):
+                        piece[j] = BFloat16(Float32(seg[j]) * sc)
+        live = r < L
+        kept = Float32(1.0) if const_expr(self.fold_scale) else sc
         if mat == 0:
             sVec[r, 0] = cutlass.select_(live, u, Float32(0.0))
             sVec[r, 1] = cutlass.select_(live, u * kept, Float32(0.0))
@@ -402,10 +449,11 @@ class FusedPrepKernel:
     # The products run on warp mma.sync (bf16, fp32 accumulation) with each fp32 operand split into
     # bf16 hi + lo (hi lo + lo hi + hi hi: about 16 bits of each operand, fp32's range).
     @cute.jit
-    def solve_blocks(self, sAt, zp, sDst, sVec, slot, col, active):
+    def solve_blocks(self, sAt, zp, sDst, sVec, slot, col, active, half=None):
         """``Tm diag(beta)`` of value-head slot ``slot`` into ``sDst [C, C]`` (bf16; the scheme above), with
         ``Z`` (fp32, ``32 x PZ``) at ``zp``. Every prep thread calls it (it holds the prep's barriers,
-        :meth:`sync`); ``active``: this thread's slot holds a value head."""
+        :meth:`sync`); ``active``: this thread's slot holds a value head. ``half`` (one slot on 128
+        threads): S4 by every thread, rows ``32 half ..`` of column ``col``, instead of the slot's 64."""
         PA, PZ = self.PA, self.PZ
         sA = cute.make_tensor(sAt.iterator + slot * (C * PA), cute.make_layout((C, C), stride=(PA, 1)))
         ws = col // 32  # the warp of the slot
@@ -443,10 +491,16 @@ class FusedPrepKernel:
                                zp, (1, PZ), False, 32, 32, sA.iterator + ((32 + 16 * ws) * PA), True)
         self.sync()
         # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
-        if active:
+        if const_expr(half is None):
+            if active:
+                b = sVec[col, 6 + slot]
+                for i in cutlass.range_constexpr(C):
+                    sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
+        else:
             b = sVec[col, 6 + slot]
-            for i in cutlass.range_constexpr(C):
-                sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
+            r0 = half * (C // 2)
+            for i in cutlass.range_constexpr(C // 2):
+                sDst[r0 + i, col] = BFloat16(_unit_lower(sA[r0 + i, col], r0 + i, col) * b)
 
     @cute.jit
     def solve_diag_block(self, sA, x, o, c):
