@@ -160,7 +160,8 @@ def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case, H, H
     """The blockwise solve (block doubling, products on bf16 hi/lo splits) against the whole-block fp32
     substitution on the same inputs: ``aqk``, ``rk``, ``qs`` bitwise (the same code), ``tmb`` within
     2.5e-4 of each row's largest entry on random inputs (hi-only products would be about 1e-3 off) and
-    within a bf16 step on the ill-conditioned ones. ``worst``: every key equal, beta 1, no decay (Tm's
+    within a bf16 step on the ill-conditioned ones (one step of an entry in the largest's binade is up to
+    2**-7 of it: the H200 measured 3.95e-3, one rounding flip, on ``near_singular``). ``worst``: every key equal, beta 1, no decay (Tm's
     entries 0 and +-1 from cancelling products); ``beta2``: the same at beta 2; ``near_singular``: the
     keys equal plus 5% noise, beta 1.99."""
     inp = make_inputs("gdn", [300, 1, 64, 130], H=H, HV=HV, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=5)
@@ -181,4 +182,4 @@ def test_blockwise_solve_matches_the_column_substitution(monkeypatch, case, H, H
     scale = t_c.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)  # per (row, value head)
     err = ((t_b - t_c).abs() / scale).max().item()
     print(f"{case}: tmb blocks vs column: {err:.2e} of each row's largest entry; largest {t_c.abs().max():.3g}")
-    assert err <= (2.5e-4 if case == "random" else 2.0 ** -8), err
+    assert err <= (2.5e-4 if case == "random" else 2.0 ** -7), err
