@@ -62,7 +62,7 @@ CUTEDSL_WALK_VALUES = {"0": "triton", "triton": "triton", "1": "sync", "sync": "
 
 def cutedsl_walk(raw: Optional[str] = None) -> str:
     """The walk ``LINATTN_CUTEDSL_WALK`` asks for: ``""`` (unset or blank: the planner's choice),
-    ``"triton"``, ``"sync"`` or ``"wgmma"``.
+    ``"triton"``, ``"sync"``, ``"wgmma"`` or ``"fused"`` (the one-kernel prefill, ``kernels/cutedsl/fused_prefill.py``).
 
     Raises:
         ConfigError: a value not in :data:`CUTEDSL_WALK_VALUES`, naming it and the allowed ones.

@@ -69,7 +69,7 @@ _CACHE: dict = {}
 #: :data:`SWITCH_VALUES`; read when a call is planned (``plan_prefill``)
 ENV_SWITCH = "LINATTN_CUTEDSL_WALK"
 #: the switch's values -> the walk: ``"triton"`` (``chunk_gdn_fused_kernel``), ``"sync"`` / ``"wgmma"``
-#: (this walk's builds, :attr:`WalkKey.mma`)
+#: (this walk's builds, :attr:`WalkKey.mma`), ``"fused"`` (prep and walk in one kernel: :mod:`.fused_prefill`)
 SWITCH_VALUES = CUTEDSL_WALK_VALUES  # (dispatch/env.py: one table, read by explain too)
 #: the switch's values that ask for a CuTe DSL build -> its tensor-core instructions (:attr:`WalkKey.mma`)
 MMA_VARIANTS = {"1": "sync", "sync": "sync", "wgmma": "wgmma"}
