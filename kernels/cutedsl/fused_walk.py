@@ -98,7 +98,7 @@ class WalkKey(NamedTuple):
 
 def switch_value(raw: Optional[str] = None) -> str:
     """The walk :data:`ENV_SWITCH` asks for: ``""`` (unset or empty: the planner's choice),
-    ``"triton"``, ``"sync"`` or ``"wgmma"`` (``dispatch/env.py``'s ``cutedsl_walk``, which ``explain``
+    ``"triton"``, ``"sync"``, ``"wgmma"`` or ``"fused"`` (``dispatch/env.py``'s ``cutedsl_walk``, which ``explain``
     reads first).
 
     Args:
