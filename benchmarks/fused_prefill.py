@@ -11,7 +11,8 @@ Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefi
 default benchmarks/results/) after every shape; the canonical rows live in
 ``benchmarks/results/prefill_fused_h200.json`` (kind ``one_kernel``).
 
-Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 104/200,..]
+Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 152/176,..]
+        [--l2norm on|off|both]
 """
 
 from __future__ import annotations
@@ -27,16 +28,19 @@ from _results import results_path  # noqa: E402
 from fused_walk import Call, make, run_shapes, switch  # noqa: E402
 
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
-REGS_VARIANTS = "104/200"
+REGS_VARIANTS = "152/176"
 
 
-def measure(N, L, H, HV, regs_variants) -> dict:
+def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     from triton.testing import do_bench
 
     from linattn.kernels.cutedsl import fused_prefill as fpk
 
     d, pool0, idx = make(N, L, H, HV)
-    row = dict(kind="one_kernel", N=N, L=L, H=H, HV=HV, K=128, V=128, tokens=N * L, pool="fp32 vk")
+    if not l2norm:  # the rows unit length beforehand, as FlashInfer's comparison (issue 27's table) takes them
+        d["q"] = torch.nn.functional.normalize(d["q"].float(), dim=-1).to(torch.bfloat16)
+        d["k"] = torch.nn.functional.normalize(d["k"].float(), dim=-1).to(torch.bfloat16)
+    row = dict(kind="one_kernel", N=N, L=L, H=H, HV=HV, K=128, V=128, tokens=N * L, pool="fp32 vk", l2norm=l2norm)
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
     calls, outs = {}, {}
@@ -44,7 +48,7 @@ def measure(N, L, H, HV, regs_variants) -> dict:
     try:
         for name in ("wgmma", "fused"):
             switch(name)
-            calls[name] = call = Call(d, pool0.clone(), idx)
+            calls[name] = call = Call(d, pool0.clone(), idx, l2norm=l2norm)
             assert call.plan.fused_walk.walk == name, call.plan.fused_walk
             call()
             torch.cuda.synchronize()
@@ -71,7 +75,6 @@ def measure(N, L, H, HV, regs_variants) -> dict:
         switch("")
     row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
     row["speedup_vs_two_kernels"] = row["two_kernels_ms"] / max(row["one_kernel_ms"], 1e-9)
-    print(row, flush=True)
     return row
 
 
@@ -79,15 +82,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--regs", default=REGS_VARIANTS, help="register splits 'prep/walk,...' (setmaxnreg)")
+    ap.add_argument("--l2norm", default="on", help="'on', 'off' (q, k normalised beforehand) or 'both'")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     out = a.out or results_path("fused_prefill")
     regs = a.regs.split(",")
+    norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
              "one_kernel_<prep>_<walk>: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split",
              "o_bitwise / pool_bitwise: the one kernel's outputs and pool against the two kernels' on the same inputs"]
-    return run_shapes(a.shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs), out, notes)
+    if len(norms) == 1:
+        return run_shapes(a.shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs, norms[0]), out, notes)
+    shapes = ",".join(a.shapes.split(",") * 2)  # each shape with the norms in the kernel, then without
+    order = iter([n for n in norms for _ in a.shapes.split(",")])
+    return run_shapes(shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs, next(order)), out, notes)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def make(N, L, H, HV, seed=0):
 class Call:
     """One planned fused call whose stages (prep + walk) can be run again and again."""
 
-    def __init__(self, d, pool, idx, bv=None):
+    def __init__(self, d, pool, idx, bv=None, l2norm=True):
         import dataclasses
 
         from linattn.kernels.triton import prefill as pm
@@ -74,7 +74,7 @@ class Call:
         self.pm, self.pool = pm, pool
         # the walk is the plan's (fused_walk: the switch as set now, else the planner's choice); bv: its value block
         self.plan = pm.plan_prefill("gdn", q=d["q"], v=d["v"], cu_seqlens=d["cu_seqlens"], state_pool=pool,
-                                    state_indices=idx, use_qk_l2norm=True, state_layout="vk", fused=True)
+                                    state_indices=idx, use_qk_l2norm=l2norm, state_layout="vk", fused=True)
         assert self.plan.fused is not None, self.plan.fused_reason
         if bv is not None and self.plan.fused_walk.walk != "triton":
             self.plan = dataclasses.replace(self.plan, fused_walk=self.plan.fused_walk._replace(block_v=bv))

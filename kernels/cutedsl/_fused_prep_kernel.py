@@ -343,37 +343,40 @@ class FusedPrepKernel:
 
     @cute.jit
     def row_norm_streamed(self, sX, sVec, r, mat, L, scale):
-        """:meth:`row_norm` reading the row in pieces of 16 (twice: the largest entry, then the sum of
-        squares; a third time where a row of the warp is rewritten): 8 registers of row instead of 64,
-        the same maximum, sums in the same order (bitwise the same ``u``), for a prep warpgroup with
-        few registers."""
+        """:meth:`row_norm` reading the row in pieces of 16 (8 registers of row instead of 64, for a prep
+        warpgroup with few registers), in one pass where no row of the warp needs the F44 scale: the
+        largest entry and the sum of squares together (``s = 1``: ``s x = x``), the same sums in the same
+        order as :meth:`row_norm`, so the same bits. Where a row of the warp does (a rare branch the
+        whole warp takes: a loop whose trip count is 0 otherwise, so it is never executed predicated),
+        the sum again on ``s x`` and the row rewritten."""
         K, P = self.K, 16
         xrow = sX[r, None]
         seg = cute.make_rmem_tensor((P,), BFloat16)
         mx = Float32(0.0)
+        acc = [Float32(0.0)] * 4
         for p in cutlass.range_constexpr(K // P):
             cute.autovec_copy(cute.local_tile(xrow, (P,), (p,)), seg)
             for j in cutlass.range_constexpr(P):
                 x = Float32(seg[j])
                 mx = cute.arch.fmax(mx, cute.arch.fmax(x, -x))
+                acc[j % 4] = acc[j % 4] + x * x
         e = (_bits(mx) >> 23) & 0xFF
         shift = cutlass.select_(e > 158, e - 158, Int32(0))
         sc = _from_bits((127 - shift) << 23)
-        acc = [Float32(0.0)] * 4
-        for p in cutlass.range_constexpr(K // P):
-            cute.autovec_copy(cute.local_tile(xrow, (P,), (p,)), seg)
-            for j in cutlass.range_constexpr(P):
-                y = Float32(seg[j]) * sc
-                acc[j % 4] = acc[j % 4] + y * y
         ssum = (acc[0] + acc[1]) + (acc[2] + acc[3])
+        redo = Int32(cutlass.select_(cute.arch.vote_any_sync(shift != 0), Int32(1), Int32(0)))
+        for _ in cutlass.range(redo, unroll=1):  # F44: the sum on s x, the row rewritten as bf16(s x)
+            acc2 = [Float32(0.0)] * 4
+            for p in cutlass.range_constexpr(K // P):
+                piece = cute.local_tile(xrow, (P,), (p,))
+                cute.autovec_copy(piece, seg)
+                for j in cutlass.range_constexpr(P):
+                    y = Float32(seg[j]) * sc
+                    acc2[j % 4] = acc2[j % 4] + y * y
+                    if shift != 0:
+                        piece[j] = BFloat16(y)
+            ssum = (acc2[0] + acc2[1]) + (acc2[2] + acc2[3])
         u = Float32(1.0) / cute.math.sqrt(ssum + Float32(1e-6) * sc * sc)
-        if cute.arch.vote_any_sync(shift != 0):  # F44, rare: a branch the whole warp takes or skips
-            if shift != 0:
-                for p in cutlass.range_constexpr(K // P):
-                    piece = cute.local_tile(xrow, (P,), (p,))
-                    cute.autovec_copy(piece, seg)
-                    for j in cutlass.range_constexpr(P):
-                        piece[j] = BFloat16(Float32(seg[j]) * sc)
         live = r < L
         kept = Float32(1.0) if const_expr(self.fold_scale) else sc
         if mat == 0:
@@ -471,6 +474,26 @@ class FusedPrepKernel:
                 if col % 16 < i:
                     sA[o + i, o + col % 16] = x[i]
         self.sync()
+        if const_expr(half is not None):  # one slot on four warps: S2, S3 split by columns too
+            self.doubling_four_warps(tiled, sA, zp, half * 2 + ws, lane)
+        else:
+            self.doubling(tiled, sA, zp, ws, lane, active)
+        # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
+        if const_expr(half is None):
+            if active:
+                b = sVec[col, 6 + slot]
+                for i in cutlass.range_constexpr(C):
+                    sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
+        else:
+            b = sVec[col, 6 + slot]
+            r0 = half * (C // 2)
+            for i in cutlass.range_constexpr(C // 2):
+                sDst[r0 + i, col] = BFloat16(_unit_lower(sA[r0 + i, col], r0 + i, col) * b)
+
+    @cute.jit
+    def doubling(self, tiled, sA, zp, ws, lane, active):
+        """S2 and S3 of :meth:`solve_blocks` for one slot on its two warps (``ws``: 0 or 1)."""
+        PA, PZ = self.PA, self.PZ
         # S2: warp ws doubles the pair at o = 32 ws (its own Z rows 16 ws ..)
         if active:
             o2 = ws * 32
@@ -490,17 +513,32 @@ class FusedPrepKernel:
             self.block_product(tiled, lane, sA.iterator + ((32 + 16 * ws) * PA + 32), (PA, 1), True, 16 * ws,
                                zp, (1, PZ), False, 32, 32, sA.iterator + ((32 + 16 * ws) * PA), True)
         self.sync()
-        # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
-        if const_expr(half is None):
-            if active:
-                b = sVec[col, 6 + slot]
-                for i in cutlass.range_constexpr(C):
-                    sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
-        else:
-            b = sVec[col, 6 + slot]
-            r0 = half * (C // 2)
-            for i in cutlass.range_constexpr(C // 2):
-                sDst[r0 + i, col] = BFloat16(_unit_lower(sA[r0 + i, col], r0 + i, col) * b)
+
+    @cute.jit
+    def doubling_four_warps(self, tiled, sA, zp, w, lane):
+        """S2 and S3 of :meth:`solve_blocks` for one slot on four warps (``w`` 0 .. 3): each product's
+        columns split between two warps (each output entry the same mma.sync sums as :meth:`doubling`'s,
+        so the same bits), half the dependent MMAs per warp."""
+        PA, PZ = self.PA, self.PZ
+        # S2: warps 2 p, 2 p + 1 double the pair at o = 32 p, columns 8 (w % 2) .. of Z and of the block
+        o2 = (w // 2) * 32
+        n2 = (w % 2) * 8
+        zw = zp + (w // 2) * (16 * PZ)
+        self.block_product(tiled, lane, sA.iterator + (o2 * PA + o2 + 16), (1, PA), False, 0,
+                           sA.iterator + (o2 * PA + o2 + n2), (1, PA), True, 16, 8, zw + n2, False, n2)
+        cute.arch.sync_warp()
+        self.block_product(tiled, lane, sA.iterator + ((o2 + 16) * PA + o2 + 16), (PA, 1), True, 0,
+                           zw + n2, (1, PZ), False, 16, 8, sA.iterator + ((o2 + 16) * PA + o2 + n2), True)
+        self.sync()
+        # S3: warp w: rows 16 (w // 2) .., columns 16 (w % 2) .. of Z, then of Tm[32:64, 0:32]
+        rb = (w // 2) * 16
+        n3 = (w % 2) * 16
+        self.block_product(tiled, lane, sA.iterator + (32 + rb), (1, PA), False, 0,
+                           sA.iterator + n3, (1, PA), True, 32, 16, zp + (rb * PZ + n3), False, n3)
+        self.sync()
+        self.block_product(tiled, lane, sA.iterator + ((32 + rb) * PA + 32), (PA, 1), True, rb,
+                           zp + n3, (1, PZ), False, 32, 16, sA.iterator + ((32 + rb) * PA + n3), True)
+        self.sync()
 
     @cute.jit
     def solve_diag_block(self, sA, x, o, c):
@@ -521,14 +559,15 @@ class FusedPrepKernel:
     @cute.jit
     def block_product(self, tiled, lane, pa, sa, tri_a: cutlass.Constexpr[bool], row_a, pb, sb,
                       tri_b: cutlass.Constexpr[bool], KD: cutlass.Constexpr[int], N: cutlass.Constexpr[int],
-                      pd, neg: cutlass.Constexpr[bool]):
+                      pd, neg: cutlass.Constexpr[bool], col_b=0):
         """One warp: ``D[16, N] = (-)X[16, KD] Y[KD, N]`` from fp32 shared memory on mma.sync.
 
         ``X`` at ``pa`` with strides ``sa`` (row, column); ``Y`` given as its transpose at ``pb`` with
         strides ``sb`` (``Y[k, n]`` at ``pb + n sb[0] + k sb[1]``). ``tri_a`` / ``tri_b``: the operand is a
         block of Tm on its diagonal (row ``row_a + r`` / ``k`` against column ``c`` / ``n``): 1 on the
-        diagonal, 0 above it, the stored value below. ``D`` goes to ``pd`` (``neg``: a block of Tm,
-        negated, row pitch ``PA``; else Z, row pitch ``PZ``)."""
+        diagonal, 0 above it, the stored value below; ``col_b``: ``Y``'s first column within its block (a
+        product split by columns). ``D`` goes to ``pd`` (``neg``: a block of Tm, negated, row pitch ``PA``;
+        else Z, row pitch ``PZ``)."""
         thr = tiled.get_slice(lane)
         gX = cute.make_tensor(pa, cute.make_layout((16, KD), stride=sa))
         gY = cute.make_tensor(pb, cute.make_layout((N, KD), stride=sb))
@@ -541,7 +580,7 @@ class FusedPrepKernel:
         for i in cutlass.range_constexpr(cute.size(tX)):
             xf[i] = _unit_lower(Float32(tX[i]), row_a + cX[i][0], cX[i][1]) if const_expr(tri_a) else Float32(tX[i])
         for i in cutlass.range_constexpr(cute.size(tY)):  # Y[k, n] at (n, k)
-            yf[i] = _unit_lower(Float32(tY[i]), cY[i][1], cY[i][0]) if const_expr(tri_b) else Float32(tY[i])
+            yf[i] = _unit_lower(Float32(tY[i]), cY[i][1], col_b + cY[i][0]) if const_expr(tri_b) else Float32(tY[i])
         # the split: hi = bf16(v), lo = bf16(v - hi) (whole fragments: packed conversions, no local memory)
         xh = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
         xl = thr.make_fragment_A(thr.partition_shape_A((16, KD)))
