@@ -44,7 +44,7 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
     calls, outs = {}, {}
-    shipped = fpk.REGS
+    shipped, shipped_mma = fpk.REGS, fpk.PREP_MMA
     try:
         for name in ("wgmma", "fused"):
             switch(name)
@@ -66,12 +66,15 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
             return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
         row["two_kernels_ms"] = bench(calls["wgmma"])
-        for spec in regs_variants:
-            fpk.REGS = tuple(int(x) for x in spec.split("/"))
-            row[f"one_kernel_{spec.replace('/', '_')}_ms"] = bench(calls["fused"])
-            print(spec, row[f"one_kernel_{spec.replace('/', '_')}_ms"], flush=True)
+        for spec in regs_variants:  # "prep/walk" registers, optionally ":" the prep's mma (PrefillKey.prep_mma)
+            regs, _, mma = spec.partition(":")
+            fpk.REGS = tuple(int(x) for x in regs.split("/"))
+            fpk.PREP_MMA = mma or shipped_mma
+            tag = f"one_kernel_{regs.replace('/', '_')}" + (f"_{mma}" if mma else "") + "_ms"
+            row[tag] = bench(calls["fused"])
+            print(spec, row[tag], flush=True)
     finally:
-        fpk.REGS = shipped
+        fpk.REGS, fpk.PREP_MMA = shipped, shipped_mma
         switch("")
     row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
     row["speedup_vs_two_kernels"] = row["two_kernels_ms"] / max(row["one_kernel_ms"], 1e-9)
@@ -81,7 +84,8 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--regs", default=REGS_VARIANTS, help="register splits 'prep/walk,...' (setmaxnreg)")
+    ap.add_argument("--regs", default=REGS_VARIANTS,
+                    help="builds 'prep/walk[:mma],...': setmaxnreg split, the prep's products ('wgmma' or 'sync')")
     ap.add_argument("--l2norm", default="on", help="'on', 'off' (q, k normalised beforehand) or 'both'")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -90,7 +94,8 @@ def main(argv=None) -> int:
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
-             "one_kernel_<prep>_<walk>: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split",
+             "one_kernel_<prep>_<walk>[_<mma>]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (and the prep's "
+             "K K^T, Q K^T on that mma: PrefillKey.prep_mma; none named: the shipped one)",
              "o_bitwise / pool_bitwise: the one kernel's outputs and pool against the two kernels' on the same inputs"]
     if len(norms) == 1:
         return run_shapes(a.shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs, norms[0]), out, notes)

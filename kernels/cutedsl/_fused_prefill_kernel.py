@@ -63,14 +63,18 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         g_min: the floor of the log decays.
         l2norm, beta_bf16: as :class:`._fused_prep_kernel.FusedPrepKernel`.
         regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``).
+        prep_mma: the prep's ``K K^T``, ``Q K^T``: ``"wgmma"`` (the prep warpgroup's, operands from shared
+            memory) or ``"sync"`` (its four warps' ``mma.sync``, the prep kernel's code).
     """
 
     def __init__(self, K: int, V: int, pool: bool, has_h0: bool, has_init: bool, g_min: float, l2norm: bool,
-                 beta_bf16: bool, regs: tuple = REGS):
+                 beta_bf16: bool, regs: tuple = REGS, prep_mma: str = "sync"):
         super().__init__(K, V, V, pool, has_h0, has_init, g_min)
         assert V == 128 and K == 128, "one CTA per (sequence, value head): BV = V = 128"
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
+        assert prep_mma in ("wgmma", "sync")
         self.regs = regs
+        self.prep_mma = prep_mma
         self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="blocks",
                                     barrier=(BAR_PREP, PREP_THREADS), fold_scale=True, stream_norm=True)
 
@@ -94,8 +98,13 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.NWG, 1, 1), (64, C), rs)
         mma_k = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.MN, Float32, (self.NWG, 1, 1), (64, K), rs)
-        mma_p = cute.make_tiled_mma(
-            warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1), permutation_mnk=(64, 16, 16))
+        if const_expr(self.prep_mma == "wgmma"):
+            mma_p = sm90_utils.make_trivial_tiled_mma(
+                BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, C),
+                warpgroup.OperandSource.SMEM)
+        else:
+            mma_p = cute.make_tiled_mma(
+                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1), permutation_mnk=(64, 16, 16))
         g2s16 = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16, num_bits_per_copy=128)
         st16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
@@ -232,6 +241,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                 else:
                     sVec[r, 2] = scale
                     sVec[r, 3] = Float32(1.0)
+            cute.arch.fence_proxy("async.shared", space="cta")  # the tiles (rewritten rows too) for wgmma
             self.prep.sync()
             self.prep_tiles(ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec)
             self.prep.sync()
@@ -279,18 +289,36 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     def prep_tiles(self, ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec):
         """``K K^T`` and ``Q K^T`` of k, q stage ``ks`` (warp ``w``: rows ``16 w ..``) and their gate tiles:
         ``Aqk`` (bf16) into stage ``s``'s ``sA``, ``A`` (fp32, transposed) into ``sAt``; the same
-        products and factors, in the same order, as the prep kernel's (b) for one value head."""
-        K = self.K
+        products and factors, in the same order, as the prep kernel's (b) for one value head (``prep_mma``:
+        the products on the warpgroup's ``wgmma`` or the warps' ``mma.sync``: the same bits on the H200)."""
         thr = mma_p.get_slice(ptid)
         acc_kk = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
         acc_qk = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
         tCc = thr.partition_C(cute.make_identity_tensor((C, C)))
+        sKs, sQs = sK[None, None, ks], sQ[None, None, ks]
+        if const_expr(self.prep_mma == "wgmma"):  # the warpgroup's m64n64k16, both operands from shared memory
+            tKA = thr.make_fragment_A(thr.partition_A(sKs))
+            tQA = thr.make_fragment_A(thr.partition_A(sQs))
+            tKB = thr.make_fragment_B(thr.partition_B(sKs))
+            warpgroup.fence()
+            self.wg_gemm(mma_p, acc_kk, tKA, tKB, True)
+            self.wg_gemm(mma_p, acc_qk, tQA, tKB, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+        else:
+            self.warp_products(ptid, mma_p, sKs, sQs, acc_kk, acc_qk)
+        self.gate_tiles(thr, tCc, s, acc_kk, acc_qk, sA, sAt, sVec)
+
+    @cute.jit
+    def warp_products(self, ptid, mma_p, sKs, sQs, acc_kk, acc_qk):
+        """``K K^T`` and ``Q K^T`` on warp ``mma.sync`` (warp ``w``: rows ``16 w ..``), A and B by ``ldmatrix``."""
+        K = self.K
+        thr = mma_p.get_slice(ptid)
         ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16)
         s2r_a = cute.make_tiled_copy_A(ldsm, mma_p)
         s2r_b = cute.make_tiled_copy_B(ldsm, mma_p)
         thr_a = s2r_a.get_slice(ptid)
         thr_b = s2r_b.get_slice(ptid)
-        sKs, sQs = sK[None, None, ks], sQ[None, None, ks]
         tKA = thr.make_fragment_A(thr.partition_A(sKs))
         tQA = thr.make_fragment_A(thr.partition_A(sQs))
         tKB = thr.make_fragment_B(thr.partition_B(sKs))
@@ -304,7 +332,12 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             cute.copy(s2r_b, tBs[None, None, kb], tKB_v[None, None, kb])
             cute.gemm(mma_p, acc_kk, tKA[None, None, kb], tKB[None, None, kb], acc_kk)
             cute.gemm(mma_p, acc_qk, tQA[None, None, kb], tKB[None, None, kb], acc_qk)
-        # the tiles in registers first (no store in between: each row's and column's factors read once)
+
+    @cute.jit
+    def gate_tiles(self, thr, tCc, s, acc_kk, acc_qk, sA, sAt, sVec):
+        """The gate tiles of the products (the prep kernel's (b)): ``Aqk`` (bf16) into stage ``s``'s
+        ``sA``, ``A`` (fp32, transposed) into ``sAt``, each computed in registers first (no store in
+        between: each row's and column's factors read once)."""
         zero = Float32(0.0)
         for i in cutlass.range_constexpr(cute.size(acc_kk)):
             rr = tCc[i][0]

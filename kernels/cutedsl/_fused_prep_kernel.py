@@ -457,7 +457,7 @@ class FusedPrepKernel:
         ``Z`` (fp32, ``32 x PZ``) at ``zp``. Every prep thread calls it (it holds the prep's barriers,
         :meth:`sync`); ``active``: this thread's slot holds a value head. ``half`` (one slot on 128
         threads): S4 by every thread, rows ``32 half ..`` of column ``col``, instead of the slot's 64."""
-        PA, PZ = self.PA, self.PZ
+        PA = self.PA
         sA = cute.make_tensor(sAt.iterator + slot * (C * PA), cute.make_layout((C, C), stride=(PA, 1)))
         ws = col // 32  # the warp of the slot
         lane = col % 32

@@ -33,6 +33,10 @@ _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
 REGS = (152, 176)
+#: the prep warpgroup's tensor-core instructions for K K^T, Q K^T (:attr:`PrefillKey.prep_mma`): ``"sync"``, its
+#: four warps' mma.sync (the prep kernel's code); ``"wgmma"`` is bitwise the same and 3-5% slower on the H200
+#: (96 B of spill against 16: docs/performance.md, 'The one-kernel prefill')
+PREP_MMA = "sync"
 
 
 class PrefillKey(NamedTuple):
@@ -49,6 +53,7 @@ class PrefillKey(NamedTuple):
     arch: str
     has_init: bool = False
     regs: tuple = REGS
+    prep_mma: str = PREP_MMA  # the prep warpgroup's K K^T, Q K^T: "sync" (warp mma.sync) | "wgmma"
 
 
 def fused_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, g_dtype: Optional[torch.dtype] = None,
@@ -104,7 +109,7 @@ def compile_fused_prefill(key: PrefillKey, dump_dir: Optional[str] = None):
         from ._fused_prefill_kernel import FusedPrefillKernel
 
         return FusedPrefillKernel(128, 128, key.pool, key.has_h0, key.has_init, G_MIN, key.l2norm,
-                                  key.beta_dtype == "bfloat16", tuple(key.regs))
+                                  key.beta_dtype == "bfloat16", tuple(key.regs), key.prep_mma)
 
     return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
 
@@ -198,7 +203,7 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     regs = REGS if regs is None else regs
     key = PrefillKey(pool, h0 is not None, _dt(ht.dtype), _dt(h0.dtype if h0 is not None else ht.dtype),
                      _dt(state_indices.dtype) if pool else _dt(cu_seqlens.dtype), _dt(cu_seqlens.dtype),
-                     _dt(beta.dtype), bool(use_qk_l2norm), arch, has_initial_state is not None, tuple(regs))
+                     _dt(beta.dtype), bool(use_qk_l2norm), arch, has_initial_state is not None, tuple(regs), PREP_MMA)
     sidx = state_indices if pool else cu_seqlens
     mask = has_initial_state if has_initial_state is not None else sidx
     from linattn.kernels.triton.launch import launch_step
