@@ -70,13 +70,19 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
             regs, _, mma = spec.partition(":")
             fpk.REGS = tuple(int(x) for x in regs.split("/"))
             fpk.PREP_MMA = mma or shipped_mma
-            tag = f"one_kernel_{regs.replace('/', '_')}" + (f"_{mma}" if mma else "") + "_ms"
-            row[tag] = bench(calls["fused"])
-            print(spec, row[tag], flush=True)
+            tag = f"one_kernel_{regs.replace('/', '_')}" + (f"_{mma}" if mma else "")
+            one = calls["fused"]
+            one.pool.copy_(pool0)  # each build checked on the same entering states: bitwise the two kernels
+            one()
+            torch.cuda.synchronize()
+            row[f"{tag}_bitwise"] = bool(torch.equal(one.bufs.o[:N * L], o2) and torch.equal(one.pool, p2))
+            row[f"{tag}_ms"] = bench(one)
+            print(spec, row[f"{tag}_ms"], "bitwise", row[f"{tag}_bitwise"], flush=True)
     finally:
         fpk.REGS, fpk.PREP_MMA = shipped, shipped_mma
         switch("")
     row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
+    row["all_builds_bitwise"] = all(v for k, v in row.items() if k.endswith("_bitwise"))
     row["speedup_vs_two_kernels"] = row["two_kernels_ms"] / max(row["one_kernel_ms"], 1e-9)
     return row
 
@@ -96,7 +102,8 @@ def main(argv=None) -> int:
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
              "one_kernel_<prep>_<walk>[_<mma>]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (and the prep's "
              "K K^T, Q K^T on that mma: PrefillKey.prep_mma; none named: the shipped one)",
-             "o_bitwise / pool_bitwise: the one kernel's outputs and pool against the two kernels' on the same inputs"]
+             "o_bitwise / pool_bitwise: the one kernel's (shipped build) outputs and pool against the two kernels' on the "
+             "same inputs; one_kernel_<build>_bitwise: both, for that build"]
     if len(norms) == 1:
         return run_shapes(a.shapes, lambda N, L, H, HV: measure(N, L, H, HV, regs, norms[0]), out, notes)
     shapes = ",".join(a.shapes.split(",") * 2)  # each shape with the norms in the kernel, then without

@@ -49,9 +49,7 @@ THREADS = PREP_THREADS + WALK_THREADS
 BAR_FULL, BAR_EMPTY, BAR_PREP, BAR_WALK = 1, 3, 5, 6
 #: stages of the k, q, v tiles (the prep loads chunk t + 1 while it works on chunk t and the walk on chunk
 #: t - 1) and of the prep's products (Tb, Aqk, the row vectors: chunks t and t - 1)
-KQV_STAGES, PREP_STAGES = 3, 2
-#: registers a thread of the prep / walk warpgroups (setmaxnreg; 128 x (prep + 2 walk) <= 64,512)
-REGS = (152, 176)
+KQV_STAGES, PRODUCT_STAGES = 3, 2
 
 
 class FusedPrefillKernel(FusedWalkWgmmaKernel):
@@ -62,13 +60,14 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         pool, has_h0, has_init: as :class:`._fused_walk_kernel.FusedWalkKernel`.
         g_min: the floor of the log decays.
         l2norm, beta_bf16: as :class:`._fused_prep_kernel.FusedPrepKernel`.
-        regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``).
+        regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``; the host side's
+            ``fused_prefill.REGS`` by default).
         prep_mma: the prep's ``K K^T``, ``Q K^T``: ``"wgmma"`` (the prep warpgroup's, operands from shared
             memory) or ``"sync"`` (its four warps' ``mma.sync``, the prep kernel's code).
     """
 
     def __init__(self, K: int, V: int, pool: bool, has_h0: bool, has_init: bool, g_min: float, l2norm: bool,
-                 beta_bf16: bool, regs: tuple = REGS, prep_mma: str = "sync"):
+                 beta_bf16: bool, regs: tuple, prep_mma: str = "sync"):
         super().__init__(K, V, V, pool, has_h0, has_init, g_min)
         assert V == 128 and K == 128, "one CTA per (sequence, value head): BV = V = 128"
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
@@ -148,10 +147,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         nc = (Int32(eos - bos) + (C - 1)) // C
         hv64 = Int64(i_hv)
 
-        # ---------------- shared memory: the two stages, the prep's own tiles ------------------
+        # ---------------- shared memory: the k, q, v and the products' stages, the prep's own tiles -----
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
         lay_kq = cute.tile_to_shape(atom, (C, K, KQV_STAGES), order=(0, 1, 2))
-        lay_cc = cute.tile_to_shape(atom, (C, C, 2), order=(0, 1, 2))
+        lay_cc = cute.tile_to_shape(atom, (C, C, PRODUCT_STAGES), order=(0, 1, 2))
         smem = cutlass.utils.SmemAllocator()
         sK = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
         sQ = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
@@ -159,7 +158,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         sA = smem.allocate_tensor(BFloat16, lay_cc.outer, 1024, swizzle=lay_cc.inner)
         sV = smem.allocate_tensor(BFloat16, cute.make_layout((C, BV, KQV_STAGES), stride=(PV, 1, C * PV)), 16)
         # per stage: g (raw), rk, qs, sq of each row (the walk's factors read them)
-        sRow = smem.allocate_tensor(Float32, cute.make_layout((C, 4, 2), stride=(1, C, 4 * C)), 16)
+        sRow = smem.allocate_tensor(Float32, cute.make_layout((C, 4, PRODUCT_STAGES), stride=(1, C, 4 * C)), 16)
         sFac = smem.allocate_tensor(Float32, cute.make_layout((C, 3 * self.NW), stride=(1, C)), 16)
         # the prep's: A^T (fp32; Tm in its strictly lower triangle), the solve's Z, the row vectors
         sAt = smem.allocate_tensor(Float32, cute.make_layout((C, C), stride=(P.PA, 1)), 16)
@@ -168,7 +167,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
         if tid < PREP_THREADS:
             cute.arch.setmaxregister_decrease(self.regs[0])
-            self.prep_loop(tid, nc, bos, eos, i_n, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+            self.prep_loop(tid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                            sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, mma_p, copy_k, copy_v,
                            sK, sQ, sT, sA, sV, sRow, sAt, sZ, sVec)
         else:
@@ -179,7 +178,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def prep_loop(self, ptid, nc, bos, eos, i_n, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+    def prep_loop(self, ptid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                   sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, mma_p, copy_k, copy_v,
                   sK, sQ, sT, sA, sV, sRow, sAt, sZ, sVec):
         """The prep warpgroup (thread ``ptid`` of 128): each chunk's loads and state-independent
@@ -202,7 +201,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         cute.arch.cp_async_commit_group()
         for t in cutlass.range(nc, unroll=1):
             ks = t % KQV_STAGES
-            s = t % PREP_STAGES
+            s = t % PRODUCT_STAGES
             if t >= 2:  # the walk has left chunk t - 2: its k, q, v stage and its products' stage are free
                 cute.arch.barrier(barrier_id=BAR_EMPTY + s, number_of_threads=THREADS)
             if t + 1 < nc:  # chunk t + 1's loads fly while this chunk is worked on
@@ -394,7 +393,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         live, slot, keep = self.entering_state(acc_S, tScS, i_n, N, sidx_ptr, hinit_ptr, h0_ptr, s0_p, s0_h, s0_v,
                                                s0_k, hv64, Int32(0))
         for t in cutlass.range(nc, unroll=1):
-            stage = t % PREP_STAGES
+            stage = t % PRODUCT_STAGES
             ks = t % KQV_STAGES
             cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)

@@ -27,7 +27,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _runtime, cached_step, walk_refusal
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step, walk_refusal
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -141,6 +141,54 @@ class FusedPrefillStep(CuteStep):
         self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *beta.stride()[:2]))
 
 
+def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initial_state, h0, ht, s0: tuple,
+                   st: tuple) -> str:
+    """Why the one-kernel prefill cannot run these tensors ('' where it can): :func:`fused_refusal` on
+    their dtypes, then shapes, dtypes, layouts and devices (the first that is wrong, named). Nothing is
+    compiled or launched; :func:`run_for_plan` falls back to the two kernels where this is not empty."""
+    T_, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    why = fused_refusal(family="gdn", K=K, V=V, dtype=q.dtype, g_dtype=g.dtype, beta_dtype=beta.dtype)
+    if why:
+        return why
+    name = "cutedsl one-kernel prefill"
+    want = {"k": (k, q.shape, torch.bfloat16), "v": (v, (T_, HV, V), torch.bfloat16),
+            "g": (g, (T_, HV), torch.float32), "beta": (beta, (T_, HV), beta.dtype),
+            "o": (o, (T_, HV, V), torch.bfloat16)}
+    for n, (x, shape, dt) in want.items():
+        rows_ok = x.dim() == len(shape) and (x.shape[0] >= T_ if n == "o" else x.shape[0] == T_)
+        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]):
+            return f"{name}: {n} has shape {tuple(x.shape)}; expected {tuple(shape)}"
+        if x.dtype != dt:
+            return f"{name}: {n} must be {dt}, got {x.dtype}"
+    if not o.is_contiguous():
+        return f"{name}: o must be contiguous"
+    if HV % H:
+        return f"{name}: HV = {HV} is not a multiple of H = {H} (GVA)"
+    pool = state_indices is not None
+    if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
+        return f"{name}: pool mode needs h0 and ht to be the same pool"
+    if has_initial_state is not None and not pool:
+        return f"{name}: has_initial_state is for pool mode"
+    if has_initial_state is not None and has_initial_state.dtype not in (torch.bool, torch.uint8):
+        return f"{name}: has_initial_state must be bool or uint8, got {has_initial_state.dtype}"
+    for n, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return f"{name}: {n} dtype {x.dtype}; supported: float32, bfloat16"
+    for n, x in (("cu_seqlens", cu_seqlens), ("state_indices", state_indices)):
+        if x is not None and x.dtype not in (torch.int32, torch.int64):
+            return f"{name}: {n} must be int32 or int64, got {x.dtype}"
+    if max(abs(s0[2]) * K, abs(s0[3]) * V, abs(st[2]) * K, abs(st[3]) * V) >= 2**31:
+        return f"{name}: state strides inside one head exceed 32 bits"
+    if max(x.stride(0) if _rows_aligned(x) else x[0].numel() for x in (q, k, v)) * 64 >= 2**31:
+        return f"{name}: a chunk of q, k or v spans more than 2**31 elements"
+    devs = {x.device for x in (q, k, v, g, beta, o, cu_seqlens, state_indices, has_initial_state, h0, ht)
+            if x is not None and x.device.type != "meta"}
+    if len(devs) > 1:
+        return f"{name}: tensors on several devices {sorted(map(str, devs))}"
+    return ""
+
+
 def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                           o: torch.Tensor, cu_seqlens: torch.Tensor, state_indices: Optional[torch.Tensor],
                           has_initial_state: Optional[torch.Tensor], h0: Optional[torch.Tensor], ht: torch.Tensor,
@@ -161,38 +209,21 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         scale: the query scale. use_qk_l2norm: the q/k l2 norms in the kernel.
         arch: the target (default: the device's). regs: :attr:`PrefillKey.regs` (default :data:`REGS`).
     Raises:
-        ValueError: anything :func:`fused_refusal` refuses, or a buffer of the wrong shape, dtype or
-            layout; nothing has launched then.
+        ValueError: anything :func:`tensor_refusal` refuses (a buffer of the wrong shape, dtype, layout
+            or device), or ``regs`` not a register split; nothing has launched then.
         ImportError: nvidia-cutlass-dsl is not installed.
     """
-    T_, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    N = cu_seqlens.numel() - 1
-    why = fused_refusal(family="gdn", K=K, V=V, dtype=q.dtype, g_dtype=g.dtype, beta_dtype=beta.dtype)
+    why = tensor_refusal(q=q, k=k, v=v, g=g, beta=beta, o=o, cu_seqlens=cu_seqlens, state_indices=state_indices,
+                         has_initial_state=has_initial_state, h0=h0, ht=ht, s0=s0, st=st)
     if why:
         raise ValueError(why)
-    want = {"k": (k, q.shape, torch.bfloat16), "v": (v, (T_, HV, V), torch.bfloat16),
-            "g": (g, (T_, HV), torch.float32), "beta": (beta, (T_, HV), beta.dtype),
-            "o": (o, (T_, HV, V), torch.bfloat16)}
-    for name, (x, shape, dt) in want.items():
-        rows_ok = x.dim() == len(shape) and (x.shape[0] >= T_ if name == "o" else x.shape[0] == T_)
-        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]):
-            raise ValueError(f"cutedsl one-kernel prefill: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}")
-        if x.dtype != dt:
-            raise ValueError(f"cutedsl one-kernel prefill: {name} must be {dt}, got {x.dtype}")
-    if not o.is_contiguous():
-        raise ValueError("cutedsl one-kernel prefill: o must be contiguous")
-    if HV % H:
-        raise ValueError(f"cutedsl one-kernel prefill: HV = {HV} is not a multiple of H = {H} (GVA)")
+    regs = REGS if regs is None else tuple(regs)
+    if len(regs) != 2 or any(r % 8 or r < 24 for r in regs) or regs[0] + 2 * regs[1] > 504:
+        raise ValueError(f"cutedsl one-kernel prefill: regs {regs}: (prep, walk) multiples of 8 with prep + 2 walk <= 504")
+    T_, H, K = q.shape
+    HV = v.shape[1]
+    N = cu_seqlens.numel() - 1
     pool = state_indices is not None
-    if pool and (h0 is None or h0.data_ptr() != ht.data_ptr()):
-        raise ValueError("cutedsl one-kernel prefill: pool mode needs h0 and ht to be the same pool")
-    if has_initial_state is not None and not pool:
-        raise ValueError("cutedsl one-kernel prefill: has_initial_state is for pool mode")
-    if max(abs(s0[2]) * K, abs(s0[3]) * V, abs(st[2]) * K, abs(st[3]) * V) >= 2**31:
-        raise ValueError("cutedsl one-kernel prefill: state strides inside one head exceed 32 bits")
-    if max(x.stride(0) for x in (q, k, v)) * 64 >= 2**31:
-        raise ValueError("cutedsl one-kernel prefill: a chunk of q, k or v spans more than 2**31 elements")
     if N == 0:
         return
     if has_initial_state is not None and not has_initial_state.is_contiguous():
@@ -200,7 +231,6 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
-    regs = REGS if regs is None else regs
     key = PrefillKey(pool, h0 is not None, _dt(ht.dtype), _dt(h0.dtype if h0 is not None else ht.dtype),
                      _dt(state_indices.dtype) if pool else _dt(cu_seqlens.dtype), _dt(cu_seqlens.dtype),
                      _dt(beta.dtype), bool(use_qk_l2norm), arch, has_initial_state is not None, tuple(regs), PREP_MMA)
@@ -217,21 +247,22 @@ def run_for_plan(plan, x, b, st, scale: float) -> bool:
     place of the prep and the walk (:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages`).
 
     Returns:
-        True where it ran (or was recorded); False where :func:`fused_refusal` refuses the call's
-        device or tensors (the caller runs the prep and the walk).
+        True where it ran (or was recorded); False where :func:`fused_refusal` or :func:`tensor_refusal`
+        refuses the call's device or tensors, or the plan keeps the Triton prep (``LINATTN_CUTEDSL_PREP=0``:
+        the one kernel holds the CuTe DSL prep): the caller runs the prep and the walk.
     """
     from linattn.kernels.triton.chunk_state import state_strides
 
     why = fused_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, g_dtype=x.g.dtype,
                         beta_dtype=x.beta.dtype, device=x.q.device,
                         checkpoints=getattr(st, "checkpoints", None) is not None)
-    if why:
+    if why or not plan.fused_prep:  # the one kernel holds the CuTe DSL prep: LINATTN_CUTEDSL_PREP=0 keeps Triton's
         return False
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
-    cutedsl_fused_prefill(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, o=b.o, cu_seqlens=x.cu_seqlens,
-                          state_indices=st.state_indices,
-                          has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
-                          ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
-                          st=state_strides(st.ht, plan.state_layout), scale=scale,
-                          use_qk_l2norm=plan.use_qk_l2norm)
+    args = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
+                has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0, ht=st.ht,
+                s0=s0 if st.h0 is not None else (0, 0, 0, 0), st=state_strides(st.ht, plan.state_layout))
+    if tensor_refusal(**args):
+        return False
+    cutedsl_fused_prefill(**args, scale=scale, use_qk_l2norm=plan.use_qk_l2norm)
     return True

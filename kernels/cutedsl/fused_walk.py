@@ -229,8 +229,9 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
     if why:
         asked = f"{ENV_SWITCH} asks for the CuTe DSL walk, but " if switch else ""
         return WalkChoice("triton", 0, f"the Triton walk ({asked}{why})")
-    if switch == "fused":
-        return WalkChoice("fused", V, f"the CuTe DSL one-kernel prefill: prep and wgmma walk in one kernel, no per-chunk "
+    if switch == "fused":  # block_v: the wgmma walk's, where the call's tensors send it to the two kernels
+        return WalkChoice("fused", walk_block_v("wgmma", N, HV, V, caps.sm_count),
+                          f"the CuTe DSL one-kernel prefill: prep and wgmma walk in one kernel, no per-chunk "
                           f"buffers in HBM ({ENV_SWITCH} forces it; kernels/cutedsl/fused_prefill.py)")
     mma = switch or "wgmma"
     bv = walk_block_v(mma, N, HV, V, caps.sm_count)

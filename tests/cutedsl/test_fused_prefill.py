@@ -82,11 +82,37 @@ def _args(T=70, H=2, HV=4):
           o=torch.zeros(70, 3, 128, dtype=torch.bfloat16)), "GVA"),
     (dict(state_indices=torch.zeros(2, dtype=torch.int32)), "same pool"),
     (dict(has_initial_state=torch.ones(2, dtype=torch.bool)), "pool mode"),
+    (dict(ht=torch.zeros(2, 4, 128, 128, dtype=torch.int32)), "state dtype torch.int32"),
+    (dict(ht=torch.zeros(2, 4, 128, 128, dtype=torch.float16)), "state dtype torch.float16"),
+    (dict(state_indices=torch.zeros(2, dtype=torch.int32), h0="ht",
+          has_initial_state=torch.ones(2, dtype=torch.int32)), "bool or uint8"),
+    (dict(cu_seqlens=torch.tensor([0, 30, 70], dtype=torch.int16)), "cu_seqlens must be int32 or int64"),
+    (dict(o=torch.zeros(70, 4, 128, dtype=torch.bfloat16, device="meta"), g=torch.zeros(70, 4, device="meta")),
+     None),  # meta stand-ins (a recording) are not placed: not refused for their device
+    (dict(regs=(150, 176)), "multiples of 8"),
+    (dict(regs=(160, 176)), "<= 504"),
 ])
 def test_wrapper_refuses_bad_buffers_before_any_launch(monkeypatch, change, needle):
-    monkeypatch.setattr(fpk, "compile_fused_prefill", lambda key: pytest.fail("compiled a refused call"))
+    compiled = []
+    monkeypatch.setattr(fpk, "compile_fused_prefill", lambda key: compiled.append(key) or (lambda *a: None))
+    args = {**_args(), **change}
+    if args["h0"] == "ht":
+        args["h0"] = args["ht"]
+    if needle is None:  # accepted: the wrapper goes on to compile (a stub here)
+        args.update(q=args["q"].to("meta"), k=args["k"].to("meta"), v=args["v"].to("meta"),
+                    beta=args["beta"].to("meta"))
+        try:
+            fpk.cutedsl_fused_prefill(**args)
+        except Exception:  # noqa: BLE001 - past the checks (meta tensors have no addresses to launch on)
+            pass
+        assert compiled, "refused a call whose tensors are all meta stand-ins"
+        return
     with pytest.raises(ValueError, match=needle):
-        fpk.cutedsl_fused_prefill(**{**_args(), **change})
+        fpk.cutedsl_fused_prefill(**args)
+    assert not compiled
+    if "regs" not in change:  # what run_for_plan reads to fall back to the two kernels
+        args.pop("scale"), args.pop("use_qk_l2norm"), args.pop("arch")
+        assert re.search(needle, fpk.tensor_refusal(**args))
 
 
 def _planned(monkeypatch, caps="sm90", N=16, HV=32):
@@ -120,7 +146,7 @@ def test_a_refused_call_falls_back_to_the_prep_and_the_wgmma_walk(monkeypatch):
     from types import SimpleNamespace as NS
 
     plan = NS(family="gdn", K=128, V=128, dtype=torch.bfloat16, use_qk_l2norm=True, state_layout="vk",
-              has_init_flags=False, fused_walk=fw.WalkChoice("fused", 128, ""))
+              has_init_flags=False, fused_walk=fw.WalkChoice("fused", 128, ""), fused_prep=True)
     x = NS(q=torch.zeros(1, 1, 128, dtype=torch.bfloat16), g=torch.zeros(1, 1), beta=torch.zeros(1, 1))
     assert fpk.run_for_plan(plan, x, None, NS(checkpoints=None), 0.1) is False
     seen = []
@@ -130,3 +156,37 @@ def test_a_refused_call_falls_back_to_the_prep_and_the_wgmma_walk(monkeypatch):
     b = NS(fused_tmb=torch.zeros(1, dtype=torch.bfloat16), fused_aqk=None, rk=None, fused_qs=None, o=None)
     x = NS(q=x.q, k=None, v=None, g=x.g, cu_seqlens=None)
     assert fw.run_for_plan(plan, x, b, st) and seen == ["wgmma"]
+
+
+def test_launch_fused_stages_runs_the_prep_and_the_walk_where_the_one_kernel_refuses(monkeypatch):
+    """The fused prefill's launcher with a plan whose walk is ``fused``: the one kernel first; where it
+    declines (``run_for_plan`` False: refused tensors, or the Triton prep asked for), the CuTe DSL prep
+    and the walk run, in that order, and nothing else."""
+    import linattn.kernels.cutedsl as cutedsl_pkg
+    from linattn.kernels.cutedsl import fused_prep as fp
+    from linattn.kernels.triton import chunk_fused
+
+    monkeypatch.setattr(cutedsl_pkg, "importable", lambda: None)
+    monkeypatch.setenv(fw.ENV_SWITCH, "fused")
+    plan = _planned(monkeypatch)
+    assert plan.fused_walk.walk == "fused" and plan.fused_prep
+    for declines in (False, True):
+        ran = []
+        monkeypatch.setattr(fpk, "run_for_plan", lambda *a: ran.append("one kernel") or not declines)
+        monkeypatch.setattr(fp, "run_for_plan", lambda *a: ran.append("prep") or True)
+        monkeypatch.setattr(fw, "run_for_plan", lambda *a: ran.append("walk") or True)
+        chunk_fused.launch_fused_stages(plan, None, None, None, None, 0.1)
+        assert ran == (["one kernel", "prep", "walk"] if declines else ["one kernel"]), ran
+
+
+def test_the_triton_prep_switch_turns_a_fused_walk_into_the_wgmma_walk(monkeypatch):
+    """``LINATTN_CUTEDSL_PREP=0`` keeps the Triton prep; the one kernel holds the CuTe DSL prep, so the plan
+    runs the Triton prep and the wgmma walk, and its reason says why (what ``explain`` shows)."""
+    import linattn.kernels.cutedsl as cutedsl_pkg
+
+    monkeypatch.setattr(cutedsl_pkg, "importable", lambda: None)
+    monkeypatch.setenv(fw.ENV_SWITCH, "fused")
+    monkeypatch.setenv("LINATTN_CUTEDSL_PREP", "0")
+    plan = _planned(monkeypatch)
+    assert not plan.fused_prep and plan.fused_walk.walk == "wgmma"
+    assert "keeps the Triton prep" in plan.fused_walk.reason, plan.fused_walk.reason

@@ -524,10 +524,13 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
         BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV) if plan.kda else (T, HV, 2), f32),
         BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
         BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
+    walk, prep = plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV, plan.checkpoints,
+                           plan.buf_dtype), _plan_prep(plan, caps, cfg)
+    if walk.walk == "fused" and not prep:  # the one kernel holds the CuTe DSL prep; the switch keeps Triton's
+        walk = walk._replace(walk="wgmma", reason=f"{walk.reason.split(' (')[0]} asked, but LINATTN_CUTEDSL_PREP "
+                             "keeps the Triton prep: the CuTe DSL walk on warpgroup MMAs (wgmma) after it")
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
-                               fused_walk=plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV,
-                                                    plan.checkpoints, plan.buf_dtype),
-                               fused_prep=_plan_prep(plan, caps, cfg),
+                               fused_walk=walk, fused_prep=prep,
                                segment_grids=None, segment_reason="the fused prefill runs (no state stage)",
                                fused_grid=plan_grid(plan.N, HV, plan.V // cfg.block_v, caps, layout),
                                grids=plan.grids._replace(intra=(progs,)))
