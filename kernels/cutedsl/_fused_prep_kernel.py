@@ -332,14 +332,7 @@ class FusedPrepKernel:
         if shift != 0:  # F44: the products run on s x (exact: a power of two)
             for i in cutlass.range_constexpr(K):
                 sX[r, i] = BFloat16(Float32(row[i]) * sc)
-        live = r < L
-        kept = Float32(1.0) if const_expr(self.fold_scale) else sc  # the scale the walk's k and q rows still carry
-        if mat == 0:
-            sVec[r, 0] = cutlass.select_(live, u, Float32(0.0))
-            sVec[r, 1] = cutlass.select_(live, u * kept, Float32(0.0))
-        else:
-            sVec[r, 2] = u * scale
-            sVec[r, 3] = kept
+        self.store_norm(sVec, r, mat, L, u, sc, scale)
 
     @cute.jit
     def row_norm_streamed(self, sX, sVec, r, mat, L, scale):
@@ -377,6 +370,13 @@ class FusedPrepKernel:
                         piece[j] = BFloat16(y)
             ssum = (acc2[0] + acc2[1]) + (acc2[2] + acc2[3])
         u = Float32(1.0) / cute.math.sqrt(ssum + Float32(1e-6) * sc * sc)
+        self.store_norm(sVec, r, mat, L, u, sc, scale)
+
+    @cute.jit
+    def store_norm(self, sVec, r, mat, L, u, sc, scale):
+        """Row ``r``'s factors into ``sVec``: k (``mat`` 0): ``uk``, ``rk = uk sk`` (0 past the sequence);
+        q: ``qs = uq scale``, ``sq`` (``fold_scale``: ``rk = uk``, ``sq = 1``, the scale being in the rewritten
+        rows the walk reads)."""
         live = r < L
         kept = Float32(1.0) if const_expr(self.fold_scale) else sc
         if mat == 0:
