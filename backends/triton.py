@@ -252,13 +252,13 @@ class TritonBackend(Backend):
         fcfg = fused_config(p.k, p.v, dtype, family)  # the planner's (prefill.plan._with_fused)
         fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps, cfg=fcfg)
         if fused:
-            try:
-                walk = plan_walk(family, p.k, p.v, dtype, caps, p.n, p.hv, ckpt).reason
-            except ValueError as e:  # a malformed LINATTN_CUTEDSL_WALK (ConfigError): planning the call raises it
-                walk = f"planning raises {type(e).__name__}: {e}"
             from linattn.kernels.cutedsl.fused_prep import choose_prep
 
-            prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps, shared_keys=fcfg.prep_shared_keys)[1]
+            cute_prep, prep = choose_prep(family=family, K=p.k, dtype=dtype, caps=caps, shared_keys=fcfg.prep_shared_keys)
+            try:  # the walk as the planner picks it, knowing the prep (the one kernel holds the CuTe DSL prep)
+                walk = plan_walk(family, p.k, p.v, dtype, caps, p.n, p.hv, ckpt, cute_prep=cute_prep).reason
+            except ValueError as e:  # a malformed LINATTN_CUTEDSL_WALK (ConfigError): planning the call raises it
+                walk = f"planning raises {type(e).__name__}: {e}"
             return {"prefill": fwhy, "prep": prep, "walk": walk}
         cfg = prefill_config(family, p.k, p.v, dtype)
         even = stage_options(family, p.hv // max(p.h, 1), cfg).every_second_state

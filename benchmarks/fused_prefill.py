@@ -1,5 +1,7 @@
-"""The one-kernel GDN prefill (kernels/cutedsl/fused_prefill.py, ``LINATTN_CUTEDSL_WALK=fused``) against the
-two kernels it fuses (the CuTe DSL prep, then the ``wgmma`` walk: the planner's default) (issue 27).
+"""The one-kernel GDN prefill against the two kernels it fuses, on an SM90 GPU (issue 27).
+
+kernels/cutedsl/fused_prefill.py (``LINATTN_CUTEDSL_WALK=fused``) against the CuTe DSL prep, then the
+``wgmma`` walk (the planner's default).
 
 Per shape (benchmarks/fused_walk.py's inputs: bf16 q/k/v, l2norm, fp32 "vk" pool, "mild" gates) the call
 is planned once per switch and its tables made once; both run once on the same inputs and are compared
@@ -87,14 +89,30 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     return row
 
 
+def _builds(spec: str) -> str:
+    """``--regs``' value checked: ``prep/walk[:mma]`` items, multiples of 8 with ``prep + 2 walk <= 504``."""
+    for item in spec.split(","):
+        regs, _, mma = item.partition(":")
+        try:
+            prep, walk = (int(x) for x in regs.split("/"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:mma], e.g. 152/176:sync") from None
+        if prep % 8 or walk % 8 or prep + 2 * walk > 504 or mma not in ("", "sync", "wgmma"):
+            raise argparse.ArgumentTypeError(f"{item!r}: multiples of 8, prep + 2 walk <= 504, mma sync or wgmma")
+    return spec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=SHAPES)
-    ap.add_argument("--regs", default=REGS_VARIANTS,
-                    help="builds 'prep/walk[:mma],...': setmaxnreg split, the prep's products ('wgmma' or 'sync')")
-    ap.add_argument("--l2norm", default="on", help="'on', 'off' (q, k normalised beforehand) or 'both'")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=SHAPES, help=f"NxL@H/HV,... (default {SHAPES})")
+    ap.add_argument("--regs", default=REGS_VARIANTS, type=_builds,
+                    help="builds 'prep/walk[:mma],...': setmaxnreg split, the prep's products ('sync' or 'wgmma')")
+    ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
+                    help="the norms in the kernel, not (q, k normalised beforehand), or both")
+    ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/fused_prefill_<device>.json)")
     a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU of compute capability 9.x (SM90) with nvidia-cutlass-dsl")
     out = a.out or results_path("fused_prefill")
     regs = a.regs.split(",")
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]

@@ -201,7 +201,8 @@ class WalkChoice(NamedTuple):
 
 
 def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int, HV: int,
-                checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None, switch: str = "") -> WalkChoice:
+                checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None, switch: str = "",
+                cute_prep: bool = True) -> WalkChoice:
     """The walk of a fused prefill call, from host-known facts: the ``wgmma`` build where the call is
     in its scope (:func:`walk_refusal` on ``caps``: GDN, bf16, K = V = 128, chunk 64, no
     checkpoints, SM90 with CuTe DSL importable), else the Triton walk; ``switch``
@@ -218,6 +219,8 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
         N, HV: sequences and value heads (the grid). checkpoints: state checkpoints asked for.
         buf_dtype: the prep buffers' dtype (None: not checked; the interpreter's are fp32).
         switch: :func:`switch_value` (``""``: the planner's choice).
+        cute_prep: the plan runs the CuTe DSL prep (``fused_prep.choose_prep``); ``"fused"`` (the one kernel,
+            which holds that prep) becomes the ``wgmma`` walk where it does not (``LINATTN_CUTEDSL_PREP=0``).
     Example:
         >>> from linattn.capabilities import profile
         >>> choose_walk(family="gdn", K=128, V=128, dtype=torch.float32, caps=profile("sm90"), N=16, HV=32).walk
@@ -230,8 +233,12 @@ def choose_walk(*, family: str, K: int, V: int, dtype: torch.dtype, caps, N: int
         asked = f"{ENV_SWITCH} asks for the CuTe DSL walk, but " if switch else ""
         return WalkChoice("triton", 0, f"the Triton walk ({asked}{why})")
     if switch == "fused":  # block_v: the wgmma walk's, where the call's tensors send it to the two kernels
-        return WalkChoice("fused", walk_block_v("wgmma", N, HV, V, caps.sm_count),
-                          f"the CuTe DSL one-kernel prefill: prep and wgmma walk in one kernel, no per-chunk "
+        bv = walk_block_v("wgmma", N, HV, V, caps.sm_count)
+        if not cute_prep:
+            return WalkChoice("wgmma", bv, f"the CuTe DSL walk on warpgroup MMAs (wgmma), BV {bv}: {ENV_SWITCH}=fused "
+                              "asks for the one-kernel prefill, which holds the CuTe DSL prep, but LINATTN_CUTEDSL_PREP "
+                              "keeps the Triton prep, so the two kernels run")
+        return WalkChoice("fused", bv, f"the CuTe DSL one-kernel prefill: prep and wgmma walk in one kernel, no per-chunk "
                           f"buffers in HBM ({ENV_SWITCH} forces it; kernels/cutedsl/fused_prefill.py)")
     mma = switch or "wgmma"
     bv = walk_block_v(mma, N, HV, V, caps.sm_count)

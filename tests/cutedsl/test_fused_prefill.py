@@ -189,4 +189,13 @@ def test_the_triton_prep_switch_turns_a_fused_walk_into_the_wgmma_walk(monkeypat
     monkeypatch.setenv("LINATTN_CUTEDSL_PREP", "0")
     plan = _planned(monkeypatch)
     assert not plan.fused_prep and plan.fused_walk.walk == "wgmma"
-    assert "keeps the Triton prep" in plan.fused_walk.reason, plan.fused_walk.reason
+    assert "keeps the Triton prep, so the two kernels run" in plan.fused_walk.reason, plan.fused_walk.reason
+    import linattn
+
+    d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
+    (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
+    assert plan.fused_walk.reason in note and "one-kernel prefill: prep and wgmma walk" not in note, note
+    monkeypatch.delenv("LINATTN_CUTEDSL_PREP")
+    d = linattn.explain("gdn_prefill", device="sm90", n=16, t=65536, h=16, hv=32, k=128, v=128, dtype="bfloat16")
+    (note,) = [v.message for v in d.verdicts if v.backend == "triton-split"]
+    assert "one-kernel prefill: prep and wgmma walk in one kernel" in note, note

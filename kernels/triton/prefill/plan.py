@@ -477,15 +477,17 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
 
 
 def plan_walk(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities, N: int, HV: int,
-              checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None) -> "WalkChoice":
+              checkpoints: bool = False, buf_dtype: Optional[torch.dtype] = None, cute_prep: bool = True) -> "WalkChoice":
     """The walk of a fused prefill (:func:`linattn.kernels.cutedsl.fused_walk.choose_walk`, with the
     ``LINATTN_CUTEDSL_WALK`` switch read now): the ``wgmma`` CuTe DSL build for GDN on SM90 where CuTe
     DSL imports and the call is in its scope (``buf_dtype``: the prep buffers', bf16 only; fp32 in the
-    interpreter), else the Triton walk. Raises ``ConfigError`` (a ValueError) for a switch value not allowed."""
+    interpreter), else the Triton walk; ``cute_prep``: whether the plan runs the CuTe DSL prep (the one-kernel
+    prefill holds it). Raises ``ConfigError`` (a ValueError) for a switch value not allowed."""
     from linattn.kernels.cutedsl import fused_walk
 
     return fused_walk.choose_walk(family=family, K=K, V=V, dtype=dtype, caps=caps, N=N, HV=HV,
-                                  checkpoints=checkpoints, buf_dtype=buf_dtype, switch=fused_walk.switch_value())
+                                  checkpoints=checkpoints, buf_dtype=buf_dtype, switch=fused_walk.switch_value(),
+                                  cute_prep=cute_prep)
 
 
 def _plan_prep(plan: PrefillPlan, caps: DeviceCapabilities, cfg: FusedConfig) -> bool:
@@ -524,11 +526,8 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
         BufferSpec("rk", (T, HV), f32), BufferSpec("fused_qs", (T, HV) if plan.kda else (T, HV, 2), f32),
         BufferSpec("fused_tmb", (T, HV, CHUNK), plan.buf_dtype), BufferSpec("fused_aqk", (T, HV, CHUNK), plan.buf_dtype),
         BufferSpec("intra_scratch", (progs, 2, CHUNK, CHUNK), f32))
-    walk, prep = plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV, plan.checkpoints,
-                           plan.buf_dtype), _plan_prep(plan, caps, cfg)
-    if walk.walk == "fused" and not prep:  # the one kernel holds the CuTe DSL prep; the switch keeps Triton's
-        walk = walk._replace(walk="wgmma", reason=f"{walk.reason.split(' (')[0]} asked, but LINATTN_CUTEDSL_PREP "
-                             "keeps the Triton prep: the CuTe DSL walk on warpgroup MMAs (wgmma) after it")
+    prep = _plan_prep(plan, caps, cfg)
+    walk = plan_walk(plan.family, plan.K, plan.V, plan.dtype, caps, plan.N, HV, plan.checkpoints, plan.buf_dtype, prep)
     return dataclasses.replace(plan, fused=cfg, fused_reason=why, buffers=specs, segment_chunks=0, n_segments=0,
                                fused_walk=walk, fused_prep=prep,
                                segment_grids=None, segment_reason="the fused prefill runs (no state stage)",
