@@ -398,47 +398,8 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
             cute.arch.sync_warp()
-            # P1 = bf16(c S^T) k^T, P2 = bf16(c S^T) q^T
-            rS = cute.make_fragment_like(acc_S, BFloat16)
-            rS.store((acc_S.load() * cs).to(BFloat16))
-            tSA = self.wg_acc_as_a(rS)
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_X, tSA, tKb[None, None, None, ks], True)
-            self.wg_gemm(mma_c, acc_O, tSA, tQb[None, None, None, ks], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            # X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
-            rV = cute.make_fragment_like(acc_X, BFloat16)
-            cute.copy(s2r_v, tVtS[None, None, None, ks], thr_s2r_v.retile(rV))
-            for i in cutlass.range_constexpr(cute.size(acc_X)):
-                acc_X[i] = Float32(rV[i]) - acc_X[i] * sFacW[tPcP[i][1], 0]
-            rX = cute.make_fragment_like(acc_X, BFloat16)
-            rX.store(acc_X.load().to(BFloat16))
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_N, self.wg_acc_as_a(rX), tTb[None, None, None, stage], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            # O^T = P2 diag(fo) + bf16(Vn^T) Aqk^T; S^T = dec S^T + bf16(Vn^T diag(fs)) k
-            for i in cutlass.range_constexpr(cute.size(acc_O)):
-                acc_O[i] = acc_O[i] * sFacW[tPcP[i][1], 1]
-            rN = cute.make_fragment_like(acc_N, BFloat16)
-            rN.store(acc_N.load().to(BFloat16))
-            for i in cutlass.range_constexpr(cute.size(acc_N)):
-                acc_N[i] = acc_N[i] * sFacW[tPcP[i][1], 2]
-            rU = cute.make_fragment_like(acc_N, BFloat16)
-            rU.store(acc_N.load().to(BFloat16))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = acc_S[i] * dec
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_O, self.wg_acc_as_a(rN), tAb[None, None, None, stage], False)
-            warpgroup.commit_group()
-            self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, ks], False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-            rO = cute.make_fragment_like(acc_O, BFloat16)
-            rO.store((acc_O.load() * keep).to(BFloat16))
-            cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, ks])
-            warpgroup.wait_group(0)
+            self.chunk_products(ks, stage, mma_c, mma_k, acc_S, acc_X, acc_O, acc_N, tPcP, sFacW, dec, cs, keep,
+                                tKb, tQb, tTb, tAb, tUb, s2r_v, thr_s2r_v, tVtS, r2s_o, thr_r2s_o, tOtD)
             cute.arch.barrier(barrier_id=BAR_WALK, number_of_threads=WALK_THREADS)
             # the chunk's output rows: sV (now O^T as [row, value]) -> o[row, hv, :]
             row0 = bos + Int64(t * C)

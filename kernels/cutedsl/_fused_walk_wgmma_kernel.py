@@ -214,50 +214,8 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
             cute.arch.sync_warp()
 
-            # (b) P1 = bf16(c S^T) k^T, P2 = bf16(c S^T) q^T  (F44: c = 1 unless a query row reaches 2**32)
-            rS = cute.make_fragment_like(acc_S, BFloat16)
-            rS.store((acc_S.load() * cs).to(BFloat16))
-            tSA = self.wg_acc_as_a(rS)
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_X, tSA, tKb[None, None, None, stage], True)
-            self.wg_gemm(mma_c, acc_O, tSA, tQb[None, None, None, stage], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-
-            # (c) X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
-            rV = cute.make_fragment_like(acc_X, BFloat16)  # v^T (value channel, row), X's layout
-            cute.copy(s2r_v, tVtS[None, None, None, stage], thr_s2r_v.retile(rV))
-            for i in cutlass.range_constexpr(cute.size(acc_X)):
-                acc_X[i] = Float32(rV[i]) - acc_X[i] * sFacW[tPcP[i][1], 0]
-            rX = cute.make_fragment_like(acc_X, BFloat16)
-            rX.store(acc_X.load().to(BFloat16))
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_N, self.wg_acc_as_a(rX), tTb[None, None, None, stage], True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-
-            # (d) O^T = P2 diag(fo) + bf16(Vn^T) Aqk^T; (e) S^T = dec S^T + bf16(Vn^T diag(fs)) k
-            for i in cutlass.range_constexpr(cute.size(acc_O)):
-                acc_O[i] = acc_O[i] * sFacW[tPcP[i][1], 1]
-            rN = cute.make_fragment_like(acc_N, BFloat16)
-            rN.store(acc_N.load().to(BFloat16))
-            for i in cutlass.range_constexpr(cute.size(acc_N)):
-                acc_N[i] = acc_N[i] * sFacW[tPcP[i][1], 2]
-            rU = cute.make_fragment_like(acc_N, BFloat16)
-            rU.store(acc_N.load().to(BFloat16))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[i] = acc_S[i] * dec
-            warpgroup.fence()
-            self.wg_gemm(mma_c, acc_O, self.wg_acc_as_a(rN), tAb[None, None, None, stage], False)
-            warpgroup.commit_group()
-            self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, stage], False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)  # O^T done; the update still running
-            # O^T into this stage's value tile (each warp overwrites only the elements it read in (c))
-            rO = cute.make_fragment_like(acc_O, BFloat16)
-            rO.store((acc_O.load() * keep).to(BFloat16))
-            cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, stage])
-            warpgroup.wait_group(0)
+            self.chunk_products(stage, stage, mma_c, mma_k, acc_S, acc_X, acc_O, acc_N, tPcP, sFacW, dec, cs, keep,
+                                tKb, tQb, tTb, tAb, tUb, s2r_v, thr_s2r_v, tVtS, r2s_o, thr_r2s_o, tOtD)
             cute.arch.sync_threads()
 
             # (f) the output rows of this chunk: sV (now O^T as [row, value]) -> o[row, hv, v0:v0+BV]
@@ -281,6 +239,58 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
                                   cute.make_layout((BV, K), stride=(st_v, st_k)))
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 ht[tScS[i]] = acc_S[i].to(ht.element_type)
+
+    @cute.jit
+    def chunk_products(self, ks, stage, mma_c, mma_k, acc_S, acc_X, acc_O, acc_N, tPcP, sFacW, dec, cs, keep, tKb, tQb,
+                       tTb, tAb, tUb, s2r_v, thr_s2r_v, tVtS, r2s_o, thr_r2s_o, tOtD):
+        """One chunk's products on the warpgroups (module docstring, (b) to (e)): ``acc_S`` advanced in place,
+        ``O^T`` (times ``keep``) into the value tile; every group waited for on return. The k, q, v tiles
+        (``tKb, tQb, tUb``, ``tVtS`` / ``tOtD``) are read from stage ``ks``, ``Tb`` and ``Aqk`` from ``stage``
+        (this kernel: the same; :mod:`._fused_prefill_kernel` keeps more k, q, v stages)."""
+        # (b) P1 = bf16(c S^T) k^T, P2 = bf16(c S^T) q^T  (F44: c = 1 unless a query row reaches 2**32)
+        rS = cute.make_fragment_like(acc_S, BFloat16)
+        rS.store((acc_S.load() * cs).to(BFloat16))
+        tSA = self.wg_acc_as_a(rS)
+        warpgroup.fence()
+        self.wg_gemm(mma_c, acc_X, tSA, tKb[None, None, None, ks], True)
+        self.wg_gemm(mma_c, acc_O, tSA, tQb[None, None, None, ks], True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+        # (c) X = v^T - P1 diag(fx); Vn^T = bf16(X) Tb^T
+        rV = cute.make_fragment_like(acc_X, BFloat16)  # v^T (value channel, row), X's layout
+        cute.copy(s2r_v, tVtS[None, None, None, ks], thr_s2r_v.retile(rV))
+        for i in cutlass.range_constexpr(cute.size(acc_X)):
+            acc_X[i] = Float32(rV[i]) - acc_X[i] * sFacW[tPcP[i][1], 0]
+        rX = cute.make_fragment_like(acc_X, BFloat16)
+        rX.store(acc_X.load().to(BFloat16))
+        warpgroup.fence()
+        self.wg_gemm(mma_c, acc_N, self.wg_acc_as_a(rX), tTb[None, None, None, stage], True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+        # (d) O^T = P2 diag(fo) + bf16(Vn^T) Aqk^T; (e) S^T = dec S^T + bf16(Vn^T diag(fs)) k
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            acc_O[i] = acc_O[i] * sFacW[tPcP[i][1], 1]
+        rN = cute.make_fragment_like(acc_N, BFloat16)
+        rN.store(acc_N.load().to(BFloat16))
+        for i in cutlass.range_constexpr(cute.size(acc_N)):
+            acc_N[i] = acc_N[i] * sFacW[tPcP[i][1], 2]
+        rU = cute.make_fragment_like(acc_N, BFloat16)
+        rU.store(acc_N.load().to(BFloat16))
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            acc_S[i] = acc_S[i] * dec
+        warpgroup.fence()
+        self.wg_gemm(mma_c, acc_O, self.wg_acc_as_a(rN), tAb[None, None, None, stage], False)
+        warpgroup.commit_group()
+        self.wg_gemm(mma_k, acc_S, self.wg_acc_as_a(rU), tUb[None, None, None, ks], False)
+        warpgroup.commit_group()
+        warpgroup.wait_group(1)  # O^T done; the update still running
+        # O^T into this stage's value tile (each warp overwrites only the elements it read in (c))
+        rO = cute.make_fragment_like(acc_O, BFloat16)
+        rO.store((acc_O.load() * keep).to(BFloat16))
+        cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, ks])
+        warpgroup.wait_group(0)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
