@@ -436,7 +436,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         extra = {}
         if initial_state is not None:
-            pool = initial_state.to(sdtype).clone(memory_format=torch.contiguous_format)
+            pool = initial_state.to(sdtype, memory_format=torch.contiguous_format, copy=True)  # one copy, FLA's own kept
         elif _DECODE_HAS_INIT[family] and T > 0:  # fresh sequences: no zeroing pass; every slot is written
             pool = q.new_empty(shape, dtype=sdtype)
             extra["has_initial_state"] = torch.zeros(N, dtype=torch.bool, device=q.device)
