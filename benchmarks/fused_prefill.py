@@ -90,15 +90,19 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
 
 
 def _builds(spec: str) -> str:
-    """``--regs``' value checked: ``prep/walk[:mma]`` items, multiples of 8 with ``prep + 2 walk <= 504``."""
+    """``--regs``' value checked: ``prep/walk[:mma]`` items, each a register split the kernel takes
+    (``fused_prefill.regs_refusal``) and the prep's products ``sync`` or ``wgmma``."""
+    from linattn.kernels.cutedsl.fused_prefill import regs_refusal
+
     for item in spec.split(","):
         regs, _, mma = item.partition(":")
         try:
-            prep, walk = (int(x) for x in regs.split("/"))
+            split = tuple(int(x) for x in regs.split("/"))
         except ValueError:
             raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:mma], e.g. 152/176:sync") from None
-        if prep % 8 or walk % 8 or prep + 2 * walk > 504 or mma not in ("", "sync", "wgmma"):
-            raise argparse.ArgumentTypeError(f"{item!r}: multiples of 8, prep + 2 walk <= 504, mma sync or wgmma")
+        why = regs_refusal(split) or ("" if mma in ("", "sync", "wgmma") else f"mma {mma!r}: sync or wgmma")
+        if why:
+            raise argparse.ArgumentTypeError(f"{item!r}: {why}")
     return spec
 
 

@@ -27,7 +27,7 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step, walk_refusal
+from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step, state_args, walk_refusal
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -210,36 +210,37 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         arch: the target (default: the device's). regs: :attr:`PrefillKey.regs` (default :data:`REGS`).
     Raises:
         ValueError: anything :func:`tensor_refusal` refuses (a buffer of the wrong shape, dtype, layout
-            or device), or ``regs`` not a register split; nothing has launched then.
+            or device), or ``regs`` not a register split (:func:`regs_refusal`); nothing has launched then.
         ImportError: nvidia-cutlass-dsl is not installed.
     """
+    regs = REGS if regs is None else tuple(regs)
     why = tensor_refusal(q=q, k=k, v=v, g=g, beta=beta, o=o, cu_seqlens=cu_seqlens, state_indices=state_indices,
-                         has_initial_state=has_initial_state, h0=h0, ht=ht, s0=s0, st=st)
+                         has_initial_state=has_initial_state, h0=h0, ht=ht, s0=s0, st=st) or regs_refusal(regs)
     if why:
         raise ValueError(why)
-    regs = REGS if regs is None else tuple(regs)
-    if len(regs) != 2 or any(r % 8 or r < 24 for r in regs) or regs[0] + 2 * regs[1] > 504:
-        raise ValueError(f"cutedsl one-kernel prefill: regs {regs}: (prep, walk) multiples of 8 with prep + 2 walk <= 504")
-    T_, H, K = q.shape
-    HV = v.shape[1]
+    H, HV = q.shape[1], v.shape[1]
     N = cu_seqlens.numel() - 1
-    pool = state_indices is not None
     if N == 0:
         return
-    if has_initial_state is not None and not has_initial_state.is_contiguous():
-        has_initial_state = has_initial_state.contiguous()
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
-    key = PrefillKey(pool, h0 is not None, _dt(ht.dtype), _dt(h0.dtype if h0 is not None else ht.dtype),
-                     _dt(state_indices.dtype) if pool else _dt(cu_seqlens.dtype), _dt(cu_seqlens.dtype),
-                     _dt(beta.dtype), bool(use_qk_l2norm), arch, has_initial_state is not None, tuple(regs), PREP_MMA)
-    sidx = state_indices if pool else cu_seqlens
-    mask = has_initial_state if has_initial_state is not None else sidx
+    fields, states = state_args(cu_seqlens, state_indices, has_initial_state, h0, ht)
+    key = PrefillKey(**fields, beta_dtype=_dt(beta.dtype), l2norm=bool(use_qk_l2norm), arch=arch, regs=regs,
+                     prep_mma=PREP_MMA)
     from linattn.kernels.triton.launch import launch_step
 
     launch_step(cached_step(FusedPrefillStep, compile_fused_prefill, key, q.device, s0, st, N, HV, H, scale),
-                (q, k, v, g, beta, o, cu_seqlens, sidx, mask, h0 if h0 is not None else ht, ht))
+                (q, k, v, g, beta, o) + states)
+
+
+def regs_refusal(regs: tuple) -> str:
+    """Why ``regs`` is not a register split of the one kernel ('' where it is): ``(prep, walk)`` registers a
+    thread, multiples of 8 (``setmaxnreg``), at least 24, with ``prep + 2 walk <= 504`` (384 threads share
+    64,512 registers)."""
+    if len(regs) != 2 or any(r % 8 or r < 24 for r in regs) or regs[0] + 2 * regs[1] > 504:
+        return f"cutedsl one-kernel prefill: regs {tuple(regs)}: (prep, walk) multiples of 8 with prep + 2 walk <= 504"
+    return ""
 
 
 def run_for_plan(plan, x, b, st, scale: float) -> bool:
@@ -247,22 +248,24 @@ def run_for_plan(plan, x, b, st, scale: float) -> bool:
     place of the prep and the walk (:func:`linattn.kernels.triton.chunk_fused.launch_fused_stages`).
 
     Returns:
-        True where it ran (or was recorded); False where :func:`fused_refusal` or :func:`tensor_refusal`
-        refuses the call's device or tensors, or the plan keeps the Triton prep (``LINATTN_CUTEDSL_PREP=0``:
-        the one kernel holds the CuTe DSL prep): the caller runs the prep and the walk.
+        True where it ran (or was recorded); False where :func:`fused_refusal` refuses the call's device or
+        :func:`cutedsl_fused_prefill` its tensors (:func:`tensor_refusal`, a ValueError raised before anything
+        is compiled or launched): the caller runs the prep and the walk. (A plan whose prep is the Triton
+        one never asks for this kernel: ``fused_walk.choose_walk``'s ``cute_prep``.)
     """
     from linattn.kernels.triton.chunk_state import state_strides
 
-    why = fused_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, g_dtype=x.g.dtype,
-                        beta_dtype=x.beta.dtype, device=x.q.device,
-                        checkpoints=getattr(st, "checkpoints", None) is not None)
-    if why or not plan.fused_prep:  # the one kernel holds the CuTe DSL prep: LINATTN_CUTEDSL_PREP=0 keeps Triton's
+    if fused_refusal(family=plan.family, K=plan.K, V=plan.V, dtype=plan.dtype, device=x.q.device,
+                     checkpoints=getattr(st, "checkpoints", None) is not None):
         return False
     s0 = state_strides(st.h0 if st.h0 is not None else st.ht, plan.state_layout)
-    args = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, o=b.o, cu_seqlens=x.cu_seqlens, state_indices=st.state_indices,
-                has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0, ht=st.ht,
-                s0=s0 if st.h0 is not None else (0, 0, 0, 0), st=state_strides(st.ht, plan.state_layout))
-    if tensor_refusal(**args):
+    try:  # the wrapper checks the tensors once (tensor_refusal) and raises before any work where it refuses
+        cutedsl_fused_prefill(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, o=b.o, cu_seqlens=x.cu_seqlens,
+                              state_indices=st.state_indices,
+                              has_initial_state=st.has_initial_state if plan.has_init_flags else None, h0=st.h0,
+                              ht=st.ht, s0=s0 if st.h0 is not None else (0, 0, 0, 0),
+                              st=state_strides(st.ht, plan.state_layout), scale=scale,
+                              use_qk_l2norm=plan.use_qk_l2norm)
+    except ValueError:
         return False
-    cutedsl_fused_prefill(**args, scale=scale, use_qk_l2norm=plan.use_qk_l2norm)
     return True

@@ -368,20 +368,34 @@ def cutedsl_fused_walk(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
         raise ValueError("cutedsl fused walk: a token stride of q, k or v exceeds 32 bits")
     if N == 0:
         return
-    if has_initial_state is not None and not has_initial_state.is_contiguous():
-        has_initial_state = has_initial_state.contiguous()
     if arch is None:
         from . import device_arch
         arch = device_arch(q.device)
-    key = WalkKey(K, V, bv, pool, h0 is not None, _dt(ht.dtype), _dt(h0.dtype if h0 is not None else ht.dtype),
-                  _dt(state_indices.dtype) if pool else _dt(cu_seqlens.dtype), _dt(cu_seqlens.dtype), arch,
-                  has_initial_state is not None, mma=mma)
-    sidx = state_indices if pool else cu_seqlens
-    mask = has_initial_state if has_initial_state is not None else sidx
+    fields, states = state_args(cu_seqlens, state_indices, has_initial_state, h0, ht)
+    key = WalkKey(K, V, bv, **fields, arch=arch, mma=mma)
     from linattn.kernels.triton.launch import launch_step
 
     launch_step(cached_step(WalkStep, compile_walk, key, q.device, s0, st, N, HV, H),
-                (q, k, v, g, tmb, aqk, rk, qs, o, cu_seqlens, sidx, mask, h0 if h0 is not None else ht, ht))
+                (q, k, v, g, tmb, aqk, rk, qs, o) + states)
+
+
+def state_args(cu_seqlens: torch.Tensor, state_indices: Optional[torch.Tensor],
+               has_initial_state: Optional[torch.Tensor], h0: Optional[torch.Tensor], ht: torch.Tensor) -> tuple:
+    """What a CuTe DSL launch that reads and writes states takes from them (the walk's, and the one-kernel
+    prefill's :mod:`.fused_prefill`): ``(fields, tensors)``, the key fields (``pool, has_h0, state_dtype,
+    h0_dtype, index_dtype, cu_dtype, has_init``, as :class:`WalkKey` names them) and the pointer arguments
+    ``(cu_seqlens, state_indices, has_initial_state, h0, ht)``. Dense mode passes ``cu_seqlens`` for the
+    indices and the mask and ``ht`` for a missing ``h0`` (none of them read); a non-contiguous
+    ``has_initial_state`` is copied (it is read as bytes)."""
+    pool = state_indices is not None
+    if has_initial_state is not None and not has_initial_state.is_contiguous():
+        has_initial_state = has_initial_state.contiguous()
+    sidx = state_indices if pool else cu_seqlens
+    fields = dict(pool=pool, has_h0=h0 is not None, state_dtype=_dt(ht.dtype),
+                  h0_dtype=_dt((h0 if h0 is not None else ht).dtype), index_dtype=_dt(sidx.dtype),
+                  cu_dtype=_dt(cu_seqlens.dtype), has_init=has_initial_state is not None)
+    return fields, (cu_seqlens, sidx, has_initial_state if has_initial_state is not None else sidx,
+                    h0 if h0 is not None else ht, ht)
 
 
 def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) -> None:
