@@ -360,7 +360,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                   sK, sQ, sT, sA, sV, sRow, sFac):
         """The walk warpgroups (thread ``wtid`` of 256): :class:`FusedWalkWgmmaKernel`'s chunk loop on
         the stages the prep fills (its loads replaced by the stage's "full" barrier)."""
-        K, V, BV = self.K, self.V, self.BV
+        K, BV = self.K, self.BV
         lane = wtid % 32
         sFacW = cute.make_tensor(sFac.iterator + (wtid // 32) * (3 * C), cute.make_layout((C, 3), stride=(1, C)))
         sKt = cute.make_tensor(sK.iterator, cute.select(sK.layout, mode=[1, 0, 2]))
@@ -402,16 +402,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                                 tKb, tQb, tTb, tAb, tUb, s2r_v, thr_s2r_v, tVtS, r2s_o, thr_r2s_o, tOtD)
             cute.arch.barrier(barrier_id=BAR_WALK, number_of_threads=WALK_THREADS)
             # the chunk's output rows: sV (now O^T as [row, value]) -> o[row, hv, :]
-            row0 = bos + Int64(t * C)
-            gO = cute.make_tensor((o_ptr + (row0 * Int64(HV * V) + hv64 * Int64(V))).align(16),
-                                  cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
-            tOg = thr_o.partition_D(gO)
-            tOr = cute.make_fragment_like(tOs[None, None, None, 0])
-            cute.autovec_copy(tOs[None, None, None, ks], tOr)
-            nrow = Int32(eos - row0)
-            for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
-                if tOc[0, m, 0][0] < nrow:
-                    cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
+            self.output_rows(o_ptr, bos + Int64(t * C), eos, HV, hv64, None, thr_o, tOs, tOc, store_o, ks)
             if t + 2 < nc:  # the prep may refill the stages of chunk t with chunk t + 2 (k, q, v: t + 3)
                 cute.arch.barrier_arrive(barrier_id=BAR_EMPTY + stage, number_of_threads=THREADS)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
 from ._fused_walk_kernel import C, FusedWalkKernel
@@ -219,16 +219,7 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
             cute.arch.sync_threads()
 
             # (f) the output rows of this chunk: sV (now O^T as [row, value]) -> o[row, hv, v0:v0+BV]
-            row0 = bos + Int64(t * C)
-            gO = cute.make_tensor((o_ptr + (row0 * Int64(HV * V) + hv64 * Int64(V) + Int64(v0))).align(16),
-                                  cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
-            tOg = thr_o.partition_D(gO)
-            tOr = cute.make_fragment_like(tOs[None, None, None, 0])
-            cute.autovec_copy(tOs[None, None, None, stage], tOr)
-            nrow = Int32(eos - row0)
-            for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
-                if tOc[0, m, 0][0] < nrow:
-                    cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
+            self.output_rows(o_ptr, bos + Int64(t * C), eos, HV, hv64, v0, thr_o, tOs, tOc, store_o, stage)
             cute.arch.sync_threads()  # the next iteration's loads overwrite this stage
 
         cute.arch.cp_async_wait_group(0)
@@ -291,6 +282,25 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
         rO.store((acc_O.load() * keep).to(BFloat16))
         cute.copy(r2s_o, thr_r2s_o.retile(rO), tOtD[None, None, None, ks])
         warpgroup.wait_group(0)
+
+    @cute.jit
+    def output_rows(self, o_ptr, row0, eos, HV, hv64, v0, thr_o, tOs, tOc, store_o, ks):
+        """The chunk's output rows from stage ``ks`` of the value tile (``O^T`` as ``[row, value]``) to
+        ``o[row0 + r, hv, v0 : v0 + BV]`` by 16-byte stores, the rows inside the sequence (``eos``) only;
+        ``v0`` None: the head's first column (a CTA per whole value head)."""
+        V, BV = self.V, self.BV
+        head = row0 * Int64(HV * V) + hv64 * Int64(V)
+        if const_expr(v0 is not None):
+            head = head + Int64(v0)
+        gO = cute.make_tensor((o_ptr + head).align(16),
+                              cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
+        tOg = thr_o.partition_D(gO)
+        tOr = cute.make_fragment_like(tOs[None, None, None, 0])
+        cute.autovec_copy(tOs[None, None, None, ks], tOr)
+        nrow = Int32(eos - row0)
+        for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
+            if tOc[0, m, 0][0] < nrow:
+                cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
