@@ -74,7 +74,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         assert prep_mma in ("wgmma", "sync")
         self.regs = regs
         self.prep_mma = prep_mma
-        self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="blocks",
+        self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="one_head",
                                     barrier=(BAR_PREP, PREP_THREADS), fold_scale=True, stream_norm=True)
 
     # ------------------------------------------------------------------------------------------
@@ -195,10 +195,18 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         tKc = thr_k.partition_S(cute.make_identity_tensor((C, K)))
         tVsV = thr_v.partition_D(sV)
         tVc = thr_v.partition_S(cute.make_identity_tensor((C, BV)))
+        # Tm diag(beta)'s blocks above the diagonal: zero for good (the solve writes the others every chunk)
+        for i in cutlass.range_constexpr(C * C * PRODUCT_STAGES // PREP_THREADS):
+            e = ptid + i * PREP_THREADS
+            sT[e % C, (e // C) % C, e // (C * C)] = BFloat16(0.0)
         if nc > 0:
             self.load_kqv(0, 0, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
                           thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc)
         cute.arch.cp_async_commit_group()
+        # warp 0 holds the next chunk's raw g and beta (loaded a chunk ahead, as k, q, v)
+        gb = self.prep.load_gates(g_ptr, beta_ptr, bos, hv64, sgt, sgh, sbt, sbh,
+                                  Int32(cutlass.select_(eos - bos < Int64(C), eos - bos, Int64(C))), lane)
+        g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
         for t in cutlass.range(nc, unroll=1):
             ks = t % KQV_STAGES
             s = t % PRODUCT_STAGES
@@ -212,17 +220,16 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             left = eos - row0
             L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
             self.prep.sync()  # the previous chunk's reads of sVec, sAt and sZ are done
-            # the gates' prefix sums and beta (warp 0), the raw g row for the walk (warp 1)
+            # the gates' prefix sums and beta, the raw g row for the walk (warp 0); chunk t + 1's loaded
             if wid == 0:
-                self.prep.warp_gates(g_ptr, beta_ptr, row0, hv64, sgt, sgh, sbt, sbh, L, lane, 0, sVec, g_min)
-            if wid == 1:
-                for h in cutlass.range_constexpr(2):
-                    rr = lane + 32 * h
-                    gv = Float32(0.0)
-                    if rr < L:
-                        mg = cute.make_tensor(g_ptr + ((row0 + Int64(rr)) * sgt + hv64 * sgh), cute.make_layout(1))
-                        gv = Float32(mg[0])
-                    sRow[rr, 0, s] = gv
+                self.prep.scan_gates([g0, g1, b0, b1], lane, 0, sVec, g_min)
+                sRow[lane, 0, s] = g0
+                sRow[lane + 32, 0, s] = g1
+                nxt = row0 + Int64(C)
+                left1 = eos - nxt
+                L1 = Int32(cutlass.select_(left1 < Int64(C), left1, Int64(C)))
+                gb = self.prep.load_gates(g_ptr, beta_ptr, nxt, hv64, sgt, sgh, sbt, sbh, L1, lane)
+                g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
             cute.arch.cp_async_wait_group(1)  # chunk t's loads (chunk t + 1's may still fly)
             self.prep.sync()
             # the norms: thread r < 64 row r of k, else row r - 64 of q
@@ -245,7 +252,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             self.prep_tiles(ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec)
             self.prep.sync()
             # the solve (threads 0 .. 63: a column each; Tm diag(beta) by all 128) -> the stage
-            self.prep.solve_blocks(sAt, sZ.iterator, sT[None, None, s], sVec, 0, ptid % C, ptid < C, ptid // C)
+            self.prep.solve_one_head(sAt, sZ.iterator, sT[None, None, s], sVec, ptid)
             if ptid >= C:  # rk, qs, sq of row r for the walk's factors
                 sRow[r, 1, s] = sVec[r, 1]
                 sRow[r, 2, s] = sVec[r, 2]

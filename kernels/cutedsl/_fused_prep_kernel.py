@@ -67,8 +67,9 @@ class FusedPrepKernel:
         g_min: the floor of the log decays (``limits.G_MIN``).
         min_ctas: CTAs per SM the register allocation must allow (0: the compiler's choice; 3 caps a
             thread at 168 registers).
-        solve: how ``(I + A)^-1`` is computed: ``"blocks"`` (:meth:`solve_blocks`) or ``"column"``
-            (:meth:`solve_column`).
+        solve: how ``(I + A)^-1`` is computed: ``"blocks"`` (:meth:`solve_blocks`), ``"column"``
+            (:meth:`solve_column`) or ``"one_head"`` (:meth:`solve_one_head`: the one-kernel prefill's, one
+            value head on the four warps; not this kernel's).
         barrier: the barrier the prep's threads meet at: ``None`` the CTA's (this kernel), else
             ``(id, threads)``: a named barrier of one warpgroup (the one-kernel prefill's prep warpgroup,
             :mod:`._fused_prefill_kernel`).
@@ -81,7 +82,7 @@ class FusedPrepKernel:
     def __init__(self, K: int, l2norm: bool, beta_bf16: bool, g_min: float, min_ctas: int = 0,
                  solve: str = "blocks", barrier=None, fold_scale: bool = False, stream_norm: bool = False):
         assert K % 16 == 0 and K <= 128
-        assert solve in ("blocks", "column")
+        assert solve in ("blocks", "column", "one_head")
         self.solve = solve
         self.barrier = barrier
         self.fold_scale = fold_scale
@@ -391,9 +392,16 @@ class FusedPrepKernel:
         """One warp: ``G = cumsum(max(g, G_MIN))`` over the chunk's rows (0 past the sequence) and
         beta (0 past it) of value head ``hv`` into ``sVec[:, 4 + slot]`` and ``sVec[:, 6 + slot]``;
         lane ``l`` takes rows ``l`` and ``l + 32`` (a shuffle scan over each half)."""
+        gb = self.load_gates(g_ptr, beta_ptr, t0, hv, sgt, sgh, sbt, sbh, L, lane)
+        self.scan_gates(gb, lane, slot, sVec, g_min)
+
+    @cute.jit
+    def load_gates(self, g_ptr, beta_ptr, t0, hv, sgt, sgh, sbt, sbh, L, lane):
+        """Lane ``l``'s raw ``g`` and beta of the chunk's rows ``l`` and ``l + 32`` (0 past the sequence):
+        ``[g_l, g_l+32, beta_l, beta_l+32]`` as fp32 (:meth:`scan_gates` takes them)."""
         zero = Float32(0.0)
-        vals = []
-        bets = []
+        gs = []
+        bs = []
         for h in cutlass.range_constexpr(2):
             rr = lane + 32 * h
             gv = zero
@@ -404,9 +412,15 @@ class FusedPrepKernel:
                 mb = cute.make_tensor(beta_ptr + (row * sbt + hv * sbh), cute.make_layout(1))
                 gv = Float32(mg[0])
                 bv = Float32(mb[0])
-            vals.append(cute.arch.fmax(gv, g_min))
-            bets.append(bv)
-        plo, phi = vals[0], vals[1]
+            gs.append(gv)
+            bs.append(bv)
+        return [gs[0], gs[1], bs[0], bs[1]]
+
+    @cute.jit
+    def scan_gates(self, gb, lane, slot, sVec, g_min):
+        """:meth:`warp_gates`' scan of :meth:`load_gates`' values ``gb``."""
+        zero = Float32(0.0)
+        plo, phi = cute.arch.fmax(gb[0], g_min), cute.arch.fmax(gb[1], g_min)
         for s in cutlass.range_constexpr(5):
             off = 1 << s
             ulo = cute.arch.shuffle_sync_up(plo, off)
@@ -416,8 +430,8 @@ class FusedPrepKernel:
         phi = phi + cute.arch.shuffle_sync(plo, 31)
         sVec[lane, 4 + slot] = plo
         sVec[lane + 32, 4 + slot] = phi
-        sVec[lane, 6 + slot] = bets[0]
-        sVec[lane + 32, 6 + slot] = bets[1]
+        sVec[lane, 6 + slot] = gb[2]
+        sVec[lane + 32, 6 + slot] = gb[3]
 
     @cute.jit
     def solve_column(self, sAt, sStg, sVec, slot, col):
@@ -541,6 +555,54 @@ class FusedPrepKernel:
         self.sync()
 
     @cute.jit
+    def solve_one_head(self, sAt, zp, sDst, sVec, ptid):
+        """``Tm diag(beta)`` of one value head into ``sDst [C, C]`` (bf16) on the four warps (thread ``ptid``
+        of 128): S1 as :meth:`solve_blocks` (threads 0 .. 63), then S2, S3 as :meth:`doubling_four_warps`
+        (the same products, so the same bits), and no S4: each block of Tm goes to ``sDst`` as
+        ``bf16(Tm beta_col)`` where it is made (the diagonal blocks from S1's registers, the others from
+        the products' accumulators). ``sDst``'s blocks above the diagonal are never written: the caller
+        zeroes them once."""
+        PA, PZ = self.PA, self.PZ
+        sA = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(PA, 1)))
+        tiled = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (1, 1, 1))
+        w = ptid // 32
+        lane = ptid % 32
+        col = ptid % C
+        x = cute.make_rmem_tensor((16,), Float32)
+        o = (col // 16) * 16
+        if ptid < C:  # warps 0, 1: a block's 16 columns in one warp, so its reads and writes meet at the warp
+            self.solve_diag_block(sA, x, o, col % 16)
+            cute.arch.sync_warp()
+            # the block's column: strictly lower part -> sA (fp32); all 16 rows x beta -> sDst
+            for i in cutlass.range_constexpr(1, 16):
+                if col % 16 < i:
+                    sA[o + i, o + col % 16] = x[i]
+            b = sVec[col, 6]
+            for i in cutlass.range_constexpr(16):
+                sDst[o + i, col] = BFloat16(x[i] * b)
+        self.sync()
+        # S2: warps 2 p, 2 p + 1 double the pair at o = 32 p, columns 8 (w % 2) .. of Z and of the block
+        o2 = (w // 2) * 32
+        n2 = (w % 2) * 8
+        zw = zp + (w // 2) * (16 * PZ)
+        self.block_product(tiled, lane, sA.iterator + (o2 * PA + o2 + 16), (1, PA), False, 0,
+                           sA.iterator + (o2 * PA + o2 + n2), (1, PA), True, 16, 8, zw + n2, False, n2)
+        cute.arch.sync_warp()
+        self.block_product(tiled, lane, sA.iterator + ((o2 + 16) * PA + o2 + 16), (PA, 1), True, 0,
+                           zw + n2, (1, PZ), False, 16, 8, sA.iterator + ((o2 + 16) * PA + o2 + n2), True, 0,
+                           sDst, o2 + 16, o2 + n2, sVec)
+        self.sync()
+        # S3: warp w: rows 16 (w // 2) .., columns 16 (w % 2) .. of Z, then of Tm[32:64, 0:32]
+        rb = (w // 2) * 16
+        n3 = (w % 2) * 16
+        self.block_product(tiled, lane, sA.iterator + (32 + rb), (1, PA), False, 0,
+                           sA.iterator + n3, (1, PA), True, 32, 16, zp + (rb * PZ + n3), False, n3)
+        self.sync()
+        self.block_product(tiled, lane, sA.iterator + ((32 + rb) * PA + 32), (PA, 1), True, rb,
+                           zp + n3, (1, PZ), False, 32, 16, sA.iterator + ((32 + rb) * PA + n3), True, 0,
+                           sDst, 32 + rb, n3, sVec)
+
+    @cute.jit
     def solve_diag_block(self, sA, x, o, c):
         """Column ``c`` of ``(I + A[o:o+16, o:o+16])^-1`` into ``x`` (fp32 forward substitution;
         ``A``'s column ``j`` read as 16-byte pieces of row ``j`` of ``A^T``, whose zeros at and below
@@ -559,7 +621,7 @@ class FusedPrepKernel:
     @cute.jit
     def block_product(self, tiled, lane, pa, sa, tri_a: cutlass.Constexpr[bool], row_a, pb, sb,
                       tri_b: cutlass.Constexpr[bool], KD: cutlass.Constexpr[int], N: cutlass.Constexpr[int],
-                      pd, neg: cutlass.Constexpr[bool], col_b=0):
+                      pd, neg: cutlass.Constexpr[bool], col_b=0, out=None, out_row=0, out_col=0, sVec=None):
         """One warp: ``D[16, N] = (-)X[16, KD] Y[KD, N]`` from fp32 shared memory on mma.sync.
 
         ``X`` at ``pa`` with strides ``sa`` (row, column); ``Y`` given as its transpose at ``pb`` with
@@ -567,7 +629,8 @@ class FusedPrepKernel:
         block of Tm on its diagonal (row ``row_a + r`` / ``k`` against column ``c`` / ``n``): 1 on the
         diagonal, 0 above it, the stored value below; ``col_b``: ``Y``'s first column within its block (a
         product split by columns). ``D`` goes to ``pd`` (``neg``: a block of Tm, negated, row pitch ``PA``;
-        else Z, row pitch ``PZ``)."""
+        else Z, row pitch ``PZ``). ``out``: a block of Tm also goes to ``out[out_row + r, out_col + c]`` as
+        ``bf16(D beta_c)`` (beta from ``sVec``)."""
         thr = tiled.get_slice(lane)
         gX = cute.make_tensor(pa, cute.make_layout((16, KD), stride=sa))
         gY = cute.make_tensor(pb, cute.make_layout((N, KD), stride=sb))
@@ -600,4 +663,8 @@ class FusedPrepKernel:
         gD = cute.make_tensor(pd, cute.make_layout((16, N), stride=(pitch, 1)))
         for i in cutlass.range_constexpr(cute.size(acc)):
             crd = cD[i]
-            gD[crd] = -acc[i] if neg else acc[i]
+            d = -acc[i] if neg else acc[i]
+            gD[crd] = d
+            if const_expr(out is not None):
+                c = out_col + crd[1]
+                out[out_row + crd[0], c] = BFloat16(d * sVec[c, 6])

@@ -33,10 +33,11 @@ _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
 REGS = (152, 176)
-#: the prep warpgroup's tensor-core instructions for K K^T, Q K^T (:attr:`PrefillKey.prep_mma`): ``"sync"``, its
-#: four warps' mma.sync (the prep kernel's code); ``"wgmma"`` is bitwise the same and 3-5% slower on the H200
-#: (96 B of spill against 16: docs/performance.md, 'The one-kernel prefill')
-PREP_MMA = "sync"
+#: the prep warpgroup's tensor-core instructions for K K^T, Q K^T (:attr:`PrefillKey.prep_mma`): ``"wgmma"``, the
+#: warpgroup's (both operands in shared memory), or ``"sync"``, its four warps' mma.sync (the prep kernel's code):
+#: bitwise the same, ``"wgmma"`` 3-4% faster on the H200 with the one-head solve (docs/performance.md, 'The one-kernel
+#: prefill')
+PREP_MMA = "wgmma"
 
 
 class PrefillKey(NamedTuple):
