@@ -46,7 +46,7 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
     calls, outs = {}, {}
-    shipped, shipped_mma = fpk.REGS, fpk.PREP_MMA
+    shipped = fpk.REGS
     try:
         for name in ("wgmma", "fused"):
             switch(name)
@@ -68,20 +68,18 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
             return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
         row["two_kernels_ms"] = bench(calls["wgmma"])
-        for spec in regs_variants:  # "prep/walk" registers, optionally ":" the prep's mma (PrefillKey.prep_mma)
-            regs, _, mma = spec.partition(":")
+        for regs in regs_variants:  # "prep/walk" registers a thread (PrefillKey.regs)
             fpk.REGS = tuple(int(x) for x in regs.split("/"))
-            fpk.PREP_MMA = mma or shipped_mma
-            tag = f"one_kernel_{regs.replace('/', '_')}" + (f"_{mma}" if mma else "")
+            tag = f"one_kernel_{regs.replace('/', '_')}"
             one = calls["fused"]
             one.pool.copy_(pool0)  # each build checked on the same entering states: bitwise the two kernels
             one()
             torch.cuda.synchronize()
             row[f"{tag}_bitwise"] = bool(torch.equal(one.bufs.o[:N * L], o2) and torch.equal(one.pool, p2))
             row[f"{tag}_ms"] = bench(one)
-            print(spec, row[f"{tag}_ms"], "bitwise", row[f"{tag}_bitwise"], flush=True)
+            print(regs, row[f"{tag}_ms"], "bitwise", row[f"{tag}_bitwise"], flush=True)
     finally:
-        fpk.REGS, fpk.PREP_MMA = shipped, shipped_mma
+        fpk.REGS = shipped
         switch("")
     row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
     row["all_builds_bitwise"] = all(v for k, v in row.items() if k.endswith("_bitwise"))
@@ -90,17 +88,16 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
 
 
 def _builds(spec: str) -> str:
-    """``--regs``' value checked: ``prep/walk[:mma]`` items, each a register split the kernel takes
-    (``fused_prefill.regs_refusal``) and the prep's products ``sync`` or ``wgmma``."""
+    """``--regs``' value checked: ``prep/walk`` items, each a register split the kernel takes
+    (``fused_prefill.regs_refusal``)."""
     from linattn.kernels.cutedsl.fused_prefill import regs_refusal
 
     for item in spec.split(","):
-        regs, _, mma = item.partition(":")
         try:
-            split = tuple(int(x) for x in regs.split("/"))
+            split = tuple(int(x) for x in item.split("/"))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:mma], e.g. 152/176:sync") from None
-        why = regs_refusal(split) or ("" if mma in ("", "sync", "wgmma") else f"mma {mma!r}: sync or wgmma")
+            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk, e.g. 152/176") from None
+        why = regs_refusal(split)
         if why:
             raise argparse.ArgumentTypeError(f"{item!r}: {why}")
     return spec
@@ -110,7 +107,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES, help=f"NxL@H/HV,... (default {SHAPES})")
     ap.add_argument("--regs", default=REGS_VARIANTS, type=_builds,
-                    help="builds 'prep/walk[:mma],...': setmaxnreg split, the prep's products ('sync' or 'wgmma')")
+                    help="builds 'prep/walk,...': the setmaxnreg split")
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
     ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/fused_prefill_<device>.json)")
@@ -122,8 +119,7 @@ def main(argv=None) -> int:
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
-             "one_kernel_<prep>_<walk>[_<mma>]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (and the prep's "
-             "K K^T, Q K^T on that mma: PrefillKey.prep_mma; none named: the shipped one)",
+             "one_kernel_<prep>_<walk>: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split",
              "o_bitwise / pool_bitwise: the one kernel's (shipped build) outputs and pool against the two kernels' on the "
              "same inputs; one_kernel_<build>_bitwise: both, for that build"]
     if len(norms) == 1:

@@ -5,28 +5,33 @@ The prep (:mod:`._fused_prep_kernel`) and the ``wgmma`` walk (:mod:`._fused_walk
 warp-specialized kernel: one CTA of three warpgroups per (sequence, value head), ``V = BV = 128``::
 
     warpgroup 0 (prep, 128 threads, few registers)      warpgroups 1, 2 (walk, 256 threads)
-      chunk t (k, q, v stage t % 3, products t % 2):      chunk t from its stages:
-        wait until the walk has left chunk t - 2            wait until chunk t's stage is full
-        chunk t + 1's k, q, v rows by cp.async (rows        the gate factors, then P1, P2, Vn^T,
-          past the sequence: 0)
-        the gates' prefix sums, beta, the raw g row           O^T and the state update on wgmma
-        the q / k norms (F44: rewritten rows, scale           (the state S^T fp32 in registers for
-          folded in: rk = uk, sq = 1)                         the whole sequence)
-        K K^T, Q K^T (warp mma.sync), the gate tiles:       O^T through the v tile to the output
-          Aqk -> the stage (bf16), A -> fp32 A^T            leave the stage
-        (I + A)^-1 blockwise, Tm diag(beta) -> the stage
-        rk, qs -> the stage's row vectors; stage full
+                                                          chunk t:
+                                                            wait until chunk t + 1's norms are ready
+                                                            chunk t + 1's tiles on wgmma: K K^T -> A^T
+                                                              (fp32, warpgroup 1), Q K^T -> Aqk (bf16,
+                                                              warpgroup 2), with the gates; tiles ready
+      chunk u (once its tiles are ready):                   wait until chunk t's stage is full
+        (I + A)^-1 blockwise, Tm diag(beta) -> stage          the gate factors, then P1, P2, Vn^T,
+          u % 2; rk, qs -> its row vectors; full              O^T and the state update on wgmma
+      chunk u + 1 (its k, q, v in flight since u - 1):        (the state S^T fp32 in registers for
+        the gates' prefix sums, beta, the q / k norms         the whole sequence)
+          (F44: rewritten rows, scale folded in:            O^T through the v tile to the output
+          rk = uk, sq = 1); norms ready                     leave the stage ("empty")
+      wait until the walk has left chunk u - 1, then
+        chunk u + 1's raw g row and chunk u + 2's k, q, v
+        (cp.async; rows past the sequence: 0)
 
-so nothing per chunk goes to HBM: q, k, v, g, beta are read once, o and the pool row written once. The
-stages are handed over by named barriers (a stage's "full" barrier: the prep's 128 threads arrive, the
-walk's 256 wait; its "empty" barrier the other way round), the prep one chunk ahead of the walk. The
-prep's generic shared-memory writes are made visible to the walk's ``wgmma`` (the async proxy) by
-``fence.proxy.async`` before its arrival. ``setmaxnreg`` moves registers from the prep warpgroup to
-the walk's (``regs``: 128 x (prep + 2 walk) <= 64,512).
+so the walk forms chunk t + 1's tiles and the prep solves them while the walk works on chunk t, and
+nothing per chunk goes to HBM: q, k, v, g, beta are read once, o and the pool row written once. The
+hand-overs are named barriers (each: one side's threads arrive, the other's wait); the shared-memory
+writes one side makes for the other's ``wgmma`` (the async proxy) are fenced by ``fence.proxy.async``
+before the arrival. ``setmaxnreg`` moves registers from the prep warpgroup to the walk's (``regs``:
+128 x (prep + 2 walk) <= 64,512).
 
 The maths is :mod:`linattn.kernels.triton.chunk_fused`'s (module docstring); each stage's products are
-the two kernels' own, in the same order, so on inputs whose rows need no F44 scale its outputs and pool
-rows are bitwise those of the prep + ``wgmma`` walk pair. Resources and speed: docs/performance.md,
+the two kernels' own, in the same order (``K K^T``, ``Q K^T`` on ``wgmma`` here, on ``mma.sync`` in the prep
+kernel: the same bits on the H200), so on inputs whose rows need no F44 scale its outputs and pool rows
+are bitwise those of the prep + ``wgmma`` walk pair. Resources and speed: docs/performance.md,
 'The one-kernel prefill'.
 """
 
@@ -45,10 +50,11 @@ from ._fused_walk_wgmma_kernel import FusedWalkWgmmaKernel
 PREP_THREADS = 128
 WALK_THREADS = 256
 THREADS = PREP_THREADS + WALK_THREADS
-#: named barriers (0 is the CTA's): stage s full at BAR_FULL + s, empty at BAR_EMPTY + s; each warpgroup's own
-BAR_FULL, BAR_EMPTY, BAR_PREP, BAR_WALK = 1, 3, 5, 6
-#: stages of the k, q, v tiles (the prep loads chunk t + 1 while it works on chunk t and the walk on chunk
-#: t - 1) and of the prep's products (Tb, Aqk, the row vectors: chunks t and t - 1)
+#: named barriers (0 is the CTA's): stage s full at BAR_FULL + s, empty at BAR_EMPTY + s; each warpgroup's own;
+#: a chunk's norms and gates ready (the prep arrives, the walk waits), its A^T and Aqk ready (the other way round)
+BAR_FULL, BAR_EMPTY, BAR_PREP, BAR_WALK, BAR_NORMS, BAR_TILES = 1, 3, 5, 6, 7, 8
+#: stages of the k, q, v tiles (chunk t for the walk's products, t + 1 for its tiles and the prep's norms, t + 2
+#: in flight) and of the products (Tb, Aqk, the row vectors: chunks t and t + 1)
 KQV_STAGES, PRODUCT_STAGES = 3, 2
 
 
@@ -62,18 +68,14 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         l2norm, beta_bf16: as :class:`._fused_prep_kernel.FusedPrepKernel`.
         regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``; the host side's
             ``fused_prefill.REGS`` by default).
-        prep_mma: the prep's ``K K^T``, ``Q K^T``: ``"wgmma"`` (the prep warpgroup's, operands from shared
-            memory) or ``"sync"`` (its four warps' ``mma.sync``, the prep kernel's code).
     """
 
     def __init__(self, K: int, V: int, pool: bool, has_h0: bool, has_init: bool, g_min: float, l2norm: bool,
-                 beta_bf16: bool, regs: tuple, prep_mma: str = "sync"):
+                 beta_bf16: bool, regs: tuple):
         super().__init__(K, V, V, pool, has_h0, has_init, g_min)
         assert V == 128 and K == 128, "one CTA per (sequence, value head): BV = V = 128"
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
-        assert prep_mma in ("wgmma", "sync")
         self.regs = regs
-        self.prep_mma = prep_mma
         self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="one_head",
                                     barrier=(BAR_PREP, PREP_THREADS), fold_scale=True, stream_norm=True)
 
@@ -97,13 +99,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32, (self.NWG, 1, 1), (64, C), rs)
         mma_k = sm90_utils.make_trivial_tiled_mma(
             BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.MN, Float32, (self.NWG, 1, 1), (64, K), rs)
-        if const_expr(self.prep_mma == "wgmma"):
-            mma_p = sm90_utils.make_trivial_tiled_mma(
-                BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, C),
-                warpgroup.OperandSource.SMEM)
-        else:
-            mma_p = cute.make_tiled_mma(
-                warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1), permutation_mnk=(64, 16, 16))
+        # a walk warpgroup's K K^T or Q K^T (m64n64k16, both operands in shared memory)
+        mma_t = sm90_utils.make_trivial_tiled_mma(
+            BFloat16, BFloat16, OperandMajorMode.K, OperandMajorMode.K, Float32, (1, 1, 1), (64, C),
+            warpgroup.OperandSource.SMEM)
         g2s16 = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16, num_bits_per_copy=128)
         st16 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
@@ -117,7 +116,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         self.kernel(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr, sidx_ptr, hinit_ptr, h0_ptr, ht_ptr,
             sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
-            N, HV, GROUP, scale, mma_c, mma_k, mma_p, copy_k, copy_v, store_o,
+            N, HV, GROUP, scale, mma_c, mma_k, mma_t, copy_k, copy_v, store_o,
         ).launch(grid=[N * HV, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     # ------------------------------------------------------------------------------------------
@@ -132,7 +131,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
         N: Int32, HV: Int32, GROUP: Int32, scale: Float32,
-        mma_c: cute.TiledMma, mma_k: cute.TiledMma, mma_p: cute.TiledMma, copy_k: cute.TiledCopy,
+        mma_c: cute.TiledMma, mma_k: cute.TiledMma, mma_t: cute.TiledMma, copy_k: cute.TiledCopy,
         copy_v: cute.TiledCopy, store_o: cute.TiledCopy,
     ):
         K, BV, PV = self.K, self.BV, self.PV
@@ -168,90 +167,59 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         if tid < PREP_THREADS:
             cute.arch.setmaxregister_decrease(self.regs[0])
             self.prep_loop(tid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                           sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, mma_p, copy_k, copy_v,
-                           sK, sQ, sT, sA, sV, sRow, sAt, sZ, sVec)
+                           sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v,
+                           sK, sQ, sT, sV, sRow, sAt, sZ, sVec)
         else:
             cute.arch.setmaxregister_increase(self.regs[1])
             self.walk_loop(tid - PREP_THREADS, nc, bos, eos, i_n, hv64, N, HV, o_ptr, sidx_ptr, hinit_ptr, h0_ptr,
-                           ht_ptr, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k, mma_c, mma_k, store_o,
-                           sK, sQ, sT, sA, sV, sRow, sFac)
+                           ht_ptr, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k, mma_c, mma_k, mma_t, store_o,
+                           sK, sQ, sT, sA, sV, sRow, sFac, sAt, sVec)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def prep_loop(self, ptid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                  sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, mma_p, copy_k, copy_v,
-                  sK, sQ, sT, sA, sV, sRow, sAt, sZ, sVec):
-        """The prep warpgroup (thread ``ptid`` of 128): each chunk's loads and state-independent
-        products into its stage (module docstring), one chunk ahead of the walk."""
-        K, BV = self.K, self.BV
+                  sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v,
+                  sK, sQ, sT, sV, sRow, sAt, sZ, sVec):
+        """The prep warpgroup (thread ``ptid`` of 128): each chunk's loads, gates and norms (then "norms
+        ready"), and once the walk has formed its ``A^T`` and ``Aqk`` ("tiles ready"), its solve into the
+        products' stage ("full"); chunk u + 1's loads, gates and norms follow chunk u's solve, so the walk
+        forms chunk u + 1's tiles, and the prep solves them, while the walk works on chunk u."""
         lane = ptid % 32
         wid = ptid // 32
         i_h = i_hv // GROUP
         hv64 = Int64(i_hv)
-        g_min = Float32(self.g_min)
         thr_k = copy_k.get_slice(ptid)
         thr_v = copy_v.get_slice(ptid)
         tKsK, tQsQ = thr_k.partition_D(sK), thr_k.partition_D(sQ)
-        tKc = thr_k.partition_S(cute.make_identity_tensor((C, K)))
+        tKc = thr_k.partition_S(cute.make_identity_tensor((C, self.K)))
         tVsV = thr_v.partition_D(sV)
-        tVc = thr_v.partition_S(cute.make_identity_tensor((C, BV)))
+        tVc = thr_v.partition_S(cute.make_identity_tensor((C, self.BV)))
+        loads = (bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v, thr_k, thr_v,
+                 tKsK, tQsQ, tKc, tVsV, tVc)
         # Tm diag(beta)'s blocks above the diagonal: zero for good (the solve writes the others every chunk)
         for i in cutlass.range_constexpr(C * C * PRODUCT_STAGES // PREP_THREADS):
             e = ptid + i * PREP_THREADS
             sT[e % C, (e // C) % C, e // (C * C)] = BFloat16(0.0)
-        if nc > 0:
-            self.load_kqv(0, 0, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
-                          thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc)
-        cute.arch.cp_async_commit_group()
-        # warp 0 holds the next chunk's raw g and beta (loaded a chunk ahead, as k, q, v)
-        gb = self.prep.load_gates(g_ptr, beta_ptr, bos, hv64, sgt, sgh, sbt, sbh,
-                                  Int32(cutlass.select_(eos - bos < Int64(C), eos - bos, Int64(C))), lane)
-        g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
-        for t in cutlass.range(nc, unroll=1):
-            ks = t % KQV_STAGES
-            s = t % PRODUCT_STAGES
-            if t >= 2:  # the walk has left chunk t - 2: its k, q, v stage and its products' stage are free
-                cute.arch.barrier(barrier_id=BAR_EMPTY + s, number_of_threads=THREADS)
-            if t + 1 < nc:  # chunk t + 1's loads fly while this chunk is worked on
-                self.load_kqv(t + 1, (t + 1) % KQV_STAGES, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt,
-                              skh, svt, svh, copy_k, copy_v, thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc)
+        for c in cutlass.range_constexpr(2):  # chunks 0 and 1 in flight
+            if c < nc:
+                self.load_kqv(c, c, *loads)
             cute.arch.cp_async_commit_group()
-            row0 = bos + Int64(t * C)
-            left = eos - row0
-            L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
-            self.prep.sync()  # the previous chunk's reads of sVec, sAt and sZ are done
-            # the gates' prefix sums and beta, the raw g row for the walk (warp 0); chunk t + 1's loaded
+        # warp 0 holds the next chunk's raw g and beta (loaded a chunk ahead, as k, q, v)
+        gb = self.prep.load_gates(g_ptr, beta_ptr, bos, hv64, sgt, sgh, sbt, sbh, self.rows_of(bos, eos, 0), lane)
+        g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
+        if nc > 0:
+            cute.arch.cp_async_wait_group(1)  # chunk 0's loads
+            rg0, rg1 = g0, g1
+            gb = self.prep_front(ptid, 0, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, [g0, g1, b0, b1],
+                                 sK, sQ, sVec)
+            g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
             if wid == 0:
-                self.prep.scan_gates([g0, g1, b0, b1], lane, 0, sVec, g_min)
-                sRow[lane, 0, s] = g0
-                sRow[lane + 32, 0, s] = g1
-                nxt = row0 + Int64(C)
-                left1 = eos - nxt
-                L1 = Int32(cutlass.select_(left1 < Int64(C), left1, Int64(C)))
-                gb = self.prep.load_gates(g_ptr, beta_ptr, nxt, hv64, sgt, sgh, sbt, sbh, L1, lane)
-                g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
-            cute.arch.cp_async_wait_group(1)  # chunk t's loads (chunk t + 1's may still fly)
-            self.prep.sync()
-            # the norms: thread r < 64 row r of k, else row r - 64 of q
+                sRow[lane, 0, 0] = rg0
+                sRow[lane + 32, 0, 0] = rg1
+        for u in cutlass.range(nc, unroll=1):
+            s = u % PRODUCT_STAGES
             r = ptid % C
-            if const_expr(self.prep.l2norm):
-                if ptid < C:
-                    self.prep.row_norm(sK[None, None, ks], sVec, r, 0, L, scale)
-                else:
-                    self.prep.row_norm(sQ[None, None, ks], sVec, r, 1, L, scale)
-            else:
-                one = Float32(cutlass.select_(r < L, Float32(1.0), Float32(0.0)))
-                if ptid < C:
-                    sVec[r, 0] = one
-                    sVec[r, 1] = one
-                else:
-                    sVec[r, 2] = scale
-                    sVec[r, 3] = Float32(1.0)
-            cute.arch.fence_proxy("async.shared", space="cta")  # the tiles (rewritten rows too) for wgmma
-            self.prep.sync()
-            self.prep_tiles(ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec)
-            self.prep.sync()
-            # the solve (threads 0 .. 63: a column each; Tm diag(beta) by all 128) -> the stage
+            cute.arch.barrier(barrier_id=BAR_TILES, number_of_threads=THREADS)  # chunk u's A^T, Aqk formed
             self.prep.solve_one_head(sAt, sZ.iterator, sT[None, None, s], sVec, ptid)
             if ptid >= C:  # rk, qs, sq of row r for the walk's factors
                 sRow[r, 1, s] = sVec[r, 1]
@@ -260,7 +228,59 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             # this thread's shared-memory writes (cp.async included) visible to the walk's wgmma reads
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + s, number_of_threads=THREADS)
+            if u + 1 < nc:  # chunk u + 1's gates and norms (its loads are the only ones in flight)
+                cute.arch.cp_async_wait_group(0)
+                rg0, rg1 = g0, g1
+                gb = self.prep_front(ptid, u + 1, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh,
+                                     [g0, g1, b0, b1], sK, sQ, sVec)
+                g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
+                if u >= 1:  # the walk has left chunk u - 1: its stages take chunk u + 1's row g, chunk u + 2's loads
+                    cute.arch.barrier(barrier_id=BAR_EMPTY + (u + 1) % PRODUCT_STAGES, number_of_threads=THREADS)
+                if wid == 0:
+                    sRow[lane, 0, (u + 1) % PRODUCT_STAGES] = rg0
+                    sRow[lane + 32, 0, (u + 1) % PRODUCT_STAGES] = rg1
+                if u + 2 < nc:
+                    self.load_kqv(u + 2, (u + 2) % KQV_STAGES, *loads)
+                cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
+
+    @cute.jit
+    def rows_of(self, bos, eos, c):
+        """The rows of chunk ``c`` in the sequence ``[bos, eos)`` (``C`` but for the last; <= 0 past it)."""
+        left = eos - (bos + Int64(c * C))
+        return Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
+
+    @cute.jit
+    def prep_front(self, ptid, c, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, gb, sK, sQ, sVec):
+        """Chunk ``c``'s gates (warp 0, from ``gb``: its raw g and beta; returns chunk ``c + 1``'s, loaded) and
+        norms into ``sVec``, then "norms ready" (the caller has waited for the chunk's loads)."""
+        lane = ptid % 32
+        L = self.rows_of(bos, eos, c)
+        self.prep.sync()  # every thread's loads of chunk c landed; the previous chunk's reads of sVec done
+        nb = gb
+        if ptid // 32 == 0:
+            self.prep.scan_gates(gb, lane, 0, sVec, Float32(self.g_min))
+            nb = self.prep.load_gates(g_ptr, beta_ptr, bos + Int64((c + 1) * C), hv64, sgt, sgh, sbt, sbh,
+                                      self.rows_of(bos, eos, c + 1), lane)
+        # the norms: thread r < 64 row r of k, else row r - 64 of q
+        ks = c % KQV_STAGES
+        r = ptid % C
+        if const_expr(self.prep.l2norm):
+            if ptid < C:
+                self.prep.row_norm(sK[None, None, ks], sVec, r, 0, L, scale)
+            else:
+                self.prep.row_norm(sQ[None, None, ks], sVec, r, 1, L, scale)
+        else:
+            one = Float32(cutlass.select_(r < L, Float32(1.0), Float32(0.0)))
+            if ptid < C:
+                sVec[r, 0] = one
+                sVec[r, 1] = one
+            else:
+                sVec[r, 2] = scale
+                sVec[r, 3] = Float32(1.0)
+        cute.arch.fence_proxy("async.shared", space="cta")  # the tiles (rewritten rows too) for the walk's wgmma
+        cute.arch.barrier_arrive(barrier_id=BAR_NORMS, number_of_threads=THREADS)
+        return nb
 
     @cute.jit
     def load_kqv(self, t, ks, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
@@ -292,81 +312,55 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                 tVsV[None, m, None, ks].fill(0.0)
 
     @cute.jit
-    def prep_tiles(self, ptid, ks, s, mma_p, sK, sQ, sA, sAt, sVec):
-        """``K K^T`` and ``Q K^T`` of k, q stage ``ks`` (warp ``w``: rows ``16 w ..``) and their gate tiles:
-        ``Aqk`` (bf16) into stage ``s``'s ``sA``, ``A`` (fp32, transposed) into ``sAt``; the same
-        products and factors, in the same order, as the prep kernel's (b) for one value head (``prep_mma``:
-        the products on the warpgroup's ``wgmma`` or the warps' ``mma.sync``: the same bits on the H200)."""
-        thr = mma_p.get_slice(ptid)
-        acc_kk = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
-        acc_qk = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
+    def walk_tiles(self, wtid, ks, s, mma_t, sK, sQ, sA, sAt, sVec):
+        """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``): warpgroup 0 ``K K^T`` and its
+        gate tile ``A`` (fp32, transposed) into ``sAt``, warpgroup 1 ``Q K^T`` and ``Aqk`` (bf16) into stage
+        ``s``'s ``sA``; the products on ``wgmma`` (both operands in shared memory), the factors as the prep
+        kernel's (b) (the same expressions, so the same bits)."""
+        thr = mma_t.get_slice(wtid % 128)
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
         tCc = thr.partition_C(cute.make_identity_tensor((C, C)))
         sKs, sQs = sK[None, None, ks], sQ[None, None, ks]
-        if const_expr(self.prep_mma == "wgmma"):  # the warpgroup's m64n64k16, both operands from shared memory
-            tKA = thr.make_fragment_A(thr.partition_A(sKs))
-            tQA = thr.make_fragment_A(thr.partition_A(sQs))
-            tKB = thr.make_fragment_B(thr.partition_B(sKs))
-            warpgroup.fence()
-            self.wg_gemm(mma_p, acc_kk, tKA, tKB, True)
-            self.wg_gemm(mma_p, acc_qk, tQA, tKB, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-        else:
-            self.warp_products(ptid, mma_p, sKs, sQs, acc_kk, acc_qk)
-        self.gate_tiles(thr, tCc, s, acc_kk, acc_qk, sA, sAt, sVec)
-
-    @cute.jit
-    def warp_products(self, ptid, mma_p, sKs, sQs, acc_kk, acc_qk):
-        """``K K^T`` and ``Q K^T`` on warp ``mma.sync`` (warp ``w``: rows ``16 w ..``), A and B by ``ldmatrix``."""
-        K = self.K
-        thr = mma_p.get_slice(ptid)
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), BFloat16)
-        s2r_a = cute.make_tiled_copy_A(ldsm, mma_p)
-        s2r_b = cute.make_tiled_copy_B(ldsm, mma_p)
-        thr_a = s2r_a.get_slice(ptid)
-        thr_b = s2r_b.get_slice(ptid)
         tKA = thr.make_fragment_A(thr.partition_A(sKs))
         tQA = thr.make_fragment_A(thr.partition_A(sQs))
         tKB = thr.make_fragment_B(thr.partition_B(sKs))
-        tKs, tQs, tBs = thr_a.partition_S(sKs), thr_a.partition_S(sQs), thr_b.partition_S(sKs)
-        tKA_v, tQA_v, tKB_v = thr_a.retile(tKA), thr_a.retile(tQA), thr_b.retile(tKB)
-        acc_kk.fill(0.0)
-        acc_qk.fill(0.0)
-        for kb in cutlass.range_constexpr(K // 16):
-            cute.copy(s2r_a, tKs[None, None, kb], tKA_v[None, None, kb])
-            cute.copy(s2r_a, tQs[None, None, kb], tQA_v[None, None, kb])
-            cute.copy(s2r_b, tBs[None, None, kb], tKB_v[None, None, kb])
-            cute.gemm(mma_p, acc_kk, tKA[None, None, kb], tKB[None, None, kb], acc_kk)
-            cute.gemm(mma_p, acc_qk, tQA[None, None, kb], tKB[None, None, kb], acc_qk)
-
-    @cute.jit
-    def gate_tiles(self, thr, tCc, s, acc_kk, acc_qk, sA, sAt, sVec):
-        """The gate tiles of the products (the prep kernel's (b)): ``Aqk`` (bf16) into stage ``s``'s
-        ``sA``, ``A`` (fp32, transposed) into ``sAt``, each computed in registers first (no store in
-        between: each row's and column's factors read once)."""
         zero = Float32(0.0)
-        for i in cutlass.range_constexpr(cute.size(acc_kk)):
-            rr = tCc[i][0]
-            ss = tCc[i][1]
-            d = sVec[rr, 4] - sVec[ss, 4]
-            e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
-            uks = sVec[ss, 0]
-            acc_qk[i] = acc_qk[i] * e * uks * sVec[rr, 2]
-            a = acc_kk[i] * e * (sVec[rr, 6] * sVec[rr, 0]) * uks
-            acc_kk[i] = cutlass.select_(rr > ss, a, zero)
-        rq = cute.make_fragment_like(acc_qk, BFloat16)
-        rq.store(acc_qk.load().to(BFloat16))
-        cute.autovec_copy(rq, thr.partition_C(sA[None, None, s]))
-        sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T
-        cute.autovec_copy(acc_kk, thr.partition_C(sAtT))
+        warpgroup.fence()
+        if wtid < 128:
+            self.wg_gemm(mma_t, acc, tKA, tKB, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                rr = tCc[i][0]
+                ss = tCc[i][1]
+                d = sVec[rr, 4] - sVec[ss, 4]
+                e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
+                a = acc[i] * e * (sVec[rr, 6] * sVec[rr, 0]) * sVec[ss, 0]
+                acc[i] = cutlass.select_(rr > ss, a, zero)
+            sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T
+            cute.autovec_copy(acc, thr.partition_C(sAtT))
+        else:
+            self.wg_gemm(mma_t, acc, tQA, tKB, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                rr = tCc[i][0]
+                ss = tCc[i][1]
+                d = sVec[rr, 4] - sVec[ss, 4]
+                e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
+                acc[i] = acc[i] * e * sVec[ss, 0] * sVec[rr, 2]
+            rq = cute.make_fragment_like(acc, BFloat16)
+            rq.store(acc.load().to(BFloat16))
+            cute.autovec_copy(rq, thr.partition_C(sA[None, None, s]))
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def walk_loop(self, wtid, nc, bos, eos, i_n, hv64, N, HV, o_ptr, sidx_ptr, hinit_ptr, h0_ptr, ht_ptr,
-                  s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k, mma_c, mma_k, store_o,
-                  sK, sQ, sT, sA, sV, sRow, sFac):
+                  s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k, mma_c, mma_k, mma_t, store_o,
+                  sK, sQ, sT, sA, sV, sRow, sFac, sAt, sVec):
         """The walk warpgroups (thread ``wtid`` of 256): :class:`FusedWalkWgmmaKernel`'s chunk loop on
-        the stages the prep fills (its loads replaced by the stage's "full" barrier)."""
+        the stages the prep fills (its loads replaced by the stage's "full" barrier), each chunk t's
+        products preceded by chunk t + 1's tiles (:meth:`walk_tiles`), which the prep then solves."""
         K, BV = self.K, self.BV
         lane = wtid % 32
         sFacW = cute.make_tensor(sFac.iterator + (wtid // 32) * (3 * C), cute.make_layout((C, 3), stride=(1, C)))
@@ -399,9 +393,19 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
         live, slot, keep = self.entering_state(acc_S, tScS, i_n, N, sidx_ptr, hinit_ptr, h0_ptr, s0_p, s0_h, s0_v,
                                                s0_k, hv64, Int32(0))
+        if nc > 0:  # chunk 0's tiles
+            cute.arch.barrier(barrier_id=BAR_NORMS, number_of_threads=THREADS)
+            self.walk_tiles(wtid, 0, 0, mma_t, sK, sQ, sA, sAt, sVec)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=BAR_TILES, number_of_threads=THREADS)
         for t in cutlass.range(nc, unroll=1):
             stage = t % PRODUCT_STAGES
             ks = t % KQV_STAGES
+            if t + 1 < nc:  # chunk t + 1's tiles (its Aqk stage held chunk t - 1's), solved while this chunk runs
+                cute.arch.barrier(barrier_id=BAR_NORMS, number_of_threads=THREADS)
+                self.walk_tiles(wtid, (t + 1) % KQV_STAGES, (t + 1) % PRODUCT_STAGES, mma_t, sK, sQ, sA, sAt, sVec)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier_arrive(barrier_id=BAR_TILES, number_of_threads=THREADS)
             cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
             cute.arch.sync_warp()

@@ -32,12 +32,7 @@ from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step
 _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
-REGS = (152, 176)
-#: the prep warpgroup's tensor-core instructions for K K^T, Q K^T (:attr:`PrefillKey.prep_mma`): ``"wgmma"``, the
-#: warpgroup's (both operands in shared memory), or ``"sync"``, its four warps' mma.sync (the prep kernel's code):
-#: bitwise the same, ``"wgmma"`` 3-4% faster on the H200 with the one-head solve (docs/performance.md, 'The one-kernel
-#: prefill')
-PREP_MMA = "wgmma"
+REGS = (136, 184)
 
 
 class PrefillKey(NamedTuple):
@@ -54,7 +49,6 @@ class PrefillKey(NamedTuple):
     arch: str
     has_init: bool = False
     regs: tuple = REGS
-    prep_mma: str = PREP_MMA  # the prep warpgroup's K K^T, Q K^T: "sync" (warp mma.sync) | "wgmma"
 
 
 def fused_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, g_dtype: Optional[torch.dtype] = None,
@@ -110,7 +104,7 @@ def compile_fused_prefill(key: PrefillKey, dump_dir: Optional[str] = None):
         from ._fused_prefill_kernel import FusedPrefillKernel
 
         return FusedPrefillKernel(128, 128, key.pool, key.has_h0, key.has_init, G_MIN, key.l2norm,
-                                  key.beta_dtype == "bfloat16", tuple(key.regs), key.prep_mma)
+                                  key.beta_dtype == "bfloat16", tuple(key.regs))
 
     return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
 
@@ -227,8 +221,7 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         from . import device_arch
         arch = device_arch(q.device)
     fields, states = state_args(cu_seqlens, state_indices, has_initial_state, h0, ht)
-    key = PrefillKey(**fields, beta_dtype=_dt(beta.dtype), l2norm=bool(use_qk_l2norm), arch=arch, regs=regs,
-                     prep_mma=PREP_MMA)
+    key = PrefillKey(**fields, beta_dtype=_dt(beta.dtype), l2norm=bool(use_qk_l2norm), arch=arch, regs=regs)
     from linattn.kernels.triton.launch import launch_step
 
     launch_step(cached_step(FusedPrefillStep, compile_fused_prefill, key, q.device, s0, st, N, HV, H, scale),

@@ -22,26 +22,30 @@ def _key(**kw):
     return fpk.PrefillKey(**{**base, **kw})
 
 
-@pytest.mark.parametrize("prep_mma", ["sync", "wgmma"])
-def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(tmp_path, prep_mma):
+def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(tmp_path):
     pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
-    ptx = fpk.compile_fused_prefill(_key(prep_mma=prep_mma), dump_dir=str(tmp_path)).artifacts.PTX
+    ptx = fpk.compile_fused_prefill(_key(), dump_dir=str(tmp_path)).artifacts.PTX
     assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx
     prep, walk = fpk.REGS
     assert f"setmaxnreg.dec.sync.aligned.u32 \t{prep};" in ptx and f"setmaxnreg.inc.sync.aligned.u32 \t{walk};" in ptx
-    # the stages: full (prep arrives, walk waits) and empty (the other way round), all 384 threads
+    # the stages: full (prep arrives, walk waits) and empty (the other way round), all 384 threads; a chunk's
+    # norms ready (prep arrives, walk waits; chunk 0 and in the loop) and its tiles ready (the other way round)
     assert len(re.findall(r"bar\.arrive %r\d+, 384;", ptx)) == 2 and len(re.findall(r"bar\.sync \t%r\d+, 384;", ptx)) == 2
+    assert len(re.findall(r"bar\.arrive 7, 384;", ptx)) == 2 and len(re.findall(r"bar\.sync \t7, 384;", ptx)) == 2
+    assert len(re.findall(r"bar\.arrive 8, 384;", ptx)) == 2 and len(re.findall(r"bar\.sync \t8, 384;", ptx)) == 1
     assert re.search(r"bar\.sync \t5, 128;", ptx) and re.search(r"bar\.sync \t6, 256;", ptx)  # each warpgroup's own
     assert ".local" not in ptx
     assert "fence.proxy.async.shared::cta" in ptx
-    # the walk: P1, P2 (8 k blocks each), Vn^T, O^T's Aqk term (4 each), the update (4): 28 wgmma; the prep's
-    # K K^T and Q K^T: 8 each on wgmma (m64n64k16, both operands in shared memory) or 64 each per warp on mma.sync
-    wg = prep_mma == "wgmma"
-    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 28 + (16 if wg else 0)
-    # + the solve's doubling on four warps (3 products a tile, bf16 hi / lo): S2 16 x 8 x 16 twice, S3 16 x 16 x 32 twice
-    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == (0 if wg else 128) + 3 * (1 + 1 + 4 + 4)
-    # k, q, v (8 row passes each), issued in two places: chunk 0 before the loop, chunk t + 1 in it
-    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 2 * 24
+    # the walk: P1, P2 (8 k blocks each), Vn^T, O^T's Aqk term (4 each), the update (4): 28 wgmma; its tiles
+    # (K K^T on warpgroup 0, Q K^T on 1: 8 k blocks each, m64n64k16, both operands in shared memory) for chunk 0
+    # and in the loop: 32
+    assert len(re.findall(r"wgmma\.mma_async", ptx)) == 28 + 32
+    # the prep's solve: the doubling on four warps (3 products a tile, bf16 hi / lo): S2 16 x 8 x 16 twice,
+    # S3 16 x 16 x 32 twice
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == 3 * (1 + 1 + 4 + 4)
+    # k, q, v (8 row passes each), issued in two places: chunks 0 and 1 before the loop (one unrolled site), chunk
+    # u + 2 in it
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 24
     for bad in ("tcgen05", "cp.async.bulk"):
         assert bad not in ptx, bad
 
