@@ -13,8 +13,14 @@ Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefi
 default benchmarks/results/) after every shape; the canonical rows live in
 ``benchmarks/results/prefill_fused_h200.json`` (kind ``one_kernel``).
 
+``--ablate`` times the shipped build with named parts made no-ops instead (kind ``one_kernel_ablation``;
+timing only: the outputs are meaningless), which says what bounds the kernel: ``idle`` the walk's chunk
+products, ``wtiles`` the walk's K K^T / Q K^T tiles, ``solve`` the prep's solve, ``norms`` its q / k norms,
+``gates`` its gates' scan, ``loads`` its k, q, v loads, ``store`` the walk's output rows; a variant is
+``x[:part+part..]`` (``x`` alone: nothing removed).
+
 Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 152/176,..]
-        [--l2norm on|off|both]
+        [--l2norm on|off|both] [--ablate x,x:idle,x:idle+wtiles,..]
 """
 
 from __future__ import annotations
@@ -26,11 +32,15 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _results import results_path  # noqa: E402
-from fused_walk import Call, make, run_shapes, switch  # noqa: E402
+from _results import results_path, write_results  # noqa: E402
+from fused_walk import Call, make, parse, run_shapes, switch  # noqa: E402
 
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
-REGS_VARIANTS = "152/176"
+REGS_VARIANTS = "136/184"
+#: the parts ``--ablate`` can make no-ops: (module, class, method) of the one kernel's code
+PARTS = {"idle": ("prefill", "chunk_products"), "wtiles": ("prefill", "walk_tiles"), "store": ("prefill", "output_rows"),
+         "loads": ("prefill", "load_kqv"), "solve": ("prep", "solve_one_head"), "norms": ("prep", "row_norm"),
+         "gates": ("prep", "scan_gates")}
 
 
 def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
@@ -87,6 +97,56 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     return row
 
 
+def ablate(N, L, H, HV, variants) -> list:
+    """``do_bench`` medians (ms) of the shipped one-kernel build with the parts each variant names made no-ops
+    (module docstring), one row per variant; the kernel is compiled afresh for each."""
+    from triton.testing import do_bench
+
+    from linattn.kernels.cutedsl import _fused_prefill_kernel as fpm
+    from linattn.kernels.cutedsl import _fused_prep_kernel as prm
+    from linattn.kernels.cutedsl import fused_prefill as fpk
+    from linattn.kernels.cutedsl import fused_walk as fw
+
+    classes = {"prefill": fpm.FusedPrefillKernel, "prep": prm.FusedPrepKernel}
+    real = {part: getattr(classes[c], m) for part, (c, m) in PARTS.items()}
+    d, pool0, idx = make(N, L, H, HV)
+    T = N * L
+    args = dict(q=d["q"], k=d["k"], v=d["v"], g=d["g"], beta=d["beta"], cu_seqlens=d["cu_seqlens"],
+                o=torch.empty(T, HV, 128, device="cuda", dtype=torch.bfloat16), state_indices=idx,
+                has_initial_state=None, h0=pool0, ht=pool0, s0=(HV * 128 * 128, 128 * 128, 1, 128),
+                st=(HV * 128 * 128, 128 * 128, 1, 128), scale=128 ** -0.5, use_qk_l2norm=True)
+    rows = []
+    try:
+        for name in variants:
+            off = [p for p in name.partition(":")[2].split("+") if p]
+            for part, (c, m) in PARTS.items():
+                setattr(classes[c], m, (lambda *a, **k: None) if part in off else real[part])
+            fpk._CACHE.clear()
+            fw._STEPS.clear()
+            fpk.cutedsl_fused_prefill(**args)
+            torch.cuda.synchronize()
+            ms = float(do_bench(lambda: fpk.cutedsl_fused_prefill(**args), warmup=10, rep=100, return_mode="median"))
+            rows.append(dict(kind="one_kernel_ablation", N=N, L=L, H=H, HV=HV, variant=name, removed=off, ms=ms,
+                             regs=list(fpk.REGS)))
+            print(rows[-1], flush=True)
+    finally:
+        for part, (c, m) in PARTS.items():
+            setattr(classes[c], m, real[part])
+        fpk._CACHE.clear()
+        fw._STEPS.clear()
+    return rows
+
+
+def _variants(spec: str) -> str:
+    """``--ablate``'s value checked: ``x[:part+..]`` items naming parts of :data:`PARTS`."""
+    for item in spec.split(","):
+        head, _, parts = item.partition(":")
+        bad = [p for p in parts.split("+") if p and p not in PARTS]
+        if head != "x" or bad:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected x[:part+..] with parts from {sorted(PARTS)}")
+    return spec
+
+
 def _builds(spec: str) -> str:
     """``--regs``' value checked: ``prep/walk`` items, each a register split the kernel takes
     (``fused_prefill.regs_refusal``)."""
@@ -110,12 +170,24 @@ def main(argv=None) -> int:
                     help="builds 'prep/walk,...': the setmaxnreg split")
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
+    ap.add_argument("--ablate", default=None, type=_variants,
+                    help="time the shipped build with parts made no-ops instead: 'x[:part+..],...' (module docstring)")
     ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/fused_prefill_<device>.json)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU of compute capability 9.x (SM90) with nvidia-cutlass-dsl")
     out = a.out or results_path("fused_prefill")
     regs = a.regs.split(",")
+    if a.ablate:
+        notes = ["kind one_kernel_ablation: the shipped one-kernel build (PrefillKey.regs = regs) timed by "
+                 "triton.testing.do_bench (median, ms) with the named parts made no-ops (PARTS: idle = the walk's "
+                 "chunk products, wtiles = its tiles, solve / norms / gates / loads = the prep's, store = the output "
+                 "rows); timing only, the outputs meaningless; fp32 'vk' pool, l2norm in the kernel, mild gates"]
+        rows = []
+        for N, L, H, HV in parse(a.shapes):
+            rows.extend(ablate(N, L, H, HV, a.ablate.split(",")))
+            write_results(out, rows, notes)
+        return 0
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
