@@ -13,8 +13,8 @@ Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefi
 default benchmarks/results/) after every shape; the canonical rows live in
 ``benchmarks/results/prefill_fused_h200.json`` (kind ``one_kernel``).
 
-``--ablate`` times the shipped build with named parts made no-ops instead (kind ``one_kernel_ablation``;
-timing only: the outputs are meaningless), which says what bounds the kernel: ``idle`` the walk's chunk
+``--ablate`` times the build (the first ``--regs`` split) with named parts made no-ops instead (kind
+``one_kernel_ablation``; dense states, no initial state; timing only: the outputs are meaningless), which says what bounds the kernel: ``idle`` the walk's chunk
 products, ``wtiles`` the walk's K K^T / Q K^T tiles, ``solve`` the prep's solve, ``norms`` its q / k norms,
 ``gates`` its gates' scan, ``loads`` its k, q, v loads, ``store`` the walk's output rows; a variant is
 ``x[:part+part..]`` (``x`` alone: nothing removed).
@@ -37,7 +37,7 @@ from fused_walk import Call, make, parse, run_shapes, switch  # noqa: E402
 
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
 REGS_VARIANTS = "136/184"
-#: the parts ``--ablate`` can make no-ops: (module, class, method) of the one kernel's code
+#: the parts ``--ablate`` can make no-ops: (class: the one kernel's or its prep's, method)
 PARTS = {"idle": ("prefill", "chunk_products"), "wtiles": ("prefill", "walk_tiles"), "store": ("prefill", "output_rows"),
          "loads": ("prefill", "load_kqv"), "solve": ("prep", "solve_one_head"), "norms": ("prep", "row_norm"),
          "gates": ("prep", "scan_gates")}
@@ -98,7 +98,7 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
 
 
 def ablate(N, L, H, HV, variants) -> list:
-    """``do_bench`` medians (ms) of the shipped one-kernel build with the parts each variant names made no-ops
+    """``do_bench`` medians (ms) of the one-kernel build (``fused_prefill.REGS``) with the parts each variant names made no-ops
     (module docstring), one row per variant; the kernel is compiled afresh for each."""
     from triton.testing import do_bench
 
@@ -109,11 +109,12 @@ def ablate(N, L, H, HV, variants) -> list:
 
     classes = {"prefill": fpm.FusedPrefillKernel, "prep": prm.FusedPrepKernel}
     real = {part: getattr(classes[c], m) for part, (c, m) in PARTS.items()}
-    d, pool0, idx = make(N, L, H, HV)
+    d, _, _ = make(N, L, H, HV)
     T = N * L
+    # dense states, no initial state: no variant reads what another wrote (an ablated build's states are garbage)
     args = dict(q=d["q"], k=d["k"], v=d["v"], g=d["g"], beta=d["beta"], cu_seqlens=d["cu_seqlens"],
-                o=torch.empty(T, HV, 128, device="cuda", dtype=torch.bfloat16), state_indices=idx,
-                has_initial_state=None, h0=pool0, ht=pool0, s0=(HV * 128 * 128, 128 * 128, 1, 128),
+                o=torch.empty(T, HV, 128, device="cuda", dtype=torch.bfloat16), state_indices=None,
+                has_initial_state=None, h0=None, ht=torch.empty(N, HV, 128, 128, device="cuda"), s0=(0, 0, 0, 0),
                 st=(HV * 128 * 128, 128 * 128, 1, 128), scale=128 ** -0.5, use_qk_l2norm=True)
     rows = []
     try:
@@ -171,7 +172,8 @@ def main(argv=None) -> int:
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
     ap.add_argument("--ablate", default=None, type=_variants,
-                    help="time the shipped build with parts made no-ops instead: 'x[:part+..],...' (module docstring)")
+                    help="time the build (the first --regs split) with parts made no-ops instead: 'x[:part+..],...' "
+                         "(module docstring); --l2norm is not read")
     ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/fused_prefill_<device>.json)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -179,14 +181,22 @@ def main(argv=None) -> int:
     out = a.out or results_path("fused_prefill")
     regs = a.regs.split(",")
     if a.ablate:
-        notes = ["kind one_kernel_ablation: the shipped one-kernel build (PrefillKey.regs = regs) timed by "
+        from linattn.kernels.cutedsl import fused_prefill as fpk
+
+        notes = ["kind one_kernel_ablation: the one-kernel build at the first --regs split timed by "
                  "triton.testing.do_bench (median, ms) with the named parts made no-ops (PARTS: idle = the walk's "
                  "chunk products, wtiles = its tiles, solve / norms / gates / loads = the prep's, store = the output "
-                 "rows); timing only, the outputs meaningless; fp32 'vk' pool, l2norm in the kernel, mild gates"]
+                 "rows); timing only, the outputs meaningless; dense fp32 states, no initial state, l2norm in the "
+                 "kernel, mild gates (benchmarks/fused_walk.py's make)"]
+        shipped = fpk.REGS
+        fpk.REGS = tuple(int(x) for x in regs[0].split("/"))
         rows = []
-        for N, L, H, HV in parse(a.shapes):
-            rows.extend(ablate(N, L, H, HV, a.ablate.split(",")))
-            write_results(out, rows, notes)
+        try:
+            for N, L, H, HV in parse(a.shapes):
+                rows.extend(ablate(N, L, H, HV, a.ablate.split(",")))
+                write_results(out, rows, notes)
+        finally:
+            fpk.REGS = shipped
         return 0
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "

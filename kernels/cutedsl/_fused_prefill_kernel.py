@@ -159,7 +159,8 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         # per stage: g (raw), rk, qs, sq of each row (the walk's factors read them)
         sRow = smem.allocate_tensor(Float32, cute.make_layout((C, 4, PRODUCT_STAGES), stride=(1, C, 4 * C)), 16)
         sFac = smem.allocate_tensor(Float32, cute.make_layout((C, 3 * self.NW), stride=(1, C)), 16)
-        # the prep's: A^T (fp32; Tm in its strictly lower triangle), the solve's Z, the row vectors
+        # A^T (fp32, written by walk warpgroup 1; the prep's solve keeps Tm in its strictly lower triangle), the
+        # solve's Z, the row vectors (the prep's)
         sAt = smem.allocate_tensor(Float32, cute.make_layout((C, C), stride=(P.PA, 1)), 16)
         sZ = smem.allocate_tensor(Float32, cute.make_layout(32 * P.PZ), 16)
         sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8), stride=(1, C)), 16)
@@ -182,8 +183,9 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                   sK, sQ, sT, sV, sRow, sAt, sZ, sVec):
         """The prep warpgroup (thread ``ptid`` of 128): each chunk's loads, gates and norms (then "norms
         ready"), and once the walk has formed its ``A^T`` and ``Aqk`` ("tiles ready"), its solve into the
-        products' stage ("full"); chunk u + 1's loads, gates and norms follow chunk u's solve, so the walk
-        forms chunk u + 1's tiles, and the prep solves them, while the walk works on chunk u."""
+        products' stage ("full"); chunk u + 1's gates and norms follow chunk u's solve (its loads were issued
+        after chunk u - 1's; chunk u + 2's follow them), so the walk forms chunk u + 1's tiles, and the prep
+        solves them, while the walk works on chunk u."""
         lane = ptid % 32
         wid = ptid // 32
         i_h = i_hv // GROUP
@@ -313,9 +315,9 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
     @cute.jit
     def walk_tiles(self, wtid, ks, s, mma_t, sK, sQ, sA, sAt, sVec):
-        """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``): warpgroup 0 ``K K^T`` and its
-        gate tile ``A`` (fp32, transposed) into ``sAt``, warpgroup 1 ``Q K^T`` and ``Aqk`` (bf16) into stage
-        ``s``'s ``sA``; the products on ``wgmma`` (both operands in shared memory), the factors as the prep
+        """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``): the first walk warpgroup (the
+        kernel's warpgroup 1, ``wtid < 128``) ``K K^T`` and its gate tile ``A`` (fp32, transposed) into ``sAt``,
+        the second (warpgroup 2) ``Q K^T`` and ``Aqk`` (bf16) into stage ``s``'s ``sA``; the products on ``wgmma`` (both operands in shared memory), the factors as the prep
         kernel's (b) (the same expressions, so the same bits)."""
         thr = mma_t.get_slice(wtid % 128)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)

@@ -109,6 +109,7 @@ class FusedPrepKernel:
         stream,
     ):
         K = self.K
+        assert self.solve in ("blocks", "column"), "solve='one_head' is the one-kernel prefill's, not this kernel's"
         tiled_mma = cute.make_tiled_mma(
             warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (4, 1, 1), permutation_mnk=(64, 16, 16))
         g2s16 = cute.make_copy_atom(
@@ -466,11 +467,10 @@ class FusedPrepKernel:
     # The products run on warp mma.sync (bf16, fp32 accumulation) with each fp32 operand split into
     # bf16 hi + lo (hi lo + lo hi + hi hi: about 16 bits of each operand, fp32's range).
     @cute.jit
-    def solve_blocks(self, sAt, zp, sDst, sVec, slot, col, active, half=None):
+    def solve_blocks(self, sAt, zp, sDst, sVec, slot, col, active):
         """``Tm diag(beta)`` of value-head slot ``slot`` into ``sDst [C, C]`` (bf16; the scheme above), with
         ``Z`` (fp32, ``32 x PZ``) at ``zp``. Every prep thread calls it (it holds the prep's barriers,
-        :meth:`sync`); ``active``: this thread's slot holds a value head. ``half`` (one slot on 128
-        threads): S4 by every thread, rows ``32 half ..`` of column ``col``, instead of the slot's 64."""
+        :meth:`sync`); ``active``: this thread's slot holds a value head."""
         PA = self.PA
         sA = cute.make_tensor(sAt.iterator + slot * (C * PA), cute.make_layout((C, C), stride=(PA, 1)))
         ws = col // 32  # the warp of the slot
@@ -488,21 +488,12 @@ class FusedPrepKernel:
                 if col % 16 < i:
                     sA[o + i, o + col % 16] = x[i]
         self.sync()
-        if const_expr(half is not None):  # one slot on four warps: S2, S3 split by columns too
-            self.doubling_four_warps(tiled, sA, zp, half * 2 + ws, lane)
-        else:
-            self.doubling(tiled, sA, zp, ws, lane, active)
+        self.doubling(tiled, sA, zp, ws, lane, active)
         # S4: column col of Tm diag(beta) (Z's bytes are dead: the staging takes them)
-        if const_expr(half is None):
-            if active:
-                b = sVec[col, 6 + slot]
-                for i in cutlass.range_constexpr(C):
-                    sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
-        else:
+        if active:
             b = sVec[col, 6 + slot]
-            r0 = half * (C // 2)
-            for i in cutlass.range_constexpr(C // 2):
-                sDst[r0 + i, col] = BFloat16(_unit_lower(sA[r0 + i, col], r0 + i, col) * b)
+            for i in cutlass.range_constexpr(C):
+                sDst[i, col] = BFloat16(_unit_lower(sA[i, col], i, col) * b)
 
     @cute.jit
     def doubling(self, tiled, sA, zp, ws, lane, active):
@@ -529,32 +520,6 @@ class FusedPrepKernel:
         self.sync()
 
     @cute.jit
-    def doubling_four_warps(self, tiled, sA, zp, w, lane):
-        """S2 and S3 of :meth:`solve_blocks` for one slot on four warps (``w`` 0 .. 3): each product's
-        columns split between two warps (each output entry the same mma.sync sums as :meth:`doubling`'s,
-        so the same bits), half the dependent MMAs per warp."""
-        PA, PZ = self.PA, self.PZ
-        # S2: warps 2 p, 2 p + 1 double the pair at o = 32 p, columns 8 (w % 2) .. of Z and of the block
-        o2 = (w // 2) * 32
-        n2 = (w % 2) * 8
-        zw = zp + (w // 2) * (16 * PZ)
-        self.block_product(tiled, lane, sA.iterator + (o2 * PA + o2 + 16), (1, PA), False, 0,
-                           sA.iterator + (o2 * PA + o2 + n2), (1, PA), True, 16, 8, zw + n2, False, n2)
-        cute.arch.sync_warp()
-        self.block_product(tiled, lane, sA.iterator + ((o2 + 16) * PA + o2 + 16), (PA, 1), True, 0,
-                           zw + n2, (1, PZ), False, 16, 8, sA.iterator + ((o2 + 16) * PA + o2 + n2), True)
-        self.sync()
-        # S3: warp w: rows 16 (w // 2) .., columns 16 (w % 2) .. of Z, then of Tm[32:64, 0:32]
-        rb = (w // 2) * 16
-        n3 = (w % 2) * 16
-        self.block_product(tiled, lane, sA.iterator + (32 + rb), (1, PA), False, 0,
-                           sA.iterator + n3, (1, PA), True, 32, 16, zp + (rb * PZ + n3), False, n3)
-        self.sync()
-        self.block_product(tiled, lane, sA.iterator + ((32 + rb) * PA + 32), (PA, 1), True, rb,
-                           zp + n3, (1, PZ), False, 32, 16, sA.iterator + ((32 + rb) * PA + n3), True)
-        self.sync()
-
-    @cute.jit
     def solve_one_head(self, sAt, zp, sDst, sVec, ptid):
         """``Tm diag(beta)`` of one value head into ``sDst [C, C]`` (bf16) on the four warps (thread ``ptid``
         of 128): S1 as :meth:`solve_blocks` (threads 0 .. 63), then S2, S3 as :meth:`doubling_four_warps`
@@ -562,8 +527,7 @@ class FusedPrepKernel:
         ``bf16(Tm beta_col)`` where it is made (the diagonal blocks from S1's registers, the others from
         the products' accumulators). ``sDst``'s blocks above the diagonal are never written: the caller
         zeroes them once."""
-        PA, PZ = self.PA, self.PZ
-        sA = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(PA, 1)))
+        sA = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(self.PA, 1)))
         tiled = cute.make_tiled_mma(warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)), (1, 1, 1))
         w = ptid // 32
         lane = ptid % 32
@@ -581,6 +545,15 @@ class FusedPrepKernel:
             for i in cutlass.range_constexpr(16):
                 sDst[o + i, col] = BFloat16(x[i] * b)
         self.sync()
+        self.doubling_four_warps(tiled, sA, zp, w, lane, sDst, sVec)
+
+    @cute.jit
+    def doubling_four_warps(self, tiled, sA, zp, w, lane, sDst, sVec):
+        """S2 and S3 of :meth:`solve_blocks` for one value head on four warps (``w`` 0 .. 3): each product's
+        columns split between two warps (each output entry the same mma.sync sums as :meth:`doubling`'s,
+        so the same bits), half the dependent MMAs per warp; each block of Tm also to ``sDst`` as
+        ``bf16(Tm beta_col)`` (:meth:`solve_one_head`)."""
+        PA, PZ = self.PA, self.PZ
         # S2: warps 2 p, 2 p + 1 double the pair at o = 32 p, columns 8 (w % 2) .. of Z and of the block
         o2 = (w // 2) * 32
         n2 = (w % 2) * 8

@@ -1,9 +1,10 @@
 """The one-kernel GDN prefill in CuTe DSL (issue 27): host side, compile cache, launcher.
 
 :mod:`._fused_prefill_kernel` runs the prep (:mod:`.fused_prep`) and the ``wgmma`` walk
-(:mod:`.fused_walk`) in one warp-specialized kernel per (sequence, value head): the prep's products
-go from one warpgroup to the other through shared memory, so nothing per chunk (``Tm diag(beta)``,
-``Aqk``, ``rk``, ``qs``) goes to HBM and q, k, v are read once. Its scope is the intersection of the
+(:mod:`.fused_walk`) in one warp-specialized kernel per (sequence, value head): the state-independent
+products (``K K^T``, ``Q K^T`` and their gate tiles on the walk warpgroups, the solve on the prep
+warpgroup) go from one warpgroup to the other through shared memory, so nothing per chunk
+(``Tm diag(beta)``, ``Aqk``, ``rk``, ``qs``) goes to HBM and q, k, v are read once. Its scope is the intersection of the
 two kernels': GDN, bf16 q/k/v, fp32 ``g``, fp32 or bf16 ``beta``, ``K = V = 128``, chunk 64, no
 state checkpoints, SM90.
 

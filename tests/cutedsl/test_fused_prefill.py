@@ -1,13 +1,16 @@
 """CPU checks of the one-kernel GDN prefill (kernels/cutedsl/fused_prefill.py, issue 27).
 
 Compiled for sm_90a without a GPU (the warp specialization read from the PTX: three warpgroups, the
-register split, the stage barriers, the prep's mma.sync and the walk's wgmma); the refusals and the
+register split, the stage barriers, the prep's mma.sync and the walk's wgmma; ptxas's spill at the
+shipped register split); the refusals and the
 wrapper's argument checks, which raise before anything is compiled or launched; the switch
 (``LINATTN_CUTEDSL_WALK=fused``) and the planner's reason. What it computes is checked on the H200 by
 tests/gpu/test_fused_prefill_gpu.py (bitwise the two kernels it fuses).
 """
 
+import os
 import re
+import subprocess
 
 import pytest
 import torch
@@ -37,17 +40,42 @@ def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(tmp_path):
     assert ".local" not in ptx
     assert "fence.proxy.async.shared::cta" in ptx
     # the walk: P1, P2 (8 k blocks each), Vn^T, O^T's Aqk term (4 each), the update (4): 28 wgmma; its tiles
-    # (K K^T on warpgroup 0, Q K^T on 1: 8 k blocks each, m64n64k16, both operands in shared memory) for chunk 0
-    # and in the loop: 32
+    # (K K^T on the first walk warpgroup, Q K^T on the second: 8 k blocks each, m64n64k16, both operands in
+    # shared memory) for chunk 0 and in the loop: 32
     assert len(re.findall(r"wgmma\.mma_async", ptx)) == 28 + 32
     # the prep's solve: the doubling on four warps (3 products a tile, bf16 hi / lo): S2 16 x 8 x 16 twice,
     # S3 16 x 16 x 32 twice
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == 3 * (1 + 1 + 4 + 4)
-    # k, q, v (8 row passes each), issued in two places: chunks 0 and 1 before the loop (one unrolled site), chunk
-    # u + 2 in it
+    # k, q, v (8 row passes each), issued in three places: chunks 0 and 1 before the loop (two unrolled sites),
+    # chunk u + 2 in it
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 24
     for bad in ("tcgen05", "cp.async.bulk"):
         assert bad not in ptx, bad
+
+
+def _ptxas():
+    """The ptxas that Triton ships (the main venv's), or None."""
+    try:
+        import triton.backends.nvidia as nv
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
+    return path if os.access(path, os.X_OK) else None
+
+
+def test_the_shipped_register_split_spills_at_most_16_bytes(tmp_path):
+    """ptxas on the shipped build's PTX (``fused_prefill.REGS``): 16 bytes of spill stores at 136 / 184, the
+    build the H200 measured (docs/performance.md, 'The one-kernel prefill, session 16')."""
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas (Triton's NVIDIA backend) in this environment")
+    fpk.compile_fused_prefill(_key(), dump_dir=str(tmp_path))
+    ptx = next(p for p in tmp_path.iterdir() if p.suffix == ".ptx")
+    out = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "x.cubin")],
+                         capture_output=True, text=True, check=True).stderr
+    spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", out)]
+    assert spills and max(spills) <= 16, out[-2000:]
 
 
 @pytest.mark.parametrize("kw,needle", [
