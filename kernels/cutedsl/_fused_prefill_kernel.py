@@ -317,8 +317,9 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     def walk_tiles(self, wtid, ks, s, mma_t, sK, sQ, sA, sAt, sVec):
         """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``): the first walk warpgroup (the
         kernel's warpgroup 1, ``wtid < 128``) ``K K^T`` and its gate tile ``A`` (fp32, transposed) into ``sAt``,
-        the second (warpgroup 2) ``Q K^T`` and ``Aqk`` (bf16) into stage ``s``'s ``sA``; the products on ``wgmma`` (both operands in shared memory), the factors as the prep
-        kernel's (b) (the same expressions, so the same bits)."""
+        the second (warpgroup 2) ``Q K^T`` and ``Aqk`` (bf16) into stage ``s``'s ``sA``; the products on
+        ``wgmma`` (both operands in shared memory), the factors as the prep kernel's (b) (the same
+        expressions, so the same bits)."""
         thr = mma_t.get_slice(wtid % 128)
         acc = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
         tCc = thr.partition_C(cute.make_identity_tensor((C, C)))
@@ -333,10 +334,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             for i in cutlass.range_constexpr(cute.size(acc)):
-                rr = tCc[i][0]
-                ss = tCc[i][1]
-                d = sVec[rr, 4] - sVec[ss, 4]
-                e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
+                rr, ss, e = self.gate_decay(tCc[i], sVec)
                 a = acc[i] * e * (sVec[rr, 6] * sVec[rr, 0]) * sVec[ss, 0]
                 acc[i] = cutlass.select_(rr > ss, a, zero)
             sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T
@@ -346,14 +344,20 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             for i in cutlass.range_constexpr(cute.size(acc)):
-                rr = tCc[i][0]
-                ss = tCc[i][1]
-                d = sVec[rr, 4] - sVec[ss, 4]
-                e = cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
+                rr, ss, e = self.gate_decay(tCc[i], sVec)
                 acc[i] = acc[i] * e * sVec[ss, 0] * sVec[rr, 2]
             rq = cute.make_fragment_like(acc, BFloat16)
             rq.store(acc.load().to(BFloat16))
             cute.autovec_copy(rq, thr.partition_C(sA[None, None, s]))
+
+    @cute.jit
+    def gate_decay(self, crd, sVec):
+        """Row ``r``, column ``s`` of a tile element at ``crd`` and its decay ``exp(G_r - G_s)`` (0 above the
+        diagonal), as the prep kernel's (b) forms it."""
+        rr = crd[0]
+        ss = crd[1]
+        d = sVec[rr, 4] - sVec[ss, 4]
+        return rr, ss, cute.math.exp(cutlass.select_(rr >= ss, d, Float32(-float("inf"))), fastmath=True)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
