@@ -141,13 +141,17 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
                    st: tuple) -> str:
     """Why the one-kernel prefill cannot run these tensors ('' where it can): :func:`fused_refusal` on
     their dtypes, then shapes, dtypes, layouts and devices (the first that is wrong, named). Nothing is
-    compiled or launched; :func:`run_for_plan` falls back to the two kernels where this is not empty."""
+    compiled or launched; :func:`run_for_plan` falls back to the two kernels where this is not empty. Values
+    (index ranges and repeats, ``cu_seqlens`` increasing to T) are the public ops' checks, not read here (that
+    would synchronise with the GPU)."""
+    name = "cutedsl one-kernel prefill"
+    if q.dim() != 3:
+        return f"{name}: q must be [T, H, K]; got shape {tuple(q.shape)}"
     T_, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     why = fused_refusal(family="gdn", K=K, V=V, dtype=q.dtype, g_dtype=g.dtype, beta_dtype=beta.dtype)
     if why:
         return why
-    name = "cutedsl one-kernel prefill"
     want = {"k": (k, q.shape, torch.bfloat16), "v": (v, (T_, HV, V), torch.bfloat16),
             "g": (g, (T_, HV), torch.float32), "beta": (beta, (T_, HV), beta.dtype),
             "o": (o, (T_, HV, V), torch.bfloat16)}
@@ -174,6 +178,9 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
     for n, x in (("cu_seqlens", cu_seqlens), ("state_indices", state_indices)):
         if x is not None and x.dtype not in (torch.int32, torch.int64):
             return f"{name}: {n} must be int32 or int64, got {x.dtype}"
+    why = _state_shapes(cu_seqlens, state_indices, has_initial_state, h0, ht, HV, K, V)
+    if why:
+        return f"{name}: {why}"
     if max(abs(s0[2]) * K, abs(s0[3]) * V, abs(st[2]) * K, abs(st[3]) * V) >= 2**31:
         return f"{name}: state strides inside one head exceed 32 bits"
     if max(x.stride(0) if _rows_aligned(x) else x[0].numel() for x in (q, k, v)) * 64 >= 2**31:
@@ -182,6 +189,28 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
             if x is not None and x.device.type != "meta"}
     if len(devs) > 1:
         return f"{name}: tensors on several devices {sorted(map(str, devs))}"
+    if devs and next(iter(devs)).type != "cuda":
+        return f"{name}: runs on CUDA tensors; got {next(iter(devs))}"
+    return ""
+
+
+def _state_shapes(cu_seqlens, state_indices, has_initial_state, h0, ht, HV: int, K: int, V: int) -> str:
+    """Why the state tensors' shapes do not fit the call ('' where they do): ``cu_seqlens [N+1]``, pool mode
+    ``state_indices [N]``, ``has_initial_state [N]`` and a ``[P, HV, V, K]`` or ``[P, HV, K, V]`` pool;
+    dense mode ``ht`` (and ``h0``) ``[>= N, HV, ., .]``."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
+        return f"cu_seqlens must be [N + 1]; got shape {tuple(cu_seqlens.shape)}"
+    N = cu_seqlens.numel() - 1
+    for n, x in (("state_indices", state_indices), ("has_initial_state", has_initial_state)):
+        if x is not None and (x.dim() != 1 or x.numel() != N):
+            return f"{n} must be [N] = [{N}]; got shape {tuple(x.shape)}"
+    for n, x in (("ht", ht), ("h0", h0)):
+        if x is None:
+            continue
+        if x.dim() != 4 or x.shape[1] != HV or sorted(x.shape[2:]) != sorted((K, V)):
+            return f"{n} must be [rows, HV, V, K] or [rows, HV, K, V] = [.., {HV}, {V}, {K}]; got {tuple(x.shape)}"
+        if state_indices is None and x.shape[0] < N:
+            return f"{n} has {x.shape[0]} rows for N = {N} sequences"
     return ""
 
 
@@ -209,7 +238,7 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             or device), or ``regs`` not a register split (:func:`regs_refusal`); nothing has launched then.
         ImportError: nvidia-cutlass-dsl is not installed.
     """
-    regs = REGS if regs is None else tuple(regs)
+    regs = REGS if regs is None else (tuple(regs) if isinstance(regs, (tuple, list)) else regs)
     why = tensor_refusal(q=q, k=k, v=v, g=g, beta=beta, o=o, cu_seqlens=cu_seqlens, state_indices=state_indices,
                          has_initial_state=has_initial_state, h0=h0, ht=ht, s0=s0, st=st) or regs_refusal(regs)
     if why:
@@ -231,10 +260,12 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 def regs_refusal(regs: tuple) -> str:
     """Why ``regs`` is not a register split of the one kernel ('' where it is): ``(prep, walk)`` registers a
-    thread, multiples of 8 (``setmaxnreg``), at least 24, with ``prep + 2 walk <= 504`` (384 threads share
+    thread, ints, multiples of 8 (``setmaxnreg``), at least 24, with ``prep + 2 walk <= 504`` (384 threads share
     64,512 registers)."""
-    if len(regs) != 2 or any(r % 8 or r < 24 for r in regs) or regs[0] + 2 * regs[1] > 504:
-        return f"cutedsl one-kernel prefill: regs {tuple(regs)}: (prep, walk) multiples of 8 with prep + 2 walk <= 504"
+    ok = isinstance(regs, (tuple, list)) and len(regs) == 2 and all(type(r) is int for r in regs)
+    if not ok or any(r % 8 or r < 24 for r in regs) or regs[0] + 2 * regs[1] > 504:
+        return (f"cutedsl one-kernel prefill: regs {regs!r}: (prep, walk) ints, multiples of 8, at least 24 each, "
+                "with prep + 2 walk <= 504")
     return ""
 
 

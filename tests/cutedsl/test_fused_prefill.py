@@ -119,10 +119,22 @@ def _args(T=70, H=2, HV=4):
     (dict(state_indices=torch.zeros(2, dtype=torch.int32), h0="ht",
           has_initial_state=torch.ones(2, dtype=torch.int32)), "bool or uint8"),
     (dict(cu_seqlens=torch.tensor([0, 30, 70], dtype=torch.int16)), "cu_seqlens must be int32 or int64"),
-    (dict(o=torch.zeros(70, 4, 128, dtype=torch.bfloat16, device="meta"), g=torch.zeros(70, 4, device="meta")),
-     None),  # meta stand-ins (a recording) are not placed: not refused for their device
+    (dict(), None),  # meta stand-ins (a recording; every tensor, below) are not placed: not refused for their device
     (dict(regs=(150, 176)), "multiples of 8"),
     (dict(regs=(160, 176)), "<= 504"),
+    (dict(regs=(16, 16)), "at least 24"),
+    (dict(regs=5), "ints"),
+    (dict(regs=("a", "b")), "ints"),
+    (dict(), "runs on CUDA tensors; got cpu"),
+    (dict(q=torch.zeros(70, 256, dtype=torch.bfloat16)), r"q must be \[T, H, K\]"),
+    (dict(ht=torch.zeros(2, 4, 64, 64)), "ht must be"),
+    (dict(ht=torch.zeros(2, 3, 128, 128)), "ht must be"),
+    (dict(ht=torch.zeros(1, 4, 128, 128)), "ht has 1 rows for N = 2"),
+    (dict(h0=torch.zeros(2, 4, 128, 64)), "h0 must be"),
+    (dict(state_indices=torch.zeros(3, dtype=torch.int32), h0="ht"), r"state_indices must be \[N\] = \[2\]"),
+    (dict(state_indices=torch.zeros(2, dtype=torch.int32), h0="ht", has_initial_state=torch.ones(3, dtype=torch.bool)),
+     r"has_initial_state must be \[N\]"),
+    (dict(cu_seqlens=torch.tensor([[0, 30, 70]], dtype=torch.int32)), r"cu_seqlens must be \[N \+ 1\]"),
 ])
 def test_wrapper_refuses_bad_buffers_before_any_launch(monkeypatch, change, needle):
     compiled = []
@@ -131,14 +143,15 @@ def test_wrapper_refuses_bad_buffers_before_any_launch(monkeypatch, change, need
     if args["h0"] == "ht":
         args["h0"] = args["ht"]
     if needle is None:  # accepted: the wrapper goes on to compile (a stub here)
-        args.update(q=args["q"].to("meta"), k=args["k"].to("meta"), v=args["v"].to("meta"),
-                    beta=args["beta"].to("meta"))
+        args.update({n: x.to("meta") for n, x in args.items() if isinstance(x, torch.Tensor)})
         try:
             fpk.cutedsl_fused_prefill(**args)
         except Exception:  # noqa: BLE001 - past the checks (meta tensors have no addresses to launch on)
             pass
         assert compiled, "refused a call whose tensors are all meta stand-ins"
         return
+    if "regs" in change:  # the tensors right (meta stand-ins): only the split is wrong
+        args.update({n: x.to("meta") for n, x in args.items() if isinstance(x, torch.Tensor)})
     with pytest.raises(ValueError, match=needle):
         fpk.cutedsl_fused_prefill(**args)
     assert not compiled
