@@ -109,6 +109,7 @@ def ablate(N, L, H, HV, variants) -> list:
 
     classes = {"prefill": fpm.FusedPrefillKernel, "prep": prm.FusedPrepKernel}
     real = {part: getattr(classes[c], m) for part, (c, m) in PARTS.items()}
+    own = {part for part, (c, m) in PARTS.items() if m in vars(classes[c])}  # else inherited: restored by delattr
     d, _, _ = make(N, L, H, HV)
     T = N * L
     # dense states, no initial state: no variant reads what another wrote (an ablated build's states are garbage)
@@ -132,7 +133,10 @@ def ablate(N, L, H, HV, variants) -> list:
             print(rows[-1], flush=True)
     finally:
         for part, (c, m) in PARTS.items():
-            setattr(classes[c], m, real[part])
+            if part in own:
+                setattr(classes[c], m, real[part])
+            elif m in vars(classes[c]):
+                delattr(classes[c], m)
         fpk._CACHE.clear()
         fw._STEPS.clear()
     return rows

@@ -145,8 +145,9 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
     (index ranges and repeats, ``cu_seqlens`` increasing to T) are the public ops' checks, not read here (that
     would synchronise with the GPU)."""
     name = "cutedsl one-kernel prefill"
-    if q.dim() != 3:
-        return f"{name}: q must be [T, H, K]; got shape {tuple(q.shape)}"
+    for n, x in (("q", q), ("v", v)):
+        if x.dim() != 3:
+            return f"{name}: {n} must be [T, heads, head dim]; got shape {tuple(x.shape)}"
     T_, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     why = fused_refusal(family="gdn", K=K, V=V, dtype=q.dtype, g_dtype=g.dtype, beta_dtype=beta.dtype)
