@@ -25,9 +25,16 @@ def _key(**kw):
     return fpk.PrefillKey(**{**base, **kw})
 
 
-def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(tmp_path):
+@pytest.fixture(scope="module")
+def shipped_build(tmp_path_factory):
+    """The shipped build compiled once for sm_90a: ``(its PTX text, the dump folder holding the .ptx file)``."""
     pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
-    ptx = fpk.compile_fused_prefill(_key(), dump_dir=str(tmp_path)).artifacts.PTX
+    out = tmp_path_factory.mktemp("one_kernel")
+    return fpk.compile_fused_prefill(_key(), dump_dir=str(out)).artifacts.PTX, out
+
+
+def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(shipped_build):
+    ptx, _ = shipped_build
     assert ".target sm_90a" in ptx and ".reqntid 384, 1, 1" in ptx
     prep, walk = fpk.REGS
     assert f"setmaxnreg.dec.sync.aligned.u32 \t{prep};" in ptx and f"setmaxnreg.inc.sync.aligned.u32 \t{walk};" in ptx
@@ -63,15 +70,13 @@ def _ptxas():
     return path if os.access(path, os.X_OK) else None
 
 
-def test_the_shipped_register_split_spills_at_most_16_bytes(tmp_path):
+def test_the_shipped_register_split_spills_at_most_16_bytes(shipped_build, tmp_path):
     """ptxas on the shipped build's PTX (``fused_prefill.REGS``): 16 bytes of spill stores at 136 / 184, the
     build the H200 measured (docs/performance.md, 'The one-kernel prefill, session 16')."""
-    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
     ptxas = _ptxas()
     if ptxas is None:
         pytest.skip("no ptxas (Triton's NVIDIA backend) in this environment")
-    fpk.compile_fused_prefill(_key(), dump_dir=str(tmp_path))
-    ptx = next(p for p in tmp_path.iterdir() if p.suffix == ".ptx")
+    ptx = next(p for p in shipped_build[1].iterdir() if p.suffix == ".ptx")
     run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "x.cubin")],
                          capture_output=True, text=True)
     if run.returncode:
