@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ._state_kernel import load_state_block  # the entering state's load, shared
+from ._state_kernel import load_state_block, store_rows  # the entering state's load, the rows' store: shared
 
 C = 64  # chunk rows
 
@@ -288,15 +288,8 @@ class FusedWalkKernel:
 
             # (f) the output rows of this chunk: sV (now O^T as [row, value]) -> o[row, hv, v0:v0+BV]
             row0 = bos + Int64(t * C)
-            gO = cute.make_tensor((o_ptr + (row0 * Int64(HV * V) + hv64 * Int64(V) + Int64(v0))).align(16),
-                                  cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
-            tOg = thr_o.partition_D(gO)
-            tOr = cute.make_fragment_like(tOs[None, None, None, 0])
-            cute.autovec_copy(tOs[None, None, None, stage], tOr)
-            nrow = Int32(eos - row0)
-            for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
-                if tOc[0, m, 0][0] < nrow:
-                    cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
+            store_rows(o_ptr + (row0 * Int64(HV * V) + hv64 * Int64(V) + Int64(v0)), HV * V, row0, eos, BV,
+                       thr_o, tOs, tOc, store_o, stage)
             cute.arch.sync_threads()  # the next iteration's loads overwrite this stage
 
         cute.arch.cp_async_wait_group(0)

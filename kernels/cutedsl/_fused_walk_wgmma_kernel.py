@@ -41,6 +41,7 @@ from cutlass import BFloat16, Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warp, warpgroup
 
 from ._fused_walk_kernel import C, FusedWalkKernel
+from ._state_kernel import store_rows
 
 
 class FusedWalkWgmmaKernel(FusedWalkKernel):
@@ -288,19 +289,11 @@ class FusedWalkWgmmaKernel(FusedWalkKernel):
         """The chunk's output rows from stage ``ks`` of the value tile (``O^T`` as ``[row, value]``) to
         ``o[row0 + r, hv, v0 : v0 + BV]`` by 16-byte stores, the rows inside the sequence (``eos``) only;
         ``v0`` None: the head's first column (a CTA per whole value head)."""
-        V, BV = self.V, self.BV
+        V = self.V
         head = row0 * Int64(HV * V) + hv64 * Int64(V)
         if const_expr(v0 is not None):
             head = head + Int64(v0)
-        gO = cute.make_tensor((o_ptr + head).align(16),
-                              cute.make_layout((C, BV), stride=(cute.assume(HV * V, divby=8), 1)))
-        tOg = thr_o.partition_D(gO)
-        tOr = cute.make_fragment_like(tOs[None, None, None, 0])
-        cute.autovec_copy(tOs[None, None, None, ks], tOr)
-        nrow = Int32(eos - row0)
-        for m in cutlass.range_constexpr(cute.size(tOr, mode=[1])):
-            if tOc[0, m, 0][0] < nrow:
-                cute.copy(store_o, tOr[None, m, None], tOg[None, m, None])
+        store_rows(o_ptr + head, HV * V, row0, eos, self.BV, thr_o, tOs, tOc, store_o, ks)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit

@@ -54,6 +54,23 @@ def load_state_block(acc_S, tScS, base, BV, K, s_v, s_k) -> None:
 C = 64  # chunk rows
 
 
+@cute.jit
+def store_rows(base, pitch, row0, eos, BV: cutlass.Constexpr[int], thr, tS, tC, copy, stage):
+    """A chunk's ``[C, BV]`` bf16 tile from shared memory to the rows at ``base`` (row pitch ``pitch``
+    elements, a multiple of 8) by ``copy``'s 16-byte stores, the rows of the sequence only (the chunk's first
+    token ``row0``, the sequence's end ``eos``): ``tS`` the tile's
+    stages and ``tC`` its coordinates as ``thr`` partitions them, ``stage`` the one stored. Shared by this
+    kernel's new-value rows and the fused walks' output rows."""
+    g = cute.make_tensor(base.align(16), cute.make_layout((C, BV), stride=(cute.assume(pitch, divby=8), 1)))
+    tG = thr.partition_D(g)
+    tR = cute.make_fragment_like(tS[None, None, None, 0])
+    cute.autovec_copy(tS[None, None, None, stage], tR)
+    nrow = Int32(eos - row0)
+    for m in cutlass.range_constexpr(cute.size(tR, mode=[1])):
+        if tC[0, m, 0][0] < nrow:
+            cute.copy(copy, tR[None, m, None], tG[None, m, None])
+
+
 class StateKernel:
     """Static configuration of one compiled state kernel (everything that changes the code).
 
@@ -328,15 +345,8 @@ class StateKernel:
 
             # (f) vn rows of this chunk: sU (now Vn) -> vn[row, hv, v0:v0+BV]
             row0 = bos + Int64(t * C)
-            gVn = cute.make_tensor((vn_ptr + (row0 * Int64(HVV) + hv64 * Int64(V) + Int64(v0))).align(16),
-                                   cute.make_layout((C, BV), stride=(cute.assume(HVV, divby=8), 1)))
-            tVg = thr_st.partition_D(gVn)
-            tVr = cute.make_fragment_like(tVs[None, None, None, 0])
-            cute.autovec_copy(tVs[None, None, None, stage], tVr)
-            nrow = Int32(eos - row0)
-            for m in cutlass.range_constexpr(cute.size(tVr, mode=[1])):
-                if tVc[0, m, 0][0] < nrow:
-                    cute.copy(store_v, tVr[None, m, None], tVg[None, m, None])
+            store_rows(vn_ptr + (row0 * Int64(HVV) + hv64 * Int64(V) + Int64(v0)), HVV, row0, eos, BV, thr_st,
+                       tVs, tVc, store_v, stage)
             # the next iteration's loads overwrite this stage's U (now Vn) tile
             cute.arch.sync_threads()
 
