@@ -28,7 +28,8 @@ import torch
 from linattn.kernels.triton.limits import G_MIN
 
 from .chunk_state import _cutlass_types, _dt, compile_cached
-from .fused_walk import CuteStep, _aligned, _rows_aligned, _runtime, cached_step, state_args, walk_refusal
+from .fused_walk import (CuteStep, _aligned, _rows_aligned, _runtime, buffers_refusal, cached_step, state_args,
+                         state_dtypes_refusal, walk_refusal)
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -156,12 +157,9 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
     want = {"k": (k, q.shape, torch.bfloat16), "v": (v, (T_, HV, V), torch.bfloat16),
             "g": (g, (T_, HV), torch.float32), "beta": (beta, (T_, HV), beta.dtype),
             "o": (o, (T_, HV, V), torch.bfloat16)}
-    for n, (x, shape, dt) in want.items():
-        rows_ok = x.dim() == len(shape) and (x.shape[0] >= T_ if n == "o" else x.shape[0] == T_)
-        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]):
-            return f"{name}: {n} has shape {tuple(x.shape)}; expected {tuple(shape)}"
-        if x.dtype != dt:
-            return f"{name}: {n} must be {dt}, got {x.dtype}"
+    why = buffers_refusal(name, T_, want, exact=("k", "v", "g", "beta"))
+    if why:
+        return why
     if not o.is_contiguous():
         return f"{name}: o must be contiguous"
     if HV % H:
@@ -173,9 +171,9 @@ def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initia
         return f"{name}: has_initial_state is for pool mode"
     if has_initial_state is not None and has_initial_state.dtype not in (torch.bool, torch.uint8):
         return f"{name}: has_initial_state must be bool or uint8, got {has_initial_state.dtype}"
-    for n, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            return f"{name}: {n} dtype {x.dtype}; supported: float32, bfloat16"
+    why = state_dtypes_refusal(name, ht, h0)
+    if why:
+        return why
     for n, x in (("cu_seqlens", cu_seqlens), ("state_indices", state_indices)):
         if x is not None and x.dtype not in (torch.int32, torch.int64):
             return f"{name}: {n} must be int32 or int64, got {x.dtype}"

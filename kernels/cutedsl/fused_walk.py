@@ -398,6 +398,31 @@ def state_args(cu_seqlens: torch.Tensor, state_indices: Optional[torch.Tensor],
                     h0 if h0 is not None else ht, ht)
 
 
+def buffers_refusal(kernel: str, T: int, want: dict, exact: tuple) -> str:
+    """Why a table of buffers does not fit a call of ``T`` tokens ('' where it does; the first wrong one
+    named, ``kernel`` the message's prefix): ``want`` maps a name to ``(tensor, expected shape, dtype)``;
+    the buffers named in ``exact`` have exactly ``T`` rows, the others at least ``T`` (a prefill bucket's
+    workspace may hold more). Shared by the walk's :func:`_check` and the one-kernel prefill's
+    ``fused_prefill.tensor_refusal``."""
+    for name, (x, shape, dt) in want.items():
+        rows_ok = x.dim() == len(shape) and (x.shape[0] == T if name in exact else x.shape[0] >= T)
+        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]):
+            more = "" if name in exact else " (or more rows)"
+            return f"{kernel}: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}{more}"
+        if x.dtype != dt:
+            return f"{kernel}: {name} must be {dt}, got {x.dtype}"
+    return ""
+
+
+def state_dtypes_refusal(kernel: str, ht: torch.Tensor, h0: Optional[torch.Tensor]) -> str:
+    """Why the written state ``ht`` or the read one ``h0`` has a dtype the CuTe DSL kernels do not take ('' where
+    both are fp32 or bf16)."""
+    for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            return f"{kernel}: {name} dtype {x.dtype}; supported: float32, bfloat16"
+    return ""
+
+
 def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) -> None:
     """Shapes, dtypes and layouts of the walk's buffers (ValueError naming the first that is wrong).
     The prep buffers and ``o`` may hold more token rows than q (a prefill bucket's workspace: the
@@ -407,13 +432,9 @@ def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) 
             "g": (g, (T, HV), torch.float32), "tmb": (tmb, (T, HV, WALK_CHUNK), torch.bfloat16),
             "aqk": (aqk, (T, HV, WALK_CHUNK), torch.bfloat16), "rk": (rk, (T, HV), torch.float32),
             "qs": (qs, (T, HV, 2), torch.float32), "o": (o, (T, HV, V), torch.bfloat16)}
-    for name, (x, shape, dt) in want.items():
-        rows_ok = x.shape[0] == T if name in ("k", "v", "g") else x.shape[0] >= T
-        if not rows_ok or tuple(x.shape[1:]) != tuple(shape[1:]) or x.dim() != len(shape):
-            more = "" if name in ("k", "v", "g") else " (or more rows)"
-            raise ValueError(f"cutedsl fused walk: {name} has shape {tuple(x.shape)}; expected {tuple(shape)}{more}")
-        if x.dtype != dt:
-            raise ValueError(f"cutedsl fused walk: {name} must be {dt}, got {x.dtype}")
+    why = buffers_refusal("cutedsl fused walk", T, want, exact=("k", "v", "g"))
+    if why:
+        raise ValueError(why)
     if HV % H:
         raise ValueError(f"cutedsl fused walk: HV = {HV} is not a multiple of H = {H} (GVA)")
     for name in ("tmb", "aqk", "rk", "qs", "o"):
@@ -422,9 +443,9 @@ def _check(*, q, k, v, g, tmb, aqk, rk, qs, o, ht, h0, HV: int, H: int, V: int) 
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.stride(-1) != 1:
             raise ValueError(f"cutedsl fused walk: {name}'s last dim must be contiguous")
-    for name, x in (("state", ht), ("initial state", h0 if h0 is not None else ht)):
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"cutedsl fused walk: {name} dtype {x.dtype}; supported: float32, bfloat16")
+    why = state_dtypes_refusal("cutedsl fused walk", ht, h0)
+    if why:
+        raise ValueError(why)
     devs = {x.device for x in (q, k, v, g, tmb, aqk, rk, qs, o, ht) if x.device.type != "meta"}
     if len(devs) != 1:
         raise ValueError(f"cutedsl fused walk: tensors on several devices {sorted(map(str, devs))}")
