@@ -291,8 +291,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         past the sequence zero)."""
         K, BV = self.K, self.BV
         row0 = bos + Int64(t * C)
-        left = eos - row0
-        L = Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
+        L = self.rows_of(bos, eos, t)
         gK = cute.make_tensor((k_ptr + (row0 * skt + Int64(i_h) * skh)).align(16),
                               cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
         gQ = cute.make_tensor((q_ptr + (row0 * sqt + Int64(i_h) * sqh)).align(16),
