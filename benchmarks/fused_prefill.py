@@ -36,7 +36,7 @@ from _results import results_path, write_results  # noqa: E402
 from fused_walk import Call, make, parse, run_shapes, switch  # noqa: E402
 
 SHAPES = "16x4096@16/32,4x8192@16/64,8x1024@16/32"
-REGS_VARIANTS = "136/184"
+REGS_VARIANTS = "112/192"
 #: the parts ``--ablate`` can make no-ops: (class: the one kernel's or its prep's, method)
 PARTS = {"idle": ("prefill", "chunk_products"), "wtiles": ("prefill", "walk_tiles"), "store": ("prefill", "output_rows"),
          "loads": ("prefill", "load_kqv"), "solve": ("prep", "solve_one_head"), "norms": ("prep", "row_norm"),

@@ -6,24 +6,22 @@ warp-specialized kernel: one CTA of three warpgroups per (sequence, value head),
 
     warpgroup 0 (prep, 128 threads, few registers)      warpgroups 1, 2 (walk, 256 threads)
                                                           chunk t:
-                                                            wait until chunk t + 1's norms are ready
-                                                            chunk t + 1's tiles on wgmma: K K^T -> A^T
-                                                              (fp32, warpgroup 1), Q K^T -> Aqk (bf16,
-                                                              warpgroup 2), with the gates; tiles ready
-      chunk u (once its tiles are ready):                   wait until chunk t's stage is full
-        (I + A)^-1 blockwise, Tm diag(beta) -> stage          the gate factors, then P1, P2, Vn^T,
-          u % 2; rk, qs -> its row vectors; full              O^T and the state update on wgmma
-      chunk u + 1 (its k, q, v in flight since u - 1):        (the state S^T fp32 in registers for
-        the gates' prefix sums, beta, the q / k norms         the whole sequence)
-          (F44: rewritten rows, scale folded in:            O^T through the v tile to the output
-          rk = uk, sq = 1); norms ready                     leave the stage ("empty")
-      wait until the walk has left chunk u - 1, then
-        chunk u + 1's raw g row and chunk u + 2's k, q, v
-        (cp.async; rows past the sequence: 0)
+      chunk u (once its tiles are ready):                   wait until chunk t + 1's norms are ready
+        chunk u + 1 (its k, q, v in flight since u - 1):    chunk t + 1's tiles on wgmma: K K^T -> A
+          the gates' prefix sums, beta, the q / k norms       (fp32 registers, warpgroup 1), Q K^T -> Aqk
+          (F44: rewritten rows, scale folded in:              (bf16, warpgroup 2), with the gates
+          rk = uk, sq = 1); norms ready                     wait until chunk t's stage is full; A^T ->
+        chunk u: (I + A)^-1 blockwise, Tm diag(beta) ->       sAt (the solve has left it); tiles ready
+          stage u % 2; rk, qs -> its row vectors; full      the gate factors, then P1, P2, Vn^T, O^T and
+      wait until the walk has left chunk u - 1, then          the state update on wgmma (the state S^T fp32
+        chunk u + 1's raw g row and chunk u + 2's k, q, v     in registers for the whole sequence)
+        (cp.async; rows past the sequence: 0)               O^T through the v tile to the output
+                                                          leave the stage ("empty")
 
-so the walk forms chunk t + 1's tiles and the prep solves them while the walk works on chunk t, and
-nothing per chunk goes to HBM: q, k, v, g, beta are read once, o and the pool row written once. The
-hand-overs are named barriers (each: one side's threads arrive, the other's wait); the shared-memory
+so the prep forms chunk u + 1's norms and solves chunk u while the walk works on chunk u - 1 and forms
+chunk u + 1's tiles (the norms a chunk ahead of the solve, each in its own ``sVec`` stage: neither side waits
+for the other's per-chunk work, only for its results), and nothing per chunk goes to HBM: q, k, v, g, beta
+are read once, o and the pool row written once. The hand-overs are named barriers (each: one side's threads arrive, the other's wait); the shared-memory
 writes one side makes for the other's ``wgmma`` (the async proxy) are fenced by ``fence.proxy.async``
 before the arrival. ``setmaxnreg`` moves registers from the prep warpgroup to the walk's (``regs``:
 128 x (prep + 2 walk) <= 64,512).
@@ -163,7 +161,8 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         # solve's Z, the row vectors (the prep's)
         sAt = smem.allocate_tensor(Float32, cute.make_layout((C, C), stride=(P.PA, 1)), 16)
         sZ = smem.allocate_tensor(Float32, cute.make_layout(32 * P.PZ), 16)
-        sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8), stride=(1, C)), 16)
+        # per chunk (two stages: the prep writes chunk u + 1's while it solves chunk u): uk, rk, qs, sq, G, -, beta, -
+        sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8, PRODUCT_STAGES), stride=(1, C, 8 * C)), 16)
 
         if tid < PREP_THREADS:
             cute.arch.setmaxregister_decrease(self.regs[0])
@@ -213,7 +212,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             cute.arch.cp_async_wait_group(1)  # chunk 0's loads
             rg0, rg1 = g0, g1
             gb = self.prep_front(ptid, 0, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, [g0, g1, b0, b1],
-                                 sK, sQ, sVec)
+                                 sK, sQ, sVec[None, None, 0])
             g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
             if wid == 0:
                 sRow[lane, 0, 0] = rg0
@@ -221,21 +220,24 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         for u in cutlass.range(nc, unroll=1):
             s = u % PRODUCT_STAGES
             r = ptid % C
-            cute.arch.barrier(barrier_id=BAR_TILES, number_of_threads=THREADS)  # chunk u's A^T, Aqk formed
-            self.prep.solve_one_head(sAt, sZ.iterator, sT[None, None, s], sVec, ptid)
+            # chunk u's A^T, Aqk formed (the walk wrote A^T once it had chunk u - 1's stage: the solve's sAt is free);
+            # the walk has also passed chunk u's "norms ready", so chunk u + 1's may be arrived at
+            cute.arch.barrier(barrier_id=BAR_TILES, number_of_threads=THREADS)
+            rg0, rg1 = g0, g1  # chunk u + 1's raw g (for its row, below)
+            if u + 1 < nc:  # chunk u + 1's gates and norms first (its loads are the only ones in flight): the walk
+                cute.arch.cp_async_wait_group(0)  # forms its tiles while this warpgroup solves chunk u
+                gb = self.prep_front(ptid, u + 1, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh,
+                                     [g0, g1, b0, b1], sK, sQ, sVec[None, None, (u + 1) % PRODUCT_STAGES])
+                g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
+            self.prep.solve_one_head(sAt, sZ.iterator, sT[None, None, s], sVec[None, None, s], ptid)
             if ptid >= C:  # rk, qs, sq of row r for the walk's factors
-                sRow[r, 1, s] = sVec[r, 1]
-                sRow[r, 2, s] = sVec[r, 2]
-                sRow[r, 3, s] = sVec[r, 3]
+                sRow[r, 1, s] = sVec[r, 1, s]
+                sRow[r, 2, s] = sVec[r, 2, s]
+                sRow[r, 3, s] = sVec[r, 3, s]
             # this thread's shared-memory writes (cp.async included) visible to the walk's wgmma reads
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier_arrive(barrier_id=BAR_FULL + s, number_of_threads=THREADS)
-            if u + 1 < nc:  # chunk u + 1's gates and norms (its loads are the only ones in flight)
-                cute.arch.cp_async_wait_group(0)
-                rg0, rg1 = g0, g1
-                gb = self.prep_front(ptid, u + 1, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh,
-                                     [g0, g1, b0, b1], sK, sQ, sVec)
-                g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
+            if u + 1 < nc:
                 if u >= 1:  # the walk has left chunk u - 1: its stages take chunk u + 1's row g, chunk u + 2's loads
                     cute.arch.barrier(barrier_id=BAR_EMPTY + (u + 1) % PRODUCT_STAGES, number_of_threads=THREADS)
                 if wid == 0:
@@ -313,14 +315,13 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                 tVsV[None, m, None, ks].fill(0.0)
 
     @cute.jit
-    def walk_tiles(self, wtid, ks, s, mma_t, sK, sQ, sA, sAt, sVec):
-        """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``): the first walk warpgroup (the
-        kernel's warpgroup 1, ``wtid < 128``) ``K K^T`` and its gate tile ``A`` (fp32, transposed) into ``sAt``,
-        the second (warpgroup 2) ``Q K^T`` and ``Aqk`` (bf16) into stage ``s``'s ``sA``; the products on
-        ``wgmma`` (both operands in shared memory), the factors as the prep kernel's (b) (the same
-        expressions, so the same bits)."""
+    def walk_tiles(self, wtid, ks, s, mma_t, acc, sK, sQ, sA, sVec):
+        """A walk warpgroup's share of a chunk's tiles (k, q stage ``ks``, the chunk's ``sVec`` stage): the first
+        walk warpgroup (the kernel's warpgroup 1, ``wtid < 128``) ``K K^T`` and its gate tile ``A`` (fp32) into
+        ``acc`` (:meth:`store_at` writes it once the prep's solve has left ``sAt``), the second (warpgroup 2)
+        ``Q K^T`` and ``Aqk`` (bf16) into stage ``s``'s ``sA``; the products on ``wgmma`` (both operands in shared
+        memory), the factors as the prep kernel's (b) (the same expressions, so the same bits)."""
         thr = mma_t.get_slice(wtid % 128)
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((C, C)), Float32)
         tCc = thr.partition_C(cute.make_identity_tensor((C, C)))
         sKs, sQs = sK[None, None, ks], sQ[None, None, ks]
         tKA = thr.make_fragment_A(thr.partition_A(sKs))
@@ -336,8 +337,6 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
                 rr, ss, e = self.gate_decay(tCc[i], sVec)
                 a = acc[i] * e * (sVec[rr, 6] * sVec[rr, 0]) * sVec[ss, 0]
                 acc[i] = cutlass.select_(rr > ss, a, zero)
-            sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T
-            cute.autovec_copy(acc, thr.partition_C(sAtT))
         else:
             self.wg_gemm(mma_t, acc, tQA, tKB, True)
             warpgroup.commit_group()
@@ -348,6 +347,16 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             rq = cute.make_fragment_like(acc, BFloat16)
             rq.store(acc.load().to(BFloat16))
             cute.autovec_copy(rq, thr.partition_C(sA[None, None, s]))
+
+    @cute.jit
+    def store_at(self, wtid, mma_t, acc, sAt):
+        """The first walk warpgroup's ``A`` tile (``acc`` from :meth:`walk_tiles`) into ``sAt``, transposed;
+        then every walk thread fences its tile writes for the prep (the caller arrives at "tiles ready")."""
+        if wtid < 128:
+            thr = mma_t.get_slice(wtid)
+            sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T
+            cute.autovec_copy(acc, thr.partition_C(sAtT))
+        cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
     def gate_decay(self, crd, sVec):
@@ -398,20 +407,28 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
         live, slot, keep = self.entering_state(acc_S, tScS, i_n, N, sidx_ptr, hinit_ptr, h0_ptr, s0_p, s0_h, s0_v,
                                                s0_k, hv64, Int32(0))
+        shape_T = mma_t.get_slice(wtid % 128).partition_shape_C((C, C))
         if nc > 0:  # chunk 0's tiles
+            acc_T = cute.make_rmem_tensor(shape_T, Float32)
             cute.arch.barrier(barrier_id=BAR_NORMS, number_of_threads=THREADS)
-            self.walk_tiles(wtid, 0, 0, mma_t, sK, sQ, sA, sAt, sVec)
-            cute.arch.fence_proxy("async.shared", space="cta")
+            self.walk_tiles(wtid, 0, 0, mma_t, acc_T, sK, sQ, sA, sVec[None, None, 0])
+            self.store_at(wtid, mma_t, acc_T, sAt)
             cute.arch.barrier_arrive(barrier_id=BAR_TILES, number_of_threads=THREADS)
         for t in cutlass.range(nc, unroll=1):
             stage = t % PRODUCT_STAGES
             ks = t % KQV_STAGES
             if t + 1 < nc:  # chunk t + 1's tiles (its Aqk stage held chunk t - 1's), solved while this chunk runs
+                acc_T = cute.make_rmem_tensor(shape_T, Float32)
                 cute.arch.barrier(barrier_id=BAR_NORMS, number_of_threads=THREADS)
-                self.walk_tiles(wtid, (t + 1) % KQV_STAGES, (t + 1) % PRODUCT_STAGES, mma_t, sK, sQ, sA, sAt, sVec)
-                cute.arch.fence_proxy("async.shared", space="cta")
+                self.walk_tiles(wtid, (t + 1) % KQV_STAGES, (t + 1) % PRODUCT_STAGES, mma_t, acc_T, sK, sQ, sA,
+                                sVec[None, None, (t + 1) % PRODUCT_STAGES])
+                # chunk t's stage full: the prep has solved chunk t, so sAt takes chunk t + 1's A^T (and the prep,
+                # which waits for it, has passed chunk t's "tiles ready")
+                cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
+                self.store_at(wtid, mma_t, acc_T, sAt)
                 cute.arch.barrier_arrive(barrier_id=BAR_TILES, number_of_threads=THREADS)
-            cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
+            else:
+                cute.arch.barrier(barrier_id=BAR_FULL + stage, number_of_threads=THREADS)
             dec, cs = self.warp_factors_of(stage, lane, sRow, sFacW)
             cute.arch.sync_warp()
             self.chunk_products(ks, stage, mma_c, mma_k, acc_S, acc_X, acc_O, acc_N, tPcP, sFacW, dec, cs, keep,

@@ -34,7 +34,7 @@ from .fused_walk import (CuteStep, _aligned, _rows_aligned, _runtime, buffers_re
 _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
-REGS = (136, 184)
+REGS = (112, 192)
 
 
 class PrefillKey(NamedTuple):
