@@ -243,7 +243,7 @@ class TritonBackend(Backend):
             import torch
 
             from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments, plan_walk,
-                                                        prefill_config, stage_options)
+                                                        prefill_config, stage_options, walk_switch_note)
         except ImportError:
             return {}
         family = OP_TABLE[p.op].family
@@ -267,6 +267,10 @@ class TritonBackend(Backend):
                                forced=0 if ckpt else None)
         if ckpt:
             why = "state checkpoints: no segment-parallel pass"
+        try:  # LINATTN_CUTEDSL_WALK set: it has no effect on the pipeline, and the reason says so
+            fwhy += walk_switch_note()
+        except ValueError as e:  # a malformed switch (ConfigError): planning the call raises it
+            fwhy += f"; planning raises {type(e).__name__}: {e}"
         return {"prefill": f"the pipeline ({fwhy})", "state_stage": why if L else f"one pass per sequence ({why})"}
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------

@@ -84,7 +84,7 @@ from .config import (LaunchOptions, dot_precision, SolveConfig, IntraConfig, Kda
 from .plan import (TABLES_TRITON_MAX_N, SEGMENT_MIN_CHUNKS, SEGMENT_PROGRAMS_PER_SM, SEGMENT_MAX_K,
                    FUSED_MIN_PROGRAMS_PER_SM, FUSED_KDA_DEFAULT, FUSED_PIPELINED_SMEM, StageOptions, stage_options,
                    BufferSpec, PrefillGrids, PrefillPlan, PrefillBuffers, SegmentGrids, PrefillInputs, PrefillState,
-                   plan_prefill, plan_segments, plan_fused, plan_walk)
+                   plan_prefill, plan_segments, plan_fused, plan_walk, walk_switch_note)
 from .run import (chunk_prefill, forked, allocate_buffers, conform_inputs, prefill_state, run_prefill, launch_stages,
                   WORKSPACE_ALIGN, PrefillLaunch)
 from .replay import REPLAY_BUCKETS_PER_OCTAVE, replay_tokens, PrefillReplay
@@ -99,7 +99,7 @@ __all__ = [
     "config_on_target", "TABLES_TRITON_MAX_N", "SEGMENT_MIN_CHUNKS", "SEGMENT_PROGRAMS_PER_SM", "SEGMENT_MAX_K",
     "FUSED_MIN_PROGRAMS_PER_SM", "FUSED_KDA_DEFAULT", "FUSED_PIPELINED_SMEM", "StageOptions", "stage_options",
     "BufferSpec", "PrefillGrids", "PrefillPlan", "PrefillBuffers", "SegmentGrids", "PrefillInputs", "PrefillState",
-    "plan_prefill", "plan_segments", "plan_fused", "plan_walk", "chunk_prefill", "forked", "allocate_buffers", "conform_inputs",
+    "plan_prefill", "plan_segments", "plan_fused", "plan_walk", "walk_switch_note", "chunk_prefill", "forked", "allocate_buffers", "conform_inputs",
     "prefill_state", "run_prefill", "launch_stages", "WORKSPACE_ALIGN", "PrefillLaunch",
     "REPLAY_BUCKETS_PER_OCTAVE", "replay_tokens", "PrefillReplay",
 ]

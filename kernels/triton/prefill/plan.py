@@ -15,6 +15,7 @@ types the stage launchers take (:class:`PrefillInputs`, :class:`PrefillBuffers`,
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Literal, NamedTuple, Optional
 
@@ -490,6 +491,18 @@ def plan_walk(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapab
                                   cute_prep=cute_prep)
 
 
+def walk_switch_note() -> str:
+    """For a call that runs the pipeline: a note where ``LINATTN_CUTEDSL_WALK`` is set (it picks the fused prefill's
+    walk, so it does nothing here; ``explain`` and the plan's reason say so), else ''. A value not allowed raises
+    ``ConfigError`` here too (field fault F48's rule), not only where the fused prefill runs."""
+    from linattn.kernels.cutedsl import fused_walk
+
+    if not fused_walk.switch_value():
+        return ""
+    raw = os.environ.get(fused_walk.ENV_SWITCH, "").strip()
+    return f"; {fused_walk.ENV_SWITCH}={raw} picks the fused prefill's walk: no effect on this call"
+
+
 def _plan_prep(plan: PrefillPlan, caps: DeviceCapabilities, cfg: FusedConfig) -> bool:
     """Whether the fused prefill runs the CuTe DSL prep (:func:`linattn.kernels.cutedsl.fused_prep.choose_prep`,
     the ``LINATTN_CUTEDSL_PREP`` switch read now)."""
@@ -517,7 +530,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
                          cfg=cfg, replaced_state=plan.state_kernel is not None,
                          forced_segments=bool(segment_chunks), forced=forced)
     if not on:
-        return dataclasses.replace(plan, fused_reason=why)
+        return dataclasses.replace(plan, fused_reason=why + walk_switch_note())
     T, HV, f32 = plan.T, plan.HV, torch.float32
     progs = max(1, min(fused_prep_items(dataclasses.replace(plan, fused=cfg)), caps.sm_count * cfg.prep_ctas_per_sm))
     facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
