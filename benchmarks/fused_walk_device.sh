@@ -13,11 +13,16 @@
 #   g. pytest tests/gpu (the whole GPU suite takes longer than one call allows: select files with
 #      GPU_TESTS="tests/gpu/test_x.py ...", a few per call)
 #                                                                                  -> $OUT/gpu_tests.xml
+#   o. the one-kernel prefill (kernels/cutedsl/fused_prefill.py): pytest tests/cutedsl/test_fused_prefill.py
+#      tests/gpu/test_fused_prefill_gpu.py, then python benchmarks/fused_prefill.py at REGS (register splits, default
+#      the shipped one; e.g. REGS=112/192,120/192) on 16 x 4,096, 8 x 1,024 (16, 32) and 4 x 8,192 (16, 64), and,
+#      with ABLATE (e.g. ABLATE=x,x:idle,x:solve,x:norms), its ablation at 16 x 4,096
+#                                                                   -> $OUT/one_kernel_tests.xml, $OUT/fused_prefill_<device>.json
 #   p. python benchmarks/prefill_fused.py --quick --keep (the planner's fused GDN prefill: pipeline, FLA, fused,
 #      the same with the Triton walk and with the Triton prep), starting from a copy of the committed file:
 #      --keep keeps its KDA rows only, so merge the new GDN rows into the committed file by hand
 #                                                                                  -> $OUT/prefill_fused_<device>.json
-# STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c; e.g. STEPS=gp). Pass LINATTN_COMMIT=<commit>
+# STEPS picks the steps (default ab; c alone in a call of its own: STEPS=c; e.g. STEPS=gp, STEPS=o). Pass LINATTN_COMMIT=<commit>
 # to record the commit; T_TESTS / T_BENCH / T_NCU / T_GPU / T_FUSED cap each step (seconds; the device allows 600
 # per call).
 set -u
@@ -53,6 +58,18 @@ if [[ $STEPS == *g* ]]; then
   timeout -k 5 "${T_GPU:-400}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs ${GPU_TESTS:-tests/gpu} \
     --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -40
   echo "step g rc=${PIPESTATUS[0]}"
+fi
+if [[ $STEPS == *o* ]]; then
+  timeout -k 5 "${T_TESTS:-380}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
+    tests/cutedsl/test_fused_prefill.py tests/gpu/test_fused_prefill_gpu.py --junitxml="$OUT/one_kernel_tests.xml" 2>&1 | tail -20
+  echo "step o (tests) rc=${PIPESTATUS[0]}"
+  timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_prefill.py ${REGS:+--regs "$REGS"} 2>&1 | grep -v Warning | tail -12
+  echo "step o (benchmark) rc=${PIPESTATUS[0]}"
+  if [ -n "${ABLATE:-}" ]; then
+    timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_prefill.py --shapes 16x4096@16/32 ${REGS:+--regs "$REGS"} \
+      --ablate "$ABLATE" --out "$OUT/one_kernel_ablation.json" 2>&1 | grep -v Warning | tail -12
+    echo "step o (ablation) rc=${PIPESTATUS[0]}"
+  fi
 fi
 if [[ $STEPS == *p* ]]; then
   cp benchmarks/results/prefill_fused_*.json "$OUT/" 2>/dev/null
