@@ -18,13 +18,14 @@ warp-specialized kernel: one CTA of three warpgroups per (sequence, value head),
         (cp.async; rows past the sequence: 0)               O^T through the v tile to the output
                                                           leave the stage ("empty")
 
-so the prep forms chunk u + 1's norms and solves chunk u while the walk works on chunk u - 1 and forms
-chunk u + 1's tiles (the norms a chunk ahead of the solve, each in its own ``sVec`` stage: neither side waits
-for the other's per-chunk work, only for its results), and nothing per chunk goes to HBM: q, k, v, g, beta
-are read once, o and the pool row written once. The hand-overs are named barriers (each: one side's threads arrive, the other's wait); the shared-memory
-writes one side makes for the other's ``wgmma`` (the async proxy) are fenced by ``fence.proxy.async``
-before the arrival. ``setmaxnreg`` moves registers from the prep warpgroup to the walk's (``regs``:
-128 x (prep + 2 walk) <= 64,512).
+so the prep forms chunk u + 1's norms, then solves chunk u, while the walk works on chunk u - 1 (the norms
+a chunk ahead of the solve, each chunk's in its own ``sVec`` stage). Each side still waits for the other once
+a chunk: the prep's solve of chunk u for the walk's tiles of chunk u, the walk's products of chunk u for that
+solve (docs/performance.md: the prep, at one CTA per SM, bounds the kernel). Nothing per chunk goes to HBM:
+q, k, v, g, beta are read once, o and the pool row written once. The hand-overs are named barriers (each:
+one side's threads arrive, the other's wait); the shared-memory writes one side makes for the other's
+``wgmma`` (the async proxy) are fenced by ``fence.proxy.async`` before the arrival. ``setmaxnreg`` moves
+registers from the prep warpgroup to the walk's (``regs``: 128 x (prep + 2 walk) <= 64,512).
 
 The maths is :mod:`linattn.kernels.triton.chunk_fused`'s (module docstring); each stage's products are
 the two kernels' own, in the same order (``K K^T``, ``Q K^T`` on ``wgmma`` here, on ``mma.sync`` in the prep
@@ -161,7 +162,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         # solve's Z, the row vectors (the prep's)
         sAt = smem.allocate_tensor(Float32, cute.make_layout((C, C), stride=(P.PA, 1)), 16)
         sZ = smem.allocate_tensor(Float32, cute.make_layout(32 * P.PZ), 16)
-        # per chunk (two stages: the prep writes chunk u + 1's while it solves chunk u): uk, rk, qs, sq, G, -, beta, -
+        # per chunk (two stages: the prep writes chunk u + 1's before it solves chunk u): uk, rk, qs, sq, G, -, beta, -
         sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8, PRODUCT_STAGES), stride=(1, C, 8 * C)), 16)
 
         if tid < PREP_THREADS:
@@ -180,11 +181,11 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     def prep_loop(self, ptid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                   sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v,
                   sK, sQ, sT, sV, sRow, sAt, sZ, sVec):
-        """The prep warpgroup (thread ``ptid`` of 128): each chunk's loads, gates and norms (then "norms
-        ready"), and once the walk has formed its ``A^T`` and ``Aqk`` ("tiles ready"), its solve into the
-        products' stage ("full"); chunk u + 1's gates and norms follow chunk u's solve (its loads were issued
-        after chunk u - 1's; chunk u + 2's follow them), so the walk forms chunk u + 1's tiles, and the prep
-        solves them, while the walk works on chunk u."""
+        """The prep warpgroup (thread ``ptid`` of 128): chunk 0's gates and norms ("norms ready"), then per chunk
+        u, once the walk has formed its ``A^T`` and ``Aqk`` ("tiles ready"): chunk u + 1's gates and norms into
+        ``sVec`` stage (u + 1) % 2 ("norms ready"; its loads were issued after chunk u - 1's), then chunk u's
+        solve into the products' stage u % 2 ("full"); once the walk has left chunk u - 1: chunk u + 1's raw g
+        row and chunk u + 2's loads."""
         lane = ptid % 32
         wid = ptid // 32
         i_h = i_hv // GROUP
@@ -224,8 +225,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             # the walk has also passed chunk u's "norms ready", so chunk u + 1's may be arrived at
             cute.arch.barrier(barrier_id=BAR_TILES, number_of_threads=THREADS)
             rg0, rg1 = g0, g1  # chunk u + 1's raw g (for its row, below)
-            if u + 1 < nc:  # chunk u + 1's gates and norms first (its loads are the only ones in flight): the walk
-                cute.arch.cp_async_wait_group(0)  # forms its tiles while this warpgroup solves chunk u
+            # chunk u + 1's gates and norms first (its loads are the only ones in flight): the walk forms its tiles
+            # while this warpgroup solves chunk u
+            if u + 1 < nc:
+                cute.arch.cp_async_wait_group(0)
                 gb = self.prep_front(ptid, u + 1, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh,
                                      [g0, g1, b0, b1], sK, sQ, sVec[None, None, (u + 1) % PRODUCT_STAGES])
                 g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
@@ -260,7 +263,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         norms into ``sVec``, then "norms ready" (the caller has waited for the chunk's loads)."""
         lane = ptid % 32
         L = self.rows_of(bos, eos, c)
-        self.prep.sync()  # every thread's loads of chunk c landed; the previous chunk's reads of sVec done
+        self.prep.sync()  # every thread's cp.async loads of chunk c landed (visible to the other threads)
         nb = gb
         if ptid // 32 == 0:
             self.prep.scan_gates(gb, lane, 0, sVec, Float32(self.g_min))
@@ -350,8 +353,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
 
     @cute.jit
     def store_at(self, wtid, mma_t, acc, sAt):
-        """The first walk warpgroup's ``A`` tile (``acc`` from :meth:`walk_tiles`) into ``sAt``, transposed;
-        then every walk thread fences its tile writes for the prep (the caller arrives at "tiles ready")."""
+        """The first walk warpgroup's ``A`` tile (``acc`` from :meth:`walk_tiles`) into ``sAt``, transposed (the
+        prep's solve reads it with plain loads, ordered by "tiles ready", which the caller arrives at); then
+        every walk thread fences its shared-memory writes for the async proxy: the second warpgroup's ``Aqk``
+        in ``sA``, which the walk's ``wgmma`` reads at the next chunk."""
         if wtid < 128:
             thr = mma_t.get_slice(wtid)
             sAtT = cute.make_tensor(sAt.iterator, cute.make_layout((C, C), stride=(1, self.prep.PA)))  # (r, s) -> A^T

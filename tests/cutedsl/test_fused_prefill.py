@@ -71,21 +71,25 @@ def _ptxas():
     return path if os.access(path, os.X_OK) else None
 
 
-def test_the_shipped_register_split_neither_spills_nor_serializes_the_wgmma(shipped_build, tmp_path):
-    """ptxas on the shipped build's PTX (``fused_prefill.REGS``): no spill and no "wgmma serialized" warning
-    (C7512) at 112 / 192, the build the H200 measured (docs/performance.md, 'The one-kernel prefill, session
-    17'); 136 / 184 had both."""
+@pytest.mark.parametrize("l2norm,spill_bytes", [(True, 0), (False, 8)])
+def test_the_shipped_register_split_does_not_serialize_the_wgmma(shipped_build, tmp_path, l2norm, spill_bytes):
+    """ptxas on the PTX of the shipped register split (``fused_prefill.REGS``, 112 / 192): no "wgmma serialized"
+    warning (C7512), and no spill with the l2norm in the kernel (the build the H200 measured), 8 bytes of spill
+    stores without it (docs/performance.md, 'The one-kernel prefill, session 17')."""
     ptxas = _ptxas()
     if ptxas is None:
         pytest.skip("no ptxas (Triton's NVIDIA backend) in this environment")
-    ptx = next(p for p in shipped_build[1].iterdir() if p.suffix == ".ptx")
+    folder = shipped_build[1] if l2norm else tmp_path / "build"
+    if not l2norm:
+        fpk.compile_fused_prefill(_key(l2norm=False), dump_dir=str(folder))
+    ptx = next(p for p in folder.iterdir() if p.suffix == ".ptx")
     run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "x.cubin")],
                          capture_output=True, text=True)
     if run.returncode:
         pytest.skip(f"this ptxas cannot build the PTX: {run.stderr.strip().splitlines()[:1]}")
     out = run.stderr
     spills = [int(m) for m in re.findall(r"(\d+) bytes spill stores", out)]
-    assert spills and max(spills) == 0, out[-2000:]
+    assert spills and max(spills) <= spill_bytes, out[-2000:]
     assert "C7512" not in out, out[-2000:]
 
 

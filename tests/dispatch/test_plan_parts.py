@@ -3,11 +3,16 @@
 as fields, and the message is those parts joined (``join_plan``)."""
 
 import pytest
+import torch
 
 import linattn
 from linattn.backends.base import Backend
+from linattn.backends.triton_split import TritonSplitBackend
+from linattn.capabilities import profile
+from linattn.dispatch.env import ConfigError
 from linattn.dispatch.plugin.verdict import join_plan
 from linattn.dispatch.runtime.selection import _plan
+from linattn.presets import make_problem
 
 pytest.importorskip("triton")  # the triton-split backend's plan
 
@@ -42,42 +47,41 @@ def test_the_pipeline_names_its_state_stage_and_other_ops_name_nothing():
     assert dec.plan == {}
 
 
+def _pipeline_plan():
+    """A GDN prefill planned for the CPU profile on meta tensors (fp32: the pipeline)."""
+    from linattn.kernels.triton.prefill import plan_prefill  # (Triton: the module's importorskip)
+
+    q = torch.empty(2 * 64, 1, 64, device="meta", dtype=torch.float32)
+    v = torch.empty(2 * 64, 2, 64, device="meta", dtype=torch.float32)
+    return plan_prefill("gdn", q=q, v=v, cu_seqlens=torch.tensor([0, 64, 128], dtype=torch.int32), caps=profile("cpu"))
+
+
 @pytest.mark.parametrize("switch", ["fused", "wgmma", "0"])
 def test_the_pipeline_says_a_walk_switch_has_no_effect(monkeypatch, switch):
-    """LINATTN_CUTEDSL_WALK picks the fused prefill's walk: on a call that runs the pipeline explain says it is
-    unused (it said nothing), and the planner's own reason says the same."""
-    from linattn.capabilities import profile
-    from linattn.kernels.triton.prefill import plan_prefill
-
+    """LINATTN_CUTEDSL_WALK picks the fused prefill's walk: on a call that runs the pipeline, explain's prefill part
+    and the planner's own reason say it has no effect there."""
+    monkeypatch.delenv("LINATTN_CUTEDSL_WALK", raising=False)
     _, v = _triton(dtype="float32")
     assert "LINATTN_CUTEDSL_WALK" not in v.plan["prefill"]
     monkeypatch.setenv("LINATTN_CUTEDSL_WALK", switch)
     _, v = _triton(dtype="float32")
     note = f"LINATTN_CUTEDSL_WALK={switch} picks the fused prefill's walk: no effect on this call"
     assert v.plan["prefill"].startswith("the pipeline (") and note in v.plan["prefill"], v.plan
-    import torch
-
-    q = torch.empty(2 * 64, 1, 64, device="meta", dtype=torch.float32)
-    v_ = torch.empty(2 * 64, 2, 64, device="meta", dtype=torch.float32)
-    cu = torch.tensor([0, 64, 128], dtype=torch.int32)
-    plan = plan_prefill("gdn", q=q, v=v_, cu_seqlens=cu, caps=profile("cpu"))
+    plan = _pipeline_plan()
     assert plan.fused is None and plan.fused_reason.endswith(note), plan.fused_reason
+    _, fused = _triton()  # bf16: the fused prefill, whose walk the switch picks: no note
+    assert "no effect" not in fused.message, fused.message
 
 
 def test_a_malformed_walk_switch_is_refused_on_the_pipeline_too(monkeypatch):
     """Field fault F48's rule: a LINATTN_CUTEDSL_WALK value not allowed is an error where the call runs the pipeline
-    too (the planner ignored it there before)."""
-    import torch
-
-    from linattn.capabilities import profile
-    from linattn.dispatch.env import ConfigError
-    from linattn.kernels.triton.prefill import plan_prefill
-
+    too: the planner raises, and the Triton backend's plan parts say that planning raises."""
     monkeypatch.setenv("LINATTN_CUTEDSL_WALK", "fast")
-    q = torch.empty(64, 1, 64, device="meta", dtype=torch.float32)
-    v = torch.empty(64, 2, 64, device="meta", dtype=torch.float32)
     with pytest.raises(ConfigError, match="LINATTN_CUTEDSL_WALK='fast'"):
-        plan_prefill("gdn", q=q, v=v, cu_seqlens=torch.tensor([0, 64], dtype=torch.int32), caps=profile("cpu"))
+        _pipeline_plan()
+    problem = make_problem("gdn_prefill", dtype="float32", **SHAPE)
+    parts = TritonSplitBackend().plan_parts(problem, profile("sm90"))
+    assert "planning raises ConfigError: LINATTN_CUTEDSL_WALK='fast'" in parts["prefill"], parts
 
 
 def test_a_pool_call_names_its_row_copy_and_checkpoints():

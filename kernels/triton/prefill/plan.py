@@ -297,7 +297,8 @@ def plan_prefill(family: Literal["gdn", "kda"], *, q: torch.Tensor, v: torch.Ten
     Returns:
         A frozen :class:`PrefillPlan`.
     Raises:
-        ValueError: as :func:`chunk_prefill` (checked here, before anything is allocated).
+        ValueError: as :func:`chunk_prefill` (checked here, before anything is allocated); a
+            ``LINATTN_CUTEDSL_WALK`` value not allowed (``ConfigError``), for any call with tokens.
         linattn.kernels.grid.GridLimitError: the state kernel's grid does not fit the device.
     Example:
         >>> plan = plan_prefill("gdn", q=torch.zeros(100, 1, 64), v=torch.zeros(100, 2, 64),
@@ -495,12 +496,12 @@ def walk_switch_note() -> str:
     """For a call that runs the pipeline: a note where ``LINATTN_CUTEDSL_WALK`` is set (it picks the fused prefill's
     walk, so it does nothing here; ``explain`` and the plan's reason say so), else ''. A value not allowed raises
     ``ConfigError`` here too (field fault F48's rule), not only where the fused prefill runs."""
-    from linattn.kernels.cutedsl import fused_walk
+    from linattn.dispatch.env import cutedsl_walk
 
-    if not fused_walk.switch_value():
+    raw = os.environ.get("LINATTN_CUTEDSL_WALK", "").strip()
+    if not cutedsl_walk(raw):
         return ""
-    raw = os.environ.get(fused_walk.ENV_SWITCH, "").strip()
-    return f"; {fused_walk.ENV_SWITCH}={raw} picks the fused prefill's walk: no effect on this call"
+    return f"; LINATTN_CUTEDSL_WALK={raw} picks the fused prefill's walk: no effect on this call"
 
 
 def _plan_prep(plan: PrefillPlan, caps: DeviceCapabilities, cfg: FusedConfig) -> bool:
