@@ -19,7 +19,7 @@ products, ``wtiles`` the walk's K K^T / Q K^T tiles, ``solve`` the prep's solve,
 ``gates`` its gates' scan, ``loads`` its k, q, v loads, ``store`` the walk's output rows; a variant is
 ``x[:part+part..]`` (``x`` alone: nothing removed).
 
-Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 152/176,..]
+Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 112/192,..]
         [--l2norm on|off|both] [--ablate x,x:idle,x:idle+wtiles,..]
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import torch
@@ -161,23 +162,34 @@ def _builds(spec: str) -> str:
         try:
             split = tuple(int(x) for x in item.split("/"))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk, e.g. 152/176") from None
+            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk, e.g. 112/192") from None
         why = regs_refusal(split)
         if why:
             raise argparse.ArgumentTypeError(f"{item!r}: {why}")
     return spec
 
 
+def _shapes(spec: str) -> str:
+    """``--shapes``' value checked: ``NxL@H/HV`` items (``N``, ``L``, ``H``, ``HV`` positive, ``HV`` a multiple of
+    ``H``: the GVA group), as :func:`fused_walk.parse` reads them."""
+    for item in spec.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)@(\d+)/(\d+)", item.strip())
+        if not m or min(int(x) for x in m.groups()) < 1 or int(m[4]) % int(m[3]):
+            raise argparse.ArgumentTypeError(f"{item!r}: expected NxL@H/HV (positive, HV a multiple of H), "
+                                             "e.g. 16x4096@16/32")
+    return spec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", default=SHAPES, help=f"NxL@H/HV,... (default {SHAPES})")
+    ap.add_argument("--shapes", default=SHAPES, type=_shapes, help=f"NxL@H/HV,... (default {SHAPES})")
     ap.add_argument("--regs", default=REGS_VARIANTS, type=_builds,
-                    help="builds 'prep/walk,...': the setmaxnreg split")
+                    help=f"builds 'prep/walk,...': the setmaxnreg split (default {REGS_VARIANTS}, the shipped one)")
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
     ap.add_argument("--ablate", default=None, type=_variants,
-                    help="time the build (the first --regs split) with parts made no-ops instead: 'x[:part+..],...' "
-                         "(module docstring); --l2norm is not read")
+                    help="time the build (the first --regs split) with parts made no-ops instead: 'x[:part+..],...', "
+                         f"parts {', '.join(PARTS)} (the module docstring says what each is); --l2norm is not read")
     ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/fused_prefill_<device>.json)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():

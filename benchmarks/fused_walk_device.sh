@@ -14,10 +14,12 @@
 #      GPU_TESTS="tests/gpu/test_x.py ...", a few per call)
 #                                                                                  -> $OUT/gpu_tests.xml
 #   o. the one-kernel prefill (kernels/cutedsl/fused_prefill.py): pytest tests/cutedsl/test_fused_prefill.py
-#      tests/gpu/test_fused_prefill_gpu.py, then python benchmarks/fused_prefill.py at REGS (register splits, default
-#      the shipped one; e.g. REGS=112/192,120/192) on 16 x 4,096, 8 x 1,024 (16, 32) and 4 x 8,192 (16, 64), and,
-#      with ABLATE (e.g. ABLATE=x,x:idle,x:solve,x:norms), its ablation at 16 x 4,096
-#                                                                   -> $OUT/one_kernel_tests.xml, $OUT/fused_prefill_<device>.json
+#      tests/gpu/test_fused_prefill_gpu.py (cap T_ONE_TESTS, 200 s), then python benchmarks/fused_prefill.py at REGS
+#      (register splits, default the shipped one; e.g. REGS=112/192,120/192) on 16 x 4,096, 8 x 1,024 (16, 32) and
+#      4 x 8,192 (16, 64) (cap T_ONE_BENCH, 200 s), and, with ABLATE (e.g. ABLATE=x,x:idle,x:solve,x:norms), its
+#      ablation at 16 x 4,096 at the first REGS split (cap T_ONE_ABLATE, 150 s): within one 600 s call. The same
+#      commands ran on the H200 on 2026-12-04 from scratch files; this step as written has not run there yet
+#                    -> $OUT/one_kernel_tests.xml, $OUT/fused_prefill_<device>.json, $OUT/one_kernel_ablation.json
 #   p. python benchmarks/prefill_fused.py --quick --keep (the planner's fused GDN prefill: pipeline, FLA, fused,
 #      the same with the Triton walk and with the Triton prep), starting from a copy of the committed file:
 #      --keep keeps its KDA rows only, so merge the new GDN rows into the committed file by hand
@@ -60,13 +62,13 @@ if [[ $STEPS == *g* ]]; then
   echo "step g rc=${PIPESTATUS[0]}"
 fi
 if [[ $STEPS == *o* ]]; then
-  timeout -k 5 "${T_TESTS:-380}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
+  timeout -k 5 "${T_ONE_TESTS:-200}" python3 -m pytest -q -p no:cacheprovider -p no:warnings -rfEs \
     tests/cutedsl/test_fused_prefill.py tests/gpu/test_fused_prefill_gpu.py --junitxml="$OUT/one_kernel_tests.xml" 2>&1 | tail -20
   echo "step o (tests) rc=${PIPESTATUS[0]}"
-  timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_prefill.py ${REGS:+--regs "$REGS"} 2>&1 | grep -v Warning | tail -12
+  timeout -k 5 "${T_ONE_BENCH:-200}" python3 benchmarks/fused_prefill.py ${REGS:+--regs "$REGS"} 2>&1 | grep -v Warning | tail -12
   echo "step o (benchmark) rc=${PIPESTATUS[0]}"
   if [ -n "${ABLATE:-}" ]; then
-    timeout -k 5 "${T_BENCH:-180}" python3 benchmarks/fused_prefill.py --shapes 16x4096@16/32 ${REGS:+--regs "$REGS"} \
+    timeout -k 5 "${T_ONE_ABLATE:-150}" python3 benchmarks/fused_prefill.py --shapes 16x4096@16/32 ${REGS:+--regs "$REGS"} \
       --ablate "$ABLATE" --out "$OUT/one_kernel_ablation.json" 2>&1 | grep -v Warning | tail -12
     echo "step o (ablation) rc=${PIPESTATUS[0]}"
   fi

@@ -65,7 +65,8 @@ def test_the_pipeline_says_a_walk_switch_has_no_effect(monkeypatch, switch):
     assert "LINATTN_CUTEDSL_WALK" not in v.plan["prefill"]
     monkeypatch.setenv("LINATTN_CUTEDSL_WALK", switch)
     _, v = _triton(dtype="float32")
-    note = f"LINATTN_CUTEDSL_WALK={switch} picks the fused prefill's walk: no effect on this call"
+    note = (f"LINATTN_CUTEDSL_WALK={switch} picks among the fused prefill's builds (its walk, or the one kernel): "
+            "no effect on this call")
     assert v.plan["prefill"].startswith("the pipeline (") and note in v.plan["prefill"], v.plan
     plan = _pipeline_plan()
     assert plan.fused is None and plan.fused_reason.endswith(note), plan.fused_reason

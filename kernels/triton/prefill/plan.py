@@ -493,15 +493,16 @@ def plan_walk(family: str, K: int, V: int, dtype: torch.dtype, caps: DeviceCapab
 
 
 def walk_switch_note() -> str:
-    """For a call that runs the pipeline: a note where ``LINATTN_CUTEDSL_WALK`` is set (it picks the fused prefill's
-    walk, so it does nothing here; ``explain`` and the plan's reason say so), else ''. A value not allowed raises
+    """For a call that runs the pipeline: a note where ``LINATTN_CUTEDSL_WALK`` is set (it picks among the fused
+    prefill's builds, so it does nothing here; ``explain`` and the plan's reason say so), else ''. A value not allowed raises
     ``ConfigError`` here too (field fault F48's rule), not only where the fused prefill runs."""
     from linattn.dispatch.env import cutedsl_walk
 
     raw = os.environ.get("LINATTN_CUTEDSL_WALK", "").strip()
     if not cutedsl_walk(raw):
         return ""
-    return f"; LINATTN_CUTEDSL_WALK={raw} picks the fused prefill's walk: no effect on this call"
+    return (f"; LINATTN_CUTEDSL_WALK={raw} picks among the fused prefill's builds (its walk, or the one kernel): "
+            "no effect on this call")
 
 
 def _plan_prep(plan: PrefillPlan, caps: DeviceCapabilities, cfg: FusedConfig) -> bool:
