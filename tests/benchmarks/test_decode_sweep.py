@@ -4,7 +4,6 @@ config, unowned rows, float64 reference) and its row carries the config's fields
 the share of copy; the fp32 reference row counts the state at 4 bytes. The timer and the copy
 ceiling are stand-ins (no GPU): what is asserted is how the rows follow from them."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,20 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not interpreter_enabled(), reason="runs kernels in the interpreter (TRITON_INTERPRET=1)")
 
 
-def _load():
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("decode_sweep_under_test", ROOT / "benchmarks" / "decode_sweep.py")
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod
-
-
-def test_every_candidate_is_checked_and_timed_into_its_row(monkeypatch):
+def test_every_candidate_is_checked_and_timed_into_its_row(monkeypatch, load_benchmark):
     """Every config of CANDIDATES runs (V = 32: two BV 16 tiles, so ``blocks=2`` at BV 16 covers real rows)."""
-    sweep = _load()
+    sweep = load_benchmark("decode_sweep", "decode_sweep_under_test")
     dec = sys.modules["decode"]  # benchmarks/decode.py, whose inputs, bytes and timer the sweep uses
     monkeypatch.setattr(dec, "_dev", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -56,9 +44,9 @@ def test_every_candidate_is_checked_and_timed_into_its_row(monkeypatch):
     assert rows[-1]["state_dtype"] == "fp32" and rows[-1]["bytes"] == dec.decode_bytes("kda", 2)
 
 
-def test_the_checks_see_a_config_that_computes_something_else(monkeypatch):
+def test_the_checks_see_a_config_that_computes_something_else(monkeypatch, load_benchmark):
     """A candidate whose tiles miss rows (BV 2 on a grid planned for BV 4) shows a nonzero difference."""
-    sweep = _load()
+    sweep = load_benchmark("decode_sweep", "decode_sweep_under_test")
     dec = sys.modules["decode"]
     monkeypatch.setattr(dec, "_dev", lambda: torch.device("cpu"))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -81,12 +69,12 @@ def test_the_checks_see_a_config_that_computes_something_else(monkeypatch):
     assert rows[1]["max_abs_diff_state"] > 0 and not rows[1]["bitwise"] and rows[1]["rel_err_state_vs_fp64"] > 1e-2
 
 
-def test_merge_puts_the_sweep_rows_into_the_decode_file_and_replaces_them_next_time(tmp_path):
+def test_merge_puts_the_sweep_rows_into_the_decode_file_and_replaces_them_next_time(tmp_path, load_benchmark):
     """--merge: the sweep's rows join the decode file as kind bf16_sweep / bf16_sweep_copy, with one
     note; the file's other rows and notes stay; a second merge replaces the first's rows and note; a
     labelled merge (--label) adds its rows and note beside them and replaces only its own;
     a sweep file from another device, or with rows of another kind, is refused."""
-    mod = _load()
+    mod = load_benchmark("decode_sweep", "decode_sweep_under_test")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from _results import read_results, write_results

@@ -10,7 +10,6 @@ numbers are is not asserted (a loaded 2-core machine), only how the columns foll
 import importlib.util
 import json
 import math
-import sys
 import types
 from pathlib import Path
 
@@ -24,28 +23,14 @@ from linattn.apps import tune
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    """The script as a module; the ``sys.path`` entry it adds for ``_results`` is taken out again
-    (benchmarks/ holds modules named decode, prefill, ...)."""
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod
+@pytest.fixture(scope="module")
+def bench(load_benchmark):
+    return load_benchmark("dispatch_choice", "dispatch_choice_bench")
 
 
 @pytest.fixture(scope="module")
-def bench():
-    return _load("dispatch_choice_bench", ROOT / "benchmarks" / "dispatch_choice.py")
-
-
-@pytest.fixture(scope="module")
-def results():
-    return _load("bench_results_schema", ROOT / "benchmarks" / "_results.py")
+def results(load_benchmark):
+    return load_benchmark("_results", "bench_results_schema")
 
 
 SHAPES = "gdn_decode:2,kda_decode:1,gdn_prefill:2x16"

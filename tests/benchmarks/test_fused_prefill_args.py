@@ -1,24 +1,7 @@
 """benchmarks/fused_prefill.py's arguments on the CPU: each malformed value is an argparse error (exit 2, one
 line naming the argument) before anything needs a GPU; well-formed ones reach the GPU check."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    saved = list(sys.path)
-    spec = importlib.util.spec_from_file_location("fused_prefill_bench_under_test", ROOT / "benchmarks" / "fused_prefill.py")
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved
-    return mod
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -30,16 +13,16 @@ def _load():
     (["--regs", "100/200"], "argument --regs: '100/200'"),
     (["--ablate", "x:nonsense"], "argument --ablate: 'x:nonsense'"),
 ])
-def test_a_malformed_argument_is_an_argparse_error(argv, needle, capsys):
-    bench = _load()
+def test_a_malformed_argument_is_an_argparse_error(argv, needle, capsys, load_benchmark):
+    bench = load_benchmark("fused_prefill", "fused_prefill_bench_under_test")
     with pytest.raises(SystemExit) as e:
         bench.main(argv)
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
 
 
-def test_well_formed_arguments_reach_the_gpu_check(monkeypatch, capsys):
-    bench = _load()
+def test_well_formed_arguments_reach_the_gpu_check(monkeypatch, capsys, load_benchmark):
+    bench = load_benchmark("fused_prefill", "fused_prefill_bench_under_test")
     monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
         bench.main(["--shapes", "16x4096@16/32,8x1024@16/32", "--regs", "112/192,120/192", "--ablate", "x,x:solve"])
