@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 import torch
@@ -170,13 +169,11 @@ def _builds(spec: str) -> str:
 
 
 def _shapes(spec: str) -> str:
-    """``--shapes``' value checked: ``NxL@H/HV`` items (``N``, ``L``, ``H``, ``HV`` positive, ``HV`` a multiple of
-    ``H``: the GVA group), as :func:`fused_walk.parse` reads them."""
-    for item in spec.split(","):
-        m = re.fullmatch(r"(\d+)x(\d+)@(\d+)/(\d+)", item.strip())
-        if not m or min(int(x) for x in m.groups()) < 1 or int(m[4]) % int(m[3]):
-            raise argparse.ArgumentTypeError(f"{item!r}: expected NxL@H/HV (positive, HV a multiple of H), "
-                                             "e.g. 16x4096@16/32")
+    """``--shapes``' value checked by :func:`fused_walk.parse` (its ValueError an argparse error)."""
+    try:
+        parse(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return spec
 
 

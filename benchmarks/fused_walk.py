@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import traceback
 
@@ -37,13 +38,18 @@ SHAPES = "16x4096@16/32,8x1024@16/32"
 
 
 def parse(spec: str) -> list[tuple[int, int, int, int]]:
-    """``"16x4096@16/32,..."`` -> ``[(N, L, H, HV), ...]``."""
+    """``"16x4096@16/32,..."`` -> ``[(N, L, H, HV), ...]``.
+
+    Raises:
+        ValueError: an item that is not ``NxL@H/HV`` with positive numbers and ``HV`` a multiple of ``H``
+            (the GVA group), naming it.
+    """
     out = []
-    for s in spec.split(","):
-        nl, hh = s.split("@")
-        n, l_ = nl.split("x")
-        h, hv = hh.split("/")
-        out.append((int(n), int(l_), int(h), int(hv)))
+    for item in spec.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+)@(\d+)/(\d+)", item.strip())
+        if not m or min(int(x) for x in m.groups()) < 1 or int(m[4]) % int(m[3]):
+            raise ValueError(f"{item!r}: expected NxL@H/HV (positive, HV a multiple of H), e.g. 16x4096@16/32")
+        out.append(tuple(int(x) for x in m.groups()))
     return out
 
 
