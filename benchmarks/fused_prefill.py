@@ -7,7 +7,8 @@ Per shape (benchmarks/fused_walk.py's inputs: bf16 q/k/v, l2norm, fp32 "vk" pool
 is planned once per switch and its tables made once; both run once on the same inputs and are compared
 (outputs and pool rows: bitwise equal expected, rows not owned unchanged); then
 ``launch_fused_stages`` is timed (``triton.testing.do_bench`` medians, ms) for the two kernels and for
-the one kernel at each register split of ``REGS_VARIANTS`` (prep, walk registers a thread).
+the one kernel at each build of ``--regs``: ``prep/walk`` registers a thread (``setmaxnreg``), with
+``:cpasync`` the k / q tiles by the prep's ``cp.async`` instead of TMA (``fused_prefill.TMA``).
 
 Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefill_<device>.json``;
 default benchmarks/results/) after every shape; the canonical rows live in
@@ -17,9 +18,10 @@ default benchmarks/results/) after every shape; the canonical rows live in
 ``one_kernel_ablation``; dense states, no initial state; timing only: the outputs are meaningless), which says what bounds the kernel: ``idle`` the walk's chunk
 products, ``wtiles`` the walk's K K^T / Q K^T tiles, ``solve`` the prep's solve, ``norms`` its q / k norms,
 ``gates`` its gates' scan, ``loads`` its k, q, v loads, ``store`` the walk's output rows; a variant is
-``x[:part+part..]`` (``x`` alone: nothing removed).
+``x[:part+part..]`` (``x`` alone: nothing removed). A variant without ``loads`` runs the ``cp.async`` build
+(TMA's waits would never end without its loads); each row names its build's loads.
 
-Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 112/192,..]
+Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 112/192,112/192:cpasync,..]
         [--l2norm on|off|both] [--ablate x,x:idle,x:idle+wtiles,..]
 """
 
@@ -56,7 +58,7 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
     own = torch.zeros(pool0.shape[0], dtype=torch.bool, device=pool0.device)
     own[idx.long()] = True
     calls, outs = {}, {}
-    shipped = fpk.REGS
+    shipped = fpk.REGS, fpk.TMA
     try:
         for name in ("wgmma", "fused"):
             switch(name)
@@ -78,18 +80,19 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
             return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
         row["two_kernels_ms"] = bench(calls["wgmma"])
-        for regs in regs_variants:  # "prep/walk" registers a thread (PrefillKey.regs)
-            fpk.REGS = tuple(int(x) for x in regs.split("/"))
-            tag = f"one_kernel_{regs.replace('/', '_')}"
+        for build in regs_variants:  # "prep/walk[:cpasync]" (PrefillKey.regs, .tma)
+            regs, _, loads = build.partition(":")
+            fpk.REGS, fpk.TMA = tuple(int(x) for x in regs.split("/")), loads != "cpasync"
+            tag = f"one_kernel_{regs.replace('/', '_')}" + ("_cpasync" if loads else "")
             one = calls["fused"]
             one.pool.copy_(pool0)  # each build checked on the same entering states: bitwise the two kernels
             one()
             torch.cuda.synchronize()
             row[f"{tag}_bitwise"] = bool(torch.equal(one.bufs.o[:N * L], o2) and torch.equal(one.pool, p2))
             row[f"{tag}_ms"] = bench(one)
-            print(regs, row[f"{tag}_ms"], "bitwise", row[f"{tag}_bitwise"], flush=True)
+            print(build, row[f"{tag}_ms"], "bitwise", row[f"{tag}_bitwise"], flush=True)
     finally:
-        fpk.REGS = shipped
+        fpk.REGS, fpk.TMA = shipped
         switch("")
     row["one_kernel_ms"] = min(v for k, v in row.items() if k.startswith("one_kernel_") and k.endswith("_ms"))
     row["all_builds_bitwise"] = all(v for k, v in row.items() if k.endswith("_bitwise"))
@@ -118,9 +121,11 @@ def ablate(N, L, H, HV, variants) -> list:
                 has_initial_state=None, h0=None, ht=torch.empty(N, HV, 128, 128, device="cuda"), s0=(0, 0, 0, 0),
                 st=(HV * 128 * 128, 128 * 128, 1, 128), scale=128 ** -0.5, use_qk_l2norm=True)
     rows = []
+    tma = fpk.TMA
     try:
         for name in variants:
             off = [p for p in name.partition(":")[2].split("+") if p]
+            fpk.TMA = tma and "loads" not in off
             for part, (c, m) in PARTS.items():
                 setattr(classes[c], m, (lambda *a, **k: None) if part in off else real[part])
             fpk._CACHE.clear()
@@ -129,9 +134,10 @@ def ablate(N, L, H, HV, variants) -> list:
             torch.cuda.synchronize()
             ms = float(do_bench(lambda: fpk.cutedsl_fused_prefill(**args), warmup=10, rep=100, return_mode="median"))
             rows.append(dict(kind="one_kernel_ablation", N=N, L=L, H=H, HV=HV, variant=name, removed=off, ms=ms,
-                             regs=list(fpk.REGS)))
+                             regs=list(fpk.REGS), loads="tma" if fpk.TMA else "cpasync"))
             print(rows[-1], flush=True)
     finally:
+        fpk.TMA = tma
         for part, (c, m) in PARTS.items():
             if part in own:
                 setattr(classes[c], m, real[part])
@@ -153,15 +159,17 @@ def _variants(spec: str) -> str:
 
 
 def _builds(spec: str) -> str:
-    """``--regs``' value checked: ``prep/walk`` items, each a register split the kernel takes
+    """``--regs``' value checked: ``prep/walk[:cpasync]`` items, each a register split the kernel takes
     (``fused_prefill.regs_refusal``)."""
     from linattn.kernels.cutedsl.fused_prefill import regs_refusal
 
     for item in spec.split(","):
+        regs, colon, loads = item.partition(":")
         try:
-            split = tuple(int(x) for x in item.split("/"))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk, e.g. 112/192") from None
+            split = tuple(int(x) for x in regs.split("/"))
+            assert not colon or loads == "cpasync"
+        except (ValueError, AssertionError):
+            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:cpasync], e.g. 112/192") from None
         why = regs_refusal(split)
         if why:
             raise argparse.ArgumentTypeError(f"{item!r}: {why}")
@@ -181,7 +189,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES, type=_shapes, help=f"NxL@H/HV,... (default {SHAPES})")
     ap.add_argument("--regs", default=REGS_VARIANTS, type=_builds,
-                    help=f"builds 'prep/walk,...': the setmaxnreg split (default {REGS_VARIANTS}, the shipped one)")
+                    help=f"builds 'prep/walk[:cpasync],...': the setmaxnreg split, ':cpasync' the k / q tiles by cp.async, "
+                         f"not TMA (default {REGS_VARIANTS}, the shipped build)")
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
     ap.add_argument("--ablate", default=None, type=_variants,
@@ -201,20 +210,22 @@ def main(argv=None) -> int:
                  "chunk products, wtiles = its tiles, solve / norms / gates / loads = the prep's, store = the output "
                  "rows); timing only, the outputs meaningless; dense fp32 states, no initial state, l2norm in the "
                  "kernel, mild gates (benchmarks/fused_walk.py's make)"]
-        shipped = fpk.REGS
-        fpk.REGS = tuple(int(x) for x in regs[0].split("/"))
+        shipped = fpk.REGS, fpk.TMA
+        build, _, loads = regs[0].partition(":")
+        fpk.REGS, fpk.TMA = tuple(int(x) for x in build.split("/")), loads != "cpasync"
         rows = []
         try:
             for N, L, H, HV in parse(a.shapes):
                 rows.extend(ablate(N, L, H, HV, a.ablate.split(",")))
                 write_results(out, rows, notes)
         finally:
-            fpk.REGS = shipped
+            fpk.REGS, fpk.TMA = shipped
         return 0
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
-             "one_kernel_<prep>_<walk>: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split",
+             "one_kernel_<prep>_<walk>[_cpasync]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (k / q by TMA, "
+             "or by cp.async)",
              "o_bitwise / pool_bitwise: the one kernel's (shipped build) outputs and pool against the two kernels' on the "
              "same inputs; one_kernel_<build>_bitwise: both, for that build"]
     if len(norms) == 1:

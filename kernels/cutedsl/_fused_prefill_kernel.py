@@ -67,14 +67,17 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         l2norm, beta_bf16: as :class:`._fused_prep_kernel.FusedPrepKernel`.
         regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``; the host side's
             ``fused_prefill.REGS`` by default).
+        tma: k and q tiles by TMA (one prep thread issues both, an mbarrier per stage counts their bytes);
+            else by the prep warpgroup's ``cp.async``, as v always is.
     """
 
     def __init__(self, K: int, V: int, pool: bool, has_h0: bool, has_init: bool, g_min: float, l2norm: bool,
-                 beta_bf16: bool, regs: tuple):
+                 beta_bf16: bool, regs: tuple, tma: bool = True):
         super().__init__(K, V, V, pool, has_h0, has_init, g_min)
         assert V == 128 and K == 128, "one CTA per (sequence, value head): BV = V = 128"
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
         self.regs = regs
+        self.tma = tma
         self.prep = FusedPrepKernel(K, l2norm, beta_bf16, g_min, solve="one_head",
                                     barrier=(BAR_PREP, PREP_THREADS), fold_scale=True, stream_norm=True)
 
@@ -86,7 +89,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         beta_ptr: cute.Pointer, o_ptr: cute.Pointer, cu_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         hinit_ptr: cute.Pointer, h0_ptr: cute.Pointer, ht_ptr: cute.Pointer,
         sqt: Int64, sqh: Int64, skt: Int64, skh: Int64, svt: Int64, svh: Int64, sgt: Int64, sgh: Int64,
-        sbt: Int64, sbh: Int64,
+        sbt: Int64, sbh: Int64, T: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
         N: Int32, HV: Int32, GROUP: Int32, scale: Float32,
@@ -112,11 +115,30 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             g2s16, cute.make_layout((PREP_THREADS // tv, tv), stride=(tv, 1)), cute.make_layout((1, 8)))
         store_o = cute.make_tiled_copy_tv(
             st16, cute.make_layout((WALK_THREADS // tv, tv), stride=(tv, 1)), cute.make_layout((1, 8)))
+        atom_k = atom_q = tma_k = tma_q = None
+        if const_expr(self.tma):
+            atom_k, tma_k = self.tma_of(k_ptr, T, skt, skh, HV // GROUP)
+            atom_q, tma_q = self.tma_of(q_ptr, T, sqt, sqh, HV // GROUP)
         self.kernel(
             q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, cu_ptr, sidx_ptr, hinit_ptr, h0_ptr, ht_ptr,
-            sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
-            N, HV, GROUP, scale, mma_c, mma_k, mma_t, copy_k, copy_v, store_o,
+            sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, T, s0_p, s0_h, s0_v, s0_k, st_p, st_h, st_v, st_k,
+            N, HV, GROUP, scale, mma_c, mma_k, mma_t, copy_k, copy_v, store_o, atom_k, tma_k, atom_q, tma_q,
         ).launch(grid=[N * HV, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    def smem_layouts(self):
+        """The swizzled shared-memory layouts of the k / q stages and of the products' (C x C) stages."""
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
+        return (cute.tile_to_shape(atom, (C, self.K, KQV_STAGES), order=(0, 1, 2)),
+                cute.tile_to_shape(atom, (C, C, PRODUCT_STAGES), order=(0, 1, 2)))
+
+    @cute.jit
+    def tma_of(self, ptr, T, st, sh, H):
+        """The TMA atom and coordinate tensor that load ``(C, K)`` tiles of ``[T, H, K]`` rows (token stride ``st``,
+        head stride ``sh``, both multiples of 8 elements: the host side copies other rows first) into a k / q
+        stage; rows past ``T`` arrive as zeros."""
+        g = cute.make_tensor(ptr, cute.make_layout(
+            (Int32(T), self.K, H), stride=(cute.assume(st, divby=8), 1, cute.assume(sh, divby=8))))
+        return cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), g, self.smem_layouts()[0], (C, self.K))
 
     # ------------------------------------------------------------------------------------------
     @cute.kernel
@@ -126,14 +148,14 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         beta_ptr: cute.Pointer, o_ptr: cute.Pointer, cu_ptr: cute.Pointer, sidx_ptr: cute.Pointer,
         hinit_ptr: cute.Pointer, h0_ptr: cute.Pointer, ht_ptr: cute.Pointer,
         sqt: Int64, sqh: Int64, skt: Int64, skh: Int64, svt: Int64, svh: Int64, sgt: Int64, sgh: Int64,
-        sbt: Int64, sbh: Int64,
+        sbt: Int64, sbh: Int64, T: Int64,
         s0_p: Int64, s0_h: Int64, s0_v: Int32, s0_k: Int32,
         st_p: Int64, st_h: Int64, st_v: Int32, st_k: Int32,
         N: Int32, HV: Int32, GROUP: Int32, scale: Float32,
         mma_c: cute.TiledMma, mma_k: cute.TiledMma, mma_t: cute.TiledMma, copy_k: cute.TiledCopy,
-        copy_v: cute.TiledCopy, store_o: cute.TiledCopy,
+        copy_v: cute.TiledCopy, store_o: cute.TiledCopy, atom_k, tma_k, atom_q, tma_q,
     ):
-        K, BV, PV = self.K, self.BV, self.PV
+        BV, PV = self.BV, self.PV
         P = self.prep
         tid, _, _ = cute.arch.thread_idx()
         bid, _, _ = cute.arch.block_idx()
@@ -146,9 +168,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         hv64 = Int64(i_hv)
 
         # ---------------- shared memory: the k, q, v and the products' stages, the prep's own tiles -----
-        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, BFloat16)
-        lay_kq = cute.tile_to_shape(atom, (C, K, KQV_STAGES), order=(0, 1, 2))
-        lay_cc = cute.tile_to_shape(atom, (C, C, PRODUCT_STAGES), order=(0, 1, 2))
+        lay_kq, lay_cc = self.smem_layouts()
         smem = cutlass.utils.SmemAllocator()
         sK = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
         sQ = smem.allocate_tensor(BFloat16, lay_kq.outer, 1024, swizzle=lay_kq.inner)
@@ -164,12 +184,20 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         sZ = smem.allocate_tensor(Float32, cute.make_layout(32 * P.PZ), 16)
         # per chunk (two stages: the prep writes chunk u + 1's before it solves chunk u): uk, rk, qs, sq, G, -, beta, -
         sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8, PRODUCT_STAGES), stride=(1, C, 8 * C)), 16)
+        # a k / q stage's TMA bytes (one arrival: the issuing thread's expect-tx)
+        bars = smem.allocate_array(Int64, KQV_STAGES, byte_alignment=8)
+        if const_expr(self.tma):
+            if tid == 0:
+                for i in cutlass.range_constexpr(KQV_STAGES):
+                    cute.arch.mbarrier_init(bars + i, 1)
+                cute.arch.mbarrier_init_fence()
+            cute.arch.barrier()
 
         if tid < PREP_THREADS:
             cute.arch.setmaxregister_decrease(self.regs[0])
             self.prep_loop(tid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                            sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v,
-                           sK, sQ, sT, sV, sRow, sAt, sZ, sVec)
+                           (atom_k, tma_k, atom_q, tma_q, bars), sK, sQ, sT, sV, sRow, sAt, sZ, sVec)
         else:
             cute.arch.setmaxregister_increase(self.regs[1])
             self.walk_loop(tid - PREP_THREADS, nc, bos, eos, i_n, hv64, N, HV, o_ptr, sidx_ptr, hinit_ptr, h0_ptr,
@@ -179,7 +207,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def prep_loop(self, ptid, nc, bos, eos, i_hv, HV, GROUP, scale, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                  sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v,
+                  sqt, sqh, skt, skh, svt, svh, sgt, sgh, sbt, sbh, copy_k, copy_v, tma,
                   sK, sQ, sT, sV, sRow, sAt, sZ, sVec):
         """The prep warpgroup (thread ``ptid`` of 128): chunk 0's gates and norms ("norms ready"), then per chunk
         u, once the walk has formed its ``A^T`` and ``Aqk`` ("tiles ready"): chunk u + 1's gates and norms into
@@ -196,8 +224,12 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         tKc = thr_k.partition_S(cute.make_identity_tensor((C, self.K)))
         tVsV = thr_v.partition_D(sV)
         tVc = thr_v.partition_S(cute.make_identity_tensor((C, self.BV)))
+        tiles = None
+        if const_expr(self.tma):
+            tiles = (tma[0], *self.tma_tiles(tma[0], tma[1], bos, i_h, sK), tma[2],
+                     *self.tma_tiles(tma[2], tma[3], bos, i_h, sQ), tma[4])
         loads = (bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v, thr_k, thr_v,
-                 tKsK, tQsQ, tKc, tVsV, tVc)
+                 tKsK, tQsQ, tKc, tVsV, tVc, tiles)
         # Tm diag(beta)'s blocks above the diagonal: zero for good (the solve writes the others every chunk)
         for i in cutlass.range_constexpr(C * C * PRODUCT_STAGES // PREP_THREADS):
             e = ptid + i * PREP_THREADS
@@ -213,7 +245,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             cute.arch.cp_async_wait_group(1)  # chunk 0's loads
             rg0, rg1 = g0, g1
             gb = self.prep_front(ptid, 0, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, [g0, g1, b0, b1],
-                                 sK, sQ, sVec[None, None, 0])
+                                 sK, sQ, sVec[None, None, 0], tma[4])
             g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
             if wid == 0:
                 sRow[lane, 0, 0] = rg0
@@ -230,7 +262,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
             if u + 1 < nc:
                 cute.arch.cp_async_wait_group(0)
                 gb = self.prep_front(ptid, u + 1, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh,
-                                     [g0, g1, b0, b1], sK, sQ, sVec[None, None, (u + 1) % PRODUCT_STAGES])
+                                     [g0, g1, b0, b1], sK, sQ, sVec[None, None, (u + 1) % PRODUCT_STAGES], tma[4])
                 g0, g1, b0, b1 = gb[0], gb[1], gb[2], gb[3]
             self.prep.solve_one_head(sAt, sZ.iterator, sT[None, None, s], sVec[None, None, s], ptid)
             if ptid >= C:  # rk, qs, sq of row r for the walk's factors
@@ -258,12 +290,20 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         return Int32(cutlass.select_(left < Int64(C), left, Int64(C)))
 
     @cute.jit
-    def prep_front(self, ptid, c, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, gb, sK, sQ, sVec):
+    def prep_front(self, ptid, c, bos, eos, hv64, scale, g_ptr, beta_ptr, sgt, sgh, sbt, sbh, gb, sK, sQ, sVec,
+                   bars):
         """Chunk ``c``'s gates (warp 0, from ``gb``: its raw g and beta; returns chunk ``c + 1``'s, loaded) and
-        norms into ``sVec``, then "norms ready" (the caller has waited for the chunk's loads)."""
+        norms into ``sVec``, then "norms ready" (the caller has waited for the chunk's ``cp.async`` loads; TMA's
+        are waited for here, and the rows past the sequence's end zeroed: TMA loaded the next sequence's)."""
         lane = ptid % 32
         L = self.rows_of(bos, eos, c)
-        self.prep.sync()  # every thread's cp.async loads of chunk c landed (visible to the other threads)
+        if const_expr(self.tma):
+            cute.arch.mbarrier_wait(bars + c % KQV_STAGES, (c // KQV_STAGES) % 2)
+            if L < C:
+                self.zero_rows(ptid, L, sK, sQ, c % KQV_STAGES)
+                self.prep.sync()
+        else:
+            self.prep.sync()  # every thread's cp.async loads of chunk c landed (visible to the other threads)
         nb = gb
         if ptid // 32 == 0:
             self.prep.scan_gates(gb, lane, 0, sVec, Float32(self.g_min))
@@ -290,27 +330,52 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         return nb
 
     @cute.jit
+    def tma_tiles(self, atom, mX, bos, i_h, sX):
+        """(stage tiles, chunk tiles) of one TMA source: ``sX``'s stages and head ``i_h``'s ``(C, K)`` tiles
+        from row ``bos`` on, partitioned for ``atom``."""
+        g = cute.local_tile(cute.domain_offset((Int32(bos), 0, 0), mX)[None, None, i_h], (C, self.K), (None, 0))
+        return cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                     cute.group_modes(g, 0, 2))
+
+    @cute.jit
+    def zero_rows(self, ptid, L, sK, sQ, ks):
+        """Rows ``L..C-1`` of k / q stage ``ks`` set to zero (the prep warpgroup's threads share them)."""
+        for i in cutlass.range(ptid, (C - L) * self.K, PREP_THREADS, unroll=1):
+            sK[L + i // self.K, i % self.K, ks] = BFloat16(0.0)
+            sQ[L + i // self.K, i % self.K, ks] = BFloat16(0.0)
+
+    @cute.jit
     def load_kqv(self, t, ks, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
-                 thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc):
-        """Issue the prep warpgroup's cp.async loads of chunk ``t``'s k, q, v rows into stage ``ks`` (rows
-        past the sequence zero)."""
+                 thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc, tiles):
+        """Issue chunk ``t``'s loads into stage ``ks``: k and q by TMA (``tiles``: the atoms, their partitions and
+        the stages' mbarriers; thread 0 issues them) or the prep warpgroup's ``cp.async``, v by ``cp.async``
+        (rows past the sequence zero; TMA's are zeroed once loaded, :meth:`zero_rows`)."""
         K, BV = self.K, self.BV
         row0 = bos + Int64(t * C)
         L = self.rows_of(bos, eos, t)
-        gK = cute.make_tensor((k_ptr + (row0 * skt + Int64(i_h) * skh)).align(16),
-                              cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
-        gQ = cute.make_tensor((q_ptr + (row0 * sqt + Int64(i_h) * sqh)).align(16),
-                              cute.make_layout((C, K), stride=(cute.assume(Int32(sqt), divby=8), 1)))
+        if const_expr(self.tma):
+            ptid, _, _ = cute.arch.thread_idx()
+            if ptid == 0:
+                bar = tiles[6] + ks
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, 2 * C * K * 2)
+                cute.copy(tiles[0], tiles[2][None, t], tiles[1][None, ks], tma_bar_ptr=bar)
+                cute.copy(tiles[3], tiles[5][None, t], tiles[4][None, ks], tma_bar_ptr=bar)
+        else:
+            gK = cute.make_tensor((k_ptr + (row0 * skt + Int64(i_h) * skh)).align(16),
+                                  cute.make_layout((C, K), stride=(cute.assume(Int32(skt), divby=8), 1)))
+            gQ = cute.make_tensor((q_ptr + (row0 * sqt + Int64(i_h) * sqh)).align(16),
+                                  cute.make_layout((C, K), stride=(cute.assume(Int32(sqt), divby=8), 1)))
+            tKg, tQg = thr_k.partition_S(gK), thr_k.partition_S(gQ)
+            for m in cutlass.range_constexpr(cute.size(tKg, mode=[1])):
+                if tKc[0, m, 0][0] < L:
+                    cute.copy(copy_k, tKg[None, m, None], tKsK[None, m, None, ks])
+                    cute.copy(copy_k, tQg[None, m, None], tQsQ[None, m, None, ks])
+                else:
+                    tKsK[None, m, None, ks].fill(0.0)
+                    tQsQ[None, m, None, ks].fill(0.0)
         gV = cute.make_tensor((v_ptr + (row0 * svt + hv64 * svh)).align(16),
                               cute.make_layout((C, BV), stride=(cute.assume(Int32(svt), divby=8), 1)))
-        tKg, tQg, tVg = thr_k.partition_S(gK), thr_k.partition_S(gQ), thr_v.partition_S(gV)
-        for m in cutlass.range_constexpr(cute.size(tKg, mode=[1])):
-            if tKc[0, m, 0][0] < L:
-                cute.copy(copy_k, tKg[None, m, None], tKsK[None, m, None, ks])
-                cute.copy(copy_k, tQg[None, m, None], tQsQ[None, m, None, ks])
-            else:
-                tKsK[None, m, None, ks].fill(0.0)
-                tQsQ[None, m, None, ks].fill(0.0)
+        tVg = thr_v.partition_S(gV)
         for m in cutlass.range_constexpr(cute.size(tVg, mode=[1])):
             if tVc[0, m, 0][0] < L:
                 cute.copy(copy_v, tVg[None, m, None], tVsV[None, m, None, ks])

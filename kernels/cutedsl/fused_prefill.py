@@ -35,6 +35,8 @@ _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
 REGS = (112, 192)
+#: k and q tiles by TMA (:attr:`PrefillKey.tma`); False: by the prep warpgroup's ``cp.async``, as v
+TMA = True
 
 
 class PrefillKey(NamedTuple):
@@ -51,6 +53,7 @@ class PrefillKey(NamedTuple):
     arch: str
     has_init: bool = False
     regs: tuple = REGS
+    tma: bool = True  # k and q tiles by TMA (else cp.async)
 
 
 def fused_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, g_dtype: Optional[torch.dtype] = None,
@@ -89,7 +92,7 @@ def _dummy_args(key: PrefillKey):
 
     I64, I32 = cutlass.Int64, cutlass.Int32
     return [*(make_ptr(dt, 1 << 20, cute.AddressSpace.gmem, assumed_align=al) for dt, al in _ptr_types(key)),
-            *[I64(8)] * 10, I64(1), I64(1), I32(1), I32(1), I64(1), I64(1), I32(1), I32(1),
+            *[I64(8)] * 10, I64(64), I64(1), I64(1), I32(1), I32(1), I64(1), I64(1), I32(1), I32(1),
             I32(1), I32(1), I32(1), cutlass.Float32(1.0), cuda.CUstream(0)]
 
 
@@ -106,7 +109,7 @@ def compile_fused_prefill(key: PrefillKey, dump_dir: Optional[str] = None):
         from ._fused_prefill_kernel import FusedPrefillKernel
 
         return FusedPrefillKernel(128, 128, key.pool, key.has_h0, key.has_init, G_MIN, key.l2norm,
-                                  key.beta_dtype == "bfloat16", tuple(key.regs))
+                                  key.beta_dtype == "bfloat16", tuple(key.regs), key.tma)
 
     return compile_cached(_CACHE, _LOCK, key, kernel, lambda: _dummy_args(key), key.arch, dump_dir)
 
@@ -135,7 +138,8 @@ class FusedPrefillStep(CuteStep):
     def __call__(self, args: tuple) -> None:
         q, k, v, g, beta = _aligned(args[0]), _aligned(args[1]), _aligned(args[2]), args[3], args[4]
         addrs = tuple(a if a.__class__ is int else a.data_ptr() for a in (q, k, v, g, beta) + tuple(args[5:]))
-        self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *beta.stride()[:2]))
+        self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *beta.stride()[:2],
+                            q.shape[0]))
 
 
 def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initial_state, h0, ht, s0: tuple,
@@ -250,7 +254,8 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         from . import device_arch
         arch = device_arch(q.device)
     fields, states = state_args(cu_seqlens, state_indices, has_initial_state, h0, ht)
-    key = PrefillKey(**fields, beta_dtype=_dt(beta.dtype), l2norm=bool(use_qk_l2norm), arch=arch, regs=regs)
+    key = PrefillKey(**fields, beta_dtype=_dt(beta.dtype), l2norm=bool(use_qk_l2norm), arch=arch, regs=regs,
+                     tma=TMA)
     from linattn.kernels.triton.launch import launch_step
 
     launch_step(cached_step(FusedPrefillStep, compile_fused_prefill, key, q.device, s0, st, N, HV, H, scale),

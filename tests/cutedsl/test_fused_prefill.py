@@ -54,11 +54,15 @@ def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(shipped_build):
     # the prep's solve: the doubling on four warps (3 products a tile, bf16 hi / lo): S2 16 x 8 x 16 twice,
     # S3 16 x 16 x 32 twice
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == 3 * (1 + 1 + 4 + 4)
-    # k, q, v (8 row passes each), issued in three places: chunks 0 and 1 before the loop (two unrolled sites),
-    # chunk u + 2 in it
-    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 24
-    for bad in ("tcgen05", "cp.async.bulk"):
-        assert bad not in ptx, bad
+    # the loads, issued in three places (chunks 0 and 1 before the loop: two unrolled sites; chunk u + 2 in it):
+    # v by cp.async (8 row passes), k and q by TMA (two 128-byte-wide boxes a tile: the 128-byte swizzle), one
+    # mbarrier a stage (its expect-tx at each site; waited for by the norms of chunk 0 and in the loop)
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 8
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)) == 3 * 4
+    assert len(re.findall(r"mbarrier\.init\.shared\.b64", ptx)) == 3
+    assert len(re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64", ptx)) == 3
+    assert len(re.findall(r"mbarrier\.try_wait\.parity\.shared\.b64", ptx)) == 2
+    assert "tcgen05" not in ptx
 
 
 def _ptxas():

@@ -126,3 +126,23 @@ def test_one_kernel_at_a_throughput_shape_is_bitwise_the_two_kernels(monkeypatch
     (o_2, _, work_2), (o_1, _, work_1) = _both(monkeypatch, inp, state_pool=pool, state_indices=idx)
     assert torch.equal(o_1, o_2) and torch.equal(work_1, work_2)
     assert torch.equal(work_1[[1, 2]], pool[[1, 2]])
+
+
+@pytest.mark.parametrize("tma", [True, False])
+def test_one_kernel_sequences_do_not_read_each_others_rows(monkeypatch, tma):
+    """A sequence whose last chunk is partial (70 = 64 + 6 rows) followed by one whose q, k, v rows are NaN:
+    the first sequence's output and final state are bitwise those of the same call with finite rows there
+    (TMA loads the next sequence's rows into the partial chunk's tail, which the prep zeroes; ``cp.async``
+    never loads them), and bitwise the two kernels'. Both builds of the k / q loads (``fused_prefill.TMA``)."""
+    monkeypatch.setattr(fpk, "TMA", tma)
+    inp = make_inputs("gdn", [70, 90], H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, device=DEV, seed=11)
+    bad = dict(inp)
+    for n in ("q", "k", "v"):
+        bad[n] = inp[n].clone()
+        bad[n][70:] = float("nan")
+    h0 = random_states(2, 4, 128, 128, device=DEV) * 0.1
+    (o_2, ht_2, _), (o_1, ht_1, _) = _both(monkeypatch, inp, initial_state=h0)
+    assert torch.equal(o_1, o_2) and torch.equal(ht_1, ht_2)
+    (_, _, _), (o_b, ht_b, _) = _both(monkeypatch, bad, initial_state=h0)
+    assert torch.isfinite(o_b[:70].float()).all() and o_b[:70].abs().amax() > 0
+    assert torch.equal(o_b[:70], o_1[:70]) and torch.equal(ht_b[0], ht_1[0])
