@@ -67,7 +67,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         l2norm, beta_bf16: as :class:`._fused_prep_kernel.FusedPrepKernel`.
         regs: registers per thread of the prep and walk warpgroups (``setmaxnreg``; the host side's
             ``fused_prefill.REGS`` by default).
-        tma: k and q tiles by TMA (one prep thread issues both, an mbarrier per stage counts their bytes);
+        tma: k and q tiles by TMA (the prep's warp 0 issues both, an mbarrier per stage counts their bytes);
             else by the prep warpgroup's ``cp.async``, as v always is.
     """
 
@@ -355,9 +355,10 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         L = self.rows_of(bos, eos, t)
         if const_expr(self.tma):
             ptid, _, _ = cute.arch.thread_idx()
-            if ptid == 0:
+            if ptid // 32 == 0:  # the whole warp: a TMA copy elects its issuing lane (elect.sync of all 32)
                 bar = tiles[6] + ks
-                cute.arch.mbarrier_arrive_and_expect_tx(bar, 2 * C * K * 2)
+                with cute.arch.elect_one():
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar, 2 * C * K * 2)
                 cute.copy(tiles[0], tiles[2][None, t], tiles[1][None, ks], tma_bar_ptr=bar)
                 cute.copy(tiles[3], tiles[5][None, t], tiles[4][None, ks], tma_bar_ptr=bar)
         else:
