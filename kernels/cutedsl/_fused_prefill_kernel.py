@@ -72,7 +72,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     """
 
     def __init__(self, K: int, V: int, pool: bool, has_h0: bool, has_init: bool, g_min: float, l2norm: bool,
-                 beta_bf16: bool, regs: tuple, tma: bool = True):
+                 beta_bf16: bool, regs: tuple, tma: bool = False):
         super().__init__(K, V, V, pool, has_h0, has_init, g_min)
         assert V == 128 and K == 128, "one CTA per (sequence, value head): BV = V = 128"
         assert regs[0] % 8 == 0 and regs[1] % 8 == 0 and regs[0] + 2 * regs[1] <= 504
@@ -184,9 +184,9 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
         sZ = smem.allocate_tensor(Float32, cute.make_layout(32 * P.PZ), 16)
         # per chunk (two stages: the prep writes chunk u + 1's before it solves chunk u): uk, rk, qs, sq, G, -, beta, -
         sVec = smem.allocate_tensor(Float32, cute.make_layout((C, 8, PRODUCT_STAGES), stride=(1, C, 8 * C)), 16)
-        # a k / q stage's TMA bytes (one arrival: the issuing thread's expect-tx)
-        bars = smem.allocate_array(Int64, KQV_STAGES, byte_alignment=8)
-        if const_expr(self.tma):
+        bars = None
+        if const_expr(self.tma):  # a k / q stage's TMA bytes (one arrival: the issuing lane's expect-tx)
+            bars = smem.allocate_array(Int64, KQV_STAGES, byte_alignment=8)
             if tid == 0:
                 for i in cutlass.range_constexpr(KQV_STAGES):
                     cute.arch.mbarrier_init(bars + i, 1)

@@ -35,8 +35,9 @@ _LOCK = threading.Lock()
 _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
 REGS = (112, 192)
-#: k and q tiles by TMA (:attr:`PrefillKey.tma`); False: by the prep warpgroup's ``cp.async``, as v
-TMA = True
+#: k and q tiles by TMA (:attr:`PrefillKey.tma`); False: by the prep warpgroup's ``cp.async``, as v. Off: on the
+#: H200 the TMA build was no faster (docs/performance.md, 'The one-kernel prefill, session 18')
+TMA = False
 
 
 class PrefillKey(NamedTuple):
@@ -53,7 +54,7 @@ class PrefillKey(NamedTuple):
     arch: str
     has_init: bool = False
     regs: tuple = REGS
-    tma: bool = True  # k and q tiles by TMA (else cp.async)
+    tma: bool = False  # k and q tiles by TMA (else cp.async)
 
 
 def fused_refusal(*, family: str, K: int, V: int, dtype: torch.dtype, g_dtype: Optional[torch.dtype] = None,

@@ -54,15 +54,28 @@ def test_one_kernel_compiles_for_sm90a_as_three_warpgroups(shipped_build):
     # the prep's solve: the doubling on four warps (3 products a tile, bf16 hi / lo): S2 16 x 8 x 16 twice,
     # S3 16 x 16 x 32 twice
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == 3 * (1 + 1 + 4 + 4)
-    # the loads, issued in three places (chunks 0 and 1 before the loop: two unrolled sites; chunk u + 2 in it):
-    # v by cp.async (8 row passes), k and q by TMA (two 128-byte-wide boxes a tile: the 128-byte swizzle), one
-    # mbarrier a stage (its expect-tx at each site; waited for by the norms of chunk 0 and in the loop)
+    # k, q, v (8 row passes each) by cp.async, issued in three places: chunks 0 and 1 before the loop (two
+    # unrolled sites), chunk u + 2 in it
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 24
+    for bad in ("tcgen05", "cp.async.bulk", "mbarrier"):
+        assert bad not in ptx, bad
+
+
+def test_the_tma_build_loads_k_and_q_by_tma(tmp_path):
+    """``PrefillKey.tma`` (off by default: no faster on the H200): k and q by TMA, v still by cp.async; ptxas
+    at the shipped register split: no spill, no C7512."""
+    pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (pip install 'linattn[cutedsl]')")
+    ptx = fpk.compile_fused_prefill(_key(tma=True), dump_dir=str(tmp_path)).artifacts.PTX
+    # issued in the same three places: v by cp.async (8 row passes), k and q two 128-byte-wide boxes a tile (the
+    # 128-byte swizzle) from the prep's warp 0; one mbarrier a stage (an expect-tx at each site; waited for by
+    # the norms of chunk 0 and in the loop)
     assert len(re.findall(r"cp\.async\.cg\.shared\.global", ptx)) == 3 * 8
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.3d\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes", ptx)) == 3 * 4
     assert len(re.findall(r"mbarrier\.init\.shared\.b64", ptx)) == 3
     assert len(re.findall(r"mbarrier\.arrive\.expect_tx\.shared\.b64", ptx)) == 3
     assert len(re.findall(r"mbarrier\.try_wait\.parity\.shared\.b64", ptx)) == 2
-    assert "tcgen05" not in ptx
+    assert ".local" not in ptx and "tcgen05" not in ptx
+    _assert_ptxas_clean(next(p for p in tmp_path.iterdir() if p.suffix == ".ptx"), tmp_path, 0)
 
 
 def _ptxas():
@@ -80,13 +93,18 @@ def test_the_shipped_register_split_does_not_serialize_the_wgmma(shipped_build, 
     """ptxas on the PTX of the shipped register split (``fused_prefill.REGS``, 112 / 192): no "wgmma serialized"
     warning (C7512), and no spill with the l2norm in the kernel (the build the H200 measured), 8 bytes of spill
     stores without it (docs/performance.md, 'The one-kernel prefill, session 17')."""
-    ptxas = _ptxas()
-    if ptxas is None:
-        pytest.skip("no ptxas (Triton's NVIDIA backend) in this environment")
     folder = shipped_build[1] if l2norm else tmp_path / "build"
     if not l2norm:
         fpk.compile_fused_prefill(_key(l2norm=False), dump_dir=str(folder))
-    ptx = next(p for p in folder.iterdir() if p.suffix == ".ptx")
+    _assert_ptxas_clean(next(p for p in folder.iterdir() if p.suffix == ".ptx"), tmp_path, spill_bytes)
+
+
+def _assert_ptxas_clean(ptx, tmp_path, spill_bytes: int) -> None:
+    """ptxas (Triton's) on ``ptx``: at most ``spill_bytes`` of spill stores and no "wgmma serialized" (C7512);
+    skipped where there is no ptxas or it cannot build the PTX."""
+    ptxas = _ptxas()
+    if ptxas is None:
+        pytest.skip("no ptxas (Triton's NVIDIA backend) in this environment")
     run = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(tmp_path / "x.cubin")],
                          capture_output=True, text=True)
     if run.returncode:
