@@ -125,7 +125,7 @@ class _Router:
     def __init__(self, module, name: str, original):
         self.module, self.name, self.original = module, name, original
         self.target = getattr(fla, FUNCTIONS[name])
-        self.params = frozenset(inspect.signature(self.target).parameters)
+        self.params = _params_of(self.target)
         self.layers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # enabled layers seen using it
         functools.update_wrapper(self, original, updated=())
 
@@ -153,6 +153,38 @@ class _Router:
 
     def __repr__(self) -> str:
         return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
+
+
+_PARAMS: dict = {}  # linattn.compat.fla function -> the names of its parameters
+
+
+def _params_of(target) -> frozenset:
+    """The parameter names of a :mod:`linattn.compat.fla` function (read once per function: a router is
+    made on every enable after the last disable)."""
+    params = _PARAMS.get(target)
+    if params is None:
+        params = _PARAMS[target] = frozenset(inspect.signature(target).parameters)
+    return params
+
+
+def _named_modules(model: torch.nn.Module) -> list:
+    """``list(model.named_modules())``: the same (name, module) pairs in the same order (depth first,
+    each module once), read from ``_modules`` without torch's nested generators (enable and disable walk
+    the whole model on every call)."""
+    out: list = []
+    seen: set = set()
+
+    def walk(prefix: str, module: torch.nn.Module) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        out.append((prefix, module))
+        for name, sub in module._modules.items():
+            if sub is not None:
+                walk(f"{prefix}.{name}" if prefix else name, sub)
+
+    walk("", model)
+    return out
 
 
 def _functions_of(layer: torch.nn.Module) -> list:
@@ -303,8 +335,8 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
     opts = _LayerOptions(backend, validate)
     found = 0
     with _LOCK:
-        for name, layer in model.named_modules():
-            funcs = _functions_of(layer)
+        for name, layer in _named_modules(model):
+            funcs = _functions_cached(layer)
             if not funcs:
                 continue
             found += 1
@@ -328,7 +360,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`enable` for ``model``'s layers (a no-op for layers not enabled); returns ``model``.
     A module-level function is restored once no enabled layer uses it."""
     with _LOCK:
-        for name, layer in model.named_modules():
+        for name, layer in _named_modules(model):
             if _routed(layer) is not None:
                 _undo(layer, name)
     return model
