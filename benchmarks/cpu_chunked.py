@@ -298,8 +298,8 @@ def _kept_rows(path: str, keep) -> list:
     with open(path) as f:
         doc = json.load(f)
     machine = next((n for n in doc.get("notes", []) if n.startswith("machine:")), None)
-    return [{"from_commit": doc["commit"], "from_machine": machine, **r, "kind": r.get("kind", "plugin")}
-            for r in doc["rows"] if keep(r)]
+    return [{"from_commit": doc["commit"], "from_machine": machine, "measured_by": f"{doc['command']} @ {doc['commit']}",
+             **r, "kind": r.get("kind", "plugin")} for r in doc["rows"] if keep(r)]
 
 
 def main() -> None:
@@ -358,7 +358,7 @@ def main() -> None:
                      f"run, commit {kept[0]['from_commit']}, whose rows compared cpu-chunked and torch-ref only.")
     if kept_targets or kept_hf:
         notes.append("Rows with from_commit were not re-run (--sections / --target-phases): kept from the file's "
-                     "earlier run of that commit, with its machine and load.")
+                     "earlier run of that commit, with its machine and load; measured_by names that run's command and commit.")
     if args.out == "-":
         print(json.dumps(make_results(results, notes).model_dump(), indent=1))
     else:
