@@ -103,6 +103,9 @@ _ROUTERS: dict = {}  # (module name, global name) -> _Router
 _FUNCTIONS_OF: "weakref.WeakKeyDictionary[type, list]" = weakref.WeakKeyDictionary()  # layer class -> its globals
 _ATTR = "_linattn_forward"  # the instance attribute naming an enabled layer's _RoutedForward
 _WARNED: set = set()
+#: per name of :data:`FUNCTIONS`: the parameter names of its linattn.compat.fla function (a table made at import,
+#: read by every router made: enable() after the last disable() makes them again)
+_PARAMS = {name: frozenset(inspect.signature(getattr(fla, target)).parameters) for name, target in FUNCTIONS.items()}
 
 
 class _Router:
@@ -125,7 +128,7 @@ class _Router:
     def __init__(self, module, name: str, original):
         self.module, self.name, self.original = module, name, original
         self.target = getattr(fla, FUNCTIONS[name])
-        self.params = _params_of(self.target)
+        self.params = _PARAMS[name]
         self.layers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # enabled layers seen using it
         functools.update_wrapper(self, original, updated=())
 
@@ -153,18 +156,6 @@ class _Router:
 
     def __repr__(self) -> str:
         return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
-
-
-_PARAMS: dict = {}  # linattn.compat.fla function -> the names of its parameters
-
-
-def _params_of(target) -> frozenset:
-    """The parameter names of a :mod:`linattn.compat.fla` function (read once per function: a router is
-    made on every enable after the last disable)."""
-    params = _PARAMS.get(target)
-    if params is None:
-        params = _PARAMS[target] = frozenset(inspect.signature(target).parameters)
-    return params
 
 
 def _named_modules(model: torch.nn.Module) -> list:
