@@ -855,8 +855,11 @@ class TorchChunkedBackend(Backend):
     #: The decode reads every read-only argument through its strides (:func:`_decode`: ``cat``, elementwise
     #: ops, ``index_select`` and views that only split a dim or drop one of size 1; any other decode runs
     #: torch-ref's code, which reads any view), so a layer's strided q / k / v (e.g. transformers' split of
-    #: one projection) is not copied per call; the prefill gets contiguous copies.
-    input_strides = {op: {name: "any" for name in OP_TABLE[op].reads} for op in ("gdn_decode", "kda_decode")}
+    #: one projection) is not copied per call. The prefill reads q / k / v rows with a unit last stride in place
+    #: (:func:`_row_factors` reduces along that dim; ``index_select`` gathers the rows: the bits of their
+    #: contiguous copies, tests/prefill/test_torch_chunked.py); it gets contiguous copies of the others.
+    input_strides = {**{op: {name: "any" for name in OP_TABLE[op].reads} for op in ("gdn_decode", "kda_decode")},
+                     **{op: {"q": "inner", "k": "inner", "v": "inner"} for op in ("gdn_prefill", "kda_prefill")}}
     features = frozenset({"has_initial_state", "precomputed_gates", "output_state_indices", "checkpoints"})
 
     def rank(self, p, caps) -> int:

@@ -47,6 +47,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
@@ -155,20 +156,28 @@ def _target_inputs(family: str, n_seq: int, seq_len: int, H: int, HV: int, K: in
     return x
 
 
-def _interleaved(fns: dict, repeats: int, inner: int = 1) -> dict:
+def _interleaved(fns: dict, repeats: int, inner: int = 1, setup: Optional[dict] = None) -> dict:
     """Medians of ``repeats`` timings of each function, A/B alternating which goes first; each timing
-    is ``inner`` back-to-back calls divided by ``inner``."""
-    for f in fns.values():  # warm-up
+    is ``inner`` back-to-back calls divided by ``inner``. ``setup[name]()``, where given, runs before each
+    of that function's timings, outside them."""
+    setup = setup or {}
+    for name, f in fns.items():  # warm-up
+        setup.get(name, _nothing)()
         f()
     times = {name: [] for name in fns}
     names = list(fns)
     for r in range(repeats):
         for name in (names if r % 2 == 0 else names[::-1]):
+            setup.get(name, _nothing)()
             t0 = time.perf_counter()
             for _ in range(inner):
                 fns[name]()
             times[name].append((time.perf_counter() - t0) / inner)
     return times
+
+
+def _nothing() -> None:
+    pass
 
 
 def bench_target_prefill(family: str, n_seq: int, seq_len: int, repeats: int) -> dict:
@@ -260,7 +269,10 @@ def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: 
         lt.enable(model)
         return run()
 
-    times = _interleaved({"linattn": routed, "transformers": plain}, repeats)
+    # the example enables once: enable() / disable() run before each timing, outside it (until 2026-12-04 they
+    # were timed: about 0.2-1 ms a repeat on linattn's side then, docs/performance.md)
+    times = _interleaved({"linattn": run, "transformers": run}, repeats,
+                         setup={"linattn": lambda: lt.enable(model), "transformers": lambda: lt.disable(model)})
     same = torch.equal(routed(), plain())
     med = {b: statistics.median(t) for b, t in times.items()}
     return {"kind": "hf_example", "model": model_name, "batch": batch, "prompt_tokens": prompt_len,
@@ -286,8 +298,8 @@ def _kept_rows(path: str, keep) -> list:
     with open(path) as f:
         doc = json.load(f)
     machine = next((n for n in doc.get("notes", []) if n.startswith("machine:")), None)
-    return [{"from_commit": doc["commit"], "from_machine": machine, **r, "kind": r.get("kind", "plugin")}
-            for r in doc["rows"] if keep(r)]
+    return [{"from_commit": doc["commit"], "from_machine": machine, "measured_by": f"{doc['command']} @ {doc['commit']}",
+             **r, "kind": r.get("kind", "plugin")} for r in doc["rows"] if keep(r)]
 
 
 def main() -> None:
@@ -337,7 +349,8 @@ def main() -> None:
              "kind=target: linattn's default (the dispatcher's choice, recorded) against transformers' own PyTorch "
              "functions (unwrapped from the hub/FLA wrappers), fp32, interleaved A/B with alternating order, "
              "medians; decode rows time 20 back-to-back steps per repeat. kind=hf_example: examples/hf_generate.py's "
-             "CPU run with and without linattn.integrations.transformers.enable, interleaved.",
+             "CPU run with and without linattn.integrations.transformers.enable, interleaved; enable() / disable() run "
+             "before each timing, outside it (the example enables once).",
              f"machine: {args.label or '(no --label)'}; shared with other jobs: load average at the start {load0}, "
              f"at the end {load}."]
     if kept:
@@ -345,7 +358,7 @@ def main() -> None:
                      f"run, commit {kept[0]['from_commit']}, whose rows compared cpu-chunked and torch-ref only.")
     if kept_targets or kept_hf:
         notes.append("Rows with from_commit were not re-run (--sections / --target-phases): kept from the file's "
-                     "earlier run of that commit, with its machine and load.")
+                     "earlier run of that commit, with its machine and load; measured_by names that run's command and commit.")
     if args.out == "-":
         print(json.dumps(make_results(results, notes).model_dump(), indent=1))
     else:

@@ -445,7 +445,7 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
         with _in_caller_shapes(func, T, flattened=False):
             o = decode(q, k, v, None, None, None, None, pool, _slots(N, q), g=g, beta=beta, **extra, **common)
         final = pool if output_final_state else None
-        return o.to(out_dtype), final
+        return (o if o.dtype == out_dtype else o.to(out_dtype)), final
 
     prefill = linattn.gdn_prefill if family == "gdn" else linattn.kda_prefill
     if cu_seqlens is None:
@@ -459,7 +459,9 @@ def _run(func: str, family: str, q, k, v, g, beta, *, scale, initial_state, outp
     with _in_caller_shapes(func, T, flattened=True):
         o, final = prefill(flat(q), flat(k), flat(v), flat(g), flat(beta), cu, initial_state=initial_state,
                            **common)
-    o = o.reshape(B, T, *o.shape[1:]).to(out_dtype)
+    o = o.reshape(B, T, *o.shape[1:])
+    if o.dtype != out_dtype:
+        o = o.to(out_dtype)
     if not output_final_state:
         return o, None
     if final.dtype not in (torch.float32, torch.float64):

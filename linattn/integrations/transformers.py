@@ -103,6 +103,9 @@ _ROUTERS: dict = {}  # (module name, global name) -> _Router
 _FUNCTIONS_OF: "weakref.WeakKeyDictionary[type, list]" = weakref.WeakKeyDictionary()  # layer class -> its globals
 _ATTR = "_linattn_forward"  # the instance attribute naming an enabled layer's _RoutedForward
 _WARNED: set = set()
+#: per name of :data:`FUNCTIONS`: the parameter names of its linattn.compat.fla function (a table made at import,
+#: read by every router made: enable() after the last disable() makes them again)
+_PARAMS = {name: frozenset(inspect.signature(getattr(fla, target)).parameters) for name, target in FUNCTIONS.items()}
 
 
 class _Router:
@@ -125,7 +128,7 @@ class _Router:
     def __init__(self, module, name: str, original):
         self.module, self.name, self.original = module, name, original
         self.target = getattr(fla, FUNCTIONS[name])
-        self.params = frozenset(inspect.signature(self.target).parameters)
+        self.params = _PARAMS[name]
         self.layers: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()  # enabled layers seen using it
         functools.update_wrapper(self, original, updated=())
 
@@ -153,6 +156,26 @@ class _Router:
 
     def __repr__(self) -> str:
         return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
+
+
+def _named_modules(model: torch.nn.Module) -> list:
+    """``list(model.named_modules())``: the same (name, module) pairs in the same order (depth first,
+    each module once), read from ``_modules`` without torch's nested generators (enable and disable walk
+    the whole model on every call)."""
+    out: list = []
+    seen: set = set()
+
+    def walk(prefix: str, module: torch.nn.Module) -> None:
+        if id(module) in seen:
+            return
+        seen.add(id(module))
+        out.append((prefix, module))
+        for name, sub in module._modules.items():
+            if sub is not None:
+                walk(f"{prefix}.{name}" if prefix else name, sub)
+
+    walk("", model)
+    return out
 
 
 def _functions_of(layer: torch.nn.Module) -> list:
@@ -303,8 +326,8 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
     opts = _LayerOptions(backend, validate)
     found = 0
     with _LOCK:
-        for name, layer in model.named_modules():
-            funcs = _functions_of(layer)
+        for name, layer in _named_modules(model):
+            funcs = _functions_cached(layer)
             if not funcs:
                 continue
             found += 1
@@ -328,7 +351,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`enable` for ``model``'s layers (a no-op for layers not enabled); returns ``model``.
     A module-level function is restored once no enabled layer uses it."""
     with _LOCK:
-        for name, layer in model.named_modules():
+        for name, layer in _named_modules(model):
             if _routed(layer) is not None:
                 _undo(layer, name)
     return model

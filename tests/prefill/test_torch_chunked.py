@@ -384,6 +384,44 @@ def test_decode_reads_strided_inputs_in_place_with_the_bits_of_contiguous_copies
     assert conform_inputs(op.__name__, named, tc.TorchChunkedBackend()) is named  # nothing copied
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s bit patterns (a NaN compares equal to the same NaN)."""
+    return x.view({torch.float64: torch.int64, torch.float32: torch.int32}.get(x.dtype, torch.int16))
+
+
+@pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("l2norm", [True, False], ids=["l2norm", "raw"])
+def test_prefill_reads_row_views_of_one_projection_in_place_with_the_bits_of_contiguous_copies(kda, dtype, l2norm):
+    """The prefill declares q / k / v readable as rows with a unit last stride: transformers' split of one
+    projection ``[T, (2H + HV) D]`` is handed to the backend uncopied and gives the bits of the contiguous
+    copies' call, dense and in pool mode, across chunk steps and empty sequences (without the l2norm the
+    outputs overflow: NaN where the copies' call has the same NaN); a view with a last stride > 1 is copied."""
+    from linattn.dispatch.rules.layouts import conform_inputs
+
+    lens = (80, 0, 5, 200, 17)
+    q, k, v, g, beta, cu = _inputs(kda, lens, "moderate", H=1, HV=2, K=32, V=16, dtype=dtype)
+    T = q.shape[0]
+    mixed = torch.cat((q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1), torch.zeros(T, 3, dtype=dtype)), -1)
+    sq, sk, sv = (x.view(T, -1, w) for x, w in zip(torch.split(mixed, [32, 32, 32, 3], -1)[:3], (32, 32, 16)))
+    assert torch.equal(sq, q) and torch.equal(sv, v) and not any(x.is_contiguous() for x in (sq, sk, sv))
+    op = linattn.kda_prefill if kda else linattn.gdn_prefill
+    backend = tc.TorchChunkedBackend()
+    named = dict(q=sq, k=sk, v=sv, g=g, beta=beta, cu_seqlens=cu)
+    assert conform_inputs(op.__name__, named, backend) is named  # nothing copied
+    assert conform_inputs(op.__name__, {**named, "q": _strided(q)}, backend)["q"].is_contiguous()
+    h0, pool, idx = torch.randn(len(lens), 2, 16, 32), torch.randn(7, 2, 16, 32), torch.tensor([6, 0, -1, 2, 4])
+    for pool_mode in (False, True):
+        outs = []
+        for x in ((q, k, v), (sq, sk, sv)):
+            p = pool.clone()
+            kw = dict(state_pool=p, state_indices=idx) if pool_mode else dict(initial_state=h0)
+            got = op(*x, g, beta, cu, **kw, use_qk_l2norm=l2norm, backend="torch-chunked")
+            outs.append((got, p) if pool_mode else got)
+        (o, s), (so, ss) = outs
+        assert torch.equal(_bits(so), _bits(o)) and torch.equal(_bits(ss), _bits(s))
+
+
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
 @pytest.mark.parametrize("layout", ["vk", "kv"])
 def test_decode_on_the_whole_pool_gives_the_bits_of_a_view_of_a_larger_pool(kda, layout):
