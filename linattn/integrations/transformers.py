@@ -158,26 +158,6 @@ class _Router:
         return f"<linattn router for {self.module.__name__}.{self.name} -> linattn.compat.fla.{self.target.__name__}>"
 
 
-def _named_modules(model: torch.nn.Module) -> list:
-    """``list(model.named_modules())``: the same (name, module) pairs in the same order (depth first,
-    each module once), read from ``_modules`` without torch's nested generators (enable and disable walk
-    the whole model on every call)."""
-    out: list = []
-    seen: set = set()
-
-    def walk(prefix: str, module: torch.nn.Module) -> None:
-        if id(module) in seen:
-            return
-        seen.add(id(module))
-        out.append((prefix, module))
-        for name, sub in module._modules.items():
-            if sub is not None:
-                walk(f"{prefix}.{name}" if prefix else name, sub)
-
-    walk("", model)
-    return out
-
-
 def _functions_of(layer: torch.nn.Module) -> list:
     """[(module, global name)] of the kernel functions (:data:`FUNCTIONS`) that this layer's
     class-level ``forward`` names, looked up in the globals of the module defining that forward."""
@@ -326,7 +306,7 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
     opts = _LayerOptions(backend, validate)
     found = 0
     with _LOCK:
-        for name, layer in _named_modules(model):
+        for name, layer in model.named_modules():
             funcs = _functions_cached(layer)
             if not funcs:
                 continue
@@ -351,7 +331,7 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     """Undo :func:`enable` for ``model``'s layers (a no-op for layers not enabled); returns ``model``.
     A module-level function is restored once no enabled layer uses it."""
     with _LOCK:
-        for name, layer in _named_modules(model):
+        for name, layer in model.named_modules():
             if _routed(layer) is not None:
                 _undo(layer, name)
     return model
