@@ -269,8 +269,7 @@ def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: 
         lt.enable(model)
         return run()
 
-    # the example enables once: enable() / disable() run before each timing, outside it (until 2026-12-04 they
-    # were timed: about 0.2-1 ms a repeat on linattn's side then, docs/performance.md)
+    # the example enables once: enable() / disable() run before each timing, outside it
     times = _interleaved({"linattn": run, "transformers": run}, repeats,
                          setup={"linattn": lambda: lt.enable(model), "transformers": lambda: lt.disable(model)})
     same = torch.equal(routed(), plain())

@@ -8,7 +8,8 @@ is planned once per switch and its tables made once; both run once on the same i
 (outputs and pool rows: bitwise equal expected, rows not owned unchanged); then
 ``launch_fused_stages`` is timed (``triton.testing.do_bench`` medians, ms) for the two kernels and for
 the one kernel at each build of ``--regs``: ``prep/walk`` registers a thread (``setmaxnreg``), with
-``:cpasync`` the k / q tiles by the prep's ``cp.async`` instead of TMA (``fused_prefill.TMA``).
+``:tma`` the k / q tiles by TMA, ``:cpasync`` by the prep's ``cp.async``, neither: the shipped loads
+(``fused_prefill.TMA``, ``cp.async``).
 
 Writes the ``benchmarks/_results.py`` schema (``$LINATTN_RESULTS_DIR/fused_prefill_<device>.json``;
 default benchmarks/results/) after every shape; the canonical rows live in
@@ -21,7 +22,7 @@ products, ``wtiles`` the walk's K K^T / Q K^T tiles, ``solve`` the prep's solve,
 ``x[:part+part..]`` (``x`` alone: nothing removed). A variant without ``loads`` runs the ``cp.async`` build
 (TMA's waits would never end without its loads); each row names its build's loads.
 
-Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 112/192,112/192:cpasync,..]
+Usage:  python benchmarks/fused_prefill.py [--shapes 16x4096@16/32,4x8192@16/64,8x1024@16/32] [--regs 112/192,112/192:tma,..]
         [--l2norm on|off|both] [--ablate x,x:idle,x:idle+wtiles,..]
 """
 
@@ -80,10 +81,9 @@ def measure(N, L, H, HV, regs_variants, l2norm=True) -> dict:
             return float(do_bench(call, warmup=25, rep=150, return_mode="median"))
 
         row["two_kernels_ms"] = bench(calls["wgmma"])
-        for build in regs_variants:  # "prep/walk[:cpasync]" (PrefillKey.regs, .tma)
-            regs, _, loads = build.partition(":")
-            fpk.REGS, fpk.TMA = tuple(int(x) for x in regs.split("/")), loads != "cpasync"
-            tag = f"one_kernel_{regs.replace('/', '_')}" + ("_cpasync" if loads else "")
+        for build in regs_variants:  # "prep/walk[:tma|:cpasync]" (PrefillKey.regs, .tma)
+            fpk.REGS, fpk.TMA = _build(build, shipped[1])
+            tag = "one_kernel_" + build.replace("/", "_").replace(":", "_")
             one = calls["fused"]
             one.pool.copy_(pool0)  # each build checked on the same entering states: bitwise the two kernels
             one()
@@ -148,6 +148,12 @@ def ablate(N, L, H, HV, variants) -> list:
     return rows
 
 
+def _build(spec: str, shipped_tma: bool) -> tuple:
+    """``(regs, tma)`` of a ``--regs`` item ``prep/walk[:tma|:cpasync]`` (no suffix: ``shipped_tma``)."""
+    regs, _, loads = spec.partition(":")
+    return tuple(int(x) for x in regs.split("/")), {"tma": True, "cpasync": False}.get(loads, shipped_tma)
+
+
 def _variants(spec: str) -> str:
     """``--ablate``'s value checked: ``x[:part+..]`` items naming parts of :data:`PARTS`."""
     for item in spec.split(","):
@@ -159,7 +165,7 @@ def _variants(spec: str) -> str:
 
 
 def _builds(spec: str) -> str:
-    """``--regs``' value checked: ``prep/walk[:cpasync]`` items, each a register split the kernel takes
+    """``--regs``' value checked: ``prep/walk[:tma|:cpasync]`` items, each a register split the kernel takes
     (``fused_prefill.regs_refusal``)."""
     from linattn.kernels.cutedsl.fused_prefill import regs_refusal
 
@@ -167,9 +173,9 @@ def _builds(spec: str) -> str:
         regs, colon, loads = item.partition(":")
         try:
             split = tuple(int(x) for x in regs.split("/"))
-            assert not colon or loads == "cpasync"
+            assert not colon or loads in ("tma", "cpasync")
         except (ValueError, AssertionError):
-            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:cpasync], e.g. 112/192") from None
+            raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:tma|:cpasync], e.g. 112/192") from None
         why = regs_refusal(split)
         if why:
             raise argparse.ArgumentTypeError(f"{item!r}: {why}")
@@ -189,8 +195,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default=SHAPES, type=_shapes, help=f"NxL@H/HV,... (default {SHAPES})")
     ap.add_argument("--regs", default=REGS_VARIANTS, type=_builds,
-                    help=f"builds 'prep/walk[:cpasync],...': the setmaxnreg split, ':cpasync' the k / q tiles by cp.async, "
-                         f"not TMA (default {REGS_VARIANTS}, the shipped build)")
+                    help=f"builds 'prep/walk[:tma|:cpasync],...': the setmaxnreg split, ':tma' / ':cpasync' the k / q "
+                         f"tiles' loads (neither: the shipped ones; default {REGS_VARIANTS}, the shipped build)")
     ap.add_argument("--l2norm", default="on", choices=("on", "off", "both"),
                     help="the norms in the kernel, not (q, k normalised beforehand), or both")
     ap.add_argument("--ablate", default=None, type=_variants,
@@ -211,8 +217,7 @@ def main(argv=None) -> int:
                  "rows); timing only, the outputs meaningless; dense fp32 states, no initial state, l2norm in the "
                  "kernel, mild gates (benchmarks/fused_walk.py's make)"]
         shipped = fpk.REGS, fpk.TMA
-        build, _, loads = regs[0].partition(":")
-        fpk.REGS, fpk.TMA = tuple(int(x) for x in build.split("/")), loads != "cpasync"
+        fpk.REGS, fpk.TMA = _build(regs[0], shipped[1])
         rows = []
         try:
             for N, L, H, HV in parse(a.shapes):
@@ -224,8 +229,9 @@ def main(argv=None) -> int:
     norms = {"on": (True,), "off": (False,), "both": (True, False)}[a.l2norm]
     notes = ["launch_fused_stages timed on one planned call per switch (tables made once); triton.testing.do_bench "
              "medians, ms; two_kernels: LINATTN_CUTEDSL_WALK=wgmma (CuTe DSL prep, then the wgmma walk); "
-             "one_kernel_<prep>_<walk>[_cpasync]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (k / q by TMA, "
-             "or by cp.async)",
+             "one_kernel_<prep>_<walk>[_tma|_cpasync]: LINATTN_CUTEDSL_WALK=fused at that setmaxnreg split (k / q "
+             "by the shipped loads, cp.async, or as named; the rows measured at 7296f00 name no suffix for TMA, then the "
+             "default); speedup_vs_two_kernels: against the fastest build of the row",
              "o_bitwise / pool_bitwise: the one kernel's (shipped build) outputs and pool against the two kernels' on the "
              "same inputs; one_kernel_<build>_bitwise: both, for that build"]
     if len(norms) == 1:

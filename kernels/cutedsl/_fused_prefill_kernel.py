@@ -348,7 +348,7 @@ class FusedPrefillKernel(FusedWalkWgmmaKernel):
     def load_kqv(self, t, ks, bos, eos, i_h, hv64, q_ptr, k_ptr, v_ptr, sqt, sqh, skt, skh, svt, svh, copy_k, copy_v,
                  thr_k, thr_v, tKsK, tQsQ, tKc, tVsV, tVc, tiles):
         """Issue chunk ``t``'s loads into stage ``ks``: k and q by TMA (``tiles``: the atoms, their partitions and
-        the stages' mbarriers; thread 0 issues them) or the prep warpgroup's ``cp.async``, v by ``cp.async``
+        the stages' mbarriers; the prep's warp 0 issues them) or the prep warpgroup's ``cp.async``, v by ``cp.async``
         (rows past the sequence zero; TMA's are zeroed once loaded, :meth:`zero_rows`)."""
         K, BV = self.K, self.BV
         row0 = bos + Int64(t * C)

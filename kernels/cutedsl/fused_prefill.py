@@ -36,7 +36,7 @@ _CACHE: dict = {}
 #: registers a thread of the prep / walk warpgroups (``setmaxnreg``; :attr:`PrefillKey.regs`)
 REGS = (112, 192)
 #: k and q tiles by TMA (:attr:`PrefillKey.tma`); False: by the prep warpgroup's ``cp.async``, as v. Off: on the
-#: H200 the TMA build was no faster (docs/performance.md, 'The one-kernel prefill, session 18')
+#: H200 the TMA build was no faster (docs/performance.md, the one-kernel prefill's TMA loads)
 TMA = False
 
 
@@ -122,7 +122,8 @@ class FusedPrefillStep(CuteStep):
     ``args``: ``(q, k, v, g, beta, o, cu_seqlens, state_indices, has_initial_state, h0, ht)`` (dense
     mode: ``cu_seqlens`` for the indices and the mask, ``ht`` for a missing ``h0``; none of them read).
     ``q, k, v, g, beta`` are tensors (their token and head strides are read per call; q, k or v rows
-    not 16-byte aligned are copied first); the others tensors or addresses.
+    not 16-byte aligned are copied first); the others tensors or addresses. The last stride-like argument is
+    the token count ``T`` (the TMA build's descriptors; at least 1, a descriptor takes no empty dim).
     """
 
     __slots__ = ()
@@ -140,7 +141,7 @@ class FusedPrefillStep(CuteStep):
         q, k, v, g, beta = _aligned(args[0]), _aligned(args[1]), _aligned(args[2]), args[3], args[4]
         addrs = tuple(a if a.__class__ is int else a.data_ptr() for a in (q, k, v, g, beta) + tuple(args[5:]))
         self.launch(addrs, (*q.stride()[:2], *k.stride()[:2], *v.stride()[:2], *g.stride()[:2], *beta.stride()[:2],
-                            q.shape[0]))
+                            max(q.shape[0], 1)))
 
 
 def tensor_refusal(*, q, k, v, g, beta, o, cu_seqlens, state_indices, has_initial_state, h0, ht, s0: tuple,
@@ -236,7 +237,8 @@ def cutedsl_fused_prefill(*, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         ht: pool mode: the pool (written in place, owned rows only); dense: the final state.
         s0, st: ``(slot, head, k, v)`` element strides of ``h0`` and ``ht`` (zeros for a missing h0).
         scale: the query scale. use_qk_l2norm: the q/k l2 norms in the kernel.
-        arch: the target (default: the device's). regs: :attr:`PrefillKey.regs` (default :data:`REGS`).
+        arch: the target (default: the device's). regs: :attr:`PrefillKey.regs` (default :data:`REGS`). The
+            k / q loads are :data:`TMA`'s (``cp.async`` unless it is set).
     Raises:
         ValueError: anything :func:`tensor_refusal` refuses (a buffer of the wrong shape, dtype, layout
             or device), or ``regs`` not a register split (:func:`regs_refusal`); nothing has launched then.

@@ -7,7 +7,9 @@ so on inputs whose rows need no F44 scale the outputs and pool rows are pinned b
 row does (huge q / k rows) the one kernel folds the scale into the rewritten rows, and the result is
 pinned against the same problem unscaled. Pool mode in both layouts and pool dtypes, padding rows zero,
 ``has_initial_state``, rows not owned bitwise unchanged, GVA groups 1, 2 and 3, l2norm off, fp32 and
-bf16 beta, the float64 reference within the fused tests' tolerance.
+bf16 beta, the float64 reference within the fused tests' tolerance; a sequence's rows never reach another's
+(NaN rows after a partial chunk); the TMA build of the k / q loads (``fused_prefill.TMA``) beside the shipped one
+in pool mode and there.
 """
 
 from __future__ import annotations
@@ -68,9 +70,11 @@ def test_one_kernel_is_bitwise_the_two_kernels_dense(monkeypatch, heads):
     assert rel(o_1, o_r) < 2e-2 and rel(ht_1, ht_r) < 2e-2, (rel(o_1, o_r), rel(ht_1, ht_r))
 
 
+@pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("layout", ["vk", "kv"])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_one_kernel_pool_rows_padding_bitwise(monkeypatch, layout, pool_dtype):
+def test_one_kernel_pool_rows_padding_bitwise(monkeypatch, layout, pool_dtype, tma):
+    monkeypatch.setattr(fpk, "TMA", tma)
     lens = [300, 1, 64, 0, 200]
     inp = make_inputs("gdn", lens, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, device=DEV)
     P = 9

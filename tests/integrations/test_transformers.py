@@ -120,7 +120,7 @@ def test_enable_is_idempotent_and_disable_restores():
     assert lt.disable(m) is m  # a no-op the second time
 
 
-def test_enable_and_disable_walk_the_modules_named_modules_gives():
+def test_enable_and_disable_walk_named_modules():
     """enable / disable walk ``named_modules()``: a module shared by two parents once, a None child skipped; a
     layer reached twice is enabled once."""
     m = _model("qwen3-next")
