@@ -1,0 +1,27 @@
+"""benchmarks/decode_gluon.py (an experiment: the bf16-pool decode step in Gluon) on the CPU: its arguments are
+checked before anything needs a GPU, and its kernel builds for sm_90 with every vector in a slice of the state
+tile's layout (no layout conversion in its TTGIR: the experiment's premise). What it computes and how fast is
+for the H200 (the script compares it with the pinned Triton decode and the float64 reference)."""
+
+import pytest
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--ns", "foo"], "--ns: positive integers"),
+    (["--ns", "0"], "--ns: positive integers"),
+    (["--families", "gla"], "argument --families: invalid choice"),
+])
+def test_a_malformed_argument_is_an_argparse_error(argv, needle, capsys, load_benchmark):
+    bench = load_benchmark("decode_gluon", "decode_gluon_bench_under_test")
+    with pytest.raises(SystemExit) as e:
+        bench.main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gate", ["gdn", "kda"])
+def test_the_kernel_builds_for_sm90_without_layout_conversions(gate, load_benchmark):
+    bench = load_benchmark("decode_gluon", "decode_gluon_bench_under_test")
+    ttgir = bench.build_sm90(gate).asm["ttgir"]
+    assert "tt.func" in ttgir and "tt.store" in ttgir
+    assert "convert_layout" not in ttgir
