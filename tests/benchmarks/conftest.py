@@ -26,3 +26,16 @@ def load_benchmark():
         return mod
 
     return load
+
+
+@pytest.fixture
+def usage_error(capsys):
+    """``usage_error(main, argv)``: a benchmark's ``main(argv)`` exits as argparse does on a bad argument (code
+    2); returns what it wrote to stderr."""
+    def run(main, argv) -> str:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        return capsys.readouterr().err
+
+    return run
