@@ -232,17 +232,32 @@ def measure(gate: str, N: int, caps, copy_tbps: float) -> list[dict]:
     return rows
 
 
+def _ns(spec: str) -> list:
+    """``--ns``' value: distinct integers in 1..65535 (one program column per sequence on the grid's z)."""
+    try:
+        ns = [int(n) for n in spec.split(",")]
+        assert ns and all(0 < n <= 65535 for n in ns) and len(set(ns)) == len(ns)
+    except (ValueError, AssertionError):
+        raise argparse.ArgumentTypeError(f"{spec!r}: distinct integers in 1..65535, comma-separated") from None
+    return ns
+
+
+def _families(spec: str) -> str:
+    """``--families``' value: gdn, kda or both, each once."""
+    items = spec.split(",")
+    if not items or any(f not in ("gdn", "kda") for f in items) or len(set(items)) < len(items):
+        raise argparse.ArgumentTypeError(f"{spec!r}: gdn, kda or gdn,kda")
+    return spec
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--ns", default=",".join(map(str, NS)))
-    ap.add_argument("--families", default="gdn,kda", choices=("gdn", "kda", "gdn,kda", "kda,gdn"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("--ns", default=",".join(map(str, NS)), type=_ns,
+                    help=f"sequences per call, comma-separated, each 1..65535 (the grid's z; default {','.join(map(str, NS))})")
+    ap.add_argument("--families", default="gdn,kda", type=_families, help="gdn, kda or both, comma-separated (default both)")
     ap.add_argument("--out", default=None, help="result file (default: $LINATTN_RESULTS_DIR/decode_gluon_<device>.json)")
     a = ap.parse_args(argv)
-    try:
-        ns = [int(n) for n in a.ns.split(",")]
-        assert ns and all(n > 0 for n in ns)
-    except (ValueError, AssertionError):
-        ap.error(f"--ns: positive integers, comma-separated; got {a.ns!r}")
+    ns = a.ns
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         ap.error("needs a CUDA GPU of compute capability 9.x (SM90)")
     from decode import copy_bandwidth

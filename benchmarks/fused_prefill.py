@@ -169,16 +169,20 @@ def _builds(spec: str) -> str:
     (``fused_prefill.regs_refusal``)."""
     from linattn.kernels.cutedsl.fused_prefill import regs_refusal
 
-    for item in spec.split(","):
+    items = spec.split(",")
+    for item in items:
         regs, colon, loads = item.partition(":")
         try:
             split = tuple(int(x) for x in regs.split("/"))
+            assert item == item.strip() and "/".join(map(str, split)) == regs
             assert not colon or loads in ("tma", "cpasync")
         except (ValueError, AssertionError):
             raise argparse.ArgumentTypeError(f"{item!r}: expected prep/walk[:tma|:cpasync], e.g. 112/192") from None
         why = regs_refusal(split)
         if why:
             raise argparse.ArgumentTypeError(f"{item!r}: {why}")
+    if len(set(items)) < len(items):
+        raise argparse.ArgumentTypeError(f"{spec!r}: a build named twice")
     return spec
 
 

@@ -7,9 +7,12 @@ import pytest
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--ns", "foo"], "--ns: positive integers"),
-    (["--ns", "0"], "--ns: positive integers"),
-    (["--families", "gla"], "argument --families: invalid choice"),
+    (["--ns", "foo"], "argument --ns: 'foo': distinct integers in 1..65535"),
+    (["--ns", "0"], "argument --ns: '0'"),
+    (["--ns", "256,256"], "argument --ns: '256,256'"),
+    (["--ns", "100000"], "argument --ns: '100000'"),
+    (["--families", "gla"], "argument --families: 'gla': gdn, kda or gdn,kda"),
+    (["--families", "gdn,gdn"], "argument --families: 'gdn,gdn'"),
 ])
 def test_a_malformed_argument_is_an_argparse_error(argv, needle, usage_error, load_benchmark):
     bench = load_benchmark("decode_gluon", "decode_gluon_bench_under_test")

@@ -12,6 +12,9 @@ import pytest
     (["--regs", "abc"], "argument --regs: 'abc': expected prep/walk"),
     (["--regs", "100/200"], "argument --regs: '100/200'"),
     (["--regs", "112/192:dma"], "argument --regs: '112/192:dma': expected prep/walk[:tma|:cpasync]"),
+    (["--regs", "112/192 :tma"], "argument --regs: '112/192 :tma': expected prep/walk"),
+    (["--regs", " 112/192"], "argument --regs: ' 112/192': expected prep/walk"),
+    (["--regs", "112/192,112/192"], "a build named twice"),
     (["--ablate", "x:nonsense"], "argument --ablate: 'x:nonsense'"),
 ])
 def test_a_malformed_argument_is_an_argparse_error(argv, needle, usage_error, load_benchmark):
