@@ -104,6 +104,26 @@ def test_bench_refuses_an_unwritable_output_before_measuring(tmp_path, no_measur
     assert_one_error_line(runner.invoke(cli.app, [*BENCH, "--out", "/proc/linattn-x.json"]), "cannot be written")
 
 
+@pytest.mark.parametrize("option,name", [("--out", "o.json"), ("--plot", "p.png")])
+def test_bench_refuses_a_folder_that_cannot_be_created_before_measuring(option, name, no_measuring):
+    # root passes os.access on /proc, yet nothing can be made there: the check probes for real
+    path = f"/proc/linattn-missing/{name}"
+    assert_one_error_line(runner.invoke(cli.app, [*BENCH, option, path]), f"{option} {path}", "cannot be created")
+
+
+def test_bench_from_refuses_an_uncreatable_plot_folder_before_reading(tmp_path):
+    path = "/proc/linattn-missing/p.png"
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(tmp_path / "r.json"), "--plot", path])
+    assert_one_error_line(res, f"--plot {path}", "cannot be created")
+
+
+def test_bench_accepts_an_output_under_a_creatable_folder_and_leaves_no_probe(tmp_path):
+    from linattn.apps import bench as B
+
+    B.check_writable(tmp_path / "new" / "deeper" / "o.json", "--out")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bench_output_checks_leave_no_file_and_create_no_folder(tmp_path, no_measuring):
     out = tmp_path / "o.json"
     res = runner.invoke(cli.app, [*BENCH, "--out", str(out), "--plot", str(tmp_path)])
@@ -131,3 +151,4 @@ def test_size_options_beyond_int32_are_refused_with_exit_2(args, no_measuring):
 def test_the_largest_size_is_accepted():
     res = runner.invoke(cli.app, ["explain", "gdn_decode", "--batch", str(cli.SIZE_MAX), "--profile", "cpu"])
     assert res.exit_code == 0, res.output
+
