@@ -152,3 +152,20 @@ def test_the_largest_size_is_accepted():
     res = runner.invoke(cli.app, ["explain", "gdn_decode", "--batch", str(cli.SIZE_MAX), "--profile", "cpu"])
     assert res.exit_code == 0, res.output
 
+
+# -- LINATTN_AUTOTUNE in explain -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("explain", "gdn_prefill"), ("explain", "gdn_prefill", "--profile", "sm90"),
+                                  ("explain", "kda_decode", "--profile", "cpu")])
+def test_explain_refuses_a_malformed_autotune_switch_as_a_call_does(args, monkeypatch):
+    import torch
+
+    import linattn
+
+    monkeypatch.setenv("LINATTN_AUTOTUNE", "bogus")
+    dispatcher().tuning.reload()
+    with pytest.raises(ConfigError) as call:
+        linattn.gdn_prefill(*(torch.randn(8, 1, 16),) * 3, torch.zeros(8, 1), torch.ones(8, 1),
+                            torch.tensor([0, 8], dtype=torch.int32))
+    dispatcher().tuning.reload()
+    assert_one_error_line(runner.invoke(cli.app, list(args)), f"error: {call.value}")
