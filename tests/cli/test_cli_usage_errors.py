@@ -66,21 +66,27 @@ def test_an_internal_value_error_is_not_turned_into_a_usage_error(monkeypatch):
 
 def test_check_with_a_directory_as_xfail_file_exits_2(tmp_path):
     assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(tmp_path)]),
-                          f"xfail file {tmp_path}: is a directory")
+                          f"--xfail {tmp_path}: is a directory")
+
+
+def test_check_with_a_missing_xfail_file_names_the_option_and_the_file(tmp_path):
+    missing = tmp_path / "nonexistent.toml"
+    assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(missing)]),
+                          f"error: --xfail {missing}: does not exist")
 
 
 def test_check_with_a_non_utf8_xfail_file_names_the_file(tmp_path):
     bad = tmp_path / "gaps.toml"
     bad.write_bytes(b'[[xfail]]\ncase = "\xff"\nreason = "x"\n')
     assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)]),
-                          f"xfail file {bad}: not UTF-8")
+                          f"--xfail {bad}: not UTF-8")
 
 
 def test_a_bad_xfail_entry_is_one_line_naming_file_entry_and_field(tmp_path):
     bad = tmp_path / "gaps.toml"
     bad.write_text('[[xfail]]\ncase = "a"\nreason = "r"\n\n[[xfail]]\ncase = "b"\nreson = "typo"\n')
     res = runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)])
-    assert_one_error_line(res, f"xfail file {bad}: entry 2", "field 'reason': Field required",
+    assert_one_error_line(res, f"--xfail {bad}: entry 2", "field 'reason': Field required",
                           "field 'reson': Extra inputs are not permitted")
 
 
