@@ -52,6 +52,7 @@ import importlib
 import json
 import os
 import statistics
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -569,7 +570,9 @@ def check_writable(path: Path, option: str) -> None:
 
     ``path`` must not be a directory, and its folder must exist (and take the file: probed by
     opening it for appending; a file made by the probe is removed) or be creatable under the
-    nearest existing folder (created when writing, as before).
+    nearest existing folder (probed by making a temporary folder there and removing it; the
+    folder itself is created when writing). Permission bits are not trusted (root passes
+    ``os.access`` on folders such as /proc that take no new entry): the probes are real.
 
     Raises:
         BenchUsageError: naming ``option``, the path and why, and what to give instead.
@@ -582,8 +585,11 @@ def check_writable(path: Path, option: str) -> None:
     if not nearest.is_dir():
         raise BenchUsageError(f"{option} {path}: {nearest} is a file, not a folder; give a path in a writable folder")
     if nearest != folder:
-        if not os.access(nearest, os.W_OK | os.X_OK):
-            raise BenchUsageError(f"{option} {path}: folder {nearest} is not writable; give a path in a writable folder")
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".linattn-probe-", dir=nearest))
+        except OSError as e:
+            raise BenchUsageError(f"{option} {path}: folder {folder} cannot be created in {nearest} ({e.strerror or e}); "
+                                  "give a path in a writable folder") from None
         return
     existed = path.exists()
     try:

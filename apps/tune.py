@@ -16,7 +16,7 @@ Examples::
 
 from __future__ import annotations
 
-import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -258,9 +258,12 @@ def _check_writable(out: Optional[Path]) -> None:
     except OSError as e:
         raise UsageError(f"{what} cannot be created ({e.strerror or e}); nothing was measured. "
                          f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}") from None
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} is not writable; nothing was measured. "
-                         f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}")
+    try:  # a real probe: root passes os.access on folders such as /proc that take no new file
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise UsageError(f"{what} is not writable ({e.strerror or e}); nothing was measured. "
+                         f"Give a writable path{'' if out is not None else f' in {TUNE_DIR_VAR}'}") from None
 
 
 def _command(dev, quick, buckets, shape, dtype, state_dtype, repeats, out, op=None, batch=None, tokens=None) -> str:

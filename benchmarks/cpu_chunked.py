@@ -61,6 +61,8 @@ from _results import RESULTS, make_results, write_results  # noqa: E402
 SHAPES = {"gdn": dict(model="qwen3-next", H=16, HV=32, K=128, V=128),
           "kda": dict(model="kimi-linear", H=32, HV=32, K=128, V=128)}
 BACKENDS = ("torch-chunked", "cpu-chunked", "torch-ref")
+SECTIONS = ("plugin", "targets", "hf_example")
+TARGET_PHASES = ("prefill", "decode")
 
 
 def make_inputs(family: str, n_seq: int, seq_len: int, seed: int = 0) -> dict:
@@ -301,48 +303,94 @@ def _kept_rows(path: str, keep) -> list:
              **r, "kind": r.get("kind", "plugin")} for r in doc["rows"] if keep(r)]
 
 
-def main() -> None:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return n
+
+
+def positive_ints(text: str) -> list:
+    """An argparse type: a comma list of positive integers."""
+    return [positive_int(t) for t in text.split(",")]
+
+
+def comma_choices(*choices: str):
+    """An argparse type: a comma list of names, each one of ``choices``, none repeated."""
+    def parse(text: str) -> list:
+        items = text.split(",")
+        bad = [i for i in items if i not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad[0]!r}: expected a comma list of {', '.join(choices)}")
+        if len(set(items)) < len(items):
+            raise argparse.ArgumentTypeError(f"{text!r}: a name is repeated")
+        return items
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    ap.add_argument("--ops", default="gdn,kda")
-    ap.add_argument("--sequences", type=int, default=4)
-    ap.add_argument("--tokens", default="2048", help="tokens per sequence (a comma list: one row each)")
+    ap.add_argument("--repeats", type=positive_int, default=5, help="timed repeats of each measurement (default 5)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--ops", type=comma_choices(*SHAPES), default="gdn,kda",
+                    help="the families measured, a comma list of gdn, kda (default: both)")
+    ap.add_argument("--sequences", type=positive_int, default=4,
+                    help="sequences in the plugin section's varlen call (default 4)")
+    ap.add_argument("--tokens", type=positive_ints, default="2048",
+                    help="tokens per sequence in the plugin section (a comma list: one row each)")
     ap.add_argument("--out", default=str(RESULTS / "cpu_chunked.json"), help="results file ('-': print it)")
-    ap.add_argument("--sections", default="plugin,targets,hf_example")
+    ap.add_argument("--sections", type=comma_choices(*SECTIONS), default=",".join(SECTIONS),
+                    help="the sections run, a comma list of " + ", ".join(SECTIONS) + " (default: all); the file's rows "
+                    "of a section not run are kept")
     ap.add_argument("--label", default="", help="a note stored with the run (e.g. which machine)")
-    ap.add_argument("--target-phases", default="prefill,decode",
-                    help="the targets section's phases; the file's rows of a phase not run are kept")
-    args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    sections = args.sections.split(",")
-    if "plugin" in sections and "cpu-chunked" not in linattn.list_backends():
-        sys.exit("cpu-chunked is not installed: pip install -e examples/linattn-cpu-chunked")
-    lengths = [int(t) for t in args.tokens.split(",")]
-    load0 = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    ap.add_argument("--target-phases", type=comma_choices(*TARGET_PHASES), default=",".join(TARGET_PHASES),
+                    help="the targets section's phases, a comma list of prefill, decode; the file's rows of a phase not "
+                    "run are kept")
+    return ap
+
+
+def measure(args: argparse.Namespace) -> list:
+    """The rows of the sections ``args`` asks for."""
     results = []
-    if "plugin" in sections:
-        results += [bench(f, args.sequences, t, args.repeats) for f in args.ops.split(",") for t in lengths]
-    if "targets" in sections:
-        for f in args.ops.split(","):
-            phases = args.target_phases.split(",")
+    if "plugin" in args.sections:
+        results += [bench(f, args.sequences, t, args.repeats) for f in args.ops for t in args.tokens]
+    if "targets" in args.sections:
+        for f in args.ops:
+            phases = args.target_phases
             rows = [bench_target_prefill(f, n, t, args.repeats) for n, t in TARGET_SHAPES] if "prefill" in phases else []
             rows += [bench_target_decode(f, b, args.repeats) for b in (1, 4)] if "decode" in phases else []
             print(f"  targets {f}: " + ", ".join(f"{r['op']} {r['sequences']}x{r['tokens_per_sequence']} "
                                                  f"{r['speedup_vs_transformers']}" for r in rows),
                   file=sys.stderr, flush=True)
             results += rows
-    if "hf_example" in sections:
+    if "hf_example" in args.sections:
         results += [bench_hf_example(m, args.repeats) for m in ("qwen3-next", "kimi-linear")]
+    return results
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sections = args.sections
+    if "plugin" in sections and "cpu-chunked" not in linattn.list_backends():
+        sys.exit("cpu-chunked is not installed: pip install -e examples/linattn-cpu-chunked")
+    load0 = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    results = measure(args)
+    if not results:
+        sys.exit("nothing was measured: no results written")
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     kept = _kept_rows(args.out, lambda r: r.get("kind", "plugin") == "plugin") if "plugin" not in sections else []
-    ran = {(f, p) for f in args.ops.split(",") for p in args.target_phases.split(",")} if "targets" in sections else set()
+    ran = {(f, p) for f in args.ops for p in args.target_phases} if "targets" in sections else set()
     kept_targets = _kept_rows(args.out, lambda r: r.get("kind") == "target" and tuple(r["op"].split("_")) not in ran)
     kept_hf = _kept_rows(args.out, lambda r: r.get("kind") == "hf_example") if "hf_example" not in sections else []
     results = kept + kept_targets + results + kept_hf
     notes = ["kind=plugin: torch-chunked, the example plugin cpu-chunked and torch-ref through the public ops "
-             f"(validation and dispatch included), {args.sequences} sequences of {args.tokens} tokens (one row per "
+             f"(validation and dispatch included), {args.sequences} sequences of {','.join(map(str, args.tokens))} tokens (one row per "
              "length) in one varlen call, bf16 q/k/v, fp32 pool; each repeat runs all back to back, each first in "
              "turn; seconds = every repeat.",
              "kind=target: linattn's default (the dispatcher's choice, recorded) against transformers' own PyTorch "
@@ -353,7 +401,7 @@ def main() -> None:
              f"machine: {args.label or '(no --label)'}; shared with other jobs: load average at the start {load0}, "
              f"at the end {load}."]
     if kept:
-        notes.append(f"The kind=plugin rows were not re-run (--sections {args.sections}): kept from the file's earlier "
+        notes.append(f"The kind=plugin rows were not re-run (--sections {','.join(args.sections)}): kept from the file's earlier "
                      f"run, commit {kept[0]['from_commit']}, whose rows compared cpu-chunked and torch-ref only.")
     if kept_targets or kept_hf:
         notes.append("Rows with from_commit were not re-run (--sections / --target-phases): kept from the file's "

@@ -21,21 +21,64 @@ import linattn
 import linattn.integrations.transformers as lt
 
 
-def main() -> int:
+#: each tiny model's linear-attention layers (lt.TINY_MODELS): the family of ops they call, key heads, value heads
+#: (head dims 64)
+LINEAR_LAYERS = {"qwen3-next": ("gdn", 1, 2), "qwen3.5": ("gdn", 1, 2), "kimi-linear": ("kda", 2, 2),
+                 "olmo-hybrid": ("gdn", 2, 2)}
+
+
+def device_arg(text: str) -> torch.device:
+    """An argparse type: a torch device string naming a device that is present (linattn probes it)."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device string ('cpu', 'cuda', 'cuda:1')") from None
+    try:
+        linattn.device_capabilities(dev)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).split("; ")[0]) from None
+    return dev
+
+
+def backend_refusal(args: argparse.Namespace) -> str:
+    """Why the forced ``--backend`` cannot run the model's prefill or decode on ``--device`` (linattn's
+    own verdict), or "" when it can (or none is forced)."""
+    if args.backend is None:
+        return ""
+    family, h, hv = LINEAR_LAYERS[args.model]
+    for phase, t in (("prefill", args.batch * args.prompt_len), ("decode", args.batch)):
+        problem = linattn.Problem(op=f"{family}_{phase}", n=args.batch, t=t, h=h, hv=hv,
+                                  k=64, v=64, dtype=args.dtype)
+        decision = linattn.explain(problem, args.device, backend=args.backend)
+        if decision.chosen is None:
+            verdict = next(v for v in decision.verdicts if v.backend == args.backend)
+            return f"{args.backend} cannot run {problem.op} on {args.device}: {verdict.message}"
+    return ""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="kimi-linear", choices=sorted(lt.TINY_MODELS))
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", type=device_arg, default="cpu", help="a torch device that is present (default cpu)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--prompt-len", type=int, default=80, help="tokens per prompt (> 64: more than one chunk)")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=8)
-    ap.add_argument("--backend", default=None, help="force a linattn backend (default: the dispatcher chooses)")
+    ap.add_argument("--backend", default=None, choices=sorted(linattn.list_backends()),
+                    help="force a linattn backend (default: the dispatcher chooses)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     for name in ("prompt_len", "batch", "new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(args, name)})")
+    why = backend_refusal(args)
+    if why:
+        ap.error(f"--backend {why}")
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     dtype = getattr(torch, args.dtype)
     model = lt.tiny_random_model(args.model, device=args.device, dtype=dtype, seed=args.seed)
     gen = torch.Generator().manual_seed(args.seed + 1)

@@ -555,8 +555,9 @@ def _same_device(args: dict, dims: Dims) -> None:
             if first is None:
                 first, dev = name, x.device
             elif x.device != dev:
+                to = x.device if dev.type == "meta" else dev  # a device that holds data (meta holds shapes only)
                 raise ValueError(f"all tensors must be on one device: {first} is on {dev} but {name} is "
-                                 f"on {x.device}; move them with .to({str(dev)!r}).")
+                                 f"on {x.device}; move them with .to({str(to)!r}).")
     if first is not None and dev.type == "meta":
         from torch._subclasses.fake_tensor import FakeTensor
 

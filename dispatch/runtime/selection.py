@@ -50,7 +50,7 @@ from .policy import Policy, current_policy
 from ..plugin.problem import Problem
 from .registry import ENTRY_POINT_GROUP, Registry
 from .self_check import SelfChecks
-from ..plugin.tuning import Tuned, Tuning
+from ..plugin.tuning import TUNED_OPS, Tuned, Tuning
 from ..rules import value_rules
 from ..plugin.verdict import (Accepted, Decision, DecisionPolicy, Failure, NoBackendError, Reason, Rejected, join_plan,
                               run_order)
@@ -316,6 +316,8 @@ class Dispatcher:
         """The decision trace for ``problem`` on ``device``: see :func:`explain`."""
         check_kernel_switches()  # a malformed LINATTN_CUTEDSL_* is refused here, not inside a plan's note
         caps = resolve_device(device)
+        if problem.op in TUNED_OPS:  # a call of the op reads LINATTN_AUTOTUNE (shape class, autotuning): refused alike
+            self.tuning.autotune(caps)
         pol = policy if policy is not None else current_policy()
         reg = self.registry
         forced, forced_by = (backend, "backend= argument") if backend else (pol.forced_for(problem.op), pol.forced_by(problem.op))
@@ -560,6 +562,8 @@ def explain(problem: Problem, device: DeviceLike = None, *, backend: Optional[st
         on this arch: its first eager call self-checks against torch-ref.
     Raises:
         ValueError: ``backend`` (or a policy's forced backend) names no registered backend.
+        ConfigError: a malformed ``LINATTN_*`` switch a call would refuse (``LINATTN_AUTOTUNE`` for a
+            decode or prefill op, ``LINATTN_CUTEDSL_*``).
     Example:
         >>> from linattn.dispatch import Problem, explain
         >>> explain(Problem(op="gdn_decode", n=4, h=16, hv=32, k=128, v=128), "cpu").chosen

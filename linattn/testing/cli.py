@@ -124,7 +124,11 @@ def _prepare(backend: Optional[str], op: Optional[str], xfail: Optional[Path], d
     _check_device(device)
     if op is not None and op not in OPS:
         raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
-    rules = load_xfail(xfail)
+    try:
+        rules = load_xfail(xfail)
+    except (ValueError, FileNotFoundError) as e:  # each names the file: "xfail file PATH: why"
+        kind = FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError
+        raise kind(f"--xfail {str(e).removeprefix('xfail file ')}") from None
     plan(backend or "torch-ref", device=device, kinds=())  # unknown backend or unusable device: ValueError
     names, notes = _targets(backend, op, device)
     return rules, names, notes

@@ -84,11 +84,11 @@ def load_xfail(path: Union[str, Path, None]) -> tuple[XfailRule, ...]:
 
 def _read(path: Path) -> str:
     """The file's text (UTF-8, as TOML is); a directory, an unreadable or a non-UTF-8 file is a
-    ``ValueError`` naming the file (a missing one stays ``FileNotFoundError``)."""
+    ``ValueError`` naming the file (a missing one stays ``FileNotFoundError``, naming it too)."""
     try:
         return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"xfail file {path}: does not exist ({e.strerror}); give the path of a TOML file") from None
     except IsADirectoryError:
         raise ValueError(f"xfail file {path}: is a directory; give the TOML file itself.") from None
     except OSError as e:

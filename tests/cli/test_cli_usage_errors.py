@@ -66,21 +66,27 @@ def test_an_internal_value_error_is_not_turned_into_a_usage_error(monkeypatch):
 
 def test_check_with_a_directory_as_xfail_file_exits_2(tmp_path):
     assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(tmp_path)]),
-                          f"xfail file {tmp_path}: is a directory")
+                          f"--xfail {tmp_path}: is a directory")
+
+
+def test_check_with_a_missing_xfail_file_names_the_option_and_the_file(tmp_path):
+    missing = tmp_path / "nonexistent.toml"
+    assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(missing)]),
+                          f"error: --xfail {missing}: does not exist")
 
 
 def test_check_with_a_non_utf8_xfail_file_names_the_file(tmp_path):
     bad = tmp_path / "gaps.toml"
     bad.write_bytes(b'[[xfail]]\ncase = "\xff"\nreason = "x"\n')
     assert_one_error_line(runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)]),
-                          f"xfail file {bad}: not UTF-8")
+                          f"--xfail {bad}: not UTF-8")
 
 
 def test_a_bad_xfail_entry_is_one_line_naming_file_entry_and_field(tmp_path):
     bad = tmp_path / "gaps.toml"
     bad.write_text('[[xfail]]\ncase = "a"\nreason = "r"\n\n[[xfail]]\ncase = "b"\nreson = "typo"\n')
     res = runner.invoke(cli.app, ["check", "--op", "gdn_gating", "--xfail", str(bad)])
-    assert_one_error_line(res, f"xfail file {bad}: entry 2", "field 'reason': Field required",
+    assert_one_error_line(res, f"--xfail {bad}: entry 2", "field 'reason': Field required",
                           "field 'reson': Extra inputs are not permitted")
 
 
@@ -102,6 +108,26 @@ def test_bench_refuses_an_unwritable_output_before_measuring(tmp_path, no_measur
     assert_one_error_line(runner.invoke(cli.app, [*BENCH, "--out", str(tmp_path / "file" / "x.json")]),
                           "is a file, not a folder")
     assert_one_error_line(runner.invoke(cli.app, [*BENCH, "--out", "/proc/linattn-x.json"]), "cannot be written")
+
+
+@pytest.mark.parametrize("option,name", [("--out", "o.json"), ("--plot", "p.png")])
+def test_bench_refuses_a_folder_that_cannot_be_created_before_measuring(option, name, no_measuring):
+    # root passes os.access on /proc, yet nothing can be made there: the check probes for real
+    path = f"/proc/linattn-missing/{name}"
+    assert_one_error_line(runner.invoke(cli.app, [*BENCH, option, path]), f"{option} {path}", "cannot be created")
+
+
+def test_bench_from_refuses_an_uncreatable_plot_folder_before_reading(tmp_path):
+    path = "/proc/linattn-missing/p.png"
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(tmp_path / "r.json"), "--plot", path])
+    assert_one_error_line(res, f"--plot {path}", "cannot be created")
+
+
+def test_bench_accepts_an_output_under_a_creatable_folder_and_leaves_no_probe(tmp_path):
+    from linattn.apps import bench as B
+
+    B.check_writable(tmp_path / "new" / "deeper" / "o.json", "--out")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_output_checks_leave_no_file_and_create_no_folder(tmp_path, no_measuring):
@@ -131,3 +157,21 @@ def test_size_options_beyond_int32_are_refused_with_exit_2(args, no_measuring):
 def test_the_largest_size_is_accepted():
     res = runner.invoke(cli.app, ["explain", "gdn_decode", "--batch", str(cli.SIZE_MAX), "--profile", "cpu"])
     assert res.exit_code == 0, res.output
+
+
+# -- LINATTN_AUTOTUNE in explain -------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [("explain", "gdn_prefill"), ("explain", "gdn_prefill", "--profile", "sm90"),
+                                  ("explain", "kda_decode", "--profile", "cpu")])
+def test_explain_refuses_a_malformed_autotune_switch_as_a_call_does(args, monkeypatch):
+    import torch
+
+    import linattn
+
+    monkeypatch.setenv("LINATTN_AUTOTUNE", "bogus")
+    dispatcher().tuning.reload()
+    with pytest.raises(ConfigError) as call:
+        linattn.gdn_prefill(*(torch.randn(8, 1, 16),) * 3, torch.zeros(8, 1), torch.ones(8, 1),
+                            torch.tensor([0, 8], dtype=torch.int32))
+    dispatcher().tuning.reload()
+    assert_one_error_line(runner.invoke(cli.app, list(args)), f"error: {call.value}")

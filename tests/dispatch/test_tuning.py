@@ -260,6 +260,16 @@ def test_tune_cli_refuses_a_folder_it_cannot_write_before_measuring(tuned, monke
     assert measured == []
 
 
+def test_tune_cli_refuses_an_existing_folder_that_takes_no_file_before_measuring(tuned, monkeypatch):
+    """/proc exists and passes os.access for root, yet takes no new file: the check probes for real."""
+    measured = []
+    monkeypatch.setattr(tune, "run", lambda *a, **k: measured.append(1) or [])
+    args = ["tune", "--device", "cpu", "--buckets", "gdn_decode:1", "--shape", "1,1,8,8", "--repeats", "1"]
+    res = CliRunner().invoke(cli.app, [*args, "--out", "/proc/linattn-t.json"])
+    assert res.exit_code == 2 and "--out /proc/linattn-t.json is not writable" in res.output, res.output
+    assert "nothing was measured" in res.output and measured == []
+
+
 def test_a_table_written_in_the_process_replaces_the_decisions_and_call_plans_made_before_it(tuned):
     assert _run_prefill(2, 128).chosen == "torch-chunked"  # decided, and the call's plan kept
     entry = Entry(bucket=bucket_of(_prefill(2, 128)), times_ms={"torch-ref": 1.0, "torch-chunked": 9.0})

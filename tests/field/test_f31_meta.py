@@ -84,6 +84,15 @@ def test_meta_mixed_with_cpu_tensors_names_both_devices():
         linattn.gdn_decode(**x)
 
 
+@pytest.mark.parametrize("on_meta", ["q", "state_pool"])
+def test_the_device_mismatch_suggests_moving_to_the_device_that_holds_data(on_meta):
+    x = _inputs("gdn_decode", "cpu")
+    x[on_meta] = x[on_meta].to("meta")
+    with pytest.raises(ValueError) as e:
+        linattn.gdn_decode(**x)
+    assert "move them with .to('cpu')" in str(e.value) and ".to('meta')" not in str(e.value)
+
+
 def test_explain_and_resolve_device_refuse_meta():
     with pytest.raises(ValueError, match="device 'meta' holds shapes but no data"):
         resolve_device("meta")

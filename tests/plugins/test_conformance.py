@@ -199,6 +199,8 @@ def test_bad_xfail_file_is_a_clear_error(tmp_path):
     path.write_text("not toml [")
     with pytest.raises(ValueError, match="not valid TOML"):
         load_xfail(path)
+    with pytest.raises(FileNotFoundError, match="xfail file .*missing.toml: does not exist"):
+        load_xfail(tmp_path / "missing.toml")
 
 
 def test_contract_cases_run_for_a_backend_that_declares_triton_kernels(registry):
