@@ -19,6 +19,7 @@ import torch
 
 import linattn
 import linattn.integrations.transformers as lt
+from linattn.dispatch.rules.ops_table import find_op
 
 
 #: each tiny model's linear-attention layers (lt.TINY_MODELS): the family of ops they call, key heads, value heads
@@ -47,7 +48,7 @@ def backend_refusal(args: argparse.Namespace) -> str:
         return ""
     family, h, hv = LINEAR_LAYERS[args.model]
     for phase, t in (("prefill", args.batch * args.prompt_len), ("decode", args.batch)):
-        problem = linattn.Problem(op=f"{family}_{phase}", n=args.batch, t=t, h=h, hv=hv,
+        problem = linattn.Problem(op=find_op(family, phase), n=args.batch, t=t, h=h, hv=hv,
                                   k=64, v=64, dtype=args.dtype)
         decision = linattn.explain(problem, args.device, backend=args.backend)
         if decision.chosen is None:
