@@ -243,14 +243,17 @@ class TritonBackend(Backend):
             import torch
 
             from linattn.kernels.triton.prefill import (CHUNK, fused_config, plan_fused, plan_segments, plan_walk,
-                                                        prefill_config, stage_options, walk_switch_note)
+                                                        prefill_config, stage_options)
         except ImportError:
             return {}
         family = OP_TABLE[p.op].family
         dtype = getattr(torch, p.dtype)
         ckpt = p.checkpoints and p.mode == "pool"  # the state stage in one pass per sequence
         fcfg = fused_config(p.k, p.v, dtype, family)  # the planner's (prefill.plan._with_fused)
-        fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps, cfg=fcfg)
+        try:  # where not fused, its reason carries the walk switch's note (no effect on the pipeline)
+            fused, fwhy = plan_fused(family=family, N=p.n, HV=p.hv, K=p.k, V=p.v, dtype=dtype, caps=caps, cfg=fcfg)
+        except ValueError as e:  # a malformed LINATTN_CUTEDSL_WALK (ConfigError): planning the call raises it
+            return {"prefill": f"the pipeline (planning raises {type(e).__name__}: {e})"}
         if fused:
             from linattn.kernels.cutedsl.fused_prep import choose_prep
 
@@ -267,10 +270,6 @@ class TritonBackend(Backend):
                                forced=0 if ckpt else None)
         if ckpt:
             why = "state checkpoints: no segment-parallel pass"
-        try:  # LINATTN_CUTEDSL_WALK set: it has no effect on the pipeline, and the reason says so
-            fwhy += walk_switch_note()
-        except ValueError as e:  # a malformed switch (ConfigError): planning the call raises it
-            fwhy += f"; planning raises {type(e).__name__}: {e}"
         return {"prefill": f"the pipeline ({fwhy})", "state_stage": why if L else f"one pass per sequence ({why})"}
 
     # -- work items (shared by the grid predicate and the launchers' plans) ----------------------

@@ -446,15 +446,25 @@ def plan_fused(*, family: str, N: int, HV: int, K: int, V: int, dtype: torch.dty
             forced_segments: the caller forced the segment-parallel pass on.
         forced: None the planner's choice, True forced on, False off.
     Returns:
-        ``(fused, reason)``.
+        ``(fused, reason)``; where not fused, the reason ends with :func:`walk_switch_note`'s (the planner's
+        ``fused_reason`` and ``explain``'s prefill part both read it here).
     Raises:
-        ValueError: forced on where the fused prefill cannot run (the reason says why).
+        ValueError: forced on where the fused prefill cannot run (the reason says why); not fused and
+            ``LINATTN_CUTEDSL_WALK`` a value not allowed (``ConfigError``).
     Example:
         >>> from linattn.capabilities import profile
         >>> plan_fused(family="gdn", N=16, HV=32, K=128, V=128, dtype=torch.bfloat16, caps=profile("sm90"),
         ...            cfg=fused_config(128, 128, torch.bfloat16))[0]
         True
     """
+    on, why = _fused_choice(family, N, HV, K, V, dtype, caps, cfg, replaced_state, forced_segments, forced)
+    return on, (why if on else why + walk_switch_note())
+
+
+def _fused_choice(family: str, N: int, HV: int, K: int, V: int, dtype: torch.dtype, caps: DeviceCapabilities,
+                  cfg: FusedConfig, replaced_state: bool, forced_segments: bool,
+                  forced: Optional[bool]) -> tuple[bool, str]:
+    """:func:`plan_fused`'s choice and reason, without the walk switch's note."""
     why = fused_refusal(family, K, V, dtype, replaced_state=replaced_state, forced_segments=forced_segments)
     if forced is not None:
         if forced and why:
@@ -532,7 +542,7 @@ def _with_fused(plan: PrefillPlan, caps: DeviceCapabilities, layout: str, forced
                          cfg=cfg, replaced_state=plan.state_kernel is not None,
                          forced_segments=bool(segment_chunks), forced=forced)
     if not on:
-        return dataclasses.replace(plan, fused_reason=why + walk_switch_note())
+        return dataclasses.replace(plan, fused_reason=why)
     T, HV, f32 = plan.T, plan.HV, torch.float32
     progs = max(1, min(fused_prep_items(dataclasses.replace(plan, fused=cfg)), caps.sm_count * cfg.prep_ctas_per_sm))
     facts = {f: getattr(plan, f) for f in ("T", "N", "HV", "K", "V", "dtype", "pool_mode", "state_layout",
