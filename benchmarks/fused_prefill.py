@@ -173,7 +173,7 @@ def _builds(spec: str) -> str:
     for item in items:
         regs, colon, loads = item.partition(":")
         try:
-            split = tuple(int(x) for x in regs.split("/"))
+            split, _ = _build(item, False)
             assert item == item.strip() and "/".join(map(str, split)) == regs
             assert not colon or loads in ("tma", "cpasync")
         except (ValueError, AssertionError):
