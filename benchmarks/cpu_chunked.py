@@ -23,6 +23,16 @@ Section ``hf_example``: examples/hf_generate.py's CPU run (tiny random Qwen3-Nex
 batch 2 x 80 prompt tokens, 8 new tokens, fp32) on transformers' own path and with
 ``linattn.integrations.transformers.enable``, interleaved.
 
+Section ``hf_bound`` (issue 31's example target, where its time goes): the Qwen3-Next example as
+``hf_example`` runs it, five ways interleaved: transformers' own path; ``enable(model)``;
+``enable(model, validate=False)``; *routing only*: linattn's routers and routed forwards in place
+but each call sent back to transformers' own function (what routing alone costs); *backends direct*:
+each call sent straight to torch-chunked's maths (:func:`linattn.backends.torch_chunked._decode`,
+:func:`~linattn.backends.torch_chunked.chunked_prefill`) with no validation, dispatch or
+``compat.fla`` checks (what the maths alone costs; the example's decode and dense prefill calls
+only, any other call takes the full route). The last two patch ``linattn.compat.fla._run`` for the
+duration of their timings (private names: a bound measurement, not a way to run linattn).
+
 Writes the ``benchmarks/_results.py`` schema (rows of every section, a ``kind`` each) to
 ``benchmarks/results/cpu_chunked.json`` (``--out``; ``-`` prints it instead). Several lengths
 (``--tokens 64,128,256,512,2048``) show where the chunked forms start to pay (docs/performance.md).
@@ -61,7 +71,7 @@ from _results import RESULTS, make_results, write_results  # noqa: E402
 SHAPES = {"gdn": dict(model="qwen3-next", H=16, HV=32, K=128, V=128),
           "kda": dict(model="kimi-linear", H=32, HV=32, K=128, V=128)}
 BACKENDS = ("torch-chunked", "cpu-chunked", "torch-ref")
-SECTIONS = ("plugin", "targets", "hf_example")
+SECTIONS = ("plugin", "targets", "hf_example", "hf_bound")
 TARGET_PHASES = ("prefill", "decode")
 
 
@@ -283,6 +293,90 @@ def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: 
             "speedup_vs_transformers": round(med["transformers"] / med["linattn"], 3), "tokens_identical": same}
 
 
+def _direct_route(family, q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                  state_v_first, cu_seqlens, recurrent, gate=None, **_):
+    """``hf_bound``'s *backends direct* route for one ``compat.fla`` call, or None (the full route runs it):
+    a GDN decode from an initial state, or a dense GDN prefill from none, with torch-chunked's maths
+    called as the dispatcher would run it after validation (the example's calls: fp32, q / k l2norm)."""
+    from linattn.backends import torch_chunked as tc
+
+    if family != "gdn" or gate is not None or not use_qk_l2norm_in_kernel or q.dtype != torch.float32 or \
+            cu_seqlens is not None:
+        return None
+    B, T, _, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    if recurrent and initial_state is not None and T == 1:
+        pool = initial_state.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
+        o = tc._decode(False, q, k, v, (g, beta), pool, torch.arange(B), None, scale, True, state_v_first, True)
+        return o, (pool if output_final_state else None)
+    if not recurrent and initial_state is None:
+        def flat(x):
+            return x.reshape(B * T, *x.shape[2:])
+        o, final = tc.chunked_prefill(flat(q), flat(k), flat(v), flat(g), flat(beta), torch.arange(B + 1) * T,
+                                      scale=scale, use_qk_l2norm=True, state_layout="vk" if state_v_first else "kv")
+        return o.reshape(B, T, *o.shape[1:]), (final if output_final_state else None)
+    return None
+
+
+def bench_hf_bound(repeats: int, batch: int = 2, prompt_len: int = 80, new_tokens: int = 8) -> dict:
+    """The ``hf_bound`` section (module docstring): the Qwen3-Next example five ways, interleaved."""
+    import linattn.compat.fla as fla
+    import linattn.integrations.transformers as lt
+
+    mod = importlib.import_module(HF_MODULES["gdn"])
+    own = {name: _only_own_kwargs(inspect.unwrap(getattr(mod, name))) for name in HF_FUNCTIONS.values()
+           if hasattr(mod, name)}
+    for name, fn in own.items():
+        setattr(mod, name, fn)
+    full_route = fla._run
+
+    def routing_only(func, family, q, k, v, g, beta, *, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     recurrent, **_):
+        fn = own[HF_FUNCTIONS[(family, "decode" if recurrent else "prefill")]]
+        return fn(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
+                  use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+    def direct(func, family, *args, **kw):
+        got = _direct_route(family, *args, **kw)
+        return got if got is not None else full_route(func, family, *args, **kw)
+
+    model = lt.tiny_random_model("qwen3-next")
+    ids = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
+
+    def run():
+        with torch.no_grad():
+            model(ids)
+            return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+    def setup(route, **options):
+        def apply():
+            lt.disable(model)
+            fla._run = route
+            if options.get("enable", True):
+                lt.enable(model, validate=options.get("validate", True))
+        return apply
+
+    ways = {"transformers": setup(full_route, enable=False), "linattn": setup(full_route),
+            "linattn validate=False": setup(full_route, validate=False), "routing only": setup(routing_only),
+            "backends direct": setup(direct)}
+    try:
+        times = _interleaved({w: run for w in ways}, repeats, setup=ways)
+        tokens = {}
+        for w, apply in ways.items():
+            apply()
+            tokens[w] = run()
+    finally:
+        lt.disable(model)
+        fla._run = full_route
+    med = {w: statistics.median(t) for w, t in times.items()}
+    return {"kind": "hf_bound", "model": "qwen3-next", "batch": batch, "prompt_tokens": prompt_len,
+            "new_tokens": new_tokens, "dtype": "float32",
+            "seconds": {w: [round(s, 4) for s in t] for w, t in times.items()},
+            "median_seconds": {w: round(m, 4) for w, m in med.items()},
+            "speedup_vs_transformers": {w: round(med["transformers"] / m, 3) for w, m in med.items() if w != "transformers"},
+            "tokens_identical": {w: torch.equal(t, tokens["transformers"]) for w, t in tokens.items() if w != "transformers"}}
+
+
 def _only_own_kwargs(fn):
     """``fn`` called with the keywords it names only (the hub wrapper took FLA's extra ones)."""
     params = inspect.signature(fn).parameters
@@ -369,6 +463,8 @@ def measure(args: argparse.Namespace) -> list:
             results += rows
     if "hf_example" in args.sections:
         results += [bench_hf_example(m, args.repeats) for m in ("qwen3-next", "kimi-linear")]
+    if "hf_bound" in args.sections:
+        results.append(bench_hf_bound(args.repeats))
     return results
 
 
@@ -387,7 +483,8 @@ def main(argv=None) -> None:
     kept = _kept_rows(args.out, lambda r: r.get("kind", "plugin") == "plugin") if "plugin" not in sections else []
     ran = {(f, p) for f in args.ops for p in args.target_phases} if "targets" in sections else set()
     kept_targets = _kept_rows(args.out, lambda r: r.get("kind") == "target" and tuple(r["op"].split("_")) not in ran)
-    kept_hf = _kept_rows(args.out, lambda r: r.get("kind") == "hf_example") if "hf_example" not in sections else []
+    kept_hf = [r for kind in ("hf_example", "hf_bound") if kind not in sections
+               for r in _kept_rows(args.out, lambda r, kind=kind: r.get("kind") == kind)]
     results = kept + kept_targets + results + kept_hf
     notes = ["kind=plugin: torch-chunked, the example plugin cpu-chunked and torch-ref through the public ops "
              f"(validation and dispatch included), {args.sequences} sequences of {','.join(map(str, args.tokens))} tokens (one row per "
@@ -397,7 +494,8 @@ def main(argv=None) -> None:
              "functions (unwrapped from the hub/FLA wrappers), fp32, interleaved A/B with alternating order, "
              "medians; decode rows time 20 back-to-back steps per repeat. kind=hf_example: examples/hf_generate.py's "
              "CPU run with and without linattn.integrations.transformers.enable, interleaved; enable() / disable() run "
-             "before each timing, outside it (the example enables once).",
+             "before each timing, outside it (the example enables once). kind=hf_bound: the Qwen3-Next example five ways "
+             "interleaved (module docstring): what routing alone and torch-chunked's maths alone cost.",
              f"machine: {args.label or '(no --label)'}; shared with other jobs: load average at the start {load0}, "
              f"at the end {load}."]
     if kept:

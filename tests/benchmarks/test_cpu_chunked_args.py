@@ -12,13 +12,13 @@ def bench(load_benchmark, monkeypatch):
     def no_measuring(*a, **kw):
         raise AssertionError("measured despite a bad argument")
 
-    for name in ("bench", "bench_target_prefill", "bench_target_decode", "bench_hf_example", "write_results"):
+    for name in ("bench", "bench_target_prefill", "bench_target_decode", "bench_hf_example", "bench_hf_bound", "write_results"):
         monkeypatch.setattr(mod, name, no_measuring)
     return mod
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--sections", "foo"], "argument --sections: 'foo': expected a comma list of plugin, targets, hf_example"),
+    (["--sections", "foo"], "argument --sections: 'foo': expected a comma list of plugin, targets, hf_example, hf_bound"),
     (["--sections", ""], "argument --sections: ''"),
     (["--sections", "targets,targets"], "argument --sections: 'targets,targets': a name is repeated"),
     (["--ops", "foo"], "argument --ops: 'foo': expected a comma list of gdn, kda"),
