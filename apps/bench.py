@@ -520,7 +520,8 @@ def bench(
                                                                   "(default 25 on CUDA, 5 on the CPU)."),
     json_: bool = JSON_OPT,
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the JSON document to this file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG here (needs matplotlib): decode and clamp "
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write the plot here (needs matplotlib; a PNG, or the "
+                                                             "format of the suffix: .pdf, .svg, ...): decode and clamp "
                                                              "GB/s over N with the copy ceiling, prefill Mtok/s per "
                                                              "shape, each against FLA when it ran."),
     from_: Optional[Path] = typer.Option(None, "--from", help="Plot this results JSON instead of measuring (a "
@@ -542,7 +543,7 @@ def bench(
     measured: OP's rows of that results file are plotted. Runs on --device. Exit 2 on a bad
     argument.
     """
-    from linattn.apps.bench_plot import PlotError, png_path, require_matplotlib
+    from linattn.apps.bench_plot import PlotError, check_plot_format, png_path
 
     op = one_op(op, op_opt)
     no_profile(profile, "bench")
@@ -553,10 +554,10 @@ def bench(
         for option, path in outputs:  # a directory (given, or as the PNG's name) or an unwritable path
             if path is not None:
                 check_writable(path, option)  # before minutes of measuring, not after
+        if plot is not None:
+            check_plot_format(plot)  # matplotlib there, and a format it writes: before minutes of measuring
         if from_ is not None:
             return _plot_results(op, from_, plot, [k for k, v in measuring.items() if v], json_)
-        if plot is not None:
-            require_matplotlib()  # before minutes of measuring, not after
         doc = run_bench(op, model=model, batch=batch, tokens=tokens, backends=backend, device=device,
                         repeats=repeats, warmup=warmup, shape=shape,
                         copy_bytes=copy_mib << 20 if copy_mib else None, seed=seed)

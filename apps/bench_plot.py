@@ -272,6 +272,25 @@ def png_path(path: Path) -> Path:
     return path if path.suffix else path.with_name(path.name + ".png")
 
 
+def check_plot_format(path: Path) -> None:
+    """Refuse a ``--plot`` path whose suffix names no format matplotlib writes (``.png`` by default;
+    ``.pdf``, ``.svg``, ``.jpg``, ... by their suffix), before anything is measured.
+
+    Raises:
+        PlotError: matplotlib is not installed, or the suffix is no format of its (the message lists them).
+    """
+    plt = require_matplotlib()
+    fig = plt.figure()
+    try:
+        formats = fig.canvas.get_supported_filetypes()
+    finally:
+        plt.close(fig)
+    suffix = png_path(path).suffix[1:].lower()
+    if suffix not in formats:
+        raise PlotError(f"--plot {path}: matplotlib writes no {suffix!r} files; give a path ending in .png (or "
+                        f"one of {', '.join('.' + f for f in sorted(formats))})")
+
+
 def render_png(data: PlotData, path: Path) -> Path:
     """Draw ``data`` to a PNG at :func:`png_path` of ``path`` (parent folders created).
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from linattn.dispatch.runtime import fast_path as _fast
 from linattn.dispatch.rules.ops_table import OP_TABLE, Arg
+from linattn.dispatch.rules.validate import check_options
 from linattn.dispatch.runtime.results import final_state_dtype, gate_dtype
 from linattn.dispatch.runtime.selection import Dispatcher
 from linattn.dispatch.plugin.verdict import NoBackendError
@@ -121,6 +122,8 @@ Dispatcher.measure_bucket = staticmethod(_measure_bucket)
 def _call(op: str, args: dict, backend: Optional[str], validate: bool, check_finite: bool = False):
     """Validate, select and run one call: through its cached call plan when one exists for the
     call's key (``dispatch/runtime/fast_path.py``: the same checks, the derivable ones done once)."""
+    if validate.__class__ is not bool or check_finite.__class__ is not bool:  # 1 would meet True's plan below
+        check_options(validate, check_finite)
     key = _fast._key(op, args, backend, validate, check_finite, ())  # call_key, one call less
     plan = _fast.lookup(key)
     nargs = None if plan is None else _fast.prepare_hit(plan, args)

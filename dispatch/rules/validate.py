@@ -67,6 +67,14 @@ def _normalise(op: str, spec: OpSpec, args: dict) -> dict:
     return out
 
 
+def check_options(validate, check_finite) -> None:
+    """The call options ``validate`` and ``check_finite`` are bools (``validate="no"`` would validate, and
+    ``None`` skip the checks: a TypeError, as for the op's own flags)."""
+    for name, value in (("validate", validate), ("check_finite", check_finite)):
+        if type(value) is not bool:
+            raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} ({value!r}).")
+
+
 def _flag_args(spec: OpSpec, feature: bool) -> tuple:
     """(flag, the first argument of ``spec`` setting it, or None) per flag of ``FLAGS`` (plain ones or features)."""
     first: dict = {}
@@ -154,6 +162,7 @@ def validate_call(op: str, args: dict, *, check_values: bool = True,
     """:func:`validate`, also returning the dims the rules derived (shapes, device, mode), which
     the per-call fast path (``dispatch/runtime/fast_path.py``) keeps to re-run the value rules alone."""
     spec = op_spec(op)
+    check_options(check_values, check_finite)
     out = _normalise(op, spec, args)
     dims = {"n": 1, "t": 1, "h": 1, "hv": 1, "k": 0, "v": 0, "d": 0, "dtype": "float32",
             "state_dtype": "float32", "mode": spec.mode, "max_seqlen": 0, "writes_pool": True,

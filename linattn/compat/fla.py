@@ -86,6 +86,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 import linattn
 from linattn.dispatch.lru import LRUCache
+from linattn.dispatch.rules.validate import check_options
 
 from linattn._namespace import public_dir
 
@@ -123,7 +124,10 @@ def options(*, backend: Optional[str] = None, validate: bool = True, check_finit
         >>> import linattn.compat.fla as fla
         >>> with fla.options(backend="torch-ref"):
         ...     pass
+    Raises:
+        TypeError: ``validate`` or ``check_finite`` is not a bool (on entering the block).
     """
+    check_options(validate, check_finite)
     token = _OPTIONS.set(_Options(backend, validate, check_finite))
     try:
         yield
@@ -305,10 +309,14 @@ def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_se
                   state_v_first: bool) -> tuple[int, int, int]:
     """Every input's shape against the caller's own ``[B, T, ...]`` vocabulary (F47), before anything
     is flattened for linattn's ``[T, ...]`` ops. Returns ``(B, T, N)``."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"linattn.compat.fla.{func}: {name} must be a torch.Tensor, got {type(x).__name__}"
+                            + ("; it is required (flash-linear-attention's signature has no default for it)."
+                               if x is None else "."))
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"linattn.compat.fla.{func}: {name} must be a [B, T, H, D] tensor, got "
-                             f"{getattr(x, 'shape', type(x).__name__)}.")
+        if x.dim() != 4:
+            raise ValueError(f"linattn.compat.fla.{func}: {name} must be a [B, T, H, D] tensor, got {list(x.shape)}.")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} "
                          f"and k.shape[2]={k.shape[2]}")

@@ -62,6 +62,7 @@ import torch
 
 import linattn
 import linattn.compat.fla as fla
+from linattn.dispatch import find_op
 
 from linattn._namespace import public_dir
 
@@ -269,13 +270,15 @@ def _routed(layer: torch.nn.Module) -> Optional[_RoutedForward]:
     return rf if isinstance(rf, _RoutedForward) and rf.layer is layer else None
 
 
-def _check_enable_args(model, backend: Optional[str]) -> None:
+def _check_enable_args(model, backend: Optional[str], validate: bool) -> None:
     """:func:`enable`'s arguments, checked before any layer is touched (a bad backend name would
     otherwise only fail at the first forward)."""
     where = "linattn.integrations.transformers.enable"
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{where}: model must be a torch.nn.Module (a *ForCausalLM, a bare model or a layer), got "
                         f"{type(model).__name__}")
+    if type(validate) is not bool:  # validate="no" would validate
+        raise TypeError(f"{where}: validate must be a bool (True or False), got {type(validate).__name__} ({validate!r})")
     if backend is None:
         return
     if not isinstance(backend, str):
@@ -285,6 +288,35 @@ def _check_enable_args(model, backend: Optional[str]) -> None:
         raise ValueError(f"{where}: backend={backend!r} is not a registered backend; registered: "
                          f"{', '.join(sorted(known))} (`linattn backends` lists them), or None to let the "
                          "dispatcher choose")
+
+
+#: rejection reasons of a forced backend that hold for every shape (it cannot run the op on that device at all)
+_WHOLE_DEVICE = frozenset({"op", "device", "arch", "toolchain", "disabled", "plugin_load_failed", "api_version"})
+
+
+def _family(name: str) -> str:
+    """``"kda"`` or ``"gdn"``: the family of a kernel function of :data:`FUNCTIONS`."""
+    return "kda" if FUNCTIONS[name].endswith("kda") else "gdn"
+
+
+def _forced_refusal(model: torch.nn.Module, backend: Optional[str], families: set) -> str:
+    """Why the forced ``backend`` cannot run the ``families``' prefill or decode on the model's device
+    whatever the shapes (a rejection of :data:`_WHOLE_DEVICE`'s kinds, by :func:`linattn.explain` on a
+    nominal problem), or "" (none forced, a model without parameters, or a shape-dependent verdict: the
+    call itself decides those)."""
+    param = next(model.parameters(), None)
+    if backend is None or param is None:
+        return ""
+    dtype = str(param.dtype).removeprefix("torch.")
+    dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
+    for family in sorted(families):
+        for phase, t in (("prefill", 64), ("decode", 1)):
+            problem = linattn.Problem(op=find_op(family, phase), n=1, t=t, h=1, hv=1, k=64, v=64, dtype=dtype)
+            decision = linattn.explain(problem, param.device, backend=backend)
+            verdict = next((v for v in decision.verdicts if v.backend == backend), None)
+            if decision.chosen is None and verdict is not None and getattr(verdict, "reason", None) in _WHOLE_DEVICE:
+                return f"backend={backend!r} cannot run {problem.op} on {param.device}: {verdict.message}"
+    return ""
 
 
 def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: bool = True) -> torch.nn.Module:
@@ -298,19 +330,23 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
     Returns:
         ``model``, unchanged apart from its linear-attention layers' instance ``forward``.
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``backend`` is not a string.
-        ValueError: ``backend`` is not a registered backend's name, or the model has no supported
+        TypeError: ``model`` is not an ``nn.Module``, ``backend`` is not a string or ``validate`` not a bool.
+        ValueError: ``backend`` is not a registered backend's name, cannot run the model's ops on its
+            device whatever the shapes (e.g. a Triton backend on a CPU), or the model has no supported
             linear-attention layer.
     """
-    _check_enable_args(model, backend)
+    _check_enable_args(model, backend, validate)
     opts = _LayerOptions(backend, validate)
-    found = 0
     with _LOCK:
-        for name, layer in model.named_modules():
-            funcs = _functions_cached(layer)
-            if not funcs:
-                continue
-            found += 1
+        layers = [(name, layer) for name, layer in model.named_modules() if _functions_cached(layer)]
+        if not layers:
+            raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
+                             f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
+        refusal = _forced_refusal(model, backend, {_family(n) for _, layer in layers for _, n in _functions_cached(layer)})
+        if refusal:
+            raise ValueError(f"linattn.integrations.transformers.enable: {refusal}; nothing was changed (backend=None "
+                             "lets the dispatcher choose).")
+        for name, layer in layers:
             rf = _routed(layer)
             if rf is not None:
                 if rf.options == opts:
@@ -319,10 +355,7 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
             rf = _RoutedForward(layer, layer.__dict__.get("forward"), opts)
             layer.__dict__["forward"] = layer.__dict__[_ATTR] = rf
             _install(layer)
-    if not found:
-        raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
-                         f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
-    logger.info("linattn: %d linear-attention layer(s) of %s routed to linattn (backend=%s).", found,
+    logger.info("linattn: %d linear-attention layer(s) of %s routed to linattn (backend=%s).", len(layers),
                 type(model).__name__, backend or "auto")
     return model
 
@@ -390,6 +423,22 @@ TINY_MODELS = {
 }
 
 
+def _per_layer_lists(kwargs: dict, overrides: dict) -> dict:
+    """The per-layer lists of a tiny config (``layer_types``, Kimi's ``mlp_layer_types``) for an overridden
+    ``num_hidden_layers`` that the overrides give no list for: the tiny pattern (three linear-attention
+    layers, then one full attention) repeated to that length, the last layer full attention below four
+    layers (transformers' generate needs one), every MLP dense."""
+    n = overrides.get("num_hidden_layers")
+    if not isinstance(n, int) or n < 1:
+        return {}
+    out = {}
+    if "layer_types" in kwargs and "layer_types" not in overrides:
+        out["layer_types"] = ["full_attention" if i % 4 == 3 or i == n - 1 < 3 else "linear_attention" for i in range(n)]
+    if "mlp_layer_types" in kwargs and "mlp_layer_types" not in overrides:
+        out["mlp_layer_types"] = ["dense"] * n
+    return out
+
+
 def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                       **overrides) -> torch.nn.Module:
     """A randomly initialised tiny model from transformers' own config class (nothing downloaded).
@@ -400,7 +449,8 @@ def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = to
         device, dtype: where and in which dtype the model lives. seed: the weights' seed (drawn from a
             forked generator: the caller's torch random state is left as it was).
         **overrides: config fields to change (each a field of the model's config class; a change of
-            ``num_hidden_layers`` needs a ``layer_types`` of that length too).
+            ``num_hidden_layers`` without a ``layer_types`` repeats the tiny pattern, three linear-attention
+            layers then one full attention, to that length; below four layers the last is full attention).
     Returns:
         the ``*ForCausalLM`` model in eval mode.
     Raises:
@@ -419,6 +469,7 @@ def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = to
     if unknown:
         raise TypeError(f"tiny_random_model: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a field "
                         f"of {cfg_name} (a misspelt override would be kept silently as an unused attribute)")
+    kwargs = {**kwargs, **_per_layer_lists(kwargs, overrides)}
     config = cfg_cls(**{**kwargs, **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -158,3 +158,23 @@ def test_bench_plot_without_a_suffix_reports_the_png_it_wrote(tmp_path):
     assert res.exit_code == 0, res.output
     assert f"wrote {plot}.png " in res.stdout and not plot.exists()
     assert_png(tmp_path / "decode.png")
+
+
+def test_bench_plot_with_a_suffix_matplotlib_cannot_write_exits_2_before_measuring(tmp_path, monkeypatch):
+    """``--plot x.txt`` measured first and then raised matplotlib's traceback after ``--out`` was written; now a
+    usage error before anything runs (the ``--json`` error document), nothing written; ``.svg`` is a format."""
+    from linattn.apps import bench as B
+
+    monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("measured despite a bad --plot"))
+    out = tmp_path / "r.json"
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--batch", "1", "--out", str(out), "--plot",
+                                  str(tmp_path / "x.txt"), "--json"])
+    assert res.exit_code == 2, res.output
+    msg = json.loads(res.stdout)["error"]["message"]
+    assert "matplotlib writes no 'txt' files" in msg and ".png" in msg and ".svg" in msg
+    assert not out.exists() and not (tmp_path / "x.txt").exists()
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(COMMON_DECODE))
+    res = runner.invoke(cli.app, ["bench", "gdn_decode", "--from", str(src), "--plot", str(tmp_path / "p.svg")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")

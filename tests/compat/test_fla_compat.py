@@ -241,6 +241,37 @@ def test_fla_shape_errors():
         fla.fused_recurrent_gated_delta_rule(q, k, v, -g, beta=beta)  # g > 0 on the equal-length (decode) route
 
 
+@pytest.mark.parametrize("fn, family", [(fla.chunk_gated_delta_rule, "gdn"), (fla.chunk_kda, "kda"),
+                                        (fla.fused_recurrent_kda, "kda")])
+@pytest.mark.parametrize("missing", ["g", "beta"])
+def test_a_missing_g_or_beta_is_a_type_error_naming_it(fn, family, missing):
+    """FLA's signatures require g and beta here (fused_recurrent_gated_delta_rule's default them: tested above);
+    None was an AttributeError from the shape checks."""
+    q, k, v, g, beta, _ = inputs(family, 1, 4, 1, 1, 8, 8, seed=3)
+    args = {"g": g, "beta": beta, missing: None}
+    with pytest.raises(TypeError, match=rf"^linattn\.compat\.fla\.{fn.__name__}: {missing} must be a torch\.Tensor, "
+                                        r"got NoneType; it is required"):
+        fn(q, k, v, args["g"], args["beta"])
+
+
+def test_a_q_that_is_no_tensor_is_named_so_not_as_a_shape():
+    q, k, v, g, beta, _ = inputs("gdn", 1, 4, 1, 1, 8, 8, seed=3)
+    with pytest.raises(TypeError, match=r"q must be a torch\.Tensor, got ndarray\.$"):
+        fla.chunk_gated_delta_rule(q.numpy(), k, v, g, beta)
+    with pytest.raises(ValueError, match=r"q must be a \[B, T, H, D\] tensor, got \[4, 1, 8\]"):
+        fla.chunk_gated_delta_rule(q[0], k, v, g, beta)
+
+
+@pytest.mark.parametrize("value", ["no", None, 0])
+def test_options_validate_is_a_bool(value):
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        with fla.options(validate=value):
+            pass
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        with fla.options(check_finite=value):
+            pass
+
+
 # -- refusals ------------------------------------------------------------------------------------------------
 
 _G = {"gdn": (1, 4, 1), "kda": (1, 4, 1, 8)}

@@ -200,6 +200,41 @@ def test_enable_checks_the_backend_name_before_routing_anything():
         lt.disable(m)
 
 
+def test_enable_refuses_a_forced_backend_that_cannot_run_on_the_models_device():
+    """The refusal came at the first forward (a NoBackendError inside generate); now at enable, nothing routed:
+    a backend of another device (cutedsl: CUDA only), or one the policy disables."""
+    m = _model(NAMES[0])
+    with pytest.raises(ValueError, match="backend='cutedsl' cannot run gdn_prefill on cpu: .*nothing was changed"):
+        lt.enable(m, backend="cutedsl")
+    assert not lt.is_enabled(m)
+    with linattn.policy(disable="torch-ref"):
+        with pytest.raises(ValueError, match="backend='torch-ref' cannot run gdn_prefill on cpu"):
+            lt.enable(m, backend="torch-ref")
+    assert not lt.is_enabled(m)
+
+
+@pytest.mark.parametrize("value", ["no", None, 1])
+def test_enable_refuses_a_validate_that_is_no_bool(value):
+    m = _model(NAMES[0])
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        lt.enable(m, validate=value)
+    assert not lt.is_enabled(m)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tiny_random_model_of_other_depths_generates_the_models_tokens(name):
+    """``num_hidden_layers`` alone (its ``layer_types`` was left at four entries: transformers refused the config)."""
+    ids = torch.randint(3, 200, (1, 6), generator=torch.Generator().manual_seed(0))
+    for n in (2, 6):
+        m = lt.tiny_random_model(name, num_hidden_layers=n)
+        assert m.config.layer_types[-1 if n == 2 else 3] == "full_attention"
+        with torch.no_grad():
+            want = m.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+            lt.enable(m)
+            got = m.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        assert len(lt.enabled_layers(m)) == n - 1 and torch.equal(got, want)
+
+
 def test_supported_layers():
     assert {"Qwen3NextGatedDeltaNet", "KimiLinearDeltaAttention"} <= set(lt.supported_layers())
 

@@ -597,3 +597,17 @@ def test_gating_shape_mismatch_names_both_tensors_and_the_model_hv():
     args = dict(A_log=torch.zeros(4), a=torch.zeros(10, 5), b=torch.zeros(10, 4), dt_bias=torch.zeros(4))
     with pytest.raises(ValueError, match=r"a \[10, 5\] and b \[10, 4\].*HV=4"):
         validate("gdn_gating", args, check_values=False)
+
+
+@pytest.mark.parametrize("option, value", [("validate", "no"), ("validate", None), ("validate", 1), ("check_finite", 0)])
+def test_call_options_are_bools_also_after_a_planned_call(option, value):
+    """``validate="no"`` would validate and ``None`` skip the checks; ``1`` equals True, so it must not meet the
+    plan a True call left (the per-call key holds the option's value): a TypeError each time, nothing written."""
+    import linattn
+
+    args = decode_args(q=_r(N, T, H, K), k=_r(N, T, H, K), v=_r(N, T, HV, V))
+    linattn.gdn_decode(**args)  # plans the call with validate=True, check_finite=False
+    before = args["state_pool"].clone()
+    with pytest.raises(TypeError, match=f"{option} must be a bool \\(True or False\\), got {type(value).__name__}"):
+        linattn.gdn_decode(**args, **{option: value})
+    assert torch.equal(args["state_pool"], before)
