@@ -299,23 +299,27 @@ def _family(name: str) -> str:
     return "kda" if FUNCTIONS[name].endswith("kda") else "gdn"
 
 
-def _forced_refusal(model: torch.nn.Module, backend: Optional[str], families: set) -> str:
-    """Why the forced ``backend`` cannot run the ``families``' prefill or decode on the model's device
-    whatever the shapes (a rejection of :data:`_WHOLE_DEVICE`'s kinds, by :func:`linattn.explain` on a
-    nominal problem), or "" (none forced, a model without parameters, or a shape-dependent verdict: the
-    call itself decides those)."""
-    param = next(model.parameters(), None)
-    if backend is None or param is None:
+def _forced_refusal(layers: list, backend: Optional[str]) -> str:
+    """Why the forced ``backend`` cannot run the prefill or decode of the ``(name, layer)`` pairs' family on
+    the device of a layer's parameters whatever the shapes (a rejection of :data:`_WHOLE_DEVICE`'s kinds, by
+    :func:`linattn.explain` on a nominal problem), or "" (none forced, layers without parameters, or
+    shape-dependent verdicts only: the calls themselves decide those)."""
+    if backend is None:
         return ""
-    dtype = str(param.dtype).removeprefix("torch.")
-    dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
-    for family in sorted(families):
+    where = set()
+    for _, layer in layers:
+        param = next(layer.parameters(), None)
+        if param is not None:
+            dtype = str(param.dtype).removeprefix("torch.")
+            dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
+            where |= {(_family(n), param.device, dtype) for _, n in _functions_cached(layer)}
+    for family, device, dtype in sorted(where, key=str):
         for phase, t in (("prefill", 64), ("decode", 1)):
             problem = linattn.Problem(op=find_op(family, phase), n=1, t=t, h=1, hv=1, k=64, v=64, dtype=dtype)
-            decision = linattn.explain(problem, param.device, backend=backend)
+            decision = linattn.explain(problem, device, backend=backend)
             verdict = next((v for v in decision.verdicts if v.backend == backend), None)
             if decision.chosen is None and verdict is not None and getattr(verdict, "reason", None) in _WHOLE_DEVICE:
-                return f"backend={backend!r} cannot run {problem.op} on {param.device}: {verdict.message}"
+                return f"backend={backend!r} cannot run {problem.op} on {device}: {verdict.message}"
     return ""
 
 
@@ -342,7 +346,7 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
         if not layers:
             raise ValueError(f"linattn.integrations.transformers.enable: {type(model).__name__} has no linear-attention "
                              f"layer linattn knows ({', '.join(c for _, c in LAYERS)}); nothing was changed.")
-        refusal = _forced_refusal(model, backend, {_family(n) for _, layer in layers for _, n in _functions_cached(layer)})
+        refusal = _forced_refusal(layers, backend)
         if refusal:
             raise ValueError(f"linattn.integrations.transformers.enable: {refusal}; nothing was changed (backend=None "
                              "lets the dispatcher choose).")
