@@ -324,7 +324,7 @@ class Backend:
 
         Default: the exact ``(p.n, p.t, p.max_seqlen)``, right for any backend but deciding again
         for every new prefill length or decode batch. A backend (or a subclass of one) whose rules
-        read the sizes must return at least what they read. Raising counts as the default.
+        read the sizes must return at least what they read. Raising, or an unhashable value, counts as the default.
         """
         return (p.n, p.t, p.max_seqlen)
 

@@ -141,8 +141,8 @@ def check_result(op: str, args: dict, result):
         ``result``.
     Raises:
         ResultError: wrong arity, a non-tensor, a None where a tensor is due (or the reverse), or
-            a wrong shape, dtype or device; the message names the item, what came back and what
-            the contract asks for.
+            a wrong shape, dtype, device or a non-contiguous tensor; the message names the item, what
+            came back and what the contract asks for.
     """
     expected = RESULTS[op](args)
     if isinstance(expected, Expect):
@@ -229,6 +229,10 @@ def _check_item(op: str, exp: Expect, item) -> None:
         raise ResultError(f"{op} returned {exp.name} in {_dtype(item.dtype)}; the contract is {want}")
     if item.device != exp.device:
         raise ResultError(f"{op} returned {exp.name} on {item.device}; the contract is {want}")
+    if not item.is_contiguous():  # the op's fake (what torch.compile traces) declares contiguous strides (F39)
+        raise ResultError(f"{op} returned {exp.name} with strides {tuple(item.stride())}, not contiguous; the contract "
+                          f"is a contiguous {want} (torch.compile traces the op's contiguous fake): return "
+                          f"{exp.name}.contiguous()")
 
 
 def _want(exp: Expect) -> str:

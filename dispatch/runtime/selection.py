@@ -195,9 +195,10 @@ def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, re
                 tuning: Optional[Tuning] = None) -> tuple:
     """The key under which a decision for ``problem`` is cached: ``signature`` without the sizes
     (:data:`SIZE_FIELDS`), then each registered backend's name and
-    :meth:`~linattn.backends.base.Backend.size_class` (a backend whose ``size_class`` raises is keyed
-    by the exact sizes; one that does not implement the op is not asked). Two problems with one shape class get the same verdict from every backend:
-    ok or not, reason codes, rank (``tests/dispatch/test_shape_class.py``). While a tuned table or
+    :meth:`~linattn.backends.base.Backend.size_class` (a backend whose ``size_class`` raises, or returns
+    something unhashable, is keyed by the exact sizes; one that does not implement the op is not
+    asked). Two problems with one shape class get the same verdict from every backend: ok or not,
+    reason codes, rank (``tests/dispatch/test_shape_class.py``). While a tuned table or
     autotuning applies to the device (``tuning``, default the process dispatcher's), the sizes part
     ends with ``("tuning", (log2 tokens, log2 sequences))``: the tuned table's bucket."""
     fixed = tuple(kv for kv in signature if kv[0] not in SIZE_FIELDS)
@@ -206,9 +207,11 @@ def shape_class(problem: Problem, signature: tuple, caps: DeviceCapabilities, re
         if problem.op not in b.ops:  # rejected for the op whatever the sizes (reason ``op``)
             continue
         try:
-            sizes.append((name, b.size_class(problem, caps)))
+            size = b.size_class(problem, caps)
+            hash(size)  # an unhashable one (a list) would break every later call's cache key: as a raise
         except Exception:  # noqa: BLE001 - a plugin's size class must not break dispatch: exact sizes then
-            sizes.append((name, (problem.n, problem.t, problem.max_seqlen)))
+            size = (problem.n, problem.t, problem.max_seqlen)
+        sizes.append((name, size))
     bucket = (tuning if tuning is not None else _DEFAULT.tuning).bucket_key(problem, caps)
     if bucket is not None:
         sizes.append(("tuning", bucket))

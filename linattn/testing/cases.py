@@ -75,8 +75,9 @@ PREFILL_P = 9
 FLOOR_GATES = dict(lens=(300,), slots=(2,), p=4, h=1, hv=1, gates="floor", dtype="float32",
                    state_dtype="float32")
 FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD = 50, 10, -0.05
-# Decode: N = 5 rows, two of them padding, slot 0 used, slot P - 1 untouched.
-DECODE_SLOTS = (4, -1, 0, 6, -1)
+# Decode: N = 5 rows, two of them padding (-1 and -2: every negative slot is padding, not only -1), slot 0
+# used, slot P - 1 untouched.
+DECODE_SLOTS = (4, -1, 0, 6, -2)
 DECODE_P = 8
 
 
@@ -233,11 +234,12 @@ def problem_of(op: str, spec: dict) -> Problem:
         return Problem(n=len(lens), t=sum(lens), mode="pool" if s["mode"] == "pool" else "dense",
                        state_dtype="float32" if s["mode"] == "dense-zero" else s["state_dtype"],
                        max_seqlen=sum(lens) if len(lens) == 1 else 0, output_state_indices="out_slots" in s,
-                       checkpoints="marks" in s, **common)
+                       checkpoints="marks" in s, has_initial_state="fresh" in s, **common)
     return Problem(n=s["n"], t=s["t"], state_dtype=s["state_dtype"], mode="pool",
                    intermediate_states="intermediate" in s, num_accepted_tokens="num_accepted" in s,
                    disable_state_update=bool(s.get("disable_state_update")),
-                   lower_bound=s.get("lower_bound") is not None, output_state_indices="out_slots" in s, **common)
+                   lower_bound=s.get("lower_bound") is not None, output_state_indices="out_slots" in s,
+                   has_initial_state="fresh" in s, precomputed_gates=bool(s.get("gate_form")), **common)
 
 
 def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> None:
@@ -264,6 +266,10 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
           "a call of nothing but padding leaves the whole pool bitwise unchanged")
     B.add(op, "pool", "strided-view", {**base, "pool_view": "strided"},
           "a strided view of a larger pool (slot pitch stride(0)); rows outside the view untouched")
+    if "has_initial_state" in _features(B.backend, op):
+        B.add(op, "pool", "fresh", {**base, "fresh": _FRESH[phase]},
+              "has_initial_state: a fresh sequence starts from a zero state without reading its slot (NaN there "
+              "before the call) and its final state is written there as usual")
     if "output_state_indices" in _features(B.backend, op):
         B.add(op, "pool", "separate-slots", {**base, **_SEPARATE[phase]},
               "output_state_indices: states read from state_indices, written to other slots (two forks of one "
@@ -285,10 +291,15 @@ def _features(backend, op: str) -> frozenset:
         return frozenset(getattr(backend, "features", ()))
 
 
-_SLOT0 = {"prefill": dict(lens=(3, 70, 5, 0), slots=(0, -1, 2, -1), p=6),
-          "decode": dict(n=4, slots=(0, -1, 2, -1), p=6)}
-_ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -1), p=4),
-                "decode": dict(n=3, slots=(-1, -1, -1), p=4)}
+_SLOT0 = {"prefill": dict(lens=(3, 70, 5, 0), slots=(0, -1, 2, -3), p=6),
+          "decode": dict(n=4, slots=(0, -1, 2, -7), p=6)}
+#: any negative slot is padding (-1, -2, the int32 minimum): none of them reads or writes a row
+_ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -2), p=4),
+                "decode": dict(n=3, slots=(-1, -2, -2 ** 31), p=4)}
+#: has_initial_state per sequence / row (False: fresh, its slot holds NaN before the call and must not be
+#: read): prefill's fresh ones a long sequence, an empty one (its final state, zero, is still written) and a
+#: padding sequence; decode's two real rows and a padding row
+_FRESH = {"prefill": (True, False, True, False, False, False), "decode": (False, True, True, False, False)}
 #: read slots and write slots: slot 3 (prefill) / 4 (decode) read by two sequences (one of them empty
 #: in prefill: its initial state is copied), one sequence in place (7 / 6), padding, slot P - 1 unused
 _SEPARATE = {"prefill": dict(slots=(3, 3, 7, 1, 5, -1), out_slots=(2, 4, 7, 6, 0, -1)),
@@ -351,6 +362,11 @@ def _decode_cases(B: _Builder, op: str, pairs) -> None:
           "per-token slot table with num_accepted_tokens over 0..T")
     if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "KDA bounded gate (lower_bound=-5)")
+    if "precomputed_gates" in _features(B.backend, op):
+        B.add(op, "accuracy", "gate-form", {**base, "gate_form": True},
+              "precomputed gates: g and beta (the gating op's outputs) in place of a, b, A_log, dt_bias")
+        B.add(op, "accuracy", "gate-form-verify", {**base, "gate_form": True, "t": 3, "index_dtype": "int64"},
+              "precomputed gates over T = 3 tokens of one sequence")
 
 
 def _gating_cases(B: _Builder, op: str) -> None:

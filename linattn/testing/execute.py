@@ -98,15 +98,17 @@ def _state_shape(s: dict) -> tuple:
 
 
 def _pool(gen, s: dict, device):
-    """(pool passed to the op, its base tensor on the device, CPU snapshot of the base, base row of slot i)."""
+    """(pool passed to the op, its base tensor on the device, CPU snapshot of the base, base row of slot i).
+    The slots of fresh sequences (``has_initial_state`` False: ``s["fresh"]``) hold NaN: a backend that
+    read one would carry it into that sequence's output and state."""
     P, sdt = s["p"], DTYPES[s["state_dtype"]]
-    if s.get("pool_view") == "strided":
-        base = states(gen, 2 * P, _state_shape(s), sdt)
-        base_dev = base.to(device)
-        return base_dev[::2], base_dev, base.clone(), (lambda i: 2 * i)
-    base = states(gen, P, _state_shape(s), sdt)
+    pitch = 2 if s.get("pool_view") == "strided" else 1
+    base = states(gen, pitch * P, _state_shape(s), sdt)
+    for slot, carry in zip(s["slots"], s.get("fresh", ())):
+        if not carry and slot >= 0:
+            base[pitch * slot] = float("nan")
     base_dev = base.to(device)
-    return base_dev, base_dev, base.clone(), (lambda i: i)
+    return base_dev[::pitch], base_dev, base.clone(), (lambda i: pitch * i)
 
 
 def _snapshots(args: dict, skip=()) -> dict:
@@ -173,6 +175,8 @@ def _prefill_inputs(case: Case, s: dict, device):
         args["state_indices"] = torch.tensor(s["slots"], dtype=INDEX[s["index_dtype"]]).to(device)
         if "out_slots" in s:
             args["output_state_indices"] = torch.tensor(s["out_slots"], dtype=INDEX[s["index_dtype"]]).to(device)
+        if "fresh" in s:
+            args["has_initial_state"] = torch.tensor(s["fresh"]).to(device)
         if "marks" in s:
             args["checkpoint_every"] = s["checkpoint_every"]
             args["checkpoint_indices"] = torch.tensor(s["marks"], dtype=INDEX[s["index_dtype"]]).to(device)
@@ -210,7 +214,7 @@ def _run_prefill(case: Case, device) -> Outcome:
         written += [slot for _, _, slot in marks]
         owned = {base_row(x) for x in written if x >= 0}
         pad_tokens = [t for n, x in enumerate(slots) if x < 0 for t in range(cu[n], cu[n + 1])]
-        c.zero("o", o, "tokens of padding sequences (slot -1)", rows=pad_tokens)
+        c.zero("o", o, "tokens of padding sequences (negative slot)", rows=pad_tokens)
         mine = sorted({x for x in written if x >= 0})
         if mine:
             c.close("state_pool[owned slots]", view[mine], ref_args["state_pool"][mine], tol_s)
@@ -267,10 +271,19 @@ def _decode_inputs(case: Case, s: dict, device):
         a, b = _interleaved(a, b)
     idt = INDEX[s["index_dtype"]]
     indices = torch.tensor(s["table"] if "table" in s else s["slots"], dtype=idt)
-    args = {n: _to_device(x, device) for n, x in dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias,
-                                                       state_indices=indices).items()}
+    if s.get("gate_form"):  # the gating's outputs (fp32) in place of its inputs
+        gating = _reference("kda_gating" if kda else "gdn_gating")
+        g, beta = gating(A_log, a.float(), b.float(), dt_bias)
+        gates = dict(g=g.float(), beta=beta.float())
+    else:
+        gates = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    args = {n: _to_device(x, device) for n, x in dict(q=q, k=k, v=v, **gates, state_indices=indices).items()}
     if "out_slots" in s:
         args["output_state_indices"] = _to_device(torch.tensor(s["out_slots"], dtype=idt), device)
+    if "fresh" in s:
+        args["has_initial_state"] = _to_device(torch.tensor(s["fresh"]), device)
+    if s.get("gate_form"):  # the raw form's four left out, as the caller does (the reference takes them by name)
+        args.update(a=None, b=None, A_log=None, dt_bias=None)
     pool = _pool(gen, s, device)
     args.update(state_pool=pool[0], state_layout=s["layout"])
     inter = None
@@ -313,7 +326,7 @@ def _run_decode(case: Case, device) -> Outcome:
     c.dtype("o", o, DTYPES[s["dtype"]])
     load = _load_slots(s)
     padding = [n for n, x in enumerate(load) if x < 0]
-    c.zero("o", o, "padding rows (slot -1)", rows=padding)
+    c.zero("o", o, "padding rows (negative slot)", rows=padding)
     view, base_dev, base_before, base_row = pool
     if s.get("disable_state_update"):
         written: set[int] = set()

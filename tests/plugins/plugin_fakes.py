@@ -153,3 +153,46 @@ def backend_module(backend_name: str, api: str = "1", op: str = "silu_and_mul_cl
             f"@hookimpl\n"
             f"def linattn_register_backends():\n"
             f"{hook}\n")
+
+
+class WrapsBelowMinusOne(IgnoresPadding):
+    """Treats -1 as padding but wraps every other negative slot to a row (``-2`` is ``P - 2``)."""
+
+    name = "wraps-below-minus-one"
+
+    @staticmethod
+    def _wrap(state_pool, state_indices):
+        return torch.where(state_indices < -1, state_indices + state_pool.shape[0], state_indices)
+
+
+class IgnoresFreshSequences(TorchRefBackend):
+    """Declares ``has_initial_state`` but drops it: a fresh sequence reads its slot."""
+
+    name = "ignores-fresh"
+    ops = frozenset({"gdn_decode", "gdn_prefill"})
+    vendors = frozenset({"cpu"})
+    dtypes = frozenset({"float32"})
+    state_dtypes = frozenset({"float32"})
+    features = frozenset({"has_initial_state", "precomputed_gates"})
+
+    def rank(self, p, caps) -> int:
+        return 900
+
+    def gdn_decode(self, *, has_initial_state=None, **kw):
+        return super().gdn_decode(**kw)
+
+    def gdn_prefill(self, *, has_initial_state=None, **kw):
+        return super().gdn_prefill(**kw)
+
+
+class ZeroesReadyGates(IgnoresFreshSequences):
+    """Declares ``precomputed_gates`` but runs a gate-form decode with ``g = 0`` (no decay)."""
+
+    name = "zeroes-ready-gates"
+    features = frozenset({"precomputed_gates"})
+
+    def gdn_decode(self, *, g=None, **kw):
+        return TorchRefBackend.gdn_decode(self, g=None if g is None else torch.zeros_like(g), **kw)
+
+    def gdn_prefill(self, **kw):
+        return TorchRefBackend.gdn_prefill(self, **kw)

@@ -15,7 +15,8 @@ from linattn.testing import generate_cases, load_xfail, run_suite
 from linattn.backends.base import FEATURES
 from linattn.testing.runner import availability
 
-from plugin_fakes import AcceptsEverything, IgnoresPadding, Plugin
+from plugin_fakes import (AcceptsEverything, IgnoresFreshSequences, IgnoresPadding, Plugin, WrapsBelowMinusOne,
+                          ZeroesReadyGates)
 
 BUILTIN = ("torch-ref", "torch-chunked", "triton-split", "triton-folded", "cutedsl")
 
@@ -159,11 +160,35 @@ def test_suite_fails_with_a_clear_report_on_a_backend_that_ignores_padding(regis
     assert not rep.ok
     failed = {r.id: r.message for r in rep.failures()}
     slot0 = failed["gdn_decode/pool/slot0-padding[float32,state=float32,vk,pool,N4T1,K32V16,H2HV4]"]
-    assert "padding rows (slot -1) [1, 3] must be exactly zero" in slot0
+    assert "padding rows (negative slot) [1, 3] must be exactly zero" in slot0
     assert "pool rows [5] changed but are not owned by the call" in slot0
     # every accuracy case has padding rows, so each failure names the rule it breaks
-    assert all("padding rows (slot -1)" in m for m in failed.values())
+    assert all("padding rows (negative slot)" in m for m in failed.values())
     assert all(r.status == "passed" for r in rep.results if r.kind == "negative")
+
+
+@pytest.mark.parametrize("fake, op, case, needle", [
+    (WrapsBelowMinusOne, "gdn_decode", "gdn_decode/pool/all-padding", "pool rows [2] changed"),
+    (WrapsBelowMinusOne, "gdn_prefill", "gdn_prefill/pool/all-padding", "pool rows [2] changed"),
+    (IgnoresFreshSequences, "gdn_decode", "gdn_decode/pool/fresh", "state_pool[owned slots]"),
+    (IgnoresFreshSequences, "gdn_prefill", "gdn_prefill/pool/fresh", "o"),
+    (ZeroesReadyGates, "gdn_decode", "gdn_decode/accuracy/gate-form", "o"),
+])
+def test_suite_fails_a_backend_that_breaks_what_it_declares(registry, fake, op, case, needle):
+    """Padding is every negative slot (a plugin wrapping -2 to a row passed when the cases used -1 only); a
+    declared has_initial_state and precomputed gates are tested (a plugin dropping either passed every case)."""
+    registry.add_plugin(Plugin(fake), name=fake.name, distribution="tests")
+    rep = run_suite(fake.name, ops=[op])
+    failed = {r.id.split("[")[0]: r.message for r in rep.failures()}
+    assert not rep.ok and case in failed, sorted(failed)
+    assert needle in failed[case]
+
+
+def test_the_declared_features_have_their_cases():
+    ids = [c.id.split("[")[0] for c in generate_cases(linattn.backends.torch_ref.TorchRefBackend(),
+                                                      ops=["gdn_decode", "kda_prefill"])]
+    assert {"gdn_decode/pool/fresh", "gdn_decode/accuracy/gate-form", "gdn_decode/accuracy/gate-form-verify",
+            "kda_prefill/pool/fresh"} <= set(ids)
 
 
 def test_suite_catches_a_backend_that_accepts_what_it_does_not_declare(registry):

@@ -176,6 +176,10 @@ WRONG = [
     ("kda-dense", lambda r: (*r, None), r"a tuple of 3 items; the contract is \(o, final_state\), 2 items"),
     ("pool", lambda r: (r[0], torch.zeros(3, HV, V, K)), r"final_state = a tensor of shape .*: return None there"),
     ("pool", lambda r: (r[0][:-1], None), r"o of shape \(4, 2, 8\); the contract is \[T, HV, V\] = \(5, 2, 8\)"),
+    # the right shape and values in other strides: torch.compile traces the op's contiguous fake
+    ("decode", lambda o: o.transpose(0, 1).contiguous().transpose(0, 1), r"o with strides .*, not contiguous"),
+    ("dense", lambda r: (r[0], r[1].transpose(-1, -2).contiguous().transpose(-1, -2)),
+     r"final_state with strides .*, not contiguous"),
 ]
 
 
@@ -517,3 +521,24 @@ def test_adding_and_removing_a_plugin_while_another_thread_dispatches_new_shapes
         assert not reg.broken
     finally:
         reset_registry()
+
+
+class UnhashableSizeClass(FirstOnCpu):
+    """Never chosen (ranked last), but its size class is a list: the dispatch cache key took it as is."""
+
+    name = "unhashable-size-class"
+
+    def rank(self, p, caps) -> int:
+        return 10_000
+
+    def size_class(self, p, caps):
+        return [p.n, p.t]
+
+
+def test_a_size_class_that_is_unhashable_counts_as_the_exact_sizes(registry):
+    """It broke every call of its ops in the process (a TypeError from the decision cache), a forced torch-ref too."""
+    registry.add_plugin(Plugin(UnhashableSizeClass), name="unhashable-plugin")
+    for backend in ("torch-ref", None):
+        for n in (2, 3, 2):
+            assert linattn.silu_and_mul_clamp(torch.randn(n, 16), backend=backend).shape == (n, 8)
+    assert linattn.last_decision("silu_and_mul_clamp").chosen == "torch-ref"
