@@ -45,6 +45,7 @@ from linattn._namespace import public_dir
 
 __all__ = ["KINDS", "Kind", "INPUT_DTYPES", "STATE_DTYPES", "LAYOUTS", "DEFAULT_HEAD_DIMS", "CANDIDATE_HEAD_DIMS",
            "PROBE_HEAD_DIMS", "PREFILL_LENS", "PREFILL_SLOTS", "PREFILL_P", "FLOOR_GATES", "DECODE_SLOTS", "DECODE_P",
+           "UNNORMED",
            "Case", "head_dim_pairs", "base_spec", "problem_of", "checkpoints_written", "generate_cases"]
 __dir__ = public_dir(__name__, __all__)
 
@@ -79,6 +80,8 @@ FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD = 50, 10, -0.05
 # used, slot P - 1 untouched.
 DECODE_SLOTS = (4, -1, 0, 6, -2)
 DECODE_P = 8
+#: The norm of q and k rows in the ``no-l2norm`` cases (below 1: the delta rule stays contractive).
+UNNORMED = 0.7
 
 
 class Case(BaseModel):
@@ -257,6 +260,9 @@ def _common_state_cases(B: _Builder, op: str, base: dict, sets: dict, pairs) -> 
     B.add(op, "accuracy", "gates-model", {**base, "gates": "model"},
           "a real model's gates (Qwen3-Next / Kimi-Linear initialisation, linattn.testing.gates), every second "
           "head a strong-decay head (KDA: channel blocks off stage 1's fast path) match")
+    B.add(op, "accuracy", "scale", {**base, "scale": 0.5}, "a query scale other than K ** -0.5 (scale=0.5)")
+    B.add(op, "accuracy", "no-l2norm", {**base, "l2norm": False},
+          f"use_qk_l2norm=False: q and k rows of norm {UNNORMED} read as given (normalising them again is off)")
     B.add(op, "accuracy", "strided-inputs", {**base, "strided": True},
           "q, k, v sliced from one fused projection, gates as strided views (F11): read through their strides")
     phase = OP_TABLE[op].phase
@@ -360,6 +366,8 @@ def _decode_cases(B: _Builder, op: str, pairs) -> None:
           {**base, "t": 3, "p": 10, "table": ((4, 1, 2), (-1, -1, -1), (0, 3, 3), (6, 5, 7), (-1, -1, -1)),
            "num_accepted": (2, 0, 3, 1, 0)},
           "per-token slot table with num_accepted_tokens over 0..T")
+    B.add(op, "accuracy", "softplus", {**base, "softplus_beta": 2.0, "softplus_threshold": 1.0},
+          "softplus_beta=2, softplus_threshold=1 (the raw gates' softplus sharper, linear above 1)")
     if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "KDA bounded gate (lower_bound=-5)")
     if "precomputed_gates" in _features(B.backend, op):
@@ -378,6 +386,8 @@ def _gating_cases(B: _Builder, op: str) -> None:
         B.add(op, "accuracy", "dtype", {**base, "dtype": dt}, f"declared input dtype {dt}")
     B.add(op, "accuracy", "extreme", {**base, "gates": "extreme"},
           "F18: no NaN or inf for A_log=100 / a=-200, a=+100, A_log=100 / a=1")
+    B.add(op, "accuracy", "softplus", {**base, "softplus_beta": 2.0, "softplus_threshold": 1.0},
+          "softplus_beta=2, softplus_threshold=1 (the raw gates' softplus sharper, linear above 1)")
     if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "bounded gate (lower_bound=-5)")
 

@@ -30,7 +30,7 @@ import linattn
 from linattn.dispatch.rules.ops_table import OP_TABLE
 from linattn.dispatch.plugin.verdict import NoBackendError, Reason
 
-from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, Case, checkpoints_written, problem_of
+from .cases import FLOOR_EVERY, FLOOR_FIRST, FLOOR_MILD, UNNORMED, Case, checkpoints_written, problem_of
 from .compare import DTYPES, FULL_PRECISION, Comparison, rel_error, tolerances
 from .gates import DEFAULT_MODEL, model_gates
 from .inputs import betas, decays, generator, qkv, randn, state_shape, states, to_float64
@@ -132,6 +132,16 @@ def _reference(op: str):
     return getattr(torch_ref, f"{op}_ref")
 
 
+def _options(s: dict, q: torch.Tensor, k: torch.Tensor) -> tuple:
+    """``(q, k, keyword options)`` of a case's ``scale``, ``l2norm`` (False: q and k rows scaled to norm
+    :data:`~linattn.testing.cases.UNNORMED`, read as given) and softplus options."""
+    opts = {n: s[n] for n in ("scale", "softplus_beta", "softplus_threshold") if n in s}
+    if s.get("l2norm") is False:
+        q, k = (torch.nn.functional.normalize(x.float(), dim=-1).mul_(UNNORMED).to(x.dtype) for x in (q, k))
+        opts["use_qk_l2norm"] = False
+    return q, k, opts
+
+
 def _model_gates(case: Case, gen: torch.Generator, T: int, HV: int, K: int):
     """A draw of the op family's default model (:data:`linattn.testing.gates.DEFAULT_MODEL`: Qwen3-Next
     for GDN, Kimi-Linear for KDA), every second head a strong-decay head."""
@@ -149,6 +159,7 @@ def _prefill_inputs(case: Case, s: dict, device):
     T, H, HV, K, V = sum(lens), s["h"], s["hv"], s["k"], s["v"]
     dt = DTYPES[s["dtype"]]
     q, k, v = qkv(gen, (T,), H, HV, K, V, dt, s.get("strided", False))
+    q, k, opts = _options(s, q, k)
     gshape = (T, HV, K) if kda else (T, HV)
     gates = s.get("gates", "normal")
     if gates == "strong":
@@ -167,7 +178,7 @@ def _prefill_inputs(case: Case, s: dict, device):
         g, beta = _interleaved(g, beta)
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=INDEX[s["index_dtype"]])
     args = {n: _to_device(x, device) for n, x in dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu).items()}
-    args["state_layout"] = s["layout"]
+    args.update(opts, state_layout=s["layout"])
     pool = None
     if s["mode"] == "pool":
         pool = _pool(gen, s, device)
@@ -256,6 +267,7 @@ def _decode_inputs(case: Case, s: dict, device):
     N, T, H, HV, K, V = s["n"], s["t"], s["h"], s["hv"], s["k"], s["v"]
     dt = DTYPES[s["dtype"]]
     q, k, v = qkv(gen, (N, T), H, HV, K, V, dt, s.get("strided", False))
+    q, k, opts = _options(s, q, k)
     ashape = (N, T, HV, K) if kda else (N, T, HV)
     dshape = (HV, K) if kda else (HV,)
     if s.get("gates") == "strong":  # softplus(0.5413) = 1, exp(A_log) = 20: g = -20 per token
@@ -285,7 +297,7 @@ def _decode_inputs(case: Case, s: dict, device):
     if s.get("gate_form"):  # the raw form's four left out, as the caller does (the reference takes them by name)
         args.update(a=None, b=None, A_log=None, dt_bias=None)
     pool = _pool(gen, s, device)
-    args.update(state_pool=pool[0], state_layout=s["layout"])
+    args.update(opts, state_pool=pool[0], state_layout=s["layout"])
     inter = None
     if "intermediate" in s:
         steps = T + 2  # a buffer for more steps than this call runs; the op gets a view of T steps

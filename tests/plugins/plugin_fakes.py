@@ -196,3 +196,17 @@ class ZeroesReadyGates(IgnoresFreshSequences):
 
     def gdn_prefill(self, **kw):
         return TorchRefBackend.gdn_prefill(self, **kw)
+
+
+class DropsCallOptions(IgnoresFreshSequences):
+    """Declares the features, honours them, but drops ``scale``, ``use_qk_l2norm`` and the softplus options
+    (runs the defaults)."""
+
+    name = "drops-call-options"
+    _DROPPED = ("scale", "use_qk_l2norm", "softplus_beta", "softplus_threshold")
+
+    def gdn_decode(self, **kw):
+        return TorchRefBackend.gdn_decode(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})
+
+    def gdn_prefill(self, **kw):
+        return TorchRefBackend.gdn_prefill(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})

@@ -15,8 +15,8 @@ from linattn.testing import generate_cases, load_xfail, run_suite
 from linattn.backends.base import FEATURES
 from linattn.testing.runner import availability
 
-from plugin_fakes import (AcceptsEverything, IgnoresFreshSequences, IgnoresPadding, Plugin, WrapsBelowMinusOne,
-                          ZeroesReadyGates)
+from plugin_fakes import (AcceptsEverything, DropsCallOptions, IgnoresFreshSequences, IgnoresPadding, Plugin,
+                          WrapsBelowMinusOne, ZeroesReadyGates)
 
 BUILTIN = ("torch-ref", "torch-chunked", "triton-split", "triton-folded", "cutedsl")
 
@@ -173,10 +173,14 @@ def test_suite_fails_with_a_clear_report_on_a_backend_that_ignores_padding(regis
     (IgnoresFreshSequences, "gdn_decode", "gdn_decode/pool/fresh", "state_pool[owned slots]"),
     (IgnoresFreshSequences, "gdn_prefill", "gdn_prefill/pool/fresh", "o"),
     (ZeroesReadyGates, "gdn_decode", "gdn_decode/accuracy/gate-form", "o"),
+    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/scale", "o"),
+    (DropsCallOptions, "gdn_prefill", "gdn_prefill/accuracy/no-l2norm", "o"),
+    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/softplus", "o"),
 ])
 def test_suite_fails_a_backend_that_breaks_what_it_declares(registry, fake, op, case, needle):
     """Padding is every negative slot (a plugin wrapping -2 to a row passed when the cases used -1 only); a
-    declared has_initial_state and precomputed gates are tested (a plugin dropping either passed every case)."""
+    declared has_initial_state and precomputed gates are tested, and so are scale, use_qk_l2norm=False and the
+    softplus options (a plugin dropping any of them passed every case)."""
     registry.add_plugin(Plugin(fake), name=fake.name, distribution="tests")
     rep = run_suite(fake.name, ops=[op])
     failed = {r.id.split("[")[0]: r.message for r in rep.failures()}
