@@ -31,12 +31,14 @@ gathered once outside the timing), ``chunk_gated_delta_rule`` / ``chunk_kda`` fo
 ``[N, HV, K, V]``), and for prefill also with the gather / scatter around it that an engine with
 a pool needs (``flash-linear-attention+gather-scatter``). Its bytes exclude the slot indices.
 
-``--plot PATH`` writes a PNG (``apps/bench_plot.py``): decode and clamp GB/s over N against
+``--plot PATH`` writes a plot (``apps/bench_plot.py``; a PNG, or the format of the path's suffix that
+matplotlib writes: ``.svg``, ``.pdf``, ...): decode and clamp GB/s over N against
 the copy ceiling, prefill Mtok/s per shape, each beside FLA when it ran. ``--from RESULTS.json``
 plots an earlier run (a ``--out`` file, or a file of ``benchmarks/results/``) without measuring.
 
 Exit codes: 0 done (rejected or failed backends are rows, not errors); 2 a bad argument (unknown
-op, model, backend or device, ``--plot`` without matplotlib, or a ``--from`` file without the op).
+op, model, backend or device, ``--plot`` without matplotlib or with a suffix it cannot write, or a
+``--from`` file without the op).
 
 Example:
     $ linattn bench gdn_decode --batch 1 --batch 8 --json
@@ -631,7 +633,7 @@ def _plot_results(op: str, results: Path, plot: Optional[Path], measuring: list[
     if op not in BENCH_OPS:
         raise BenchUsageError(f"unknown op {op!r} for bench; ops: {', '.join(BENCH_OPS)}")
     if plot is None:
-        raise BenchUsageError("--from plots an existing results file: give --plot PATH for the PNG")
+        raise BenchUsageError("--from plots an existing results file: give --plot PATH for the plot")
     if measuring:
         raise BenchUsageError(f"--from plots an existing results file without measuring; {', '.join(measuring)} "
                               f"{'does' if len(measuring) == 1 else 'do'} not apply to it")

@@ -279,12 +279,10 @@ def check_plot_format(path: Path) -> None:
     Raises:
         PlotError: matplotlib is not installed, or the suffix is no format of its (the message lists them).
     """
-    plt = require_matplotlib()
-    fig = plt.figure()
-    try:
-        formats = fig.canvas.get_supported_filetypes()
-    finally:
-        plt.close(fig)
+    require_matplotlib()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
     suffix = png_path(path).suffix[1:].lower()
     if suffix not in formats:
         raise PlotError(f"--plot {path}: matplotlib writes no {suffix!r} files; give a path ending in .png (or "
@@ -292,7 +290,8 @@ def check_plot_format(path: Path) -> None:
 
 
 def render_png(data: PlotData, path: Path) -> Path:
-    """Draw ``data`` to a PNG at :func:`png_path` of ``path`` (parent folders created).
+    """Draw ``data`` to :func:`png_path` of ``path`` (parent folders created): a PNG, or the format of its
+    suffix (:func:`check_plot_format` names the ones matplotlib writes).
 
     Returns:
         the path written (``.png`` added to a path without a suffix).

@@ -72,7 +72,9 @@ def check_options(validate, check_finite) -> None:
     ``None`` skip the checks: a TypeError, as for the op's own flags)."""
     for name, value in (("validate", validate), ("check_finite", check_finite)):
         if type(value) is not bool:
-            raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} ({value!r}).")
+            kind = type(value)
+            kind = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+            raise TypeError(f"{name} must be a bool (True or False), got {kind} ({value!r}).")
 
 
 def _flag_args(spec: OpSpec, feature: bool) -> tuple:

@@ -305,15 +305,20 @@ def _shape_error(func: str, name: str, want: str, dims: tuple, got: torch.Tensor
                       f"{list(got.shape)}; {hint}")
 
 
-def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_seqlens,
-                  state_v_first: bool) -> tuple[int, int, int]:
-    """Every input's shape against the caller's own ``[B, T, ...]`` vocabulary (F47), before anything
-    is flattened for linattn's ``[T, ...]`` ops. Returns ``(B, T, N)``."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+def _require_tensors(func: str, **named) -> None:
+    """Each of ``named`` is a tensor: a TypeError naming the first that is not (None: a required argument)."""
+    for name, x in named.items():
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"linattn.compat.fla.{func}: {name} must be a torch.Tensor, got {type(x).__name__}"
                             + ("; it is required (flash-linear-attention's signature has no default for it)."
                                if x is None else "."))
+
+
+def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_seqlens,
+                  state_v_first: bool) -> tuple[int, int, int]:
+    """Every input's shape against the caller's own ``[B, T, ...]`` vocabulary (F47), before anything
+    is flattened for linattn's ``[T, ...]`` ops. Returns ``(B, T, N)``."""
+    _require_tensors(func, g=g, beta=beta)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != 4:
             raise ValueError(f"linattn.compat.fla.{func}: {name} must be a [B, T, H, D] tensor, got {list(x.shape)}.")
@@ -521,6 +526,7 @@ def chunk_gated_delta_rule(
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "chunk_gated_delta_rule"
+    _require_tensors(f, q=q, k=k, v=v)
     gate = _gate_in_kernel(f, "gdn", bool(kwargs.pop("use_gate_in_kernel", False)), kwargs.pop("A_log", None),
                            kwargs.pop("dt_bias", None))
     state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(16, 32, 64))
@@ -577,6 +583,7 @@ def fused_recurrent_gated_delta_rule(
         ``(o [B, T, HV, V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "fused_recurrent_gated_delta_rule"
+    _require_tensors(f, q=q, k=k, v=v)
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
     if gk is not None:
         hint = ("; a tensor of beta's shape [B, T, HV] came in gk's place: FLA's order is (q, k, v, g, gk, gv, beta), "
@@ -646,6 +653,7 @@ def chunk_kda(
         ``(o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "chunk_kda"
+    _require_tensors(f, q=q, k=k, v=v)
     gate = _gate_in_kernel(f, "kda", use_gate_in_kernel, kwargs.pop("A_log", None), kwargs.pop("dt_bias", None),
                            lower_bound, safe_gate)
     state_v_first = _common_kwargs(f, state_v_first, kwargs, chunk_sizes=(32, 64))
@@ -702,6 +710,7 @@ def fused_recurrent_kda(
         ``(o [B, T, HV, V] in v's dtype, final_state [N, HV, K, V] float32 or None)``.
     """
     f = "fused_recurrent_kda"
+    _require_tensors(f, q=q, k=k, v=v)
     state_v_first = _common_kwargs(f, state_v_first, kwargs)
     gate = _gate_in_kernel(f, "kda", use_gate_in_kernel, A_log, dt_bias, lower_bound)
     _beta_flags(f, use_beta_sigmoid_in_kernel, allow_neg_eigval)

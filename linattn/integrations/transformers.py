@@ -300,26 +300,54 @@ def _family(name: str) -> str:
 
 
 def _forced_refusal(layers: list, backend: Optional[str]) -> str:
-    """Why the forced ``backend`` cannot run the prefill or decode of the ``(name, layer)`` pairs' family on
-    the device of a layer's parameters whatever the shapes (a rejection of :data:`_WHOLE_DEVICE`'s kinds, by
-    :func:`linattn.explain` on a nominal problem), or "" (none forced, layers without parameters, or
-    shape-dependent verdicts only: the calls themselves decide those)."""
+    """Why the forced ``backend`` can run neither the prefill nor the decode of the ``(name, layer)`` pairs'
+    family on a layer's execution device whatever the shapes (:func:`_phase_refusal`), or "" (none forced,
+    layers without a known device, or a backend that runs one phase: the other phase's refusal is logged,
+    and its calls raise :class:`linattn.NoBackendError`, e.g. a prefill-only backend for scoring)."""
     if backend is None:
         return ""
     where = set()
     for _, layer in layers:
-        param = next(layer.parameters(), None)
-        if param is not None:
-            dtype = str(param.dtype).removeprefix("torch.")
-            dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
-            where |= {(_family(n), param.device, dtype) for _, n in _functions_cached(layer)}
+        device, dtype = _execution_device(layer)
+        if device is not None:
+            where |= {(_family(n), device, dtype) for _, n in _functions_cached(layer)}
     for family, device, dtype in sorted(where, key=str):
-        for phase, t in (("prefill", 64), ("decode", 1)):
-            problem = linattn.Problem(op=find_op(family, phase), n=1, t=t, h=1, hv=1, k=64, v=64, dtype=dtype)
-            decision = linattn.explain(problem, device, backend=backend)
-            verdict = next((v for v in decision.verdicts if v.backend == backend), None)
-            if decision.chosen is None and verdict is not None and getattr(verdict, "reason", None) in _WHOLE_DEVICE:
-                return f"backend={backend!r} cannot run {problem.op} on {device}: {verdict.message}"
+        refusals = [why for why in (_phase_refusal(find_op(family, phase), t, device, dtype, backend)
+                                    for phase, t in (("prefill", 64), ("decode", 1))) if why]
+        if len(refusals) == 2:
+            return "; ".join(refusals)
+        for why in refusals:
+            logger.warning("linattn.integrations.transformers.enable: %s; those calls will raise NoBackendError", why)
+    return ""
+
+
+def _execution_device(layer: torch.nn.Module) -> tuple:
+    """``(device, dtype name)`` a layer runs on: accelerate's hook's execution device where it has one (an
+    offloaded layer's parameters are on the CPU or meta), else its first parameter's; ``(None, ...)`` for a
+    layer without parameters or on the meta device."""
+    param = next(layer.parameters(), None)
+    dtype = str(param.dtype).removeprefix("torch.") if param is not None else "float32"
+    dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
+    device = getattr(getattr(layer, "_hf_hook", None), "execution_device", None)
+    if device is not None:
+        return torch.device(device), dtype
+    if param is None or param.device.type == "meta":
+        return None, dtype
+    return param.device, dtype
+
+
+def _phase_refusal(op: str, t: int, device: torch.device, dtype: str, backend: str) -> str:
+    """Why ``backend``, forced, cannot run ``op`` on ``device`` whatever the shapes (a rejection with a reason of
+    :data:`_WHOLE_DEVICE`'s kinds, by :func:`linattn.explain` on a nominal problem), or ""."""
+    problem = linattn.Problem(op=op, n=1, t=t, h=1, hv=1, k=64, v=64, dtype=dtype)
+    try:
+        decision = linattn.explain(problem, device, backend=backend)
+    except (ValueError, RuntimeError):  # a device explain cannot describe: the calls decide
+        return ""
+    verdict = next((v for v in decision.verdicts if v.backend == backend), None)
+    if decision.chosen is None and verdict is not None and any(
+            getattr(f, "reason", None) in _WHOLE_DEVICE for f in getattr(verdict, "reasons", ())):
+        return f"backend={backend!r} cannot run {op} on {device}: {verdict.message}"
     return ""
 
 
@@ -335,9 +363,9 @@ def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: b
         ``model``, unchanged apart from its linear-attention layers' instance ``forward``.
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``backend`` is not a string or ``validate`` not a bool.
-        ValueError: ``backend`` is not a registered backend's name, cannot run the model's ops on its
-            device whatever the shapes (e.g. a Triton backend on a CPU), or the model has no supported
-            linear-attention layer.
+        ValueError: ``backend`` is not a registered backend's name, can run neither the model's prefill
+            nor its decode on the layers' device whatever the shapes (e.g. a CUDA-only backend on a CPU),
+            or the model has no supported linear-attention layer.
     """
     _check_enable_args(model, backend, validate)
     opts = _LayerOptions(backend, validate)
@@ -433,10 +461,13 @@ def _per_layer_lists(kwargs: dict, overrides: dict) -> dict:
     layers, then one full attention) repeated to that length, the last layer full attention below four
     layers (transformers' generate needs one), every MLP dense."""
     n = overrides.get("num_hidden_layers")
-    if not isinstance(n, int) or n < 1:
+    if not isinstance(n, int):
         return {}
     out = {}
     if "layer_types" in kwargs and "layer_types" not in overrides:
+        if n < 2:
+            raise ValueError(f"tiny_random_model: num_hidden_layers={n} leaves no linear-attention layer (the last is "
+                             "full attention, which transformers' generate needs); pass 2 or more, or a layer_types")
         out["layer_types"] = ["full_attention" if i % 4 == 3 or i == n - 1 < 3 else "linear_attention" for i in range(n)]
     if "mlp_layer_types" in kwargs and "mlp_layer_types" not in overrides:
         out["mlp_layer_types"] = ["dense"] * n
@@ -454,12 +485,14 @@ def tiny_random_model(name: str, *, device: Any = "cpu", dtype: torch.dtype = to
             forked generator: the caller's torch random state is left as it was).
         **overrides: config fields to change (each a field of the model's config class; a change of
             ``num_hidden_layers`` without a ``layer_types`` repeats the tiny pattern, three linear-attention
-            layers then one full attention, to that length; below four layers the last is full attention).
+            layers then one full attention, to that length; below four layers the last is full attention, and
+            one layer is a ValueError: it would leave no linear-attention layer).
     Returns:
         the ``*ForCausalLM`` model in eval mode.
     Raises:
         KeyError: unknown name (the message lists the known ones). TypeError: an override that is no
-        field of the config class. ImportError: the installed transformers lacks that model.
+        field of the config class. ValueError: ``num_hidden_layers=1`` without a ``layer_types``.
+        ImportError: the installed transformers lacks that model.
     """
     import transformers
 

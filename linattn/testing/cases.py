@@ -303,9 +303,9 @@ _SLOT0 = {"prefill": dict(lens=(3, 70, 5, 0), slots=(0, -1, 2, -3), p=6),
 _ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -2), p=4),
                 "decode": dict(n=3, slots=(-1, -2, -2 ** 31), p=4)}
 #: has_initial_state per sequence / row (False: fresh, its slot holds NaN before the call and must not be
-#: read): prefill's fresh ones a long sequence, an empty one (its final state, zero, is still written) and a
-#: padding sequence; decode's two real rows and a padding row
-_FRESH = {"prefill": (True, False, True, False, False, False), "decode": (False, True, True, False, False)}
+#: read): prefill's fresh ones a one-token sequence, an empty one (its final state, zero, is still written), a
+#: long one and a padding sequence; decode's rows of slots -1, 0 and 6 (a padding row and two real ones)
+_FRESH = {"prefill": (True, False, True, False, False, False), "decode": (True, False, False, False, True)}
 #: read slots and write slots: slot 3 (prefill) / 4 (decode) read by two sequences (one of them empty
 #: in prefill: its initial state is copied), one sequence in place (7 / 6), padding, slot P - 1 unused
 _SEPARATE = {"prefill": dict(slots=(3, 3, 7, 1, 5, -1), out_slots=(2, 4, 7, 6, 0, -1)),
@@ -373,7 +373,7 @@ def _decode_cases(B: _Builder, op: str, pairs) -> None:
     if "precomputed_gates" in _features(B.backend, op):
         B.add(op, "accuracy", "gate-form", {**base, "gate_form": True},
               "precomputed gates: g and beta (the gating op's outputs) in place of a, b, A_log, dt_bias")
-        B.add(op, "accuracy", "gate-form-verify", {**base, "gate_form": True, "t": 3, "index_dtype": "int64"},
+        B.add(op, "accuracy", "gate-form-t3", {**base, "gate_form": True, "t": 3, "index_dtype": "int64"},
               "precomputed gates over T = 3 tokens of one sequence")
 
 

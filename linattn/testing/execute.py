@@ -387,6 +387,7 @@ def _gating_inputs(case: Case, s: dict, device):
     args = dict(A_log=A_log.to(device), a=a.to(dt).to(device), b=b.to(dt).to(device), dt_bias=dt_bias.to(device))
     if s.get("lower_bound") is not None:
         args["lower_bound"] = s["lower_bound"]
+    args.update({n: s[n] for n in ("softplus_beta", "softplus_threshold") if n in s})
     return args
 
 

@@ -161,8 +161,8 @@ def test_bench_plot_without_a_suffix_reports_the_png_it_wrote(tmp_path):
 
 
 def test_bench_plot_with_a_suffix_matplotlib_cannot_write_exits_2_before_measuring(tmp_path, monkeypatch):
-    """``--plot x.txt`` measured first and then raised matplotlib's traceback after ``--out`` was written; now a
-    usage error before anything runs (the ``--json`` error document), nothing written; ``.svg`` is a format."""
+    """``--plot x.txt`` is a usage error before anything runs (the ``--json`` error document, exit 2), nothing
+    written; ``.svg`` is a format matplotlib writes."""
     from linattn.apps import bench as B
 
     monkeypatch.setattr(B, "run_bench", lambda *a, **k: pytest.fail("measured despite a bad --plot"))

@@ -245,8 +245,7 @@ def test_fla_shape_errors():
                                         (fla.fused_recurrent_kda, "kda")])
 @pytest.mark.parametrize("missing", ["g", "beta"])
 def test_a_missing_g_or_beta_is_a_type_error_naming_it(fn, family, missing):
-    """FLA's signatures require g and beta here (fused_recurrent_gated_delta_rule's default them: tested above);
-    None was an AttributeError from the shape checks."""
+    """FLA's signatures require g and beta here (fused_recurrent_gated_delta_rule defaults them: tested above)."""
     q, k, v, g, beta, _ = inputs(family, 1, 4, 1, 1, 8, 8, seed=3)
     args = {"g": g, "beta": beta, missing: None}
     with pytest.raises(TypeError, match=rf"^linattn\.compat\.fla\.{fn.__name__}: {missing} must be a torch\.Tensor, "
@@ -256,6 +255,9 @@ def test_a_missing_g_or_beta_is_a_type_error_naming_it(fn, family, missing):
 
 def test_a_q_that_is_no_tensor_is_named_so_not_as_a_shape():
     q, k, v, g, beta, _ = inputs("gdn", 1, 4, 1, 1, 8, 8, seed=3)
+    for fn in (fla.chunk_gated_delta_rule, fla.fused_recurrent_gated_delta_rule, fla.chunk_kda, fla.fused_recurrent_kda):
+        with pytest.raises(TypeError, match=rf"^linattn\.compat\.fla\.{fn.__name__}: v must be a torch\.Tensor"):
+            fn(q, k, None, g, beta)
     with pytest.raises(TypeError, match=r"q must be a torch\.Tensor, got ndarray\.$"):
         fla.chunk_gated_delta_rule(q.numpy(), k, v, g, beta)
     with pytest.raises(ValueError, match=r"q must be a \[B, T, H, D\] tensor, got \[4, 1, 8\]"):

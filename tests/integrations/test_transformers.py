@@ -200,9 +200,46 @@ def test_enable_checks_the_backend_name_before_routing_anything():
         lt.disable(m)
 
 
+def test_a_forced_backend_that_runs_one_phase_is_enabled_with_a_warning(caplog):
+    """A prefill-only backend (no decode) serves scoring and use_cache=False runs: enabled; the decode's refusal
+    is logged, and a decode call raises NoBackendError."""
+    from linattn.backends.torch_ref import TorchRefBackend
+
+    class PrefillOnly(TorchRefBackend):
+        name = "prefill-only-test"
+        ops = frozenset({"gdn_prefill", "kda_prefill"})
+
+    from linattn.dispatch.runtime.registry import get_registry
+    from linattn.dispatch.plugin.hookspecs import BackendPlugin
+
+    registry = get_registry()
+    registry.add_plugin(BackendPlugin(PrefillOnly), name="prefill-only-plugin")
+    m = _model(NAMES[0])
+    try:
+        with caplog.at_level("WARNING", logger="linattn.integrations.transformers"):
+            lt.enable(m, backend="prefill-only-test")
+        assert lt.is_enabled(m)
+        assert "cannot run gdn_decode on cpu" in caplog.text and "NoBackendError" in caplog.text
+        ids = torch.randint(3, 200, (1, 70), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            m(ids, use_cache=False)  # the prefill runs
+        assert linattn.last_decision("gdn_prefill").chosen == "prefill-only-test"
+    finally:
+        lt.disable(m)
+        registry.remove_plugin("prefill-only-plugin")
+
+
+def test_enable_on_the_meta_device_is_not_refused_for_a_backend_it_cannot_check():
+    m = _model(NAMES[0]).to("meta")
+    try:
+        assert lt.enable(m, backend="torch-ref") is m and lt.is_enabled(m)
+    finally:
+        lt.disable(m)
+
+
 def test_enable_refuses_a_forced_backend_that_cannot_run_on_the_models_device():
-    """The refusal came at the first forward (a NoBackendError inside generate); now at enable, nothing routed:
-    a backend of another device (cutedsl: CUDA only), or one the policy disables."""
+    """Refused at enable, nothing routed (not at the first forward): a backend of another device (cutedsl:
+    CUDA only), or one the policy disables."""
     m = _model(NAMES[0])
     with pytest.raises(ValueError, match="backend='cutedsl' cannot run gdn_prefill on cpu: .*nothing was changed"):
         lt.enable(m, backend="cutedsl")
@@ -223,7 +260,7 @@ def test_enable_refuses_a_validate_that_is_no_bool(value):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_tiny_random_model_of_other_depths_generates_the_models_tokens(name):
-    """``num_hidden_layers`` alone (its ``layer_types`` was left at four entries: transformers refused the config)."""
+    """``num_hidden_layers`` alone: the layer lists follow it (one layer: no linear-attention layer, refused)."""
     ids = torch.randint(3, 200, (1, 6), generator=torch.Generator().manual_seed(0))
     for n in (2, 6):
         m = lt.tiny_random_model(name, num_hidden_layers=n)
@@ -233,6 +270,8 @@ def test_tiny_random_model_of_other_depths_generates_the_models_tokens(name):
             lt.enable(m)
             got = m.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
         assert len(lt.enabled_layers(m)) == n - 1 and torch.equal(got, want)
+    with pytest.raises(ValueError, match="num_hidden_layers=1 leaves no linear-attention layer"):
+        lt.tiny_random_model(name, num_hidden_layers=1)
 
 
 def test_supported_layers():

@@ -203,7 +203,11 @@ class DropsCallOptions(IgnoresFreshSequences):
     (runs the defaults)."""
 
     name = "drops-call-options"
+    ops = frozenset({"gdn_decode", "gdn_prefill", "gdn_gating"})
     _DROPPED = ("scale", "use_qk_l2norm", "softplus_beta", "softplus_threshold")
+
+    def gdn_gating(self, **kw):
+        return TorchRefBackend.gdn_gating(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})
 
     def gdn_decode(self, **kw):
         return TorchRefBackend.gdn_decode(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})

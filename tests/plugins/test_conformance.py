@@ -170,17 +170,17 @@ def test_suite_fails_with_a_clear_report_on_a_backend_that_ignores_padding(regis
 @pytest.mark.parametrize("fake, op, case, needle", [
     (WrapsBelowMinusOne, "gdn_decode", "gdn_decode/pool/all-padding", "pool rows [2] changed"),
     (WrapsBelowMinusOne, "gdn_prefill", "gdn_prefill/pool/all-padding", "pool rows [2] changed"),
-    (IgnoresFreshSequences, "gdn_decode", "gdn_decode/pool/fresh", "state_pool[owned slots]"),
-    (IgnoresFreshSequences, "gdn_prefill", "gdn_prefill/pool/fresh", "o"),
-    (ZeroesReadyGates, "gdn_decode", "gdn_decode/accuracy/gate-form", "o"),
-    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/scale", "o"),
-    (DropsCallOptions, "gdn_prefill", "gdn_prefill/accuracy/no-l2norm", "o"),
-    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/softplus", "o"),
+    (IgnoresFreshSequences, "gdn_decode", "gdn_decode/pool/fresh", "state_pool[owned slots]: not finite"),
+    (IgnoresFreshSequences, "gdn_prefill", "gdn_prefill/pool/fresh", "o: not finite (NaN or inf)"),
+    (ZeroesReadyGates, "gdn_decode", "gdn_decode/accuracy/gate-form", "o: relative error"),
+    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/scale", "o: relative error"),
+    (DropsCallOptions, "gdn_prefill", "gdn_prefill/accuracy/no-l2norm", "state_pool[owned slots]: relative error"),
+    (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/softplus", "o: relative error"),
+    (DropsCallOptions, "gdn_gating", "gdn_gating/accuracy/softplus", "relative error"),
 ])
 def test_suite_fails_a_backend_that_breaks_what_it_declares(registry, fake, op, case, needle):
-    """Padding is every negative slot (a plugin wrapping -2 to a row passed when the cases used -1 only); a
-    declared has_initial_state and precomputed gates are tested, and so are scale, use_qk_l2norm=False and the
-    softplus options (a plugin dropping any of them passed every case)."""
+    """The suite fails a plugin that breaks any of: padding as every negative slot (-2 wrapped to a row here),
+    a declared has_initial_state or precomputed gates, scale, use_qk_l2norm=False, the softplus options."""
     registry.add_plugin(Plugin(fake), name=fake.name, distribution="tests")
     rep = run_suite(fake.name, ops=[op])
     failed = {r.id.split("[")[0]: r.message for r in rep.failures()}
@@ -191,7 +191,7 @@ def test_suite_fails_a_backend_that_breaks_what_it_declares(registry, fake, op, 
 def test_the_declared_features_have_their_cases():
     ids = [c.id.split("[")[0] for c in generate_cases(linattn.backends.torch_ref.TorchRefBackend(),
                                                       ops=["gdn_decode", "kda_prefill"])]
-    assert {"gdn_decode/pool/fresh", "gdn_decode/accuracy/gate-form", "gdn_decode/accuracy/gate-form-verify",
+    assert {"gdn_decode/pool/fresh", "gdn_decode/accuracy/gate-form", "gdn_decode/accuracy/gate-form-t3",
             "kda_prefill/pool/fresh"} <= set(ids)
 
 
