@@ -38,6 +38,7 @@ Example (a group of one rank is exactly the ordinary call)::
 from __future__ import annotations
 
 import bisect
+import re
 from typing import Callable, Literal, NamedTuple, Optional, Sequence
 
 import torch
@@ -389,13 +390,30 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
     cu_t = torch.tensor(_local_cu(cu, offset, T), dtype=torch.int64, device=getattr(q, "device", None))
     op = _prefill_op(family)
     op_args = {key: val for key, val in args.items() if key != "backend"}
-    out, sig = validate_call(op, dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_t, **op_args),
-                             check_values=validate, check_finite=check_finite)
+    try:
+        out, sig = validate_call(op, dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_t, **op_args),
+                                 check_values=validate, check_finite=check_finite)
+    except ValueError as e:
+        raise _global_positions(e, offset) from e
     if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (*x, args["initial_state"])):
         raise ValueError(f"{op} (context parallel): grad mode is on and an input requires grad; linattn's ops are "
                          f"inference ops: call under torch.no_grad() or pass detached tensors")
     _, decision = select(op, sig, q.device, args.get("backend"))
     return out, decision
+
+
+#: A token position in a per-token input as the op's checks quote it: ``g[7, 1]``.
+_TOKEN_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
+
+
+def _global_positions(err: ValueError, offset: int) -> ValueError:
+    """``err`` with every token position of this rank's inputs (``g[7, 1]``) given as the global token index
+    (``g[offset + 7, 1]``, the index in the whole sequence the ranks split), as the caller numbers them."""
+    msg = str(err)
+    if not offset or not _TOKEN_POSITION.search(msg):
+        return err
+    msg = _TOKEN_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) + offset}{m[3]}]", msg)
+    return ValueError(f"{msg} (token positions global: this rank's first token is {offset})")
 
 
 def _meta(family, x, cu_seqlens, cu_seqlens_cpu, offset, args, validate, check_finite) -> tuple[dict, Optional[dict]]:

@@ -140,3 +140,20 @@ def test_summary_is_split_where_the_wide_call_would_leave_the_backend(K, V, mode
     got, why = summary_mode("gdn", q, v, backend="triton-split")
     assert got == mode, why
     assert summary_mode("gdn", q, v, backend="torch-ref")[0] == "wide"
+
+
+def test_a_rank_local_refusal_names_the_global_token():
+    """A value refused in this rank's slice is quoted at its index in the whole stream (token_offset + i)."""
+    from linattn.context_parallel import _check_local
+
+    T, H, K = 4, 1, 8
+    q, k, v, beta = torch.randn(T, H, K), torch.randn(T, H, K), torch.randn(T, H, K), torch.rand(T, H)
+    g = -torch.rand(T, H)
+    g[1, 0] = 0.5
+    args = dict(state_pool=None, state_indices=None, initial_state=None, has_initial_state=None, scale=None,
+                use_qk_l2norm=True, state_layout="vk", backend=None)
+    with pytest.raises(ValueError, match=r"g\[11, 0\].*\(token positions global: this rank's first token is 10\)"):
+        _check_local("gdn", (q, k, v, g, beta), [0, 20], 10, args, True, False)
+    with pytest.raises(ValueError, match=r"g\[1, 0\]") as e:  # rank 0: the positions are already global
+        _check_local("gdn", (q, k, v, g, beta), [0, 20], 0, args, True, False)
+    assert "token positions global" not in str(e.value)
