@@ -166,9 +166,12 @@ def _run_plugin(plan, nargs: dict):
             raise fault from e
         get_registry().mark_broken(impl.name, e, where=not isinstance(e, ResultError))
         what, detail = ("returned a wrong result", str(e)) if isinstance(e, ResultError) else ("raised", error_text(e))
+        written = [n for n in OP_TABLE[op].mutates if isinstance(nargs.get(n), Tensor)]
+        partial = (f" The rows of {' and '.join(written)} this call writes may hold its partial writes: rebuild "
+                   f"them (e.g. prefill those sequences again) before retrying." if written else "")
         raise BackendRunError(f"backend {impl.name!r} (plugin {impl.plugin!r}) {what} in {op}: {detail}. It is "
                               f"rejected (backend_error) from now on, so later calls take another backend; "
-                              f"report it to the plugin's authors.") from e
+                              f"report it to the plugin's authors.{partial}") from e
 
 
 def _compiling() -> bool:

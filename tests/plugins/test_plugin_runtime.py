@@ -219,9 +219,12 @@ def test_wrong_result_is_a_backend_run_error_then_backend_error_and_never_return
     registry.add_plugin(Plugin(mangling("mangler", op, mangle)), name="mangling-plugin", distribution="vendor-m")
     snap = _unowned_rows(kwargs)
     with pytest.raises(linattn.BackendRunError, match="'mangler' \\(plugin 'mangling-plugin'\\) returned a wrong "
-                                                      f"result in {op}: .*{says}"):
+                                                      f"result in {op}: .*{says}") as e:
         call()
     _assert_unowned_unchanged(snap)
+    # a call that writes a pool says that its own rows may hold partial writes; one without a pool does not
+    assert ("The rows of state_pool this call writes may hold its partial writes" in str(e.value)) == (
+        kwargs.get("state_pool") is not None)
     assert "mangler" in get_registry().broken and "ResultError" in get_registry().broken["mangler"]
     # the next call (same inputs, afresh) rejects it (backend_error) and runs the reference
     _, _, kwargs, call = _run(case)
