@@ -394,7 +394,10 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
         out, sig = validate_call(op, dict(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=cu_t, **op_args),
                                  check_values=validate, check_finite=check_finite)
     except ValueError as e:
-        raise _global_positions(e, offset) from e
+        quoted = _global_positions(e, offset)
+        if quoted is e:
+            raise
+        raise quoted from e
     if torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in (*x, args["initial_state"])):
         raise ValueError(f"{op} (context parallel): grad mode is on and an input requires grad; linattn's ops are "
                          f"inference ops: call under torch.no_grad() or pass detached tensors")
@@ -412,8 +415,12 @@ def _global_positions(err: ValueError, offset: int) -> ValueError:
     msg = str(err)
     if not offset or not _TOKEN_POSITION.search(msg):
         return err
-    msg = _TOKEN_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) + offset}{m[3]}]", msg)
-    return ValueError(f"{msg} (token positions global: this rank's first token is {offset})")
+    msg = f"{_TOKEN_POSITION.sub(lambda m: f'{m[1]}[{int(m[2]) + offset}{m[3]}]', msg)} (token positions global: " \
+          f"this rank's first token is {offset})"
+    try:
+        return type(err)(msg)  # the same class (a ValueError subclass such as ConfigError)
+    except TypeError:  # a subclass with another constructor
+        return ValueError(msg)
 
 
 def _meta(family, x, cu_seqlens, cu_seqlens_cpu, offset, args, validate, check_finite) -> tuple[dict, Optional[dict]]:

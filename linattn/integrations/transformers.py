@@ -330,7 +330,10 @@ def _execution_device(layer: torch.nn.Module) -> tuple:
     dtype = dtype if dtype in ("float32", "bfloat16", "float16", "float64") else "float32"
     device = getattr(getattr(layer, "_hf_hook", None), "execution_device", None)
     if device is not None:
-        return torch.device(device), dtype
+        try:
+            return torch.device(device), dtype  # accelerate gives an index, a string or a device
+        except (RuntimeError, TypeError, ValueError):  # e.g. an index on a host without that accelerator
+            return None, dtype
     if param is None or param.device.type == "meta":
         return None, dtype
     return param.device, dtype
@@ -345,10 +348,10 @@ def _phase_refusal(op: str, t: int, device: torch.device, dtype: str, backend: s
     except (ValueError, RuntimeError):  # a device explain cannot describe: the calls decide
         return ""
     verdict = next((v for v in decision.verdicts if v.backend == backend), None)
-    if decision.chosen is None and verdict is not None and any(
-            getattr(f, "reason", None) in _WHOLE_DEVICE for f in getattr(verdict, "reasons", ())):
-        return f"backend={backend!r} cannot run {op} on {device}: {verdict.message}"
-    return ""
+    if decision.chosen is not None or verdict is None:
+        return ""
+    why = next((f for f in getattr(verdict, "reasons", ()) if getattr(f, "reason", None) in _WHOLE_DEVICE), None)
+    return f"backend={backend!r} cannot run {op} on {device}: {why.message}" if why is not None else ""
 
 
 def enable(model: torch.nn.Module, *, backend: Optional[str] = None, validate: bool = True) -> torch.nn.Module:
@@ -461,7 +464,7 @@ def _per_layer_lists(kwargs: dict, overrides: dict) -> dict:
     layers, then one full attention) repeated to that length, the last layer full attention below four
     layers (transformers' generate needs one), every MLP dense."""
     n = overrides.get("num_hidden_layers")
-    if not isinstance(n, int):
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:  # not a layer count: the config class decides
         return {}
     out = {}
     if "layer_types" in kwargs and "layer_types" not in overrides:

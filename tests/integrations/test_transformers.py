@@ -223,18 +223,44 @@ def test_a_forced_backend_that_runs_one_phase_is_enabled_with_a_warning(caplog):
         ids = torch.randint(3, 200, (1, 70), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             m(ids, use_cache=False)  # the prefill runs
-        assert linattn.last_decision("gdn_prefill").chosen == "prefill-only-test"
+            assert linattn.last_decision("gdn_prefill").chosen == "prefill-only-test"
+            with pytest.raises(linattn.NoBackendError):  # the decode of a generate does not
+                m.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
     finally:
         lt.disable(m)
         registry.remove_plugin("prefill-only-plugin")
 
 
-def test_enable_on_the_meta_device_is_not_refused_for_a_backend_it_cannot_check():
+class _Hook:
+    def __init__(self, execution_device):
+        self.execution_device = execution_device
+
+
+@pytest.mark.parametrize("hook, want", [(None, "cpu"), ("cpu", "cpu"), (torch.device("cpu"), "cpu"),
+                                        ("not a device", None)])
+def test_the_execution_device_is_accelerates_where_a_layer_has_a_hook(hook, want):
+    m = _model(NAMES[0])
+    layer = next(layer for _, layer in m.named_modules() if lt._functions_cached(layer))
+    if hook is not None:
+        layer._hf_hook = _Hook(hook)
+    device, dtype = lt._execution_device(layer)
+    assert (None if device is None else str(device)) == want and dtype == "float32"
+
+
+def test_offloaded_layers_are_checked_on_their_execution_device_and_meta_ones_not_at_all():
+    """Parameters on the meta device (offloaded) with accelerate's hook naming the CPU: a CUDA-only backend is
+    refused; without the hook nothing is known of the device, and nothing is refused."""
     m = _model(NAMES[0]).to("meta")
+    layers = [(name, layer) for name, layer in m.named_modules() if lt._functions_cached(layer)]
+    assert lt._execution_device(layers[0][1])[0] is None
+    assert lt._forced_refusal(layers, "cutedsl") == ""
     try:
-        assert lt.enable(m, backend="torch-ref") is m and lt.is_enabled(m)
+        assert lt.enable(m, backend="cutedsl") is m and lt.is_enabled(m)
     finally:
         lt.disable(m)
+    for _, layer in layers:
+        layer._hf_hook = _Hook("cpu")
+    assert "backend='cutedsl' cannot run gdn_prefill on cpu" in lt._forced_refusal(layers, "cutedsl")
 
 
 def test_enable_refuses_a_forced_backend_that_cannot_run_on_the_models_device():
@@ -272,6 +298,7 @@ def test_tiny_random_model_of_other_depths_generates_the_models_tokens(name):
         assert len(lt.enabled_layers(m)) == n - 1 and torch.equal(got, want)
     with pytest.raises(ValueError, match="num_hidden_layers=1 leaves no linear-attention layer"):
         lt.tiny_random_model(name, num_hidden_layers=1)
+    assert lt._per_layer_lists({"layer_types": []}, {"num_hidden_layers": True}) == {}  # no count: the config decides
 
 
 def test_supported_layers():

@@ -176,7 +176,7 @@ def test_suite_fails_with_a_clear_report_on_a_backend_that_ignores_padding(regis
     (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/scale", "o: relative error"),
     (DropsCallOptions, "gdn_prefill", "gdn_prefill/accuracy/no-l2norm", "state_pool[owned slots]: relative error"),
     (DropsCallOptions, "gdn_decode", "gdn_decode/accuracy/softplus", "o: relative error"),
-    (DropsCallOptions, "gdn_gating", "gdn_gating/accuracy/softplus", "relative error"),
+    (DropsCallOptions, "gdn_gating", "gdn_gating/accuracy/softplus", "g: relative error"),
 ])
 def test_suite_fails_a_backend_that_breaks_what_it_declares(registry, fake, op, case, needle):
     """The suite fails a plugin that breaks any of: padding as every negative slot (-2 wrapped to a row here),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -611,3 +612,11 @@ def test_call_options_are_bools_also_after_a_planned_call(option, value):
     with pytest.raises(TypeError, match=f"{option} must be a bool \\(True or False\\), got {type(value).__name__}"):
         linattn.gdn_decode(**args, **{option: value})
     assert torch.equal(args["state_pool"], before)
+
+
+@pytest.mark.parametrize("value, named", [(np.bool_(True), "numpy.bool"), (torch.tensor(True), "torch.Tensor")])
+def test_a_call_option_of_another_bool_type_is_named_by_its_qualified_type(value, named):
+    import linattn
+
+    with pytest.raises(TypeError, match=f"validate must be a bool \\(True or False\\), got {named} "):
+        linattn.silu_and_mul_clamp(torch.randn(2, 4), validate=value)
