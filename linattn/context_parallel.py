@@ -38,7 +38,6 @@ Example (a group of one rank is exactly the ordinary call)::
 from __future__ import annotations
 
 import bisect
-import re
 from typing import Callable, Literal, NamedTuple, Optional, Sequence
 
 import torch
@@ -405,18 +404,16 @@ def _check_local(family: str, x: tuple, cu: list[int], offset, args: dict, valid
     return out, decision
 
 
-#: A token position in a per-token input as the op's checks quote it: ``g[7, 1]``.
-_TOKEN_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
-
-
 def _global_positions(err: ValueError, offset: int) -> ValueError:
     """``err`` with every token position of this rank's inputs (``g[7, 1]``) given as the global token index
     (``g[offset + 7, 1]``, the index in the whole sequence the ranks split), as the caller numbers them."""
+    from linattn.dispatch.rules.value_rules import TOKEN_POSITION, requote_token_positions
+
     msg = str(err)
-    if not offset or not _TOKEN_POSITION.search(msg):
+    if not offset or not TOKEN_POSITION.search(msg):
         return err
-    msg = f"{_TOKEN_POSITION.sub(lambda m: f'{m[1]}[{int(m[2]) + offset}{m[3]}]', msg)} (token positions global: " \
-          f"this rank's first token is {offset})"
+    msg = f"{requote_token_positions(msg, lambda t: str(t + offset))} (token positions global: this rank's first " \
+          f"token is {offset})"
     try:
         return type(err)(msg)  # the same class (a ValueError subclass such as ConfigError)
     except TypeError:  # a subclass with another constructor

@@ -26,6 +26,7 @@ The choice is made when a call plan is made: changing the variable takes effect 
 from __future__ import annotations
 
 import math
+import re
 from typing import Callable
 
 import torch
@@ -45,6 +46,17 @@ def _position(mask: torch.Tensor) -> tuple:
 
 def _pos_str(name: str, pos: tuple) -> str:
     return f"{name}[{', '.join(str(i) for i in pos)}]"
+
+
+#: A position in a per-token input as the rules quote it (:func:`_pos_str`): ``g[7, 1]``, token first.
+TOKEN_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
+
+
+def requote_token_positions(msg: str, token: Callable[[int], str]) -> str:
+    """``msg`` with the token index of every :data:`TOKEN_POSITION` written as ``token(index)`` (the dims
+    after it kept): the caller's numbering of a position the rules quoted in the op's packed ``[T, ...]``
+    (``linattn.compat.fla``: ``[b, t]``; context parallelism: the global token)."""
+    return TOKEN_POSITION.sub(lambda m: f"{m[1]}[{token(int(m[2]))}{m[3]}]", msg)
 
 
 # -- probes shared by the rules ------------------------------------------------------------------

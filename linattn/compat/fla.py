@@ -76,7 +76,6 @@ import contextlib
 import contextvars
 import inspect
 import math
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -87,6 +86,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode
 import linattn
 from linattn.dispatch.lru import LRUCache
 from linattn.dispatch.rules.validate import check_options
+from linattn.dispatch.rules.value_rules import requote_token_positions
 
 from linattn._namespace import public_dir
 
@@ -359,10 +359,6 @@ def _check_shapes(func: str, family: str, q, k, v, g, beta, initial_state, cu_se
     return B, T, N
 
 
-#: A position in a flattened ``[T, ...]`` input as linattn's checks quote it: ``g[7, 1]``.
-_FLAT_POSITION = re.compile(r"\b(q|k|v|g|beta)\[(\d+)((?:, \d+)*)\]")
-
-
 class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
     """Re-raise linattn's ValueError / TypeError in the caller's terms, named after the compat function
     (``linattn.compat.fla.<func>: ...``, on every route): a flattened position ``name[b * T + t, ...]``
@@ -382,7 +378,7 @@ class _in_caller_shapes:  # noqa: N801 (a context manager, named as one)
             return False
         msg, T = str(err), max(self.T, 1)
         if self.flattened:
-            msg = _FLAT_POSITION.sub(lambda m: f"{m[1]}[{int(m[2]) // T}, {int(m[2]) % T}{m[3]}]", msg)
+            msg = requote_token_positions(msg, lambda t: f"{t // T}, {t % T}")
             msg = msg.replace("(q.shape[0])", "(B * T of q [B, T, H, K])")  # the op's packed q is the caller's [B, T]
         msg = msg.replace("state_pool", "initial_state")
         if msg.startswith("linattn.compat.fla."):
