@@ -67,14 +67,16 @@ def _normalise(op: str, spec: OpSpec, args: dict) -> dict:
     return out
 
 
-def check_options(validate, check_finite) -> None:
+def check_options(validate, check_finite=False, where: str = "") -> None:
     """The call options ``validate`` and ``check_finite`` are bools (``validate="no"`` would validate, and
-    ``None`` skip the checks: a TypeError, as for the op's own flags)."""
+    ``None`` skip the checks: a TypeError, as for the op's own flags); ``where`` (e.g. the function that
+    takes them) begins the message."""
     for name, value in (("validate", validate), ("check_finite", check_finite)):
         if type(value) is not bool:
             kind = type(value)
             kind = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            raise TypeError(f"{name} must be a bool (True or False), got {kind} ({value!r}).")
+            raise TypeError(f"{where + ': ' if where else ''}{name} must be a bool (True or False), got {kind} "
+                            f"({value!r}).")
 
 
 def _flag_args(spec: OpSpec, feature: bool) -> tuple:

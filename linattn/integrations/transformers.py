@@ -63,6 +63,7 @@ import torch
 import linattn
 import linattn.compat.fla as fla
 from linattn.dispatch import find_op
+from linattn.dispatch.rules.validate import check_options
 
 from linattn._namespace import public_dir
 
@@ -277,8 +278,7 @@ def _check_enable_args(model, backend: Optional[str], validate: bool) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"{where}: model must be a torch.nn.Module (a *ForCausalLM, a bare model or a layer), got "
                         f"{type(model).__name__}")
-    if type(validate) is not bool:  # validate="no" would validate
-        raise TypeError(f"{where}: validate must be a bool (True or False), got {type(validate).__name__} ({validate!r})")
+    check_options(validate, where=where)
     if backend is None:
         return
     if not isinstance(backend, str):
