@@ -255,16 +255,22 @@ def _target_row(family, phase, n_seq, seq_len, shape, times, chosen, hf_name, re
     return row
 
 
-def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: int = 80, new_tokens: int = 8) -> dict:
-    """examples/hf_generate.py's CPU run (tiny random model, fp32, greedy prefill + generate) on
-    transformers' own PyTorch path and with ``linattn.integrations.transformers.enable``, alternating."""
-    import linattn.integrations.transformers as lt
-
-    mod = importlib.import_module(HF_MODULES["kda" if model_name == "kimi-linear" else "gdn"])
-    for name, fn in list(vars(mod).items()):  # transformers' own torch functions (as tests/field/test_f35)
+def _own_functions(family: str) -> None:
+    """transformers' own torch functions in the family's modeling module (each wrapper's ``__wrapped__``, as
+    tests/field/test_f35) put in place of their hub / FLA wrappers there (a wrapper without ``__wrapped__``
+    is left: it falls back to the torch function itself)."""
+    mod = importlib.import_module(HF_MODULES[family])
+    for name, fn in list(vars(mod).items()):
         inner = inspect.unwrap(fn) if callable(fn) and hasattr(fn, "__wrapped__") else fn
         if inner is not fn and getattr(inner, "__module__", None) == mod.__name__:
             setattr(mod, name, _only_own_kwargs(inner))
+
+
+def _example(model_name: str, batch: int, prompt_len: int, new_tokens: int) -> tuple:
+    """``(model, run)``: examples/hf_generate.py's tiny model and its work (``model(ids)``, then a greedy
+    ``generate`` of ``new_tokens``; returns the tokens)."""
+    import linattn.integrations.transformers as lt
+
     model = lt.tiny_random_model(model_name)
     ids = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
 
@@ -272,6 +278,16 @@ def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: 
         with torch.no_grad():
             model(ids)
             return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return model, run
+
+
+def bench_hf_example(model_name: str, repeats: int, batch: int = 2, prompt_len: int = 80, new_tokens: int = 8) -> dict:
+    """examples/hf_generate.py's CPU run (tiny random model, fp32, greedy prefill + generate) on
+    transformers' own PyTorch path and with ``linattn.integrations.transformers.enable``, alternating."""
+    import linattn.integrations.transformers as lt
+
+    _own_functions("kda" if model_name == "kimi-linear" else "gdn")
+    model, run = _example(model_name, batch, prompt_len, new_tokens)
 
     def plain():
         lt.disable(model)
@@ -323,16 +339,13 @@ def bench_hf_bound(repeats: int, batch: int = 2, prompt_len: int = 80, new_token
     import linattn.compat.fla as fla
     import linattn.integrations.transformers as lt
 
-    mod = importlib.import_module(HF_MODULES["gdn"])
-    own = {name: _only_own_kwargs(inspect.unwrap(getattr(mod, name))) for name in HF_FUNCTIONS.values()
-           if hasattr(mod, name)}
-    for name, fn in own.items():
-        setattr(mod, name, fn)
+    _own_functions("gdn")
     full_route = fla._run
+    hf = {phase: hf_function("gdn", phase) for phase in ("prefill", "decode")}  # the example's family only
 
     def routing_only(func, family, q, k, v, g, beta, *, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                      recurrent, **_):
-        fn = own[HF_FUNCTIONS[(family, "decode" if recurrent else "prefill")]]
+        fn = hf["decode" if recurrent else "prefill"]
         return fn(q, k, v, g=g, beta=beta, initial_state=initial_state, output_final_state=output_final_state,
                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
@@ -340,13 +353,7 @@ def bench_hf_bound(repeats: int, batch: int = 2, prompt_len: int = 80, new_token
         got = _direct_route(family, *args, **kw)
         return got if got is not None else full_route(func, family, *args, **kw)
 
-    model = lt.tiny_random_model("qwen3-next")
-    ids = torch.randint(3, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(1))
-
-    def run():
-        with torch.no_grad():
-            model(ids)
-            return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    model, run = _example("qwen3-next", batch, prompt_len, new_tokens)
 
     def setup(route, **options):
         def apply():
