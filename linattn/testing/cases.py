@@ -306,6 +306,9 @@ _ALL_PADDING = {"prefill": dict(lens=(4, 9), slots=(-1, -2), p=4),
 #: read): prefill's fresh ones a one-token sequence, an empty one (its final state, zero, is still written), a
 #: long one and a padding sequence; decode's rows of slots -1, 0 and 6 (a padding row and two real ones)
 _FRESH = {"prefill": (True, False, True, False, False, False), "decode": (True, False, False, False, True)}
+#: the softplus case of the gating ops and the raw-gate decode
+_SOFTPLUS = dict(softplus_beta=2.0, softplus_threshold=1.0)
+_SOFTPLUS_WHAT = "softplus_beta=2, softplus_threshold=1 (the raw gates' softplus sharper, linear above 1)"
 #: read slots and write slots: slot 3 (prefill) / 4 (decode) read by two sequences (one of them empty
 #: in prefill: its initial state is copied), one sequence in place (7 / 6), padding, slot P - 1 unused
 _SEPARATE = {"prefill": dict(slots=(3, 3, 7, 1, 5, -1), out_slots=(2, 4, 7, 6, 0, -1)),
@@ -366,8 +369,7 @@ def _decode_cases(B: _Builder, op: str, pairs) -> None:
           {**base, "t": 3, "p": 10, "table": ((4, 1, 2), (-1, -1, -1), (0, 3, 3), (6, 5, 7), (-1, -1, -1)),
            "num_accepted": (2, 0, 3, 1, 0)},
           "per-token slot table with num_accepted_tokens over 0..T")
-    B.add(op, "accuracy", "softplus", {**base, "softplus_beta": 2.0, "softplus_threshold": 1.0},
-          "softplus_beta=2, softplus_threshold=1 (the raw gates' softplus sharper, linear above 1)")
+    B.add(op, "accuracy", "softplus", {**base, **_SOFTPLUS}, _SOFTPLUS_WHAT)
     if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "KDA bounded gate (lower_bound=-5)")
     if "precomputed_gates" in _features(B.backend, op):
@@ -386,8 +388,7 @@ def _gating_cases(B: _Builder, op: str) -> None:
         B.add(op, "accuracy", "dtype", {**base, "dtype": dt}, f"declared input dtype {dt}")
     B.add(op, "accuracy", "extreme", {**base, "gates": "extreme"},
           "F18: no NaN or inf for A_log=100 / a=-200, a=+100, A_log=100 / a=1")
-    B.add(op, "accuracy", "softplus", {**base, "softplus_beta": 2.0, "softplus_threshold": 1.0},
-          "softplus_beta=2, softplus_threshold=1 (the raw gates' softplus sharper, linear above 1)")
+    B.add(op, "accuracy", "softplus", {**base, **_SOFTPLUS}, _SOFTPLUS_WHAT)
     if OP_TABLE[op].takes("lower_bound"):
         B.add(op, "accuracy", "lower-bound", {**base, "lower_bound": -5.0}, "bounded gate (lower_bound=-5)")
 

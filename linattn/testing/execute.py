@@ -283,19 +283,16 @@ def _decode_inputs(case: Case, s: dict, device):
         a, b = _interleaved(a, b)
     idt = INDEX[s["index_dtype"]]
     indices = torch.tensor(s["table"] if "table" in s else s["slots"], dtype=idt)
-    if s.get("gate_form"):  # the gating's outputs (fp32) in place of its inputs
-        gating = _reference("kda_gating" if kda else "gdn_gating")
-        g, beta = gating(A_log, a.float(), b.float(), dt_bias)
-        gates = dict(g=g.float(), beta=beta.float())
-    else:
-        gates = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
-    args = {n: _to_device(x, device) for n, x in dict(q=q, k=k, v=v, **gates, state_indices=indices).items()}
+    gates = dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    if s.get("gate_form"):  # the gating's outputs (fp32); its four inputs None (the reference takes them by name)
+        g, beta = _reference("kda_gating" if kda else "gdn_gating")(A_log, a.float(), b.float(), dt_bias)
+        gates = dict(dict.fromkeys(gates), g=g.float(), beta=beta.float())
+    args = {n: x if x is None else _to_device(x, device)
+            for n, x in dict(q=q, k=k, v=v, **gates, state_indices=indices).items()}
     if "out_slots" in s:
         args["output_state_indices"] = _to_device(torch.tensor(s["out_slots"], dtype=idt), device)
     if "fresh" in s:
         args["has_initial_state"] = _to_device(torch.tensor(s["fresh"]), device)
-    if s.get("gate_form"):  # the raw form's four left out, as the caller does (the reference takes them by name)
-        args.update(a=None, b=None, A_log=None, dt_bias=None)
     pool = _pool(gen, s, device)
     args.update(opts, state_pool=pool[0], state_layout=s["layout"])
     inter = None
