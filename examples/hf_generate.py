@@ -52,8 +52,7 @@ def backend_refusal(args: argparse.Namespace) -> str:
                                   k=64, v=64, dtype=args.dtype)
         decision = linattn.explain(problem, args.device, backend=args.backend)
         if decision.chosen is None:
-            verdict = next(v for v in decision.verdicts if v.backend == args.backend)
-            return f"{args.backend} cannot run {problem.op} on {args.device}: {verdict.message}"
+            return f"{args.backend} cannot run {problem.op} on {args.device}: {decision.verdict(args.backend).message}"
     return ""
 
 

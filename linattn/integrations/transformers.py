@@ -347,10 +347,9 @@ def _phase_refusal(op: str, t: int, device: torch.device, dtype: str, backend: s
         decision = linattn.explain(problem, device, backend=backend)
     except (ValueError, RuntimeError):  # a device explain cannot describe: the calls decide
         return ""
-    verdict = next((v for v in decision.verdicts if v.backend == backend), None)
-    if decision.chosen is not None or verdict is None:
+    if decision.chosen is not None:
         return ""
-    why = next((f for f in getattr(verdict, "reasons", ()) if getattr(f, "reason", None) in _WHOLE_DEVICE), None)
+    why = next((f for f in decision.verdict(backend).reasons if f.reason in _WHOLE_DEVICE), None)
     return f"backend={backend!r} cannot run {op} on {device}: {why.message}" if why is not None else ""
 
 
