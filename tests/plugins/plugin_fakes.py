@@ -28,10 +28,10 @@ class Plugin(BackendPlugin):
         return self.probe(device) if self.probe is not None else None
 
 
-class IgnoresPadding(TorchRefBackend):
-    """Correct maths, but reads a padding index -1 the way Python indexing does: the last slot."""
+class GdnOnCpu(TorchRefBackend):
+    """torch-ref's GDN decode and prefill, fp32, on CPUs, ranked last: the base of the fakes below that get one
+    thing wrong each."""
 
-    name = "ignores-padding"
     ops = frozenset({"gdn_decode", "gdn_prefill"})
     vendors = frozenset({"cpu"})
     dtypes = frozenset({"float32"})
@@ -39,6 +39,12 @@ class IgnoresPadding(TorchRefBackend):
 
     def rank(self, p, caps) -> int:
         return 900
+
+
+class IgnoresPadding(GdnOnCpu):
+    """Correct maths, but reads a padding index -1 the way Python indexing does: the last slot."""
+
+    name = "ignores-padding"
 
     @staticmethod
     def _wrap(state_pool, state_indices):
@@ -165,18 +171,11 @@ class WrapsBelowMinusOne(IgnoresPadding):
         return torch.where(state_indices < -1, state_indices + state_pool.shape[0], state_indices)
 
 
-class IgnoresFreshSequences(TorchRefBackend):
+class IgnoresFreshSequences(GdnOnCpu):
     """Declares ``has_initial_state`` but drops it: a fresh sequence reads its slot."""
 
     name = "ignores-fresh"
-    ops = frozenset({"gdn_decode", "gdn_prefill"})
-    vendors = frozenset({"cpu"})
-    dtypes = frozenset({"float32"})
-    state_dtypes = frozenset({"float32"})
     features = frozenset({"has_initial_state", "precomputed_gates"})
-
-    def rank(self, p, caps) -> int:
-        return 900
 
     def gdn_decode(self, *, has_initial_state=None, **kw):
         return super().gdn_decode(**kw)
@@ -185,20 +184,17 @@ class IgnoresFreshSequences(TorchRefBackend):
         return super().gdn_prefill(**kw)
 
 
-class ZeroesReadyGates(IgnoresFreshSequences):
+class ZeroesReadyGates(GdnOnCpu):
     """Declares ``precomputed_gates`` but runs a gate-form decode with ``g = 0`` (no decay)."""
 
     name = "zeroes-ready-gates"
     features = frozenset({"precomputed_gates"})
 
     def gdn_decode(self, *, g=None, **kw):
-        return TorchRefBackend.gdn_decode(self, g=None if g is None else torch.zeros_like(g), **kw)
-
-    def gdn_prefill(self, **kw):
-        return TorchRefBackend.gdn_prefill(self, **kw)
+        return super().gdn_decode(g=None if g is None else torch.zeros_like(g), **kw)
 
 
-class DropsCallOptions(IgnoresFreshSequences):
+class DropsCallOptions(GdnOnCpu):
     """Declares the features, honours them, but drops ``scale``, ``use_qk_l2norm`` and the softplus options
     (runs the defaults)."""
 
@@ -207,10 +203,10 @@ class DropsCallOptions(IgnoresFreshSequences):
     _DROPPED = ("scale", "use_qk_l2norm", "softplus_beta", "softplus_threshold")
 
     def gdn_gating(self, **kw):
-        return TorchRefBackend.gdn_gating(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})
+        return super().gdn_gating(**{n: x for n, x in kw.items() if n not in self._DROPPED})
 
     def gdn_decode(self, **kw):
-        return TorchRefBackend.gdn_decode(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})
+        return super().gdn_decode(**{n: x for n, x in kw.items() if n not in self._DROPPED})
 
     def gdn_prefill(self, **kw):
-        return TorchRefBackend.gdn_prefill(self, **{n: x for n, x in kw.items() if n not in self._DROPPED})
+        return super().gdn_prefill(**{n: x for n, x in kw.items() if n not in self._DROPPED})
